@@ -1,0 +1,46 @@
+"""Exception types. The CLI prints ``str(err)`` and exits 2 for :class:`InputError` subclasses."""
+
+from __future__ import annotations
+
+
+class OpsnnQuantError(Exception):
+    """Base class of every error opsnn-quant raises on purpose.
+
+    Messages are one line and say what the user should fix.
+    """
+
+    exit_code = 1
+
+
+class InputError(OpsnnQuantError):
+    """Bad input from the user: files, shapes, dtypes, configs. CLI exit code 2."""
+
+    exit_code = 2
+
+
+class ShapeError(InputError):
+    """Tensor shapes or dtypes that an operator or a module cannot take."""
+
+
+class CalibrationError(InputError):
+    """Calibration data that cannot be used (NaN/Inf, empty, never reached a module)."""
+
+
+class CheckpointError(InputError):
+    """A quantized checkpoint that is missing, corrupt or does not fit the model."""
+
+
+class ConfigError(InputError):
+    """A recipe, policy, suite or mapping that is invalid or names nothing."""
+
+
+class ModelLoadError(InputError):
+    """A model directory, family or zoo entry that cannot be loaded."""
+
+
+class BackendError(OpsnnQuantError):
+    """A backend (e.g. torch_npu) that is unavailable or rejected an operation."""
+
+
+class MissingDependencyError(InputError):
+    """An optional dependency is not installed; the message names the extra to install."""

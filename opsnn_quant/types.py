@@ -1,0 +1,50 @@
+"""Core types shared by every part of opsnn-quant (see shared DESIGN.md, "Key types")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import StrEnum
+from typing import TYPE_CHECKING, TypeAlias
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+class Precision(StrEnum):
+    """Numeric format a module runs in.
+
+    ``w8a8`` quantizes activations statically per tensor (AscendQuantV2), ``w8a8_dynamic``
+    per token at run time (DynamicQuant), ``w8a16`` is weight-only int8 (WeightQuantBatchMatmul).
+    """
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    W8A8 = "w8a8"
+    W8A8_DYNAMIC = "w8a8_dynamic"
+    W8A16 = "w8a16"
+
+    @property
+    def is_float(self) -> bool:
+        """True for the floating formats (no int8 arithmetic)."""
+        return self in (Precision.FP32, Precision.FP16, Precision.BF16)
+
+    @property
+    def is_int8(self) -> bool:
+        """True for every format with int8 weights."""
+        return not self.is_float
+
+
+class Modality(StrEnum):
+    """Which part of a multimodal pipeline a module belongs to."""
+
+    TEXT_ENCODER = "text_encoder"
+    DENOISER = "denoiser"
+    IMAGE_DECODER = "image_decoder"
+    AUDIO_ENCODER = "audio_encoder"
+    TEXT_DECODER = "text_decoder"
+    OTHER = "other"
+
+
+ForwardLoop: TypeAlias = Callable[["nn.Module"], None]
+"""Runs a model over calibration data; the single calibration contract (as in ModelOpt)."""

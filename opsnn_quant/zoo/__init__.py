@@ -1,0 +1,89 @@
+"""Offline demo zoo: small trained models and generated datasets, loaded without any network.
+
+Loading contract (used by adapters, recipes and tests)::
+
+    opsnn_quant.zoo.list()                    # names of the models
+    opsnn_quant.zoo.load("shapes-t2i")        # diffusers StableDiffusionPipeline
+    opsnn_quant.zoo.load("shapes-clip")       # transformers CLIPModel (+ processor via load_clip_processor)
+    opsnn_quant.zoo.load("whisper-tiny.en")   # transformers WhisperForConditionalGeneration
+    opsnn_quant.zoo.dataset("shapes", "eval") # datasets.Dataset
+
+Each entry is resolved lazily so that ``import opsnn_quant`` never imports diffusers/transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+from opsnn_quant.errors import ModelLoadError
+
+# name -> "module:function"; the function takes no argument (or keyword options) and returns the model.
+_MODELS: dict[str, str] = {
+    "shapes-t2i": "opsnn_quant.zoo.shapes_pipeline:load_shapes_t2i",
+    "shapes-clip": "opsnn_quant.zoo.shapes_clip:load_shapes_clip",
+    "whisper-tiny.en": "opsnn_quant.zoo.whisper:load_whisper_tiny_en",
+}
+
+# name -> "module:function"; the function takes ``split`` and returns a datasets.Dataset.
+_DATASETS: dict[str, str] = {
+    "shapes": "opsnn_quant.zoo.shapes_data:load_split",
+    "speech": "opsnn_quant.zoo.speech_data:load_split",
+}
+
+
+def set_offline_env() -> None:
+    """Forbid every Hugging Face library from touching the network in this process."""
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "DIFFUSERS_OFFLINE"):
+        os.environ[var] = "1"
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+def _resolve(table: dict[str, str], name: str, kind: str) -> Callable[..., Any]:
+    if name not in table:
+        known = ", ".join(sorted(table))
+        raise ModelLoadError(f"unknown zoo {kind} {name!r}; known: {known}")
+    module_name, func_name = table[name].split(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, func_name)  # type: ignore[no-any-return]
+
+
+def list() -> list[str]:  # noqa: A001 - the contract names it list()
+    """Names of the zoo models, sorted."""
+    return sorted(_MODELS)
+
+
+def datasets() -> list[str]:
+    """Names of the zoo datasets, sorted."""
+    return sorted(_DATASETS)
+
+
+def load(name: str, **kwargs: Any) -> Any:
+    """Load a zoo model offline.
+
+    Args:
+        name: One of :func:`list`.
+        **kwargs: Passed to the entry's loader (e.g. ``torch_dtype``).
+
+    Returns:
+        The model in the class real users quantize (diffusers pipeline, transformers model).
+
+    Raises:
+        ModelLoadError: The name is unknown or the model cannot be loaded.
+    """
+    set_offline_env()
+    return _resolve(_MODELS, name, "model")(**kwargs)
+
+
+def dataset(name: str, split: str, **kwargs: Any) -> Any:
+    """Load a zoo dataset split offline as a ``datasets.Dataset``.
+
+    Args:
+        name: One of :func:`datasets`.
+        split: ``train``, ``calibration`` or ``eval`` (entries may offer more).
+        **kwargs: Passed to the entry's loader (e.g. ``limit``).
+    """
+    set_offline_env()
+    return _resolve(_DATASETS, name, "dataset")(split, **kwargs)
