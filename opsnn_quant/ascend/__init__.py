@@ -1,0 +1,24 @@
+"""Exact CPU/GPU reference of Ascend's quantization operators.
+
+Pure tensor functions with the names, argument names, defaults and dtypes of torch_npu's, so a
+caller can swap one for the other. See each function for its formula and source.
+"""
+
+from opsnn_quant.ascend.matmul import (
+    int8_matmul_exact,
+    npu_quant_matmul,
+    npu_weight_quant_batchmatmul,
+)
+from opsnn_quant.ascend.params import fp19, npu_trans_quant_param, unpack_quant_param
+from opsnn_quant.ascend.quantize import npu_dynamic_quant, npu_quantize
+
+__all__ = [
+    "fp19",
+    "int8_matmul_exact",
+    "npu_dynamic_quant",
+    "npu_quant_matmul",
+    "npu_quantize",
+    "npu_trans_quant_param",
+    "npu_weight_quant_batchmatmul",
+    "unpack_quant_param",
+]

@@ -36,7 +36,12 @@ _DATASETS: dict[str, str] = {
 
 def set_offline_env() -> None:
     """Forbid every Hugging Face library from touching the network in this process."""
-    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "DIFFUSERS_OFFLINE"):
+    for var in (
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "HF_DATASETS_OFFLINE",
+        "DIFFUSERS_OFFLINE",
+    ):
         os.environ[var] = "1"
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
@@ -50,7 +55,7 @@ def _resolve(table: dict[str, str], name: str, kind: str) -> Callable[..., Any]:
     return getattr(module, func_name)  # type: ignore[no-any-return]
 
 
-def list() -> list[str]:  # noqa: A001 - the contract names it list()
+def list() -> list[str]:
     """Names of the zoo models, sorted."""
     return sorted(_MODELS)
 

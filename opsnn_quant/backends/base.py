@@ -1,0 +1,61 @@
+"""The backend interface: the four quantized operations a quantized module needs.
+
+Modules never test for a device themselves; they call :func:`get_backend` once per forward with
+their input's device, which is the single dispatch point of the package.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class QuantBackend(Protocol):
+    """Runs the Ascend quantized operators somewhere (the NPU, or the exact reference)."""
+
+    name: str
+
+    def quantize_static(
+        self, x: torch.Tensor, inv_scale: torch.Tensor, offset: torch.Tensor | None
+    ) -> torch.Tensor:
+        """AscendQuantV2 in multiply mode: ``int8(rint(x * inv_scale + offset))``.
+
+        ``inv_scale``/``offset`` have one element or one per channel of ``x``'s last axis, in
+        ``x``'s dtype (as torch_npu requires for ``div_mode=False``).
+        """
+        ...
+
+    def quantize_dynamic(
+        self, x: torch.Tensor, smooth_scales: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """DynamicQuant: per-token int8 and fp32 per-token scales (shape ``x.shape[:-1]``)."""
+        ...
+
+    def quant_matmul(
+        self,
+        x_q: torch.Tensor,
+        w_q_t: torch.Tensor,
+        scale: torch.Tensor,
+        *,
+        pertoken_scale: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        output_dtype: torch.dtype,
+        w_float_t: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """QuantBatchMatmulV3 of int8 (M, K) by int8 (K, N).
+
+        ``scale`` is the packed int64 deq scale for fp16 output without per-token scales, fp32
+        otherwise. ``w_float_t`` is a reference-only cache of ``w_q_t`` in fp32.
+        """
+        ...
+
+    def weight_quant_matmul(
+        self,
+        x: torch.Tensor,
+        w_q_t: torch.Tensor,
+        antiquant_scale: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """WeightQuantBatchMatmulV2 (W8A16): ``x @ (w_q_t * antiquant_scale) + bias``."""
+        ...

@@ -1,0 +1,57 @@
+"""Reference backend: the exact CPU/CUDA arithmetic of :mod:`opsnn_quant.ascend`."""
+
+from __future__ import annotations
+
+import torch
+
+from opsnn_quant import ascend
+
+
+class ReferenceBackend:
+    """Runs the Ascend quant operators with :mod:`opsnn_quant.ascend` on any torch device."""
+
+    name = "reference"
+
+    def quantize_static(
+        self, x: torch.Tensor, inv_scale: torch.Tensor, offset: torch.Tensor | None
+    ) -> torch.Tensor:
+        """See :meth:`QuantBackend.quantize_static`."""
+        return ascend.npu_quantize(x, inv_scale, offset, torch.qint8, axis=-1, div_mode=False)
+
+    def quantize_dynamic(
+        self, x: torch.Tensor, smooth_scales: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """See :meth:`QuantBackend.quantize_dynamic`."""
+        return ascend.npu_dynamic_quant(x, smooth_scales=smooth_scales)
+
+    def quant_matmul(
+        self,
+        x_q: torch.Tensor,
+        w_q_t: torch.Tensor,
+        scale: torch.Tensor,
+        *,
+        pertoken_scale: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        output_dtype: torch.dtype,
+        w_float_t: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """See :meth:`QuantBackend.quant_matmul`."""
+        return ascend.npu_quant_matmul(
+            x_q,
+            w_q_t,
+            scale,
+            pertoken_scale=pertoken_scale,
+            bias=bias,
+            output_dtype=output_dtype,
+            x2_float=w_float_t,
+        )
+
+    def weight_quant_matmul(
+        self,
+        x: torch.Tensor,
+        w_q_t: torch.Tensor,
+        antiquant_scale: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """See :meth:`QuantBackend.weight_quant_matmul`."""
+        return ascend.npu_weight_quant_batchmatmul(x, w_q_t, antiquant_scale, bias=bias)

@@ -1,0 +1,165 @@
+"""``quantize(model, config, forward_loop)``: swap modules, calibrate, freeze."""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from opsnn_quant.errors import ConfigError
+from opsnn_quant.quant.modules import QUANT_MODULES, _QuantMatmul, is_quant_module
+from opsnn_quant.quant.spec import QuantSpec
+from opsnn_quant.types import ForwardLoop, Precision
+
+log = logging.getLogger(__name__)
+
+SpecLike = QuantSpec | Precision | str
+
+
+@runtime_checkable
+class ResolvesModules(Protocol):
+    """Anything that maps a model's module names to precisions/specs (e.g. a PrecisionPolicy)."""
+
+    def module_specs(self, model: nn.Module) -> Mapping[str, SpecLike]:
+        """Module name -> spec for every module it assigns (float precisions allowed)."""
+        ...
+
+
+def quantizable_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """Named modules that can be swapped (Linear, Conv2d), in model order."""
+    return {n: m for n, m in model.named_modules() if type(m) in QUANT_MODULES and n}
+
+
+def resolve_globs(
+    model: nn.Module, mapping: Mapping[str, SpecLike]
+) -> dict[str, tuple[str, SpecLike]]:
+    """Apply ordered ``{glob: spec}`` rules to the model's module names; first match wins.
+
+    Returns ``{module name: (winning pattern, spec)}``. Every glob must match at least one
+    module (any module, so that a rule can pin a LayerNorm to fp32), else :class:`ConfigError`
+    names it.
+    """
+    names = [n for n, _ in model.named_modules() if n]
+    for pattern in mapping:
+        if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
+            raise ConfigError(f"pattern {pattern!r} matches no module of the model")
+    out: dict[str, tuple[str, SpecLike]] = {}
+    for name in names:
+        for pattern, spec in mapping.items():
+            if fnmatch.fnmatchcase(name, pattern):
+                out[name] = (pattern, spec)
+                break
+    return out
+
+
+def _precision(value: SpecLike) -> Precision:
+    if isinstance(value, QuantSpec):
+        return value.precision
+    try:
+        return Precision(value)
+    except ValueError as exc:
+        names = ", ".join(p.value for p in Precision)
+        raise ConfigError(f"unknown precision {value!r}; choose one of {names}") from exc
+
+
+def _int8_specs(model: nn.Module, config: Any) -> dict[str, QuantSpec]:
+    """Module name -> QuantSpec for the Linear/Conv2d modules the config makes int8."""
+    swappable = quantizable_modules(model)
+    if isinstance(config, ResolvesModules):
+        assigned = dict(config.module_specs(model))
+        specs = {}
+        for name, value in assigned.items():
+            if _precision(value).is_float:
+                continue
+            if name not in swappable:
+                raise ConfigError(f"module '{name}' is not a Linear or Conv2d; it cannot be int8")
+            specs[name] = QuantSpec.coerce(value)
+        return specs
+    if not isinstance(config, Mapping):
+        raise ConfigError(
+            f"quantize() takes a {{glob: precision}} mapping or a policy, got {type(config).__name__}"
+        )
+    specs = {}
+    used: set[str] = set()
+    for name, (pattern, value) in resolve_globs(model, config).items():
+        # An int8 rule applies to the Linear/Conv2d modules among its matches; containers and
+        # other layers it also matches keep their float precision.
+        if _precision(value).is_float or name not in swappable:
+            continue
+        specs[name] = QuantSpec.coerce(value)
+        used.add(pattern)
+    for pattern, value in config.items():
+        if not _precision(value).is_float and pattern not in used:
+            raise ConfigError(
+                f"pattern {pattern!r} ({_precision(value).value}) matches no Linear/Conv2d module "
+                "that an earlier pattern has not already taken"
+            )
+    return specs
+
+
+def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)
+
+
+@torch.no_grad()
+def quantize(
+    model: nn.Module,
+    config: Mapping[str, SpecLike] | ResolvesModules,
+    forward_loop: ForwardLoop | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> nn.Module:
+    """Quantize ``model`` in place: swap modules, calibrate with ``forward_loop``, freeze.
+
+    Args:
+        model: float model (fp32 for calibration).
+        config: ordered ``{glob on module names: precision or QuantSpec}`` (first match wins;
+            float precisions leave modules alone), or an object with ``module_specs(model)``
+            such as a ``PrecisionPolicy``.
+        forward_loop: runs the model over calibration data. Needed unless every module is
+            weight-only or dynamic without SmoothQuant. Runs twice when a static module uses
+            SmoothQuant (statistics pass, then range pass on the smoothed activations).
+        progress: optional callback told about each phase.
+
+    Returns:
+        The same model object, with quantized modules frozen.
+
+    Raises:
+        ConfigError: a pattern matches nothing, or names a module that cannot be int8.
+        CalibrationError: NaN/Inf activations, or a module the forward_loop never reached.
+    """
+    specs = _int8_specs(model, config)
+    if any(is_quant_module(m) for m in model.modules()):
+        raise ConfigError("the model already holds quantized modules; quantize the float model")
+    modules = dict(model.named_modules())
+    swapped: dict[str, _QuantMatmul] = {}
+    for name, spec in specs.items():
+        q = QUANT_MODULES[type(modules[name])].from_float(modules[name], spec, name)  # type: ignore[attr-defined]
+        q.to(next(iter(modules[name].parameters())).device)
+        _set_submodule(model, name, q)
+        swapped[name] = q
+    needs_data = any(s.static_activations or s.smoothquant for s in specs.values())
+    if needs_data:
+        if forward_loop is None:
+            raise ConfigError("static activation quantization and SmoothQuant need a forward_loop")
+        two_pass = any(s.static_activations and s.smoothquant for s in specs.values())
+        if progress:
+            progress("calibration (statistics)" if two_pass else "calibration")
+        forward_loop(model)
+        for q in swapped.values():
+            if q.spec.smoothquant:
+                q.decide_smoothing()
+        if two_pass:
+            if progress:
+                progress("calibration (activation ranges after SmoothQuant)")
+            forward_loop(model)
+    for q in swapped.values():
+        q.freeze()
+    log.info("quantized %d modules", len(swapped))
+    return model

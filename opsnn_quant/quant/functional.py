@@ -1,0 +1,54 @@
+"""Pure tensor maths of the quantized modules (weights, biases, scale vectors)."""
+
+from __future__ import annotations
+
+import torch
+
+from opsnn_quant.quant.observers import MIN_SCALE
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+@torch.no_grad()
+def quantize_weight_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output channel: ``s_n = max|W_n| / 127``, ``q = rint(W / s_n)``.
+
+    Args:
+        w: (N, K) float weight.
+
+    Returns:
+        ``(q, s)``: int8 (N, K) and fp32 (N,). An all-zero row gets scale 1 and zeros.
+    """
+    wf = w.detach().to(torch.float32)
+    s = wf.abs().amax(dim=1) / 127.0
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    q = torch.round(wf / s.unsqueeze(1)).clamp_(-128, 127).to(torch.int8)
+    return q, s
+
+
+@torch.no_grad()
+def fold_bias_int32(
+    bias: torch.Tensor | None, deq_scale: torch.Tensor, offset: float, w_q: torch.Tensor
+) -> torch.Tensor:
+    """The int32 bias of QuantBatchMatmulV3 for static activations.
+
+    ``b_int = rint(bias / deq_scale) - offset * sum_k(w_q[n, k])``: the float bias in accumulator
+    units plus the asymmetric-activation correction, since
+    ``sum_k (q_k - o) w_nk = acc_n - o * sum_k w_nk`` (o is an integer, so the fold is exact).
+    """
+    n = w_q.shape[0]
+    b = torch.zeros(n, dtype=torch.float64)
+    if bias is not None:
+        b = torch.round(bias.detach().to(torch.float64) / deq_scale.to(torch.float64))
+    if offset != 0.0:
+        b = b - offset * w_q.to(torch.float64).sum(dim=1)
+    return b.clamp(INT32_MIN, INT32_MAX).to(torch.int32)
+
+
+@torch.no_grad()
+def static_inv_scale(scale: float, smooth: torch.Tensor | None) -> torch.Tensor:
+    """The multiplier vector of AscendQuantV2: ``1 / scale`` or ``1 / (scale * s_j)`` per channel."""
+    scale = max(scale, MIN_SCALE)
+    if smooth is None:
+        return torch.tensor([1.0 / scale], dtype=torch.float32)
+    return (1.0 / (scale * smooth.to(torch.float64))).to(torch.float32)

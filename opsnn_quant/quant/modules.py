@@ -1,0 +1,362 @@
+"""``QuantLinear`` / ``QuantConv2d``: whole-module swaps whose forward is Ascend's quant arithmetic.
+
+Life cycle: ``from_float(module, spec)`` -> calibration (float forward while the named
+``input_quantizer`` collects statistics) -> ``freeze()`` (int8 weights, int32 bias, scales, packed
+deq scales) -> quantized forward through :func:`opsnn_quant.backends.get_backend`, so the CPU
+output equals what torch_npu computes on the same inputs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from opsnn_quant.ascend import npu_trans_quant_param
+from opsnn_quant.backends import get_backend
+from opsnn_quant.errors import CalibrationError, ConfigError
+from opsnn_quant.quant.functional import (
+    fold_bias_int32,
+    quantize_weight_per_channel,
+    static_inv_scale,
+)
+from opsnn_quant.quant.observers import make_observer
+from opsnn_quant.quant.smoothquant import ChannelStats, search_alpha, smoothing_factors
+from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, QuantSpec
+from opsnn_quant.types import Precision
+
+log = logging.getLogger(__name__)
+
+_OUT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class InputQuantizer(nn.Module):
+    """Activation side: calibration statistics, then the frozen AscendQuantV2/DynamicQuant params.
+
+    Frozen buffers: static: ``scale``, ``offset`` (0-d fp32), ``inv_scale`` ((1,) or (K,) fp32,
+    the multiplier fed to AscendQuantV2, SmoothQuant folded in); dynamic with SmoothQuant:
+    ``smooth_scales`` (K,).
+    """
+
+    def __init__(self, spec: QuantSpec, channels: int, name: str = "") -> None:
+        super().__init__()
+        self.spec = spec
+        self.channels = channels
+        self.name = name
+        self.observer = (
+            make_observer(spec.observer, spec.percentile) if spec.static_activations else None
+        )
+        self.stats = ChannelStats(channels) if spec.smoothquant else None
+        self.smooth: torch.Tensor | None = None  # s_j, decided before the observer pass
+        self.collect_stats = self.stats is not None
+        self.collect_range = self.observer is not None and not spec.smoothquant
+        self.calls = 0
+
+    @torch.no_grad()
+    def collect(self, x2d: torch.Tensor) -> None:
+        """Record one calibration batch of (M, K) inputs."""
+        self.calls += 1
+        if not bool(torch.isfinite(x2d).all()):
+            raise CalibrationError(
+                f"calibration activations entering module '{self.name}' contain NaN or Inf "
+                f"(call {self.calls}); check the calibration data and the float model"
+            )
+        if self.collect_stats and self.stats is not None:
+            self.stats.collect(x2d)
+        if self.collect_range and self.observer is not None:
+            xs = x2d if self.smooth is None else x2d / self.smooth.to(x2d.device)
+            self.observer.collect(xs)
+
+    def decide_smoothing(self, weight2d: torch.Tensor) -> None:
+        """Choose SmoothQuant factors from the collected statistics (fixed alpha or search)."""
+        if self.stats is None:
+            return
+        if self.stats.seen == 0:
+            raise CalibrationError(f"module '{self.name}' received no calibration data")
+        alpha = self.spec.smoothquant_alpha
+        dynamic = not self.spec.static_activations
+        if alpha == "auto":
+            chosen, s, err = search_alpha(self.stats, weight2d, dynamic, DEFAULT_ALPHA_GRID)
+            log.debug("%s: SmoothQuant alpha=%s (rel. error %.3g)", self.name, chosen, err)
+            self.chosen_alpha = chosen
+        else:
+            assert isinstance(alpha, float | int)
+            w_absmax = weight2d.detach().abs().amax(dim=0).float().cpu()
+            s = smoothing_factors(self.stats.absmax, w_absmax, float(alpha))
+            self.chosen_alpha = float(alpha)
+        self.smooth = s
+        self.collect_stats = False
+        self.collect_range = self.observer is not None
+
+    def freeze(self) -> tuple[float, float]:
+        """Register the frozen buffers; returns the static ``(scale, offset)`` (1, 0 if dynamic)."""
+        if self.spec.static_activations:
+            assert self.observer is not None
+            if self.observer.count == 0:
+                raise CalibrationError(f"module '{self.name}' received no calibration data")
+            qp = self.observer.compute(self.spec.activation_symmetric)
+            self.register_buffer("scale", torch.tensor(qp.scale, dtype=torch.float32))
+            self.register_buffer("offset", torch.tensor(qp.offset, dtype=torch.float32))
+            self.register_buffer("inv_scale", static_inv_scale(qp.scale, self.smooth))
+            result = (qp.scale, qp.offset)
+        else:
+            result = (1.0, 0.0)
+            if self.smooth is not None:
+                self.register_buffer("smooth_scales", (1.0 / self.smooth).to(torch.float32))
+        if self.smooth is not None:
+            smooth = self.smooth.to(torch.float32)
+            del self.smooth  # a plain attribute until now; saved as a buffer from here on
+            self.register_buffer("smooth", smooth)
+        self.observer, self.stats = None, None
+        return result
+
+    def extra_repr(self) -> str:
+        return f"{self.spec.precision.value}, observer={self.spec.observer}"
+
+
+class WeightQuantizer(nn.Module):
+    """Weight side: symmetric int8 per output channel; frozen buffer ``scale`` (N,) fp32."""
+
+    def __init__(self, out_channels: int) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.ones(out_channels, dtype=torch.float32))
+
+    @torch.no_grad()
+    def quantize(self, w2d: torch.Tensor) -> torch.Tensor:
+        """Quantize a (N, K) weight; stores the scales and returns the int8 weight."""
+        q, s = quantize_weight_per_channel(w2d)
+        self.scale = s
+        return q
+
+
+class _QuantMatmul(nn.Module):
+    """Shared machinery: a (N, K) weight applied to (M, K) rows with the spec's scheme."""
+
+    weight: torch.Tensor
+
+    def _init_quant(self, spec: QuantSpec, n: int, k: int, name: str) -> None:
+        self.spec = spec
+        self.qname = name
+        self.in_k, self.out_n = k, n
+        self.frozen = False
+        self.input_quantizer = InputQuantizer(spec, k, name)
+        self.weight_quantizer = WeightQuantizer(n)
+        self._w_cache: torch.Tensor | None = None
+
+    def _weight2d(self) -> torch.Tensor:
+        return self.weight.reshape(self.out_n, -1)
+
+    def decide_smoothing(self) -> None:
+        """SmoothQuant decision between the statistics pass and the range pass."""
+        self.input_quantizer.decide_smoothing(self._weight2d())
+
+    @property
+    def calibration_calls(self) -> int:
+        """How many calibration batches reached this module."""
+        return self.input_quantizer.calls
+
+    @torch.no_grad()
+    def freeze(self) -> None:
+        """Replace the float weight/bias with the int8 weight, biases and (packed) deq scales."""
+        if self.frozen:
+            return
+        iq = self.input_quantizer
+        if (
+            self.spec.precision != Precision.W8A16
+            and iq.calls == 0
+            and (self.spec.static_activations or self.spec.smoothquant)
+        ):
+            raise CalibrationError(
+                f"module '{self.qname}' was never called by the forward_loop; it cannot be calibrated"
+            )
+        w = self._weight2d().detach().to(torch.float32)
+        if iq.smooth is not None:
+            w = w * iq.smooth.to(w.device).unsqueeze(0)
+        bias = None if self.bias is None else self.bias.detach().to(torch.float32)
+        x_scale, x_offset = iq.freeze()
+        w_q = self.weight_quantizer.quantize(w)
+        del self.weight
+        self.register_buffer("weight", w_q.reshape(self._int8_weight_shape()))
+        del self.bias
+        if self.spec.static_activations or bias is None:
+            self.bias = None
+        else:
+            self.register_buffer("bias", bias)
+        if self.spec.static_activations:
+            deq = (x_scale * self.weight_quantizer.scale.to(torch.float64)).to(torch.float32)
+            self.register_buffer("deq_scale", deq)
+            self.register_buffer("deq_scale_packed", npu_trans_quant_param(deq))
+            self.register_buffer("quant_bias", fold_bias_int32(bias, deq, x_offset, w_q))
+        self.frozen = True
+
+    def _int8_weight_shape(self) -> tuple[int, ...]:
+        return (self.out_n, self.in_k)
+
+    def _weight_float_t(self) -> torch.Tensor:
+        """fp32 copy of the int8 weight, transposed (reference-backend speed-up, not saved)."""
+        w = self.weight.reshape(self.out_n, self.in_k)
+        if self._w_cache is None or self._w_cache.device != w.device:
+            self._w_cache = w.t().to(torch.float32)
+        return self._w_cache
+
+    def _float_rows(self, x2d: torch.Tensor) -> torch.Tensor:
+        return F.linear(x2d, self._weight2d(), self.bias)
+
+    def _matmul_rows(self, x2d: torch.Tensor) -> torch.Tensor:
+        """(M, K) -> (M, N): float during calibration, Ascend quant arithmetic once frozen."""
+        if not self.frozen:
+            self.input_quantizer.collect(x2d)
+            return self._float_rows(x2d)
+        backend = get_backend(x2d.device)
+        w_q_t = self.weight.reshape(self.out_n, self.in_k).t()
+        spec = self.spec
+        if spec.precision == Precision.W8A16:
+            return backend.weight_quant_matmul(x2d, w_q_t, self.weight_quantizer.scale, self.bias)
+        wf = self._weight_float_t() if backend.name == "reference" else None
+        out_dtype = _OUT_DTYPES[spec.output_dtype]
+        iq = self.input_quantizer
+        if spec.static_activations:
+            offset = None if spec.activation_symmetric else iq.offset.reshape(1).to(x2d.dtype)
+            x_q = backend.quantize_static(x2d, iq.inv_scale.to(x2d.dtype), offset)
+            # fp16 output goes through the fixpipe's packed FP19 scale; bf16 takes fp32.
+            scale = self.deq_scale_packed if out_dtype == torch.float16 else self.deq_scale
+            y = backend.quant_matmul(
+                x_q, w_q_t, scale, pertoken_scale=None, bias=self.quant_bias,
+                output_dtype=out_dtype, w_float_t=wf,
+            )  # fmt: skip
+        else:
+            smooth = getattr(iq, "smooth_scales", None)
+            smooth = None if smooth is None else smooth.to(x2d.dtype)
+            x_q, tok_scale = backend.quantize_dynamic(x2d, smooth)
+            y = backend.quant_matmul(
+                x_q, w_q_t, self.weight_quantizer.scale, pertoken_scale=tok_scale,
+                bias=self.bias, output_dtype=out_dtype, w_float_t=wf,
+            )  # fmt: skip
+        return y.to(x2d.dtype)
+
+    def describe(self) -> dict[str, Any]:
+        """Per-module entry of ``description.json``."""
+        iq = self.input_quantizer
+        d: dict[str, Any] = {
+            "type": type(self).__name__,
+            "precision": self.spec.precision.value,
+            "spec": self.spec.to_dict(),
+            "weight_shape": list(self.weight.shape),
+            "in_features": self.in_k,
+            "out_features": self.out_n,
+            "smoothquant_alpha": getattr(iq, "chosen_alpha", None),
+        }
+        if self.spec.static_activations and self.frozen:
+            d["input_scale"] = float(iq.scale)
+            d["input_offset"] = float(iq.offset)
+        return d
+
+
+class QuantLinear(_QuantMatmul):
+    """Quantized ``nn.Linear`` (W8A8 static, W8A8 dynamic per token, or W8A16)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        spec: QuantSpec,
+        name: str = "",
+    ) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+        self._init_quant(spec, out_features, in_features, name)
+
+    @classmethod
+    def from_float(cls, module: nn.Linear, spec: QuantSpec, name: str = "") -> QuantLinear:
+        """Wrap a float ``nn.Linear`` (its weights are copied, the module is left untouched)."""
+        q = cls(module.in_features, module.out_features, module.bias is not None, spec, name)
+        q.weight = nn.Parameter(module.weight.detach().clone(), requires_grad=False)
+        if module.bias is not None:
+            q.bias = nn.Parameter(module.bias.detach().clone(), requires_grad=False)
+        return q
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = self._matmul_rows(x.reshape(-1, self.in_features))
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        state = "frozen" if self.frozen else "calibrating"
+        return f"{self.in_features}, {self.out_features}, {self.spec.precision.value}, {state}"
+
+
+class QuantConv2d(_QuantMatmul):
+    """Quantized ``nn.Conv2d`` (groups=1, zero padding) computed as im2col + the quant matmul.
+
+    Ascend runs int8 convolutions only through ATC (or on 950); the eager torch_npu API has no
+    int8 conv, so targets decide whether a QuantConv2d is deployable. SmoothQuant is not offered
+    here: its per-column factors would not map onto a per-channel quantize before an ATC conv.
+    """
+
+    def __init__(self, conv: nn.Conv2d, spec: QuantSpec, name: str = "") -> None:
+        super().__init__()
+        if conv.groups != 1:
+            raise ConfigError(f"module '{name}': QuantConv2d supports groups=1 only")
+        if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+            raise ConfigError(f"module '{name}': QuantConv2d needs explicit zero padding")
+        if spec.smoothquant:
+            raise ConfigError(f"module '{name}': SmoothQuant is supported on Linear layers only")
+        self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
+        self.kernel_size = tuple(conv.kernel_size)
+        self.stride, self.padding = tuple(conv.stride), tuple(conv.padding)
+        self.dilation = tuple(conv.dilation)
+        self.weight = nn.Parameter(conv.weight.detach().clone(), requires_grad=False)
+        self.bias = (
+            None
+            if conv.bias is None
+            else nn.Parameter(conv.bias.detach().clone(), requires_grad=False)
+        )
+        k = conv.in_channels * self.kernel_size[0] * self.kernel_size[1]
+        self._init_quant(spec, conv.out_channels, k, name)
+
+    @classmethod
+    def from_float(cls, module: nn.Conv2d, spec: QuantSpec, name: str = "") -> QuantConv2d:
+        """Wrap a float ``nn.Conv2d`` (its weights are copied)."""
+        return cls(module, spec, name)
+
+    def _int8_weight_shape(self) -> tuple[int, ...]:
+        return (self.out_channels, self.in_channels, *self.kernel_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.frozen:
+            # Per-tensor statistics of the feature map equal those of its im2col columns
+            # (zero padding only adds zeros, and every range includes 0).
+            self.input_quantizer.collect(x)
+            return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation)
+        b, _, h, w = x.shape
+        kh, kw = self.kernel_size
+        oh = (h + 2 * self.padding[0] - self.dilation[0] * (kh - 1) - 1) // self.stride[0] + 1
+        ow = (w + 2 * self.padding[1] - self.dilation[1] * (kw - 1) - 1) // self.stride[1] + 1
+        cols = F.unfold(x, self.kernel_size, self.dilation, self.padding, self.stride)
+        rows = cols.transpose(1, 2).reshape(-1, self.in_k)
+        y = self._matmul_rows(rows)
+        return y.reshape(b, oh * ow, self.out_channels).transpose(1, 2).reshape(b, -1, oh, ow)
+
+    def extra_repr(self) -> str:
+        state = "frozen" if self.frozen else "calibrating"
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+            f"{self.spec.precision.value}, {state}"
+        )
+
+
+QUANT_MODULES: dict[type[nn.Module], type[_QuantMatmul]] = {
+    nn.Linear: QuantLinear,
+    nn.Conv2d: QuantConv2d,
+}
+
+
+def is_quant_module(module: nn.Module) -> bool:
+    """True for QuantLinear / QuantConv2d."""
+    return isinstance(module, _QuantMatmul)

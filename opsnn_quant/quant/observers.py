@@ -1,0 +1,239 @@
+"""Streaming activation observers: ``collect`` batches, ``compute`` int8 quant params, ``reset``.
+
+No observer stores activations: min/max is two numbers; the others keep one fixed-size signed
+histogram whose range doubles (merging bin pairs) when a batch exceeds it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from abc import ABC, abstractmethod
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from opsnn_quant.errors import CalibrationError
+
+QMIN, QMAX = -128, 127
+# Scales below this would make 1/scale overflow fp16 (where torch_npu takes it in the input dtype).
+MIN_SCALE = 2.0**-15
+
+
+class QParams(NamedTuple):
+    """Per-tensor int8 parameters: ``q = rint(x / scale + offset)``, ``x ~ (q - offset) * scale``."""
+
+    scale: float
+    offset: float
+
+
+def qparams_from_range(lo: float, hi: float, symmetric: bool) -> QParams:
+    """int8 scale/offset covering [lo, hi] (the range always includes 0).
+
+    Symmetric: ``scale = max(|lo|, |hi|) / 127``, offset 0. Asymmetric: ``scale = (hi - lo) / 255``
+    and the integer offset that maps ``lo`` to -128 (clamped to the int8 range).
+    """
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    if symmetric:
+        return QParams(max(max(-lo, hi) / QMAX, MIN_SCALE), 0.0)
+    scale = max((hi - lo) / (QMAX - QMIN), MIN_SCALE)
+    offset = float(np.clip(np.rint(QMIN - lo / scale), QMIN, QMAX))
+    return QParams(scale, offset)
+
+
+class Observer(ABC):
+    """Collects activation statistics and turns them into :class:`QParams`."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything collected."""
+        self.count = 0
+        self.min = math.inf
+        self.max = -math.inf
+
+    @torch.no_grad()
+    def collect(self, x: torch.Tensor) -> None:
+        """Add one batch of activations.
+
+        Raises:
+            CalibrationError: The batch holds NaN or Inf (the caller adds the module name).
+        """
+        if x.numel() == 0:
+            return
+        xf = x.detach().to(torch.float32)
+        lo, hi = torch.aminmax(xf)
+        lo_f, hi_f = float(lo), float(hi)
+        if not (math.isfinite(lo_f) and math.isfinite(hi_f)):
+            raise CalibrationError("activations contain NaN or Inf")
+        self.count += x.numel()
+        self.min, self.max = min(self.min, lo_f), max(self.max, hi_f)
+        self._collect(xf, max(-lo_f, hi_f))
+
+    def _collect(self, x: torch.Tensor, absmax: float) -> None:  # noqa: B027 - optional hook
+        """Subclass hook, called with finite fp32 data."""
+
+    def compute(self, symmetric: bool = True) -> QParams:
+        """Quant params from everything collected so far.
+
+        Raises:
+            CalibrationError: Nothing was collected.
+        """
+        if self.count == 0:
+            raise CalibrationError("the observer saw no data")
+        lo, hi = self._range(symmetric)
+        return qparams_from_range(lo, hi, symmetric)
+
+    @abstractmethod
+    def _range(self, symmetric: bool) -> tuple[float, float]:
+        """The clipping range [lo, hi]."""
+
+
+class MinMaxObserver(Observer):
+    """The full observed range."""
+
+    def _range(self, symmetric: bool) -> tuple[float, float]:
+        return self.min, self.max
+
+
+class HistogramObserver(Observer):
+    """Base of the histogram observers: a signed histogram over [-R, R] that grows by doubling."""
+
+    bins = 2048
+
+    def reset(self) -> None:
+        """Forget everything collected."""
+        super().reset()
+        self.radius = 0.0
+        self.hist = np.zeros(self.bins, dtype=np.float64)
+
+    def _collect(self, x: torch.Tensor, absmax: float) -> None:
+        if self.radius == 0.0:
+            self.radius = absmax if absmax > 0 else 1e-8
+        while absmax > self.radius:
+            # Double the range: old bin pairs merge into the middle half of the new histogram.
+            merged = self.hist.reshape(-1, 2).sum(axis=1)
+            self.hist = np.zeros(self.bins, dtype=np.float64)
+            q = self.bins // 4
+            self.hist[q : q + merged.size] = merged
+            self.radius *= 2.0
+        h = torch.histc(x, bins=self.bins, min=-self.radius, max=self.radius)
+        self.hist += h.to(torch.float64).numpy()
+
+    @property
+    def bin_width(self) -> float:
+        """Width of one bin of the signed histogram."""
+        return 2.0 * self.radius / self.bins
+
+    def centers(self) -> np.ndarray:
+        """Centres of the signed histogram's bins."""
+        return -self.radius + (np.arange(self.bins) + 0.5) * self.bin_width
+
+    def abs_hist(self) -> np.ndarray:
+        """Histogram of |x| over [0, R] with ``bins/2`` bins."""
+        half = self.bins // 2
+        return self.hist[half:] + self.hist[:half][::-1]
+
+
+class PercentileObserver(HistogramObserver):
+    """Clips at a percentile of |x| (symmetric) or at both tails (asymmetric)."""
+
+    def __init__(self, percentile: float = 99.99) -> None:
+        self.percentile = percentile
+        super().__init__()
+
+    def _range(self, symmetric: bool) -> tuple[float, float]:
+        p = self.percentile / 100.0
+        if symmetric:
+            cdf = np.cumsum(self.abs_hist())
+            k = int(np.searchsorted(cdf, p * cdf[-1]))
+            t = min((k + 1) * self.bin_width, max(-self.min, self.max))
+            return -t, t
+        cdf = np.cumsum(self.hist)
+        lo_k = int(np.searchsorted(cdf, (1.0 - p) * cdf[-1]))
+        hi_k = int(np.searchsorted(cdf, p * cdf[-1]))
+        lo = max(-self.radius + lo_k * self.bin_width, self.min)
+        hi = min(-self.radius + (hi_k + 1) * self.bin_width, self.max)
+        return lo, hi
+
+
+class MSEObserver(HistogramObserver):
+    """Searches the clipping ratio that minimises the int8 quantization MSE on the histogram.
+
+    In the spirit of AMCT's IFMR: candidate ranges ``ratio * observed range`` for ratios in
+    [``start``, ``end``] with ``step``; the error of each is evaluated on the bin centres.
+    """
+
+    def __init__(self, start: float = 0.3, end: float = 1.0, step: float = 0.01) -> None:
+        self.ratios = np.arange(start, end + step / 2, step)
+        super().__init__()
+
+    def _range(self, symmetric: bool) -> tuple[float, float]:
+        v, c = self.centers(), self.hist
+        keep = c > 0
+        v, c = v[keep], c[keep]
+        lo0, hi0 = min(self.min, 0.0), max(self.max, 0.0)
+        best, best_err = (lo0, hi0), math.inf
+        for r in self.ratios:
+            lo, hi = lo0 * r, hi0 * r
+            if symmetric:
+                t = max(-lo, hi)
+                lo, hi = -t, t
+            scale, offset = qparams_from_range(lo, hi, symmetric)
+            q = np.clip(np.rint(v / scale + offset), QMIN, QMAX)
+            err = float(np.sum(c * (v - (q - offset) * scale) ** 2))
+            if err < best_err:
+                best, best_err = (lo, hi), err
+        return best
+
+
+class KLObserver(HistogramObserver):
+    """Entropy calibration (as TensorRT's): the |x| threshold minimising KL(P || Q) at 128 levels."""
+
+    levels = 128
+    stride = 8
+
+    def _range(self, symmetric: bool) -> tuple[float, float]:
+        hist = self.abs_hist()
+        n = hist.size
+        best_i, best_kl = n, math.inf
+        for i in range(self.levels, n + 1, self.stride):
+            p = hist[:i].copy()
+            p[-1] += hist[i:].sum()
+            if p.sum() == 0:
+                continue
+            # Q: merge the i bins into `levels` groups, spread each group's mass over its
+            # non-empty bins.
+            q = np.zeros(i)
+            edges = np.linspace(0, i, self.levels + 1).astype(int)
+            for a, b in itertools.pairwise(edges):
+                seg = hist[a:b]
+                nz = seg > 0
+                if nz.any():
+                    q[a:b][nz] = seg.sum() / nz.sum()
+            ps, qs = p / p.sum(), q / max(q.sum(), 1e-30)
+            m = ps > 0
+            if (qs[m] == 0).any():
+                continue
+            kl = float(np.sum(ps[m] * np.log(ps[m] / qs[m])))
+            if kl < best_kl:
+                best_i, best_kl = i, kl
+        t = min(best_i * self.bin_width, max(-self.min, self.max))
+        if symmetric:
+            return -t, t
+        return max(self.min, -t), min(self.max, t)
+
+
+def make_observer(name: str, percentile: float = 99.99) -> Observer:
+    """Observer by name: ``minmax``, ``percentile``, ``mse`` or ``kl``."""
+    if name == "minmax":
+        return MinMaxObserver()
+    if name == "percentile":
+        return PercentileObserver(percentile)
+    if name == "mse":
+        return MSEObserver()
+    if name == "kl":
+        return KLObserver()
+    raise CalibrationError(f"unknown observer {name!r}")

@@ -1,0 +1,97 @@
+"""``QuantSpec``: how one module is quantized (scheme, observer, SmoothQuant)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from opsnn_quant.errors import ConfigError
+from opsnn_quant.types import Precision
+
+ObserverName = Literal["minmax", "percentile", "mse", "kl"]
+OBSERVERS: tuple[str, ...] = ("minmax", "percentile", "mse", "kl")
+OUTPUT_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
+DEFAULT_ALPHA_GRID: tuple[float, ...] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """The quantization of one Linear/Conv2d module.
+
+    Weights are always symmetric int8 per output channel (what QuantBatchMatmulV3 and ATC take).
+
+    Attributes:
+        precision: ``w8a8`` (static per-tensor activations), ``w8a8_dynamic`` (per token) or
+            ``w8a16`` (weight only).
+        activation_symmetric: static activations without offset (True) or with an int8 offset.
+        observer: how the static activation range is chosen: ``minmax``, ``percentile``,
+            ``mse`` (clip search on a histogram, in the spirit of AMCT's IFMR) or ``kl``.
+        percentile: the percentile for ``observer="percentile"``.
+        smoothquant_alpha: SmoothQuant migration strength; ``None`` disables it, ``"auto"``
+            searches :data:`DEFAULT_ALPHA_GRID` (and "off") by the layer's output error.
+        output_dtype: dtype of the quantized matmul's output on the device (``float16`` as in
+            fp16 deployments; ``bfloat16`` on 910B). The CPU reference casts it back to the
+            input's dtype afterwards.
+    """
+
+    precision: Precision = Precision.W8A8
+    activation_symmetric: bool = True
+    observer: ObserverName = "minmax"
+    percentile: float = 99.99
+    smoothquant_alpha: float | Literal["auto"] | None = None
+    output_dtype: Literal["float16", "bfloat16"] = "float16"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "precision", Precision(self.precision))
+        if self.precision.is_float:
+            raise ConfigError(f"QuantSpec needs an int8 precision, got {self.precision.value}")
+        if self.observer not in OBSERVERS:
+            raise ConfigError(f"unknown observer {self.observer!r}; choose one of {OBSERVERS}")
+        if not 50.0 < self.percentile <= 100.0:
+            raise ConfigError(f"percentile must be in (50, 100], got {self.percentile}")
+        alpha = self.smoothquant_alpha
+        if (
+            alpha is not None
+            and alpha != "auto"
+            and not (isinstance(alpha, int | float) and 0.0 <= float(alpha) <= 1.0)
+        ):
+            raise ConfigError(f"smoothquant_alpha must be in [0, 1], 'auto' or null, got {alpha!r}")
+        if self.output_dtype not in OUTPUT_DTYPES:
+            raise ConfigError(f"output_dtype must be one of {OUTPUT_DTYPES}")
+        if self.precision == Precision.W8A16 and alpha is not None:
+            raise ConfigError("SmoothQuant needs quantized activations; w8a16 cannot use it")
+
+    @property
+    def static_activations(self) -> bool:
+        """True when activation scales are calibrated (``w8a8``)."""
+        return self.precision == Precision.W8A8
+
+    @property
+    def smoothquant(self) -> bool:
+        """True when SmoothQuant is on (a fixed alpha or a search)."""
+        return self.smoothquant_alpha is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form (precision as its string value)."""
+        d = asdict(self)
+        d["precision"] = self.precision.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> QuantSpec:
+        """Inverse of :meth:`to_dict`; unknown keys are an error."""
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ConfigError(f"unknown quant spec field(s): {', '.join(sorted(unknown))}")
+        return cls(**d)
+
+    @classmethod
+    def coerce(cls, value: QuantSpec | Precision | str) -> QuantSpec:
+        """A spec from a spec, a Precision or its string name (defaults for the rest)."""
+        if isinstance(value, QuantSpec):
+            return value
+        try:
+            return cls(precision=Precision(value))
+        except ValueError as exc:
+            names = ", ".join(p.value for p in Precision)
+            raise ConfigError(f"unknown precision {value!r}; choose one of {names}") from exc
