@@ -195,6 +195,77 @@ class _QuantMatmul(nn.Module):
     def _int8_weight_shape(self) -> tuple[int, ...]:
         return (self.out_n, self.in_k)
 
+    def _expected_state(self, smoothed: bool) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Frozen state keys -> (shape, dtype) this module's spec produces (bias excluded)."""
+        n, k = self.out_n, self.in_k
+        exp: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
+            "weight": (self._int8_weight_shape(), torch.int8),
+            "weight_quantizer.scale": ((n,), torch.float32),
+        }
+        if self.spec.static_activations:
+            exp |= {
+                "quant_bias": ((n,), torch.int32),
+                "deq_scale": ((n,), torch.float32),
+                "deq_scale_packed": ((n,), torch.int64),
+                "input_quantizer.scale": ((), torch.float32),
+                "input_quantizer.offset": ((), torch.float32),
+                "input_quantizer.inv_scale": ((k,) if smoothed else (1,), torch.float32),
+            }
+        if smoothed:
+            exp["input_quantizer.smooth"] = ((k,), torch.float32)
+            if not self.spec.static_activations:
+                exp["input_quantizer.smooth_scales"] = ((k,), torch.float32)
+        return exp
+
+    @torch.no_grad()
+    def load_frozen(self, state: dict[str, torch.Tensor], alpha: float | None = None) -> None:
+        """Become frozen with the given saved state (see :mod:`opsnn_quant.quant.checkpoint`).
+
+        Raises:
+            CheckpointError: a key is missing or unexpected, or a shape/dtype differs.
+        """
+        from opsnn_quant.errors import CheckpointError
+
+        smoothed = "input_quantizer.smooth" in state
+        expected = self._expected_state(smoothed)
+        if not self.spec.static_activations and "bias" in state:
+            expected["bias"] = ((self.out_n,), torch.float32)
+        missing = sorted(set(expected) - set(state))
+        unexpected = sorted(set(state) - set(expected))
+        if missing or unexpected:
+            raise CheckpointError(
+                f"module '{self.qname}': checkpoint keys missing {missing}, unexpected {unexpected}"
+            )
+        for key, (shape, dtype) in expected.items():
+            t = state[key]
+            if tuple(t.shape) != shape or t.dtype != dtype:
+                raise CheckpointError(
+                    f"module '{self.qname}': '{key}' is {tuple(t.shape)} {t.dtype} in the "
+                    f"checkpoint, expected {shape} {dtype}"
+                )
+        del self.weight
+        del self.bias
+        self.bias = None
+        iq = self.input_quantizer
+        iq.observer, iq.stats = None, None
+        if smoothed:
+            del iq.smooth
+        for key, t in state.items():
+            owner: nn.Module = self
+            attr = key
+            if "." in key:
+                sub, attr = key.split(".", 1)
+                owner = getattr(self, sub)
+            if attr in owner._buffers:
+                owner._buffers[attr] = t.clone()
+            else:
+                if attr == "bias":
+                    del self.bias
+                owner.register_buffer(attr, t.clone())
+        if smoothed:
+            iq.chosen_alpha = alpha
+        self.frozen = True
+
     def _weight_float_t(self) -> torch.Tensor:
         """fp32 copy of the int8 weight, transposed (reference-backend speed-up, not saved)."""
         w = self.weight.reshape(self.out_n, self.in_k)
