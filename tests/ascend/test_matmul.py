@@ -1,0 +1,166 @@
+"""npu_quant_matmul / npu_weight_quant_batchmatmul against hand-computed and int64 results."""
+
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from opsnn_quant.ascend import (
+    npu_quant_matmul,
+    npu_quantize,
+    npu_trans_quant_param,
+    npu_weight_quant_batchmatmul,
+)
+from opsnn_quant.errors import ShapeError
+from opsnn_quant.quant.functional import fold_bias_int32
+
+X1 = torch.tensor([[1, 2], [3, 4]], dtype=torch.int8)
+X2 = torch.tensor([[5, 6], [7, 8]], dtype=torch.int8)  # (K, N); x1 @ x2 = [[19, 22], [43, 50]]
+
+
+def f32(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+def test_int32_accumulator_and_int32_bias():
+    acc = npu_quant_matmul(X1, X2, torch.tensor([1.0]), output_dtype=torch.int32)
+    assert acc.tolist() == [[19, 22], [43, 50]]
+    acc = npu_quant_matmul(
+        X1,
+        X2,
+        torch.tensor([1.0]),
+        bias=torch.tensor([1, -2], dtype=torch.int32),
+        output_dtype=torch.int32,
+    )
+    assert acc.tolist() == [[20, 20], [44, 48]]
+
+
+def test_bf16_output_int32_bias_inside_accumulate():
+    y = npu_quant_matmul(
+        X1,
+        X2,
+        torch.tensor([0.5, 0.25]),
+        bias=torch.tensor([1, -2], dtype=torch.int32),
+        output_dtype=torch.bfloat16,
+    )
+    assert y.dtype == torch.bfloat16
+    assert y.float().tolist() == [[10.0, 5.0], [22.0, 12.0]]
+
+
+def test_float_bias_is_added_after_scaling():
+    y = npu_quant_matmul(
+        X1,
+        X2,
+        torch.tensor([0.5, 0.25]),
+        bias=torch.tensor([0.5, -0.5], dtype=torch.bfloat16),
+        output_dtype=torch.bfloat16,
+    )
+    assert y.float().tolist() == [[10.0, 5.0], [22.0, 12.0]]  # 9.5+0.5, 5.5-0.5, 21.5+0.5, 12.5-0.5
+
+
+def test_int8_output_offset_rounding_and_saturation():
+    y = npu_quant_matmul(X1, X2, torch.tensor([0.5, 0.25]), offset=torch.tensor([1.0, 0.0]))
+    assert y.dtype == torch.int8
+    # 9.5+1=10.5 -> 10, 5.5 -> 6, 21.5+1=22.5 -> 22, 12.5 -> 12 (ties to even)
+    assert y.tolist() == [[10, 6], [22, 12]]
+    y = npu_quant_matmul(X1, X2, torch.tensor([10.0]))
+    assert y.tolist() == [[127, 127], [127, 127]]
+    y = npu_quant_matmul(X1, X2, torch.tensor([-10.0]))
+    assert y.tolist() == [[-128, -128], [-128, -128]]
+
+
+def test_packed_offset_is_applied_for_int8_output():
+    packed = npu_trans_quant_param(torch.tensor([0.5, 0.25]), torch.tensor([-3.0, 2.0]))
+    y = npu_quant_matmul(X1, X2, packed)
+    assert y.tolist() == [[6, 8], [18, 14]]  # 9.5-3=6.5->6, 5.5+2=7.5->8, 21.5-3=18.5->18, 12.5+2
+
+
+def test_fp16_output_uses_fp19_scale_but_pertoken_keeps_fp32():
+    x1 = torch.tensor([[100]], dtype=torch.int8)
+    x2 = torch.tensor([[10]], dtype=torch.int8)  # acc = 1000
+    scale = torch.tensor([f32(0x3F801FFF)])  # 1.000976..., low 13 bits set
+    y = npu_quant_matmul(x1, x2, npu_trans_quant_param(scale), output_dtype=torch.float16)
+    assert y.item() == 1000.0  # FP19 truncation drops the fraction
+    y = npu_quant_matmul(x1, x2, scale, output_dtype=torch.float16)
+    assert y.item() == 1000.0  # an fp32 scale goes through the same packing
+    y = npu_quant_matmul(
+        x1, x2, scale, pertoken_scale=torch.tensor([1.0]), output_dtype=torch.float16
+    )
+    assert y.item() == 1001.0  # full fp32: 1000.976 -> fp16 1001
+
+
+def test_pertoken_scale_multiplies_rows():
+    y = npu_quant_matmul(
+        X1,
+        X2,
+        torch.tensor([0.5]),
+        pertoken_scale=torch.tensor([2.0, 0.5]),
+        output_dtype=torch.bfloat16,
+    )
+    assert y.float().tolist() == [[19.0, 22.0], [10.75, 12.5]]
+
+
+def test_asymmetric_activation_offset_folds_into_int32_bias():
+    # x = [5, 6, 7], s_x = 0.5, offset -10: q = 2x - 10 = [0, 2, 4]
+    x = torch.tensor([[5.0, 6.0, 7.0]])
+    q = npu_quantize(x, torch.tensor([2.0]), torch.tensor([-10.0]), torch.qint8, div_mode=False)
+    assert q.tolist() == [[0, 2, 4]]
+    w_q = torch.tensor([[1, 2, 3]], dtype=torch.int8)  # (N=1, K=3), s_w = 1
+    bias = fold_bias_int32(None, torch.tensor([0.5]), -10.0, w_q)
+    assert bias.tolist() == [60]  # -(-10) * (1 + 2 + 3)
+    y = npu_quant_matmul(q, w_q.t(), torch.tensor([0.5]), bias=bias, output_dtype=torch.bfloat16)
+    assert y.float().item() == 38.0  # (16 + 60) * 0.5 == 5*1 + 6*2 + 7*3
+
+
+def test_large_k_accumulation_is_exact_beyond_fp32():
+    k = 4096
+    x1 = torch.ones(1, k, dtype=torch.int8)
+    x2 = torch.ones(k, 1, dtype=torch.int8)
+    x1[0, :2048] = -128
+    x2[:2048, 0] = -128  # 2048 * 16384 = 2**25
+    x2[2048, 0] = 3  # plus 2047 ones and one 3: 2**25 + 2050, not representable in fp32
+    acc = npu_quant_matmul(x1, x2, torch.tensor([1.0]), output_dtype=torch.int32)
+    assert acc.item() == 2**25 + 2050
+    assert float(np.float32(2**25 + 2050)) != 2**25 + 2050
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(-128, 128, (3, 2, 5000), dtype=torch.int8, generator=g)
+    b = torch.randint(-128, 128, (5000, 7), dtype=torch.int8, generator=g)
+    got = npu_quant_matmul(a, b, torch.tensor([1.0]), output_dtype=torch.int32)
+    want = a.numpy().astype(np.int64) @ b.numpy().astype(np.int64)
+    assert np.array_equal(got.numpy(), want)
+
+
+def test_weight_quant_batchmatmul():
+    x = torch.tensor([[1.0, 2.0]])
+    w = torch.tensor([[1, -2], [3, 4]], dtype=torch.int8)  # (K, N)
+    y = npu_weight_quant_batchmatmul(
+        x, w, torch.tensor([0.5, 0.25]), torch.tensor([1.0, 0.0]), bias=torch.tensor([1.0, 1.0])
+    )
+    assert y.tolist() == [[6.0, 2.5]]  # w = [[1, -.5], [2, 1]]
+    grouped = npu_weight_quant_batchmatmul(
+        x, w, torch.tensor([[0.5, 0.25], [1.0, 1.0]]), antiquant_group_size=1
+    )
+    assert grouped.tolist() == [[0.5 + 6.0, -0.5 + 8.0]]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"x1": X1.float()}, "x1 must be int8"),
+        ({"x2": torch.ones(3, 2, dtype=torch.int8)}, "K mismatch"),
+        ({"scale": torch.ones(3)}, "scale must be 1-D with 1 or 2"),
+        (
+            {"scale": npu_trans_quant_param(torch.ones(2)), "output_dtype": torch.bfloat16},
+            "not int64",
+        ),
+        ({"pertoken_scale": torch.ones(2)}, "pertoken_scale needs output_dtype"),
+        ({"offset": torch.ones(2), "output_dtype": torch.float16}, "offset is only supported"),
+        ({"bias": torch.ones(2, dtype=torch.int64)}, "bias must be"),
+    ],
+)
+def test_bad_arguments(kwargs, message):
+    args = {"x1": X1, "x2": X2, "scale": torch.ones(2)} | kwargs
+    x1, x2, scale = args.pop("x1"), args.pop("x2"), args.pop("scale")
+    with pytest.raises(ShapeError, match=message):
+        npu_quant_matmul(x1, x2, scale, **args)

@@ -1,0 +1,99 @@
+"""Observers: streaming statistics and their int8 parameters against known formulas."""
+
+import numpy as np
+import pytest
+import torch
+
+from opsnn_quant.errors import CalibrationError
+from opsnn_quant.quant.observers import (
+    KLObserver,
+    MinMaxObserver,
+    MSEObserver,
+    PercentileObserver,
+    make_observer,
+    qparams_from_range,
+)
+
+
+def test_qparams_symmetric_and_asymmetric():
+    assert qparams_from_range(-2.0, 1.27, True) == (2.0 / 127, 0.0)
+    scale, offset = qparams_from_range(0.0, 2.55, False)  # all-positive: 0 maps to -128
+    assert scale == pytest.approx(0.01)
+    assert offset == -128.0
+    scale, offset = qparams_from_range(-1.0, 1.55, False)
+    assert scale == pytest.approx(0.01)
+    assert offset == -28.0  # -128 - (-1.0 / 0.01)
+
+
+def test_minmax_streams_over_batches_and_resets():
+    obs = MinMaxObserver()
+    obs.collect(torch.tensor([-1.0, 0.5]))
+    obs.collect(torch.tensor([3.0]))
+    assert (obs.min, obs.max) == (-1.0, 3.0)
+    assert obs.compute(True).scale == pytest.approx(3.0 / 127)
+    obs.reset()
+    with pytest.raises(CalibrationError, match="no data"):
+        obs.compute()
+
+
+def test_nan_is_rejected():
+    with pytest.raises(CalibrationError, match="NaN or Inf"):
+        MinMaxObserver().collect(torch.tensor([1.0, float("inf")]))
+
+
+def test_histogram_grows_by_doubling_and_keeps_every_count():
+    obs = PercentileObserver()
+    obs.collect(torch.full((100,), 0.5))
+    obs.collect(torch.full((50,), -3.0))  # forces the range 0.5 -> 1 -> 2 -> 4
+    assert obs.radius == 4.0
+    assert obs.hist.sum() == 150
+    centers = obs.centers()
+    assert abs(centers[np.argmax(obs.hist)] - 0.5) <= obs.bin_width
+    assert obs.abs_hist().sum() == 150
+
+
+def test_percentile_clips_a_rare_outlier():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(100_000, generator=g) * 2 - 1  # uniform [-1, 1]
+    x[0] = 50.0
+    obs = PercentileObserver(99.9)
+    obs.collect(x)
+    scale, _ = obs.compute(True)
+    assert 0.99 / 127 < scale < 1.1 / 127  # the outlier is ignored
+    assert MinMaxObserver().compute.__self__ is not None
+
+
+def _quant_mse(x: torch.Tensor, name: str) -> tuple[float, float]:
+    obs = make_observer(name)
+    obs.collect(x)
+    scale, offset = obs.compute(True)
+    q = torch.clamp(torch.round(x / scale + offset), -128, 127)
+    return scale * 127, float(((q - offset) * scale - x).pow(2).mean())
+
+
+def test_clipping_observers_beat_minmax_on_laplace():
+    torch.manual_seed(0)
+    x = torch.distributions.Laplace(0.0, 1.0).sample((200_000,))
+    clip_minmax, err_minmax = _quant_mse(x, "minmax")
+    clip_mse, err_mse = _quant_mse(x, "mse")
+    _, err_kl = _quant_mse(x, "kl")
+    assert err_mse < 0.85 * err_minmax
+    assert err_kl < 0.95 * err_minmax
+    # ACIQ (Banner et al.): the MSE-optimal 8-bit clip of Laplace(b=1) is about 9.89
+    assert 9.0 < clip_mse < 10.5 < clip_minmax
+
+
+def test_mse_symmetric_range_is_a_ratio_of_absmax():
+    obs = MSEObserver()
+    obs.collect(torch.linspace(-1, 1, 1001))
+    scale, offset = obs.compute(True)
+    assert offset == 0.0
+    assert 0.3 / 127 <= scale <= 1.0 / 127 + 1e-9
+
+
+def test_kl_asymmetric_stays_inside_observed_range():
+    obs = KLObserver()
+    obs.collect(torch.rand(10_000) * 3)  # [0, 3)
+    scale, offset = obs.compute(False)
+    assert scale <= 3.0 / 255 + 1e-9
+    assert offset == -128.0  # the range starts at 0
