@@ -1,0 +1,131 @@
+"""Backend dispatch: one decision point, and the torch_npu call sequence (with a stand-in).
+
+torch_npu cannot be installed here. ``FakeTorchNpu`` is a stand-in module that records every call
+and computes with our reference functions, so the test checks which torch_npu functions a
+quantized module calls, with which argument dtypes; it does not check the NPU's own results.
+"""
+
+import sys
+import types
+
+import pytest
+import torch
+
+from opsnn_quant import ascend
+from opsnn_quant.backends import NpuBackend, ReferenceBackend, get_backend
+from opsnn_quant.quant.api import quantize
+from opsnn_quant.quant.spec import QuantSpec
+from tests.models import TinyMLP, forward_loop_for
+
+
+class FakeTorchNpu(types.ModuleType):
+    """Stand-in for torch_npu: records calls, computes with the reference."""
+
+    def __init__(self):
+        super().__init__("torch_npu")
+        self.calls = []
+
+    def npu_quantize(self, x, scales, zero_points, dtype, axis=1, div_mode=True):
+        self.calls.append(("npu_quantize", x.dtype, scales.dtype, dtype, axis, div_mode))
+        return ascend.npu_quantize(x, scales, zero_points, dtype, axis, div_mode)
+
+    def npu_dynamic_quant(self, x, *, smooth_scales=None):
+        self.calls.append(
+            ("npu_dynamic_quant", x.dtype, None if smooth_scales is None else smooth_scales.dtype)
+        )
+        return ascend.npu_dynamic_quant(x, smooth_scales=smooth_scales)
+
+    def npu_quant_matmul(
+        self, x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None, output_dtype=None
+    ):
+        self.calls.append(
+            (
+                "npu_quant_matmul",
+                scale.dtype,
+                pertoken_scale is not None,
+                None if bias is None else bias.dtype,
+                output_dtype,
+            )
+        )
+        return ascend.npu_quant_matmul(
+            x1,
+            x2,
+            scale,
+            offset=offset,
+            pertoken_scale=pertoken_scale,
+            bias=bias,
+            output_dtype=output_dtype,
+        )
+
+    def npu_weight_quant_batchmatmul(
+        self, x, weight, antiquant_scale, antiquant_offset=None, bias=None
+    ):
+        self.calls.append(
+            ("npu_weight_quant_batchmatmul", x.dtype, antiquant_scale.dtype, tuple(weight.shape))
+        )
+        return ascend.npu_weight_quant_batchmatmul(
+            x, weight, antiquant_scale, antiquant_offset, bias=bias
+        )
+
+
+def test_get_backend_is_the_single_decision_point():
+    assert isinstance(get_backend(torch.device("cpu")), ReferenceBackend)
+    assert isinstance(get_backend("cuda:0"), ReferenceBackend)
+    assert isinstance(get_backend("npu:1"), NpuBackend)
+    assert isinstance(get_backend("npu"), NpuBackend)
+
+
+def test_importing_the_package_never_imports_torch_npu():
+    assert "torch_npu" not in sys.modules or isinstance(sys.modules["torch_npu"], FakeTorchNpu)
+
+
+@pytest.fixture
+def fake_npu(monkeypatch):
+    fake = FakeTorchNpu()
+    monkeypatch.setitem(sys.modules, "torch_npu", fake)
+    # Route CPU tensors to the NPU backend: the stand-in plays the device.
+    monkeypatch.setattr("opsnn_quant.quant.modules.get_backend", lambda device: NpuBackend())
+    return fake
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (
+            QuantSpec("w8a8"),
+            [
+                ("npu_quantize", torch.float16, torch.float16, torch.qint8, -1, False),
+                ("npu_quant_matmul", torch.int64, False, torch.int32, torch.float16),
+            ],
+        ),
+        (
+            QuantSpec("w8a8", output_dtype="bfloat16"),
+            [
+                ("npu_quantize", torch.float16, torch.float16, torch.qint8, -1, False),
+                ("npu_quant_matmul", torch.float32, False, torch.int32, torch.bfloat16),
+            ],
+        ),
+        (
+            QuantSpec("w8a8_dynamic", smoothquant_alpha=0.5),
+            [
+                ("npu_dynamic_quant", torch.float16, torch.float16),
+                ("npu_quant_matmul", torch.float32, True, torch.float32, torch.float16),
+            ],
+        ),
+        (
+            QuantSpec("w8a16"),
+            [("npu_weight_quant_batchmatmul", torch.float16, torch.float16, (64, 128))],
+        ),
+    ],
+)
+def test_npu_path_calls_torch_npu_with_documented_dtypes(fake_npu, spec, expected):
+    model = TinyMLP()
+    quantize(model, {"fc1": spec}, forward_loop_for(model))
+    (x,) = model.example_inputs()
+    reference = model.fc1(x.half())  # the reference run is CPU math on the same module...
+    fake_npu.calls.clear()
+    y = model.fc1(x.half())
+    assert fake_npu.calls == expected
+    assert torch.equal(
+        y, reference
+    )  # ...and gives what the stand-in computed through torch_npu's API

@@ -1,0 +1,164 @@
+"""QuantLinear / QuantConv2d outputs against an independent numpy int64 computation."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from opsnn_quant.quant.api import quantize
+from opsnn_quant.quant.modules import QuantConv2d, QuantLinear
+from opsnn_quant.quant.spec import QuantSpec
+from tests.models import TinyConvBlock, TinyMLP, forward_loop_for
+
+
+def fp19_np(x: np.ndarray) -> np.ndarray:
+    bits = x.astype(np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+    return bits.view(np.float32)
+
+
+def calibrated_linear(spec, seed=0, batches=3):
+    torch.manual_seed(seed)
+    lin = nn.Linear(48, 24)
+    calib = [torch.randn(5, 48) * (1 + i) for i in range(batches)]
+    model = nn.Sequential(lin)
+    quantize(model, {"0": spec}, lambda m: [m(x) for x in calib])
+    return lin, model[0], calib
+
+
+def test_static_w8a8_matches_numpy_integer_pipeline():
+    lin, q, calib = calibrated_linear("w8a8")
+    w = lin.weight.detach().numpy().astype(np.float32)
+    b = lin.bias.detach().numpy().astype(np.float32)
+    # Calibration formulas, recomputed: activation absmax / 127; weight row absmax / 127.
+    absmax = max(float(x.abs().max()) for x in calib)
+    assert float(q.input_quantizer.scale) == pytest.approx(absmax / 127, rel=1e-6)
+    s_w = np.abs(w).max(axis=1) / np.float32(127)
+    np.testing.assert_allclose(q.weight_quantizer.scale.numpy(), s_w, rtol=1e-6)
+    w_q = np.clip(np.rint(w / s_w[:, None]), -128, 127).astype(np.int64)
+    assert np.array_equal(q.weight.numpy().astype(np.int64), w_q)
+
+    x = torch.randn(7, 48).numpy().astype(np.float32)
+    inv = np.float32(q.input_quantizer.inv_scale.numpy()[0])
+    x_q = np.clip(np.rint(x * inv), -128, 127).astype(np.int64)
+    deq = (np.float64(q.input_quantizer.scale.item()) * s_w.astype(np.float64)).astype(np.float32)
+    bias_i = np.rint(b.astype(np.float64) / deq.astype(np.float64)).astype(np.int64)
+    acc = x_q @ w_q.T + bias_i
+    want = (acc.astype(np.float32) * fp19_np(deq)).astype(np.float16)
+    got = q(torch.from_numpy(x))
+    assert got.dtype == torch.float32
+    assert np.array_equal(got.numpy().astype(np.float16), want)
+    assert np.array_equal(got.numpy(), want.astype(np.float32))
+
+
+def test_asymmetric_w8a8_folds_offset_into_bias():
+    spec = QuantSpec("w8a8", activation_symmetric=False)
+    torch.manual_seed(1)
+    lin = nn.Linear(16, 8)
+    calib = [torch.rand(6, 16) * 3.0]  # all-positive activations, as after a ReLU/GELU
+    model = nn.Sequential(lin)
+    quantize(model, {"0": spec}, lambda m: [m(x) for x in calib])
+    q = model[0]
+    scale, offset = float(q.input_quantizer.scale), float(q.input_quantizer.offset)
+    lo, hi = 0.0, float(calib[0].max())
+    assert scale == pytest.approx((hi - lo) / 255, rel=1e-6)
+    assert offset == -128.0
+    w_q = q.weight.numpy().astype(np.int64)
+    s_w = q.weight_quantizer.scale.numpy()
+    deq = (np.float64(scale) * s_w.astype(np.float64)).astype(np.float32)
+    b = lin.bias.detach().numpy().astype(np.float64)
+    want_bias = np.rint(b / deq.astype(np.float64)) - offset * w_q.sum(axis=1)
+    assert np.array_equal(q.quant_bias.numpy().astype(np.int64), want_bias.astype(np.int64))
+    x = torch.rand(4, 16).numpy() * 3
+    x_q = np.clip(np.rint(x * np.float32(1 / scale) + np.float32(offset)), -128, 127).astype(
+        np.int64
+    )
+    acc = x_q @ w_q.T + want_bias.astype(np.int64)
+    want = (acc.astype(np.float32) * fp19_np(deq)).astype(np.float16).astype(np.float32)
+    assert np.array_equal(q(torch.from_numpy(x)).numpy(), want)
+    ref = lin(torch.from_numpy(x)).detach().numpy()
+    assert np.abs(want - ref).max() < 0.05 * np.abs(ref).max()
+
+
+def test_dynamic_w8a8_uses_per_token_formula():
+    lin, q, _ = calibrated_linear("w8a8_dynamic")
+    x = (torch.randn(6, 48) * torch.tensor([[0.1], [1], [10], [0.5], [3], [100.0]])).numpy()
+    s_t = np.abs(x).max(axis=1).astype(np.float32) / np.float32(127)
+    x_q = np.clip(np.rint(x / s_t[:, None]), -128, 127).astype(np.int64)
+    w_q = q.weight.numpy().astype(np.int64)
+    s_w = q.weight_quantizer.scale.numpy()
+    acc = (x_q @ w_q.T).astype(np.float32)
+    y = (acc * s_w[None, :]) * s_t[:, None] + lin.bias.detach().numpy()
+    want = y.astype(np.float16).astype(np.float32)
+    assert np.array_equal(q(torch.from_numpy(x)).numpy(), want)
+
+
+def test_w8a16_dequantizes_weights():
+    lin, q, _ = calibrated_linear("w8a16")
+    x = torch.randn(3, 48)
+    w = q.weight.float() * q.weight_quantizer.scale[:, None]
+    assert torch.allclose(q(x), x @ w.T + lin.bias, atol=1e-5)
+
+
+def test_static_and_dynamic_choose_different_arithmetic():
+    torch.manual_seed(0)
+    lin = nn.Linear(48, 24, bias=False)
+    calib = [torch.randn(8, 48)]
+    qs = quantize(nn.Sequential(copy.deepcopy(lin)), {"0": "w8a8"}, lambda m: m(calib[0]))[0]
+    qd = quantize(nn.Sequential(copy.deepcopy(lin)), {"0": "w8a8_dynamic"}, None)[0]
+    assert hasattr(qs, "deq_scale_packed") and not hasattr(qd, "deq_scale_packed")
+    x = torch.randn(2, 48)
+    x[0] *= 1e-3  # a tiny row: per-token scaling keeps it, the per-tensor scale rounds it to 0
+    ref = lin(x).detach()
+    assert torch.equal(qs(x)[0], torch.zeros(24))
+    rel_d = float((qd(x)[0] - ref[0]).norm() / ref[0].norm())
+    assert rel_d < 0.05
+
+
+def test_quant_conv2d_equals_im2col_reference():
+    model = TinyConvBlock()
+    float_model = copy.deepcopy(model)
+    quantize(model, {"conv1": "w8a8", "conv2": "w8a8"}, forward_loop_for(model))
+    assert isinstance(model.conv1, QuantConv2d)
+    (x,) = model.example_inputs(seed=9)
+    q = model.conv1
+    cols = F.unfold(x, 3, padding=1).transpose(1, 2).reshape(-1, 4 * 9).numpy()
+    x_q = np.clip(np.rint(cols * np.float32(q.input_quantizer.inv_scale.item())), -128, 127).astype(
+        np.int64
+    )
+    w_q = q.weight.reshape(32, -1).numpy().astype(np.int64)
+    acc = x_q @ w_q.T + q.quant_bias.numpy().astype(np.int64)
+    want = (
+        (acc.astype(np.float32) * fp19_np(q.deq_scale.numpy()))
+        .astype(np.float16)
+        .astype(np.float32)
+    )
+    want = want.reshape(2, 64, 32).transpose(0, 2, 1).reshape(2, 32, 8, 8)
+    assert np.array_equal(q(x).numpy(), want)
+    ref = float_model(x).detach()
+    out = model(x)
+    assert float((out - ref).pow(2).mean() / ref.pow(2).mean()) < 1e-2
+
+
+def test_smoothquant_is_folded_into_the_quantize_scale_vector():
+    model = TinyMLP()
+    quantize(
+        model,
+        {"fc1": QuantSpec("w8a8", smoothquant_alpha=0.5), "fc2": "w8a8"},
+        forward_loop_for(model),
+    )
+    iq = model.fc1.input_quantizer
+    assert iq.inv_scale.shape == (64,)
+    want = 1.0 / (iq.scale.double() * iq.smooth.double())
+    assert torch.allclose(iq.inv_scale.double(), want, rtol=1e-6)
+
+
+def test_from_float_keeps_float_module_untouched():
+    lin = nn.Linear(8, 4)
+    w = lin.weight.detach().clone()
+    q = QuantLinear.from_float(lin, QuantSpec("w8a16"), "x")
+    q.freeze()
+    assert torch.equal(lin.weight, w)
+    assert q.weight.dtype == torch.int8
