@@ -1,0 +1,68 @@
+"""``opsnn-quant``: the command line. Parses, loads, calls the public API, prints.
+
+Each command group lives in its own module and registers itself on :data:`app`. Errors the user
+can fix (:class:`~opsnn_quant.errors.InputError`) print one line and exit 2; other
+:class:`~opsnn_quant.errors.OpsnnQuantError` exit 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
+
+from opsnn_quant.errors import OpsnnQuantError
+
+app = typer.Typer(
+    name="opsnn-quant",
+    help="Probe, decide, calibrate and evaluate precision for Ascend NPU deployment.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="log progress details"),
+) -> None:
+    """Probe, decide, calibrate and evaluate precision for Ascend NPU deployment."""
+    if verbose:
+        logging.getLogger("opsnn_quant").setLevel(logging.INFO)
+
+
+def _register() -> None:
+    # Imported here so that `import opsnn_quant.cli` stays cheap and each group stays separate.
+    from opsnn_quant.cli import demo
+
+    demo.register(app)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point; returns the exit code."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    _register()
+    try:
+        app(args=argv, standalone_mode=False)
+    except OpsnnQuantError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as exc:  # typer/click exits (e.g. --help)
+        return int(exc.code or 0)
+    except Exception as exc:  # click usage errors carry an exit code
+        code = getattr(exc, "exit_code", None)
+        if code is not None:
+            show = getattr(exc, "show", None)
+            if callable(show):
+                show()
+            return int(code)
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
