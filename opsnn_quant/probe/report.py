@@ -1,0 +1,194 @@
+"""``SensitivityReport``: what the probes measured, per module and per modality (``probe.json``).
+
+A typed, versioned pydantic model with a JSON round trip. The policy search reads it; the
+evaluation report draws its per-module chart from it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from opsnn_quant.errors import ConfigError
+from opsnn_quant.io import atomic_write_text
+from opsnn_quant.types import Modality
+
+SCHEMA_VERSION = 1
+FP16_MAX = 65504.0
+
+
+def _finite_or_none(v: float | None) -> float | None:
+    # JSON has no inf/nan: store them as None plus flags elsewhere.
+    if v is None or math.isfinite(v):
+        return v
+    return None
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Fp16Stats(_Frozen):
+    """fp16/bf16 behaviour of one module, over all calibration calls.
+
+    Attributes:
+        input_absmax, output_absmax: fp32 maxima of |input| / |output|.
+        input_p999, output_p999: 99.9th percentile of |x| (from a streaming histogram).
+        headroom_in, headroom_out: ``65504 / absmax`` (< 1 overflows; small means little margin).
+        sumsq_absmax: for norms, the largest intermediate sum of squares (``sum x^2`` over the
+            normalised axis) — it overflows fp16 before the inputs do.
+        inf_nan_count: outputs that were inf/nan when the module ran in fp16 (INF_NAN mode, 910B).
+        rel_error_fp16: relative L2 error of the fp16 run vs fp32 (INF_NAN mode; None when
+            inf/nan made it undefined).
+        rel_error_fp16_saturate: the same with saturation to ±65504 (910A/310P mode), where an
+            overflow is silent.
+        rel_error_bf16: relative L2 error of a bf16 run.
+        overflow: the module overflows (or comes within the configured headroom of) fp16.
+        reasons: the evidence, in words.
+    """
+
+    input_absmax: float = 0.0
+    output_absmax: float = 0.0
+    input_p999: float = 0.0
+    output_p999: float = 0.0
+    headroom_in: float | None = None
+    headroom_out: float | None = None
+    sumsq_absmax: float | None = None
+    inf_nan_count: int = 0
+    rel_error_fp16: float | None = None
+    rel_error_fp16_saturate: float | None = None
+    rel_error_bf16: float | None = None
+    overflow: bool = False
+    reasons: list[str] = Field(default_factory=list)
+
+    _fix = field_validator(
+        "headroom_in", "headroom_out", "rel_error_fp16", "rel_error_fp16_saturate", "rel_error_bf16",
+        mode="before",
+    )(_finite_or_none)  # fmt: skip
+
+
+class SchemeError(_Frozen):
+    """Local error of one module's output when only its own input/weights are quantized."""
+
+    sqnr_db: float | None  # None = +inf (no error)
+    cosine: float
+    smoothquant_alpha: float | None = None
+
+    _fix = field_validator("sqnr_db", mode="before")(_finite_or_none)
+
+
+class EndToEnd(_Frozen):
+    """How much this module's quantization moves the modality's final output.
+
+    ``contribution`` is the estimated relative noise energy it adds to the final output
+    (``||dy||^2 / ||y||^2``); contributions of different modules add up (to first order).
+    """
+
+    scheme: str
+    contribution: float
+    rank: int
+    exhaustive: float | None = None  # measured one-module-at-a-time, when that was run
+
+
+class ModuleSensitivity(_Frozen):
+    """Everything measured about one module."""
+
+    name: str
+    type: str
+    modality: Modality
+    params: int = 0
+    macs: int = 0  # multiply-accumulates per forward call (average over calls)
+    calls: int = 0
+    fp16: Fp16Stats | None = None
+    w8a8: dict[str, SchemeError] = Field(default_factory=dict)
+    e2e: EndToEnd | None = None
+
+    @property
+    def quantizable(self) -> bool:
+        """True for module types the engine can make int8 (Linear, Conv2d)."""
+        return self.type in ("Linear", "Conv2d")
+
+
+class Finding(_Frozen):
+    """A seed-specific check (softmax overflow, GELU approximation) and its verdict."""
+
+    kind: str
+    where: str
+    modality: Modality
+    value: float | None = None
+    verdict: str = ""
+
+
+class ModalitySummary(_Frozen):
+    """Per-modality roll-up."""
+
+    modality: Modality
+    modules: int
+    quantizable: int
+    overflowing: int
+    median_sqnr_db: float | None
+    predicted_sqnr_db_all_w8a8: float | None  # from the summed e2e contributions
+    output: str = ""  # what the final output of this modality is (e.g. "UNet noise prediction")
+    macs: int = 0
+
+
+class SensitivityReport(_Frozen):
+    """The output of :func:`opsnn_quant.probe.probe`."""
+
+    schema_version: int = SCHEMA_VERSION
+    model: str
+    backend: str = "cpu-reference"
+    config: dict[str, Any] = Field(default_factory=dict)
+    modules: list[ModuleSensitivity]
+    modalities: dict[str, ModalitySummary] = Field(default_factory=dict)
+    findings: list[Finding] = Field(default_factory=list)
+    costs: dict[str, float] = Field(default_factory=dict)  # wall time / forward-equivalents
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, v: int) -> int:
+        if v != SCHEMA_VERSION:
+            raise ValueError(
+                f"probe.json schema_version {v} is not supported (expected {SCHEMA_VERSION})"
+            )
+        return v
+
+    def module(self, name: str) -> ModuleSensitivity:
+        """The entry of module ``name``."""
+        for m in self.modules:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+    def by_modality(self, modality: Modality | str) -> list[ModuleSensitivity]:
+        """Entries of one modality, in model order."""
+        return [m for m in self.modules if m.modality == Modality(modality)]
+
+    def to_json(self) -> str:
+        """Deterministic JSON text (sorted keys, fixed indentation)."""
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``probe.json`` atomically."""
+        return atomic_write_text(path, self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> SensitivityReport:
+        """Read and validate a ``probe.json``.
+
+        Raises:
+            ConfigError: missing file, bad JSON or a schema violation (the message names the field).
+        """
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"{p} not found")
+        try:
+            return cls.model_validate_json(p.read_text())
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first["loc"])
+            raise ConfigError(f"{p}: {where}: {first['msg']}") from exc
