@@ -1,0 +1,104 @@
+"""Probe scheme names -> precision + QuantSpec fields, and first-order error arithmetic.
+
+Scheme names in ``SensitivityReport.modules[i].w8a8`` (the probe's convention):
+``w8a8`` (static per-tensor, minmax), ``w8a8_mse``, ``w8a8_smoothquant`` (static + SmoothQuant,
+alpha recorded), ``w8a8_dynamic``, ``w8a8_dynamic_smoothquant``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from opsnn_quant.probe.report import ModuleSensitivity, SchemeError
+from opsnn_quant.types import Precision
+
+# (precision, QuantSpec fields other than alpha, uses SmoothQuant). Order = preference on ties:
+# plain static first (cheapest at run time, simplest to deploy), dynamic last.
+SCHEMES: dict[str, tuple[Precision, dict[str, Any], bool]] = {
+    "w8a8": (Precision.W8A8, {"observer": "minmax"}, False),
+    "w8a8_mse": (Precision.W8A8, {"observer": "mse"}, False),
+    "w8a8_smoothquant": (Precision.W8A8, {"observer": "minmax"}, True),
+    "w8a8_dynamic": (Precision.W8A8_DYNAMIC, {}, False),
+    "w8a8_dynamic_smoothquant": (Precision.W8A8_DYNAMIC, {}, True),
+}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The scheme picked for one module and what it is predicted to cost."""
+
+    scheme: str
+    precision: Precision
+    quant: dict[str, Any]
+    sqnr_db: float | None  # local SQNR (None = no error)
+    contribution: float  # relative noise energy added to the modality output (first order)
+    scaled: bool  # contribution rescaled from another scheme's estimate
+
+
+def _sqnr_key(e: SchemeError) -> float:
+    return math.inf if e.sqnr_db is None else e.sqnr_db
+
+
+def contribution_for(m: ModuleSensitivity, scheme: str) -> tuple[float, bool] | None:
+    """Estimated end-to-end contribution of ``m`` under ``scheme``.
+
+    The probe measured ``e2e.contribution`` under ``e2e.scheme``; to first order a module's
+    contribution scales with its local noise energy, so under another scheme ``s`` it is
+    ``c * 10 ** ((sqnr[e2e.scheme] - sqnr[s]) / 10)``.
+
+    Returns:
+        ``(contribution, rescaled)`` or None when the probe gives no end-to-end estimate.
+    """
+    if m.e2e is None:
+        return None
+    base = m.e2e.contribution
+    if scheme == m.e2e.scheme:
+        return base, False
+    ref, new = m.w8a8.get(m.e2e.scheme), m.w8a8.get(scheme)
+    if ref is None or new is None:
+        return None
+    if new.sqnr_db is None:  # the other scheme adds no error at all
+        return 0.0, True
+    if ref.sqnr_db is None:  # measured scheme was lossless: nothing to scale from
+        return None
+    return base * 10.0 ** ((ref.sqnr_db - new.sqnr_db) / 10.0), True
+
+
+def best_choice(m: ModuleSensitivity, allowed: set[Precision]) -> Choice | None:
+    """The scheme with the best local SQNR among those whose precision is in ``allowed``."""
+    ranked = []
+    for order, (name, (precision, fields, smooth)) in enumerate(SCHEMES.items()):
+        err = m.w8a8.get(name)
+        if err is None or precision not in allowed:
+            continue
+        ranked.append((-_sqnr_key(err), order, name, precision, fields, smooth, err))
+    for _, _, name, precision, fields, smooth, err in sorted(ranked, key=lambda r: r[:2]):
+        est = contribution_for(m, name)
+        if est is None:
+            continue
+        quant = dict(fields)
+        if smooth:
+            # The probe records the alpha it searched; without one, search again at calibration.
+            quant["smoothquant_alpha"] = (
+                err.smoothquant_alpha if err.smoothquant_alpha is not None else "auto"
+            )
+        return Choice(name, precision, quant, err.sqnr_db, est[0], est[1])
+    return None
+
+
+def noise_to_db(noise: float) -> float | None:
+    """Predicted SQNR from relative noise energy (None when there is no noise)."""
+    return None if noise <= 0 else -10.0 * math.log10(noise)
+
+
+def fmt_db(db: float | None) -> str:
+    """``31.2 dB`` or ``inf dB``."""
+    return "inf dB" if db is None else f"{db:.1f} dB"
+
+
+def describe_scheme(choice: Choice) -> str:
+    """e.g. ``w8a8_smoothquant (alpha=0.5)``."""
+    alpha = choice.quant.get("smoothquant_alpha")
+    return choice.scheme + (f" (alpha={alpha})" if alpha is not None else "")

@@ -1,0 +1,85 @@
+"""YAML helpers: deterministic dumping and pydantic errors mapped back to YAML lines."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from opsnn_quant.errors import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
+
+# Wide enough that PyYAML never folds a reason string over several lines (folding is
+# deterministic too, but one reason per line is easier to read and to grep).
+_WIDTH = 1 << 16
+
+
+def dump(data: Any, header: str = "") -> str:
+    """YAML text of plain data, keys in insertion order; same data -> same bytes."""
+    body = yaml.safe_dump(
+        data, sort_keys=False, allow_unicode=True, default_flow_style=False, width=_WIDTH
+    )
+    lines = "".join(f"# {h}\n" if h else "#\n" for h in header.splitlines()) if header else ""
+    return lines + body
+
+
+def _line_of(node: yaml.Node | None, loc: Sequence[int | str]) -> int | None:
+    """1-based line of the YAML node that ``loc`` (a pydantic error location) points at."""
+    if node is None:
+        return None
+    line = node.start_mark.line + 1
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            if key == "[key]":  # pydantic's marker for "the dict key itself is bad"
+                return line
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.value == str(key):
+                    line = k.start_mark.line + 1
+                    node = v
+                    break
+            else:
+                return line
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int):
+            if not 0 <= key < len(node.value):
+                return line
+            node = node.value[key]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+def load_model(cls: type[M], text: str, source: str = "<string>") -> M:
+    """Parse YAML ``text`` and validate it as ``cls``.
+
+    Raises:
+        ConfigError: bad YAML, or a schema violation; the message names the field path and the
+            line in ``source``.
+    """
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{source}: invalid YAML{where}: {problem}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: expected a mapping at the top level, got {type(data).__name__}"
+        )
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        first = errors[0]
+        loc = [x for x in first["loc"] if x != "[key]"] or ["<root>"]
+        where = ".".join(str(x) for x in loc)
+        line = _line_of(root, list(first["loc"]))
+        at = f" (line {line})" if line is not None else ""
+        more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"{source}: {where}: {msg}{at}{more}") from exc

@@ -1,0 +1,310 @@
+"""Export a policy to the files Ascend tools read: AMCT configs and ATC precision files.
+
+Every exporter takes the module inventory (``{module name: class name}``, model order) because a
+policy holds globs, not module lists. Each returns an :class:`ExportResult`: the file text plus
+notes on what the format could not express (those modules stay float, never the reverse).
+
+Formats and the manuals they follow:
+
+* ``amct-cfg``: AMCT PyTorch simplified PTQ config, protobuf text of
+  ``calibration_config_pytorch.proto`` (fields ``batch_num``, ``activation_offset``,
+  ``skip_layers``, ``common_config{arq_quantize, ifmr_quantize}``, ``override_layer_configs``).
+  https://www.hiascend.com/document/detail/en/canncommercial/850/devaids/amct/atlasamct_16_0131.html
+* ``amct-eager``: the config dict of AMCT's ``quantize(model, config)`` as JSON.
+  https://github.com/hicann/amct/blob/master/docs/api/quantize.md (field checks in
+  ``amct_pytorch/config/fields.py`` and ``amct_pytorch/config/parser.py`` of that repository).
+* ``atc-keep-dtype``, ``atc-customize-dtypes``, ``atc-modify-mixlist``: see
+  :mod:`opsnn_quant.policy.export_atc`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from opsnn_quant.errors import ConfigError
+from opsnn_quant.io import atomic_write_text
+from opsnn_quant.policy.schema import PrecisionPolicy, Resolved
+from opsnn_quant.quant.spec import QuantSpec
+from opsnn_quant.types import Precision
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from opsnn_quant.probe.report import SensitivityReport
+
+log = logging.getLogger(__name__)
+
+FORMATS: tuple[str, ...] = (
+    "amct-cfg",
+    "amct-eager",
+    "atc-keep-dtype",
+    "atc-customize-dtypes",
+    "atc-modify-mixlist",
+)
+# Layer types AMCT's PyTorch PTQ can quantize (Linear, Conv2d, Conv3d, ConvTranspose2d per the
+# AMCT manual's quantizable-layer tables); every one the policy keeps float goes to skip_layers.
+AMCT_QUANT_TYPES = frozenset({"Linear", "Conv2d", "Conv3d", "ConvTranspose2d"})
+# IFMR defaults as in the AMCT manual's sample quant.cfg.
+IFMR_DEFAULTS: dict[str, float] = {
+    "search_range_start": 0.7,
+    "search_range_end": 1.3,
+    "search_step": 0.01,
+    "max_percentile": 0.999999,
+    "min_percentile": 0.999999,
+}
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """One exported file.
+
+    Attributes:
+        format: one of :data:`FORMATS`.
+        text: the file content.
+        notes: what was approximated or left out, one line each.
+        comments: True when ``text`` can carry comments (the notes are then in its header).
+    """
+
+    format: str
+    text: str
+    notes: tuple[str, ...] = ()
+    comments: bool = False
+
+
+def modules_from_report(report: SensitivityReport) -> dict[str, str]:
+    """Module inventory (name -> class name, model order) from a probe report."""
+    return {m.name: m.type for m in report.modules}
+
+
+def modules_from_model(model: nn.Module) -> dict[str, str]:
+    """Module inventory (name -> class name, model order) from a model, containers included."""
+    return {n: type(m).__name__ for n, m in model.named_modules() if n}
+
+
+def load_node_map(path: str | Path) -> dict[str, list[str]]:
+    """Module -> ONNX node names from ``<model>.nodes.json`` (or a plain ``{module: [nodes]}``).
+
+    Raises:
+        ConfigError: missing file or not a mapping of lists of strings.
+    """
+    p = Path(path)
+    if p.suffix == ".onnx":
+        p = p.with_suffix(".nodes.json")
+    if not p.is_file():
+        raise ConfigError(f"node map {p} not found")
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{p}: invalid JSON at line {exc.lineno}: {exc.msg}") from exc
+    nodes = doc.get("nodes", doc) if isinstance(doc, dict) else None
+    if not isinstance(nodes, dict) or not all(
+        isinstance(v, list) and all(isinstance(x, str) for x in v) for v in nodes.values()
+    ):
+        raise ConfigError(f"{p}: expected {{module name: [ONNX node names]}} (or under 'nodes')")
+    return {str(k): list(v) for k, v in nodes.items()}
+
+
+def _resolve(policy: PrecisionPolicy, modules: Mapping[str, str]) -> dict[str, Resolved]:
+    if not modules:
+        raise ConfigError("the module inventory is empty; pass the probe report or the model")
+    policy.check_rules(list(modules), modules)
+    return policy.resolve(list(modules), modules)
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _num(x: float) -> str:
+    return f"{x:.10g}"
+
+
+def _ifmr_block(indent: str, overrides: Mapping[str, Any]) -> list[str]:
+    values: dict[str, Any] = {**IFMR_DEFAULTS, **overrides}
+    lines = [f"{indent}ifmr_quantize : {{"]
+    for key, v in values.items():
+        text = ("true" if v else "false") if isinstance(v, bool) else _num(float(v))
+        lines.append(f"{indent}    {key} : {text}")
+    return [*lines, f"{indent}}}"]
+
+
+def export_amct_cfg(
+    policy: PrecisionPolicy, modules: Mapping[str, str], *, batch_num: int = 1
+) -> ExportResult:
+    """AMCT simplified PTQ config (protobuf text) for the policy's static W8A8 modules."""
+    resolved = _resolve(policy, modules)
+    notes: list[str] = []
+    static: dict[str, QuantSpec] = {}
+    skip: list[str] = []
+    for name, res in resolved.items():
+        if modules[name] not in AMCT_QUANT_TYPES:
+            continue
+        spec = policy.spec_of(res)
+        if isinstance(spec, QuantSpec) and spec.precision == Precision.W8A8:
+            static[name] = spec
+        else:
+            skip.append(name)
+            if isinstance(spec, QuantSpec):
+                notes.append(
+                    f"{name}: {spec.precision.value} has no AMCT PTQ (static) form; left float"
+                )
+    offsets = Counter(not s.activation_symmetric for s in static.values())
+    offset = offsets[True] > offsets[False]
+    overrides: list[tuple[str, dict[str, Any]]] = []
+    for name, spec in static.items():
+        dev: dict[str, Any] = {}
+        if spec.observer == "percentile":
+            dev["max_percentile"] = dev["min_percentile"] = spec.percentile / 100.0
+        if (not spec.activation_symmetric) != offset:
+            dev["asymmetric"] = not spec.activation_symmetric
+        if dev:
+            overrides.append((name, dev))
+    if any(s.observer in ("mse", "kl", "minmax") for s in static.values()):
+        notes.append(
+            "activation ranges: AMCT calibrates with IFMR (a clip search around a percentile); "
+            "the policy's minmax/mse/kl observers have no exact AMCT counterpart"
+        )
+    smooth = [n for n, s in static.items() if s.smoothquant]
+    if smooth:
+        notes.append(
+            f"SmoothQuant on {len(smooth)} layer(s): AMCT's counterpart is the DMQ balancer "
+            "(quantize_preprocess), not part of this file"
+        )
+    header = [
+        f"AMCT simplified PTQ config for {policy.model} (target {policy.target}), from opsnn-quant.",
+        "Format: calibration_config_pytorch.proto, see",
+        "https://www.hiascend.com/document/detail/en/canncommercial/850/devaids/amct/atlasamct_16_0131.html",
+        f"{len(static)} layer(s) int8, {len(skip)} quantizable layer(s) kept float (skip_layers).",
+        *notes,
+    ]
+    lines = [f"# {h}" for h in header]
+    lines += [f"batch_num : {batch_num}", f"activation_offset : {'true' if offset else 'false'}"]
+    lines += [f"skip_layers : {_q(n)}" for n in skip]
+    lines += ["common_config : {", "    arq_quantize : {", "        channel_wise : true", "    }"]
+    lines += [*_ifmr_block("    ", {}), "}"]
+    for name, dev in overrides:
+        lines += ["override_layer_configs : {", f"    layer_name : {_q(name)}"]
+        lines += ["    calibration_config : {", "        arq_quantize : {"]
+        lines += ["            channel_wise : true", "        }"]
+        lines += [*_ifmr_block("        ", dev), "    }", "}"]
+    return ExportResult("amct-cfg", "\n".join(lines) + "\n", tuple(notes), comments=True)
+
+
+def _eager_key(spec: QuantSpec) -> tuple[str, bool, str, float | None] | None:
+    alpha = spec.smoothquant_alpha
+    # fields.py accepts smooth_strength only as a float strictly inside (0, 1).
+    if alpha is not None and (alpha == "auto" or not 0.0 < float(alpha) < 1.0):
+        return None
+    a = None if alpha is None else float(alpha)
+    if spec.precision == Precision.W8A8:
+        return ("tensor", spec.activation_symmetric, spec.observer, a)
+    if spec.precision == Precision.W8A8_DYNAMIC:
+        return ("token", True, "-", a)  # DynamicQuant is symmetric per token
+    return ("none", True, "-", None)  # w8a16: weights only
+
+
+def export_amct_eager(
+    policy: PrecisionPolicy, modules: Mapping[str, str], *, batch_num: int = 1
+) -> ExportResult:
+    """Config dict of AMCT's eager ``quantize(model, config)`` as JSON.
+
+    AMCT applies one ``quant_cfg`` and one algorithm to every layer, and skips a layer when any
+    ``skip_layers`` entry is a substring of its name (``parser.check_skip_layer``). So the
+    largest group of int8 Linear modules sharing one scheme is exported; every other module is
+    skipped (kept float) and listed in the notes.
+    """
+    resolved = _resolve(policy, modules)
+    notes: list[str] = []
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    for name, res in resolved.items():
+        spec = policy.spec_of(res)
+        if not isinstance(spec, QuantSpec) or modules[name] != "Linear":
+            continue
+        key = _eager_key(spec)
+        if key is None:
+            notes.append(
+                f"{name}: SmoothQuant alpha {spec.smoothquant_alpha!r} is not a float in (0, 1); left float"
+            )
+            continue
+        groups.setdefault(key, []).append(name)
+    key, chosen = max(groups.items(), key=lambda kv: len(kv[1]), default=(None, []))
+    for other, names in groups.items():
+        if other != key:
+            notes.append(
+                f"{len(names)} module(s) with another scheme left float: {', '.join(names[:5])}"
+            )
+    chosen_set = set(chosen)
+    skip = [n for n, t in modules.items() if t in ("Linear", "Conv2d") and n not in chosen_set]
+    while True:  # a skip entry that is a substring of a chosen name would skip that one too
+        clash = [c for c in chosen if c in chosen_set and any(s in c for s in skip)]
+        if not clash:
+            break
+        for c in clash:
+            chosen_set.discard(c)
+            skip.append(c)
+            notes.append(f"{c}: a skip_layers entry is a substring of its name; left float")
+    skip.sort(key=list(modules).index)
+    cfg: dict[str, Any] = {"batch_num": batch_num, "quant_cfg": {}}
+    cfg["quant_cfg"]["weights"] = {"type": "int8", "symmetric": True, "strategy": "channel"}
+    if key is not None and key[0] != "none":
+        strategy, symmetric, observer, _ = key
+        cfg["quant_cfg"]["inputs"] = {"type": "int8", "symmetric": symmetric, "strategy": strategy}
+        if observer not in ("minmax", "-"):
+            notes.append(f"observer {observer!r} has no AMCT eager counterpart; AMCT uses minmax")
+    alpha = None if key is None else key[3]
+    cfg["algorithm"] = {"smoothquant": {"smooth_strength": alpha}} if alpha else {"minmax": {}}
+    cfg["skip_layers"] = skip
+    return ExportResult("amct-eager", json.dumps(cfg, indent=4) + "\n", tuple(notes))
+
+
+def export_policy(
+    policy: PrecisionPolicy,
+    fmt: str,
+    modules: Mapping[str, str],
+    *,
+    node_map: Mapping[str, Sequence[str]] | None = None,
+    node_io: Mapping[str, tuple[str, int, int]] | None = None,
+    op_types: Mapping[str, str] | None = None,
+    batch_num: int = 1,
+) -> ExportResult:
+    """Export ``policy`` in format ``fmt`` (one of :data:`FORMATS`).
+
+    Args:
+        policy: the policy.
+        fmt: output format.
+        modules: module inventory, name -> class name, in model order.
+        node_map: module -> ONNX node names (``<model>.nodes.json``) for the ATC formats;
+            without it the names torch.onnx.export(dynamo=False) gives are derived.
+        node_io: ONNX node -> (op type, inputs, outputs) for ``atc-customize-dtypes``.
+        op_types: module class -> Ascend IR OpType for ``atc-modify-mixlist``.
+        batch_num: calibration batches for the AMCT formats.
+
+    Raises:
+        ConfigError: unknown format, empty inventory, or a rule that matches no module.
+    """
+    from opsnn_quant.policy import export_atc
+
+    if fmt == "amct-cfg":
+        return export_amct_cfg(policy, modules, batch_num=batch_num)
+    if fmt == "amct-eager":
+        return export_amct_eager(policy, modules, batch_num=batch_num)
+    if fmt in export_atc.ATC_FORMATS:
+        resolved = _resolve(policy, modules)
+        return export_atc.export_atc(fmt, policy, resolved, modules, node_map, node_io, op_types)
+    raise ConfigError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
+
+
+def write_export(result: ExportResult, path: str | Path) -> list[Path]:
+    """Write the file atomically; notes of comment-less formats go to ``<path>.notes.txt``."""
+    out = [atomic_write_text(path, result.text)]
+    if result.notes and not result.comments:
+        out.append(atomic_write_text(f"{path}.notes.txt", "\n".join(result.notes) + "\n"))
+    for note in result.notes:
+        log.info("%s: %s", result.format, note)
+    return out

@@ -1,0 +1,370 @@
+"""``PrecisionPolicy``: which precision every module runs in, and why (``policy.yaml``).
+
+Resolution of one module name, in this order:
+
+1. the rules, first match wins (``fnmatch`` globs on module names). A rule with an int8
+   precision only applies to Linear/Conv2d modules; other modules it matches fall through to the
+   next rule, so ``unet.*: w8a8`` never puts a LayerNorm in int8.
+2. the default of the module's modality, found by the longest matching module-name prefix in
+   ``modalities`` (``""`` matches every name).
+3. otherwise the module stays float as loaded (reported as fp32).
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from opsnn_quant.errors import ConfigError
+from opsnn_quant.io import atomic_write_text
+from opsnn_quant.policy import _yaml
+from opsnn_quant.policy.budget import Budget
+from opsnn_quant.policy.targets import INT8_MODULE_TYPES, get_target
+from opsnn_quant.quant.spec import QuantSpec
+from opsnn_quant.types import Modality, Precision
+
+if TYPE_CHECKING:
+    from torch import nn
+
+SCHEMA_VERSION = 1
+_HEADER = (
+    "opsnn-quant precision policy. Rules: first match wins (globs on module names);\n"
+    "int8 rules apply to Linear/Conv2d only; then the modality default (longest prefix)."
+)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class QuantFields(_Frozen):
+    """The :class:`~opsnn_quant.quant.spec.QuantSpec` fields of an int8 rule (precision aside)."""
+
+    activation_symmetric: bool = True
+    observer: Literal["minmax", "percentile", "mse", "kl"] = "minmax"
+    percentile: float = 99.99
+    smoothquant_alpha: float | Literal["auto"] | None = None
+    output_dtype: Literal["float16", "bfloat16"] = "float16"
+
+
+class Rule(_Frozen):
+    """One ordered rule: modules whose name matches ``match`` run in ``precision``.
+
+    Attributes:
+        match: ``fnmatch`` glob on module names (an exact name is a glob too).
+        precision: the precision.
+        quant: quantization settings of an int8 rule (defaults when omitted).
+        reason: why, in words, with the evidence.
+    """
+
+    match: str = Field(min_length=1)
+    precision: Precision
+    quant: QuantFields | None = None
+    reason: str = ""
+
+    @model_validator(mode="after")
+    def _check_quant(self) -> Rule:
+        if self.precision.is_float:
+            if self.quant is not None:
+                raise ValueError(
+                    f"quant settings need an int8 precision, not {self.precision.value}"
+                )
+        else:
+            self.quant_spec()  # QuantSpec's own checks (SmoothQuant with w8a16, ranges)
+        return self
+
+    def quant_spec(self) -> QuantSpec | None:
+        """The rule's QuantSpec (None for float precisions)."""
+        if self.precision.is_float:
+            return None
+        fields = (self.quant or QuantFields()).model_dump()
+        try:
+            return QuantSpec(precision=self.precision, **fields)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+    def matches(self, name: str) -> bool:
+        """True when ``name`` matches the rule's glob."""
+        return fnmatch.fnmatchcase(name, self.match)
+
+
+class ModalityFigures(_Frozen):
+    """The probe figures a modality's decision was made from.
+
+    Attributes:
+        chosen: ``int8`` (some modules int8) or ``fp16`` (the whole modality float).
+        predicted_sqnr_db: predicted SQNR of the modality output (None = no int8 noise).
+        predicted_cosine: the same as a cosine, ``1 / sqrt(1 + noise)``.
+        noise: summed relative noise energy of the int8 modules (first order).
+        int8_mac_share: share of the modality's MACs that run in int8.
+        limit: the budget that applied, in words.
+        note: why the modality ended up as it did.
+    """
+
+    chosen: Literal["int8", "fp16"]
+    predicted_sqnr_db: float | None = None
+    predicted_cosine: float | None = None
+    noise: float = 0.0
+    int8_mac_share: float = 0.0
+    limit: str = ""
+    note: str = ""
+
+
+class Resolved(NamedTuple):
+    """The precision of one module and where it came from."""
+
+    precision: Precision
+    rule: int | Literal["default", "unassigned"]
+    reason: str
+
+
+class PrecisionPolicy(_Frozen):
+    """A typed, versioned precision policy with a YAML round trip.
+
+    Attributes:
+        schema_version: version of this layout.
+        model: id of the model the policy was decided for.
+        target: deployment target name (see :mod:`opsnn_quant.policy.targets`).
+        modalities: module-name prefix -> modality (``""`` matches every module).
+        defaults: modality -> float precision for modules no rule names.
+        rules: ordered rules, first match wins.
+        budget: the budget the search used (None for hand-written policies).
+        figures: per-modality probe figures the decision was made from.
+        notes: search notes (e.g. the outcome of the final check).
+    """
+
+    schema_version: int = SCHEMA_VERSION
+    model: str
+    target: str
+    modalities: dict[str, Modality] = Field(default_factory=dict)
+    defaults: dict[Modality, Precision] = Field(default_factory=dict)
+    rules: list[Rule] = Field(default_factory=list)
+    budget: Budget | None = None
+    figures: dict[Modality, ModalityFigures] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, v: int) -> int:
+        if v != SCHEMA_VERSION:
+            raise ValueError(
+                f"policy schema_version {v} is not supported (expected {SCHEMA_VERSION})"
+            )
+        return v
+
+    @field_validator("target")
+    @classmethod
+    def _known_target(cls, v: str) -> str:
+        try:
+            get_target(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return v
+
+    @field_validator("defaults")
+    @classmethod
+    def _float_defaults(cls, v: dict[Modality, Precision]) -> dict[Modality, Precision]:
+        for modality, precision in v.items():
+            if not precision.is_float:
+                raise ValueError(
+                    f"default of {modality.value} is {precision.value}; defaults must be float "
+                    "(int8 needs rules, which apply to Linear/Conv2d only)"
+                )
+        return v
+
+    # ---- YAML ----------------------------------------------------------------------------
+
+    def to_yaml(self) -> str:
+        """Deterministic YAML text: the same policy gives the same bytes."""
+        return _yaml.dump(self.model_dump(mode="json", exclude_none=True), header=_HEADER)
+
+    @classmethod
+    def from_yaml(cls, text: str, source: str = "<string>") -> PrecisionPolicy:
+        """Parse and validate YAML text.
+
+        Raises:
+            ConfigError: bad YAML or a schema violation (field path and line in the message).
+        """
+        return _yaml.load_model(cls, text, source)
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``policy.yaml`` atomically."""
+        return atomic_write_text(path, self.to_yaml())
+
+    @classmethod
+    def load(cls, path: str | Path) -> PrecisionPolicy:
+        """Read and validate a policy file.
+
+        Raises:
+            ConfigError: missing file, bad YAML or a schema violation.
+        """
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"{p} not found")
+        return cls.from_yaml(p.read_text(encoding="utf-8"), source=str(p))
+
+    # ---- resolution ------------------------------------------------------------------------
+
+    def modality_of(
+        self, name: str, modalities: Mapping[str, Modality] | None = None
+    ) -> Modality | None:
+        """The modality of module ``name`` by the longest matching prefix (None if none)."""
+        prefixes = self.modalities if modalities is None else modalities
+        best: tuple[int, Modality] | None = None
+        for prefix, modality in prefixes.items():
+            covers = prefix == "" or name == prefix or name.startswith(prefix + ".")
+            if covers and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), Modality(modality))
+        return None if best is None else best[1]
+
+    def resolve(
+        self,
+        module_names: Iterable[str],
+        module_types: Mapping[str, str],
+        modalities: Mapping[str, Modality] | None = None,
+    ) -> dict[str, Resolved]:
+        """Precision, source and reason of every module.
+
+        Args:
+            module_names: module names in model order.
+            module_types: name -> class name; modules of unknown type are not int8-capable.
+            modalities: prefix -> modality to use instead of the policy's own.
+
+        Returns:
+            ``{name: Resolved(precision, rule index | "default" | "unassigned", reason)}``.
+        """
+        out: dict[str, Resolved] = {}
+        for name in module_names:
+            int8_ok = module_types.get(name) in INT8_MODULE_TYPES
+            for i, rule in enumerate(self.rules):
+                if rule.matches(name) and (rule.precision.is_float or int8_ok):
+                    out[name] = Resolved(rule.precision, i, rule.reason)
+                    break
+            else:
+                modality = self.modality_of(name, modalities)
+                if modality is not None and modality in self.defaults:
+                    out[name] = Resolved(
+                        self.defaults[modality], "default", f"{modality.value} default"
+                    )
+                else:
+                    out[name] = Resolved(
+                        Precision.FP32,
+                        "unassigned",
+                        "no rule or modality default: kept float as loaded",
+                    )
+        return out
+
+    def spec_of(self, resolved: Resolved) -> QuantSpec | Precision:
+        """The QuantSpec of an int8 resolution, the Precision of a float one."""
+        if isinstance(resolved.rule, int) and resolved.precision.is_int8:
+            spec = self.rules[resolved.rule].quant_spec()
+            assert spec is not None
+            return spec
+        return resolved.precision
+
+    def check_rules(self, module_names: list[str], module_types: Mapping[str, str]) -> None:
+        """Every rule must match a module, and an int8 rule at least one Linear/Conv2d.
+
+        Raises:
+            ConfigError: naming the first rule that matches nothing (with a close name if any).
+        """
+        for i, rule in enumerate(self.rules):
+            matched = [n for n in module_names if rule.matches(n)]
+            label = f"rule {i} ({rule.precision.value} on {rule.match!r})"
+            if not matched:
+                close = difflib.get_close_matches(rule.match, module_names, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"{label} matches no module of the model{hint}")
+            if rule.precision.is_int8 and not any(
+                module_types.get(n) in INT8_MODULE_TYPES for n in matched
+            ):
+                shown = ", ".join(f"{n} ({module_types.get(n)})" for n in matched[:3])
+                raise ConfigError(
+                    f"{label} matches only modules that cannot be int8: {shown}; "
+                    "int8 runs on Linear/Conv2d only"
+                )
+
+    def validate(  # type: ignore[override]  # pydantic's classmethod validate is deprecated
+        self, model: nn.Module, modalities: Mapping[str, Modality] | None = None
+    ) -> dict[str, Resolved]:
+        """Check the policy against a model and the target; return the resolution.
+
+        Args:
+            model: the float model.
+            modalities: module-name prefix -> modality (from the model adapter); defaults to the
+                policy's own ``modalities``.
+
+        Raises:
+            ConfigError: a rule matches nothing, an int8 rule matches no Linear/Conv2d, or the
+                target cannot run a module in its resolved precision.
+        """
+        modules = {n: m for n, m in model.named_modules() if n}
+        names = list(modules)
+        types = {n: type(m).__name__ for n, m in modules.items()}
+        self.check_rules(names, types)
+        resolved = self.resolve(names, types, modalities)
+        target = get_target(self.target)
+        problems = []
+        for name, res in resolved.items():
+            weight = getattr(modules[name], "weight", None)
+            shape = tuple(weight.shape) if weight is not None and hasattr(weight, "shape") else None
+            ok, why = target.can_run(types[name], res.precision, weight_shape=shape)
+            if not ok:
+                problems.append(f"{name} ({types[name]}, {res.precision.value}): {why}")
+        if problems:
+            more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+            raise ConfigError(
+                f"target {self.target} cannot run {len(problems)} module(s): "
+                + "; ".join(problems[:3])
+                + more
+            )
+        return resolved
+
+    def module_specs(self, model: nn.Module) -> dict[str, QuantSpec | Precision]:
+        """Module name -> QuantSpec (int8) or Precision (float): the ``ResolvesModules`` protocol.
+
+        ``quantize(model, policy, forward_loop)`` calls this; the policy is validated first.
+        """
+        return {n: self.spec_of(r) for n, r in self.validate(model).items()}
+
+    def with_notes(self, *notes: str) -> PrecisionPolicy:
+        """A copy with ``notes`` appended."""
+        return self.model_copy(update={"notes": [*self.notes, *notes]})
+
+
+def derive_prefixes(entries: Iterable[tuple[str, Modality]]) -> dict[str, Modality]:
+    """The shortest module-name prefixes that separate modalities.
+
+    ``[("te.l0", TE), ("te.l1", TE), ("unet.a", DEN)]`` gives ``{"te": TE, "unet": DEN}``; a
+    single-modality model gives ``{"": modality}``.
+    """
+    items = [(name.split("."), Modality(mod)) for name, mod in entries]
+    if not items:
+        return {}
+    if len({m for _, m in items}) == 1:
+        return {"": items[0][1]}
+    out: dict[str, Modality] = {}
+
+    def split(group: list[tuple[list[str], Modality]], depth: int) -> None:
+        buckets: dict[str, list[tuple[list[str], Modality]]] = {}
+        for parts, mod in group:
+            buckets.setdefault(".".join(parts[: depth + 1]), []).append((parts, mod))
+        for key, members in buckets.items():
+            mods = {m for _, m in members}
+            if len(mods) == 1:
+                out[key] = members[0][1]
+                continue
+            # A module that is itself the container of others keeps its own modality; the
+            # longer prefixes of its children win for them.
+            for parts, mod in members:
+                if len(parts) == depth + 1:
+                    out[key] = mod
+            split([(p, m) for p, m in members if len(p) > depth + 1], depth + 1)
+
+    split(items, 0)
+    return out

@@ -1,0 +1,256 @@
+"""``build_policy(report, budget, target)``: decide precisions from the probe's measurements.
+
+How (per modality, deterministic for the same inputs):
+
+1. Modules the fp16 overflow probe flagged are pinned: bf16 when the target has it and the
+   probe's bf16 relative error is small, else fp32. The evidence goes into the reason.
+2. Every other Linear/Conv2d the target can run in int8 gets the scheme with the best local SQNR
+   among those the target allows; its end-to-end contribution is rescaled to that scheme
+   (first order, see :func:`~opsnn_quant.policy._schemes.contribution_for`).
+3. While the summed contributions exceed the modality's noise budget, the module with the largest
+   contribution per MAC (MACs stand in for the latency int8 saves) falls back to fp16. Then fallen
+   back modules are re-admitted, largest first, when they still fit.
+4. If the int8 modules then cover less than ``budget.min_int8_mac_share`` of the modality's MACs,
+   the whole modality stays fp16.
+5. With a ``final_check`` hook, a failing check tightens the blamed modalities' noise caps by
+   ``tighten_db`` and the search runs again, at most ``max_iterations`` times; after that the
+   blamed modalities go fp16.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from opsnn_quant.policy._rules import emit_rules, pin_for
+from opsnn_quant.policy._schemes import Choice, best_choice, fmt_db, noise_to_db
+from opsnn_quant.policy.budget import Budget, FinalCheckResult, FinalCheckSettings
+from opsnn_quant.policy.schema import ModalityFigures, PrecisionPolicy, derive_prefixes
+from opsnn_quant.policy.targets import Target, get_target
+from opsnn_quant.probe.report import ModuleSensitivity, SensitivityReport
+from opsnn_quant.types import Modality, Precision
+
+log = logging.getLogger(__name__)
+
+FinalCheck = Callable[[PrecisionPolicy], FinalCheckResult]
+
+
+def _r(x: float, digits: int = 6) -> float:
+    # Figures go into YAML: a fixed number of significant digits keeps the bytes stable.
+    return float(f"{x:.{digits}g}")
+
+
+@dataclass
+class ModalityPlan:
+    """What the search decided for one modality (input to the rule emitter)."""
+
+    modality: Modality
+    int8: dict[str, Choice] = field(default_factory=dict)  # name -> choice, model order
+    fallback: dict[str, str] = field(default_factory=dict)  # quantizable name -> reason (fp16)
+    noise: float = 0.0
+    mac_share: float = 0.0
+    chosen: str = "fp16"
+    note: str = ""
+
+
+def _plan_modality(
+    modality: Modality,
+    modules: list[ModuleSensitivity],
+    pinned: set[str],
+    target: Target,
+    cap: float,
+    limit_text: str,
+    min_share: float,
+    force_fp16: str | None,
+) -> ModalityPlan:
+    plan = ModalityPlan(modality)
+    total_macs = sum(max(m.macs, 0) for m in modules)
+    cands: dict[str, tuple[ModuleSensitivity, Choice]] = {}
+    for m in modules:
+        if not m.quantizable or m.name in pinned:
+            continue
+        allowed = set(target.int8_precisions(m.type))
+        if not allowed:
+            _, why = target.can_run(m.type, Precision.W8A8)
+            plan.fallback[m.name] = f"stays float: {why}"
+            continue
+        choice = best_choice(m, allowed)
+        if choice is None:
+            plan.fallback[m.name] = (
+                "stays float: the probe has no end-to-end estimate for a scheme "
+                f"{target.name} runs ({', '.join(p.value for p in sorted(allowed))})"
+            )
+            continue
+        cands[m.name] = (m, choice)
+    if force_fp16 is not None:
+        for name in cands:
+            plan.fallback[name] = f"fp16: {force_fp16}"
+        plan.note = force_fp16
+        return plan
+
+    def ratio(name: str) -> tuple[float, float]:
+        m, ch = cands[name]
+        per_mac = ch.contribution / m.macs if m.macs > 0 else (math.inf if ch.contribution else 0.0)
+        return per_mac, ch.contribution
+
+    keep = list(cands)
+    noise = sum(cands[n][1].contribution for n in keep)
+    removed: list[str] = []
+    while noise > cap and keep:
+        worst = max(keep, key=lambda n: (*ratio(n), -keep.index(n)))
+        keep.remove(worst)
+        removed.append(worst)
+        noise -= cands[worst][1].contribution
+    noise = max(noise, 0.0)
+    # Re-admit what still fits, biggest layers first: the greedy pass may have overshot.
+    for name in sorted(removed, key=lambda n: (-cands[n][0].macs, removed.index(n))):
+        c = cands[name][1].contribution
+        if noise + c <= cap:
+            keep.append(name)
+            removed.remove(name)
+            noise += c
+    order = {m.name: i for i, m in enumerate(modules)}
+    keep.sort(key=order.__getitem__)
+    int8_macs = sum(cands[n][0].macs for n in keep)
+    share = int8_macs / total_macs if total_macs > 0 else 0.0
+    after = fmt_db(noise_to_db(noise))
+    for name in sorted(removed, key=order.__getitem__):
+        m, ch = cands[name]
+        plan.fallback[name] = (
+            f"fp16 fallback: est. contribution {ch.contribution:.2e} ({ch.scheme}, first order) "
+            f"over {m.macs:.2e} MACs; without it {modality.value} is predicted at {after} "
+            f"({limit_text})"
+        )
+    if not keep or share < min_share:
+        what = "no module can be int8" if not keep else f"int8 would cover {share:.0%} of its MACs"
+        plan.note = (
+            f"whole modality fp16: {what} (< {min_share:.0%} min_int8_mac_share), "
+            "not worth the accuracy risk"
+        )
+        for name in keep:
+            plan.fallback[name] = f"fp16: {plan.note}"
+        return plan
+    plan.int8 = {n: cands[n][1] for n in keep}
+    plan.noise, plan.mac_share, plan.chosen = noise, share, "int8"
+    plan.note = (
+        f"{len(keep)} of {len(cands)} int8 candidates kept; predicted {after} ({limit_text})"
+    )
+    return plan
+
+
+def _decide(
+    report: SensitivityReport,
+    budget: Budget,
+    target: Target,
+    caps: dict[Modality, float],
+    forced: dict[Modality, str],
+    bf16_tolerance: float,
+    compact: bool,
+    notes: list[str],
+) -> PrecisionPolicy:
+    pins = {}
+    for m in report.modules:
+        pin = pin_for(m, target, bf16_tolerance)
+        if pin is not None:
+            pins[m.name] = pin
+    modalities = [mod for mod in Modality if report.by_modality(mod)]
+    plans, figures = [], {}
+    for mod in modalities:
+        limit = budget.limit_for(mod)
+        plan = _plan_modality(
+            mod, report.by_modality(mod), set(pins), target, caps[mod],
+            limit.describe(), budget.min_int8_mac_share, forced.get(mod),
+        )  # fmt: skip
+        plans.append(plan)
+        db = noise_to_db(plan.noise)
+        figures[mod] = ModalityFigures(
+            chosen="int8" if plan.chosen == "int8" else "fp16",
+            predicted_sqnr_db=None if db is None else round(db, 3),
+            predicted_cosine=round(1.0 / math.sqrt(1.0 + plan.noise), 6) if plan.int8 else None,
+            noise=_r(plan.noise),
+            int8_mac_share=round(plan.mac_share, 4),
+            limit=limit.describe(),
+            note=plan.note,
+        )
+    prefixes = derive_prefixes((m.name, m.modality) for m in report.modules)
+    rules = emit_rules(report, pins, plans, prefixes, compact=compact)
+    return PrecisionPolicy(
+        model=report.model,
+        target=target.name,
+        modalities=prefixes,
+        defaults={mod: Precision.FP16 for mod in modalities},
+        rules=rules,
+        budget=budget,
+        figures=figures,
+        notes=list(notes),
+    )
+
+
+def build_policy(
+    report: SensitivityReport,
+    budget: Budget | None = None,
+    target: str | Target = "cpu-reference",
+    final_check: FinalCheck | None = None,
+    *,
+    bf16_tolerance: float = 1e-2,
+    compact: bool = True,
+) -> PrecisionPolicy:
+    """Decide a precision policy from a probe report.
+
+    Args:
+        report: the probe's SensitivityReport.
+        budget: accuracy floors and the MAC-share threshold (defaults: no floors, 0.5).
+        target: target name or object; nothing it cannot run is assigned.
+        final_check: optional end-to-end check of a candidate policy (e.g. the evaluator). A
+            failing result makes the search fall back more modules and retry (bounded by
+            ``budget.final_check.max_iterations``, 3 when unset).
+        bf16_tolerance: an overflowing module goes bf16 (where the target has it) only when the
+            probe's bf16 relative error is below this; otherwise fp32.
+        compact: cover uniform int8 groups with one glob rule per modality prefix.
+
+    Returns:
+        The policy; its YAML is byte-identical for the same inputs.
+    """
+    budget = budget or Budget()
+    tgt = get_target(target)
+    modalities = [mod for mod in Modality if report.by_modality(mod)]
+    caps = {mod: budget.limit_for(mod).max_noise() for mod in modalities}
+    forced: dict[Modality, str] = {}
+    args = (bf16_tolerance, compact)
+    policy = _decide(report, budget, tgt, caps, forced, *args, notes=[])
+    if final_check is None:
+        if budget.final_check is not None:
+            log.info("budget.final_check is set but no final_check hook was given; skipped")
+        return policy
+    settings = budget.final_check or FinalCheckSettings(metric="", max_delta=0.0)
+    notes: list[str] = []
+    attempt = 0
+    while True:
+        attempt += 1
+        result = final_check(policy)
+        notes.append(_check_note(attempt, result))
+        if result.passed or forced:
+            break
+        int8_now = [mod for mod, f in policy.figures.items() if f.chosen == "int8"]
+        blamed = [mod for mod in (result.modalities or int8_now) if mod in int8_now]
+        if not blamed:
+            break  # nothing left to fall back
+        for mod in blamed:
+            if attempt >= settings.max_iterations:
+                forced[mod] = f"final check still failing after {attempt} attempt(s)"
+            else:
+                tightened = min(caps[mod], policy.figures[mod].noise)
+                caps[mod] = tightened * 10.0 ** (-settings.tighten_db / 10.0)
+        policy = _decide(report, budget, tgt, caps, forced, *args, notes=[])
+    if not result.passed:
+        log.warning("final check did not pass; returning the most conservative policy tried")
+    return policy.with_notes(*notes)
+
+
+def _check_note(attempt: int, result: FinalCheckResult) -> str:
+    verdict = "passed" if result.passed else "failed"
+    delta = "" if result.delta is None else f", delta {result.delta:.4g}"
+    detail = f": {result.detail}" if result.detail else ""
+    return f"final check {attempt} {verdict} ({result.metric or 'metric'}{delta}){detail}"

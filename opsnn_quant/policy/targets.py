@@ -1,0 +1,193 @@
+"""Deployment targets: what each Ascend deployment route can run, module by module.
+
+A :class:`Target` answers one question, :meth:`Target.can_run`, and says why when the answer is
+no. :func:`~opsnn_quant.policy.search.build_policy` never assigns a precision the target refuses,
+and :meth:`~opsnn_quant.policy.schema.PrecisionPolicy.validate` rejects hand-edited policies that do.
+
+Sources (read 2025; the constraints below are the ones these pages state, nothing more):
+
+* torch_npu ``npu_quant_matmul`` (W8A8 static and per-token): x1/x2 int8, 2-6 dims; ``pertoken_scale``
+  "not supported on Atlas inference products" (310P); output float16/bfloat16/int8 on A2, no
+  bfloat16 on 310P.
+  https://www.hiascend.com/document/detail/zh/Pytorch/700/apiref/apilist/ptaoplist_000172.html
+* aclnnQuantMatmulV4 constraints (the kernel behind it, ops-nn docs): on Atlas A2/A3 the last dim
+  of x1 (k) and of x2 (n) must not exceed 65535 (a later revision lifts this for fp32/bf16 scales
+  with per-channel + per-token; we keep the stricter bound because the fp16-output path uses the
+  int64 scale from ``npu_trans_quant_param``).
+  https://gitcode.com/cann/ops-nn/pull/6978/diffs
+* torch_npu ``npu_weight_quant_batchmatmul`` (W8A16): per-channel int8 weights on A2 and 310P;
+  64-alignment of k and n only for the int64 antiquant-scale path, which we do not use.
+  https://www.hiascend.com/document/detail/zh/Pytorch/700/apiref/apilist/ptaoplist_000179.html
+* AMCT/ATC static W8A8 through an ONNX deploy model: Gemm/MatMul and Conv are quantizable layers
+  (MatMulV2/BatchMatMulV2, Conv2D in Ascend IR); AMCT's PTQ is static (IFMR calibration), so
+  there is no per-token route through ATC.
+  https://www.hiascend.com/document/detail/en/canncommercial/850/devaids/amct/atlasamct_16_0131.html
+* ATC ``--keep_dtype`` keeps a node's original (fp32) precision on every product.
+  https://www.hiascend.com/document/detail/en/canncommercial/850/devaids/atctool/atlasatcparam_16_0074.html
+
+The brief this module was written from mentions "K % 16 == 0 and N % 8 == 0" for per-token; we did
+not find that constraint in the torch_npu or aclnn pages above, so the alignment fields default to
+1 (no constraint) and can be tightened per target once a source is found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from opsnn_quant.errors import ConfigError
+from opsnn_quant.types import Precision
+
+INT8_MODULE_TYPES: frozenset[str] = frozenset({"Linear", "Conv2d"})
+"""Module types the engine can make int8 (as ``opsnn_quant.quant.api.quantizable_modules``)."""
+
+OverflowMode = Literal["inf_nan", "saturate"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one deployment route can run.
+
+    Attributes:
+        name: e.g. ``ascend910b-eager``.
+        description: one line for tables.
+        route: ``eager`` (torch_npu ops), ``atc`` (ONNX deploy model + ATC) or ``reference``.
+        fp16_overflow_mode: ``inf_nan`` (910B default: overflow becomes inf) or ``saturate``
+            (310P: clamps to ±65504, silently).
+        has_bf16: bfloat16 compute is available.
+        int8: precision -> module types that can run it.
+        max_k, max_n: documented upper bounds of the reduction / output dims of int8 matmuls
+            (None = no bound). Applied to Linear only.
+        k_multiple, n_multiple: alignment of k / n for int8 Linear (1 = none documented).
+    """
+
+    name: str
+    description: str
+    route: Literal["eager", "atc", "reference"]
+    fp16_overflow_mode: OverflowMode
+    has_bf16: bool
+    int8: Mapping[Precision, frozenset[str]] = field(default_factory=dict)
+    max_k: int | None = None
+    max_n: int | None = None
+    k_multiple: int = 1
+    n_multiple: int = 1
+
+    def can_run(
+        self,
+        module_type: str,
+        precision: Precision | str,
+        in_features: int | None = None,
+        out_features: int | None = None,
+        *,
+        weight_shape: Sequence[int] | None = None,
+    ) -> tuple[bool, str]:
+        """Whether this target runs ``module_type`` in ``precision``.
+
+        Args:
+            module_type: class name, e.g. ``Linear``, ``Conv2d``, ``LayerNorm``.
+            precision: the precision asked for.
+            in_features, out_features: k and n of a Linear (optional).
+            weight_shape: the weight's shape instead of k/n (Linear ``(n, k)``; Conv2d
+                ``(out, in/groups, kh, kw)``).
+
+        Returns:
+            ``(True, "")`` or ``(False, reason)`` where the reason names the target and the rule.
+        """
+        p = Precision(precision)
+        if p == Precision.BF16 and not self.has_bf16:
+            return False, f"{self.name} has no bfloat16"
+        if p.is_float:
+            return True, ""
+        types = self.int8.get(p, frozenset())
+        if module_type not in types:
+            if not types:
+                return False, f"{self.name} cannot run {p.value} at all"
+            allowed = "/".join(sorted(types))
+            return False, f"{self.name} runs {p.value} only for {allowed}, not {module_type}"
+        if module_type != "Linear":
+            return True, ""
+        k, n = in_features, out_features
+        if weight_shape is not None and len(weight_shape) == 2:
+            n, k = int(weight_shape[0]), int(weight_shape[1])
+        for dim, value, bound, multiple in (
+            ("k", k, self.max_k, self.k_multiple),
+            ("n", n, self.max_n, self.n_multiple),
+        ):
+            if value is None:
+                continue
+            if bound is not None and value > bound:
+                return False, f"{self.name}: {p.value} Linear needs {dim} <= {bound}, got {value}"
+            if value % multiple:
+                return (
+                    False,
+                    f"{self.name}: {p.value} Linear needs {dim} % {multiple} == 0, got {value}",
+                )
+        return True, ""
+
+    def int8_precisions(self, module_type: str) -> list[Precision]:
+        """The int8 precisions this target runs for ``module_type``, in enum order."""
+        return [p for p in Precision if p.is_int8 and module_type in self.int8.get(p, ())]
+
+
+_LIN = frozenset({"Linear"})
+_LIN_CONV = frozenset({"Linear", "Conv2d"})
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target(
+            name="ascend910b-eager",
+            description="Atlas A2 (910B), PyTorch eager with torch_npu quant ops",
+            route="eager",
+            fp16_overflow_mode="inf_nan",
+            has_bf16=True,
+            # npu_quant_matmul (static, per-token) and npu_weight_quant_batchmatmul (w8a16) are
+            # matmuls: Linear only. There is no int8 conv op in torch_npu's list we rely on.
+            int8={Precision.W8A8: _LIN, Precision.W8A8_DYNAMIC: _LIN, Precision.W8A16: _LIN},
+            max_k=65535,
+            max_n=65535,
+        ),
+        Target(
+            name="ascend910b-atc",
+            description="Atlas A2 (910B), ONNX deploy model compiled by ATC",
+            route="atc",
+            fp16_overflow_mode="inf_nan",
+            has_bf16=True,
+            # AMCT's static PTQ quantizes Gemm/MatMul and Conv; no per-token or weight-only here.
+            int8={Precision.W8A8: _LIN_CONV},
+        ),
+        Target(
+            name="ascend310p",
+            description="Atlas inference (310P), ONNX deploy model compiled by ATC",
+            route="atc",
+            # 310P runs fp16 in saturation mode: an overflow clamps to ±65504 without inf/nan.
+            fp16_overflow_mode="saturate",
+            has_bf16=False,
+            int8={Precision.W8A8: _LIN_CONV},
+        ),
+        Target(
+            name="cpu-reference",
+            description="CPU reference of the Ascend int8 arithmetic (every scheme)",
+            route="reference",
+            fp16_overflow_mode="inf_nan",
+            has_bf16=True,
+            int8={p: _LIN_CONV for p in Precision if p.is_int8},
+        ),
+    )
+}
+
+
+def get_target(name: str | Target) -> Target:
+    """The target called ``name`` (a :class:`Target` is returned as is).
+
+    Raises:
+        ConfigError: unknown name; the message lists the known ones.
+    """
+    if isinstance(name, Target):
+        return name
+    try:
+        return TARGETS[name]
+    except KeyError:
+        known = ", ".join(TARGETS)
+        raise ConfigError(f"unknown target {name!r}; known targets: {known}") from None
