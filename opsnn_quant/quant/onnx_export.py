@@ -1,31 +1,29 @@
 """ONNX export of quantized models as standard QDQ graphs that ONNX Runtime (and ATC) run.
 
-Route: ``torch.onnx.export`` (the dynamo exporter, torch's default) runs with every frozen
-QuantLinear/QuantConv2d temporarily replaced by a marker module whose custom op becomes one node of
-a private domain; :mod:`onnx` then rewrites each marker into standard nodes built from the module's
-frozen buffers. The exporter handles the rest of the model (attention, norms, ...), the QDQ
-subgraph is ours byte for byte (no optimizer folds a DequantizeLinear into a float weight), and
-every node name is known. Names: nodes ``<module>/<role>``, initializers ``<module>.<role>``.
+Route: ``torch.onnx.export`` (the dynamo exporter, torch's default) runs with each frozen
+QuantLinear/QuantConv2d swapped for a marker whose custom op becomes one node of a private domain;
+:mod:`onnx` then rewrites every marker into standard nodes built from the module's frozen buffers.
+The exporter handles the rest of the model, the QDQ part is ours byte for byte (no optimizer can
+fold a DequantizeLinear into a float weight), and every node name is known: nodes are
+``<module>/<role>``, initializers ``<module>.<role>``. Per scheme (N outputs, K inputs; Linear
+inputs of rank != 2 are reshaped to (-1, K) around the Gemm):
 
-How each scheme is written (N outputs, K inputs; Linear inputs of rank != 2 are reshaped to
-(-1, K) around the Gemm, back with a ``Shape``-derived shape):
-
-* ``qdq_static`` (w8a8): ``QuantizeLinear(s_x, zp = offset)`` -> ``DequantizeLinear`` ->
-  ``Gemm(transB=1)`` / ``Conv`` with ``B = DQ(int8 W (N, K), s_w (N,), zp 0, axis 0)`` and
-  ``C = DQ(int32 bias, s_x * s_w, axis 0)``: the int32 bias is Ascend's ``quant_bias`` without the
-  asymmetric ``-offset * sum(w_q)`` fold (ONNX subtracts the zero point in the DQ instead). A
-  float bias on Gemm stops ORT's QDQ fusion; the int32 one lets it run QGemm (int8 kernels).
-* ``qdq_static_smoothquant``: the same, behind ``Mul(x, 1 / s_j)``, the form ORT's own
-  quantization tool and AMCT use. Ascend multiplies by ``1 / (s_x * s_j)`` in one step, so a
-  rare activation may land one int8 step apart.
-* ``dynamic_per_token`` (w8a8_dynamic Linear): DynamicQuant spelled out in standard ops, exact:
-  ``[Mul(smooth)]`` -> ``ReduceMax(Abs)/127`` -> ``Div, Round, Clip, Cast(int8)`` ->
-  ``MatMulInteger(int8 W^T (K, N))`` -> ``Cast`` -> ``Mul(s_w)`` -> ``Mul(s_t)`` -> ``Add(bias)``.
-  ONNX's DynamicQuantizeLinear is per tensor and uint8, a different scheme.
-* ``weight_only_dq`` (w8a16; also w8a8_dynamic Conv2d, whose per-patch scales have no Conv form,
-  labelled ``weight_only_dq_dynamic_conv``): ``DQ(int8 W)`` -> float Gemm/Conv with float bias.
+* ``qdq_static`` (w8a8): ``QuantizeLinear(s_x, zp=offset)`` -> ``DequantizeLinear`` ->
+  ``Gemm(transB=1)``/``Conv`` with ``B = DQ(int8 W (N, K[, kh, kw]), s_w, zp 0, axis 0)`` and
+  ``C = DQ(int32 bias, s_x * s_w, axis 0)``, the int32 bias being Ascend's ``quant_bias`` without
+  its ``-offset * sum(w_q)`` fold (ONNX subtracts the zero point in the DQ). A float bias would
+  stop ORT's QDQ fusion; with the int32 one ORT runs QGemm (int8 kernels).
+* ``qdq_static_smoothquant``: the same behind ``Mul(x, 1 / s_j)`` (the form of ORT's and AMCT's
+  SmoothQuant). Ascend multiplies by ``1 / (s_x * s_j)`` in one step, and ORT divides by ``s_x``
+  where Ascend multiplies by ``1 / s_x``: a rare activation lands one int8 step away.
+* ``dynamic_per_token`` (w8a8_dynamic Linear): DynamicQuant spelled out exactly, ``[Mul(smooth)]``
+  -> ``ReduceMax(Abs) / 127`` -> ``Div, Round, Clip, Cast(int8)`` -> ``MatMulInteger(int8 W^T
+  (K, N))`` -> ``Cast`` -> ``Mul(s_w)`` -> ``Mul(s_t)`` -> ``Add(bias)``, the reference's order.
+  ONNX's DynamicQuantizeLinear is per tensor and uint8: another scheme.
+* ``weight_only_dq`` (w8a16): ``DQ(int8 W)`` -> float Gemm/Conv with float bias. w8a8_dynamic
+  Conv2d (per-patch scales have no Conv form) is written so too: ``weight_only_dq_dynamic_conv``.
 * ``fp32`` (``fp32_baseline=True``): float Gemm/Conv with the dequantized weights
-  ``w_q * s_w / s_j`` and the float bias, for side-by-side benchmarks of the same model.
+  ``w_q * s_w / s_j`` and float bias: the same model in float, for side-by-side benchmarks.
 """
 
 from __future__ import annotations
@@ -38,9 +36,9 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -53,9 +51,7 @@ from opsnn_quant.types import Precision
 log = logging.getLogger(__name__)
 
 DOMAIN, MARKER_OP = "opsnn_quant.export", "QuantModule"
-_LINEAR, _CONV = 0, 1
 _EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf cannot serialize 2 GiB; leave headroom
-_INSTALL = "pip install 'opsnn-quant[onnx]'"
 
 
 @dataclass
@@ -64,13 +60,13 @@ class OnnxExportInfo:
 
     Attributes:
         path: the ``.onnx`` file.
-        nodes_path: ``<stem>.nodes.json`` beside it (``nodes`` and ``schemes`` as JSON).
-        opset: the default-domain opset of the model.
-        fp32_baseline: True when quantized modules were written as float Gemm/Conv.
-        weight_dtype: ``int8``/``uint8`` for the DequantizeLinear weights (``float32`` baseline).
+        nodes_path: ``<stem>.nodes.json`` beside it (these fields as JSON).
+        opset: the default-domain opset.
+        fp32_baseline: quantized modules written as float Gemm/Conv.
+        weight_dtype: ``int8``/``uint8`` DequantizeLinear weights (``float32`` for a baseline).
         nodes: module name -> names of the ONNX nodes it produced: every quantized module, and
-            the innermost module of every other node the exporter tagged ("" = the root module).
-        schemes: quantized module name -> how it is represented (see the module docstring).
+            the innermost module of each other node the exporter tagged ("" = the root).
+        schemes: quantized module name -> its representation (see the module docstring).
     """
 
     path: Path
@@ -83,23 +79,19 @@ class OnnxExportInfo:
 
 
 def _require(*names: str) -> list[Any]:
-    mods = []
-    for name in names:
-        try:
-            mods.append(importlib.import_module(name))
-        except ImportError as exc:
-            raise MissingDependencyError(
-                f"ONNX export/inference needs the '{name}' package: {_INSTALL}"
-            ) from exc
-    return mods
+    try:
+        return [importlib.import_module(n) for n in names]
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"ONNX export/inference needs {', '.join(names)}: pip install 'opsnn-quant[onnx]'"
+        ) from exc
 
 
 def _marker_shape(x: torch.Tensor, spec: Sequence[int]) -> list[Any]:
-    """Output shape of a marked module (SymInt-friendly for the fake implementation)."""
-    kind, n = spec[0], spec[1]
-    if kind == _LINEAR:
-        return [*x.shape[:-1], n]
-    kh, kw, sh, sw, ph, pw, dh, dw = spec[3:11]
+    """Output shape of a marked module; spec = [N] (Linear) or [N, kh, kw, sh, sw, ph, pw, dh, dw]."""
+    if len(spec) == 1:
+        return [*x.shape[:-1], spec[0]]
+    n, kh, kw, sh, sw, ph, pw, dh, dw = spec
     oh = (x.shape[-2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     ow = (x.shape[-1] + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     return [x.shape[0], n, oh, ow]
@@ -117,64 +109,54 @@ def _module_marker_fake(x: torch.Tensor, module: str, spec: list[int]) -> torch.
 
 
 class _Marker(nn.Module):
-    """Replaces one quantized module during export. spec = [kind, N, rank, conv params...]."""
+    """Takes one quantized module's place during the export."""
 
-    def __init__(self, name: str, module: _QuantMatmul) -> None:
+    def __init__(self, name: str, m: _QuantMatmul) -> None:
         super().__init__()
-        self.qname = name
-        if isinstance(module, QuantConv2d):
-            self.spec = [_CONV, module.out_n, 0, *module.kernel_size, *module.stride]
-            self.spec += [*module.padding, *module.dilation]
-        else:
-            self.spec = [_LINEAR, module.out_n, 0]
+        self.qname, self.spec = name, [m.out_n]
+        if isinstance(m, QuantConv2d):
+            self.spec += [*m.kernel_size, *m.stride, *m.padding, *m.dilation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32:
             raise ShapeError(
                 f"export_onnx: module '{self.qname}' receives {x.dtype}; export the model in "
-                "float32 (ONNX QuantizeLinear below opset 19 takes float32 only)"
+                "float32 (QuantizeLinear below opset 19 takes float32 only)"
             )
-        spec = [self.spec[0], self.spec[1], x.dim(), *self.spec[3:]]
-        return torch.ops.opsnn_quant_export.module_marker(x, self.qname, spec)  # type: ignore[no-any-return]
+        return cast(
+            torch.Tensor, torch.ops.opsnn_quant_export.module_marker(x, self.qname, self.spec)
+        )
 
 
 def _translation_table() -> dict[Any, Any]:
-    """The exporter's translation of the marker op: one node of :data:`DOMAIN`."""
+    """The exporter's translation of the marker: one ``QuantModule(x, module, rank)`` node."""
     onnx, onnxscript = _require("onnx", "onnxscript")
     defs = onnx.defs
-    if not defs.has(MARKER_OP, DOMAIN):
-        param = defs.OpSchema.FormalParameter
-        attr = defs.OpSchema.Attribute
-        defs.register_schema(
-            defs.OpSchema(
-                MARKER_OP, DOMAIN, 1,
-                inputs=[param("x", "T")], outputs=[param("y", "T")],
-                type_constraints=[("T", ["tensor(float)"], "float32 activations")],
-                attributes=[
-                    attr("module", defs.OpSchema.AttrType.STRING, "module name"),
-                    attr("spec", defs.OpSchema.AttrType.INTS, "kind, N, rank, conv params"),
-                ],
-            )
-        )  # fmt: skip
+    if not defs.has(MARKER_OP, DOMAIN):  # onnxscript builds nodes only for ops with a schema
+        attr, param = defs.OpSchema.Attribute, defs.OpSchema.FormalParameter
+        defs.register_schema(defs.OpSchema(
+            MARKER_OP, DOMAIN, 1, inputs=[param("x", "T")], outputs=[param("y", "T")],
+            type_constraints=[("T", ["tensor(float)"], "float32")],
+            attributes=[attr("module", defs.OpSchema.AttrType.STRING, "module name"),
+                        attr("rank", defs.OpSchema.AttrType.INT, "rank of x")],
+        ))  # fmt: skip
     opset = onnxscript.values.Opset(DOMAIN, 1)
 
     def translate(x: Any, module: str, spec: Sequence[int]) -> Any:
-        return opset.QuantModule(x, module=module, spec=list(spec))
+        return opset.QuantModule(x, module=module, rank=len(x.shape))
 
     return {torch.ops.opsnn_quant_export.module_marker.default: translate}
 
 
 def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, module)
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
 
 
 def _export_with_markers(
-    model: nn.Module, example_inputs: tuple[Any, ...], opset: int, qmods: dict[str, _QuantMatmul]
+    model: nn.Module, example_inputs: tuple[Any, ...], qmods: dict[str, _QuantMatmul]
 ) -> Any:
-    """Export with every quantized module swapped for a marker (restored afterwards)."""
-    (onnx,) = _require("onnx")
+    """Opset-18 ModelProto of ``model`` with markers in place of the quantized modules."""
     table = _translation_table()
     was_training = model.training
     try:
@@ -182,31 +164,26 @@ def _export_with_markers(
             _set_submodule(model, name, _Marker(name, mod))
         model.eval()
         with torch.no_grad():
-            # The exporter's own opset is 18 or newer; lower opsets are converted below, after
-            # the node metadata that maps nodes to modules has been read.
             program = torch.onnx.export(
-                model, example_inputs, dynamo=True, opset_version=max(opset, 18),
+                model, example_inputs, dynamo=True, opset_version=18,
                 custom_translation_table=table, verbose=False,
             )  # fmt: skip
     finally:
         for name, mod in qmods.items():
             _set_submodule(model, name, mod)
         model.train(was_training)
-    return program.model_proto, onnx
+    assert program is not None  # dynamo=True always returns the program
+    return program.model_proto
 
 
 def _float_module_nodes(graph: Any) -> dict[str, list[str]]:
-    """Innermost module of each non-marker node, from the exporter's name-scope metadata."""
+    """Innermost module of each exporter node, from its name-scope metadata (lost below 18)."""
     out: dict[str, list[str]] = {}
     for node in graph.node:
-        if node.domain == DOMAIN:
-            continue
-        meta = {p.key: p.value for p in node.metadata_props}
-        scopes = meta.get("pkg.torch.onnx.name_scopes")
-        if not scopes:
-            continue
-        names = ast.literal_eval(scopes)
-        out.setdefault(names[-2] if len(names) >= 2 else "", []).append(node.name)
+        scopes = {p.key: p.value for p in node.metadata_props}.get("pkg.torch.onnx.name_scopes")
+        if scopes and node.domain != DOMAIN:
+            names = ast.literal_eval(scopes)  # ['', 'blocks.0', 'blocks.0.fc', 'op name']
+            out.setdefault(names[-2] if len(names) >= 2 else "", []).append(node.name)
     return out
 
 
@@ -217,82 +194,78 @@ def export_onnx(
     *,
     opset: int = 17,
     fp32_baseline: bool = False,
-    weight_dtype: Literal["int8", "uint8"] = "int8",
 ) -> OnnxExportInfo:
-    """Export a model with frozen QuantLinear/QuantConv2d modules as a standard QDQ ONNX model.
+    """Export a model holding frozen QuantLinear/QuantConv2d modules as a standard QDQ model.
 
     Args:
-        model: float32 model, quantized by :func:`opsnn_quant.quant.api.quantize` (a model
-            without quantized modules is exported as is). Left unchanged.
-        example_inputs: positional inputs for tracing (shapes are fixed to these).
-        path: destination ``.onnx``; written atomically, with ``<stem>.nodes.json`` beside it.
-        opset: default-domain opset (>= 13; below 18 the exporter's graph is converted down).
-        fp32_baseline: write quantized modules as float Gemm/Conv with dequantized weights
-            instead of QDQ (the same model in float, for side-by-side benchmarks).
-        weight_dtype: ``int8`` (zero point 0, the Ascend/ATC form) or ``uint8``: the same
-            weights plus 128 with zero point 128, identical after DequantizeLinear. ORT on x86
-            CPUs without VNNI runs int8 weights through U8S8 kernels whose int16 pair sums
-            saturate with full-range weights (wrong outputs); uint8 weights take its exact U8U8
-            kernels. Applies to DequantizeLinear weights (MatMulInteger keeps int8).
+        model: float32 model after :func:`opsnn_quant.quant.api.quantize` (one without quantized
+            modules is exported as is). Left as it was.
+        example_inputs: positional inputs for tracing (the graph is fixed to their shapes).
+        path: destination ``.onnx``, written atomically, with ``<stem>.nodes.json`` beside it.
+        opset: default-domain opset, >= 13 (the exporter works at 18 and converts down).
+        fp32_baseline: quantized modules as float Gemm/Conv with dequantized weights.
+        Weights are int8 with zero point 0 (the Ascend/ATC form). ORT on x86 CPUs without
+        VNNI runs them through U8S8 kernels whose int16 pair sums saturate with full-range
+        weights (wrong outputs): run such exports with ``qdq_fusion=False`` or convert them
+        with :func:`to_uint8_weights` (ORT then takes its exact U8U8 kernels).
 
     Returns:
-        :class:`OnnxExportInfo` with the module -> node-name mapping and each module's scheme.
+        :class:`OnnxExportInfo` with the module -> node names mapping and the schemes.
 
     Raises:
         MissingDependencyError: onnx/onnxscript are not installed.
-        ConfigError: a quantized module is not frozen, or the opset is unsupported.
+        ConfigError: a quantized module is not frozen, or the opset is below 13.
     """
-    if weight_dtype not in ("int8", "uint8"):
-        raise ConfigError(f"export_onnx: weight_dtype must be 'int8' or 'uint8', got {weight_dtype!r}")
     if opset < 13:
-        raise ConfigError(f"export_onnx: opset must be >= 13 (per-channel DQ), got {opset}")
+        raise ConfigError(
+            f"export_onnx: opset must be >= 13 (per-axis DequantizeLinear), got {opset}"
+        )
     qmods = {n: m for n, m in model.named_modules() if is_quant_module(m)}
     for name, mod in qmods.items():
         if not mod.frozen:
             raise ConfigError(f"module '{name}' is not frozen; run quantize() before export_onnx")
-    proto, onnx = _export_with_markers(model, example_inputs, opset, qmods)
-    float_nodes = _float_module_nodes(proto.graph)
+    (onnx,) = _require("onnx")
+    proto = _export_with_markers(model, example_inputs, qmods)
+    nodes = _float_module_nodes(proto.graph)
     if opset < 18:
         try:
             proto = onnx.version_converter.convert_version(proto, opset)
         except Exception as exc:
             msg = f"export_onnx: cannot convert the graph to opset {opset} ({exc}); use >= 18"
             raise ConfigError(msg) from exc
-    quant_nodes, schemes = _rewrite_markers(proto, qmods, fp32_baseline)
-    if weight_dtype == "uint8":
-        _uint8_weights(onnx, proto)
+    quant_nodes, schemes = _rewrite_markers(onnx, proto, qmods, fp32_baseline)
     remaining = {n.name for n in proto.graph.node}
-    nodes = {m: [n for n in ns if n in remaining] for m, ns in float_nodes.items()}
-    for m, ns in quant_nodes.items():
-        nodes.setdefault(m, []).extend(ns)
-    nodes = {m: ns for m, ns in nodes.items() if ns}
-    if proto.ByteSize() < _EXTERNAL_DATA_BYTES:
+    nodes = {m: [n for n in ns if n in remaining] for m, ns in nodes.items()}
+    nodes = {m: ns for m, ns in (nodes | quant_nodes).items() if ns}
+    if proto.ByteSize() < _EXTERNAL_DATA_BYTES:  # the checker takes a path beyond 2 GiB
         onnx.checker.check_model(proto)
     dest = Path(path)
-    info = OnnxExportInfo(dest, dest.with_suffix(".nodes.json"), opset, fp32_baseline,
-                          "float32" if fp32_baseline else weight_dtype, nodes, schemes)  # fmt: skip
+    dtype = "float32" if fp32_baseline else "int8"
+    info = OnnxExportInfo(dest, dest.with_suffix(".nodes.json"), opset, fp32_baseline, dtype,
+                          nodes, schemes)  # fmt: skip
     _save_atomic(onnx, proto, dest)
     _write_json_atomic(info)
-    log.info("exported %s (%d quantized modules, opset %d)", dest, len(qmods), opset)
+    log.info("exported %s: %d quantized modules, opset %d", dest, len(qmods), opset)
     return info
 
 
-def _np(value: torch.Tensor | np.ndarray) -> np.ndarray:
+def _np(value: Any) -> np.ndarray:
     arr = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
     return np.ascontiguousarray(arr)
 
 
+def _buf(module: nn.Module, name: str) -> torch.Tensor:
+    return cast(torch.Tensor, getattr(module, name))
+
+
 class _Emitter:
-    """Creates the standard nodes and initializers that replace the markers."""
+    """Creates the nodes and initializers that replace the markers, with unique names."""
 
     def __init__(self, onnx: Any, opset: int, taken: set[str]) -> None:
         self.onnx, self.opset, self.taken = onnx, opset, taken
         self.inits: dict[tuple[str, str], Any] = {}  # (module, role) -> TensorProto
         self.nodes: list[Any] = []
         self.module = self.prefix = ""
-
-    def start(self, module: str, prefix: str) -> None:
-        self.module, self.prefix, self.nodes = module, prefix, []
 
     def _fresh(self, name: str) -> str:
         base, i = name, 0
@@ -302,40 +275,33 @@ class _Emitter:
         self.taken.add(name)
         return name
 
-    def init(self, role: str, value: torch.Tensor | np.ndarray) -> str:
-        """An initializer ``<module>.<role>``, shared by repeated calls of one module."""
+    def init(self, role: str, value: Any) -> str:
+        """Initializer ``<module>.<role>``, shared by repeated calls of one module."""
         key = (self.module, role)
         if key not in self.inits:
             name = self._fresh(f"{self.module}.{role}")
             self.inits[key] = self.onnx.numpy_helper.from_array(_np(value), name)
         return str(self.inits[key].name)
 
-    def node(self, op: str, inputs: list[str], role: str, out: str | None = None, **attrs: Any) -> str:
-        """A node ``<prefix>/<role>``; its output is ``out`` or a tensor of the same name."""
+    def node(self, op: str, ins: list[str], role: str, out: str | None = None, **attrs: Any) -> str:
+        """Node ``<prefix>/<role>``; its output is ``out`` or a tensor of the node's name."""
         name = self._fresh(f"{self.prefix}/{role}")
-        output = out or name
-        self.nodes.append(self.onnx.helper.make_node(op, inputs, [output], name=name, **attrs))
-        return output
+        self.nodes.append(self.onnx.helper.make_node(op, ins, [out or name], name=name, **attrs))
+        return out or name
 
 
 def _static_bias_int32(mod: _QuantMatmul) -> torch.Tensor:
     """``rint(bias / deq)``: Ascend's quant_bias with the ``-offset * sum(w_q)`` fold undone."""
     w_sum = mod.weight.reshape(mod.out_n, -1).to(torch.int64).sum(dim=1)
-    b = mod.quant_bias.to(torch.int64) + int(mod.input_quantizer.offset) * w_sum
+    b = _buf(mod, "quant_bias").to(torch.int64) + int(_buf(mod.input_quantizer, "offset")) * w_sum
     if bool((b.abs() > 2**31 - 1).any()):
         raise ConfigError(f"module '{mod.qname}': its int32 bias overflows without the offset fold")
     return b.to(torch.int32)
 
 
-def _float_bias(mod: _QuantMatmul) -> torch.Tensor | None:
-    if mod.spec.static_activations:
-        return (_static_bias_int32(mod).double() * mod.deq_scale.double()).float()
-    return None if mod.bias is None else mod.bias.float()
-
-
 def _emit_dynamic(e: _Emitter, mod: _QuantMatmul, x: str, y: str) -> str:
-    """DynamicQuant per token + int8 matmul + Ascend's fp32 epilogue order, in standard ops."""
-    tp = e.onnx.TensorProto
+    """DynamicQuant per token, int8 matmul and Ascend's fp32 epilogue, in standard ops."""
+    tp, f32 = e.onnx.TensorProto, np.float32
     smooth = getattr(mod.input_quantizer, "smooth_scales", None)
     h = x if smooth is None else e.node("Mul", [x, e.init("smooth_scales", smooth)], "smooth_mul")
     a = e.node("Abs", [h], "abs")
@@ -344,13 +310,12 @@ def _emit_dynamic(e: _Emitter, mod: _QuantMatmul, x: str, y: str) -> str:
         amax = e.node("ReduceMax", [a, axes], "token_absmax", keepdims=1)
     else:
         amax = e.node("ReduceMax", [a], "token_absmax", axes=[-1], keepdims=1)
-    ts = e.node("Div", [amax, e.init("qmax", np.float32(127.0))], "token_scale")
-    # An all-zero row divides by 1 instead of 0, as npu_dynamic_quant's reference does.
-    zero = e.node("Equal", [ts, e.init("zero", np.float32(0.0))], "token_scale_is_zero")
-    safe = e.node("Where", [zero, e.init("one", np.float32(1.0)), ts], "token_scale_safe")
+    ts = e.node("Div", [amax, e.init("qmax", f32(127.0))], "token_scale")
+    # An all-zero row divides by 1 instead of 0, as the reference's npu_dynamic_quant does.
+    zero = e.node("Equal", [ts, e.init("zero", f32(0.0))], "token_scale_is_zero")
+    safe = e.node("Where", [zero, e.init("one", f32(1.0)), ts], "token_scale_safe")
     q = e.node("Round", [e.node("Div", [h, safe], "input_div")], "input_round")
-    q = e.node("Clip", [q, e.init("qmin", np.float32(-128.0)), e.init("qmax", np.float32(127.0))],
-               "input_clip")  # fmt: skip
+    q = e.node("Clip", [q, e.init("qmin", f32(-128.0)), e.init("qmax", f32(127.0))], "input_clip")
     q = e.node("Cast", [q], "input_quantize", to=tp.INT8)
     w_t = mod.weight.reshape(mod.out_n, mod.in_k).t()
     acc = e.node("MatMulInteger", [q, e.init("weight", w_t)], "matmul_integer")
@@ -364,56 +329,58 @@ def _emit_dynamic(e: _Emitter, mod: _QuantMatmul, x: str, y: str) -> str:
     return "dynamic_per_token"
 
 
-def _emit(e: _Emitter, mod: _QuantMatmul, x: str, y: str, spec: list[int], fp32: bool) -> str:
-    """Replace one marker; returns the scheme label."""
-    conv, rank = spec[0] == _CONV, spec[2]
-    prec, iq = mod.spec.precision, mod.input_quantizer
+def _emit(e: _Emitter, mod: _QuantMatmul, x: str, y: str, rank: int, fp32: bool) -> str:
+    """Replace one marker (``x`` -> ``y``); returns the scheme label."""
+    conv, prec, iq = isinstance(mod, QuantConv2d), mod.spec.precision, mod.input_quantizer
     if not conv and not fp32 and prec == Precision.W8A8_DYNAMIC:
         return _emit_dynamic(e, mod, x, y)
-    reshape = not conv and rank != 2  # Gemm is 2-D only; ORT's QGemm needs Gemm
-    h = x
+    reshape, h, bias = not conv and rank != 2, x, None  # Gemm is 2-D; ORT's QGemm needs Gemm
     if reshape:
-        h = e.node("Reshape", [x, e.init("rows_shape", np.array([-1, mod.in_k], np.int64))],
-                   "reshape_in")  # fmt: skip
-    s_w, w_q = mod.weight_quantizer.scale.float(), mod.weight
-    smooth = getattr(iq, "smooth", None)
-    bias: str | None = None
+        rows = e.init("rows_shape", np.array([-1, mod.in_k], np.int64))
+        h = e.node("Reshape", [x, rows], "reshape_in")
+    s_w, w_q, smooth = mod.weight_quantizer.scale.float(), mod.weight, getattr(iq, "smooth", None)
     if fp32:
         w = w_q.float() * s_w.reshape(-1, *[1] * (w_q.dim() - 1))
-        w = w if smooth is None else w / smooth.float().reshape(1, -1)
-        weight, scheme = e.init("weight", w), "fp32"
-        fb = _float_bias(mod)
-        bias = None if fb is None else e.init("bias", fb)
+        weight, scheme = (
+            e.init("weight", w if smooth is None else w / smooth.reshape(1, -1)),
+            "fp32",
+        )
+        b_f = mod.bias  # float or None; static w8a8 keeps it only in int32 accumulator units
+        if mod.spec.static_activations:
+            b_f = _static_bias_int32(mod).double() * _buf(mod, "deq_scale").double()
+        bias = None if b_f is None else e.init("bias", b_f.float())
     else:
         zp = np.zeros(mod.out_n, np.int8)
-        dq_in = [e.init("weight", w_q), e.init("weight_scale", s_w), e.init("weight_zero_point", zp)]
-        weight = e.node("DequantizeLinear", dq_in, "weight_dequantize", axis=0)
+        dq = [e.init("weight", w_q), e.init("weight_scale", s_w), e.init("weight_zero_point", zp)]
+        weight = e.node("DequantizeLinear", dq, "weight_dequantize", axis=0)
         if prec == Precision.W8A8:
             if smooth is not None:
-                m = (1.0 / smooth.double()).float()
-                h = e.node("Mul", [h, e.init("smooth_mul", m)], "smooth_mul")
-            sc = e.init("input_scale", np.float32(float(iq.scale)))
-            zp = e.init("input_zero_point", np.int8(int(iq.offset)))
-            h = e.node("QuantizeLinear", [h, sc, zp], "input_quantize")
-            h = e.node("DequantizeLinear", [h, sc, zp], "input_dequantize")
-            b_in = [e.init("bias_int32", _static_bias_int32(mod)), e.init("bias_scale", mod.deq_scale)]
-            bias = e.node("DequantizeLinear", b_in, "bias_dequantize", axis=0)
+                h = e.node("Mul", [h, e.init("smooth_mul", (1.0 / smooth.double()).float())],
+                           "smooth_mul")  # fmt: skip
+            sc = e.init("input_scale", np.float32(float(_buf(iq, "scale"))))
+            zp_x = e.init("input_zero_point", np.int8(int(_buf(iq, "offset"))))
+            h = e.node("QuantizeLinear", [h, sc, zp_x], "input_quantize")
+            h = e.node("DequantizeLinear", [h, sc, zp_x], "input_dequantize")
+            deq = _buf(mod, "deq_scale")
+            b = [e.init("bias_int32", _static_bias_int32(mod)), e.init("bias_scale", deq)]
+            bias = e.node("DequantizeLinear", b, "bias_dequantize", axis=0)
             scheme = "qdq_static" if smooth is None else "qdq_static_smoothquant"
         else:
             bias = None if mod.bias is None else e.init("bias", mod.bias.float())
             scheme = "weight_only_dq" if prec == Precision.W8A16 else "weight_only_dq_dynamic_conv"
-    inputs = [h, weight, *([bias] if bias is not None else [])]
-    if conv:
-        kh, kw, sh, sw, ph, pw, dh, dw = spec[3:11]
-        e.node("Conv", inputs, "conv", out=y, kernel_shape=[kh, kw], strides=[sh, sw],
-               pads=[ph, pw, ph, pw], dilations=[dh, dw], group=1)  # fmt: skip
+    ins = [h, weight, *([bias] if bias is not None else [])]
+    if isinstance(mod, QuantConv2d):
+        (ph, pw), (sh, sw) = mod.padding, mod.stride
+        e.node("Conv", ins, "conv", out=y, kernel_shape=list(mod.kernel_size), strides=[sh, sw],
+               pads=[ph, pw, ph, pw], dilations=list(mod.dilation), group=1)  # fmt: skip
         return scheme
-    out = e.node("Gemm", inputs, "gemm", out=None if reshape else y, transB=1)
-    if reshape:
-        one = np.array([0], np.int64), np.array([-1], np.int64)
-        shp = e.node("Shape", [x], "input_shape")
-        lead = e.node("Slice", [shp, e.init("lead_start", one[0]), e.init("lead_end", one[1])],
-                      "lead_shape")  # fmt: skip
+    out = e.node("Gemm", ins, "gemm", out=None if reshape else y, transB=1)
+    if reshape:  # back to (*x.shape[:-1], N), whatever the batch dims are at run time
+        ends = (
+            e.init("lead_start", np.array([0], np.int64)),
+            e.init("lead_end", np.array([-1], np.int64)),
+        )
+        lead = e.node("Slice", [e.node("Shape", [x], "input_shape"), *ends], "lead_shape")
         n = e.init("out_features", np.array([mod.out_n], np.int64))
         shape = e.node("Concat", [lead, n], "output_shape", axis=0)
         e.node("Reshape", [out, shape], "reshape_out", out=y)
@@ -421,15 +388,13 @@ def _emit(e: _Emitter, mod: _QuantMatmul, x: str, y: str, spec: list[int], fp32:
 
 
 def _rewrite_markers(
-    proto: Any, qmods: dict[str, _QuantMatmul], fp32: bool
+    onnx: Any, proto: Any, qmods: dict[str, _QuantMatmul], fp32: bool
 ) -> tuple[dict[str, list[str]], dict[str, str]]:
-    """Replace every marker node in place; returns module -> node names and module -> scheme."""
-    (onnx,) = _require("onnx")
+    """Replace the markers in place; returns module -> node names, and module -> scheme."""
     graph = proto.graph
     opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
     taken = {i.name for i in graph.initializer} | {n.name for n in graph.node}
-    taken |= {t for n in graph.node for t in [*n.input, *n.output]}
-    e = _Emitter(onnx, opset, taken)
+    e = _Emitter(onnx, opset, taken | {t for n in graph.node for t in [*n.input, *n.output]})
     new_nodes: list[Any] = []
     mapping: dict[str, list[str]] = {}
     schemes: dict[str, str] = {}
@@ -441,8 +406,8 @@ def _rewrite_markers(
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         name = attrs["module"].decode()
         i = calls[name] = calls.get(name, -1) + 1  # a module called twice: "<name>#1/..."
-        e.start(name, name if i == 0 else f"{name}#{i}")
-        schemes[name] = _emit(e, qmods[name], node.input[0], node.output[0], list(attrs["spec"]), fp32)
+        e.module, e.prefix, e.nodes = name, name if i == 0 else f"{name}#{i}", []
+        schemes[name] = _emit(e, qmods[name], node.input[0], node.output[0], attrs["rank"], fp32)
         mapping.setdefault(name, []).extend(n.name for n in e.nodes)
         new_nodes.extend(e.nodes)
     if any(n.domain == DOMAIN for f in proto.functions for n in f.node):
@@ -457,50 +422,38 @@ def _rewrite_markers(
 
 
 def _uint8_weights(onnx: Any, proto: Any) -> int:
-    """int8 DequantizeLinear initializers (and zero points) -> uint8 + 128, in place."""
-    inits = {i.name: i for i in proto.graph.initializer}
-    nh, changed = onnx.numpy_helper, 0
+    """int8 DequantizeLinear initializers and zero points -> uint8 + 128, in place."""
+    inits, nh, changed = {i.name: i for i in proto.graph.initializer}, onnx.numpy_helper, 0
     for node in proto.graph.node:
         if node.op_type != "DequantizeLinear" or len(node.input) < 3:
             continue
-        tensors = [inits.get(node.input[0]), inits.get(node.input[2])]
-        if any(t is None or t.data_type != onnx.TensorProto.INT8 for t in tensors):
-            continue
-        for t in tensors:
-            shifted = (nh.to_array(t).astype(np.int16) + 128).astype(np.uint8)
-            t.CopyFrom(nh.from_array(shifted, t.name))
-        changed += 1
+        pair = [inits.get(node.input[0]), inits.get(node.input[2])]
+        if all(t is not None and t.data_type == onnx.TensorProto.INT8 for t in pair):
+            for t in cast(list[Any], pair):
+                shifted = (nh.to_array(t).astype(np.int16) + 128).astype(np.uint8)
+                t.CopyFrom(nh.from_array(shifted, t.name))
+            changed += 1
     return changed
 
 
-def to_uint8_weights(
-    src: str | os.PathLike[str], dest: str | os.PathLike[str] | None = None
-) -> Path:
-    """Rewrite an int8 QDQ model's DequantizeLinear weights as uint8 (+128, zero point 128).
+def to_uint8_weights(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Path:
+    """Copy an int8 QDQ export with its DequantizeLinear weights as uint8 (+128, zero point 128).
 
-    The dequantized values are identical; ORT on x86 CPUs without VNNI then runs its exact U8U8
-    kernels instead of U8S8 ones that saturate (see :func:`export_onnx`'s ``weight_dtype``).
-    Activation Q/DQ pairs (not initializers) are left alone. Written atomically.
-
-    Args:
-        src: an exported ``.onnx``.
-        dest: output path (default ``<stem>.u8.onnx`` beside ``src``).
-
-    Returns:
-        The written path.
+    Dequantized values are identical; see ``export_onnx(weight_dtype=)`` for why ORT needs it
+    on x86 CPUs without VNNI. Activation Q/DQ pairs are left alone; node names are unchanged, so
+    ``<src stem>.nodes.json`` is carried over. Written atomically; returns ``dest``.
     """
     (onnx,) = _require("onnx")
-    src = Path(src)
-    out = Path(dest) if dest is not None else src.with_suffix(".u8.onnx")
+    src, out = Path(src), Path(dest)
     proto = onnx.load(str(src))
     log.info("%s: %d weight DequantizeLinear nodes -> uint8", src, _uint8_weights(onnx, proto))
     _save_atomic(onnx, proto, out)
-    nodes_json = src.with_suffix(".nodes.json")
-    if nodes_json.exists():  # same node names: carry the mapping over
-        doc = json.loads(nodes_json.read_text(encoding="utf-8"))
-        info = OnnxExportInfo(out, out.with_suffix(".nodes.json"), doc["opset"],
-                              doc["fp32_baseline"], "uint8", doc["nodes"], doc["schemes"])  # fmt: skip
-        _write_json_atomic(info)
+    if src.with_suffix(".nodes.json").exists():
+        doc = json.loads(src.with_suffix(".nodes.json").read_text(encoding="utf-8"))
+        doc |= {"weight_dtype": "uint8", "path": out, "nodes_path": out.with_suffix(".nodes.json")}
+        _write_json_atomic(
+            OnnxExportInfo(**{k: doc[k] for k in OnnxExportInfo.__dataclass_fields__})
+        )
     return out
 
 
@@ -509,24 +462,21 @@ def _save_atomic(onnx: Any, proto: Any, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmpdir = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
-        tmp = tmpdir / dest.name
         if proto.ByteSize() >= _EXTERNAL_DATA_BYTES:
             data = f"{dest.name}.data"
-            onnx.save_model(proto, tmp, save_as_external_data=True,
+            onnx.save_model(proto, tmpdir / dest.name, save_as_external_data=True,
                             all_tensors_to_one_file=True, location=data)  # fmt: skip
             os.replace(tmpdir / data, dest.parent / data)
         else:
-            onnx.save_model(proto, tmp)
-        os.replace(tmp, dest)
+            onnx.save_model(proto, tmpdir / dest.name)
+        os.replace(tmpdir / dest.name, dest)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 def _write_json_atomic(info: OnnxExportInfo) -> None:
-    doc = {
-        "schema_version": 1, "model": info.path.name, "opset": info.opset,
-        "fp32_baseline": info.fp32_baseline, "weight_dtype": info.weight_dtype, "schemes": info.schemes, "nodes": info.nodes,
-    }  # fmt: skip
+    doc = asdict(info) | {"schema_version": 1, "path": info.path.name}
+    del doc["nodes_path"]
     fd, tmp = tempfile.mkstemp(prefix=f".{info.nodes_path.name}.", dir=info.nodes_path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -538,7 +488,7 @@ def _write_json_atomic(info: OnnxExportInfo) -> None:
 
 
 def load_node_map(path: str | os.PathLike[str]) -> dict[str, list[str]]:
-    """The module -> ONNX node names mapping of a ``.nodes.json`` (or of its ``.onnx``)."""
+    """The module -> ONNX node names mapping of an export (its ``.onnx`` or ``.nodes.json``)."""
     p = Path(path)
     p = p.with_suffix(".nodes.json") if p.suffix == ".onnx" else p
     nodes: dict[str, list[str]] = json.loads(p.read_text(encoding="utf-8"))["nodes"]
@@ -556,14 +506,15 @@ def onnxruntime_session(
     Args:
         path: the ``.onnx`` file.
         qdq_fusion: let ORT fuse QDQ groups into int8 kernels (its default). False runs the
-            graph as written (DequantizeLinear + float ops): ONNX's reference semantics, and the
-            way to run int8-weight exports on x86 CPUs without VNNI (see ``weight_dtype``).
-        optimized_model_path: where ORT saves the graph after its fusions (e.g. to find QGemm).
+            graph as written (DequantizeLinear + float ops, ONNX's reference semantics): the way
+            to run int8-weight exports on x86 CPUs without VNNI (see ``export_onnx``).
+        optimized_model_path: where ORT saves the graph after its fusions (to look for QGemm).
     """
     (ort,) = _require("onnxruntime")
     so = ort.SessionOptions()
     so.intra_op_num_threads = torch.get_num_threads()
     so.inter_op_num_threads = 1
+    so.log_severity_level = 3  # errors only: ORT warns about every unused initializer
     if not qdq_fusion:
         so.add_session_config_entry("session.disable_quant_qdq", "1")
     if optimized_model_path is not None:
@@ -574,18 +525,17 @@ def onnxruntime_session(
 def run_onnxruntime(
     path: str | os.PathLike[str] | Any, inputs: Sequence[torch.Tensor | np.ndarray]
 ) -> list[np.ndarray]:
-    """Run an ONNX model (a path, or a session from :func:`onnxruntime_session`) on the CPU EP.
+    """Run an ONNX model on ORT's CPU EP; ``path`` may also be a :func:`onnxruntime_session`.
 
     Args:
-        path: model file or an existing session.
-        inputs: positional inputs, in the order of the model's graph inputs.
+        path: model file or session.
+        inputs: positional inputs, in the order of the graph inputs.
 
     Returns:
-        The model outputs as numpy arrays.
+        The outputs as numpy arrays.
     """
     sess = onnxruntime_session(path) if isinstance(path, str | os.PathLike) else path
     names = [i.name for i in sess.get_inputs()]
     if len(names) != len(inputs):
         raise ShapeError(f"the ONNX model takes {len(names)} inputs ({names}), got {len(inputs)}")
-    feeds = {n: _np(t) for n, t in zip(names, inputs, strict=True)}
-    return list(sess.run(None, feeds))
+    return list(sess.run(None, {n: _np(t) for n, t in zip(names, inputs, strict=True)}))

@@ -138,7 +138,9 @@ def _ort_quantized_inputs(path: str, modules: list[str], inputs: tuple) -> list[
     return list(sess.run(names, feeds))
 
 
-def _check_all(model: Branches, path: str, got: list[np.ndarray], inputs: tuple) -> dict[str, float]:  # type: ignore[type-arg]
+def _check_all(
+    model: Branches, path: str, got: list[np.ndarray], inputs: tuple
+) -> dict[str, float]:  # type: ignore[type-arg]
     """Every branch against the reference with the tolerances of the module docstring."""
     static = [k for k, s in SPECS.items() if s.static_activations]
     q_ort = _ort_quantized_inputs(path, [f"b.{k}" for k in static], inputs)
@@ -148,7 +150,9 @@ def _check_all(model: Branches, path: str, got: list[np.ndarray], inputs: tuple)
         x = inputs[1] if conv else inputs[0]
         # A row is what one output sees: a token, or (over-counting) a whole image for a conv,
         # where one pixel enters up to 9 patches of a 3x3 kernel.
-        flips[key] = (9 if conv else 1) * _flips(model.b[key], x, q.reshape(x.shape), 3 if conv else 1)
+        flips[key] = (9 if conv else 1) * _flips(
+            model.b[key], x, q.reshape(x.shape), 3 if conv else 1
+        )
     diffs = {}
     for (key, spec), y, ref in zip(SPECS.items(), got, model(*inputs), strict=True):
         r = np.abs(ref.numpy())
@@ -194,9 +198,13 @@ def test_graph_is_qdq_with_int8_initializers(branches: tuple) -> None:  # type: 
         assert w.data_type == tp.INT8
         assert all(n.startswith(m + "/") for n in info.nodes[m])
         if key.startswith("dyn"):
-            assert list(w.dims) == [64, 48] and ops[f"{m}/matmul_integer"].op_type == "MatMulInteger"
+            assert (
+                list(w.dims) == [64, 48] and ops[f"{m}/matmul_integer"].op_type == "MatMulInteger"
+            )
             continue
-        assert list(w.dims) == ([16, 4, 3, 3] if key == "conv_sym" else [8, 4, 3, 3] if key == "conv_asym" else [48, 64])
+        assert list(w.dims) == (
+            [16, 4, 3, 3] if key == "conv_sym" else [8, 4, 3, 3] if key == "conv_asym" else [48, 64]
+        )
         dq = ops[f"{m}/weight_dequantize"]
         assert dq.op_type == "DequantizeLinear" and list(dq.input[:1]) == [f"{m}.weight"]
         assert onnx.helper.get_attribute_value(dq.attribute[0]) == 0  # axis 0, per channel
@@ -213,7 +221,9 @@ def test_graph_is_qdq_with_int8_initializers(branches: tuple) -> None:  # type: 
 
 def test_attention_mapping_json_and_fp32_baseline(tmp_path) -> None:  # type: ignore[no-untyped-def]
     model = TinyAttention()
-    quantize(model, {"to_*": "w8a8", "ff1": "w8a8_dynamic", "ff2": "w8a16"}, forward_loop_for(model))
+    quantize(
+        model, {"to_*": "w8a8", "ff1": "w8a8_dynamic", "ff2": "w8a16"}, forward_loop_for(model)
+    )
     x = model.example_inputs(seed=7)
     info = export_onnx(model, x, tmp_path / "att.onnx")
     quantized = {"to_q", "to_k", "to_v", "to_out", "ff1", "ff2"}
