@@ -75,7 +75,9 @@ def load_model(cls: type[M], text: str, source: str = "<string>") -> M:
         return cls.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors()
-        first = errors[0]
+        # An unknown key is the most precise complaint (a misspelt field also shows up as a
+        # missing one, located only at its parent), so report it first.
+        first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         loc = [x for x in first["loc"] if x != "[key]"] or ["<root>"]
         where = ".".join(str(x) for x in loc)
         line = _line_of(root, list(first["loc"]))

@@ -224,7 +224,10 @@ def export_amct_eager(
     groups: dict[tuple[Any, ...], list[str]] = {}
     for name, res in resolved.items():
         spec = policy.spec_of(res)
-        if not isinstance(spec, QuantSpec) or modules[name] != "Linear":
+        if not isinstance(spec, QuantSpec):
+            continue
+        if modules[name] != "Linear":
+            notes.append(f"{name} ({modules[name]}): exported for Linear only; left float")
             continue
         key = _eager_key(spec)
         if key is None:

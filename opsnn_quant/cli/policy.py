@@ -1,0 +1,131 @@
+"""``opsnn-quant policy ...``: export a policy to the files AMCT and ATC read; show a summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from opsnn_quant.errors import ConfigError
+
+
+def _inventory(policy_path: Path, probe: Path | None) -> dict[str, str]:
+    from opsnn_quant.policy.export import modules_from_report
+    from opsnn_quant.probe.report import SensitivityReport
+
+    path = probe if probe is not None else policy_path.parent / "probe.json"
+    if not path.is_file():
+        raise ConfigError(
+            f"{path} not found: the export needs the model's module list; pass --probe probe.json"
+        )
+    return modules_from_report(SensitivityReport.load(path))
+
+
+def _op_types(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        cls, sep, optype = pair.partition("=")
+        if not sep or not cls or not optype:
+            raise ConfigError(
+                f"--optype takes CLASS=OPTYPE (e.g. LayerNorm=LayerNorm), got {pair!r}"
+            )
+        out[cls] = optype
+    return out
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``policy`` command group to ``app``."""
+    group = typer.Typer(
+        help="Precision policies: export for AMCT/ATC, summaries.", no_args_is_help=True
+    )
+
+    @group.command("export")
+    def export(
+        policy: Annotated[Path, typer.Argument(help="policy.yaml")],
+        fmt: Annotated[
+            str,
+            typer.Option(
+                "--format",
+                "-f",
+                help="amct-cfg | amct-eager | atc-keep-dtype | atc-customize-dtypes | atc-modify-mixlist",
+            ),
+        ],
+        out: Annotated[Path, typer.Option("-o", "--out", help="output file")],
+        nodes: Annotated[
+            Path | None, typer.Option(help="<model>.nodes.json: module -> ONNX node names")
+        ] = None,
+        probe: Annotated[
+            Path | None,
+            typer.Option(help="probe.json with the module list (default: beside POLICY)"),
+        ] = None,
+        onnx: Annotated[
+            Path | None,
+            typer.Option(help="ONNX model: exact input/output counts for customize_dtypes"),
+        ] = None,
+        optype: Annotated[
+            list[str] | None,
+            typer.Option(help="CLASS=OPTYPE (Ascend IR) for the mixlist; repeatable"),
+        ] = None,
+        batch_num: Annotated[int, typer.Option(min=1, help="AMCT calibration batches")] = 1,
+    ) -> None:
+        """Write POLICY in a format AMCT or ATC reads."""
+        from opsnn_quant.policy.export import export_policy, load_node_map, write_export
+        from opsnn_quant.policy.export_atc import onnx_node_io
+        from opsnn_quant.policy.schema import PrecisionPolicy
+
+        pol = PrecisionPolicy.load(policy)
+        result = export_policy(
+            pol,
+            fmt,
+            _inventory(policy, probe),
+            node_map=load_node_map(nodes) if nodes is not None else None,
+            node_io=onnx_node_io(str(onnx)) if onnx is not None else None,
+            op_types=_op_types(optype or []),
+            batch_num=batch_num,
+        )
+        written = write_export(result, out)
+        for note in result.notes:
+            typer.echo(f"note: {note}", err=True)
+        typer.echo(", ".join(str(p) for p in written))
+
+    @group.command("show")
+    def show(
+        policy: Annotated[Path, typer.Argument(help="policy.yaml")],
+        probe: Annotated[
+            Path | None, typer.Option(help="probe.json (default: beside POLICY)")
+        ] = None,
+    ) -> None:
+        """Print per-modality precisions, module counts and predicted SQNR."""
+        from rich.console import Console
+        from rich.table import Table
+
+        from opsnn_quant.policy.schema import PrecisionPolicy
+        from opsnn_quant.policy.summary import summarize
+        from opsnn_quant.probe.report import SensitivityReport
+
+        pol = PrecisionPolicy.load(policy)
+        path = probe if probe is not None else policy.parent / "probe.json"
+        if not path.is_file():
+            raise ConfigError(f"{path} not found; pass --probe probe.json")
+        table = Table(title=f"{pol.model} on {pol.target}")
+        for col in (
+            "modality",
+            "chosen",
+            "fp32",
+            "bf16",
+            "fp16",
+            "int8",
+            "pred. SQNR",
+            "int8 MACs",
+        ):
+            table.add_column(col)
+        for row in summarize(pol, SensitivityReport.load(path)):
+            db = "inf" if row.predicted_sqnr_db is None else f"{row.predicted_sqnr_db:.1f} dB"
+            table.add_row(
+                row.modality.value, row.chosen, str(row.fp32), str(row.bf16), str(row.fp16),
+                str(row.int8), db, f"{row.int8_mac_share:.0%}",
+            )  # fmt: skip
+        Console().print(table)
+
+    app.add_typer(group, name="policy")

@@ -1,0 +1,188 @@
+"""PrecisionPolicy: YAML round trip, errors with field and line, resolution, validate, quantize()."""
+
+import pytest
+import torch
+from torch import nn
+
+from opsnn_quant.errors import ConfigError
+from opsnn_quant.policy import _yaml
+from opsnn_quant.policy.schema import PrecisionPolicy, QuantFields, Rule, derive_prefixes
+from opsnn_quant.quant.api import quantize
+from opsnn_quant.quant.modules import QuantLinear
+from opsnn_quant.quant.spec import QuantSpec
+from opsnn_quant.types import Modality, Precision
+from tests.models import TinyAttention, TinyMLP, forward_loop_for
+
+
+def _policy(**kw):
+    base = {
+        "model": "tiny-mlp",
+        "target": "cpu-reference",
+        "modalities": {"": Modality.OTHER},
+        "defaults": {Modality.OTHER: Precision.FP16},
+        "rules": [
+            Rule(
+                match="fc1", precision="w8a8", quant=QuantFields(smoothquant_alpha=0.5), reason="a"
+            ),
+            Rule(match="fc2", precision="w8a8_dynamic", reason="b"),
+        ],
+    }
+    return PrecisionPolicy(**{**base, **kw})
+
+
+def test_yaml_round_trip_is_byte_identical(tmp_path):
+    p = _policy()
+    text = p.to_yaml()
+    assert p.to_yaml() == text
+    q = PrecisionPolicy.from_yaml(text)
+    assert q == p and q.to_yaml() == text
+    path = p.save(tmp_path / "out" / "policy.yaml")
+    assert path.read_text() == text
+    assert PrecisionPolicy.load(path) == p
+    assert [f.name for f in path.parent.iterdir()] == ["policy.yaml"]  # no temp file left
+
+
+def _line(text, needle):
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+def test_bad_field_names_the_field_and_the_line():
+    text = _policy().to_yaml().replace("precision: w8a8_dynamic", "precison: w8a8_dynamic")
+    with pytest.raises(ConfigError) as exc:
+        PrecisionPolicy.from_yaml(text, source="policy.yaml")
+    msg = str(exc.value)
+    assert msg.startswith("policy.yaml: rules.1.precison: Extra inputs are not permitted")
+    assert f"(line {_line(text, 'precison')})" in msg
+
+
+def test_bad_value_names_the_field_and_the_line():
+    text = _policy().to_yaml().replace("observer: minmax", "observer: maxmin", 1)
+    with pytest.raises(ConfigError) as exc:
+        PrecisionPolicy.from_yaml(text, source="p.yaml")
+    assert "rules.0.quant.observer" in str(exc.value)
+    assert f"(line {_line(text, 'maxmin')})" in str(exc.value)
+
+
+def test_yaml_syntax_error_has_a_line():
+    with pytest.raises(ConfigError, match=r"invalid YAML at line \d+: expected ',' or ']'"):
+        PrecisionPolicy.from_yaml("model: x\ntarget: [unclosed\n")
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            {"target": "ascend999"},
+            r"target: unknown target 'ascend999'; known targets: ascend910b-eager",
+        ),
+        ({"defaults": {"denoiser": "w8a8"}}, "defaults must be float"),
+        ({"schema_version": 7}, "schema_version 7 is not supported"),
+    ],
+)
+def test_invalid_policies(change, expected):
+    data = {**_policy().model_dump(mode="json", exclude_none=True), **change}
+    with pytest.raises(ConfigError, match=expected):
+        PrecisionPolicy.from_yaml(_yaml.dump(data))
+
+
+def test_quant_settings_need_int8_and_valid_specs():
+    with pytest.raises(ValueError, match="need an int8 precision"):
+        Rule(match="x", precision="fp16", quant=QuantFields())
+    with pytest.raises(ValueError, match="w8a16 cannot use it"):
+        Rule(match="x", precision="w8a16", quant=QuantFields(smoothquant_alpha=0.5))
+
+
+def test_resolve_first_match_int8_skips_non_quantizable_then_prefix_default():
+    p = PrecisionPolicy(
+        model="m",
+        target="cpu-reference",
+        modalities={
+            "te": Modality.TEXT_ENCODER,
+            "unet": Modality.DENOISER,
+            "unet.out": Modality.OTHER,
+        },
+        defaults={Modality.TEXT_ENCODER: Precision.FP16, Modality.OTHER: Precision.FP32},
+        rules=[
+            Rule(match="unet.a", precision="fp32", reason="pin"),
+            Rule(match="unet.*", precision="w8a8", reason="bulk"),
+        ],
+    )
+    names = ["te.fc", "unet.a", "unet.b", "unet.norm", "unet.out.fc", "misc"]
+    types = {"te.fc": "Linear", "unet.a": "Linear", "unet.b": "Linear", "unet.norm": "LayerNorm",
+             "unet.out.fc": "Linear", "misc": "Linear"}  # fmt: skip
+    r = p.resolve(names, types)
+    assert r["unet.a"] == (Precision.FP32, 0, "pin")
+    assert r["unet.b"] == (Precision.W8A8, 1, "bulk")
+    assert r["unet.out.fc"].precision == Precision.W8A8  # the glob still reaches it
+    # the int8 glob does not reach the LayerNorm; the denoiser has no default -> float as loaded
+    assert r["unet.norm"].rule == "unassigned" and r["unet.norm"].precision == Precision.FP32
+    assert r["te.fc"] == (Precision.FP16, "default", "text_encoder default")
+    assert r["misc"].rule == "unassigned"
+    assert p.modality_of("unet.out.fc") == Modality.OTHER  # longest prefix wins
+
+
+def test_derive_prefixes():
+    entries = [("te.0", "text_encoder"), ("te.1", "text_encoder"), ("unet.a", "denoiser"),
+               ("mix.a", "other"), ("mix.b.c", "denoiser")]  # fmt: skip
+    assert derive_prefixes(entries) == {
+        "te": Modality.TEXT_ENCODER, "unet": Modality.DENOISER,
+        "mix.a": Modality.OTHER, "mix.b": Modality.DENOISER,
+    }  # fmt: skip
+    assert derive_prefixes([("a", "other"), ("b.c", "other")]) == {"": Modality.OTHER}
+
+
+def test_validate_rule_matching_nothing_names_the_rule():
+    p = _policy(rules=[Rule(match="fc3", precision="fp32")])
+    with pytest.raises(
+        ConfigError, match=r"rule 0 \(fp32 on 'fc3'\) matches no module.*did you mean 'fc[12]'"
+    ):
+        p.validate(TinyMLP())
+
+
+def test_validate_unknown_module_in_policy():
+    p = _policy(rules=[Rule(match="encoder.layers.0.fc1", precision="w8a8")])
+    with pytest.raises(ConfigError, match="matches no module of the model"):
+        p.validate(TinyMLP())
+
+
+def test_validate_int8_on_layernorm():
+    p = _policy(rules=[Rule(match="norm1", precision="w8a8")])
+    with pytest.raises(ConfigError, match=r"cannot be int8: norm1 \(LayerNorm\)"):
+        p.validate(TinyAttention())
+
+
+def test_validate_checks_the_target():
+    conv = nn.Sequential(nn.Conv2d(4, 8, 3), nn.Flatten(), nn.Linear(8, 70000))
+    p = PrecisionPolicy(
+        model="m", target="ascend910b-eager", rules=[Rule(match="0", precision="w8a8")]
+    )
+    with pytest.raises(
+        ConfigError, match=r"cannot run 1 module.*0 \(Conv2d, w8a8\).*only for Linear"
+    ):
+        p.validate(conv)
+    p = PrecisionPolicy(
+        model="m", target="ascend910b-eager", rules=[Rule(match="2", precision="w8a8")]
+    )
+    with pytest.raises(ConfigError, match="n <= 65535, got 70000"):
+        p.validate(conv)
+    p = PrecisionPolicy(model="m", target="ascend310p", rules=[Rule(match="1", precision="bf16")])
+    with pytest.raises(ConfigError, match="has no bfloat16"):
+        p.validate(conv)
+
+
+def test_module_specs_drive_quantize():
+    model = TinyMLP().eval()
+    x = model.example_inputs()[0]
+    with torch.no_grad():
+        ref = model(x)
+    policy = _policy()
+    specs = policy.module_specs(model)
+    assert specs["fc1"] == QuantSpec("w8a8", smoothquant_alpha=0.5)
+    assert specs["fc2"] == QuantSpec("w8a8_dynamic")
+    assert specs["act"] == Precision.FP16
+    quantize(model, policy, forward_loop_for(model))
+    assert isinstance(model.fc1, QuantLinear) and isinstance(model.fc2, QuantLinear)
+    assert model.fc2.spec.precision == Precision.W8A8_DYNAMIC
+    with torch.no_grad():
+        y = model(x)
+    assert torch.nn.functional.cosine_similarity(y.flatten(), ref.flatten(), dim=0) > 0.99

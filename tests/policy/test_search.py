@@ -1,0 +1,214 @@
+"""build_policy on hand-built reports whose decisions can be worked out by hand."""
+
+import math
+
+import pytest
+import torch
+
+from opsnn_quant.policy.budget import Budget, FinalCheckResult, FinalCheckSettings
+from opsnn_quant.policy.schema import PrecisionPolicy
+from opsnn_quant.policy.search import build_policy
+from opsnn_quant.policy.summary import summarize
+from opsnn_quant.quant.api import quantize
+from opsnn_quant.quant.modules import QuantLinear
+from opsnn_quant.types import Modality, Precision
+from tests.models import TinyAttention, forward_loop_for
+
+from ._factory import linear, other, overflow_stats, report
+
+DB30 = Budget(limits={"denoiser": {"min_sqnr_db": 30.0}})
+
+
+def _by_match(policy):
+    return {r.match: r for r in policy.rules}
+
+
+def _int8_names(policy, rep):
+    types = {m.name: m.type for m in rep.modules}
+    res = policy.resolve([m.name for m in rep.modules], types)
+    return sorted(n for n, r in res.items() if r.precision.is_int8)
+
+
+def test_three_modules_and_30_db_budget():
+    # 30 dB allows noise 1e-3. Sum 2.6e-3 > 1e-3: the largest contribution per MAC (b, 2e-3,
+    # equal MACs) falls back, leaving 0.6e-3 -> 32.22 dB. a and c stay int8.
+    rep = report(linear("a", 0.5e-3), linear("b", 2e-3), linear("c", 1e-4))
+    p = build_policy(rep, DB30, "ascend910b-atc")
+    assert _int8_names(p, rep) == ["a", "c"]
+    rules = _by_match(p)
+    assert rules["b"].precision == Precision.FP16 and "fp16 fallback" in rules["b"].reason
+    fig = p.figures[Modality.DENOISER]
+    assert fig.chosen == "int8" and fig.noise == pytest.approx(0.6e-3)
+    assert fig.predicted_sqnr_db == pytest.approx(-10 * math.log10(0.6e-3), abs=1e-3)
+    assert fig.int8_mac_share == pytest.approx(2 / 3, abs=1e-4)
+
+
+def test_cosine_limit_is_the_same_noise_budget():
+    # cos >= 1/sqrt(1 + 1e-3) is a noise budget of 1e-3, as 30 dB.
+    rep = report(linear("a", 0.5e-3), linear("b", 2e-3), linear("c", 1e-4))
+    cos = 1 / math.sqrt(1 + 1e-3) + 1e-12
+    p = build_policy(rep, Budget(limits={"denoiser": {"min_cosine": cos}}), "ascend910b-atc")
+    assert _int8_names(p, rep) == ["a", "c"]
+
+
+def test_fallback_order_is_contribution_per_mac():
+    # a adds more noise but saves 100x more MACs: b (6e-8 per MAC) goes first, and that is enough.
+    rep = report(linear("a", 1e-3, macs=1_000_000), linear("b", 0.6e-3, macs=10_000))
+    p = build_policy(rep, DB30, "ascend910b-atc")
+    assert _int8_names(p, rep) == ["a"]
+
+
+def test_readmits_what_still_fits():
+    # Greedy by contribution/MAC removes c (3e-6/MAC) then a (9e-7/MAC): 0.5e-3 left. Re-admit
+    # biggest first: a would make 1.4e-3 (no), c makes 0.8e-3 (yes). Final int8: b, c.
+    rep = report(
+        linear("a", 0.9e-3, macs=1_000),
+        linear("b", 0.5e-3, macs=1_000_000),
+        linear("c", 0.3e-3, macs=100),
+    )
+    p = build_policy(
+        rep, Budget(limits={"denoiser": {"min_sqnr_db": 30.0}}, min_int8_mac_share=0.0)
+    )
+    assert _int8_names(p, rep) == ["b", "c"]
+    assert p.figures[Modality.DENOISER].noise == pytest.approx(0.8e-3)
+
+
+def test_best_scheme_per_target_and_first_order_rescaling():
+    sq = {"w8a8": 30.0, "w8a8_smoothquant": 32.0, "w8a8_dynamic": 36.0}
+    rep = report(linear("a", 1e-3, sqnr=sq, alpha=0.6), linear("b", 1e-5))
+    eager = build_policy(rep, target="ascend910b-eager", compact=False)
+    a = _by_match(eager)["a"]
+    assert a.precision == Precision.W8A8_DYNAMIC
+    # 1e-3 measured under w8a8 at 30 dB; dynamic has 6 dB more SQNR: 1e-3 * 10**-0.6.
+    assert "2.51e-04" in a.reason and "first order" in a.reason
+    atc = build_policy(rep, target="ascend910b-atc", compact=False)
+    a = _by_match(atc)["a"]
+    assert a.precision == Precision.W8A8 and a.quant.smoothquant_alpha == 0.6
+    assert a.quant_spec().smoothquant_alpha == 0.6
+    expected = 1e-3 * 10**-0.2 + 1e-5
+    assert atc.figures[Modality.DENOISER].noise == pytest.approx(expected, rel=1e-5)
+
+
+def test_overflow_pins_with_evidence():
+    rep = report(
+        other("norm", "LayerNorm", **overflow_stats(rel_error_bf16=3e-3)), linear("a", 1e-5)
+    )
+    pin = _by_match(build_policy(rep, target="ascend910b-eager"))["norm"]
+    assert pin.precision == Precision.BF16
+    assert pin.reason.startswith(
+        "fp16 overflow: output absmax 8.1e+04 > 65504 (headroom 0.81); inf/nan in 12 outputs"
+    )
+    assert "bf16 rel. error 3.0e-03 < 0.01" in pin.reason
+    pin = _by_match(build_policy(rep, target="ascend310p"))["norm"]
+    assert pin.precision == Precision.FP32 and "ascend310p has no bf16" in pin.reason
+    assert "saturates" in pin.reason
+    loud = report(other("norm", "LayerNorm", **overflow_stats(rel_error_bf16=0.05)))
+    pin = _by_match(build_policy(loud, target="ascend910b-eager"))["norm"]
+    assert pin.precision == Precision.FP32 and "bf16 rel. error 5.0e-02 >= 0.01" in pin.reason
+    # a flagged Linear is pinned, not quantized
+    hot = report(linear("a", 1e-5, fp16=None), linear("b", 1e-5))
+    hot.modules[0] = hot.modules[0].model_copy(
+        update={"fp16": other("x", "Linear", **overflow_stats()).fp16}
+    )
+    assert _int8_names(build_policy(hot, target="ascend910b-atc"), hot) == ["b"]
+
+
+def test_target_limits_and_mac_share():
+    # On the eager target the Conv2d cannot be int8; it holds 80% of the MACs, so the Linear's
+    # 20% is below min_int8_mac_share and the whole modality stays fp16.
+    rep = report(linear("conv", 1e-5, type_="Conv2d", macs=800), linear("fc", 1e-5, macs=200))
+    p = build_policy(rep, target="ascend910b-eager")
+    rules = _by_match(p)
+    assert "ascend910b-eager runs w8a8 only for Linear, not Conv2d" in rules["conv"].reason
+    assert rules["fc"].precision == Precision.FP16 and "20%" in rules["fc"].reason
+    assert p.figures[Modality.DENOISER].chosen == "fp16"
+    assert "whole modality fp16" in p.figures[Modality.DENOISER].note
+    assert _int8_names(build_policy(rep, target="ascend910b-atc"), rep) == ["conv", "fc"]
+
+
+def test_rules_order_compaction_and_determinism():
+    rep = report(
+        other("te.norm", "LayerNorm", modality="text_encoder", **overflow_stats(0.5)),
+        linear("te.fc1", 1e-5, modality="text_encoder"),
+        linear("te.fc2", 1e-5, modality="text_encoder"),
+        linear("unet.a", 0.5e-3), linear("unet.b", 2e-3), linear("unet.c", 1e-4),
+        linear("unet.d", 1e-5, sqnr={"w8a8": 30.0, "w8a8_mse": 31.0}),
+    )  # fmt: skip
+    p = build_policy(rep, DB30, "ascend910b-atc")
+    assert [(r.match, r.precision.value) for r in p.rules] == [
+        ("te.norm", "fp32"),
+        ("unet.b", "fp16"),
+        ("unet.d", "w8a8"),  # mse observer: differs from the bulk, named before the globs
+        ("te.*", "w8a8"),
+        ("unet.*", "w8a8"),
+    ]
+    assert _by_match(p)["unet.d"].quant.observer == "mse"
+    assert p.modalities == {"te": Modality.TEXT_ENCODER, "unet": Modality.DENOISER}
+    again = build_policy(rep, DB30, "ascend910b-atc")
+    assert again.to_yaml() == p.to_yaml()
+    assert PrecisionPolicy.from_yaml(p.to_yaml()).to_yaml() == p.to_yaml()
+    rows = {r.modality: r for r in summarize(p, rep)}
+    te, den = rows[Modality.TEXT_ENCODER], rows[Modality.DENOISER]
+    assert (te.fp32, te.fp16, te.int8, te.chosen) == (1, 0, 2, "int8")
+    assert (den.fp16, den.int8) == (1, 3) and den.int8_mac_share == pytest.approx(0.75)
+
+
+def test_final_check_falls_back_more_and_is_bounded():
+    rep = report(linear("a", 0.1e-3), linear("b", 0.2e-3), linear("c", 0.3e-3))
+    seen = []
+
+    def check(policy):
+        n = len(_int8_names(policy, rep))
+        seen.append(n)
+        return FinalCheckResult(
+            passed=n <= 2, metric="clip", delta=0.1 * n, modalities=(Modality.DENOISER,)
+        )
+
+    p = build_policy(rep, Budget(min_int8_mac_share=0.0), "cpu-reference", final_check=check)
+    assert seen == [3, 2]  # tightened by 3 dB: noise 6e-4 -> cap 3e-4, c falls back
+    assert _int8_names(p, rep) == ["a", "b"]
+    assert p.notes[0].startswith("final check 1 failed (clip, delta 0.3)")
+    assert p.notes[1].startswith("final check 2 passed")
+
+    calls = []
+
+    def never(policy):
+        calls.append(1)
+        return FinalCheckResult(passed=False, metric="clip")
+
+    settings = FinalCheckSettings(metric="clip", max_delta=0.01, max_iterations=2, tighten_db=0.5)
+    p = build_policy(rep, Budget(final_check=settings, min_int8_mac_share=0.0), final_check=never)
+    assert len(calls) == 3  # two tightening rounds, then the modality is forced to fp16
+    assert _int8_names(p, rep) == [] and p.figures[Modality.DENOISER].chosen == "fp16"
+    assert "final check still failing after 2 attempt(s)" in p.figures[Modality.DENOISER].note
+
+
+def test_policy_from_search_validates_and_quantizes_a_real_model():
+    model = TinyAttention().eval()
+    names = [n for n, m in model.named_modules() if n]
+    mods = []
+    for n in names:
+        kind = type(model.get_submodule(n)).__name__
+        if kind == "Linear":
+            mods.append(
+                linear(
+                    n,
+                    1e-4,
+                    modality="text_encoder",
+                    macs=4096,
+                    sqnr={"w8a8": 30.0, "w8a8_dynamic": 31.0},
+                )
+            )
+        else:
+            mods.append(other(n, kind, modality="text_encoder", macs=64))
+    rep = report(*mods)
+    # Dynamic (31 dB) wins: each Linear adds 1e-4 * 10**-0.1 = 7.94e-5. 35 dB allows 3.16e-4:
+    # three fit (2.38e-4), four would not (3.18e-4).
+    budget = Budget(limits={"text_encoder": {"min_sqnr_db": 35.0}}, min_int8_mac_share=0.4)
+    p = build_policy(rep, budget, "ascend910b-eager")
+    resolved = p.validate(model)
+    assert sum(r.precision == Precision.W8A8_DYNAMIC for r in resolved.values()) == 3
+    quantize(model, p, forward_loop_for(model))
+    assert sum(isinstance(m, QuantLinear) for m in model.modules()) == 3
+    with torch.no_grad():
+        assert torch.isfinite(model(*model.example_inputs())).all()

@@ -1,0 +1,63 @@
+"""Targets: what each deployment route runs, and the reasons when it does not."""
+
+import pytest
+
+from opsnn_quant.errors import ConfigError
+from opsnn_quant.policy.targets import TARGETS, get_target
+from opsnn_quant.types import Precision
+
+
+def test_unknown_target_lists_the_known_ones():
+    with pytest.raises(ConfigError) as exc:
+        get_target("ascend999")
+    for name in ("ascend910b-eager", "ascend910b-atc", "ascend310p", "cpu-reference"):
+        assert name in str(exc.value)
+
+
+def test_get_target_passes_objects_through():
+    t = TARGETS["ascend310p"]
+    assert get_target(t) is t
+
+
+def test_eager_runs_int8_on_linear_only():
+    t = get_target("ascend910b-eager")
+    for p in (Precision.W8A8, Precision.W8A8_DYNAMIC, Precision.W8A16):
+        assert t.can_run("Linear", p) == (True, "")
+    ok, why = t.can_run("Conv2d", Precision.W8A8)
+    assert not ok and "ascend910b-eager" in why and "Linear" in why and "Conv2d" in why
+    assert t.can_run("LayerNorm", "bf16") == (True, "")
+    assert t.can_run("LayerNorm", "fp32") == (True, "")
+
+
+def test_eager_matmul_dims_bounded_by_65535():
+    t = get_target("ascend910b-eager")
+    assert t.can_run("Linear", "w8a8", in_features=65535, out_features=8)[0]
+    ok, why = t.can_run("Linear", "w8a8", weight_shape=(8, 65536))  # (n, k)
+    assert not ok and "k <= 65535" in why
+    ok, why = t.can_run("Linear", "w8a8_dynamic", in_features=16, out_features=70000)
+    assert not ok and "n <= 65535" in why
+
+
+def test_atc_targets_static_only_linear_and_conv():
+    for name in ("ascend910b-atc", "ascend310p"):
+        t = get_target(name)
+        assert t.can_run("Conv2d", "w8a8")[0] and t.can_run("Linear", "w8a8")[0]
+        ok, why = t.can_run("Linear", "w8a8_dynamic")
+        assert not ok and "cannot run w8a8_dynamic" in why
+        assert not t.can_run("LayerNorm", "w8a8")[0]
+
+
+def test_310p_saturates_and_has_no_bf16():
+    t = get_target("ascend310p")
+    assert t.fp16_overflow_mode == "saturate" and not t.has_bf16
+    ok, why = t.can_run("Linear", Precision.BF16)
+    assert not ok and "bfloat16" in why
+    b = get_target("ascend910b-eager")
+    assert b.fp16_overflow_mode == "inf_nan" and b.has_bf16
+
+
+def test_cpu_reference_runs_everything_on_linear_and_conv():
+    t = get_target("cpu-reference")
+    assert t.int8_precisions("Conv2d") == [Precision.W8A8, Precision.W8A8_DYNAMIC, Precision.W8A16]
+    assert t.int8_precisions("LayerNorm") == []
+    assert t.can_run("Conv2d", "w8a8_dynamic", weight_shape=(8, 4, 3, 3))[0]
