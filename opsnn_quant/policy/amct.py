@@ -104,9 +104,11 @@ def run_amct(
 
     Raises:
         MissingDependencyError: amct_pytorch is not importable.
+        ConfigError: the policy does not fit the model or its target.
         CalibrationError: the forward loop ran fewer than ``batch_num`` passes.
     """
     amct = _import_amct()
+    policy.validate(model)  # rules match, target can run it: fail before AMCT traces anything
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     modules = modules_from_model(model)

@@ -147,7 +147,8 @@ def export_atc(
     notes.insert(
         1,
         "dtype counts follow the ONNX node (from --onnx, else a table of ONNX ops); ATC wants one "
-        "per input/output of the Ascend IR operator, which matches for these ops",
+        "per input/output of the Ascend IR operator it maps to: check a line ATC rejects against "
+        "the operator's inputs",
     )
     return ExportResult(fmt, "".join(f"{x}\n" for x in lines), tuple(notes))
 
