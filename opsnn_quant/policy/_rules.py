@@ -7,6 +7,7 @@ Everything is in model order, so the same report gives the same rules.
 
 from __future__ import annotations
 
+import fnmatch
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -129,9 +130,7 @@ def emit_rules(
                 )
                 major = [n for n in members if _spec_key(plan.int8[n]) == key]
                 glob = "*" if prefix == "" else f"{exact(prefix)}.*"
-                covered = {
-                    n for n in quantizable if Rule(match=glob, precision=Precision.FP16).matches(n)
-                }
+                covered = {n for n in quantizable if fnmatch.fnmatchcase(n, glob)}
                 others = set(members) - set(major)
                 # Safe only if every other Linear/Conv2d the glob reaches is named earlier.
                 if len(major) >= 2 and covered <= set(major) | others | named:

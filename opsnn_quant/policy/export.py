@@ -252,7 +252,8 @@ def export_amct_eager(
             chosen_set.discard(c)
             skip.append(c)
             notes.append(f"{c}: a skip_layers entry is a substring of its name; left float")
-    skip.sort(key=list(modules).index)
+    position = {n: i for i, n in enumerate(modules)}
+    skip.sort(key=position.__getitem__)
     cfg: dict[str, Any] = {"batch_num": batch_num, "quant_cfg": {}}
     cfg["quant_cfg"]["weights"] = {"type": "int8", "symmetric": True, "strategy": "channel"}
     if key is not None and key[0] != "none":

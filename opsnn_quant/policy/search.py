@@ -90,28 +90,32 @@ def _plan_modality(
         plan.note = force_fp16
         return plan
 
-    def ratio(name: str) -> tuple[float, float]:
+    order = {m.name: i for i, m in enumerate(modules)}
+
+    def ratio(name: str) -> tuple[float, float, int]:
         m, ch = cands[name]
         per_mac = ch.contribution / m.macs if m.macs > 0 else (math.inf if ch.contribution else 0.0)
-        return per_mac, ch.contribution
+        return -per_mac, -ch.contribution, order[name]
+
+    def total(names: list[str]) -> float:
+        # fsum in model order: exact enough for hand-checked budgets, same bytes on every run.
+        return math.fsum(cands[n][1].contribution for n in sorted(names, key=order.__getitem__))
 
     keep = list(cands)
-    noise = sum(cands[n][1].contribution for n in keep)
     removed: list[str] = []
-    while noise > cap and keep:
-        worst = max(keep, key=lambda n: (*ratio(n), -keep.index(n)))
-        keep.remove(worst)
-        removed.append(worst)
-        noise -= cands[worst][1].contribution
-    noise = max(noise, 0.0)
+    noise = total(keep)
+    for name in sorted(cands, key=ratio):  # largest contribution per MAC first
+        if noise <= cap:
+            break
+        keep.remove(name)
+        removed.append(name)
+        noise = total(keep)
     # Re-admit what still fits, biggest layers first: the greedy pass may have overshot.
-    for name in sorted(removed, key=lambda n: (-cands[n][0].macs, removed.index(n))):
-        c = cands[name][1].contribution
-        if noise + c <= cap:
+    for name in sorted(removed, key=lambda n: (-cands[n][0].macs, order[n])):
+        if total([*keep, name]) <= cap:
             keep.append(name)
             removed.remove(name)
-            noise += c
-    order = {m.name: i for i, m in enumerate(modules)}
+            noise = total(keep)
     keep.sort(key=order.__getitem__)
     int8_macs = sum(cands[n][0].macs for n in keep)
     share = int8_macs / total_macs if total_macs > 0 else 0.0
@@ -120,8 +124,8 @@ def _plan_modality(
         m, ch = cands[name]
         plan.fallback[name] = (
             f"fp16 fallback: est. contribution {ch.contribution:.2e} ({ch.scheme}, first order) "
-            f"over {m.macs:.2e} MACs; without it {modality.value} is predicted at {after} "
-            f"({limit_text})"
+            f"over {m.macs:.2e} MACs; with the fallbacks {modality.value} is predicted at "
+            f"{after} ({limit_text})"
         )
     if not keep or share < min_share:
         what = "no module can be int8" if not keep else f"int8 would cover {share:.0%} of its MACs"
