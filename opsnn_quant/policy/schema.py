@@ -238,26 +238,49 @@ class PrecisionPolicy(_Frozen):
         Returns:
             ``{name: Resolved(precision, rule index | "default" | "unassigned", reason)}``.
         """
+        literal, globs = self._split_rules()
         out: dict[str, Resolved] = {}
         for name in module_names:
             int8_ok = module_types.get(name) in INT8_MODULE_TYPES
-            for i, rule in enumerate(self.rules):
-                if rule.matches(name) and (rule.precision.is_float or int8_ok):
-                    out[name] = Resolved(rule.precision, i, rule.reason)
+
+            def applies(i: int, int8_ok: bool = int8_ok) -> bool:
+                return self.rules[i].precision.is_float or int8_ok
+
+            # First match wins: the first applicable exact-name rule, unless a glob comes earlier.
+            best = next((i for i in literal.get(name, ()) if applies(i)), None)
+            for i in globs:
+                if best is not None and i > best:
                     break
+                if self.rules[i].matches(name) and applies(i):
+                    best = i
+                    break
+            if best is not None:
+                rule = self.rules[best]
+                out[name] = Resolved(rule.precision, best, rule.reason)
+                continue
+            modality = self.modality_of(name, modalities)
+            if modality is not None and modality in self.defaults:
+                out[name] = Resolved(
+                    self.defaults[modality], "default", f"{modality.value} default"
+                )
             else:
-                modality = self.modality_of(name, modalities)
-                if modality is not None and modality in self.defaults:
-                    out[name] = Resolved(
-                        self.defaults[modality], "default", f"{modality.value} default"
-                    )
-                else:
-                    out[name] = Resolved(
-                        Precision.FP32,
-                        "unassigned",
-                        "no rule or modality default: kept float as loaded",
-                    )
+                out[name] = Resolved(
+                    Precision.FP32,
+                    "unassigned",
+                    "no rule or modality default: kept float as loaded",
+                )
         return out
+
+    def _split_rules(self) -> tuple[dict[str, list[int]], list[int]]:
+        """Rule indices: exact names (a dict lookup) and globs (to be matched), in order."""
+        literal: dict[str, list[int]] = {}
+        globs = []
+        for i, rule in enumerate(self.rules):
+            if any(c in rule.match for c in "*?["):
+                globs.append(i)
+            else:
+                literal.setdefault(rule.match, []).append(i)
+        return literal, globs
 
     def spec_of(self, resolved: Resolved) -> QuantSpec | Precision:
         """The QuantSpec of an int8 resolution, the Precision of a float one."""
@@ -273,8 +296,13 @@ class PrecisionPolicy(_Frozen):
         Raises:
             ConfigError: naming the first rule that matches nothing (with a close name if any).
         """
+        names = set(module_names)
+        literal, _ = self._split_rules()
         for i, rule in enumerate(self.rules):
-            matched = [n for n in module_names if rule.matches(n)]
+            if rule.match in literal:
+                matched = [rule.match] if rule.match in names else []
+            else:
+                matched = [n for n in module_names if rule.matches(n)]
             label = f"rule {i} ({rule.precision.value} on {rule.match!r})"
             if not matched:
                 close = difflib.get_close_matches(rule.match, module_names, n=1)

@@ -186,3 +186,22 @@ def test_module_specs_drive_quantize():
     with torch.no_grad():
         y = model(x)
     assert torch.nn.functional.cosine_similarity(y.flatten(), ref.flatten(), dim=0) > 0.99
+
+
+def test_resolve_earlier_glob_beats_later_exact_name():
+    p = PrecisionPolicy(
+        model="m",
+        target="cpu-reference",
+        rules=[
+            Rule(match="n", precision="w8a8"),  # exact, but int8 does not apply to a LayerNorm
+            Rule(match="u.*", precision="fp16"),
+            Rule(match="u.a", precision="fp32"),
+            Rule(match="*", precision="bf16"),
+            Rule(match="n", precision="fp32"),
+        ],
+    )
+    types = {"u.a": "Linear", "n": "LayerNorm", "x": "Linear"}
+    r = p.resolve(["u.a", "n", "x"], types)
+    assert (r["u.a"].precision, r["u.a"].rule) == (Precision.FP16, 1)
+    assert (r["n"].precision, r["n"].rule) == (Precision.BF16, 3)
+    assert (r["x"].precision, r["x"].rule) == (Precision.BF16, 3)
