@@ -1,0 +1,281 @@
+"""Render an :class:`AcceptanceReport` as ``report.json``, ``report.md`` and ``report.html``.
+
+The HTML page is self-contained: CSS inline, figures and image pairs as base64 PNG data URIs,
+no script and no external URL, so it opens from an archive or an air-gapped machine. Markdown
+links the same PNGs under ``plots/``. The directory is written atomically.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+from pathlib import Path
+
+from opsnn_quant.evaluation.images import ImageBatch, as_uint8_nhwc
+from opsnn_quant.evaluation.plots import latency_chart, pair_strip, sensitivity_chart
+from opsnn_quant.evaluation.report import AcceptanceReport, TranscriptRow, fmt
+from opsnn_quant.io import atomic_dir
+
+_MB = 1024 * 1024
+Table = tuple[list[str], list[list[str]]]
+
+
+def _mb(v: int | None) -> str:
+    return "-" if v is None else f"{v / _MB:.1f}"
+
+
+def _tables(r: AcceptanceReport) -> list[tuple[str, Table]]:
+    """Every tabular section as (title, (header, rows)) of plain strings, for md and html."""
+    out: list[tuple[str, Table]] = []
+    if r.criteria:
+        out.append(("Acceptance criteria", (
+            ["criterion", "value", "threshold", "status", "note"],
+            [[c.label, fmt(c.value), f"{c.comparator} {fmt(c.threshold)}", c.status, c.note]
+             for c in r.criteria],
+        )))  # fmt: skip
+    if r.quality:
+        out.append(("Quality", (
+            ["metric", r.baseline_label, r.candidate_label, "delta", "unit", "note"],
+            [[q.metric, fmt(q.baseline), fmt(q.candidate), fmt(q.delta), q.unit, q.note]
+             for q in r.quality],
+        )))  # fmt: skip
+    if r.latency:
+        out.append(("Latency", (
+            ["model", "backend", "runs", "p50 ms", "p90 ms", "p99 ms", "mean ms",
+             "items/s", "peak MB", "memory method"],
+            [[x.label, x.result.backend, str(x.result.runs), fmt(x.result.p50_ms),
+              fmt(x.result.p90_ms), fmt(x.result.p99_ms), fmt(x.result.mean_ms),
+              fmt(x.result.throughput_per_s), _mb(x.result.peak_memory_bytes),
+              x.result.memory_method] for x in r.latency],
+        )))  # fmt: skip
+    for label, stages in r.stages.items():
+        out.append((f"Stages: {label}", (
+            ["stage", "module", "calls", "total ms", "mean ms", "p90 ms", "first ms"],
+            [[s.stage, s.module, str(s.calls), fmt(s.total_ms), fmt(s.mean_ms), fmt(s.p90_ms),
+              fmt(s.first_ms)] for s in stages],
+        )))  # fmt: skip
+    for label, mods in r.top_modules.items():
+        out.append((f"Top modules by CPU time: {label}", (
+            ["module", "type", "calls", "total ms", "share"],
+            [[m.name, m.type, str(m.calls), fmt(m.total_ms), f"{100 * m.share:.1f}%"]
+             for m in mods],
+        )))  # fmt: skip
+    if r.stability:
+        out.append(("Stability", (
+            ["model", "backend", "K", "first-decile ms", "last-decile ms", "drift",
+             "memory growth MB", "method"],
+            [[k, s.backend, str(s.k), fmt(s.first_decile_median_ms),
+              fmt(s.last_decile_median_ms), fmt(s.drift_ratio),
+              f"{s.memory_growth_bytes / _MB:.2f}", s.memory_method]
+             for k, s in r.stability.items()],
+        )))  # fmt: skip
+    if r.onnxruntime is not None:
+        o = r.onnxruntime
+        out.append(("ONNX Runtime (cpu-onnxruntime)", (
+            ["model", "p50 ms", "mean ms", "file MB"],
+            [["fp32", fmt(o.fp32.p50_ms), fmt(o.fp32.mean_ms), _mb(o.fp32_file_bytes)],
+             ["QDQ", fmt(o.qdq.p50_ms), fmt(o.qdq.mean_ms), _mb(o.qdq_file_bytes)],
+             ["fp32 / QDQ", fmt(o.p50_speedup), fmt(o.mean_speedup), fmt(o.size_ratio)]],
+        )))  # fmt: skip
+    if r.policy:
+        out.append(("Precision policy", (
+            ["key", "value"], [[str(k), str(v)] for k, v in r.policy.items()],
+        )))  # fmt: skip
+    if r.sensitivity:
+        out.append(("Per-module sensitivity (most sensitive first)", (
+            ["module", "type", "modality", "e2e contribution", "W8A8 SQNR dB", "fp16 overflow"],
+            [[s.name, s.type, s.modality, fmt(s.contribution), fmt(s.sqnr_db),
+              "yes" if s.fp16_overflow else ""] for s in r.sensitivity[:40]],
+        )))  # fmt: skip
+    if r.image_pairs:
+        out.append(("Image pairs (worst PSNR first)", (
+            ["#", "prompt", "seed", "PSNR dB", "SSIM", "MAE", "max |diff|", "CLIP b/c"],
+            [[str(p.index), p.prompt, "-" if p.seed is None else str(p.seed), fmt(p.psnr_db),
+              fmt(p.ssim), fmt(p.mae), str(p.max_abs),
+              f"{fmt(p.clip_baseline)} / {fmt(p.clip_candidate)}"] for p in r.image_pairs],
+        )))  # fmt: skip
+    return out
+
+
+def _diff_md(t: TranscriptRow) -> str:
+    parts = []
+    for c in t.diff:
+        if c.op == "equal":
+            parts.append(c.ref)
+        else:
+            old = f"~~{c.ref}~~" if c.ref else ""
+            new = f"**{c.hyp}**" if c.hyp else ""
+            parts.append(" ".join(x for x in (old, new) if x))
+    return " ".join(parts) or "(empty)"
+
+
+def _diff_html(t: TranscriptRow) -> str:
+    parts = []
+    for c in t.diff:
+        if c.op == "equal":
+            parts.append(html.escape(c.ref))
+            continue
+        if c.ref:
+            parts.append(f"<del>{html.escape(c.ref)}</del>")
+        if c.hyp:
+            parts.append(f"<ins>{html.escape(c.hyp)}</ins>")
+    return " ".join(parts) or "<i>(empty)</i>"
+
+
+def _md_cell(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(r: AcceptanceReport, figures: dict[str, str] | None = None) -> str:
+    """``report.md``; ``figures`` maps a figure name to its path relative to the report."""
+    figures = figures or {}
+    lines = [f"# Acceptance report: {r.suite} — **{r.verdict}**", ""]
+    lines.append(f"- task: {r.task}; {r.baseline_label} vs {r.candidate_label}")
+    lines += [f"- backend ({k}): {v}" for k, v in r.backends.items()]
+    if r.created:
+        lines.append(f"- created: {r.created}")
+    lines += [f"- note: {n}" for n in r.notes]
+    lines.append("")
+    for title, (header, rows) in _tables(r):
+        lines += [f"## {title}", "", "| " + " | ".join(header) + " |",
+                  "|" + "---|" * len(header)]  # fmt: skip
+        lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
+        lines.append("")
+    for name in ("sensitivity", "latency"):
+        if name in figures:
+            lines += [f"![{name}]({figures[name]})", ""]
+    pairs = [p for p in r.image_pairs if p.image]
+    if pairs:
+        lines += ["## Image pairs: baseline | candidate | |diff| x4", ""]
+        lines += [f"**#{p.index}** {p.prompt} (PSNR {fmt(p.psnr_db)} dB)\n\n![pair {p.index}]({p.image})\n"
+                  for p in pairs]  # fmt: skip
+    if r.transcripts:
+        lines += ["## Transcripts (worst first; ~~baseline~~ **candidate**)", ""]
+        for t in r.transcripts:
+            lines.append(
+                f"- #{t.index} errors {t.baseline_errors} → {t.candidate_errors} "
+                f"of {t.ref_words} words; reference: {t.reference}  \n  {_diff_md(t)}"
+            )
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;background:#fff}
+h1 .PASS{color:#fff;background:#2a8a3a;padding:2px 10px;border-radius:4px}
+h1 .FAIL{color:#fff;background:#c62828;padding:2px 10px;border-radius:4px}
+table{border-collapse:collapse;margin:8px 0 20px;font-size:13px}
+th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f0f3f7} td.PASS{color:#2a8a3a;font-weight:bold} td.FAIL{color:#c62828;font-weight:bold}
+td.INFO{color:#777} img{max-width:100%} figure{margin:8px 0 16px}
+del{background:#fdd;text-decoration:line-through} ins{background:#dfd;text-decoration:none}
+.notes li{color:#555}
+"""
+
+
+def _data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def render_html(r: AcceptanceReport, figures: dict[str, bytes] | None = None,
+                pair_pngs: dict[int, bytes] | None = None) -> str:  # fmt: skip
+    """Self-contained ``report.html`` (figures and pair PNGs inlined as data URIs)."""
+    figures = figures or {}
+    pair_pngs = pair_pngs or {}
+    e = html.escape
+    body = [
+        f"<h1>Acceptance report: {e(r.suite)} <span class='{r.verdict}'>{r.verdict}</span></h1>"
+    ]
+    info = [f"task: {e(r.task)}; {e(r.baseline_label)} vs {e(r.candidate_label)}"]
+    info += [f"backend ({e(k)}): <b>{e(v)}</b>" for k, v in r.backends.items()]
+    if r.created:
+        info.append(f"created: {e(r.created)}")
+    body.append("<ul>" + "".join(f"<li>{x}</li>" for x in info) + "</ul>")
+    if r.notes:
+        body.append("<ul class='notes'>" + "".join(f"<li>{e(n)}</li>" for n in r.notes) + "</ul>")
+    for title, (header, rows) in _tables(r):
+        status_col = header.index("status") if "status" in header else -1
+        trs = []
+        for row in rows:
+            tds = [f"<td class='{e(c)}'>{e(c)}</td>" if i == status_col else f"<td>{e(c)}</td>"
+                   for i, c in enumerate(row)]  # fmt: skip
+            trs.append("<tr>" + "".join(tds) + "</tr>")
+        head = "".join(f"<th>{e(h)}</th>" for h in header)
+        body.append(f"<h2>{e(title)}</h2><table><tr>{head}</tr>{''.join(trs)}</table>")
+    for name, caption in (("sensitivity", "Per-module sensitivity"), ("latency", "Latency")):
+        if name in figures:
+            body.append(f"<figure><img alt='{name}' src='{_data_uri(figures[name])}'>"
+                        f"<figcaption>{caption}</figcaption></figure>")  # fmt: skip
+    if pair_pngs:
+        body.append("<h2>Image pairs: baseline | candidate | |diff| ×4 (worst first)</h2>")
+        for p in r.image_pairs:
+            if p.index in pair_pngs:
+                body.append(
+                    f"<figure><img alt='pair {p.index}' src='{_data_uri(pair_pngs[p.index])}'>"
+                    f"<figcaption>#{p.index} {e(p.prompt)} — PSNR {fmt(p.psnr_db)} dB, "
+                    f"SSIM {fmt(p.ssim)}</figcaption></figure>"
+                )
+    if r.transcripts:
+        body.append("<h2>Transcripts (worst first; <del>baseline</del> <ins>candidate</ins>)</h2>")
+        rows_html = "".join(
+            f"<tr><td>{t.index}</td><td>{t.baseline_errors} → {t.candidate_errors} / "
+            f"{t.ref_words}</td><td>{e(t.reference)}</td><td>{_diff_html(t)}</td></tr>"
+            for t in r.transcripts
+        )
+        body.append("<table><tr><th>#</th><th>errors</th><th>reference</th>"
+                    f"<th>baseline → candidate</th></tr>{rows_html}</table>")  # fmt: skip
+    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            f"<title>{e(r.suite)} {r.verdict}</title><style>{_CSS}</style></head>"
+            f"<body>{''.join(body)}</body></html>\n")  # fmt: skip
+
+
+def write_report(
+    report: AcceptanceReport,
+    out_dir: str | os.PathLike[str],
+    *,
+    baseline_images: ImageBatch | None = None,
+    candidate_images: ImageBatch | None = None,
+    max_pairs: int = 16,
+) -> Path:
+    """Write ``report.json``, ``report.md``, ``report.html`` and ``plots/`` into ``out_dir``.
+
+    Args:
+        report: The report. Its ``image_pairs`` are kept in order (worst first); the first
+            ``max_pairs`` get a side-by-side PNG when the images are given.
+        out_dir: Replaced atomically (a crash leaves the previous report or none).
+        baseline_images, candidate_images: The images ``image_pairs[*].index`` points into.
+
+    Returns:
+        ``out_dir``.
+    """
+    figures: dict[str, bytes] = {}
+    sens = sensitivity_chart(report.sensitivity)
+    if sens is not None:
+        figures["sensitivity"] = sens
+    lat = latency_chart(report.latency)
+    if lat is not None:
+        figures["latency"] = lat
+    pair_pngs: dict[int, bytes] = {}
+    if baseline_images is not None and candidate_images is not None and report.image_pairs:
+        base = as_uint8_nhwc(baseline_images)
+        cand = as_uint8_nhwc(candidate_images)
+        for p in report.image_pairs[:max_pairs]:
+            pair_pngs[p.index] = pair_strip(base[p.index], cand[p.index])
+    pairs = [
+        p.model_copy(update={"image": f"plots/pair-{p.index:04d}.png"})
+        if p.index in pair_pngs else p for p in report.image_pairs
+    ]  # fmt: skip
+    report = report.model_copy(update={"image_pairs": pairs})
+    with atomic_dir(out_dir) as tmp:
+        plots = tmp / "plots"
+        plots.mkdir()
+        for name, png in figures.items():
+            (plots / f"{name}.png").write_bytes(png)
+        for idx, png in pair_pngs.items():
+            (plots / f"pair-{idx:04d}.png").write_bytes(png)
+        (tmp / "report.json").write_text(report.to_json(), encoding="utf-8")
+        rel = {name: f"plots/{name}.png" for name in figures}
+        (tmp / "report.md").write_text(render_markdown(report, rel), encoding="utf-8")
+        (tmp / "report.html").write_text(render_html(report, figures, pair_pngs), encoding="utf-8")
+    return Path(out_dir)

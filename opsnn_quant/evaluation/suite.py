@@ -1,0 +1,256 @@
+"""Acceptance suites: what to generate, what to measure, and the thresholds a candidate must meet.
+
+A suite is a YAML file validated by :class:`Suite` (``evaluate/*.yaml``). Thresholds, all
+optional, compare the candidate (quantized) model with the baseline (fp32) model run on the
+same data, prompts and seeds:
+
+==========================  ===============================================================
+``fid_vs_baseline_max``     FID/FD between candidate and baseline image sets  <= value
+``fid_delta_max``           FID(candidate, reference) - FID(baseline, reference) <= value
+                            (needs ``data.reference``)
+``clip_score_delta_min``    CLIP score candidate - baseline >= value (e.g. -0.5)
+``psnr_min``                median per-pair PSNR, dB >= value
+``ssim_min``                mean per-pair SSIM >= value
+``wer_delta_max_points``    (WER candidate - WER baseline) x 100 <= value
+``cer_delta_max_points``    (CER candidate - CER baseline) x 100 <= value
+``agreement_wer_max_points``  WER of candidate vs baseline transcripts x 100 <= value
+``latency_p99_ratio_max``   p99 candidate / p99 baseline <= value (enforced on
+                            ``latency.enforce_backends`` only; information elsewhere)
+``memory_ratio_max``        peak memory candidate / baseline <= value (same rule)
+==========================  ===============================================================
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from opsnn_quant.errors import ConfigError
+
+SCHEMA_VERSION = 1
+SUITES_DIR = Path(__file__).resolve().parents[2] / "evaluate"
+
+T2I_THRESHOLDS = frozenset(
+    {"fid_vs_baseline_max", "fid_delta_max", "clip_score_delta_min", "psnr_min", "ssim_min"}
+)
+ASR_THRESHOLDS = frozenset(
+    {"wer_delta_max_points", "cer_delta_max_points", "agreement_wer_max_points"}
+)
+SHARED_THRESHOLDS = frozenset({"latency_p99_ratio_max", "memory_ratio_max"})
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataSpec(_Strict):
+    """Where the evaluation inputs come from: a zoo dataset split or a folder.
+
+    Attributes:
+        dataset: Zoo dataset name (``shapes``, ``speech``) or None when ``folder`` is given.
+        split: Split of the zoo dataset.
+        folder: A folder with ``prompts.txt`` (t2i) or ``*.wav``/``*.flac`` + ``transcripts.tsv``
+            (asr); relative paths resolve against the suite file.
+        samples: How many prompts / utterances to evaluate (the first N).
+        reference: Real images for FID against a reference set: ``"dataset"`` (the images of
+            the same dataset split) or a folder of images (relative paths resolve against the
+            suite file); None: no reference FID.
+    """
+
+    dataset: str | None = None
+    split: str = "eval"
+    folder: Path | None = None
+    samples: int = Field(default=64, ge=2)
+    reference: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataSpec:
+        if (self.dataset is None) == (self.folder is None):
+            raise ValueError("give exactly one of data.dataset or data.folder")
+        return self
+
+
+class GenerationSpec(_Strict):
+    """Generation settings shared by baseline and candidate.
+
+    Attributes:
+        steps: Denoising steps (t2i).
+        guidance_scale: Classifier-free guidance scale (t2i).
+        height, width: Image size (t2i); None: the pipeline's default.
+        max_new_tokens: Decoder length limit (asr).
+        num_beams: Beam size (asr); 1 is greedy.
+        batch_size: Inputs per generation call.
+    """
+
+    steps: int = Field(default=20, ge=1)
+    guidance_scale: float = Field(default=7.5, ge=0.0)
+    height: int | None = Field(default=None, ge=8)
+    width: int | None = Field(default=None, ge=8)
+    max_new_tokens: int = Field(default=128, ge=1)
+    num_beams: int = Field(default=1, ge=1)
+    batch_size: int = Field(default=8, ge=1)
+
+
+class Thresholds(_Strict):
+    """Acceptance thresholds (see the module docstring for each one's meaning)."""
+
+    fid_vs_baseline_max: float | None = Field(default=None, ge=0.0)
+    fid_delta_max: float | None = None
+    clip_score_delta_min: float | None = None
+    psnr_min: float | None = Field(default=None, ge=0.0)
+    ssim_min: float | None = Field(default=None, ge=-1.0, le=1.0)
+    wer_delta_max_points: float | None = None
+    cer_delta_max_points: float | None = None
+    agreement_wer_max_points: float | None = Field(default=None, ge=0.0)
+    latency_p99_ratio_max: float | None = Field(default=None, gt=0.0)
+    memory_ratio_max: float | None = Field(default=None, gt=0.0)
+
+    def set_names(self) -> set[str]:
+        """Names of the thresholds given."""
+        return {k for k, v in self.model_dump().items() if v is not None}
+
+
+class MetricsSpec(_Strict):
+    """What to measure and the thresholds.
+
+    Attributes:
+        fid_features: ``inception`` (FID, TF-Inception) or ``clip`` (FD in the CLIP image space
+            named by ``clip``; never called FID); None: no Fréchet distance.
+        clip: CLIP for CLIP score / FD: a zoo model name (``shapes-clip``) or a local Hugging
+            Face CLIP directory; None: no CLIP score.
+        thresholds: Acceptance thresholds.
+    """
+
+    fid_features: Literal["inception", "clip"] | None = "inception"
+    clip: str | None = None
+    thresholds: Thresholds = Thresholds()
+
+    @model_validator(mode="after")
+    def _clip_named(self) -> MetricsSpec:
+        if self.fid_features == "clip" and self.clip is None:
+            raise ValueError("fid_features 'clip' needs metrics.clip (a CLIP model name or dir)")
+        return self
+
+
+class LatencySpec(_Strict):
+    """Latency settings.
+
+    Attributes:
+        warmup: Untimed calls before timing.
+        runs: Timed calls.
+        stability_k: Consecutive calls of the stability run; 0 skips it.
+        profile_top: Rows of the top-modules profile; 0 skips profiling.
+        enforce_backends: Backends whose latency/memory ratios are pass/fail criteria. On
+            ``cpu-reference`` the quantized model runs Ascend arithmetic in emulation, so its
+            timing is reported for information only.
+    """
+
+    warmup: int = Field(default=1, ge=0)
+    runs: int = Field(default=5, ge=1)
+    stability_k: int = Field(default=0, ge=0)
+    profile_top: int = Field(default=10, ge=0)
+    enforce_backends: list[str] = Field(default_factory=lambda: ["npu", "cuda", "cpu-onnxruntime"])
+
+    @model_validator(mode="after")
+    def _k(self) -> LatencySpec:
+        if self.stability_k == 1:
+            raise ValueError("stability_k must be 0 (off) or at least 2")
+        return self
+
+
+class Suite(_Strict):
+    """An acceptance suite (one YAML file in ``evaluate/``)."""
+
+    schema_version: int = SCHEMA_VERSION
+    name: str
+    task: Literal["t2i", "asr"]
+    description: str = ""
+    data: DataSpec
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    generation: GenerationSpec = GenerationSpec()
+    metrics: MetricsSpec = MetricsSpec()
+    latency: LatencySpec = LatencySpec()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Suite:
+        if self.schema_version != SCHEMA_VERSION:
+            raise ValueError(
+                f"schema_version {self.schema_version} is not supported (expected {SCHEMA_VERSION})"
+            )
+        allowed = (T2I_THRESHOLDS if self.task == "t2i" else ASR_THRESHOLDS) | SHARED_THRESHOLDS
+        wrong = sorted(self.metrics.thresholds.set_names() - allowed)
+        if wrong:
+            raise ValueError(f"thresholds {wrong} do not apply to task {self.task!r}")
+        t = self.metrics.thresholds
+        if t.fid_delta_max is not None and self.data.reference is None:
+            raise ValueError("metrics.thresholds.fid_delta_max needs data.reference (real images)")
+        if (t.fid_delta_max is not None or t.fid_vs_baseline_max is not None) and (
+            self.metrics.fid_features is None
+        ):
+            raise ValueError("FID thresholds need metrics.fid_features")
+        if t.clip_score_delta_min is not None and self.metrics.clip is None:
+            raise ValueError("clip_score_delta_min needs metrics.clip")
+        if self.task == "asr" and self.data.reference is not None:
+            raise ValueError("data.reference (reference images) applies to t2i suites only")
+        return self
+
+
+def _where(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(x) for x in first["loc"])
+    msg = first["msg"].removeprefix("Value error, ")
+    return f"{loc}: {msg}" if loc else msg
+
+
+def parse_suite(data: object, source: str = "<suite>") -> Suite:
+    """Validate a suite from already-parsed YAML.
+
+    Raises:
+        ConfigError: The message names the file and the bad field.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a suite must be a YAML mapping")
+    try:
+        return Suite.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"{source}: {_where(err)}") from err
+
+
+def load_suite(path_or_name: str | Path) -> Suite:
+    """Load and validate a suite file, or a built-in suite by name (``shapes-t2i``).
+
+    ``data.folder`` resolves against the suite file's directory.
+
+    Raises:
+        ConfigError: Missing file, bad YAML or a schema violation naming the field.
+    """
+    path = Path(path_or_name)
+    if not path.is_file() and not path.suffix and (SUITES_DIR / f"{path}.yaml").is_file():
+        path = SUITES_DIR / f"{path}.yaml"
+    if not path.is_file():
+        known = ", ".join(builtin_suites()) or "none"
+        raise ConfigError(f"suite {path_or_name} not found (built-in suites: {known})")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    suite = parse_suite(data, str(path))
+    update: dict[str, object] = {}
+    if suite.data.folder is not None and not suite.data.folder.is_absolute():
+        update["folder"] = (path.parent / suite.data.folder).resolve()
+    ref = suite.data.reference
+    if ref is not None and ref != "dataset" and not Path(ref).is_absolute():
+        update["reference"] = str((path.parent / ref).resolve())
+    if update:
+        suite = suite.model_copy(update={"data": suite.data.model_copy(update=update)})
+    return suite
+
+
+def builtin_suites() -> list[str]:
+    """Names of the suites shipped in ``evaluate/`` (templates excluded)."""
+    if not SUITES_DIR.is_dir():
+        return []
+    return sorted(p.stem for p in SUITES_DIR.glob("*.yaml") if not p.stem.endswith("-template"))

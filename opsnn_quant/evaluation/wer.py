@@ -1,0 +1,193 @@
+"""Word and character error rates of transcripts, and how far a quantized model's transcripts moved.
+
+Corpus rates come from torchmetrics ``WordErrorRate``/``CharErrorRate`` (total edits / total
+reference words or characters) after Whisper's English normalisation
+(:func:`opsnn_quant.evaluation.text_norm.normalize_english`), as Whisper's published WERs are.
+Per-utterance rows and word alignments come from jiwer, for the report's worst-first diffs.
+
+*Agreement WER* scores the candidate's transcripts with the baseline's as the reference: it
+measures how much quantization changed the output, independently of ground truth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from opsnn_quant.errors import InputError, MissingDependencyError
+from opsnn_quant.evaluation.text_norm import normalize_english
+
+INSTALL_HINT = "pip install 'opsnn-quant[eval]'"
+
+
+@dataclass(frozen=True)
+class DiffChunk:
+    """One piece of a word alignment: ``equal``, ``substitute``, ``delete`` or ``insert``."""
+
+    op: str
+    ref: str
+    hyp: str
+
+
+@dataclass(frozen=True)
+class ErrorRates:
+    """Corpus WER/CER and the counts behind them (rates are fractions, not percent)."""
+
+    wer: float
+    cer: float
+    word_errors: int
+    ref_words: int
+    char_errors: int
+    ref_chars: int
+
+
+@dataclass
+class UtteranceRow:
+    """One utterance: normalised texts, errors of both models and the baseline→candidate diff.
+
+    Attributes:
+        index: Position in the inputs.
+        reference, baseline, candidate: Normalised texts.
+        ref_words: Words in the normalised reference.
+        baseline_errors, candidate_errors: Word edits against the reference.
+        agreement_errors: Word edits turning the baseline transcript into the candidate's.
+        diff: Word alignment of baseline (``ref``) against candidate (``hyp``).
+    """
+
+    index: int
+    reference: str
+    baseline: str
+    candidate: str
+    ref_words: int
+    baseline_errors: int
+    candidate_errors: int
+    agreement_errors: int
+    diff: list[DiffChunk] = field(default_factory=list)
+
+    @property
+    def extra_errors(self) -> int:
+        """Errors the candidate makes beyond the baseline's (negative: it did better)."""
+        return self.candidate_errors - self.baseline_errors
+
+
+def normalize_all(texts: Sequence[str], normalize: bool = True) -> list[str]:
+    """Whisper-normalise (or only collapse whitespace in) each text."""
+    if normalize:
+        return [normalize_english(t) for t in texts]
+    return [" ".join(t.split()) for t in texts]
+
+
+def _check(references: Sequence[str], hypotheses: Sequence[str]) -> None:
+    if len(references) != len(hypotheses):
+        raise InputError(f"{len(references)} references but {len(hypotheses)} hypotheses")
+    if not references:
+        raise InputError("error rates need at least one utterance")
+
+
+def error_rates(
+    references: Sequence[str], hypotheses: Sequence[str], normalize: bool = True
+) -> ErrorRates:
+    """Corpus WER and CER of ``hypotheses`` against ``references`` (torchmetrics).
+
+    Raises:
+        InputError: Lengths differ, no utterances, or the references have no words at all.
+    """
+    try:
+        from torchmetrics.text import CharErrorRate, WordErrorRate
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise MissingDependencyError(f"WER needs torchmetrics: {INSTALL_HINT}") from err
+    _check(references, hypotheses)
+    refs = normalize_all(references, normalize)
+    hyps = normalize_all(hypotheses, normalize)
+    if not any(refs):
+        raise InputError("the references have no words after normalisation")
+    wer_m, cer_m = WordErrorRate(), CharErrorRate()
+    wer_m.update(hyps, refs)
+    cer_m.update(hyps, refs)
+    return ErrorRates(
+        wer=float(wer_m.compute()),
+        cer=float(cer_m.compute()),
+        word_errors=int(wer_m.errors),
+        ref_words=int(wer_m.total),
+        char_errors=int(cer_m.errors),
+        ref_chars=int(cer_m.total),
+    )
+
+
+def _alignment(ref: str, hyp: str) -> tuple[int, list[DiffChunk]]:
+    """Word edits and alignment chunks of ``hyp`` against ``ref`` (jiwer)."""
+    import jiwer
+
+    ref_w, hyp_w = ref.split(), hyp.split()
+    if not ref_w and not hyp_w:
+        return 0, []
+    if not ref_w:  # jiwer rejects empty references in some versions: all insertions
+        return len(hyp_w), [DiffChunk("insert", "", hyp)]
+    out = jiwer.process_words(ref, hyp if hyp_w else "")
+    edits = int(out.substitutions + out.deletions + out.insertions)
+    chunks = [
+        DiffChunk(
+            op=c.type,
+            ref=" ".join(ref_w[c.ref_start_idx : c.ref_end_idx]),
+            hyp=" ".join(hyp_w[c.hyp_start_idx : c.hyp_end_idx]),
+        )
+        for c in out.alignments[0]
+    ]
+    return edits, chunks
+
+
+def utterance_rows(
+    references: Sequence[str],
+    baseline: Sequence[str],
+    candidate: Sequence[str],
+    normalize: bool = True,
+) -> list[UtteranceRow]:
+    """Per-utterance errors of both models, worst first.
+
+    Order: most extra candidate errors first, then most baseline→candidate changes, then
+    input order, so the top of the list is where quantization hurt.
+
+    Raises:
+        InputError: The three lists differ in length or are empty.
+    """
+    _check(references, baseline)
+    _check(references, candidate)
+    refs = normalize_all(references, normalize)
+    bases = normalize_all(baseline, normalize)
+    cands = normalize_all(candidate, normalize)
+    rows = []
+    for i, (r, b, c) in enumerate(zip(refs, bases, cands, strict=True)):
+        agreement, diff = _alignment(b, c)
+        rows.append(
+            UtteranceRow(
+                index=i,
+                reference=r,
+                baseline=b,
+                candidate=c,
+                ref_words=len(r.split()),
+                baseline_errors=_alignment(r, b)[0],
+                candidate_errors=_alignment(r, c)[0],
+                agreement_errors=agreement,
+                diff=diff,
+            )
+        )
+    rows.sort(key=lambda u: (-u.extra_errors, -u.agreement_errors, u.index))
+    return rows
+
+
+def agreement_wer(
+    baseline: Sequence[str], candidate: Sequence[str], normalize: bool = True
+) -> float:
+    """WER of the candidate transcripts with the baseline transcripts as the reference.
+
+    When the baseline produced no words at all, returns 0.0 if the candidate did not either
+    and ``inf`` otherwise.
+    """
+    _check(baseline, candidate)
+    bases = normalize_all(baseline, normalize)
+    cands = normalize_all(candidate, normalize)
+    edits = sum(_alignment(b, c)[0] for b, c in zip(bases, cands, strict=True))
+    words = sum(len(b.split()) for b in bases)
+    if words == 0:
+        return 0.0 if edits == 0 else float("inf")
+    return edits / words
