@@ -365,7 +365,7 @@ class PrecisionPolicy(_Frozen):
         return self.model_copy(update={"notes": [*self.notes, *notes]})
 
 
-def derive_prefixes(entries: Iterable[tuple[str, Modality]]) -> dict[str, Modality]:
+def derive_prefixes(entries: Iterable[tuple[str, Modality | str]]) -> dict[str, Modality]:
     """The shortest module-name prefixes that separate modalities.
 
     ``[("te.l0", TE), ("te.l1", TE), ("unet.a", DEN)]`` gives ``{"te": TE, "unet": DEN}``; a

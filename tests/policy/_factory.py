@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from opsnn_quant.probe.report import (
@@ -20,7 +21,7 @@ def linear(
     macs: int = 1_000_000,
     modality: str = "denoiser",
     type_: str = "Linear",
-    sqnr: dict[str, float | None] | None = None,
+    sqnr: Mapping[str, float | None] | None = None,
     alpha: float | None = 0.5,
     e2e_scheme: str = "w8a8",
     fp16: Fp16Stats | None = None,

@@ -16,6 +16,7 @@ import torch
 from opsnn_quant.errors import CalibrationError, MissingDependencyError
 from opsnn_quant.policy.amct import run_amct
 from opsnn_quant.policy.schema import PrecisionPolicy, QuantFields, Rule
+from opsnn_quant.types import Precision
 from tests.models import TinyMLP, forward_loop_for
 
 
@@ -52,8 +53,8 @@ POLICY = PrecisionPolicy(
     model="tiny-mlp",
     target="ascend910b-atc",
     rules=[
-        Rule(match="fc1", precision="w8a8", quant=QuantFields(activation_symmetric=False)),
-        Rule(match="fc2", precision="fp16", reason="fallback"),
+        Rule(match="fc1", precision=Precision.W8A8, quant=QuantFields(activation_symmetric=False)),
+        Rule(match="fc2", precision=Precision.FP16, reason="fallback"),
     ],
 )
 

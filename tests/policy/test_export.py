@@ -25,6 +25,7 @@ from opsnn_quant.policy.export import (
 )
 from opsnn_quant.policy.export_atc import torch_scope
 from opsnn_quant.policy.schema import PrecisionPolicy, Rule
+from opsnn_quant.types import Precision
 
 from ._factory import linear, other, report
 
@@ -182,7 +183,7 @@ def test_eager_skip_substring_clash_leaves_the_module_float():
     # "up2", so up2 cannot stay int8 next to a float "up".
     rep = report(linear("up", 1e-5), linear("up2", 1e-5), linear("down", 1e-5))
     p = PrecisionPolicy(model="m", target="cpu-reference",
-                        rules=[Rule(match="up", precision="fp16"), Rule(match="*", precision="w8a8")])  # fmt: skip
+                        rules=[Rule(match="up", precision=Precision.FP16), Rule(match="*", precision=Precision.W8A8)])  # fmt: skip
     result = export_policy(p, "amct-eager", modules_from_report(rep))
     cfg = json.loads(result.text)
     assert cfg["skip_layers"] == ["up", "up2"]

@@ -22,9 +22,12 @@ def _policy(**kw):
         "defaults": {Modality.OTHER: Precision.FP16},
         "rules": [
             Rule(
-                match="fc1", precision="w8a8", quant=QuantFields(smoothquant_alpha=0.5), reason="a"
+                match="fc1",
+                precision=Precision.W8A8,
+                quant=QuantFields(smoothquant_alpha=0.5),
+                reason="a",
             ),
-            Rule(match="fc2", precision="w8a8_dynamic", reason="b"),
+            Rule(match="fc2", precision=Precision.W8A8_DYNAMIC, reason="b"),
         ],
     }
     return PrecisionPolicy(**{**base, **kw})
@@ -87,9 +90,9 @@ def test_invalid_policies(change, expected):
 
 def test_quant_settings_need_int8_and_valid_specs():
     with pytest.raises(ValueError, match="need an int8 precision"):
-        Rule(match="x", precision="fp16", quant=QuantFields())
+        Rule(match="x", precision=Precision.FP16, quant=QuantFields())
     with pytest.raises(ValueError, match="w8a16 cannot use it"):
-        Rule(match="x", precision="w8a16", quant=QuantFields(smoothquant_alpha=0.5))
+        Rule(match="x", precision=Precision.W8A16, quant=QuantFields(smoothquant_alpha=0.5))
 
 
 def test_resolve_first_match_int8_skips_non_quantizable_then_prefix_default():
@@ -103,8 +106,8 @@ def test_resolve_first_match_int8_skips_non_quantizable_then_prefix_default():
         },
         defaults={Modality.TEXT_ENCODER: Precision.FP16, Modality.OTHER: Precision.FP32},
         rules=[
-            Rule(match="unet.a", precision="fp32", reason="pin"),
-            Rule(match="unet.*", precision="w8a8", reason="bulk"),
+            Rule(match="unet.a", precision=Precision.FP32, reason="pin"),
+            Rule(match="unet.*", precision=Precision.W8A8, reason="bulk"),
         ],
     )
     names = ["te.fc", "unet.a", "unet.b", "unet.norm", "unet.out.fc", "misc"]
@@ -132,7 +135,7 @@ def test_derive_prefixes():
 
 
 def test_validate_rule_matching_nothing_names_the_rule():
-    p = _policy(rules=[Rule(match="fc3", precision="fp32")])
+    p = _policy(rules=[Rule(match="fc3", precision=Precision.FP32)])
     with pytest.raises(
         ConfigError, match=r"rule 0 \(fp32 on 'fc3'\) matches no module.*did you mean 'fc[12]'"
     ):
@@ -140,13 +143,13 @@ def test_validate_rule_matching_nothing_names_the_rule():
 
 
 def test_validate_unknown_module_in_policy():
-    p = _policy(rules=[Rule(match="encoder.layers.0.fc1", precision="w8a8")])
+    p = _policy(rules=[Rule(match="encoder.layers.0.fc1", precision=Precision.W8A8)])
     with pytest.raises(ConfigError, match="matches no module of the model"):
         p.validate(TinyMLP())
 
 
 def test_validate_int8_on_layernorm():
-    p = _policy(rules=[Rule(match="norm1", precision="w8a8")])
+    p = _policy(rules=[Rule(match="norm1", precision=Precision.W8A8)])
     with pytest.raises(ConfigError, match=r"cannot be int8: norm1 \(LayerNorm\)"):
         p.validate(TinyAttention())
 
@@ -154,18 +157,20 @@ def test_validate_int8_on_layernorm():
 def test_validate_checks_the_target():
     conv = nn.Sequential(nn.Conv2d(4, 8, 3), nn.Flatten(), nn.Linear(8, 70000))
     p = PrecisionPolicy(
-        model="m", target="ascend910b-eager", rules=[Rule(match="0", precision="w8a8")]
+        model="m", target="ascend910b-eager", rules=[Rule(match="0", precision=Precision.W8A8)]
     )
     with pytest.raises(
         ConfigError, match=r"cannot run 1 module.*0 \(Conv2d, w8a8\).*only for Linear"
     ):
         p.validate(conv)
     p = PrecisionPolicy(
-        model="m", target="ascend910b-eager", rules=[Rule(match="2", precision="w8a8")]
+        model="m", target="ascend910b-eager", rules=[Rule(match="2", precision=Precision.W8A8)]
     )
     with pytest.raises(ConfigError, match="n <= 65535, got 70000"):
         p.validate(conv)
-    p = PrecisionPolicy(model="m", target="ascend310p", rules=[Rule(match="1", precision="bf16")])
+    p = PrecisionPolicy(
+        model="m", target="ascend310p", rules=[Rule(match="1", precision=Precision.BF16)]
+    )
     with pytest.raises(ConfigError, match="has no bfloat16"):
         p.validate(conv)
 
@@ -177,8 +182,8 @@ def test_module_specs_drive_quantize():
         ref = model(x)
     policy = _policy()
     specs = policy.module_specs(model)
-    assert specs["fc1"] == QuantSpec("w8a8", smoothquant_alpha=0.5)
-    assert specs["fc2"] == QuantSpec("w8a8_dynamic")
+    assert specs["fc1"] == QuantSpec(Precision.W8A8, smoothquant_alpha=0.5)
+    assert specs["fc2"] == QuantSpec(Precision.W8A8_DYNAMIC)
     assert specs["act"] == Precision.FP16
     quantize(model, policy, forward_loop_for(model))
     assert isinstance(model.fc1, QuantLinear) and isinstance(model.fc2, QuantLinear)
@@ -193,11 +198,13 @@ def test_resolve_earlier_glob_beats_later_exact_name():
         model="m",
         target="cpu-reference",
         rules=[
-            Rule(match="n", precision="w8a8"),  # exact, but int8 does not apply to a LayerNorm
-            Rule(match="u.*", precision="fp16"),
-            Rule(match="u.a", precision="fp32"),
-            Rule(match="*", precision="bf16"),
-            Rule(match="n", precision="fp32"),
+            Rule(
+                match="n", precision=Precision.W8A8
+            ),  # exact, but int8 does not apply to a LayerNorm
+            Rule(match="u.*", precision=Precision.FP16),
+            Rule(match="u.a", precision=Precision.FP32),
+            Rule(match="*", precision=Precision.BF16),
+            Rule(match="n", precision=Precision.FP32),
         ],
     )
     types = {"u.a": "Linear", "n": "LayerNorm", "x": "Linear"}

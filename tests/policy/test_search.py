@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from opsnn_quant.policy.budget import Budget, FinalCheckResult, FinalCheckSettings
+from opsnn_quant.policy.budget import Budget, FinalCheckResult, FinalCheckSettings, ModalityLimit
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy
 from opsnn_quant.policy.summary import summarize
@@ -16,7 +16,7 @@ from tests.models import TinyAttention, forward_loop_for
 
 from ._factory import linear, other, overflow_stats, report
 
-DB30 = Budget(limits={"denoiser": {"min_sqnr_db": 30.0}})
+DB30 = Budget(limits={Modality("denoiser"): ModalityLimit(min_sqnr_db=30.0)})
 
 
 def _by_match(policy):
@@ -47,7 +47,9 @@ def test_cosine_limit_is_the_same_noise_budget():
     # cos >= 1/sqrt(1 + 1e-3) is a noise budget of 1e-3, as 30 dB.
     rep = report(linear("a", 0.5e-3), linear("b", 2e-3), linear("c", 1e-4))
     cos = 1 / math.sqrt(1 + 1e-3) + 1e-12
-    p = build_policy(rep, Budget(limits={"denoiser": {"min_cosine": cos}}), "ascend910b-atc")
+    p = build_policy(
+        rep, Budget(limits={Modality("denoiser"): ModalityLimit(min_cosine=cos)}), "ascend910b-atc"
+    )
     assert _int8_names(p, rep) == ["a", "c"]
 
 
@@ -67,7 +69,10 @@ def test_readmits_what_still_fits():
         linear("c", 0.3e-3, macs=100),
     )
     p = build_policy(
-        rep, Budget(limits={"denoiser": {"min_sqnr_db": 30.0}}, min_int8_mac_share=0.0)
+        rep,
+        Budget(
+            limits={Modality("denoiser"): ModalityLimit(min_sqnr_db=30.0)}, min_int8_mac_share=0.0
+        ),
     )
     assert _int8_names(p, rep) == ["b", "c"]
     assert p.figures[Modality.DENOISER].noise == pytest.approx(0.8e-3)
@@ -204,7 +209,9 @@ def test_policy_from_search_validates_and_quantizes_a_real_model():
     rep = report(*mods)
     # Dynamic (31 dB) wins: each Linear adds 1e-4 * 10**-0.1 = 7.94e-5. 35 dB allows 3.16e-4:
     # three fit (2.38e-4), four would not (3.18e-4).
-    budget = Budget(limits={"text_encoder": {"min_sqnr_db": 35.0}}, min_int8_mac_share=0.4)
+    budget = Budget(
+        limits={Modality("text_encoder"): ModalityLimit(min_sqnr_db=35.0)}, min_int8_mac_share=0.4
+    )
     p = build_policy(rep, budget, "ascend910b-eager")
     resolved = p.validate(model)
     assert sum(r.precision == Precision.W8A8_DYNAMIC for r in resolved.values()) == 3
