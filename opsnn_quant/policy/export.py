@@ -196,17 +196,17 @@ def export_amct_cfg(
     return ExportResult("amct-cfg", "\n".join(lines) + "\n", tuple(notes), comments=True)
 
 
-def _eager_key(spec: QuantSpec) -> tuple[str, bool, str, float | None] | None:
+def _eager_key(spec: QuantSpec) -> tuple[str, bool, float | None] | None:
     alpha = spec.smoothquant_alpha
     # fields.py accepts smooth_strength only as a float strictly inside (0, 1).
     if alpha is not None and (alpha == "auto" or not 0.0 < float(alpha) < 1.0):
         return None
     a = None if alpha is None else float(alpha)
     if spec.precision == Precision.W8A8:
-        return ("tensor", spec.activation_symmetric, spec.observer, a)
+        return ("tensor", spec.activation_symmetric, a)
     if spec.precision == Precision.W8A8_DYNAMIC:
-        return ("token", True, "-", a)  # DynamicQuant is symmetric per token
-    return ("none", True, "-", None)  # w8a16: weights only
+        return ("token", True, a)  # DynamicQuant is symmetric per token
+    return ("none", True, None)  # w8a16: weights only
 
 
 def export_amct_eager(
@@ -222,10 +222,12 @@ def export_amct_eager(
     resolved = _resolve(policy, modules)
     notes: list[str] = []
     groups: dict[tuple[Any, ...], list[str]] = {}
+    specs: dict[str, QuantSpec] = {}
     for name, res in resolved.items():
         spec = policy.spec_of(res)
         if not isinstance(spec, QuantSpec):
             continue
+        specs[name] = spec
         if modules[name] != "Linear":
             notes.append(f"{name} ({modules[name]}): exported for Linear only; left float")
             continue
@@ -257,11 +259,17 @@ def export_amct_eager(
     cfg: dict[str, Any] = {"batch_num": batch_num, "quant_cfg": {}}
     cfg["quant_cfg"]["weights"] = {"type": "int8", "symmetric": True, "strategy": "channel"}
     if key is not None and key[0] != "none":
-        strategy, symmetric, observer, _ = key
+        strategy, symmetric, _ = key
         cfg["quant_cfg"]["inputs"] = {"type": "int8", "symmetric": symmetric, "strategy": strategy}
-        if observer not in ("minmax", "-"):
-            notes.append(f"observer {observer!r} has no AMCT eager counterpart; AMCT uses minmax")
-    alpha = None if key is None else key[3]
+        if strategy == "tensor":
+            # AMCT's eager static ranges come from its algorithm (minmax/smoothquant), not from
+            # the policy's observer: the module stays int8, with another range estimate.
+            odd = [n for n in chosen if n in chosen_set and specs[n].observer != "minmax"]
+            if odd:
+                notes.append(
+                    f"observer other than minmax on {', '.join(odd[:5])}: AMCT calibrates them with its algorithm"
+                )
+    alpha = None if key is None else key[2]
     cfg["algorithm"] = {"smoothquant": {"smooth_strength": alpha}} if alpha else {"minmax": {}}
     cfg["skip_layers"] = skip
     return ExportResult("amct-eager", json.dumps(cfg, indent=4) + "\n", tuple(notes))

@@ -24,7 +24,7 @@ from opsnn_quant.policy.export import (
     write_export,
 )
 from opsnn_quant.policy.export_atc import torch_scope
-from opsnn_quant.policy.schema import PrecisionPolicy, Rule
+from opsnn_quant.policy.schema import PrecisionPolicy, QuantFields, Rule
 from opsnn_quant.types import Precision
 
 from ._factory import linear, other, report
@@ -232,3 +232,20 @@ def test_cli_export(tmp_path, policy):
         app, ["policy", "export", str(tmp_path / "policy.yaml"), "-f", "x", "-o", str(out)]
     )
     assert isinstance(res.exception, ConfigError)
+
+
+def test_eager_groups_ignore_the_observer_but_say_so():
+    rep = report(linear("a", 1e-5), linear("b", 1e-5))
+    p = PrecisionPolicy(
+        model="m",
+        target="cpu-reference",
+        rules=[
+            Rule(match="a", precision=Precision.W8A8, quant=QuantFields(observer="mse")),
+            Rule(match="b", precision=Precision.W8A8),
+        ],
+    )
+    result = export_policy(p, "amct-eager", modules_from_report(rep))
+    assert json.loads(result.text)["skip_layers"] == []
+    assert result.notes == (
+        "observer other than minmax on a: AMCT calibrates them with its algorithm",
+    )
