@@ -154,9 +154,9 @@ def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
 
 
 def _export_with_markers(
-    model: nn.Module, example_inputs: tuple[Any, ...], qmods: dict[str, _QuantMatmul]
+    model: nn.Module, example_inputs: tuple[Any, ...], qmods: dict[str, _QuantMatmul], opset: int
 ) -> Any:
-    """Opset-18 ModelProto of ``model`` with markers in place of the quantized modules."""
+    """ModelProto of ``model`` with markers in place of the quantized modules."""
     table = _translation_table()
     was_training = model.training
     try:
@@ -165,7 +165,7 @@ def _export_with_markers(
         model.eval()
         with torch.no_grad():
             program = torch.onnx.export(
-                model, example_inputs, dynamo=True, opset_version=18,
+                model, example_inputs, dynamo=True, opset_version=opset,
                 custom_translation_table=table, verbose=False,
             )  # fmt: skip
     finally:
@@ -221,11 +221,14 @@ def export_onnx(
             f"export_onnx: opset must be >= 13 (per-axis DequantizeLinear), got {opset}"
         )
     qmods = {n: m for n, m in model.named_modules() if is_quant_module(m)}
+    if "" in qmods:
+        raise ConfigError("export_onnx: wrap a bare QuantLinear/QuantConv2d in an nn.Sequential")
     for name, mod in qmods.items():
         if not mod.frozen:
             raise ConfigError(f"module '{name}' is not frozen; run quantize() before export_onnx")
     (onnx,) = _require("onnx")
-    proto = _export_with_markers(model, example_inputs, qmods)
+    # The exporter starts at opset 18; lower ones are converted after reading the node metadata.
+    proto = _export_with_markers(model, example_inputs, qmods, max(opset, 18))
     nodes = _float_module_nodes(proto.graph)
     if opset < 18:
         try:
@@ -439,9 +442,10 @@ def _uint8_weights(onnx: Any, proto: Any) -> int:
 def to_uint8_weights(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Path:
     """Copy an int8 QDQ export with its DequantizeLinear weights as uint8 (+128, zero point 128).
 
-    Dequantized values are identical; see ``export_onnx(weight_dtype=)`` for why ORT needs it
-    on x86 CPUs without VNNI. Activation Q/DQ pairs are left alone; node names are unchanged, so
-    ``<src stem>.nodes.json`` is carried over. Written atomically; returns ``dest``.
+    Dequantized values are identical, and ORT on x86 CPUs without VNNI then runs its exact U8U8
+    kernels instead of saturating U8S8 ones (see :func:`export_onnx`). Activation Q/DQ pairs are
+    left alone; node names are unchanged, so ``<src stem>.nodes.json`` is carried over. Written
+    atomically; returns ``dest``.
     """
     (onnx,) = _require("onnx")
     src, out = Path(src), Path(dest)

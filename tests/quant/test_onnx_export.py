@@ -71,7 +71,8 @@ class Branches(nn.Module):
         self.b["conv_asym"] = nn.Conv2d(4, 8, 3, stride=2, padding=1, bias=False)
 
     def forward(self, x: torch.Tensor, img: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(m(img if k.startswith("conv") else x) for k, m in self.b.items())
+        outs = tuple(m(img if k.startswith("conv") else x) for k, m in self.b.items())
+        return (*outs, self.b["sym"](0.5 * x))  # a second call of one module: "b.sym#1/..."
 
     @staticmethod
     def example_inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,31 +139,31 @@ def _ort_quantized_inputs(path: str, modules: list[str], inputs: tuple) -> list[
     return list(sess.run(names, feeds))
 
 
-def _check_all(
-    model: Branches, path: str, got: list[np.ndarray], inputs: tuple
-) -> dict[str, float]:  # type: ignore[type-arg]
-    """Every branch against the reference with the tolerances of the module docstring."""
-    static = [k for k, s in SPECS.items() if s.static_activations]
-    q_ort = _ort_quantized_inputs(path, [f"b.{k}" for k in static], inputs)
+def _check_all(model: Branches, path: str, got: list[np.ndarray], inputs: tuple) -> dict:  # type: ignore[type-arg]
+    """Every output against the reference with the tolerances of the module docstring."""
+    x, img = inputs
+    # (module key, node prefix, module input) per model output, in order
+    calls = [(k, f"b.{k}", img if k.startswith("conv") else x) for k in SPECS]
+    calls.append(("sym", "b.sym#1", 0.5 * x))
+    static = [c for c in calls if SPECS[c[0]].static_activations]
+    q_ort = _ort_quantized_inputs(path, [c[1] for c in static], inputs)
     flips: dict[str, int] = {}
-    for key, q in zip(static, q_ort, strict=True):
+    for (key, prefix, xin), q in zip(static, q_ort, strict=True):
         conv = key.startswith("conv")
-        x = inputs[1] if conv else inputs[0]
         # A row is what one output sees: a token, or (over-counting) a whole image for a conv,
         # where one pixel enters up to 9 patches of a 3x3 kernel.
-        flips[key] = (9 if conv else 1) * _flips(
-            model.b[key], x, q.reshape(x.shape), 3 if conv else 1
-        )
+        f = _flips(model.b[key], xin, q.reshape(xin.shape), 3 if conv else 1)
+        flips[prefix] = (9 if conv else 1) * f
     diffs = {}
-    for (key, spec), y, ref in zip(SPECS.items(), got, model(*inputs), strict=True):
-        r = np.abs(ref.numpy())
+    for (key, prefix, _), y, ref in zip(calls, got, model(*inputs), strict=True):
+        r, spec = np.abs(ref.numpy()), SPECS[key]
         if spec.static_activations:
-            tol = _static_tol(model.b[key], ref, flips[key])
+            tol = _static_tol(model.b[key], ref, flips[prefix])
         elif spec.precision.value == "w8a8_dynamic":
             tol = 2.0**-11 * r + 1e-6 * r.max()
         else:
             tol = np.full_like(r, 1e-5 * r.max())
-        diffs[key] = _check(key, y, ref, tol)
+        diffs[prefix] = _check(prefix, y, ref, tol)
     return diffs
 
 
@@ -182,7 +183,7 @@ def test_uint8_weights_run_fused_int8_kernels(branches: tuple, tmp_path) -> None
     opt = tmp_path / "u8.opt.onnx"
     got = run_onnxruntime(onnxruntime_session(u8, optimized_model_path=opt), inputs)
     ops = [n.op_type for n in onnx.load(str(opt)).graph.node]
-    assert ops.count("QGemm") == 4  # every static Linear runs ORT's int8 kernel
+    assert ops.count("QGemm") == 5  # every static Linear call runs ORT's int8 kernel
     print("max |ORT fused - reference|:", _check_all(model, str(u8), got, inputs))
 
 
@@ -196,7 +197,7 @@ def test_graph_is_qdq_with_int8_initializers(branches: tuple) -> None:  # type: 
         m = f"b.{key}"
         w = inits[f"{m}.weight"]
         assert w.data_type == tp.INT8
-        assert all(n.startswith(m + "/") for n in info.nodes[m])
+        assert all(n.startswith((m + "/", m + "#")) for n in info.nodes[m])
         if key.startswith("dyn"):
             assert (
                 list(w.dims) == [64, 48] and ops[f"{m}/matmul_integer"].op_type == "MatMulInteger"
@@ -215,6 +216,9 @@ def test_graph_is_qdq_with_int8_initializers(branches: tuple) -> None:  # type: 
             assert inits[f"{m}.input_zero_point"].data_type == tp.INT8
             assert inits[f"{m}.bias_int32"].data_type == tp.INT32
             assert (f"{m}/smooth_mul" in ops) == key.startswith("sq")
+    # The second call of b.sym has its own nodes and shares the module's initializers.
+    assert ops["b.sym#1/weight_dequantize"].input[0] == "b.sym.weight"
+    assert "b.sym#1/gemm" in info.nodes["b.sym"]
     # No float copy of a quantized weight anywhere.
     assert not any(i.data_type == tp.FLOAT and len(i.dims) >= 2 for i in graph.initializer)
 
@@ -225,7 +229,8 @@ def test_attention_mapping_json_and_fp32_baseline(tmp_path) -> None:  # type: ig
         model, {"to_*": "w8a8", "ff1": "w8a8_dynamic", "ff2": "w8a16"}, forward_loop_for(model)
     )
     x = model.example_inputs(seed=7)
-    info = export_onnx(model, x, tmp_path / "att.onnx")
+    info = export_onnx(model, x, tmp_path / "att.onnx", opset=18)  # ReduceMax takes axes input
+    assert info.opset == 18 == onnx.load(str(info.path)).opset_import[0].version
     quantized = {"to_q", "to_k", "to_v", "to_out", "ff1", "ff2"}
     assert quantized <= set(info.nodes) and set(info.schemes) == quantized
     names = {n.name for n in onnx.load(str(info.path)).graph.node}
