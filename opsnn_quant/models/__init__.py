@@ -1,0 +1,55 @@
+"""Model adapters: load a family, name its modalities, run it (see :class:`ModelAdapter`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opsnn_quant.errors import ModelLoadError
+from opsnn_quant.models.base import ModelAdapter, modality_of
+
+FAMILIES = ("diffusers-sd", "whisper")
+
+
+def load_adapter(family: str, source: str, **settings: Any) -> ModelAdapter:
+    """Load ``source`` (``zoo:<name>`` or a directory) with the adapter of ``family``.
+
+    Args:
+        family: ``diffusers-sd`` or ``whisper`` (``generic`` is Python-only: build a
+            :class:`~opsnn_quant.models.generic.GenericAdapter`).
+        source: model location.
+        **settings: the family's settings fields (steps, guidance_scale, batch_size, ...).
+    """
+    if family == "diffusers-sd":
+        from opsnn_quant.models.diffusers_sd import DiffusersSDAdapter, SDSettings
+
+        return DiffusersSDAdapter.load(source, SDSettings(**settings))
+    if family == "whisper":
+        from opsnn_quant.models.whisper import WhisperAdapter, WhisperSettings
+
+        return WhisperAdapter.load(source, WhisperSettings(**settings))
+    raise ModelLoadError(f"unknown model family {family!r}; known: {', '.join(FAMILIES)}")
+
+
+def guess_family(source: str) -> str:
+    """Family from a zoo name or a model directory's files."""
+    import json
+    from pathlib import Path
+
+    if source.startswith("zoo:"):
+        return "whisper" if "whisper" in source else "diffusers-sd"
+    path = Path(source)
+    if (path / "model_index.json").is_file():
+        return "diffusers-sd"
+    cfg = path / "config.json"
+    if cfg.is_file():
+        try:
+            if json.loads(cfg.read_text()).get("model_type") == "whisper":
+                return "whisper"
+        except json.JSONDecodeError as exc:
+            raise ModelLoadError(f"{cfg} is not valid JSON") from exc
+    if not path.exists():
+        raise ModelLoadError(f"model {source} does not exist")
+    raise ModelLoadError(f"cannot tell the model family of {source}; pass --family")
+
+
+__all__ = ["FAMILIES", "ModelAdapter", "guess_family", "load_adapter", "modality_of"]

@@ -145,6 +145,9 @@ class _QuantMatmul(nn.Module):
         self.input_quantizer = InputQuantizer(spec, k, name)
         self.weight_quantizer = WeightQuantizer(n)
         self._w_cache: torch.Tensor | None = None
+        # The reference backend keeps an fp32 copy of the int8 weight for speed; probes that hold
+        # many candidate modules turn it off to bound memory.
+        self.cache_weight_float = True
 
     def _weight2d(self) -> torch.Tensor:
         return self.weight.reshape(self.out_n, -1)
@@ -269,6 +272,8 @@ class _QuantMatmul(nn.Module):
     def _weight_float_t(self) -> torch.Tensor:
         """fp32 copy of the int8 weight, transposed (reference-backend speed-up, not saved)."""
         w = self.weight.reshape(self.out_n, self.in_k)
+        if not self.cache_weight_float:
+            return w.t().to(torch.float32)
         if self._w_cache is None or self._w_cache.device != w.device:
             self._w_cache = w.t().to(torch.float32)
         return self._w_cache

@@ -1,0 +1,77 @@
+"""``ModelAdapter``: load a model family, name its modalities, run it on calibration data.
+
+An adapter owns one loaded model. ``adapter.model`` is the ``nn.Module`` whose dotted module names
+policies, probes and exports use (for a diffusers pipeline, a wrapper whose children are the
+pipeline's own components: ``unet.down_blocks.0...``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from torch import nn
+
+from opsnn_quant.errors import ConfigError
+from opsnn_quant.types import ForwardLoop, Modality
+
+
+def modality_of(name: str, prefixes: dict[str, Modality]) -> Modality:
+    """Modality of a module name by the longest matching prefix (``other`` when none matches)."""
+    best, best_len = Modality.OTHER, -1
+    for prefix, modality in prefixes.items():
+        if (prefix == "" or name == prefix or name.startswith(prefix + ".")) and len(
+            prefix
+        ) > best_len:
+            best, best_len = modality, len(prefix)
+    return best
+
+
+class ModelAdapter(ABC):
+    """A loaded model plus what the toolkit needs to know about it.
+
+    Attributes:
+        family: registry name (``diffusers-sd``, ``whisper``, ``generic``).
+        model: the module tree policies refer to.
+        model_id: where it came from (a path or ``zoo:<name>``), recorded in artifacts.
+    """
+
+    family: ClassVar[str] = ""
+    model: nn.Module
+    model_id: str
+
+    @abstractmethod
+    def modalities(self) -> dict[str, Modality]:
+        """Module-name prefix -> modality (longest prefix wins; ``""`` is the whole model)."""
+
+    @abstractmethod
+    def roots(self) -> dict[Modality, str]:
+        """Per modality, the module whose output is that modality's final output.
+
+        End-to-end attribution measures each module's effect on its root's output (e.g. the
+        UNet's noise prediction, the VAE decoder's image, Whisper's logits).
+        """
+
+    @abstractmethod
+    def forward_loop(self, data: Sequence[Any], limit: int | None = None) -> ForwardLoop:
+        """A ForwardLoop running the model the way it is deployed over ``data``."""
+
+    @abstractmethod
+    def generate(self, inputs: Sequence[Any], seed: int = 0) -> list[Any]:
+        """Outputs for evaluation: uint8 HxWx3 images (t2i) or strings (asr)."""
+
+    def modality_of(self, name: str) -> Modality:
+        """Modality of one module name."""
+        return modality_of(name, self.modalities())
+
+    def check_prefixes(self) -> None:
+        """Every modality prefix must name a module of the model."""
+        names = {n for n, _ in self.model.named_modules()}
+        for prefix in self.modalities():
+            if prefix and prefix not in names:
+                raise ConfigError(f"modality prefix {prefix!r} names no module of {self.model_id}")
+
+    def describe_output(self, modality: Modality) -> str:
+        """Words for the root output of a modality (for reports)."""
+        return self.roots().get(modality, "")

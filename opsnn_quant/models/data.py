@@ -1,0 +1,157 @@
+"""Calibration/evaluation data sources: zoo datasets, ``datasets`` directories, plain folders.
+
+A source string is one of:
+
+* ``zoo:<name>/<split>`` (e.g. ``zoo:shapes/calibration``), the offline demo datasets;
+* a directory written by ``datasets.Dataset.save_to_disk``;
+* a ``.txt`` file of prompts, one per line;
+* a folder of ``.wav`` files (16-bit PCM mono), with an optional ``transcripts.txt``
+  (``<file name><TAB><text>`` per line).
+
+Records come back as dicts (``caption``/``prompt``/``text``, ``audio`` + ``sampling_rate``).
+"""
+
+from __future__ import annotations
+
+import math
+import wave
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from opsnn_quant.errors import CalibrationError, ConfigError
+
+PROMPT_KEYS = ("prompt", "caption", "text")
+
+
+def load_records(source: str, limit: int | None = None) -> list[dict[str, Any]]:
+    """Load a data source as a list of records (see module docstring).
+
+    Raises:
+        ConfigError: the source does not exist or is not a known kind.
+        CalibrationError: the source is empty.
+    """
+    if source.startswith("zoo:"):
+        from opsnn_quant import zoo
+
+        name, _, split = source[4:].partition("/")
+        if not split:
+            raise ConfigError(f"zoo data source {source!r} needs a split: zoo:<name>/<split>")
+        ds = zoo.dataset(name, split, limit=limit)
+        records = [dict(r) for r in ds]
+    else:
+        path = Path(source)
+        if not path.exists():
+            raise ConfigError(f"data source {source} does not exist")
+        if path.is_file() and path.suffix == ".txt":
+            lines = [ln.strip() for ln in path.read_text().splitlines()]
+            records = [{"prompt": ln} for ln in lines if ln]
+        elif (path.is_dir() and (path / "dataset_info.json").exists()) or (
+            path / "state.json"
+        ).exists():
+            import datasets
+
+            records = [dict(r) for r in datasets.load_from_disk(str(path))]
+        elif path.is_dir() and any(path.glob("*.wav")):
+            records = _wav_folder(path)
+        else:
+            raise ConfigError(
+                f"data source {source} is not a zoo name, a datasets directory, a .txt of prompts "
+                "or a folder of .wav files"
+            )
+    if limit is not None:
+        records = records[:limit]
+    if not records:
+        raise CalibrationError(f"data source {source} is empty")
+    return records
+
+
+def _wav_folder(path: Path) -> list[dict[str, Any]]:
+    texts: dict[str, str] = {}
+    tfile = path / "transcripts.txt"
+    if tfile.exists():
+        for line in tfile.read_text().splitlines():
+            if "\t" in line:
+                k, v = line.split("\t", 1)
+                texts[k] = v
+    records = []
+    for wav in sorted(path.glob("*.wav")):
+        with wave.open(str(wav), "rb") as w:
+            if w.getsampwidth() != 2 or w.getnchannels() != 1:
+                raise ConfigError(f"{wav}: only 16-bit PCM mono .wav files are supported")
+            rate = w.getframerate()
+            pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+        records.append(
+            {
+                "audio": (pcm.astype(np.float32) / 32768.0),
+                "sampling_rate": rate,
+                "text": texts.get(wav.name, ""),
+                "id": wav.name,
+            }
+        )
+    return records
+
+
+def prompts_from(data: Sequence[Any]) -> list[str]:
+    """Prompts from records or strings; empty prompts are an error naming the sample."""
+    prompts = []
+    for i, item in enumerate(data):
+        if isinstance(item, str):
+            text = item
+        elif isinstance(item, dict):
+            key = next((k for k in PROMPT_KEYS if k in item), None)
+            if key is None:
+                raise CalibrationError(f"sample {i} has no prompt field (one of {PROMPT_KEYS})")
+            text = item[key]
+        else:
+            raise CalibrationError(f"sample {i} is a {type(item).__name__}, not a prompt")
+        if not isinstance(text, str) or not text.strip():
+            raise CalibrationError(f"sample {i} has an empty prompt")
+        prompts.append(text)
+    if not prompts:
+        raise CalibrationError("the calibration data holds no prompts")
+    return prompts
+
+
+def audio_from(data: Sequence[Any], sampling_rate: int = 16000) -> list[np.ndarray]:
+    """Float32 mono waveforms at ``sampling_rate``; NaN/Inf or a wrong rate names the sample."""
+    out = []
+    for i, item in enumerate(data):
+        if isinstance(item, np.ndarray):
+            audio, rate = item, sampling_rate
+        elif isinstance(item, dict) and "audio" in item:
+            audio = item["audio"]
+            if isinstance(audio, dict):  # datasets' Audio feature layout
+                rate = int(audio.get("sampling_rate", sampling_rate))
+                audio = audio["array"]
+            else:
+                rate = int(item.get("sampling_rate", sampling_rate))
+        else:
+            raise CalibrationError(f"sample {i} has no audio")
+        arr = np.asarray(audio, dtype=np.float32).reshape(-1)
+        if arr.size == 0:
+            raise CalibrationError(f"sample {i} has empty audio")
+        if not np.isfinite(arr).all():
+            bad = int(np.argmax(~np.isfinite(arr)))
+            raise CalibrationError(f"sample {i} audio contains NaN/Inf (first at index {bad})")
+        if rate != sampling_rate:
+            raise CalibrationError(
+                f"sample {i} is sampled at {rate} Hz; the model needs {sampling_rate} Hz"
+            )
+        out.append(arr)
+    if not out:
+        raise CalibrationError("the calibration data holds no audio")
+    return out
+
+
+def batched(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
+    """Consecutive batches of ``size`` (the last may be shorter)."""
+    size = max(1, size)
+    return [items[i : i + size] for i in range(0, len(items), size)] if items else []
+
+
+def is_finite_number(x: float) -> bool:
+    """True for a finite float."""
+    return isinstance(x, int | float) and math.isfinite(x)

@@ -1,0 +1,183 @@
+"""``diffusers-sd`` adapter: Stable-Diffusion-like diffusers pipelines (SD 1.x/2.x, SDXL, the zoo).
+
+Names modules by the pipeline's own component names (``text_encoder.*``, ``unet.*``, ``vae.*``):
+text encoders -> ``text_encoder``, UNet -> ``denoiser``, VAE decoder -> ``image_decoder``, VAE
+encoder -> ``other`` (text-to-image never runs it). The forward loop runs the real sampling loop
+(steps, guidance) over calibration prompts, so every timestep's activations are seen.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from opsnn_quant.errors import MissingDependencyError, ModelLoadError
+from opsnn_quant.models.base import ModelAdapter
+from opsnn_quant.models.data import batched, prompts_from
+from opsnn_quant.types import ForwardLoop, Modality
+
+log = logging.getLogger(__name__)
+
+COMPONENTS = ("text_encoder", "text_encoder_2", "unet", "vae")
+
+
+@dataclass(frozen=True)
+class SDSettings:
+    """Sampling settings used for calibration and generation."""
+
+    steps: int = 20
+    guidance_scale: float = 5.0
+    batch_size: int = 8
+    height: int | None = None
+    width: int | None = None
+
+
+class PipelineModule(nn.Module):
+    """The pipeline's modules as children, so ``named_modules`` gives ``unet.down_blocks...``.
+
+    The pipeline itself (not an ``nn.Module``) stays reachable as ``.pipe``; both share the same
+    component objects, so quantizing this module quantizes the pipeline.
+    """
+
+    def __init__(self, pipe: Any) -> None:
+        super().__init__()
+        for name in COMPONENTS:
+            component = getattr(pipe, name, None)
+            if isinstance(component, nn.Module):
+                self.add_module(name, component)
+        object.__setattr__(self, "pipe", pipe)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the whole pipeline (``pipe(*args, **kwargs)``)."""
+        return self.pipe(*args, **kwargs)
+
+
+def load_pipeline(source: str, torch_dtype: torch.dtype = torch.float32) -> Any:
+    """A diffusers pipeline from ``zoo:<name>`` or a local diffusers directory (offline)."""
+    try:
+        import diffusers
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "diffusers is not installed: pip install 'opsnn-quant[models]'"
+        ) from exc
+    if source.startswith("zoo:"):
+        from opsnn_quant import zoo
+
+        return zoo.load(source[4:])
+    path = Path(source)
+    if not (path / "model_index.json").is_file():
+        raise ModelLoadError(
+            f"{source} is not a diffusers pipeline directory (no model_index.json)"
+        )
+    from opsnn_quant.zoo import set_offline_env
+
+    set_offline_env()
+    try:
+        pipe = diffusers.DiffusionPipeline.from_pretrained(
+            str(path), torch_dtype=torch_dtype, local_files_only=True, safety_checker=None
+        )
+    except (OSError, ValueError, TypeError) as exc:
+        raise ModelLoadError(
+            f"cannot load the pipeline in {source}: {str(exc).splitlines()[0]}"
+        ) from exc
+    return pipe
+
+
+class DiffusersSDAdapter(ModelAdapter):
+    """Adapter for a loaded Stable-Diffusion-like pipeline."""
+
+    family = "diffusers-sd"
+
+    def __init__(self, pipe: Any, model_id: str, settings: SDSettings | None = None) -> None:
+        self.pipe = pipe
+        self.model = PipelineModule(pipe)
+        self.model_id = model_id
+        self.settings = settings or SDSettings()
+        if hasattr(pipe, "set_progress_bar_config"):
+            pipe.set_progress_bar_config(disable=True)
+        if "unet" not in dict(self.model.named_children()):
+            raise ModelLoadError(f"{model_id} has no unet: not a Stable-Diffusion-like pipeline")
+
+    @classmethod
+    def load(cls, source: str, settings: SDSettings | None = None) -> DiffusersSDAdapter:
+        """Load from ``zoo:<name>`` or a diffusers directory."""
+        return cls(load_pipeline(source), source, settings)
+
+    def modalities(self) -> dict[str, Modality]:
+        """text encoders, UNet, VAE decoder (+ post_quant_conv), VAE encoder as other."""
+        children = dict(self.model.named_children())
+        out: dict[str, Modality] = {}
+        for name in ("text_encoder", "text_encoder_2"):
+            if name in children:
+                out[name] = Modality.TEXT_ENCODER
+        out["unet"] = Modality.DENOISER
+        if "vae" in children:
+            out["vae"] = Modality.OTHER
+            vae_children = dict(children["vae"].named_children())
+            for sub in ("decoder", "post_quant_conv"):
+                if sub in vae_children:
+                    out[f"vae.{sub}"] = Modality.IMAGE_DECODER
+        return out
+
+    def roots(self) -> dict[Modality, str]:
+        """UNet noise prediction, VAE decoder image, text encoder hidden states."""
+        children = dict(self.model.named_children())
+        out = {Modality.DENOISER: "unet"}
+        if "vae" in children:
+            out[Modality.IMAGE_DECODER] = "vae.decoder"
+        if "text_encoder" in children:
+            out[Modality.TEXT_ENCODER] = "text_encoder"
+        return out
+
+    def describe_output(self, modality: Modality) -> str:
+        """Words for the root outputs."""
+        return {
+            Modality.DENOISER: "UNet noise prediction",
+            Modality.IMAGE_DECODER: "VAE decoder image",
+            Modality.TEXT_ENCODER: "text encoder hidden states",
+        }.get(modality, "")
+
+    def _call(self, prompts: Sequence[str], seed: int) -> np.ndarray:
+        s = self.settings
+        generators = [torch.Generator().manual_seed(seed + i) for i in range(len(prompts))]
+        kwargs: dict[str, Any] = {
+            "prompt": list(prompts),
+            "num_inference_steps": s.steps,
+            "guidance_scale": s.guidance_scale,
+            "generator": generators,
+            "output_type": "np",
+        }
+        if s.height:
+            kwargs["height"] = s.height
+        if s.width:
+            kwargs["width"] = s.width
+        with torch.no_grad():
+            out = self.pipe(**kwargs)
+        return np.asarray(out.images)
+
+    def forward_loop(self, data: Sequence[Any], limit: int | None = None) -> ForwardLoop:
+        """Sample images for the calibration prompts (batches of ``settings.batch_size``)."""
+        prompts = prompts_from(data)[:limit] if limit else prompts_from(data)
+
+        def loop(model: nn.Module) -> None:
+            for i, batch in enumerate(batched(prompts, self.settings.batch_size)):
+                self._call(batch, seed=10_000 + i * len(batch))
+
+        return loop
+
+    def generate(self, inputs: Sequence[Any], seed: int = 0) -> list[np.ndarray]:
+        """uint8 HxWx3 images, one per prompt; prompt i uses seed ``seed + i``."""
+        prompts = prompts_from(inputs)
+        images: list[np.ndarray] = []
+        for start in range(0, len(prompts), self.settings.batch_size):
+            batch = prompts[start : start + self.settings.batch_size]
+            arr = self._call(batch, seed + start)
+            images.extend((np.clip(arr, 0, 1) * 255).round().astype(np.uint8))
+        return images

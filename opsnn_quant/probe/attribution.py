@@ -1,0 +1,233 @@
+"""End-to-end attribution: how much each module's int8 noise moves its modality's final output.
+
+Root calls (the UNet, the VAE decoder, an encoder, the whole Whisper model) are recorded during
+the first calibration pass (a seeded reservoir of ``max_calls`` per root) and replayed offline.
+
+**Estimator** (one forward with gradients + one backward per recorded call, whatever the number of
+modules). Module i adds noise ``e_i`` (its candidate's output minus the float output) to its output;
+to first order the root output moves by ``J_i e_i``. For a random direction ``v ~ N(0, I)`` on the
+output, ``E[(v . J_i e_i)^2] = ||J_i e_i||^2``, and ``v . J_i e_i = e_i . (J_i^T v)`` where
+``J_i^T v`` is the gradient of ``v . y`` with respect to module i's output: one backward pass gives
+it for every module at once. Each sample of the batch draws its own ``v``, so one call averages
+over the batch. The estimate is unbiased for the actual (structured) noise, not a white-noise
+model. Contribution = estimated ``sum ||J_i e_i||^2 / sum ||y||^2``.
+
+**Exhaustive reference**: quantize one module at a time and replay (N + 1 passes).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from opsnn_quant.probe.hooks import first_tensor
+
+log = logging.getLogger(__name__)
+
+NoiseFn = Callable[[str, tuple, torch.Tensor], torch.Tensor]  # (name, args, y) -> quantized y
+
+
+@dataclass
+class RootRecorder:
+    """Seeded reservoir of a root module's calls (deep copies of args/kwargs)."""
+
+    name: str
+    max_calls: int
+    seed: int = 0
+    calls: list[tuple[tuple, dict]] = field(default_factory=list)
+    seen: int = 0
+    failed: str | None = None
+
+    def __post_init__(self) -> None:
+        self._gen = torch.Generator().manual_seed(self.seed)
+
+    def offer(self, args: tuple, kwargs: dict) -> None:
+        """Consider one call for the reservoir."""
+        self.seen += 1
+        if self.failed is not None:
+            return
+        if len(self.calls) < self.max_calls:
+            slot = len(self.calls)
+        else:
+            slot = int(torch.randint(0, self.seen, (1,), generator=self._gen))
+            if slot >= self.max_calls:
+                return
+        try:
+            snap = _detached_copy((args, kwargs))
+        except Exception as exc:  # an argument that cannot be copied (e.g. a live stream)
+            self.failed = f"call arguments of '{self.name}' cannot be copied: {exc}"
+            self.calls.clear()
+            return
+        if slot == len(self.calls):
+            self.calls.append(snap)
+        else:
+            self.calls[slot] = snap
+
+
+def _detached_copy(obj: Any) -> Any:
+    def detach(o: Any) -> Any:
+        if isinstance(o, torch.Tensor):
+            return o.detach().clone()
+        if isinstance(o, tuple):
+            return tuple(detach(v) for v in o)
+        if isinstance(o, list):
+            return [detach(v) for v in o]
+        if isinstance(o, dict):
+            return {k: detach(v) for k, v in o.items()}
+        return copy.deepcopy(o)
+
+    return detach(obj)
+
+
+def _replay(root: nn.Module, call: tuple[tuple, dict]) -> torch.Tensor:
+    args, kwargs = _detached_copy(call)  # a fresh copy: replays may mutate caches
+    y = first_tensor(root(*args, **kwargs))
+    if y is None:
+        raise RuntimeError("the root module returned no floating tensor")
+    return y
+
+
+@dataclass
+class Attribution:
+    """Per-module contributions for one root, plus costs."""
+
+    contributions: dict[str, float]
+    output_energy: float
+    seconds_forward: float
+    seconds_estimator: float
+    exhaustive: dict[str, float] | None = None
+    seconds_exhaustive: float | None = None
+
+
+def estimate(
+    root: nn.Module,
+    calls: list[tuple[tuple, dict]],
+    modules: dict[str, nn.Module],
+    quantized_output: NoiseFn,
+    seed: int = 0,
+    exhaustive: bool = False,
+) -> Attribution:
+    """Attribute the root's output noise to ``modules`` (see module docstring).
+
+    Args:
+        root: the root module (float).
+        calls: recorded calls to replay.
+        modules: name -> module inside the root whose int8 noise is attributed.
+        quantized_output: returns the module's int8 output for its call ``args`` and float ``y``.
+        seed: seed of the random output directions.
+        exhaustive: also run the one-module-at-a-time reference.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    params = list(root.parameters())
+    flags = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        t0 = time.perf_counter()
+        refs = []
+        with torch.no_grad():
+            for call in calls:
+                refs.append(_replay(root, call).to(torch.float64))
+        t_fwd = time.perf_counter() - t0
+        energy = sum(float(r.pow(2).sum()) for r in refs)
+
+        t0 = time.perf_counter()
+        acc = dict.fromkeys(modules, 0.0)
+        for call in calls:
+            _estimator_call(root, call, modules, quantized_output, acc, gen)
+        t_est = time.perf_counter() - t0
+        contributions = {n: a / energy if energy > 0 else 0.0 for n, a in acc.items()}
+
+        result = Attribution(contributions, energy, t_fwd, t_est)
+        if exhaustive:
+            t0 = time.perf_counter()
+            result.exhaustive = {}
+            for name, module in modules.items():
+                noise = 0.0
+                with torch.no_grad(), _swap_output(module, name, quantized_output):
+                    for call, ref in zip(calls, refs, strict=True):
+                        noise += float((_replay(root, call).to(torch.float64) - ref).pow(2).sum())
+                result.exhaustive[name] = noise / energy if energy > 0 else 0.0
+            result.seconds_exhaustive = time.perf_counter() - t0
+        return result
+    finally:
+        for p, f in zip(params, flags, strict=True):
+            p.requires_grad_(f)
+
+
+def _estimator_call(
+    root: nn.Module,
+    call: tuple[tuple, dict],
+    modules: dict[str, nn.Module],
+    quantized_output: NoiseFn,
+    acc: dict[str, float],
+    gen: torch.Generator,
+) -> None:
+    zero = torch.zeros((), requires_grad=True)
+    handles = []
+    batch: list[int] = []
+
+    def hook_for(name: str) -> Callable[..., Any]:
+        def hook(module: nn.Module, args: tuple, out: Any) -> Any:
+            y = first_tensor(out)
+            if y is None or not isinstance(out, torch.Tensor):
+                return None
+            with torch.no_grad():
+                noise = (quantized_output(name, args, y.detach()) - y.detach()).to(torch.float64)
+            # Adding a zero that requires grad puts every watched output in the graph, even when
+            # the root's inputs are integers (token ids).
+            y = out + zero
+
+            def grad_hook(g: torch.Tensor) -> None:
+                prod = noise * g.detach().to(torch.float64)
+                if batch and prod.dim() > 0 and prod.shape[0] == batch[0]:
+                    s = prod.reshape(prod.shape[0], -1).sum(dim=1)
+                else:
+                    s = prod.sum().reshape(1)
+                acc[name] += float(s.pow(2).sum())
+
+            y.register_hook(grad_hook)
+            return y
+
+        return hook
+
+    for name, module in modules.items():
+        handles.append(module.register_forward_hook(hook_for(name)))
+    try:
+        with torch.enable_grad():
+            args, kwargs = _detached_copy(call)
+            y = first_tensor(root(*args, **kwargs))
+            if y is None or not y.requires_grad:
+                return
+            batch.append(y.shape[0] if y.dim() > 0 else 1)
+            v = torch.randn(y.shape, generator=gen, dtype=torch.float32).to(y.dtype)
+            y.backward(v)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+class _swap_output:
+    """Context: replace one module's output with its int8 output (forward hook)."""
+
+    def __init__(self, module: nn.Module, name: str, quantized_output: NoiseFn) -> None:
+        self.module, self.name, self.fn = module, name, quantized_output
+        self.handle: Any = None
+
+    def __enter__(self) -> None:
+        def hook(module: nn.Module, args: tuple, out: Any) -> Any:
+            if isinstance(out, torch.Tensor):
+                return self.fn(self.name, args, out)
+            return None
+
+        self.handle = self.module.register_forward_hook(hook)
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.remove()

@@ -1,0 +1,120 @@
+"""Seed-specific checks: attention softmax inputs in fp16, and GELU exact vs tanh approximation.
+
+Softmax: the scores ``q k^T * scale`` are computed from the watched q/k projection outputs of
+each attention call. Scores past 65504 overflow fp16 outright; scores above ln(65504) = 11.09 make
+``exp`` overflow unless the kernel subtracts the row maximum first (Ascend's softmax kernels do,
+so that case is reported as "needs max-subtraction", not as an overflow).
+
+GELU: the relative error of the tanh approximation against the exact erf form on the real inputs
+of each GELU, per modality; below ``1e-3`` the approximation is called safe.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from opsnn_quant.probe.report import FP16_MAX, Finding
+from opsnn_quant.types import Modality
+
+EXP_LIMIT = math.log(FP16_MAX)  # 11.09
+GELU_SAFE = 1e-3
+
+
+def attention_parts(module: nn.Module) -> tuple[str, str, int, float] | None:
+    """(q child name, k child name, heads, scale) for known attention classes, else None."""
+    if (
+        hasattr(module, "to_q") and hasattr(module, "to_k") and hasattr(module, "heads")
+    ):  # diffusers
+        scale = float(getattr(module, "scale", 0.0)) or None
+        heads = int(module.heads)
+        if scale is None:
+            scale = (module.to_q.out_features // heads) ** -0.5
+        return "to_q", "to_k", heads, scale
+    if hasattr(module, "q_proj") and hasattr(module, "k_proj"):  # transformers CLIP/Whisper
+        heads = int(
+            getattr(module, "num_heads", 0)
+            or getattr(getattr(module, "config", None), "num_attention_heads", 1)
+        )
+        head_dim = module.q_proj.out_features // heads
+        scale = float(getattr(module, "scaling", head_dim**-0.5))
+        return "q_proj", "k_proj", heads, scale
+    return None
+
+
+@dataclass
+class SoftmaxWatch:
+    """Largest |score| of one attention module over the calibration calls."""
+
+    heads: int
+    scale: float
+    q: torch.Tensor | None = None
+    k: torch.Tensor | None = None
+    max_score: float = 0.0
+
+    @torch.no_grad()
+    def close_call(self) -> None:
+        """Combine the q/k captured during one attention call."""
+        if self.q is not None and self.k is not None and self.q.shape[0] == self.k.shape[0]:
+            q, k = self.q[:1].float(), self.k[:1].float()  # one sample bounds the cost
+            b, tq, c = q.shape[0], q.shape[-2], q.shape[-1]
+            d = c // self.heads
+            qh = q.reshape(b, tq, self.heads, d).transpose(1, 2)
+            kh = k.reshape(b, k.shape[-2], self.heads, d).transpose(1, 2)
+            scores = qh @ kh.transpose(-1, -2) * self.scale
+            self.max_score = max(self.max_score, float(scores.abs().max()))
+        self.q = self.k = None
+
+    def finding(self, where: str, modality: Modality) -> Finding:
+        """The verdict for this attention module."""
+        m = self.max_score
+        if m > FP16_MAX:
+            verdict = "overflow: attention scores exceed 65504 in fp16; keep this attention in fp32"
+        elif m > EXP_LIMIT:
+            verdict = (
+                f"exp overflows fp16 without max-subtraction (max score {m:.3g} > 11.09); "
+                "safe with a max-subtracted softmax"
+            )
+        else:
+            verdict = "safe"
+        return Finding(
+            kind="softmax_input", where=where, modality=modality, value=m, verdict=verdict
+        )
+
+
+@dataclass
+class GeluWatch:
+    """Exact-vs-tanh GELU error energies of one modality."""
+
+    err: float = 0.0
+    ref: float = 0.0
+    modules: list[str] = field(default_factory=list)
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """Add one GELU input."""
+        xf = x.detach().float()
+        exact = F.gelu(xf)
+        approx = F.gelu(xf, approximate="tanh")
+        self.err += float((approx - exact).double().pow(2).sum())
+        self.ref += float(exact.double().pow(2).sum())
+
+    def finding(self, modality: Modality) -> Finding:
+        """The verdict for this modality."""
+        rel = math.sqrt(self.err / self.ref) if self.ref > 0 else 0.0
+        verdict = (
+            f"tanh approximation is safe here (relative error {rel:.2e} < {GELU_SAFE:g})"
+            if rel < GELU_SAFE
+            else f"keep exact GELU (tanh approximation error {rel:.2e})"
+        )
+        return Finding(
+            kind="gelu_tanh_approx",
+            where=f"{len(self.modules)} GELU modules",
+            modality=modality,
+            value=rel,
+            verdict=verdict,
+        )

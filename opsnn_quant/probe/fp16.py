@@ -1,0 +1,172 @@
+"""fp16 overflow probe: fp32 ranges and the module itself re-run in fp16 and bf16.
+
+For each watched module and calibration call: fp32 input/output absmax and a streaming |x|
+histogram (for the 99.9th percentile); for modules with weights or GELUs, the module re-run on the
+fp16-cast input in two Ascend modes — INF_NAN (910B default: overflow becomes inf/nan) and
+saturation (910A/310P: values clamp to ±65504, so the error is silent) — and in bf16. For norms,
+the largest mean of squares over the normalised axes (the variance an fp16 kernel would hold).
+
+Saturation mode is emulated on CPU: the input is clamped to ±65504 before the cast and inf
+outputs are clamped after the fp16 run; an internal intermediate that saturates on the device but
+not in the emulation is the emulation's limit.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import nn
+
+from opsnn_quant.probe.report import FP16_MAX, Fp16Stats
+from opsnn_quant.quant.observers import PercentileObserver
+
+
+def _rel_err(ref: torch.Tensor, out: torch.Tensor) -> tuple[float, float]:
+    """(squared error sum, squared reference sum) in float64."""
+    r = ref.detach().to(torch.float64)
+    o = out.detach().to(torch.float64)
+    return float((o - r).pow(2).sum()), float(r.pow(2).sum())
+
+
+def norm_mean_square_max(module: nn.Module, x: torch.Tensor) -> float | None:
+    """Largest mean of x^2 over a norm's normalised axes (its variance's scale), in fp32."""
+    xf = x.detach().to(torch.float32)
+    if isinstance(module, nn.LayerNorm):
+        dims = tuple(range(-len(module.normalized_shape), 0))
+        return float(xf.pow(2).mean(dim=dims).max())
+    if isinstance(module, nn.GroupNorm):
+        b = xf.shape[0]
+        g = xf.reshape(b, module.num_groups, -1)
+        return float(g.pow(2).mean(dim=-1).max())
+    return None
+
+
+class Fp16Accumulator:
+    """Streaming fp16/bf16 statistics of one module."""
+
+    def __init__(self, rerun: bool) -> None:
+        self.rerun = rerun
+        self.in_hist = PercentileObserver(99.9)
+        self.out_hist = PercentileObserver(99.9)
+        self.in_absmax = 0.0
+        self.out_absmax = 0.0
+        self.sumsq_max: float | None = None
+        self.inf_nan = 0
+        self.err16 = [0.0, 0.0]
+        self.err16_valid = True
+        self.err_sat = [0.0, 0.0]
+        self.err_bf16 = [0.0, 0.0]
+
+    @torch.no_grad()
+    def update(
+        self, module: nn.Module, x: torch.Tensor | None, y: torch.Tensor | None, args: tuple
+    ) -> None:
+        """Record one call (``args`` are the call's positional inputs, for the re-runs)."""
+        if x is not None and x.numel():
+            self.in_absmax = max(self.in_absmax, float(x.detach().abs().max()))
+            if math.isfinite(self.in_absmax):
+                self.in_hist.collect(x.detach().abs())
+        if y is not None and y.numel():
+            self.out_absmax = max(self.out_absmax, float(y.detach().abs().max()))
+            if math.isfinite(self.out_absmax):
+                self.out_hist.collect(y.detach().abs())
+        if x is not None:
+            ms = norm_mean_square_max(module, x)
+            if ms is not None:
+                self.sumsq_max = ms if self.sumsq_max is None else max(self.sumsq_max, ms)
+        if not self.rerun or x is None or y is None:
+            return
+        y16 = _run_as(module, args, torch.float16, saturate=False)
+        if y16 is None:
+            return
+        finite = torch.isfinite(y16)
+        self.inf_nan += int((~finite).sum())
+        if bool(finite.all()):
+            a, b = _rel_err(y, y16)
+            self.err16[0] += a
+            self.err16[1] += b
+        else:
+            self.err16_valid = False
+        ysat = _run_as(module, args, torch.float16, saturate=True)
+        if ysat is not None:
+            a, b = _rel_err(y, torch.nan_to_num(ysat, nan=0.0))
+            self.err_sat[0] += a
+            self.err_sat[1] += b
+        ybf = _run_as(module, args, torch.bfloat16, saturate=False)
+        if ybf is not None:
+            a, b = _rel_err(y, ybf)
+            self.err_bf16[0] += a
+            self.err_bf16[1] += b
+
+    def result(self, min_headroom: float, is_norm: bool) -> Fp16Stats:
+        """Fp16Stats with the overflow verdict and its evidence."""
+        reasons = []
+        limit = FP16_MAX / min_headroom
+        if self.inf_nan:
+            reasons.append(f"{self.inf_nan} inf/nan outputs when run in fp16")
+        if self.out_absmax >= limit:
+            reasons.append(
+                f"output absmax {self.out_absmax:.4g} (headroom {FP16_MAX / self.out_absmax:.3g}x)"
+            )
+        if self.in_absmax >= limit:
+            reasons.append(
+                f"input absmax {self.in_absmax:.4g} (headroom {FP16_MAX / self.in_absmax:.3g}x)"
+            )
+        if is_norm and self.sumsq_max is not None and self.sumsq_max > FP16_MAX:
+            reasons.append(f"norm variance scale (mean x^2) {self.sumsq_max:.4g} > 65504")
+
+        def ratio(acc: list[float]) -> float | None:
+            return math.sqrt(acc[0] / acc[1]) if acc[1] > 0 else (0.0 if acc[0] == 0 else None)
+
+        return Fp16Stats(
+            input_absmax=self.in_absmax,
+            output_absmax=self.out_absmax,
+            input_p999=_p999(self.in_hist),
+            output_p999=_p999(self.out_hist),
+            headroom_in=FP16_MAX / self.in_absmax if self.in_absmax > 0 else None,
+            headroom_out=FP16_MAX / self.out_absmax if self.out_absmax > 0 else None,
+            sumsq_absmax=self.sumsq_max,
+            inf_nan_count=self.inf_nan,
+            rel_error_fp16=ratio(self.err16) if (self.rerun and self.err16_valid) else None,
+            rel_error_fp16_saturate=ratio(self.err_sat) if self.rerun else None,
+            rel_error_bf16=ratio(self.err_bf16) if self.rerun else None,
+            overflow=bool(reasons),
+            reasons=reasons,
+        )
+
+
+def _p999(obs: PercentileObserver) -> float:
+    if obs.count == 0:
+        return 0.0
+    _, hi = obs._range(True)
+    return float(hi)
+
+
+def _run_as(
+    module: nn.Module, args: tuple, dtype: torch.dtype, saturate: bool
+) -> torch.Tensor | None:
+    """Run a copy of ``module`` in ``dtype`` on the ``dtype``-cast inputs (None if unsupported)."""
+    from opsnn_quant.probe.hooks import first_tensor, without_hooks
+
+    def cast(a: object) -> object:
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            t = a.detach()
+            if saturate:
+                t = t.clamp(-FP16_MAX, FP16_MAX)
+            return t.to(dtype)
+        return a
+
+    shadow = without_hooks(copy.deepcopy(module)).to(dtype)
+    try:
+        out = shadow(*(cast(a) for a in args))
+    except RuntimeError:  # an op without a CPU kernel in this dtype
+        return None
+    y = first_tensor(out)
+    if y is None:
+        return None
+    y = y.to(torch.float32)
+    if saturate:
+        y = y.clamp(-FP16_MAX, FP16_MAX)
+    return y

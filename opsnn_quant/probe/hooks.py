@@ -1,0 +1,93 @@
+"""Which modules the probes watch, and small helpers to read tensors out of module calls."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+PARAM_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.LayerNorm, nn.GroupNorm)
+QUANTIZABLE = (nn.Linear, nn.Conv2d)
+NORMS = (nn.LayerNorm, nn.GroupNorm)
+# Blocks whose output is a residual sum (x + f(x)): watched for range only.
+RESIDUAL_BLOCKS = {
+    "ResnetBlock2D",
+    "BasicTransformerBlock",
+    "Transformer2DModel",
+    "CLIPEncoderLayer",
+    "WhisperEncoderLayer",
+    "WhisperDecoderLayer",
+}
+GELU_TYPES = {"GELU", "GELUActivation", "NewGELUActivation", "QuickGELUActivation"}
+
+
+def kind_of(module: nn.Module) -> str | None:
+    """``param`` (leaf with weights), ``act`` (GELU), ``residual`` (block output) or None."""
+    if isinstance(module, PARAM_TYPES):
+        return "param"
+    name = type(module).__name__
+    if name in GELU_TYPES and not any(True for _ in module.parameters(recurse=False)):
+        return "act"
+    if name in RESIDUAL_BLOCKS or name.endswith(("EncoderLayer", "DecoderLayer")):
+        return "residual"
+    return None
+
+
+def watched_modules(model: nn.Module) -> dict[str, tuple[nn.Module, str]]:
+    """Named modules the overflow probe watches, with their kind, in model order."""
+    out = {}
+    for name, module in model.named_modules():
+        if not name:
+            continue
+        kind = kind_of(module)
+        if kind is not None:
+            out[name] = (module, kind)
+    return out
+
+
+def first_tensor(value: Any) -> torch.Tensor | None:
+    """The first floating tensor in a module's input/output structure (ModelOutput included)."""
+    if isinstance(value, torch.Tensor):
+        return value if value.is_floating_point() else None
+    if hasattr(value, "to_tuple") and not isinstance(value, tuple):  # transformers ModelOutput
+        for key in ("sample", "logits", "last_hidden_state"):
+            t = getattr(value, key, None)
+            if isinstance(t, torch.Tensor):
+                return t
+        value = value.to_tuple()
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, Iterable) and not isinstance(value, str | bytes):
+        for v in value:
+            t = first_tensor(v)
+            if t is not None:
+                return t
+    return None
+
+
+def count_params(module: nn.Module) -> int:
+    """Parameters directly owned by the module (not its children)."""
+    return sum(p.numel() for p in module.parameters(recurse=False))
+
+
+def macs_of(module: nn.Module, out: torch.Tensor) -> int:
+    """Multiply-accumulates of one Linear/Conv call producing ``out``."""
+    if isinstance(module, nn.Linear):
+        return out.numel() * module.in_features
+    if isinstance(module, nn.Conv1d | nn.Conv2d):
+        k = module.weight[0].numel()  # in_channels/groups * kernel
+        return out.numel() * k
+    return 0
+
+
+def without_hooks(module: nn.Module) -> nn.Module:
+    """Strip forward hooks from a module copy (deepcopy copies them, and re-running a copy of a
+    watched module inside its own hook would recurse)."""
+    for m in module.modules():
+        m._forward_hooks.clear()
+        m._forward_pre_hooks.clear()
+        m._forward_hooks_with_kwargs.clear()
+        m._forward_pre_hooks_with_kwargs.clear()
+    return module

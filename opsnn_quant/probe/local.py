@@ -1,0 +1,184 @@
+"""W8A8 local-error probe: each module's output error when only its own input/weights are int8.
+
+Pass 1 collects, per Linear/Conv2d, the activation statistics every candidate scheme needs
+(min/max, an MSE-clip histogram, per-channel maxima and a row reservoir for SmoothQuant). Between
+passes the SmoothQuant alpha is searched once per module. Pass 2 runs the frozen candidates (the
+real Ascend arithmetic of :mod:`opsnn_quant.quant.modules`) on each call's input and accumulates
+signal, noise and cross energies: nothing beyond the current batch is kept.
+
+Memory: int8 weights are cached per *weight variant* (plain, smoothed for static, smoothed for
+dynamic), a quarter of the fp32 weight each; no fp32 weight copies are kept.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from opsnn_quant.probe.report import SchemeError
+from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, _QuantMatmul
+from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver
+from opsnn_quant.quant.smoothquant import ChannelStats, search_alpha
+from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, QuantSpec
+
+LINEAR_SCHEMES = (
+    "w8a8",
+    "w8a8_mse",
+    "w8a8_smoothquant",
+    "w8a8_dynamic",
+    "w8a8_dynamic_smoothquant",
+)
+CONV_SCHEMES = ("w8a8", "w8a8_mse", "w8a8_dynamic")
+
+
+def scheme_spec(scheme: str, alpha: float | None = None) -> QuantSpec:
+    """The QuantSpec a scheme name stands for (SmoothQuant with the searched alpha)."""
+    dynamic = scheme.startswith("w8a8_dynamic")
+    precision = "w8a8_dynamic" if dynamic else "w8a8"
+    return QuantSpec(
+        precision,  # type: ignore[arg-type]
+        observer="mse" if scheme == "w8a8_mse" else "minmax",
+        smoothquant_alpha=alpha if scheme.endswith("smoothquant") else None,
+    )
+
+
+@dataclass
+class _Energy:
+    signal: float = 0.0
+    noise: float = 0.0
+    cross: float = 0.0
+    approx: float = 0.0
+
+    def add(self, ref: torch.Tensor, out: torch.Tensor) -> None:
+        r, o = ref.detach().to(torch.float64), out.detach().to(torch.float64)
+        self.signal += float(r.pow(2).sum())
+        self.noise += float((o - r).pow(2).sum())
+        self.cross += float((o * r).sum())
+        self.approx += float(o.pow(2).sum())
+
+    def result(self, alpha: float | None) -> SchemeError:
+        if self.noise == 0.0:
+            sqnr = math.inf
+        elif self.signal == 0.0:
+            sqnr = -math.inf
+        else:
+            sqnr = 10.0 * math.log10(self.signal / self.noise)
+        denom = math.sqrt(self.signal * self.approx)
+        cos = self.cross / denom if denom > 0 else (1.0 if self.noise == 0 else 0.0)
+        return SchemeError(sqnr_db=sqnr, cosine=cos, smoothquant_alpha=alpha)
+
+
+@dataclass
+class LocalProbe:
+    """Statistics and candidates of one Linear/Conv2d module."""
+
+    name: str
+    module: nn.Module
+    minmax: MinMaxObserver = field(default_factory=MinMaxObserver)
+    mse: MSEObserver = field(default_factory=MSEObserver)
+    stats: ChannelStats | None = None
+    alphas: dict[str, float | None] = field(default_factory=dict)
+    smooth: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    energies: dict[str, _Energy] = field(default_factory=dict)
+    _shadows: dict[str, _QuantMatmul] = field(default_factory=dict)
+    _variant: dict[str, str] = field(default_factory=dict)
+    calls: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.module, nn.Linear):
+            self.stats = ChannelStats(self.module.in_features)
+
+    @property
+    def schemes(self) -> tuple[str, ...]:
+        """Candidate scheme names for this module type."""
+        return LINEAR_SCHEMES if isinstance(self.module, nn.Linear) else CONV_SCHEMES
+
+    @torch.no_grad()
+    def collect(self, x: torch.Tensor) -> None:
+        """Pass 1: one call's input."""
+        self.calls += 1
+        self.minmax.collect(x)
+        self.mse.collect(x)
+        if self.stats is not None:
+            self.stats.collect(x)
+
+    def decide(self) -> None:
+        """Between passes: SmoothQuant alphas by searched output error."""
+        if self.stats is None or self.stats.seen == 0:
+            return
+        w = self.module.weight.detach().reshape(self.module.weight.shape[0], -1)
+        for key, dynamic in (("static", False), ("dynamic", True)):
+            alpha, s, _ = search_alpha(self.stats, w, dynamic, DEFAULT_ALPHA_GRID)
+            self.alphas[key], self.smooth[key] = alpha, s
+        self.stats.rows = None  # the reservoir is no longer needed
+
+    def shadow(self, scheme: str) -> _QuantMatmul:
+        """The frozen candidate for ``scheme`` (built once, int8 weights only)."""
+        if scheme in self._shadows:
+            return self._shadows[scheme]
+        key = "dynamic" if scheme.startswith("w8a8_dynamic") else "static"
+        alpha = self.alphas.get(key) if scheme.endswith("smoothquant") else None
+        smooth = self.smooth.get(key) if scheme.endswith("smoothquant") else None
+        spec = scheme_spec(scheme, alpha if smooth is not None else None)
+        if smooth is None and spec.smoothquant:
+            spec = scheme_spec(scheme.replace("_smoothquant", ""))
+        cls = QuantLinear if isinstance(self.module, nn.Linear) else QuantConv2d
+        q = cls.from_float(self.module, spec, self.name)  # type: ignore[attr-defined]
+        iq = q.input_quantizer
+        iq.calls = self.calls
+        if smooth is not None:
+            iq.smooth = smooth
+            iq.chosen_alpha = alpha
+        if spec.static_activations:
+            if smooth is not None:
+                # min/max of x / s_j follows exactly from the per-channel maxima (minmax observer).
+                assert self.stats is not None
+                t = float((self.stats.absmax / smooth).max())
+                obs = MinMaxObserver()
+                obs.collect(torch.tensor([-t, t]))
+                iq.observer = obs
+            else:
+                iq.observer = self.mse if spec.observer == "mse" else self.minmax
+        q.freeze()
+        q.cache_weight_float = False
+        # Candidates with the same (un)smoothed weight share one int8 tensor.
+        variant = "plain" if smooth is None else key
+        for other_scheme, other in self._shadows.items():
+            if self._variant.get(other_scheme) == variant:
+                q.weight = other.weight
+                q.weight_quantizer.scale = other.weight_quantizer.scale
+                break
+        self._variant[scheme] = variant
+        self._shadows[scheme] = q
+        return q
+
+    @torch.no_grad()
+    def measure(self, args: tuple, y: torch.Tensor) -> None:
+        """Pass 2: every candidate's output on this call's input against the float output."""
+        for scheme in self.schemes:
+            yq = self.shadow(scheme)(*args)
+            self.energies.setdefault(scheme, _Energy()).add(y, yq)
+
+    def results(self) -> dict[str, SchemeError]:
+        """Per scheme SQNR/cosine (with the alpha SmoothQuant chose)."""
+        out = {}
+        for scheme, energy in self.energies.items():
+            alpha = None
+            if scheme.endswith("smoothquant"):
+                alpha = self.alphas.get("dynamic" if "dynamic" in scheme else "static")
+            out[scheme] = energy.result(alpha)
+        return out
+
+    def best_scheme(self) -> str:
+        """The scheme with the highest local SQNR (ties: the simpler, listed first)."""
+        res = self.results()
+        return max(
+            self.schemes, key=lambda s: -math.inf if s not in res else (res[s].sqnr_db or math.inf)
+        )
+
+    def release(self) -> None:
+        """Drop the cached candidates."""
+        self._shadows.clear()
