@@ -18,6 +18,18 @@ _EXPORTS: dict[str, str] = {
     "ForwardLoop": "opsnn_quant.types",
     "OpsnnQuantError": "opsnn_quant.errors",
     "InputError": "opsnn_quant.errors",
+    "QuantSpec": "opsnn_quant.quant.spec",
+    "quantize": "opsnn_quant.quant.api",
+    "save_quantized": "opsnn_quant.quant.checkpoint",
+    "load_quantized": "opsnn_quant.quant.checkpoint",
+    "probe": "opsnn_quant.probe.api",
+    "ProbeConfig": "opsnn_quant.probe.api",
+    "SensitivityReport": "opsnn_quant.probe.report",
+    "PrecisionPolicy": "opsnn_quant.policy.schema",
+    "build_policy": "opsnn_quant.policy.search",
+    "Budget": "opsnn_quant.policy.budget",
+    "get_target": "opsnn_quant.policy.targets",
+    "load_adapter": "opsnn_quant.models",
 }
 
 

@@ -34,9 +34,10 @@ def _root(
 
 def _register() -> None:
     # Imported here so that `import opsnn_quant.cli` stays cheap and each group stays separate.
-    from opsnn_quant.cli import demo
+    from opsnn_quant.cli import demo, policy
 
     demo.register(app)
+    policy.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:
