@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -39,21 +38,11 @@ from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.onnx_export import (
     export_onnx,
     onnxruntime_session,
+    ort_int8_weights_saturate,
     to_uint8_weights,
 )
 
 SHAPES = [(256, 768, 768), (4096, 320, 320), (77, 768, 3072)]
-
-
-def int8_weights_saturate_in_ort() -> bool:
-    """True on x86 CPUs without VNNI, where ORT's U8S8 int8 GEMM saturates int16 pair sums."""
-    if platform.machine().lower() not in ("x86_64", "amd64", "i686"):
-        return False
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return True
-    return not any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
 
 
 def time_interleaved(
@@ -107,7 +96,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch and ORT intra-op threads")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)  # onnxruntime_session() follows torch's thread count
-    u8 = int8_weights_saturate_in_ort()
+    u8 = ort_int8_weights_saturate()
     rows = []
     with tempfile.TemporaryDirectory() as tmpdir, torch.no_grad():
         for m, k, n in SHAPES:

@@ -33,6 +33,7 @@ import importlib
 import json
 import logging
 import os
+import platform
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -206,8 +207,8 @@ def export_onnx(
         fp32_baseline: quantized modules as float Gemm/Conv with dequantized weights.
         Weights are int8 with zero point 0 (the Ascend/ATC form). ORT on x86 CPUs without
         VNNI runs them through U8S8 kernels whose int16 pair sums saturate with full-range
-        weights (wrong outputs): run such exports with ``qdq_fusion=False`` or convert them
-        with :func:`to_uint8_weights` (ORT then takes its exact U8U8 kernels).
+        weights (wrong outputs): :func:`onnxruntime_session` then turns ORT's QDQ fusion off,
+        and :func:`to_uint8_weights` gives a copy ORT runs exactly with U8U8 int8 kernels.
 
     Returns:
         :class:`OnnxExportInfo` with the module -> node names mapping and the schemes.
@@ -499,22 +500,44 @@ def load_node_map(path: str | os.PathLike[str]) -> dict[str, list[str]]:
     return nodes
 
 
+def ort_int8_weights_saturate() -> bool:
+    """True on x86 CPUs without VNNI, where ORT's fused U8S8 GEMM saturates int16 pair sums."""
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return False
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+    except OSError:
+        return True  # cannot tell: assume the older CPU
+    return not any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
+
+
+def _has_int8_weight_dq(onnx: Any, path: str | os.PathLike[str]) -> bool:
+    graph = onnx.load(str(path), load_external_data=False).graph
+    int8 = {i.name for i in graph.initializer if i.data_type == onnx.TensorProto.INT8}
+    return any(n.op_type == "DequantizeLinear" and n.input[0] in int8 for n in graph.node)
+
+
 def onnxruntime_session(
     path: str | os.PathLike[str],
     *,
-    qdq_fusion: bool = True,
+    qdq_fusion: bool | None = None,
     optimized_model_path: str | os.PathLike[str] | None = None,
 ) -> Any:
     """A CPU ``InferenceSession`` with ``torch.get_num_threads()`` intra-op threads.
 
     Args:
         path: the ``.onnx`` file.
-        qdq_fusion: let ORT fuse QDQ groups into int8 kernels (its default). False runs the
-            graph as written (DequantizeLinear + float ops, ONNX's reference semantics): the way
-            to run int8-weight exports on x86 CPUs without VNNI (see ``export_onnx``).
+        qdq_fusion: let ORT fuse QDQ groups into int8 kernels (True), or run the graph as
+            written, DequantizeLinear + float ops (False: ONNX's reference semantics). None: fuse
+            unless int8 weights meet a CPU where ORT's int8 GEMM saturates
+            (:func:`ort_int8_weights_saturate`; :func:`to_uint8_weights` avoids that).
         optimized_model_path: where ORT saves the graph after its fusions (to look for QGemm).
     """
-    (ort,) = _require("onnxruntime")
+    onnx, ort = _require("onnx", "onnxruntime")
+    if qdq_fusion is None:
+        qdq_fusion = not (ort_int8_weights_saturate() and _has_int8_weight_dq(onnx, path))
+        if not qdq_fusion:
+            log.info("%s: int8 weights on a CPU without VNNI: ORT QDQ fusion off", path)
     so = ort.SessionOptions()
     so.intra_op_num_threads = torch.get_num_threads()
     so.inter_op_num_threads = 1
