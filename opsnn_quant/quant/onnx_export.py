@@ -198,6 +198,11 @@ def export_onnx(
 ) -> OnnxExportInfo:
     """Export a model holding frozen QuantLinear/QuantConv2d modules as a standard QDQ model.
 
+    Weights are int8 with zero point 0 (the Ascend/ATC form). ORT on x86 CPUs without VNNI runs
+    them through U8S8 kernels whose int16 pair sums saturate with full-range weights (wrong
+    outputs): :func:`onnxruntime_session` then turns ORT's QDQ fusion off, and
+    :func:`to_uint8_weights` gives a copy that ORT runs exactly with its U8U8 int8 kernels.
+
     Args:
         model: float32 model after :func:`opsnn_quant.quant.api.quantize` (one without quantized
             modules is exported as is). Left as it was.
@@ -205,10 +210,6 @@ def export_onnx(
         path: destination ``.onnx``, written atomically, with ``<stem>.nodes.json`` beside it.
         opset: default-domain opset, >= 13 (the exporter works at 18 and converts down).
         fp32_baseline: quantized modules as float Gemm/Conv with dequantized weights.
-        Weights are int8 with zero point 0 (the Ascend/ATC form). ORT on x86 CPUs without
-        VNNI runs them through U8S8 kernels whose int16 pair sums saturate with full-range
-        weights (wrong outputs): :func:`onnxruntime_session` then turns ORT's QDQ fusion off,
-        and :func:`to_uint8_weights` gives a copy ORT runs exactly with U8U8 int8 kernels.
 
     Returns:
         :class:`OnnxExportInfo` with the module -> node names mapping and the schemes.

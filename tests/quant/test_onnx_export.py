@@ -247,14 +247,16 @@ def test_attention_mapping_json_and_fp32_baseline(tmp_path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["att.nodes.json", "att.onnx"]
     ref = model(*x)
     y_q = run_onnxruntime(onnxruntime_session(info.path, qdq_fusion=False), x)[0]
-    # End to end, per-module differences feed later layers' quantizers: 1 % of the range.
-    assert np.abs(y_q - ref.numpy()).max() <= 1e-2 * float(ref.abs().max())
+    # End to end the per-module differences (above) pass through attention and later
+    # quantizers: 0.5 % of the output range (7e-4 measured).
+    assert np.abs(y_q - ref.numpy()).max() <= 5e-3 * float(ref.abs().max())
     base = export_onnx(model, x, tmp_path / "att_fp32.onnx", fp32_baseline=True)
     graph = onnx.load(str(base.path)).graph
     assert not {"QuantizeLinear", "DequantizeLinear"} & {n.op_type for n in graph.node}
     assert set(base.schemes.values()) == {"fp32"} and quantized <= set(base.nodes)
     y_f = run_onnxruntime(base.path, x)[0]
-    assert np.abs(y_f - ref.numpy()).max() <= 5e-2 * float(ref.abs().max())
+    # Float math on the dequantized weights: only the int8 activation rounding is gone (2e-3).
+    assert np.abs(y_f - ref.numpy()).max() <= 2e-2 * float(ref.abs().max())
 
 
 def test_unfrozen_and_missing_dependency(tmp_path, monkeypatch) -> None:
