@@ -174,7 +174,7 @@ def probe(
 
         hooks.add(lp.module.register_forward_hook(local_hook))
     for name, module in named.items():
-        parts = attention_parts(module) if name else None
+        parts = attention_parts(module)
         if parts:
             qn, kn, heads, scale = parts
             sw = softmax[name] = SoftmaxWatch(heads, scale)
@@ -299,7 +299,11 @@ def probe(
                 e2e=e2e.get(name),
             )
         )
-    findings = [w.finding(n, adapter.modality_of(n)) for n, w in softmax.items() if w.max_score > 0]
+    findings = [
+        w.finding(n or "(model)", adapter.modality_of(n))
+        for n, w in softmax.items()
+        if w.max_score > 0
+    ]
     findings += [w.finding(m) for m, w in gelu.items() if w.ref > 0]
     report = SensitivityReport(
         model=adapter.model_id,

@@ -1,0 +1,105 @@
+"""Local int8 errors, end-to-end attribution and seed-specific findings."""
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from opsnn_quant.probe.api import ProbeConfig, probe
+from opsnn_quant.probe.attribution import estimate
+from opsnn_quant.probe.report import SensitivityReport
+from tests.models import TinyAttention, TinyMLP, forward_loop_for
+
+
+def spearman(a, b):
+    ra = np.argsort(np.argsort(a))
+    rb = np.argsort(np.argsort(b))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def test_local_errors_and_smoothquant_on_an_outlier_channel():
+    model = TinyMLP()
+    report = probe(
+        model, forward_loop_for(model), ProbeConfig(attribution=False), modalities={"": "denoiser"}
+    )
+    fc1 = report.module("fc1")
+    assert set(fc1.w8a8) == {
+        "w8a8",
+        "w8a8_mse",
+        "w8a8_smoothquant",
+        "w8a8_dynamic",
+        "w8a8_dynamic_smoothquant",
+    }
+    # the outlier input channel (x20) hurts per-tensor static quantization; SmoothQuant fixes it
+    assert fc1.w8a8["w8a8_smoothquant"].sqnr_db > fc1.w8a8["w8a8"].sqnr_db + 3
+    assert fc1.w8a8["w8a8_smoothquant"].smoothquant_alpha is not None
+    assert 0.99 < fc1.w8a8["w8a8_dynamic"].cosine <= 1.0
+    assert fc1.macs == 4 * 8 * 64 * 128 and fc1.calls == 4
+    assert report.modalities["denoiser"].median_sqnr_db is not None
+
+
+def test_estimator_ranks_like_the_exhaustive_reference():
+    model = TinyAttention(seed=1)
+    with torch.no_grad():
+        model.ff2.weight.mul_(8.0)  # make some modules clearly matter more than others
+        model.to_v.weight.mul_(4.0)
+    report = probe(
+        model,
+        forward_loop_for(model, batches=6),
+        ProbeConfig(exhaustive=True, max_root_calls=6),
+        modalities={"": "denoiser"},
+    )
+    mods = [m for m in report.modules if m.e2e is not None]
+    assert len(mods) == 6
+    est = [m.e2e.contribution for m in mods]
+    exh = [m.e2e.exhaustive for m in mods]
+    assert spearman(est, exh) >= 0.8
+    assert sorted(m.e2e.rank for m in mods) == list(range(1, 7))
+    predicted = report.modalities["denoiser"].predicted_sqnr_db_all_w8a8
+    assert predicted is not None and math.isfinite(predicted)
+
+
+def test_estimator_is_unbiased_for_a_linear_chain():
+    torch.manual_seed(0)
+    chain = nn.Sequential(nn.Linear(32, 32, bias=False), nn.Linear(32, 32, bias=False))
+    x = torch.randn(256, 32)
+    noise = {n: torch.randn(256, 32) * 0.01 for n in ("0", "1")}
+
+    def quantized_output(name, args, y):
+        return y + noise[name][: y.shape[0]]
+
+    result = estimate(
+        chain, [((x,), {})], {"0": chain[0], "1": chain[1]}, quantized_output, exhaustive=True
+    )
+    for name in ("0", "1"):
+        exact = result.exhaustive[name]
+        assert abs(result.contributions[name] - exact) < 0.3 * exact
+
+
+def test_findings_softmax_and_gelu():
+    model = TinyAttention()
+    with torch.no_grad():
+        model.to_q.weight.mul_(30.0)
+        model.to_k.weight.mul_(30.0)
+    report = probe(
+        model, forward_loop_for(model), ProbeConfig(w8a8=False), modalities={"": "denoiser"}
+    )
+    (finding,) = [f for f in report.findings if f.kind == "softmax_input"]
+    assert finding.value > 11.09
+    assert "without max-subtraction" in finding.verdict
+    mlp = TinyMLP()
+    report = probe(mlp, forward_loop_for(mlp), ProbeConfig(w8a8=False), modalities={"": "denoiser"})
+    (gelu,) = [f for f in report.findings if f.kind == "gelu_tanh_approx"]
+    assert gelu.value < 1e-3 and "safe" in gelu.verdict
+
+
+def test_report_json_round_trip(tmp_path):
+    model = TinyMLP()
+    report = probe(
+        model, forward_loop_for(model, batches=2), ProbeConfig(), modalities={"": "denoiser"}
+    )
+    path = report.save(tmp_path / "probe.json")
+    again = SensitivityReport.load(path)
+    assert again == report
+    assert again.to_json() == report.to_json()
