@@ -8,8 +8,8 @@ whose feature methods return tensors, around any transformers ``CLIPModel`` load
 
 Score definition (Hessel et al. 2021): ``100 * max(cos(image, text), 0)`` per image, averaged.
 torchmetrics' ``CLIPScore.compute`` clamps the *mean* instead of each image; the two agree
-unless some image scores below zero, so the per-image value is taken from one-image updates
-(``forward`` returns the value of that batch alone) and averaged here.
+unless some image scores below zero, so each image is scored by its own ``update`` on a fresh
+state (its ``score`` state is then that image's ``100 * cos``), clamped, and averaged here.
 """
 
 from __future__ import annotations
@@ -145,9 +145,12 @@ class ClipScorer:
             raise InputError(f"{pixels.shape[0]} images but {len(prompts)} prompts")
         if not prompts:
             raise InputError("CLIP score needs at least one image")
+        per_image = []
+        for i in range(pixels.shape[0]):
+            # One image per update on a fresh state: ``score`` is then that image's 100·cos.
+            self.metric.reset()
+            self.metric.update(pixels[i : i + 1], [str(prompts[i])])
+            per_image.append(max(float(self.metric.score), 0.0))
         self.metric.reset()
-        per_image = [
-            float(self.metric(pixels[i : i + 1], [str(prompts[i])])) for i in range(pixels.shape[0])
-        ]
         return ClipScoreResult(mean=sum(per_image) / len(per_image), per_image=per_image,
                                model=self.label)  # fmt: skip

@@ -20,6 +20,7 @@ import functools
 import hashlib
 import importlib.util
 import logging
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -97,7 +98,12 @@ class InceptionFeatures(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.net = torch.jit.load(str(inception_weights_path()), map_location="cpu").eval()
+        with warnings.catch_warnings():
+            # torch >= 2.10 deprecates TorchScript; this network only exists as TorchScript.
+            warnings.filterwarnings(
+                "ignore", message=".*torch.jit.load.*deprecated", category=DeprecationWarning
+            )
+            self.net = torch.jit.load(str(inception_weights_path()), map_location="cpu").eval()
 
     def train(self, mode: bool = True) -> InceptionFeatures:
         # A frozen feature network: torchmetrics calls .train() with the metric; ignore it.

@@ -9,7 +9,9 @@ Memory, by device:
 * npu / cuda: the allocator's ``max_memory_allocated`` after ``reset_peak_memory_stats``, over
   the timed runs (no overhead, exact for tensors).
 * cpu: one extra, untimed call after the timed runs (tracing slows Python down, so it must
-  not overlap the timing). Peak RSS above the pre-call RSS: exact from the kernel's ``VmHWM``
+  not overlap the timing). Peak RSS above the pre-call RSS, read after glibc's
+  ``malloc_trim`` hands free heap pages back (else reused free memory hides the peak): exact
+  from the kernel's ``VmHWM``
   when ``/proc/self/clear_refs`` can reset it, otherwise sampled every millisecond by a
   thread (may miss a short spike). Plus tracemalloc's peak of Python-level allocations,
   which does not see tensor storage (C++ allocator): it is reported apart.
@@ -21,13 +23,15 @@ it is the correctness reference, not a speed figure. Results carry that note.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import importlib
 import logging
 import threading
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -118,8 +122,30 @@ def synchronize(device: str) -> None:
         acc.synchronize()
 
 
-def rss_bytes() -> int:
-    # /proc/self/statm field 2 is resident pages; no psutil dependency.
+CPU_RSS_METHOD = "cpu: RSS after malloc_trim"
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        fn = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS)
+        return None
+    fn.argtypes = [ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return cast(Callable[[int], int], fn)
+
+
+def rss_bytes(trim: bool = False) -> int:
+    """Resident set size of this process, from ``/proc/self/statm`` (no psutil).
+
+    Args:
+        trim: First return free heap pages to the OS (glibc ``malloc_trim(0)``), so the figure
+            approaches memory in use: without it, memory freed earlier stays resident and a
+            later allocation reusing it shows no growth.
+    """
+    if trim and (fn := _malloc_trim()) is not None:
+        fn(0)
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * _page_size()
 
@@ -177,7 +203,7 @@ class RssSampler:
 
 def cpu_peak_memory(fn: Callable[[], Any]) -> tuple[int, int, str]:
     """Run ``fn`` once; return (peak RSS above start, Python peak, method description)."""
-    start = rss_bytes()
+    start = rss_bytes(trim=True)
     exact = _reset_hwm()
     tracemalloc.start()
     try:
@@ -188,8 +214,8 @@ def cpu_peak_memory(fn: Callable[[], Any]) -> tuple[int, int, str]:
         tracemalloc.stop()
     hwm = _hwm_bytes() if exact else None
     if hwm is not None:
-        return max(hwm - start, 0), py_peak, "cpu: peak RSS above start (VmHWM after reset)"
-    return max(sampler.peak - start, 0), py_peak, "cpu: peak RSS above start (sampled at 1 ms)"
+        return max(hwm - start, 0), py_peak, "cpu: peak RSS above trimmed start (VmHWM reset)"
+    return max(sampler.peak - start, 0), py_peak, "cpu: peak RSS above trimmed start (1 ms samples)"
 
 
 def summarize_ms(samples_ms: list[float]) -> dict[str, float]:

@@ -66,7 +66,10 @@ def latency_chart(rows: Sequence[LatencyRow]) -> bytes | None:
     fig = Figure(figsize=(7, 3.6), dpi=100)
     ax = fig.add_subplot()
     data = [r.result.samples_ms for r in rows]
-    ax.boxplot(data, vert=False, showfliers=False)
+    try:
+        ax.boxplot(data, orientation="horizontal", showfliers=False)  # matplotlib >= 3.10
+    except TypeError:  # older matplotlib: the argument was ``vert``
+        ax.boxplot(data, vert=False, showfliers=False)
     rng = np.random.default_rng(0)  # fixed jitter: the same report renders the same bytes
     for i, s in enumerate(data, start=1):
         ax.scatter(s, i + rng.uniform(-0.12, 0.12, len(s)), s=10, alpha=0.6, color="#444")

@@ -23,6 +23,7 @@ from torch import nn
 
 from opsnn_quant.errors import InputError
 from opsnn_quant.evaluation.latency import (
+    CPU_RSS_METHOD,
     Clock,
     accelerator_module,
     default_backend,
@@ -187,16 +188,22 @@ def _module_ranges(model: nn.Module, names: set[str]) -> Iterator[None]:
 
 
 def top_modules(
-    model: nn.Module, fn: Callable[[], Any], top: int = 10, leaf_only: bool = True
+    model: nn.Module,
+    fn: Callable[[], Any],
+    top: int = 10,
+    leaf_only: bool = True,
+    warmup: int = 1,
 ) -> list[ModuleTimeRow]:
     """The ``top`` modules of ``model`` by CPU time while ``fn()`` runs, under torch.profiler.
 
     Args:
         model: The module tree to attribute time to (``fn`` must call into it).
-        fn: The work (one representative call; it runs once, profiled).
+        fn: The work (one representative call; profiled once after ``warmup`` calls).
         top: Rows to return.
         leaf_only: Only modules without children (Linear, Conv2d, norms...), so times do not
             double-count parents; ``False`` ranks every module, blocks included.
+        warmup: Unprofiled calls first, so one-time initialisation (kernel selection, lazy
+            buffers) is not charged to whichever module happens to run first.
 
     On npu/cuda the CPU times are launch times; use the vendor profiler for kernel time.
     """
@@ -207,6 +214,9 @@ def top_modules(
     for name, module in model.named_modules():
         if name and (not leaf_only or not any(True for _ in module.children())):
             types[name] = type(module).__name__
+    with torch.no_grad():
+        for _ in range(warmup):
+            fn()
     t0 = time.perf_counter()
     with (
         torch.no_grad(),
@@ -240,8 +250,10 @@ class StabilityResult(BaseModel):
     Attributes:
         drift_ratio: Median of the last decile of calls / median of the first decile
             (> 1: it slows down over time).
-        memory_growth_bytes: Memory after the last call minus after the first (RSS on cpu,
-            allocated tensors on npu/cuda); steady growth means something accumulates.
+        memory_growth_bytes: Memory after the last call minus after the first (allocated
+            tensors on npu/cuda; on cpu, RSS after returning free heap pages to the OS with
+            glibc's ``malloc_trim``, so reused free memory does not hide growth); steady
+            growth means something accumulates.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -282,7 +294,7 @@ def stability_run(
         if acc is not None:
             acc.synchronize()
             return int(acc.memory_allocated())
-        return rss_bytes()
+        return rss_bytes(trim=True)
 
     samples = []
     start = 0
@@ -309,6 +321,6 @@ def stability_run(
         memory_end_bytes=end,
         memory_growth_bytes=end - start,
         memory_growth_per_call_bytes=(end - start) / (k - 1),
-        memory_method="allocated tensors" if acc is not None else "cpu: RSS",
+        memory_method="allocated tensors" if acc is not None else CPU_RSS_METHOD,
         samples_ms=samples,
     )

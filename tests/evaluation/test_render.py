@@ -1,0 +1,99 @@
+"""report.json/.md/.html and plots on disk; the HTML is self-contained and renders in Chromium."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from opsnn_quant.evaluation.render import render_html, render_markdown, write_report
+from opsnn_quant.evaluation.report import AcceptanceReport
+from tests.evaluation.sample_report import asr_report, t2i_report
+
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def t2i_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    report, base, cand = t2i_report()
+    out = tmp_path_factory.mktemp("r") / "report"
+    out.mkdir()
+    (out / "stale.txt").write_text("previous run")  # replaced atomically, not merged
+    return write_report(report, out, baseline_images=base, candidate_images=cand, max_pairs=3)
+
+
+def test_files_written(t2i_dir: Path):
+    names = sorted(p.relative_to(t2i_dir).as_posix() for p in t2i_dir.rglob("*") if p.is_file())
+    assert names == [
+        "plots/latency.png", "plots/pair-0000.png", "plots/pair-0001.png", "plots/pair-0003.png",
+        "plots/sensitivity.png", "report.html", "report.json", "report.md",
+    ]  # fmt: skip
+    for png in (t2i_dir / "plots").glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    back = AcceptanceReport.load(t2i_dir / "report.json")
+    # Worst PSNR first; the 3 worst have images, the identical pair (index 2) does not.
+    psnrs = [p.psnr_db for p in back.image_pairs]
+    assert psnrs == sorted(psnrs) and back.image_pairs[-1].index == 2  # pair 2 is identical
+    assert [p.image is not None for p in back.image_pairs] == [True, True, True, False]
+    assert back.image_pairs[0].image == f"plots/pair-{back.image_pairs[0].index:04d}.png"
+
+
+def test_html_is_self_contained(t2i_dir: Path):
+    text = (t2i_dir / "report.html").read_text()
+    assert not re.search(r"(?:src|href)\s*=\s*['\"](?!data:)", text), "only data: URIs allowed"
+    assert "http://" not in text and "https://" not in text and "<script" not in text
+    assert text.count("data:image/png;base64,") == 2 + 3  # two plots, three pairs
+    assert "a blue &lt;square&gt; &amp; co" in text  # prompts are escaped
+    assert "FAIL" in text and "cpu-reference" in text
+
+
+def test_markdown(t2i_dir: Path):
+    md = (t2i_dir / "report.md").read_text()
+    assert md.startswith("# Acceptance report: sample-t2i — **FAIL**")
+    assert "![sensitivity](plots/sensitivity.png)" in md and "](plots/pair-" in md
+    assert "| mean SSIM vs baseline |" in md and "| FAIL |" in md
+    for link in re.findall(r"\]\((plots/[^)]+)\)", md):
+        assert (t2i_dir / link).is_file()
+
+
+def test_transcript_diffs_render():
+    report = asr_report()
+    md = render_markdown(report)
+    assert "~~cat~~ **bat**" in md and "~~the~~" in md
+    html = render_html(report)
+    assert "<del>cat</del> <ins>bat</ins>" in html and "PASS" in html
+
+
+def _non_blank(png: Path) -> tuple[float, float]:
+    from PIL import Image
+
+    px = np.asarray(Image.open(png).convert("RGB"), dtype=np.float64)
+    non_white = float((px.min(axis=2) < 200).mean())
+    return float(px.std()), non_white
+
+
+@pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="chromium not installed (apt-get install chromium)"
+)
+def test_html_renders_in_headless_chromium(t2i_dir: Path, tmp_path: Path):
+    shot = tmp_path / "shot.png"
+    cmd = ["chromium", *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
+           f"--screenshot={shot}", "--window-size=1200,1600",
+           (t2i_dir / "report.html").resolve().as_uri()]  # fmt: skip
+    subprocess.run(cmd, capture_output=True, timeout=120, check=False)
+    assert shot.is_file(), "chromium wrote no screenshot"
+    std, non_white = _non_blank(shot)
+    # A blank page has std 0 and no dark pixels; the report has text, tables and a red badge.
+    assert std > 20 and 0.02 < non_white < 0.9, (std, non_white)
+    from PIL import Image
+
+    px = np.asarray(Image.open(shot).convert("RGB")).astype(int)
+    red = (px[..., 0] > 150) & (px[..., 1] < 80) & (px[..., 2] < 80)
+    assert red.sum() > 200, "the red FAIL badge should be visible at the top"

@@ -1,0 +1,75 @@
+"""AcceptanceReport: JSON round trip, verdict/exit code, sensitivity rows."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from opsnn_quant.errors import ConfigError
+from opsnn_quant.evaluation.report import (
+    EXIT_FAIL,
+    EXIT_PASS,
+    AcceptanceReport,
+    exit_code,
+    fmt,
+    sensitivity_rows,
+)
+from tests.evaluation.sample_report import asr_report, sensitivity, t2i_report
+
+
+def test_json_round_trip_with_infinite_psnr(tmp_path):
+    report, _, _ = t2i_report()
+    assert any(math.isinf(p.psnr_db) for p in report.image_pairs)
+    path = report.save(tmp_path / "report.json")
+    text = path.read_text()
+    data = json.loads(text)  # strict JSON: inf is the string "Infinity"
+    assert data["schema_version"] == 1 and data["verdict"] == report.verdict
+    assert "Infinity" in text and "NaN" not in text.replace('"NaN"', "")
+    back = AcceptanceReport.load(path)
+    assert back == report
+    assert back.to_json() == text  # deterministic
+
+
+def test_verdict_and_exit_codes():
+    report, _, _ = t2i_report()
+    statuses = {c.key: c.status for c in report.criteria}
+    # ssim_min 0.999 fails on the noisy pairs; latency ratio 1.4 is INFO on cpu-reference.
+    assert statuses == {"fid_vs_baseline_max": "PASS", "psnr_min": "PASS", "ssim_min": "FAIL",
+                        "latency_p99_ratio_max": "INFO"}  # fmt: skip
+    assert report.verdict == "FAIL" and exit_code(report) == EXIT_FAIL == 3
+    passing = asr_report()
+    assert passing.verdict == "PASS" and passing.exit_code == EXIT_PASS == 0
+    assert passing.transcripts[0].candidate_errors == 2
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        AcceptanceReport.load(tmp_path / "missing.json")
+    bad = tmp_path / "r.json"
+    data = json.loads(asr_report().to_json())
+    data["schema_version"] = 99
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="schema_version"):
+        AcceptanceReport.load(bad)
+    data["schema_version"] = 1
+    data["verdict"] = "MAYBE"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="verdict"):
+        AcceptanceReport.load(bad)
+
+
+def test_sensitivity_rows_most_sensitive_first():
+    rows = sensitivity_rows(sensitivity())
+    assert [r.name for r in rows[:2]] == ["unet.down.5.proj", "unet.down.4.proj"]
+    assert rows[0].contribution == pytest.approx(0.06) and rows[0].sqnr_db == 25.0
+    assert rows[-1].name == "vae.conv_out" and rows[-1].contribution is None
+    assert [r.fp16_overflow for r in rows].count(True) == 1
+    assert rows[0].modality == "denoiser"
+    assert len(sensitivity_rows(sensitivity(), top=3)) == 3
+
+
+def test_fmt():
+    assert fmt(None) == "-" and fmt(math.inf) == "inf" and fmt(float("nan")) == "-"
+    assert fmt(12.34567) == "12.346" and fmt(123456.0) == "1.23e+05" and fmt(0.0) == "0"

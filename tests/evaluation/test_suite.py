@@ -1,0 +1,88 @@
+"""Suite schema: shipped suites validate; bad suites fail naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from opsnn_quant.errors import ConfigError
+from opsnn_quant.evaluation.suite import SUITES_DIR, builtin_suites, load_suite, parse_suite
+
+SHIPPED = sorted(SUITES_DIR.glob("*.yaml"))
+
+
+def test_suites_are_shipped():
+    names = {p.stem for p in SHIPPED}
+    assert {"shapes-t2i", "whisper-tiny-en", "sd15-template", "whisper-template"} <= names
+    assert builtin_suites() == sorted(n for n in names if not n.endswith("-template"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_suite_validates(path: Path):
+    suite = load_suite(path)
+    assert suite.name == path.stem
+    assert suite.metrics.thresholds.set_names(), "a shipped suite should set thresholds"
+    if suite.data.folder is not None:
+        assert suite.data.folder.is_absolute()
+
+
+def test_builtin_by_name():
+    suite = load_suite("shapes-t2i")
+    assert (
+        suite.task == "t2i" and suite.data.dataset == "shapes" and suite.data.reference == "dataset"
+    )
+    assert suite.metrics.fid_features == "clip" and suite.metrics.clip == "shapes-clip"
+    assert load_suite("whisper-tiny-en").task == "asr"
+
+
+def _base(**over):
+    data = {"name": "x", "task": "t2i", "data": {"dataset": "shapes", "samples": 8}}
+    data.update(over)
+    return data
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (_base(task="video"), "task"),
+        (_base(data={"dataset": "shapes", "samples": 1}), "data.samples"),
+        (_base(data={"samples": 4}), "exactly one of data.dataset or data.folder"),
+        (_base(metrics={"thresholds": {"wer_delta_max_points": 1}}), "do not apply to task 't2i'"),
+        (_base(metrics={"thresholds": {"psnr_min": "high"}}), "metrics.thresholds.psnr_min"),
+        (_base(metrics={"thresholds": {"fid_delta_max": 1.0}}), "needs data.reference"),
+        (_base(metrics={"thresholds": {"clip_score_delta_min": -1}}), "needs metrics.clip"),
+        (_base(metrics={"fid_features": "clip"}), "needs metrics.clip"),
+        (_base(metrics={"thresholds": {"psnr_minimum": 20}}), "metrics.thresholds.psnr_minimum"),
+        (_base(latency={"stability_k": 1}), "stability_k"),
+        (_base(latency={"runs": 0}), "latency.runs"),
+        (_base(schema_version=2), "schema_version"),
+        (_base(seeds=[]), "seeds"),
+    ],
+)
+def test_bad_suites_name_the_field(data, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_suite(data, "bad.yaml")
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_suite(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_suite(bad)
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_suite(bad)
+
+
+def test_relative_paths_resolve_against_the_suite(tmp_path):
+    sub = tmp_path / "suites"
+    sub.mkdir()
+    data = _base(data={"folder": "prompts", "reference": "refs", "samples": 4})
+    (sub / "s.yaml").write_text(yaml.safe_dump(data))
+    suite = load_suite(sub / "s.yaml")
+    assert suite.data.folder == (sub / "prompts").resolve()
+    assert suite.data.reference == str((sub / "refs").resolve())

@@ -1,0 +1,65 @@
+"""WER/CER and agreement WER against hand-counted edits."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from opsnn_quant.errors import InputError
+from opsnn_quant.evaluation.wer import agreement_wer, error_rates, utterance_rows
+
+
+def test_hand_computed_corpus_rates():
+    refs = ["The cat sat on the mat.", "Hello, world!"]
+    hyps = ["the bat sat on mat", "hello world"]
+    # Normalised: "the cat sat on the mat" / "hello world" (8 words, 22 + 11 = 33 chars).
+    # Utterance 1: cat->bat (S), "the" deleted (D): 2 word edits; chars: c->b, "the " deleted: 5.
+    r = error_rates(refs, hyps)
+    assert (r.word_errors, r.ref_words) == (2, 8)
+    assert r.wer == pytest.approx(2 / 8)
+    assert (r.char_errors, r.ref_chars) == (5, 33)
+    assert r.cer == pytest.approx(5 / 33, rel=1e-6)
+
+
+def test_normalisation_is_whisper_english():
+    # Case, punctuation, contractions and number formatting are not errors after normalisation.
+    r = error_rates(["I won't pay ten dollars."], ["i will not pay $10"])
+    assert r.wer == 0.0
+    raw = error_rates(["I won't pay ten dollars."], ["i will not pay $10"], normalize=False)
+    # Raw: 5 reference words, each position differs ("I"/"i", "won't"/"will", ...): 5 / 5.
+    assert raw.wer == pytest.approx(5 / 5)
+
+
+def test_rows_worst_first_and_diff():
+    refs = ["cats and dogs play", "alpha beta gamma", "red green blue"]
+    base = ["cats and dogs play", "alpha beta gamma", "red green blue"]
+    cand = ["cats and dogs play", "alpha delta", "red green blue extra"]
+    rows = utterance_rows(refs, base, cand)
+    assert [r.index for r in rows] == [1, 2, 0]
+    worst = rows[0]
+    # beta->delta (S) and gamma deleted (D): 2 extra errors vs the error-free baseline.
+    assert (worst.baseline_errors, worst.candidate_errors, worst.agreement_errors) == (0, 2, 2)
+    ops = [(c.op, c.ref, c.hyp) for c in worst.diff]
+    assert ("equal", "alpha", "alpha") in ops
+    edited = [o for o in ops if o[0] != "equal"]
+    assert sum(len(o[1].split()) for o in edited) == 2  # beta, gamma changed
+    assert rows[1].extra_errors == 1 and rows[1].diff[-1].op == "insert"
+    assert rows[2].extra_errors == 0
+    assert [(c.op, c.ref) for c in rows[2].diff] == [("equal", "cats and dogs play")]
+
+
+def test_agreement_wer():
+    # Baseline words: 3 + 2 = 5; edits: "b"->"x" and "d" inserted (2), then 0: 2/5.
+    assert agreement_wer(["a b c", "e f"], ["a x c d", "e f"]) == pytest.approx(2 / 5)
+    assert agreement_wer(["", ""], ["", ""]) == 0.0
+    assert math.isinf(agreement_wer([""], ["something"]))
+
+
+def test_errors():
+    with pytest.raises(InputError, match="2 references but 1"):
+        error_rates(["a", "b"], ["a"])
+    with pytest.raises(InputError, match="at least one"):
+        error_rates([], [])
+    with pytest.raises(InputError, match="no words"):
+        error_rates(["", "  "], ["a", "b"])
