@@ -34,10 +34,11 @@ def _root(
 
 def _register() -> None:
     # Imported here so that `import opsnn_quant.cli` stays cheap and each group stays separate.
-    from opsnn_quant.cli import demo, policy
+    from opsnn_quant.cli import calibrate, demo, policy
 
-    demo.register(app)
+    calibrate.register(app)
     policy.register(app)
+    demo.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:

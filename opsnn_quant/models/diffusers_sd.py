@@ -81,7 +81,7 @@ def load_pipeline(source: str, torch_dtype: torch.dtype = torch.float32) -> Any:
     set_offline_env()
     try:
         pipe = diffusers.DiffusionPipeline.from_pretrained(
-            str(path), torch_dtype=torch_dtype, local_files_only=True, safety_checker=None
+            str(path), dtype=torch_dtype, local_files_only=True, safety_checker=None
         )
     except (OSError, ValueError, TypeError) as exc:
         raise ModelLoadError(

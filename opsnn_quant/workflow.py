@@ -1,0 +1,167 @@
+"""The calibrate workflow: recipe -> probe -> policy -> quantize -> save -> export (one OUT dir).
+
+``run_calibrate`` writes ``OUT/`` as DESIGN.md lays it out, atomically (a temporary sibling
+renamed into place), and returns a summary the CLI prints.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from opsnn_quant.io import atomic_dir
+from opsnn_quant.models import ModelAdapter, load_adapter
+from opsnn_quant.models.data import load_records
+from opsnn_quant.recipe import Recipe
+from opsnn_quant.types import Modality
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str], None]
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (CPU) for reproducible runs."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def load_recipe_model(recipe: Recipe) -> ModelAdapter:
+    """The recipe's model, through its adapter."""
+    return load_adapter(recipe.model.family, recipe.model.source, **recipe.model.settings)
+
+
+@dataclass
+class CalibrateResult:
+    """What ``calibrate`` produced, for the summary table and the closing report."""
+
+    out: Path
+    rows: list[Any]
+    measured: dict[Modality, dict[str, float]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    int8_mac_share: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def run_calibrate(
+    recipe: Recipe, out: Path, *, seed: int | None = None, progress: Progress | None = None
+) -> CalibrateResult:
+    """Probe, decide, quantize, save and export, all into ``out`` (atomically).
+
+    Args:
+        recipe: the calibration recipe.
+        out: output directory (replaced as a whole when the run succeeds).
+        seed: overrides the recipe's seed.
+        progress: callback told about each phase.
+    """
+    from opsnn_quant.policy.export import export_policy, modules_from_report, write_export
+    from opsnn_quant.policy.search import build_policy
+    from opsnn_quant.policy.summary import summarize
+    from opsnn_quant.probe.api import ProbeConfig, probe
+    from opsnn_quant.probe.measure import measure_modalities, record_roots
+    from opsnn_quant.quant.api import quantize
+    from opsnn_quant.quant.checkpoint import save_quantized
+
+    say = progress or (lambda m: log.info("%s", m))
+    seed = recipe.seed if seed is None else seed
+    seed_everything(seed)
+    times: dict[str, float] = {}
+    t_all = time.perf_counter()
+
+    say(f"loading {recipe.model.source}")
+    adapter = load_recipe_model(recipe)
+    calib = load_records(recipe.data.calibration, recipe.data.limit)
+    probe_data = calib[: recipe.probe.data_limit] if recipe.probe.data_limit else calib
+    holdout = (
+        load_records(recipe.data.holdout, recipe.data.holdout_limit)
+        if recipe.data.holdout
+        else None
+    )
+
+    with atomic_dir(out) as tmp:
+        t0 = time.perf_counter()
+        cfg = ProbeConfig(
+            min_headroom=recipe.probe.min_headroom,
+            max_root_calls=recipe.probe.max_root_calls,
+            exhaustive=recipe.probe.exhaustive,
+            seed=seed,
+        )
+        report = probe(adapter, adapter.forward_loop(probe_data), cfg, progress=say)
+        report.save(tmp / "probe.json")
+        times["probe"] = time.perf_counter() - t0
+
+        say("deciding the precision policy")
+        policy = build_policy(report, recipe.budget, recipe.target)
+        policy.save(tmp / "policy.yaml")
+
+        recorded = None
+        if holdout is not None:
+            say("recording float outputs on held-out data")
+            recorded = record_roots(
+                adapter,
+                adapter.forward_loop(holdout),
+                max_calls=recipe.probe.max_root_calls,
+                seed=seed + 1,
+            )
+
+        t0 = time.perf_counter()
+        say("quantizing (calibration passes)")
+        seed_everything(seed)
+        quantize(adapter.model, policy, adapter.forward_loop(calib), progress=say)
+        save_quantized(
+            adapter.model,
+            tmp / "quant",
+            source_model=adapter.model_id,
+            extra={"policy_model": policy.model},
+        )
+        times["quantize"] = time.perf_counter() - t0
+
+        measured = {}
+        if recorded is not None:
+            say("measuring the quantized model on held-out data")
+            measured = measure_modalities(adapter, recorded)
+
+        say("exporting AMCT/ATC configs")
+        modules = modules_from_report(report)
+        notes = []
+        for fmt in recipe.exports:
+            result = export_policy(policy, fmt, modules)
+            name = {
+                "amct-cfg": "amct.cfg",
+                "amct-eager": "amct_eager.json",
+                "atc-modify-mixlist": "atc_modify_mixlist.json",
+            }.get(fmt, fmt.replace("-", "_") + ".cfg")
+            write_export(result, tmp / "export" / name)
+            notes.extend(f"{fmt}: {n}" for n in result.notes)
+        rows = summarize(policy, report)
+    times["total"] = time.perf_counter() - t_all
+    macs_total = sum(
+        r.int8_mac_share * _modality_macs(report, r.modality)
+        for r in rows
+        if r.int8_mac_share is not None
+    )
+    all_macs = sum(_modality_macs(report, r.modality) for r in rows)
+    share = macs_total / all_macs if all_macs else None
+    return CalibrateResult(out, rows, measured, times, share, notes)
+
+
+def _modality_macs(report: Any, modality: Any) -> float:
+    key = getattr(modality, "value", modality)
+    summary = report.modalities.get(key)
+    return float(summary.macs) if summary is not None else 0.0
+
+
+def fmt_db(x: float | None) -> str:
+    """A dB figure for tables."""
+    if x is None:
+        return "-"
+    return "inf" if math.isinf(x) else f"{x:.1f}"

@@ -1,0 +1,58 @@
+"""diffusers-sd adapter on a tiny random-config StableDiffusionPipeline loaded from disk."""
+
+import numpy as np
+import pytest
+
+from opsnn_quant.errors import CalibrationError, ModelLoadError
+from opsnn_quant.models import guess_family, load_adapter
+from opsnn_quant.types import Modality
+from tests.tiny_pipelines import save_tiny_sd
+
+pytest.importorskip("diffusers")
+
+
+@pytest.fixture(scope="module")
+def tiny_sd(tmp_path_factory):
+    return save_tiny_sd(tmp_path_factory.mktemp("tiny-sd") / "pipe")
+
+
+def test_loads_names_and_modalities(tiny_sd):
+    assert guess_family(str(tiny_sd)) == "diffusers-sd"
+    adapter = load_adapter("diffusers-sd", str(tiny_sd), steps=2, batch_size=2)
+    names = {n for n, _ in adapter.model.named_modules()}
+    assert "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q" in names
+    assert adapter.modality_of("unet.down_blocks.0.resnets.0.conv1") == Modality.DENOISER
+    assert (
+        adapter.modality_of("text_encoder.text_model.encoder.layers.0.mlp.fc1")
+        == Modality.TEXT_ENCODER
+    )
+    assert adapter.modality_of("vae.decoder.conv_out") == Modality.IMAGE_DECODER
+    assert adapter.modality_of("vae.post_quant_conv") == Modality.IMAGE_DECODER
+    assert adapter.modality_of("vae.encoder.conv_in") == Modality.OTHER
+    assert adapter.roots()[Modality.DENOISER] == "unet"
+
+
+def test_forward_loop_runs_every_timestep_and_generate_is_seeded(tiny_sd):
+    adapter = load_adapter("diffusers-sd", str(tiny_sd), steps=3, batch_size=2, guidance_scale=4.0)
+    calls = []
+    h = adapter.model.unet.register_forward_hook(lambda m, a, o: calls.append(a[0].shape[0]))
+    adapter.forward_loop(["a red circle", "a blue square", "a green circle"])(adapter.model)
+    h.remove()
+    # 2 batches (2 + 1 prompts) x 3 steps, classifier-free guidance doubles the batch
+    assert calls == [4, 4, 4, 2, 2, 2]
+    a = adapter.generate(["a red circle", "a blue square"], seed=5)
+    b = adapter.generate(["a red circle", "a blue square"], seed=5)
+    assert a[0].dtype == np.uint8 and a[0].shape == (16, 16, 3)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    c = adapter.generate(["a red circle"], seed=6)
+    assert not np.array_equal(a[0], c[0])
+
+
+def test_bad_input(tiny_sd, tmp_path):
+    with pytest.raises(ModelLoadError, match=r"no model_index\.json"):
+        load_adapter("diffusers-sd", str(tmp_path))
+    with pytest.raises(ModelLoadError, match="unknown model family"):
+        load_adapter("llama", str(tiny_sd))
+    adapter = load_adapter("diffusers-sd", str(tiny_sd), steps=1)
+    with pytest.raises(CalibrationError, match="sample 1 has an empty prompt"):
+        adapter.forward_loop(["a red circle", "  "])
