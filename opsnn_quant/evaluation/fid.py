@@ -157,6 +157,20 @@ class ClipImageFeatures(nn.Module):
         self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
 
+    @classmethod
+    def from_processor(cls, model: nn.Module, processor: Any, name: str) -> ClipImageFeatures:
+        """Take input size and normalisation from the model's ``CLIPProcessor``.
+
+        Example: ``ClipImageFeatures.from_processor(zoo.load("shapes-clip"),
+        load_shapes_clip_processor(), "shapes-clip")``.
+        """
+        ip = getattr(processor, "image_processor", processor)
+        crop = getattr(ip, "crop_size", None) or {}
+        size = crop.get("height") if isinstance(crop, dict) else None
+        mean = tuple(float(v) for v in ip.image_mean)
+        std = tuple(float(v) for v in ip.image_std)
+        return cls(model, name, image_size=size, mean=mean, std=std)  # type: ignore[arg-type]
+
     def train(self, mode: bool = True) -> ClipImageFeatures:
         return super().train(False)
 

@@ -152,6 +152,14 @@ def test_inception_features_match_fid_helper_reference_pipeline():
     assert float(ours.abs().max()) > 0.1  # real activations, not zeros
 
 
+def test_clip_features_from_processor(tiny_clip):
+    model, processor = tiny_clip
+    feats = ClipImageFeatures.from_processor(model, processor, "tiny")
+    assert feats.image_size == 32 and feats.mean.flatten().tolist() == [0.5, 0.5, 0.5]
+    # 64×64 inputs are resized to the tower's 32×32.
+    assert extract_features(random_images(2, size=64), feats).shape == (2, 16)
+
+
 def test_zoo_shapes_clip_feature_space():
     model = zoo_or_skip("shapes-clip")
     feats = ClipImageFeatures(model, "shapes-clip", mean=(0.5,) * 3, std=(0.5,) * 3)
