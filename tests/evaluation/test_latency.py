@@ -94,3 +94,36 @@ def test_timer_blocks():
 def test_summarize_empty():
     with pytest.raises(InputError):
         summarize_ms([])
+
+
+class FakeAccelerator:
+    """Stands in for torch.cuda / torch.npu: counts synchronisations, fixed allocator stats."""
+
+    def __init__(self) -> None:
+        self.syncs = 0
+        self.resets = 0
+
+    def synchronize(self) -> None:
+        self.syncs += 1
+
+    def reset_peak_memory_stats(self) -> None:
+        self.resets += 1
+
+    def memory_allocated(self) -> int:
+        return 100
+
+    def max_memory_allocated(self) -> int:
+        return 600
+
+
+def test_accelerator_path_synchronises_and_reads_allocator(monkeypatch):
+    import opsnn_quant.evaluation.latency as lat
+
+    acc = FakeAccelerator()
+    monkeypatch.setattr(lat, "accelerator_module", lambda device: acc)
+    r = measure(lambda: None, warmup=1, runs=3, device="npu:0")
+    # One sync after warmup, then one before and one after each timed call.
+    assert acc.syncs == 1 + 2 * 3 and acc.resets == 1
+    assert r.backend == "npu" and r.note == ""
+    assert r.peak_memory_bytes == 500 and r.memory_method.startswith("npu: max_memory_allocated")
+    assert r.python_peak_bytes is None
