@@ -86,6 +86,8 @@ class LocalProbe:
     _shadows: dict[str, _QuantMatmul] = field(default_factory=dict)
     _variant: dict[str, str] = field(default_factory=dict)
     calls: int = 0
+    max_error_calls: int = 32
+    _pass2_calls: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.module, nn.Linear):
@@ -157,7 +159,16 @@ class LocalProbe:
 
     @torch.no_grad()
     def measure(self, args: tuple, y: torch.Tensor) -> None:
-        """Pass 2: every candidate's output on this call's input against the float output."""
+        """Pass 2: every candidate's output on this call's input against the float output.
+
+        At most ``max_error_calls`` calls are measured, evenly spread over the ``calls`` pass 1
+        counted (e.g. every 3rd decoder step), so modules called per token stay affordable.
+        """
+        index = self._pass2_calls
+        self._pass2_calls += 1
+        stride = max(1, -(-self.calls // self.max_error_calls))
+        if index % stride:
+            return
         for scheme in self.schemes:
             yq = self.shadow(scheme)(*args)
             self.energies.setdefault(scheme, _Energy()).add(y, yq)

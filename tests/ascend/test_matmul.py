@@ -164,3 +164,11 @@ def test_bad_arguments(kwargs, message):
     x1, x2, scale = args.pop("x1"), args.pop("x2"), args.pop("scale")
     with pytest.raises(ShapeError, match=message):
         npu_quant_matmul(x1, x2, scale, **args)
+
+
+def test_int32_bias_overflow_wraps_like_the_device():
+    x1 = torch.tensor([[127]], dtype=torch.int8)
+    x2 = torch.tensor([[127]], dtype=torch.int8)  # acc = 16129
+    bias = torch.tensor([2**31 - 100], dtype=torch.int32)
+    acc = npu_quant_matmul(x1, x2, torch.tensor([1.0]), bias=bias, output_dtype=torch.int32)
+    assert acc.item() == 16129 + 2**31 - 100 - 2**32  # two's-complement wrap-around

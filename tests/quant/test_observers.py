@@ -6,6 +6,7 @@ import torch
 
 from opsnn_quant.errors import CalibrationError
 from opsnn_quant.quant.observers import (
+    HistogramObserver,
     KLObserver,
     MinMaxObserver,
     MSEObserver,
@@ -71,7 +72,9 @@ def _quant_mse(x: torch.Tensor, name: str) -> tuple[float, float]:
     return scale * 127, float(((q - offset) * scale - x).pow(2).mean())
 
 
-def test_clipping_observers_beat_minmax_on_laplace():
+def test_clipping_observers_beat_minmax_on_laplace(monkeypatch):
+    # the algorithms themselves, on every sample (no strided subsampling)
+    monkeypatch.setattr(HistogramObserver, "max_samples", 10**7)
     torch.manual_seed(0)
     x = torch.distributions.Laplace(0.0, 1.0).sample((200_000,))
     clip_minmax, err_minmax = _quant_mse(x, "minmax")
@@ -97,3 +100,11 @@ def test_kl_asymmetric_stays_inside_observed_range():
     scale, offset = obs.compute(False)
     assert scale <= 3.0 / 255 + 1e-9
     assert offset == -128.0  # the range starts at 0
+
+
+def test_large_batches_are_subsampled_but_counted_in_elements():
+    obs = PercentileObserver()
+    x = torch.linspace(-1, 1, 200_001)
+    obs.collect(x)
+    assert obs.hist.sum() == pytest.approx(200_001, rel=1e-6)
+    assert (obs.min, obs.max) == (-1.0, 1.0)  # exact, not from the subsample
