@@ -8,7 +8,9 @@ can fix (:class:`~opsnn_quant.errors.InputError`) print one line and exit 2; oth
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import warnings
 
 import typer
 
@@ -34,16 +36,32 @@ def _root(
 
 def _register() -> None:
     # Imported here so that `import opsnn_quant.cli` stays cheap and each group stays separate.
-    from opsnn_quant.cli import calibrate, demo, policy
+    from opsnn_quant.cli import calibrate, demo, evaluate, policy
 
     calibrate.register(app)
+    evaluate.register(app)
     policy.register(app)
     demo.register(app)
+
+
+def _quiet_third_parties() -> None:
+    # Hugging Face libraries print progress bars and advice on every load; the CLI shows its own
+    # progress, so keep theirs to errors (set before they are imported).
+    for var, value in (
+        ("TRANSFORMERS_VERBOSITY", "error"),
+        ("DIFFUSERS_VERBOSITY", "error"),
+        ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
+        ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"),
+    ):
+        os.environ.setdefault(var, value)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=".*torchvision.*")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point; returns the exit code."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    _quiet_third_parties()
     _register()
     try:
         app(args=argv, standalone_mode=False)

@@ -1,0 +1,64 @@
+"""``opsnn-quant evaluate``: acceptance of a quantized model against its float baseline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from opsnn_quant.cli._ui import console, phases
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``evaluate`` to ``app``."""
+
+    @app.command("evaluate")
+    def evaluate_cmd(
+        candidate: Annotated[Path, typer.Option(help="calibrate output directory (holds quant/)")],
+        suite: Annotated[str, typer.Option(help="suite YAML path or built-in name")],
+        out: Annotated[Path, typer.Option("-o", "--out", help="report directory")],
+        baseline: Annotated[
+            str | None, typer.Option(help="float model (default: the candidate's source)")
+        ] = None,
+        quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    ) -> None:
+        """Run baseline and candidate on the suite; write report.{json,md,html}. Exit 0 PASS, 3 FAIL."""
+        from opsnn_quant.evaluation.evaluate import (
+            evaluate,
+            images_for_report,
+            load_candidate,
+            policy_summary,
+        )
+        from opsnn_quant.evaluation.render import write_report
+        from opsnn_quant.evaluation.suite import load_suite
+        from opsnn_quant.models import guess_family, load_adapter
+        from opsnn_quant.quant.checkpoint import read_description
+
+        s = load_suite(suite)
+        source = baseline or read_description(candidate / "quant").get("source_model")
+        with phases(quiet) as say:
+            say("loading models")
+            cand, sensitivity = load_candidate(candidate)
+            base = load_adapter(guess_family(str(source)), str(source))
+            report, base_out, cand_out = evaluate(
+                base,
+                cand,
+                s,
+                policy=policy_summary(candidate),
+                sensitivity=sensitivity,
+                progress=say,
+            )
+            write_report(
+                report,
+                out,
+                baseline_images=images_for_report(base_out),
+                candidate_images=images_for_report(cand_out),
+            )
+        if not quiet:
+            for c in report.criteria:
+                console.print(
+                    f"{c.status:5} {c.label}: {c.value} (threshold {c.comparator} {c.threshold})"
+                )
+            console.print(f"[b]{report.verdict}[/b]: wrote {out}/report.html")
+        raise typer.Exit(report.exit_code)
