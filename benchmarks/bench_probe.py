@@ -49,9 +49,10 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 
 def _rss_kb(field: str) -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith(field):
-            return int(line.split()[1])
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1])
     return 0
 
 

@@ -113,7 +113,7 @@ def _polygon(shape: str, row: float, col: float, radius: float) -> tuple[Any, An
         )
     if shape == "triangle":
         angles = np.deg2rad([-90.0, 30.0, 150.0])
-        r = radius * 1.3
+        r: Any = radius * 1.3
     elif shape == "star":
         angles = np.deg2rad(-90.0 + 36.0 * np.arange(10))
         r = np.where(np.arange(10) % 2 == 0, radius * 1.2, radius * 0.5)

@@ -8,14 +8,14 @@ Splits:
   regenerates it.
 * ``calibration`` and ``train``: generated on the fly with espeak-ng from ``seed``.
 
-Every row has ``audio`` (float32 samples in [-1, 1], 16 kHz mono), ``sampling_rate`` (16000),
+Every row has ``audio`` (float32 numpy samples in [-1, 1], 16 kHz mono), ``sampling_rate`` (16000),
 ``text``, ``voice`` (espeak-ng voice+variant) and ``speed`` (words per minute). The datasets
 ``Audio`` feature is not used on purpose: decoding it needs torchcodec.
 
 Sentences are short, mostly from a small grammar over a controlled vocabulary, plus some free
 sentences. Voices and speeds were chosen so that the fp32 tiny.en model transcribes the eval
-set well (see :data:`VOICES`): quantization damage then shows up in the WER instead of being
-lost among baseline errors.
+set well (see :data:`VOICES`; 8.9 % normalised WER on the 100 eval utterances): quantization
+damage then shows up in the WER instead of being lost among baseline errors.
 """
 
 from __future__ import annotations

