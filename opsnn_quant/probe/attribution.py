@@ -75,12 +75,16 @@ def _detached_copy(obj: Any) -> Any:
     def detach(o: Any) -> Any:
         if isinstance(o, torch.Tensor):
             return o.detach().clone()
-        if isinstance(o, tuple):
+        if isinstance(o, dict):
+            items = {k: detach(v) for k, v in o.items()}
+            try:  # keep the mapping's own type (transformers' ModelOutput is indexable by position)
+                return type(o)(**items)
+            except TypeError:
+                return items
+        if isinstance(o, tuple) and not hasattr(o, "_fields"):
             return tuple(detach(v) for v in o)
         if isinstance(o, list):
             return [detach(v) for v in o]
-        if isinstance(o, dict):
-            return {k: detach(v) for k, v in o.items()}
         return copy.deepcopy(o)
 
     return detach(obj)
@@ -180,18 +184,20 @@ def _estimator_call(
             if y is None or not isinstance(out, torch.Tensor):
                 return None
             with torch.no_grad():
-                noise = (quantized_output(name, args, y.detach()) - y.detach()).to(torch.float64)
+                noise = quantized_output(name, args, y.detach()).float() - y.detach().float()
             # Adding a zero that requires grad puts every watched output in the graph, even when
             # the root's inputs are integers (token ids).
             y = out + zero
 
             def grad_hook(g: torch.Tensor) -> None:
-                prod = noise * g.detach().to(torch.float64)
+                # fp32 products and sums (fp64 over whole activations doubled the pass's cost);
+                # only the per-sample projections are squared and accumulated in float64.
+                prod = noise * g.detach().float()
                 if batch and prod.dim() > 0 and prod.shape[0] == batch[0]:
                     s = prod.reshape(prod.shape[0], -1).sum(dim=1)
                 else:
                     s = prod.sum().reshape(1)
-                acc[name] += float(s.pow(2).sum())
+                acc[name] += float(s.double().pow(2).sum())
 
             y.register_hook(grad_hook)
             return y
