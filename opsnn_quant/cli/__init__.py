@@ -44,6 +44,13 @@ def _register() -> None:
     demo.register(app)
 
 
+def _reproducible_math() -> None:
+    # MKL may pick different kernels run to run (buffer alignment) and so round differently;
+    # strict conditional numerical reproducibility makes the same inputs give the same bits,
+    # which byte-identical policies and checkpoints rely on. Read when MKL loads (with torch).
+    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
+
 def _quiet_third_parties() -> None:
     # Hugging Face libraries print progress bars and advice on every load; the CLI shows its own
     # progress, so keep theirs to errors (set before they are imported).
@@ -61,6 +68,7 @@ def _quiet_third_parties() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point; returns the exit code."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    _reproducible_math()
     _quiet_third_parties()
     _register()
     try:
