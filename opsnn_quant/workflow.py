@@ -50,10 +50,17 @@ class CalibrateResult:
     seconds: dict[str, float] = field(default_factory=dict)
     int8_mac_share: float | None = None
     notes: list[str] = field(default_factory=list)
+    verdict: str | None = None
 
 
 def run_calibrate(
-    recipe: Recipe, out: Path, *, seed: int | None = None, progress: Progress | None = None
+    recipe: Recipe,
+    out: Path,
+    *,
+    seed: int | None = None,
+    progress: Progress | None = None,
+    engine: str = "opsnn",
+    suite: str | None = None,
 ) -> CalibrateResult:
     """Probe, decide, quantize, save and export, all into ``out`` (atomically).
 
@@ -62,6 +69,9 @@ def run_calibrate(
         out: output directory (replaced as a whole when the run succeeds).
         seed: overrides the recipe's seed.
         progress: callback told about each phase.
+        engine: ``opsnn`` (our exact-Ascend engine) or ``amct`` (hand the policy to AMCT,
+            writing ``out/amct/`` instead of ``out/quant/``).
+        suite: an acceptance suite to evaluate the result with (report in ``out/report``).
     """
     from opsnn_quant.policy.export import export_policy, modules_from_report, write_export
     from opsnn_quant.policy.search import build_policy
@@ -72,6 +82,10 @@ def run_calibrate(
     from opsnn_quant.quant.checkpoint import save_quantized
 
     say = progress or (lambda m: log.info("%s", m))
+    if engine == "amct":
+        from opsnn_quant.policy.amct import _import_amct
+
+        _import_amct()  # before any work: AMCT ships with CANN and may simply not be here
     seed = recipe.seed if seed is None else seed
     seed_everything(seed)
     times: dict[str, float] = {}
@@ -114,19 +128,26 @@ def run_calibrate(
             )
 
         t0 = time.perf_counter()
-        say("quantizing (calibration passes)")
-        seed_everything(seed)
-        quantize(adapter.model, policy, adapter.forward_loop(calib), progress=say)
-        save_quantized(
-            adapter.model,
-            tmp / "quant",
-            source_model=adapter.model_id,
-            extra={"policy_model": policy.model},
-        )
+        return_early = engine == "amct"
+        if return_early:
+            from opsnn_quant.amct_handoff import run_amct_roots
+
+            say("handing the policy to AMCT")
+            run_amct_roots(adapter, policy, adapter.forward_loop(calib), tmp / "amct")
+        else:
+            say("quantizing (calibration passes)")
+            seed_everything(seed)
+            quantize(adapter.model, policy, adapter.forward_loop(calib), progress=say)
+            save_quantized(
+                adapter.model,
+                tmp / "quant",
+                source_model=adapter.model_id,
+                extra={"policy_model": policy.model},
+            )
         times["quantize"] = time.perf_counter() - t0
 
         measured = {}
-        if recorded is not None:
+        if recorded is not None and not return_early:
             say("measuring the quantized model on held-out data")
             measured = measure_modalities(adapter, recorded)
 
@@ -143,6 +164,9 @@ def run_calibrate(
             write_export(result, tmp / "export" / name)
             notes.extend(f"{fmt}: {n}" for n in result.notes)
         rows = summarize(policy, report)
+        verdict = None
+        if suite is not None and not return_early:
+            verdict = _evaluate_into(tmp / "report", recipe, adapter, suite, report, say)
     times["total"] = time.perf_counter() - t_all
     macs_total = sum(
         r.int8_mac_share * _modality_macs(report, r.modality)
@@ -151,7 +175,28 @@ def run_calibrate(
     )
     all_macs = sum(_modality_macs(report, r.modality) for r in rows)
     share = macs_total / all_macs if all_macs else None
-    return CalibrateResult(out, rows, measured, times, share, notes)
+    return CalibrateResult(out, rows, measured, times, share, notes, verdict)
+
+
+def _evaluate_into(
+    path: Path, recipe: Recipe, candidate: ModelAdapter, suite: str, report: Any, say: Progress
+) -> str:
+    """Acceptance of the freshly quantized model against a fresh float copy; returns the verdict."""
+    from opsnn_quant.evaluation.evaluate import evaluate, images_for_report
+    from opsnn_quant.evaluation.render import write_report
+    from opsnn_quant.evaluation.suite import load_suite
+
+    s = load_suite(suite)
+    say("loading the float baseline for the acceptance run")
+    baseline = load_recipe_model(recipe)
+    acc, base_out, cand_out = evaluate(baseline, candidate, s, sensitivity=report, progress=say)
+    write_report(
+        acc,
+        path,
+        baseline_images=images_for_report(base_out),
+        candidate_images=images_for_report(cand_out),
+    )
+    return str(acc.verdict)
 
 
 def _modality_macs(report: Any, modality: Any) -> float:

@@ -24,8 +24,14 @@ def register(app: typer.Typer) -> None:
         ),
         seed: Annotated[int | None, typer.Option(help="override the recipe's seed")] = None,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress display")] = False,
+        engine: Annotated[str, typer.Option(help="opsnn (exact Ascend arithmetic) or amct (needs CANN's AMCT)")] = "opsnn",
+        evaluate: Annotated[str | None, typer.Option("--evaluate", help="acceptance suite to run after calibration")] = None,
     ) -> None:
         """Probe, decide the policy, quantize, save and export (OUT/ as in DESIGN.md)."""
+        from opsnn_quant.errors import ConfigError
+
+        if engine not in ("opsnn", "amct"):
+            raise ConfigError(f"--engine must be opsnn or amct, got {engine!r}")
         from opsnn_quant.recipe import load_recipe
         from opsnn_quant.workflow import fmt_db, run_calibrate
 
@@ -33,7 +39,7 @@ def register(app: typer.Typer) -> None:
         if out == Path("out/shapes-t2i") and r.name != "shapes-t2i":
             out = Path("out") / r.name
         with phases(quiet) as say:
-            result = run_calibrate(r, out, seed=seed, progress=say)
+            result = run_calibrate(r, out, seed=seed, progress=say, engine=engine, suite=evaluate)
         table = Table(title=f"{r.name}: policy for {r.target} (errors: cpu-reference backend)")
         for col in (
             "modality",
