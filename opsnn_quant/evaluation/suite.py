@@ -143,6 +143,9 @@ class LatencySpec(_Strict):
         runs: Timed calls.
         stability_k: Consecutive calls of the stability run; 0 skips it.
         profile_top: Rows of the top-modules profile; 0 skips profiling.
+        onnx_speed: Export the candidate's main root module (UNet / audio encoder) as ONNX QDQ
+            and fp32 and time both with ONNX Runtime: the CPU speed figure
+            (``cpu-onnxruntime``); the latency criteria then judge it.
         enforce_backends: Backends whose latency/memory ratios are pass/fail criteria. On
             ``cpu-reference`` the quantized model runs Ascend arithmetic in emulation, so its
             timing is reported for information only.
@@ -152,6 +155,7 @@ class LatencySpec(_Strict):
     runs: int = Field(default=5, ge=1)
     stability_k: int = Field(default=0, ge=0)
     profile_top: int = Field(default=10, ge=0)
+    onnx_speed: bool = False
     enforce_backends: list[str] = Field(default_factory=lambda: ["npu", "cuda", "cpu-onnxruntime"])
 
     @model_validator(mode="after")
