@@ -59,9 +59,11 @@ def _quiet_third_parties() -> None:
         ("DIFFUSERS_VERBOSITY", "error"),
         ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
         ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"),
+        ("KINETO_LOG_LEVEL", "5"),  # torch.profiler's C++ start/stop lines
     ):
         os.environ.setdefault(var, value)
     warnings.filterwarnings("ignore", category=FutureWarning)
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message=".*torchvision.*")
 
 

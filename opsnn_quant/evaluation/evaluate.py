@@ -332,6 +332,10 @@ def onnx_speed(
     inputs = tuple(a for a in args if isinstance(a, torch.Tensor)) + tuple(
         kwargs[k] for k in tensor_keys
     )
+    # A 0-d tensor (the diffusion timestep) is broadcast inside the model; the exporter traces
+    # that wrongly, so give it the batch dimension the model would expand it to.
+    batch = inputs[0].shape[0] if inputs and inputs[0].dim() else 1
+    inputs = tuple(t.reshape(1).expand(batch).contiguous() if t.dim() == 0 else t for t in inputs)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             qdq = export_onnx(module, inputs, f"{tmp}/qdq.onnx", opset=18)
