@@ -61,6 +61,9 @@ class Recipe(_Strict):
     probe: ProbeSection = Field(default_factory=ProbeSection)
     budget: Budget = Field(default_factory=Budget)
     target: str = "cpu-reference"
+    strategy: Literal["search", "all-w8a8-minmax", "all-fp16"] = Field(
+        default="search", description="search the policy, or a reference baseline to compare with"
+    )
     exports: list[str] = Field(
         default_factory=lambda: [
             "amct-cfg",

@@ -114,7 +114,12 @@ def run_calibrate(
         times["probe"] = time.perf_counter() - t0
 
         say("deciding the precision policy")
-        policy = build_policy(report, recipe.budget, recipe.target)
+        if recipe.strategy == "search":
+            policy = build_policy(report, recipe.budget, recipe.target)
+        else:
+            from opsnn_quant.policy.baselines import naive_policy
+
+            policy = naive_policy(report, recipe.target, recipe.strategy)
         policy.save(tmp / "policy.yaml")
 
         recorded = None
@@ -143,6 +148,7 @@ def run_calibrate(
                 tmp / "quant",
                 source_model=adapter.model_id,
                 extra={"policy_model": policy.model},
+                allow_empty=True,
             )
         times["quantize"] = time.perf_counter() - t0
 

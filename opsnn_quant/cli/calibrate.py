@@ -24,8 +24,16 @@ def register(app: typer.Typer) -> None:
         ),
         seed: Annotated[int | None, typer.Option(help="override the recipe's seed")] = None,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress display")] = False,
-        engine: Annotated[str, typer.Option(help="opsnn (exact Ascend arithmetic) or amct (needs CANN's AMCT)")] = "opsnn",
-        evaluate: Annotated[str | None, typer.Option("--evaluate", help="acceptance suite to run after calibration")] = None,
+        engine: Annotated[
+            str, typer.Option(help="opsnn (exact Ascend arithmetic) or amct (needs CANN's AMCT)")
+        ] = "opsnn",
+        evaluate: Annotated[
+            str | None, typer.Option("--evaluate", help="acceptance suite to run after calibration")
+        ] = None,
+        strategy: Annotated[
+            str | None,
+            typer.Option(help="override the recipe: search | all-w8a8-minmax | all-fp16"),
+        ] = None,
     ) -> None:
         """Probe, decide the policy, quantize, save and export (OUT/ as in DESIGN.md)."""
         from opsnn_quant.errors import ConfigError
@@ -36,6 +44,14 @@ def register(app: typer.Typer) -> None:
         from opsnn_quant.workflow import fmt_db, run_calibrate
 
         r = load_recipe(recipe)
+        if strategy is not None:
+            from opsnn_quant.policy.baselines import STRATEGIES
+
+            if strategy not in STRATEGIES:
+                raise ConfigError(
+                    f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}"
+                )
+            r = r.model_copy(update={"strategy": strategy})
         if out == Path("out/shapes-t2i") and r.name != "shapes-t2i":
             out = Path("out") / r.name
         with phases(quiet) as say:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+import torch
 import typer
 
 from opsnn_quant.cli._ui import console, phases
@@ -15,16 +16,23 @@ def register(app: typer.Typer) -> None:
 
     @app.command("evaluate")
     def evaluate_cmd(
-        candidate: Annotated[Path, typer.Option(help="calibrate output directory (holds quant/)")],
+        candidate: Annotated[
+            Path, typer.Option(help="calibrate output directory (holds quant/) or a model source")
+        ],
         suite: Annotated[str, typer.Option(help="suite YAML path or built-in name")],
         out: Annotated[Path, typer.Option("-o", "--out", help="report directory")],
         baseline: Annotated[
             str | None, typer.Option(help="float model (default: the candidate's source)")
         ] = None,
         quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+        candidate_dtype: Annotated[
+            str, typer.Option(help="float32 or float16: dtype of the candidate's float modules")
+        ] = "float32",
     ) -> None:
         """Run baseline and candidate on the suite; write report.{json,md,html}. Exit 0 PASS, 3 FAIL."""
+        from opsnn_quant.errors import ConfigError
         from opsnn_quant.evaluation.evaluate import (
+            cast_adapter,
             evaluate,
             images_for_report,
             load_candidate,
@@ -35,11 +43,20 @@ def register(app: typer.Typer) -> None:
         from opsnn_quant.models import guess_family, load_adapter
         from opsnn_quant.quant.checkpoint import read_description
 
+        if candidate_dtype not in ("float32", "float16"):
+            raise ConfigError(
+                f"--candidate-dtype must be float32 or float16, got {candidate_dtype!r}"
+            )
         s = load_suite(suite)
-        source = baseline or read_description(candidate / "quant").get("source_model")
+        if (candidate / "quant").is_dir():
+            source = baseline or read_description(candidate / "quant").get("source_model")
+        else:
+            source = baseline or str(candidate)
         with phases(quiet) as say:
             say("loading models")
             cand, sensitivity = load_candidate(candidate)
+            if candidate_dtype == "float16":
+                cast_adapter(cand, torch.float16)
             base = load_adapter(guess_family(str(source)), str(source))
             report, base_out, cand_out = evaluate(
                 base,

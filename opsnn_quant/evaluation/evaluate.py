@@ -258,11 +258,18 @@ def policy_summary(out_dir: Path) -> dict[str, Any] | None:
 
 
 def load_candidate(out_dir: Path, family: str | None = None) -> tuple[ModelAdapter, Any]:
-    """The quantized model of a calibrate output directory (its float source + ``quant/``)."""
+    """The candidate: a calibrate output directory (float source + ``quant/``) or a model source.
+
+    A model source (``zoo:<name>`` or a model directory without ``quant/``) is loaded as is,
+    e.g. to evaluate the float model cast to fp16.
+    """
     from opsnn_quant.models import guess_family, load_adapter
     from opsnn_quant.probe.report import SensitivityReport
     from opsnn_quant.quant.checkpoint import load_quantized, read_description
 
+    if not (out_dir / "quant").is_dir():
+        source = str(out_dir)
+        return load_adapter(family or guess_family(source), source), None
     desc = read_description(out_dir / "quant")
     source = desc.get("source_model")
     if not source:
@@ -360,3 +367,18 @@ def onnx_speed(
         "and as fp32, timed with ONNX Runtime on this CPU"
     )
     return result
+
+
+def cast_adapter(adapter: ModelAdapter, dtype: torch.dtype) -> None:
+    """Run the adapter's float modules in ``dtype`` (int8 buffers of quantized modules stay)."""
+    from opsnn_quant.quant.modules import is_quant_module
+
+    for module in adapter.model.modules():
+        if is_quant_module(module):
+            continue
+        for _name, p in list(module.named_parameters(recurse=False)):
+            if p.is_floating_point():
+                p.data = p.data.to(dtype)
+        for name, b in list(module.named_buffers(recurse=False)):
+            if b.is_floating_point():
+                module._buffers[name] = b.to(dtype)

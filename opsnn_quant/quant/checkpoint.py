@@ -44,6 +44,7 @@ def save_quantized(
     *,
     source_model: str | None = None,
     extra: dict[str, Any] | None = None,
+    allow_empty: bool = False,
 ) -> Path:
     """Write the quantized modules of ``model`` to ``directory`` (atomically).
 
@@ -52,12 +53,13 @@ def save_quantized(
         directory: output directory (replaced as a whole).
         source_model: id of the float model (recorded in the description).
         extra: more JSON-able fields for the description (e.g. the policy's hash).
+        allow_empty: write a checkpoint with no int8 module (a policy that keeps all float).
 
     Returns:
         The directory. Same model and inputs give byte-identical files.
     """
     modules = quantized_modules(model)
-    if not modules:
+    if not modules and not allow_empty:
         raise CheckpointError("the model holds no quantized modules; run quantize() first")
     tensors: dict[str, torch.Tensor] = {}
     described: dict[str, Any] = {}
