@@ -186,9 +186,15 @@ class LocalProbe:
     def best_scheme(self) -> str:
         """The scheme with the highest local SQNR (ties: the simpler, listed first)."""
         res = self.results()
-        return max(
-            self.schemes, key=lambda s: -math.inf if s not in res else (res[s].sqnr_db or math.inf)
-        )
+
+        def key(s: str) -> float:
+            if s not in res:
+                return -math.inf
+            db = res[s].sqnr_db
+            # rounded: a last-bit difference between runs must not change the choice
+            return math.inf if db is None else round(db, 4)
+
+        return max(self.schemes, key=key)
 
     def release(self) -> None:
         """Drop the cached candidates."""

@@ -94,14 +94,30 @@ def fake_quant_activation(x: torch.Tensor, dynamic: bool) -> torch.Tensor:
     return torch.round(x / s).clamp(-128, 127) * s
 
 
+def _sig(x: float, digits: int = 6) -> float:
+    """``x`` rounded to ``digits`` significant digits.
+
+    Decisions compare errors rounded like this, so that last-bit differences between runs (BLAS
+    kernels may round differently from one run to the next) cannot flip a choice: byte-identical
+    checkpoints and policies depend on it. Near-ties go to the earlier candidate.
+    """
+    if x == 0.0 or not math.isfinite(x):
+        return x
+    return round(x, digits - 1 - math.floor(math.log10(abs(x))))
+
+
 @torch.no_grad()
 def layer_error(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor | None, dynamic: bool) -> float:
-    """Relative squared output error of a smoothed, W8A8-quantized ``x @ w.T`` against fp32."""
-    ref = x @ w.T
+    """Relative squared output error of a smoothed, W8A8-quantized ``x @ w.T`` against float.
+
+    The simulated quantization runs in fp32 (as the device rounds); the products and error sums in
+    float64 so that the comparison between candidates is stable.
+    """
+    ref = x.double() @ w.double().T
     xs, ws = (x, w) if s is None else (x / s, w * s)
-    out = fake_quant_activation(xs, dynamic) @ fake_quant_weight(ws).T
+    out = fake_quant_activation(xs, dynamic).double() @ fake_quant_weight(ws).double().T
     denom = float(ref.pow(2).sum())
-    return float((out - ref).pow(2).sum()) / max(denom, 1e-30)
+    return _sig(float((out - ref).pow(2).sum()) / max(denom, 1e-300))
 
 
 @torch.no_grad()
