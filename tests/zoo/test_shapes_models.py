@@ -18,9 +18,18 @@ T2I_SHAPE_GATE = 0.75
 CLIP_RETRIEVAL_GATE = 0.90
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    # These models are small: on a busy 2-core machine OpenMP workers spin at every barrier and
+    # 2-thread runs get 5-10x slower (measured: gate 8 s idle, 85 s busy); one thread is steady.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def pipe():
-    torch.set_num_threads(2)
     return zoo.load("shapes-t2i")
 
 
