@@ -74,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_third_parties()
     _register()
     try:
-        app(args=argv, standalone_mode=False)
+        rv = app(args=argv, standalone_mode=False)
+        if isinstance(rv, int):  # typer.Exit(code) comes back as the return value here
+            return rv
     except OpsnnQuantError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

@@ -1,0 +1,32 @@
+"""Baseline strategies: naive all-W8A8 min/max and all-fp16."""
+
+from opsnn_quant.policy.baselines import naive_policy
+from opsnn_quant.probe.report import ModuleSensitivity, SensitivityReport
+from opsnn_quant.types import Precision
+
+
+def _report():
+    mods = [
+        ModuleSensitivity(name="te.fc", type="Linear", modality="text_encoder"),
+        ModuleSensitivity(name="te.ln", type="LayerNorm", modality="text_encoder"),
+        ModuleSensitivity(name="unet.conv", type="Conv2d", modality="denoiser"),
+        ModuleSensitivity(name="unet.proj", type="Linear", modality="denoiser"),
+    ]
+    return SensitivityReport(model="m", modules=mods)
+
+
+def test_all_w8a8_minmax_takes_every_module_the_target_runs():
+    eager = naive_policy(_report(), "ascend910b-eager", "all-w8a8-minmax")
+    assert [(r.match, r.precision) for r in eager.rules] == [
+        ("te.fc", Precision.W8A8),
+        ("unet.proj", Precision.W8A8),
+    ]
+    atc = naive_policy(_report(), "ascend910b-atc", "all-w8a8-minmax")
+    assert [r.match for r in atc.rules] == ["te.fc", "unet.conv", "unet.proj"]
+    assert all(r.quant is None or r.quant.observer == "minmax" for r in atc.rules)
+
+
+def test_all_fp16_has_no_int8_rule():
+    p = naive_policy(_report(), "cpu-reference", "all-fp16")
+    assert p.rules == []
+    assert set(p.defaults.values()) == {Precision.FP16}
