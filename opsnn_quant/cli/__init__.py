@@ -49,6 +49,8 @@ def _reproducible_math() -> None:
     # strict conditional numerical reproducibility makes the same inputs give the same bits,
     # which byte-identical policies and checkpoints rely on. Read when MKL loads (with torch).
     os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+    # Idle OpenMP threads spin by default, which starves other work on small shared machines.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _quiet_third_parties() -> None:

@@ -61,7 +61,16 @@ class ChannelStats:
             slots = (torch.rand(chunk.shape[0], generator=self._gen) * idx).long()
             hit = slots < self.capacity
             if hit.any():
-                self.rows[slots[hit]] = chunk[hit]
+                # Sequential reservoir semantics: when several rows of this chunk draw the same
+                # slot, the last one wins. (Indexed assignment with duplicate indices is
+                # nondeterministic in torch, so deduplicate first.)
+                target, rows_hit = slots[hit], chunk[hit]
+                rev = torch.flip(target, dims=(0,))
+                uniq, inverse = torch.unique(rev, return_inverse=True)
+                first_in_rev = torch.full((uniq.numel(),), rev.numel(), dtype=torch.long)
+                first_in_rev.scatter_reduce_(0, inverse, torch.arange(rev.numel()), reduce="amin")
+                last = rev.numel() - 1 - first_in_rev
+                self.rows[uniq] = rows_hit[last]
             self.seen += chunk.shape[0]
 
 

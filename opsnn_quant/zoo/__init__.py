@@ -4,7 +4,7 @@ Loading contract (used by adapters, recipes and tests)::
 
     opsnn_quant.zoo.list()                    # names of the models
     opsnn_quant.zoo.load("shapes-t2i")        # diffusers StableDiffusionPipeline
-    opsnn_quant.zoo.load("shapes-clip")       # transformers CLIPModel (+ processor via load_clip_processor)
+    opsnn_quant.zoo.load("shapes-clip")       # transformers CLIPModel (+ zoo.shapes_clip.load_shapes_clip_processor)
     opsnn_quant.zoo.load("whisper-tiny.en")   # transformers WhisperForConditionalGeneration
     opsnn_quant.zoo.dataset("shapes", "eval") # datasets.Dataset
 
@@ -13,6 +13,7 @@ Each entry is resolved lazily so that ``import opsnn_quant`` never imports diffu
 
 from __future__ import annotations
 
+import builtins
 import importlib
 import os
 from collections.abc import Callable
@@ -52,15 +53,15 @@ def _resolve(table: dict[str, str], name: str, kind: str) -> Callable[..., Any]:
         raise ModelLoadError(f"unknown zoo {kind} {name!r}; known: {known}")
     module_name, func_name = table[name].split(":")
     module = importlib.import_module(module_name)
-    return getattr(module, func_name)  # type: ignore[no-any-return]
+    return getattr(module, func_name)
 
 
-def list() -> list[str]:
+def list() -> builtins.list[str]:
     """Names of the zoo models, sorted."""
     return sorted(_MODELS)
 
 
-def datasets() -> list[str]:
+def datasets() -> builtins.list[str]:
     """Names of the zoo datasets, sorted."""
     return sorted(_DATASETS)
 

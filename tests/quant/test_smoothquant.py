@@ -38,3 +38,20 @@ def test_search_prefers_smoothing_for_an_outlier_channel():
     assert err < 0.5 * layer_error(x, w, None, dynamic=False)
     # the smoothed product is the float product unchanged
     assert torch.allclose((x / s) @ (w * s).T, x @ w.T, rtol=1e-4, atol=1e-3)
+
+
+def test_reservoir_matches_a_sequential_reservoir_with_duplicate_slots():
+    cap, seed = 8, 5
+    x = torch.arange(3000, dtype=torch.float32).reshape(1000, 3)
+    st = ChannelStats(3, reservoir=cap, seed=seed)
+    st.collect(x)
+    # the same draws, applied one row at a time (many rows draw the same slot here)
+    g = torch.Generator().manual_seed(seed)
+    rows = x[:cap].clone()
+    rest = x[cap:]
+    idx = cap + torch.arange(1, rest.shape[0] + 1)
+    slots = (torch.rand(rest.shape[0], generator=g) * idx).long()
+    for row, slot in zip(rest, slots.tolist(), strict=True):
+        if slot < cap:
+            rows[slot] = row
+    assert torch.equal(st.rows, rows)
