@@ -67,6 +67,7 @@ def load_pipeline(source: str, torch_dtype: torch.dtype = torch.float32) -> Any:
         raise MissingDependencyError(
             "diffusers is not installed: pip install 'opsnn-quant[models]'"
         ) from exc
+    diffusers.utils.logging.disable_progress_bar()
     if source.startswith("zoo:"):
         from opsnn_quant import zoo
 
@@ -79,7 +80,6 @@ def load_pipeline(source: str, torch_dtype: torch.dtype = torch.float32) -> Any:
     from opsnn_quant.zoo import set_offline_env
 
     set_offline_env()
-    diffusers.utils.logging.disable_progress_bar()
     try:
         pipe = diffusers.DiffusionPipeline.from_pretrained(
             str(path), dtype=torch_dtype, local_files_only=True, safety_checker=None
