@@ -64,11 +64,11 @@ def register(app: typer.Typer) -> None:
             "bf16",
             "fp16",
             "int8",
-            "predicted SQNR dB",
-            "measured SQNR dB",
-            "int8 MAC share",
+            "pred. dB",
+            "meas. dB",
+            "int8 MACs",
         ):
-            table.add_column(col)
+            table.add_column(col, no_wrap=True)
         for row in result.rows:
             measured = result.measured.get(row.modality, {}).get("sqnr_db")
             table.add_row(
