@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterator
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-console = Console(stderr=False)
+# Tables keep their columns when piped (rich would wrap to 80 columns off a terminal).
+console = Console(stderr=False, width=None if sys.stdout.isatty() else 120)
 
 
 @contextlib.contextmanager
