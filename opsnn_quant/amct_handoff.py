@@ -62,7 +62,11 @@ def run_amct_roots(
     recorded = record_roots(adapter, loop, max_calls=batch_num)
     runs = {}
     for modality, root in adapter.roots().items():
-        inside = [n for n in names if (root == "" or n.startswith(root + ".")) and resolved[n].precision.is_int8]
+        inside = [
+            n
+            for n in names
+            if (root == "" or n.startswith(root + ".")) and resolved[n].precision.is_int8
+        ]
         calls = recorded.calls.get(modality)
         if not inside or not calls:
             continue

@@ -159,7 +159,7 @@ def run_calibrate(
 
         say("exporting AMCT/ATC configs")
         modules = modules_from_report(report)
-        notes = []
+        notes: list[str] = []
         for fmt in recipe.exports:
             result = export_policy(policy, fmt, modules)
             name = {

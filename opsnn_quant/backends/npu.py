@@ -40,7 +40,7 @@ class NpuBackend:
         self, x: torch.Tensor, smooth_scales: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """DynamicQuant (per token)."""
-        return _torch_npu().npu_dynamic_quant(x, smooth_scales=smooth_scales)  # type: ignore[no-any-return]
+        return _torch_npu().npu_dynamic_quant(x, smooth_scales=smooth_scales)
 
     def quant_matmul(
         self,
@@ -54,7 +54,7 @@ class NpuBackend:
         w_float_t: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """QuantBatchMatmulV3; ``w_float_t`` is a reference-only cache and is ignored here."""
-        return _torch_npu().npu_quant_matmul(  # type: ignore[no-any-return]
+        return _torch_npu().npu_quant_matmul(
             x_q,
             w_q_t,
             scale,
@@ -71,6 +71,6 @@ class NpuBackend:
         bias: torch.Tensor | None,
     ) -> torch.Tensor:
         """WeightQuantBatchMatmulV2; antiquant scale in x's dtype."""
-        return _torch_npu().npu_weight_quant_batchmatmul(  # type: ignore[no-any-return]
+        return _torch_npu().npu_weight_quant_batchmatmul(
             x, w_q_t, antiquant_scale.to(x.dtype), bias=bias
         )

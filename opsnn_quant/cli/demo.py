@@ -6,6 +6,7 @@ by the exact Ascend reference on this machine's CPU.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -38,6 +39,14 @@ class DemoBlock(nn.Module):
         return x + self.down(nn.functional.gelu(self.up(self.norm(x))))
 
 
+def _loop(batches: list[torch.Tensor]) -> Callable[[nn.Module], None]:
+    def loop(model: nn.Module) -> None:
+        for x in batches:
+            model(x)
+
+    return loop
+
+
 def register(app: typer.Typer) -> None:
     """Add the command to ``app``."""
 
@@ -54,6 +63,7 @@ def register(app: typer.Typer) -> None:
         from opsnn_quant.quant.api import quantize
         from opsnn_quant.quant.checkpoint import save_quantized
         from opsnn_quant.quant.spec import QuantSpec
+        from opsnn_quant.types import Precision
 
         torch.manual_seed(seed)
         model = DemoBlock(seed=seed).eval()
@@ -63,21 +73,21 @@ def register(app: typer.Typer) -> None:
         with torch.no_grad():
             ref = model(test)
         schemes = {
-            "w8a8 minmax": QuantSpec("w8a8"),
-            "w8a8 mse": QuantSpec("w8a8", observer="mse"),
-            "w8a8 + SmoothQuant(auto)": QuantSpec("w8a8", smoothquant_alpha="auto"),
-            "w8a8_dynamic": QuantSpec("w8a8_dynamic"),
-            "w8a8_dynamic + SmoothQuant(0.5)": QuantSpec("w8a8_dynamic", smoothquant_alpha=0.5),
-            "w8a16": QuantSpec("w8a16"),
+            "w8a8 minmax": QuantSpec(Precision.W8A8),
+            "w8a8 mse": QuantSpec(Precision.W8A8, observer="mse"),
+            "w8a8 + SmoothQuant(auto)": QuantSpec(Precision.W8A8, smoothquant_alpha="auto"),
+            "w8a8_dynamic": QuantSpec(Precision.W8A8_DYNAMIC),
+            "w8a8_dynamic + SmoothQuant(0.5)": QuantSpec(
+                Precision.W8A8_DYNAMIC, smoothquant_alpha=0.5
+            ),
+            "w8a16": QuantSpec(Precision.W8A16),
         }
         table = Table(title="Output error vs fp32 (backend: cpu reference of Ascend int8 ops)")
         for col in ("scheme", "SQNR dB", "cosine"):
             table.add_column(col)
         best = None
         for label, spec in schemes.items():
-            q = quantize(
-                copy.deepcopy(model), {"up": spec, "down": spec}, lambda m: [m(x) for x in calib]
-            )
+            q = quantize(copy.deepcopy(model), {"up": spec, "down": spec}, _loop(calib))
             with torch.no_grad():
                 y = q(test)
             snr = sqnr_db(ref, y)

@@ -49,7 +49,7 @@ def _apply_generation(adapter: ModelAdapter, suite: Suite) -> None:
         return
     fields = {f.name for f in dataclasses.fields(settings)}
     wanted = {k: v for k, v in g.model_dump().items() if k in fields and v is not None}
-    adapter.settings = dataclasses.replace(settings, **wanted)  # type: ignore[attr-defined]
+    adapter.settings = dataclasses.replace(settings, **wanted)  # type: ignore[attr-defined,type-var]
 
 
 def _clip(name: str | None) -> tuple[Any, Any, str] | None:
@@ -131,7 +131,8 @@ def evaluate(
                 for r in records
             ]
         clip = _clip(suite.metrics.clip)
-        scorer = features = None
+        scorer = None
+        features: Any = None
         if clip is not None:
             from opsnn_quant.evaluation.clip_score import ClipScorer
 
@@ -271,7 +272,7 @@ def load_candidate(out_dir: Path, family: str | None = None) -> tuple[ModelAdapt
         source = str(out_dir)
         return load_adapter(family or guess_family(source), source), None
     desc = read_description(out_dir / "quant")
-    source = desc.get("source_model")
+    source = str(desc.get("source_model") or "")
     if not source:
         raise ConfigError(f"{out_dir}/quant/description.json names no source model")
     adapter = load_adapter(family or guess_family(source), source)

@@ -56,7 +56,7 @@ class PipelineModule(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the whole pipeline (``pipe(*args, **kwargs)``)."""
-        return self.pipe(*args, **kwargs)
+        return self.__dict__["pipe"](*args, **kwargs)
 
 
 def load_pipeline(source: str, torch_dtype: torch.dtype = torch.float32) -> Any:

@@ -113,7 +113,7 @@ class WhisperAdapter(ModelAdapter):
     def _decode(self, audio: Sequence[Any]) -> list[str]:
         s = self.settings
         with torch.no_grad():
-            ids = self.model.generate(
+            ids = self.model.generate(  # type: ignore[operator]
                 self.features(audio), max_new_tokens=s.max_new_tokens, num_beams=s.num_beams
             )
         return [t.strip() for t in self.processor.batch_decode(ids, skip_special_tokens=True)]

@@ -20,7 +20,9 @@ def naive_policy(report: SensitivityReport, target: str, strategy: str) -> Preci
     """The ``strategy`` policy for the modules of ``report`` (see module docstring)."""
     t = get_target(target)
     modalities = derive_prefixes((e.name, e.modality) for e in report.modules)
-    defaults = {Modality(m): Precision.FP16 for m in sorted({e.modality.value for e in report.modules})}
+    defaults = {
+        Modality(m): Precision.FP16 for m in sorted({e.modality.value for e in report.modules})
+    }
     rules: list[Rule] = []
     if strategy == "all-w8a8-minmax":
         for e in report.modules:

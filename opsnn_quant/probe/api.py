@@ -189,11 +189,11 @@ def probe(
                 )
             )
             hooks.add(module.register_forward_hook(lambda m, a, o, sw=sw: sw.close_call()))
-    for root_name, rec in recorders.items():
+    for root_name, root_rec in recorders.items():
         root = named[root_name]
         hooks.add(
             root.register_forward_pre_hook(
-                lambda m, a, k, rec=rec: rec.offer(a, k), with_kwargs=True
+                lambda m, a, k, rec=root_rec: rec.offer(a, k), with_kwargs=True
             )
         )
     say("probe pass 1/2: ranges, fp16/bf16 re-runs, calibration statistics")

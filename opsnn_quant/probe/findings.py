@@ -30,17 +30,16 @@ def attention_parts(module: nn.Module) -> tuple[str, str, int, float] | None:
     if (
         hasattr(module, "to_q") and hasattr(module, "to_k") and hasattr(module, "heads")
     ):  # diffusers
-        scale = float(getattr(module, "scale", 0.0)) or None
-        heads = int(module.heads)
-        if scale is None:
-            scale = (module.to_q.out_features // heads) ** -0.5
+        heads = int(getattr(module, "heads"))  # noqa: B009 - typed access to a module attribute
+        q_out = int(getattr(getattr(module, "to_q"), "out_features"))  # noqa: B009
+        scale = float(getattr(module, "scale", 0.0)) or (q_out // heads) ** -0.5
         return "to_q", "to_k", heads, scale
     if hasattr(module, "q_proj") and hasattr(module, "k_proj"):  # transformers CLIP/Whisper
         heads = int(
             getattr(module, "num_heads", 0)
             or getattr(getattr(module, "config", None), "num_attention_heads", 1)
         )
-        head_dim = module.q_proj.out_features // heads
+        head_dim = int(getattr(getattr(module, "q_proj"), "out_features")) // heads  # noqa: B009
         scale = float(getattr(module, "scaling", head_dim**-0.5))
         return "q_proj", "k_proj", heads, scale
     return None

@@ -106,6 +106,7 @@ class Fp16Accumulator:
             self.err16[1] += b
         else:
             self.err16_valid = False
+        ysat: torch.Tensor | None
         if all_finite and x_max <= FP16_MAX:
             ysat = y16  # nothing saturates: both modes compute the same
         else:

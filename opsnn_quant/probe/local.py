@@ -111,7 +111,8 @@ class LocalProbe:
         """Between passes: SmoothQuant alphas by searched output error."""
         if self.stats is None or self.stats.seen == 0:
             return
-        w = self.module.weight.detach().reshape(self.module.weight.shape[0], -1)
+        weight: torch.Tensor = getattr(self.module, "weight")  # noqa: B009
+        w = weight.detach().reshape(weight.shape[0], -1)
         for key, dynamic in (("static", False), ("dynamic", True)):
             alpha, s, _ = search_alpha(self.stats, w, dynamic, DEFAULT_ALPHA_GRID)
             self.alphas[key], self.smooth[key] = alpha, s
@@ -127,8 +128,12 @@ class LocalProbe:
         spec = scheme_spec(scheme, alpha if smooth is not None else None)
         if smooth is None and spec.smoothquant:
             spec = scheme_spec(scheme.replace("_smoothquant", ""))
-        cls = QuantLinear if isinstance(self.module, nn.Linear) else QuantConv2d
-        q = cls.from_float(self.module, spec, self.name)  # type: ignore[attr-defined]
+        q: _QuantMatmul
+        if isinstance(self.module, nn.Linear):
+            q = QuantLinear.from_float(self.module, spec, self.name)
+        else:
+            assert isinstance(self.module, nn.Conv2d)
+            q = QuantConv2d.from_float(self.module, spec, self.name)
         iq = q.input_quantizer
         iq.calls = self.calls
         if smooth is not None:

@@ -41,6 +41,10 @@ class InputQuantizer(nn.Module):
     ``smooth_scales`` (K,).
     """
 
+    scale: torch.Tensor
+    offset: torch.Tensor
+    inv_scale: torch.Tensor
+
     def __init__(self, spec: QuantSpec, channels: int, name: str = "") -> None:
         super().__init__()
         self.spec = spec
@@ -136,6 +140,12 @@ class _QuantMatmul(nn.Module):
     """Shared machinery: a (N, K) weight applied to (M, K) rows with the spec's scheme."""
 
     weight: torch.Tensor
+    bias: torch.Tensor | None
+    deq_scale: torch.Tensor
+    deq_scale_packed: torch.Tensor
+    quant_bias: torch.Tensor
+    input_quantizer: InputQuantizer
+    weight_quantizer: WeightQuantizer
 
     def _init_quant(self, spec: QuantSpec, n: int, k: int, name: str) -> None:
         self.spec = spec
