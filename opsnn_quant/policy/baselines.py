@@ -1,6 +1,7 @@
 """Reference policies to compare the searched one against (issue: is the search worth it?).
 
-* ``all-w8a8-minmax``: every Linear/Conv2d the target can run in static W8A8 goes int8 with the
+* ``all-w8a8-minmax``: every Linear/Conv2d that ran during probing and that the target can run in
+  static W8A8 goes int8 with the
   plainest calibration (per-tensor min/max, no SmoothQuant), no fp32 pins, no fallbacks.
 * ``all-fp16``: nothing int8; every modality in fp16 (on CPU, evaluate the float model cast to
   fp16 to see fp16's own error).
@@ -26,7 +27,7 @@ def naive_policy(report: SensitivityReport, target: str, strategy: str) -> Preci
     rules: list[Rule] = []
     if strategy == "all-w8a8-minmax":
         for e in report.modules:
-            if not e.quantizable:
+            if not e.quantizable or e.calls == 0:  # never run (e.g. a t2i pipeline's VAE encoder)
                 continue
             ok, _ = t.can_run(e.type, Precision.W8A8)
             if ok:

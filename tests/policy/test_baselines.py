@@ -7,10 +7,11 @@ from opsnn_quant.types import Precision
 
 def _report():
     mods = [
-        ModuleSensitivity(name="te.fc", type="Linear", modality="text_encoder"),
-        ModuleSensitivity(name="te.ln", type="LayerNorm", modality="text_encoder"),
-        ModuleSensitivity(name="unet.conv", type="Conv2d", modality="denoiser"),
-        ModuleSensitivity(name="unet.proj", type="Linear", modality="denoiser"),
+        ModuleSensitivity(name="te.fc", type="Linear", modality="text_encoder", calls=2),
+        ModuleSensitivity(name="te.ln", type="LayerNorm", modality="text_encoder", calls=2),
+        ModuleSensitivity(name="unet.conv", type="Conv2d", modality="denoiser", calls=4),
+        ModuleSensitivity(name="unet.proj", type="Linear", modality="denoiser", calls=4),
+        ModuleSensitivity(name="vae.encoder.conv_in", type="Conv2d", modality="other", calls=0),
     ]
     return SensitivityReport(model="m", modules=mods)
 
