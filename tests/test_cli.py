@@ -87,3 +87,24 @@ def test_bad_input_is_one_line_exit_2_and_no_output(tiny, tmp_path, capsys):
 def test_unknown_builtin_recipe_lists_the_known_ones(capsys, tmp_path):
     assert main(["calibrate", "no-such-recipe", "-o", str(tmp_path / "o")]) == 2
     assert "shapes-t2i" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_probe_command_writes_probe_json(tiny, tmp_path, capsys):
+    root, _ = tiny
+    rc = main(
+        [
+            "probe",
+            str(root / "pipe"),
+            "--data",
+            str(root / "prompts.txt"),
+            "-o",
+            str(tmp_path / "p"),
+        ]
+    )
+    assert rc == 0
+    report = json.loads((tmp_path / "p" / "probe.json").read_text())
+    assert report["schema_version"] == 1
+    assert {"text_encoder", "denoiser", "image_decoder"} <= set(report["modalities"])
+    assert any(m["e2e"] for m in report["modules"])
+    assert "riskiest modules" in capsys.readouterr().out
