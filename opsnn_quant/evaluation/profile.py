@@ -212,7 +212,10 @@ def top_modules(
 
     types = {}
     for name, module in model.named_modules():
-        if name and (not leaf_only or not any(True for _ in module.children())):
+        # A quantized Linear/Conv2d counts as a leaf: its children are parameter holders
+        # (input_quantizer/weight_quantizer) that do no work of their own.
+        leaf = not any(True for _ in module.children()) or hasattr(module, "input_quantizer")
+        if name and (not leaf_only or leaf):
             types[name] = type(module).__name__
     with torch.no_grad():
         for _ in range(warmup):
