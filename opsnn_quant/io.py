@@ -8,6 +8,13 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from opsnn_quant.errors import ConfigError
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
@@ -55,3 +62,21 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     os.replace(tmp, target)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def load_json_model(cls: type[_M], path: str | os.PathLike[str]) -> _M:
+    """Read a JSON file and validate it as the pydantic model ``cls``.
+
+    Raises:
+        ConfigError: Missing file, bad JSON or a schema violation; the message names the file and
+            the first offending field.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p} not found")
+    try:
+        return cls.model_validate_json(p.read_text())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise ConfigError(f"{p}: {where}: {first['msg']}") from exc

@@ -16,13 +16,12 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.latency import LatencyResult
 from opsnn_quant.evaluation.ort_speed import OrtSpeedResult
 from opsnn_quant.evaluation.profile import ModuleTimeRow, StabilityResult, StageRow
-from opsnn_quant.io import atomic_write_text
+from opsnn_quant.io import atomic_write_text, load_json_model
 
 REPORT_SCHEMA_VERSION = 1
 EXIT_PASS = 0
@@ -180,15 +179,7 @@ class AcceptanceReport(_Model):
         Raises:
             ConfigError: Missing file, bad JSON or a schema violation (names the field).
         """
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"{p} not found")
-        try:
-            return cls.model_validate_json(p.read_text())
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(x) for x in first["loc"])
-            raise ConfigError(f"{p}: {where}: {first['msg']}") from exc
+        return load_json_model(cls, path)
 
 
 def overall_verdict(criteria: list[Criterion]) -> Literal["PASS", "FAIL"]:

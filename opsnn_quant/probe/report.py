@@ -11,10 +11,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from opsnn_quant.errors import ConfigError
-from opsnn_quant.io import atomic_write_text
+from opsnn_quant.io import atomic_write_text, load_json_model
 from opsnn_quant.types import Modality
 
 SCHEMA_VERSION = 1
@@ -183,12 +182,4 @@ class SensitivityReport(_Frozen):
         Raises:
             ConfigError: missing file, bad JSON or a schema violation (the message names the field).
         """
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"{p} not found")
-        try:
-            return cls.model_validate_json(p.read_text())
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(x) for x in first["loc"])
-            raise ConfigError(f"{p}: {where}: {first['msg']}") from exc
+        return load_json_model(cls, path)
