@@ -10,26 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-
-def _bytes_to_unicode() -> list[str]:
-    bs = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for c in cs]
+from opsnn_quant.zoo.tokenizer_shapes import _bytes_to_unicode
 
 
 def write_char_tokenizer(directory: Path) -> Path:
     """A CLIP BPE vocabulary without merges: any text tokenizes character by character."""
-    syms = _bytes_to_unicode()
+    syms = list(_bytes_to_unicode().values())
     vocab = {s: i for i, s in enumerate(syms)}
     for s in syms:
         vocab[s + "</w>"] = len(vocab)
