@@ -78,6 +78,12 @@ def _int8_rule(match: str, ch: Choice, reason: str) -> Rule:
 
 
 def _single_reason(ch: Choice) -> str:
+    if ch.by_e2e:
+        return (
+            f"int8 {describe_scheme(ch)}: smallest est. end-to-end contribution "
+            f"{ch.contribution:.2e} among the schemes the target runs (local SQNR "
+            f"{fmt_db(ch.sqnr_db)})"
+        )
     scaled = " (rescaled from the probe's estimate, first order)" if ch.scaled else ""
     return (
         f"int8 {describe_scheme(ch)}: best local SQNR {fmt_db(ch.sqnr_db)} among the schemes "

@@ -35,6 +35,7 @@ class Choice:
     sqnr_db: float | None  # local SQNR (None = no error)
     contribution: float  # relative noise energy added to the modality output (first order)
     scaled: bool  # contribution rescaled from another scheme's estimate
+    by_e2e: bool = False  # chosen by end-to-end estimate (else by local SQNR)
 
 
 def _sqnr_key(e: SchemeError) -> float:
@@ -44,15 +45,18 @@ def _sqnr_key(e: SchemeError) -> float:
 def contribution_for(m: ModuleSensitivity, scheme: str) -> tuple[float, bool] | None:
     """Estimated end-to-end contribution of ``m`` under ``scheme``.
 
-    The probe measured ``e2e.contribution`` under ``e2e.scheme``; to first order a module's
+    When the probe scored ``scheme`` end to end (``e2e.schemes``), that estimate. Otherwise the
+    probe measured ``e2e.contribution`` under ``e2e.scheme`` only; to first order a module's
     contribution scales with its local noise energy, so under another scheme ``s`` it is
-    ``c * 10 ** ((sqnr[e2e.scheme] - sqnr[s]) / 10)``.
+    ``c * 10 ** ((sqnr[e2e.scheme] - sqnr[s]) / 10)`` (rescaled).
 
     Returns:
         ``(contribution, rescaled)`` or None when the probe gives no end-to-end estimate.
     """
     if m.e2e is None:
         return None
+    if scheme in m.e2e.schemes:  # scored end to end by the probe itself
+        return m.e2e.schemes[scheme], False
     base = m.e2e.contribution
     if scheme == m.e2e.scheme:
         return base, False
@@ -67,25 +71,35 @@ def contribution_for(m: ModuleSensitivity, scheme: str) -> tuple[float, bool] | 
 
 
 def best_choice(m: ModuleSensitivity, allowed: set[Precision]) -> Choice | None:
-    """The scheme with the best local SQNR among those whose precision is in ``allowed``."""
+    """The best scheme among those whose precision is in ``allowed``.
+
+    Best = smallest end-to-end contribution when the probe scored every scheme end to end (local
+    SQNR can rank schemes wrongly for the output: SmoothQuant or MSE clipping may lower a layer's
+    own error while moving noise where the output is more sensitive); otherwise the best local
+    SQNR. Ties go to the simpler scheme (``SCHEMES`` order).
+    """
+    by_e2e = m.e2e is not None and bool(m.e2e.schemes)
     ranked = []
     for order, (name, (precision, fields, smooth)) in enumerate(SCHEMES.items()):
         err = m.w8a8.get(name)
         if err is None or precision not in allowed:
             continue
-        ranked.append((-_sqnr_key(err), order, name, precision, fields, smooth, err))
-    for _, _, name, precision, fields, smooth, err in sorted(ranked, key=lambda r: r[:2]):
         est = contribution_for(m, name)
         if est is None:
             continue
-        quant = dict(fields)
-        if smooth:
-            # The probe records the alpha it searched; without one, search again at calibration.
-            quant["smoothquant_alpha"] = (
-                err.smoothquant_alpha if err.smoothquant_alpha is not None else "auto"
-            )
-        return Choice(name, precision, quant, err.sqnr_db, est[0], est[1])
-    return None
+        # rounded: a last-bit difference between runs must not change the choice
+        key = float(f"{est[0]:.6g}") if by_e2e else -round(_sqnr_key(err), 4)
+        ranked.append((key, order, name, precision, fields, smooth, err, est))
+    if not ranked:
+        return None
+    _, _, name, precision, fields, smooth, err, est = min(ranked, key=lambda r: r[:2])
+    quant = dict(fields)
+    if smooth:
+        # The probe records the alpha it searched; without one, search again at calibration.
+        quant["smoothquant_alpha"] = (
+            err.smoothquant_alpha if err.smoothquant_alpha is not None else "auto"
+        )
+    return Choice(name, precision, quant, err.sqnr_db, est[0], est[1], by_e2e)
 
 
 def noise_to_db(noise: float) -> float | None:

@@ -4,9 +4,11 @@ How (per modality, deterministic for the same inputs):
 
 1. Modules the fp16 overflow probe flagged are pinned: bf16 when the target has it and the
    probe's bf16 relative error is small, else fp32. The evidence goes into the reason.
-2. Every other Linear/Conv2d the target can run in int8 gets the scheme with the best local SQNR
-   among those the target allows; its end-to-end contribution is rescaled to that scheme
-   (first order, see :func:`~opsnn_quant.policy._schemes.contribution_for`).
+2. Every other Linear/Conv2d the target can run in int8 gets, among the schemes the target
+   allows, the one with the smallest end-to-end contribution when the probe scored every scheme
+   end to end; for a probe that scored only the locally best scheme, the one with the best local
+   SQNR, its contribution rescaled to that scheme (first order, see
+   :func:`~opsnn_quant.policy._schemes.contribution_for`).
 3. While the summed contributions exceed the modality's noise budget, the module with the largest
    contribution per MAC (MACs stand in for the latency int8 saves) falls back to fp16. Then fallen
    back modules are re-admitted, largest first, when they still fit.

@@ -13,7 +13,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -50,6 +50,9 @@ class ProbeConfig:
         attribution: estimate end-to-end contributions (needs ``w8a8``).
         exhaustive: also run the one-module-at-a-time reference (N + 1 replays; slow).
         max_root_calls: recorded calls per root for the attribution replay.
+        e2e_schemes: ``"all"`` scores every candidate scheme of a module end to end (same
+            forward/backward, more int8 reference work at gradient time) so the policy can pick
+            schemes by end-to-end effect; ``"best"`` scores only the locally best scheme.
         seed: seed of reservoirs and random directions.
     """
 
@@ -59,6 +62,7 @@ class ProbeConfig:
     attribution: bool = True
     exhaustive: bool = False
     max_root_calls: int = 8
+    e2e_schemes: Literal["all", "best"] = "all"
     seed: int = 0
 
 
@@ -231,7 +235,8 @@ def probe(
     best = {n: lp.best_scheme() for n, lp in local.items() if lp.calls}
     for modality, root_name in roots.items():
         rec = recorders.get(root_name)
-        if rec is None or not rec.calls:
+        replay = rec.calls if rec is not None else []
+        if not replay:
             if rec is not None and rec.failed:
                 log.warning("%s", rec.failed)
             continue
@@ -244,13 +249,14 @@ def probe(
         if not members:
             continue
         say(
-            f"end-to-end attribution: {modality.value} ({len(members)} modules, {len(rec.calls)} replayed calls)"
+            f"end-to-end attribution: {modality.value} ({len(members)} modules, {len(replay)} replayed calls)"
         )
         result = estimate(
             named[root_name],
-            rec.calls,
+            replay,
             members,
-            lambda n, args, y: local[n].shadow(best[n])(*args),
+            lambda n, scheme, args, y: local[n].shadow(scheme)(*args),
+            {n: _scored_schemes(local[n], best[n], cfg.e2e_schemes) for n in members},
             seed=cfg.seed,
             exhaustive=cfg.exhaustive,
         )
@@ -261,6 +267,7 @@ def probe(
                 contribution=result.contributions[n],
                 rank=rank,
                 exhaustive=None if result.exhaustive is None else result.exhaustive[n],
+                schemes=result.per_scheme[n] if cfg.e2e_schemes == "all" else {},
             )
         key = modality.value
         costs[f"{key}_forward_seconds"] = result.seconds_forward
@@ -363,3 +370,12 @@ def _summaries(
             macs=sum(e.macs for e in quant),
         )
     return out
+
+
+def _scored_schemes(lp: LocalProbe, best: str, which: str) -> tuple[str, ...]:
+    """The local best first (the reference scheme of ranks and the exhaustive run), then, with
+    ``which == "all"``, every other scheme the local probe measured."""
+    if which != "all":
+        return (best,)
+    measured = lp.results()
+    return (best, *(s for s in lp.schemes if s != best and s in measured))

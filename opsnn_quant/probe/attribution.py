@@ -12,6 +12,12 @@ it for every module at once. Each sample of the batch draws its own ``v``, so on
 over the batch. The estimate is unbiased for the actual (structured) noise, not a white-noise
 model. Contribution = estimated ``sum ||J_i e_i||^2 / sum ||y||^2``.
 
+**Several candidate schemes per module** cost no extra pass: the noises are computed when the
+module's gradient arrives (from its saved input and output) and all are projected on the *same*
+gradient, so the comparison between schemes carries common random numbers. Local SQNR alone can
+rank schemes wrongly end to end (e.g. SmoothQuant moving noise into the channels the output is most
+sensitive to); this measures that directly.
+
 **Exhaustive reference**: quantize one module at a time and replay (N + 1 passes).
 """
 
@@ -31,7 +37,8 @@ from opsnn_quant.probe.hooks import first_tensor
 
 log = logging.getLogger(__name__)
 
-NoiseFn = Callable[[str, tuple, torch.Tensor], torch.Tensor]  # (name, args, y) -> quantized y
+# (name, scheme, args, y) -> the module's output under ``scheme``
+NoiseFn = Callable[[str, str, tuple, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -100,9 +107,14 @@ def _replay(root: nn.Module, call: tuple[tuple, dict]) -> torch.Tensor:
 
 @dataclass
 class Attribution:
-    """Per-module contributions for one root, plus costs."""
+    """Per-module contributions for one root, plus costs.
+
+    ``contributions[name]`` is the contribution under the module's first scheme;
+    ``per_scheme[name][scheme]`` those of every scheme it was scored under.
+    """
 
     contributions: dict[str, float]
+    per_scheme: dict[str, dict[str, float]]
     output_energy: float
     seconds_forward: float
     seconds_estimator: float
@@ -115,6 +127,7 @@ def estimate(
     calls: list[tuple[tuple, dict]],
     modules: dict[str, nn.Module],
     quantized_output: NoiseFn,
+    schemes: dict[str, tuple[str, ...]],
     seed: int = 0,
     exhaustive: bool = False,
 ) -> Attribution:
@@ -124,9 +137,11 @@ def estimate(
         root: the root module (float).
         calls: recorded calls to replay.
         modules: name -> module inside the root whose int8 noise is attributed.
-        quantized_output: returns the module's int8 output for its call ``args`` and float ``y``.
+        quantized_output: the module's output under a scheme, for its call ``args`` and float ``y``.
+        schemes: name -> the schemes to score it under (at least one; the first is the module's
+            reference scheme, the one ``contributions`` and the exhaustive run use).
         seed: seed of the random output directions.
-        exhaustive: also run the one-module-at-a-time reference.
+        exhaustive: also run the one-module-at-a-time reference (first scheme only).
     """
     gen = torch.Generator().manual_seed(seed)
     params = list(root.parameters())
@@ -143,19 +158,24 @@ def estimate(
         energy = sum(float(r.pow(2).sum()) for r in refs)
 
         t0 = time.perf_counter()
-        acc = dict.fromkeys(modules, 0.0)
+        acc = {n: dict.fromkeys(schemes[n], 0.0) for n in modules}
         for call in calls:
-            _estimator_call(root, call, modules, quantized_output, acc, gen)
+            _estimator_call(root, call, modules, quantized_output, schemes, acc, gen)
         t_est = time.perf_counter() - t0
-        contributions = {n: a / energy if energy > 0 else 0.0 for n, a in acc.items()}
+        per_scheme = {
+            n: {s: a / energy if energy > 0 else 0.0 for s, a in by.items()}
+            for n, by in acc.items()
+        }
+        contributions = {n: per_scheme[n][schemes[n][0]] for n in modules}
 
-        result = Attribution(contributions, energy, t_fwd, t_est)
+        result = Attribution(contributions, per_scheme, energy, t_fwd, t_est)
         if exhaustive:
             t0 = time.perf_counter()
             result.exhaustive = {}
             for name, module in modules.items():
                 noise = 0.0
-                with torch.no_grad(), _swap_output(module, name, quantized_output):
+                swap = _swap_output(module, name, schemes[name][0], quantized_output)
+                with torch.no_grad(), swap:
                     for call, ref in zip(calls, refs, strict=True):
                         noise += float((_replay(root, call).to(torch.float64) - ref).pow(2).sum())
                 result.exhaustive[name] = noise / energy if energy > 0 else 0.0
@@ -171,7 +191,8 @@ def _estimator_call(
     call: tuple[tuple, dict],
     modules: dict[str, nn.Module],
     quantized_output: NoiseFn,
-    acc: dict[str, float],
+    schemes: dict[str, tuple[str, ...]],
+    acc: dict[str, dict[str, float]],
     gen: torch.Generator,
 ) -> None:
     zero = torch.zeros((), requires_grad=True)
@@ -183,24 +204,38 @@ def _estimator_call(
             y = first_tensor(out)
             if y is None or not isinstance(out, torch.Tensor):
                 return None
-            with torch.no_grad():
-                noise = quantized_output(name, args, y.detach()).float() - y.detach().float()
+            # Detached views, not copies: autograd usually holds these activations anyway. The
+            # version counters catch an in-place change before the gradient arrives.
+            saved = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+            y_ref = y.detach()
+            versions = [a._version for a in saved if isinstance(a, torch.Tensor)]
+            y_ref_version = y_ref._version
             # Adding a zero that requires grad puts every watched output in the graph, even when
             # the root's inputs are integers (token ids).
-            y = out + zero
+            y_out = out + zero
 
             def grad_hook(g: torch.Tensor) -> None:
-                # fp32 products and sums (fp64 over whole activations doubled the pass's cost);
-                # only the per-sample projections are squared and accumulated in float64.
-                prod = noise * g.detach().float()
-                if batch and prod.dim() > 0 and prod.shape[0] == batch[0]:
-                    s = prod.reshape(prod.shape[0], -1).sum(dim=1)
-                else:
-                    s = prod.sum().reshape(1)
-                acc[name] += float(s.double().pow(2).sum())
+                now = [a._version for a in saved if isinstance(a, torch.Tensor)]
+                if now != versions or y_ref._version != y_ref_version:
+                    raise RuntimeError(
+                        f"the input or output of '{name}' was modified in place before its "
+                        "gradient arrived; its end-to-end contribution cannot be estimated"
+                    )
+                gf = g.detach().float()
+                yf = y_ref.float()
+                with torch.no_grad():
+                    for scheme in schemes[name]:
+                        # fp32 products and sums (fp64 over whole activations doubled the pass's
+                        # cost); only the per-sample projections are squared in float64.
+                        prod = (quantized_output(name, scheme, saved, y_ref).float() - yf) * gf
+                        if batch and prod.dim() > 0 and prod.shape[0] == batch[0]:
+                            s = prod.reshape(prod.shape[0], -1).sum(dim=1)
+                        else:
+                            s = prod.sum().reshape(1)
+                        acc[name][scheme] += float(s.double().pow(2).sum())
 
-            y.register_hook(grad_hook)
-            return y
+            y_out.register_hook(grad_hook)
+            return y_out
 
         return hook
 
@@ -221,16 +256,18 @@ def _estimator_call(
 
 
 class _swap_output:
-    """Context: replace one module's output with its int8 output (forward hook)."""
+    """Context: replace one module's output with its output under ``scheme`` (forward hook)."""
 
-    def __init__(self, module: nn.Module, name: str, quantized_output: NoiseFn) -> None:
-        self.module, self.name, self.fn = module, name, quantized_output
+    def __init__(
+        self, module: nn.Module, name: str, scheme: str, quantized_output: NoiseFn
+    ) -> None:
+        self.module, self.name, self.scheme, self.fn = module, name, scheme, quantized_output
         self.handle: Any = None
 
     def __enter__(self) -> None:
         def hook(module: nn.Module, args: tuple, out: Any) -> Any:
             if isinstance(out, torch.Tensor):
-                return self.fn(self.name, args, out)
+                return self.fn(self.name, self.scheme, args, out)
             return None
 
         self.handle = self.module.register_forward_hook(hook)

@@ -84,13 +84,16 @@ class EndToEnd(_Frozen):
     """How much this module's quantization moves the modality's final output.
 
     ``contribution`` is the estimated relative noise energy it adds to the final output
-    (``||dy||^2 / ||y||^2``); contributions of different modules add up (to first order).
+    (``||dy||^2 / ||y||^2``) under ``scheme`` (the locally best one); contributions of different
+    modules add up (to first order). ``schemes`` holds the same estimate for every scheme scored
+    (empty when only ``scheme`` was), from the same backward pass.
     """
 
     scheme: str
     contribution: float
     rank: int
     exhaustive: float | None = None  # measured one-module-at-a-time, when that was run
+    schemes: dict[str, float] = Field(default_factory=dict)
 
 
 class ModuleSensitivity(_Frozen):

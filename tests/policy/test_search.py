@@ -94,6 +94,21 @@ def test_best_scheme_per_target_and_first_order_rescaling():
     assert atc.figures[Modality.DENOISER].noise == pytest.approx(expected, rel=1e-5)
 
 
+def test_end_to_end_scores_beat_local_sqnr_when_the_probe_has_them():
+    # SmoothQuant has the best local SQNR, but the probe's end-to-end scores say plain w8a8 moves
+    # the output least: the scores decide, and the module's noise is the plain scheme's score.
+    sq = {"w8a8": 30.0, "w8a8_mse": 31.0, "w8a8_smoothquant": 34.0}
+    m = linear("a", 4e-4, sqnr=sq, e2e_scheme="w8a8_smoothquant")
+    scores = {"w8a8_smoothquant": 4e-4, "w8a8": 1e-4, "w8a8_mse": 2e-4}
+    m = m.model_copy(update={"e2e": m.e2e.model_copy(update={"schemes": scores})})
+    pol = build_policy(report(m), target="ascend910b-atc", compact=False)
+    a = _by_match(pol)["a"]
+    assert a.precision == Precision.W8A8
+    assert a.quant.observer == "minmax" and a.quant.smoothquant_alpha is None
+    assert "smallest est. end-to-end contribution 1.00e-04" in a.reason
+    assert pol.figures[Modality.DENOISER].noise == pytest.approx(1e-4)
+
+
 def test_overflow_pins_with_evidence():
     rep = report(
         other("norm", "LayerNorm", **overflow_stats(rel_error_bf16=3e-3)), linear("a", 1e-5)

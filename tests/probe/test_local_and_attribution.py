@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -66,15 +67,51 @@ def test_estimator_is_unbiased_for_a_linear_chain():
     x = torch.randn(256, 32)
     noise = {n: torch.randn(256, 32) * 0.01 for n in ("0", "1")}
 
-    def quantized_output(name, args, y):
+    def quantized_output(name, scheme, args, y):
         return y + noise[name][: y.shape[0]]
 
     result = estimate(
-        chain, [((x,), {})], {"0": chain[0], "1": chain[1]}, quantized_output, exhaustive=True
+        chain,
+        [((x,), {})],
+        {"0": chain[0], "1": chain[1]},
+        quantized_output,
+        {"0": ("n",), "1": ("n",)},
+        exhaustive=True,
     )
     for name in ("0", "1"):
         exact = result.exhaustive[name]
         assert abs(result.contributions[name] - exact) < 0.3 * exact
+
+
+def test_estimator_scores_every_scheme_on_the_same_gradient():
+    # Scheme "blind" puts its noise on channels the next layer ignores (zero weight columns),
+    # "seen" the same noise energy on channels it reads, "seen3" three times "seen"'s noise.
+    # Equal local SQNR for blind and seen; end to end blind costs exactly nothing, and seen3
+    # exactly 9x seen (projections on one gradient scale linearly).
+    torch.manual_seed(0)
+    chain = nn.Sequential(nn.Linear(32, 32, bias=False), nn.Linear(32, 8, bias=False))
+    with torch.no_grad():
+        chain[1].weight[:, :16] = 0.0
+    x = torch.randn(64, 32)
+    base = torch.randn(64, 16) * 0.01
+    zeros = torch.zeros(64, 16)
+    noise = {
+        "blind": torch.cat([base, zeros], dim=1),
+        "seen": torch.cat([zeros, base], dim=1),
+        "seen3": torch.cat([zeros, 3 * base], dim=1),
+    }
+
+    def quantized_output(name, scheme, args, y):
+        return y + noise[scheme]
+
+    result = estimate(
+        chain, [((x,), {})], {"0": chain[0]}, quantized_output, {"0": ("seen", "blind", "seen3")}
+    )
+    got = result.per_scheme["0"]
+    assert got["blind"] == 0.0
+    assert got["seen"] > 0.0
+    assert got["seen3"] == pytest.approx(9.0 * got["seen"], rel=1e-5)
+    assert result.contributions["0"] == got["seen"]  # the first scheme is the reference
 
 
 def test_findings_softmax_and_gelu():
