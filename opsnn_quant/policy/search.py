@@ -73,6 +73,9 @@ def _plan_modality(
     for m in modules:
         if not m.quantizable or m.name in pinned:
             continue
+        if m.calls == 0:
+            plan.fallback[m.name] = "stays float: never ran in the calibration forward_loop"
+            continue
         allowed = set(target.int8_precisions(m.type))
         if not allowed:
             _, why = target.can_run(m.type, Precision.W8A8)

@@ -109,6 +109,14 @@ def test_end_to_end_scores_beat_local_sqnr_when_the_probe_has_them():
     assert pol.figures[Modality.DENOISER].noise == pytest.approx(1e-4)
 
 
+def test_module_that_never_ran_stays_float_and_says_so():
+    idle = linear("enc", 1e-6).model_copy(update={"calls": 0, "e2e": None})
+    pol = build_policy(report(linear("a", 1e-5), idle), target="ascend910b-atc", compact=False)
+    rule = _by_match(pol)["enc"]
+    assert rule.precision == Precision.FP16
+    assert "never ran" in rule.reason
+
+
 def test_overflow_pins_with_evidence():
     rep = report(
         other("norm", "LayerNorm", **overflow_stats(rel_error_bf16=3e-3)), linear("a", 1e-5)
