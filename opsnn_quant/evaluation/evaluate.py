@@ -328,6 +328,16 @@ def onnx_speed(
     if root_name is None:
         notes.append(f"ONNX speed figure skipped: the model has no {modality.value} root")
         return None
+    from opsnn_quant.quant.modules import _QuantMatmul
+
+    root = dict(candidate.model.named_modules())[root_name]
+    if not any(isinstance(m, _QuantMatmul) for m in root.modules()):
+        # Both exports would be the same fp32 graph: a ratio of two identical graphs is noise.
+        notes.append(
+            f"ONNX speed figure skipped: the candidate's {root_name or 'model'} has no int8 "
+            "modules (ONNX Runtime's CPU kernels give no fp16 speed figure)"
+        )
+        return None
     sample = records[: max(1, min(2, len(records)))]
     recorded = record_roots(candidate, candidate.forward_loop(sample), max_calls=1)
     if modality not in recorded.calls:
@@ -336,7 +346,7 @@ def onnx_speed(
     args, kwargs = recorded.calls[modality][0]
     tensor_keys = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
     kwargs = {k: v for k, v in kwargs.items() if k != "return_dict"}
-    module = _RootCall(dict(candidate.model.named_modules())[root_name], kwargs, tensor_keys)
+    module = _RootCall(root, kwargs, tensor_keys)
     inputs = tuple(a for a in args if isinstance(a, torch.Tensor)) + tuple(
         kwargs[k] for k in tensor_keys
     )

@@ -69,3 +69,17 @@ def test_ort_speed_errors(tmp_path):
         ort_speed(fp32, qdq, {"wrong": x}, runs=1, warmup=0, memory=False)
     with pytest.raises(InputError, match="not found"):
         ort_speed(tmp_path / "missing.onnx", qdq, {"x": x}, runs=1)
+
+
+def test_onnx_speed_skips_a_candidate_without_int8_modules():
+    # An fp16/fp32 candidate would export the same fp32 graph twice: no figure, and a note says why.
+    from opsnn_quant.evaluation.evaluate import onnx_speed
+    from opsnn_quant.evaluation.suite import load_suite
+    from opsnn_quant.models.generic import GenericAdapter
+    from tests.models import TinyMLP
+
+    model = TinyMLP()
+    adapter = GenericAdapter(model, {"": "denoiser"}, lambda m: m(*model.example_inputs()))
+    notes: list[str] = []
+    assert onnx_speed(adapter, [{}], load_suite("shapes-t2i"), notes) is None
+    assert any("no int8 modules" in n for n in notes)
