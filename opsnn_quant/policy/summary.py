@@ -15,7 +15,8 @@ class ModalitySummaryRow:
 
     Attributes:
         modality: the modality.
-        chosen: ``int8`` or ``fp16`` (from the policy's figures; ``fp16`` when absent).
+        chosen: ``int8`` or ``fp16``: the policy's figures, or for a policy without figures (a
+            baseline strategy) ``int8`` when any of the modality's modules is int8.
         fp32, bf16, fp16, int8: module counts per precision (int8 = every int8 scheme).
         predicted_sqnr_db: predicted output SQNR (None = no int8 noise).
         int8_mac_share: share of the modality's MACs in int8 (recomputed from the report).
@@ -51,10 +52,14 @@ def summarize(policy: PrecisionPolicy, report: SensitivityReport) -> list[Modali
             if p.is_int8:
                 int8_macs += max(m.macs, 0)
         fig = policy.figures.get(modality)
+        if fig is not None:
+            chosen = fig.chosen
+        else:
+            chosen = "int8" if counts["int8"] else Precision.FP16.value
         rows.append(
             ModalitySummaryRow(
                 modality=modality,
-                chosen=fig.chosen if fig else Precision.FP16.value,
+                chosen=chosen,
                 predicted_sqnr_db=fig.predicted_sqnr_db if fig else None,
                 int8_mac_share=int8_macs / total if total else 0.0,
                 **counts,

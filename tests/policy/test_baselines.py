@@ -31,3 +31,18 @@ def test_all_fp16_has_no_int8_rule():
     p = naive_policy(_report(), "cpu-reference", "all-fp16")
     assert p.rules == []
     assert set(p.defaults.values()) == {Precision.FP16}
+
+
+def test_summary_of_a_baseline_says_int8_where_its_rules_are():
+    from opsnn_quant.policy.summary import summarize
+    from opsnn_quant.types import Modality
+
+    rep = _report()
+    rows = {
+        r.modality: r
+        for r in summarize(naive_policy(rep, "ascend910b-eager", "all-w8a8-minmax"), rep)
+    }
+    assert rows[Modality.TEXT_ENCODER].chosen == "int8" and rows[Modality.TEXT_ENCODER].int8 == 1
+    assert rows[Modality.OTHER].chosen == "fp16" and rows[Modality.OTHER].int8 == 0
+    fp16 = {r.modality: r for r in summarize(naive_policy(rep, "cpu-reference", "all-fp16"), rep)}
+    assert all(r.chosen == "fp16" for r in fp16.values())
