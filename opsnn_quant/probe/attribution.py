@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from opsnn_quant.errors import CalibrationError
 from opsnn_quant.probe.hooks import first_tensor
 
 log = logging.getLogger(__name__)
@@ -217,7 +218,7 @@ def _estimator_call(
             def grad_hook(g: torch.Tensor) -> None:
                 now = [a._version for a in saved if isinstance(a, torch.Tensor)]
                 if now != versions or y_ref._version != y_ref_version:
-                    raise RuntimeError(
+                    raise CalibrationError(
                         f"the input or output of '{name}' was modified in place before its "
                         "gradient arrived; its end-to-end contribution cannot be estimated"
                     )

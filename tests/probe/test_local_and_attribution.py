@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from opsnn_quant.errors import CalibrationError
 from opsnn_quant.probe.api import ProbeConfig, probe
 from opsnn_quant.probe.attribution import estimate
 from opsnn_quant.probe.report import SensitivityReport
@@ -112,6 +113,31 @@ def test_estimator_scores_every_scheme_on_the_same_gradient():
     assert got["seen"] > 0.0
     assert got["seen3"] == pytest.approx(9.0 * got["seen"], rel=1e-5)
     assert result.contributions["0"] == got["seen"]  # the first scheme is the reference
+
+
+def test_estimator_refuses_an_input_changed_in_place_before_its_gradient():
+    # The noise is computed at gradient time from the saved input: an in-place change in between
+    # would silently score the wrong input, so it is an error naming the module.
+    class InPlaceResidual(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = x * 1.0
+            h = self.fc(x)
+            x.add_(h)
+            return x
+
+    model = InPlaceResidual()
+
+    def quantized_output(name, scheme, args, y):
+        return y
+
+    with pytest.raises(CalibrationError, match="'fc' was modified in place"):
+        estimate(
+            model, [((torch.randn(4, 8),), {})], {"fc": model.fc}, quantized_output, {"fc": ("s",)}
+        )
 
 
 def test_findings_softmax_and_gelu():
