@@ -98,6 +98,35 @@ def _detached_copy(obj: Any) -> Any:
     return detach(obj)
 
 
+def _per_sample(call: tuple[tuple, dict]) -> list[tuple[tuple, dict]]:
+    """``call`` split into one call per sample, or ``[call]`` when it cannot be split safely.
+
+    Splittable: every tensor argument has the same leading (batch) size B > 1, or is 0-d; other
+    arguments are plain scalars, strings or None. Anything else (a KV cache object, a nested
+    structure) keeps the call whole: slicing it would need model knowledge.
+    """
+    args, kwargs = call
+    values = list(args) + list(kwargs.values())
+    sizes = {v.shape[0] for v in values if isinstance(v, torch.Tensor) and v.dim() > 0}
+    plain = all(
+        isinstance(v, torch.Tensor) or v is None or isinstance(v, bool | int | float | str)
+        for v in values
+    )
+    if not plain or len(sizes) != 1:
+        return [call]
+    (batch,) = sizes
+    if batch < 2:
+        return [call]
+
+    def take(v: Any, i: int) -> Any:
+        return v[i : i + 1] if isinstance(v, torch.Tensor) and v.dim() > 0 else v
+
+    return [
+        (tuple(take(a, i) for a in args), {k: take(v, i) for k, v in kwargs.items()})
+        for i in range(batch)
+    ]
+
+
 def _replay(root: nn.Module, call: tuple[tuple, dict]) -> torch.Tensor:
     args, kwargs = _detached_copy(call)  # a fresh copy: replays may mutate caches
     y = first_tensor(root(*args, **kwargs))
@@ -161,7 +190,11 @@ def estimate(
         t0 = time.perf_counter()
         acc = {n: dict.fromkeys(schemes[n], 0.0) for n in modules}
         for call in calls:
-            _estimator_call(root, call, modules, quantized_output, schemes, acc, gen)
+            # One sample at a time where the call allows it: the backward keeps the whole
+            # forward graph (attention maps included), which for a batch is several times the
+            # memory of an inference; per sample it is the batch size times smaller.
+            for part in _per_sample(call):
+                _estimator_call(root, part, modules, quantized_output, schemes, acc, gen)
         t_est = time.perf_counter() - t0
         per_scheme = {
             n: {s: a / energy if energy > 0 else 0.0 for s, a in by.items()}

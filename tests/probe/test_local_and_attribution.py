@@ -9,7 +9,7 @@ from torch import nn
 
 from opsnn_quant.errors import CalibrationError
 from opsnn_quant.probe.api import ProbeConfig, probe
-from opsnn_quant.probe.attribution import estimate
+from opsnn_quant.probe.attribution import _per_sample, estimate
 from opsnn_quant.probe.report import SensitivityReport
 from tests.models import TinyAttention, TinyMLP, forward_loop_for
 
@@ -66,10 +66,12 @@ def test_estimator_is_unbiased_for_a_linear_chain():
     torch.manual_seed(0)
     chain = nn.Sequential(nn.Linear(32, 32, bias=False), nn.Linear(32, 32, bias=False))
     x = torch.randn(256, 32)
-    noise = {n: torch.randn(256, 32) * 0.01 for n in ("0", "1")}
+    freq = {"0": 1000.0, "1": 1700.0}
 
+    # Structured noise that is a function of the module's output (as quantization noise is), so
+    # it is the same whether the estimator replays the batch whole or one sample at a time.
     def quantized_output(name, scheme, args, y):
-        return y + noise[name][: y.shape[0]]
+        return y + 0.01 * torch.sin(freq[name] * y)
 
     result = estimate(
         chain,
@@ -94,16 +96,11 @@ def test_estimator_scores_every_scheme_on_the_same_gradient():
     with torch.no_grad():
         chain[1].weight[:, :16] = 0.0
     x = torch.randn(64, 32)
-    base = torch.randn(64, 16) * 0.01
-    zeros = torch.zeros(64, 16)
-    noise = {
-        "blind": torch.cat([base, zeros], dim=1),
-        "seen": torch.cat([zeros, base], dim=1),
-        "seen3": torch.cat([zeros, 3 * base], dim=1),
-    }
+    first = torch.cat([torch.ones(16), torch.zeros(16)])
+    mask = {"blind": first, "seen": 1 - first, "seen3": 3 * (1 - first)}
 
     def quantized_output(name, scheme, args, y):
-        return y + noise[scheme]
+        return y + 0.01 * torch.sin(1000.0 * y) * mask[scheme]
 
     result = estimate(
         chain, [((x,), {})], {"0": chain[0]}, quantized_output, {"0": ("seen", "blind", "seen3")}
@@ -113,6 +110,17 @@ def test_estimator_scores_every_scheme_on_the_same_gradient():
     assert got["seen"] > 0.0
     assert got["seen3"] == pytest.approx(9.0 * got["seen"], rel=1e-5)
     assert result.contributions["0"] == got["seen"]  # the first scheme is the reference
+
+
+def test_per_sample_split_only_where_it_is_safe():
+    x, t = torch.randn(3, 4), torch.tensor(5)
+    parts = _per_sample(((x,), {"t": t, "flag": True, "none": None}))
+    assert len(parts) == 3
+    assert torch.equal(parts[1][0][0], x[1:2]) and parts[1][1]["t"] is t and parts[1][1]["flag"]
+    cache = object()  # e.g. a KV cache: cannot be sliced without model knowledge
+    assert len(_per_sample(((x,), {"past_key_values": cache}))) == 1
+    assert len(_per_sample(((x, torch.randn(2, 4)), {}))) == 1  # mixed leading sizes
+    assert len(_per_sample(((x[:1],), {}))) == 1
 
 
 def test_estimator_refuses_an_input_changed_in_place_before_its_gradient():
