@@ -42,6 +42,8 @@ MODELS = {
         {"batch_size": 4, "max_new_tokens": 32},
     ),
 }
+# ProbeConfig.estimator_batch as in the model's recipe (calibrate/*.yaml).
+ESTIMATOR_BATCH = {"shapes-t2i": None, "whisper-tiny.en": 1}
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -74,7 +76,11 @@ def child(mode: str, name: str, limit: int) -> None:
         with torch.no_grad():
             loop(adapter.model)
     else:
-        probe(adapter, loop, ProbeConfig(attribution=True, exhaustive=False, max_root_calls=4))
+        probe(
+            adapter,
+            loop,
+            ProbeConfig(max_root_calls=4, estimator_batch=ESTIMATOR_BATCH[name]),
+        )
     print(
         json.dumps(
             {"loaded_kb": loaded, "peak_kb": _rss_kb("VmHWM"), "seconds": time.perf_counter() - t0}
@@ -94,12 +100,20 @@ def fidelity(name: str, limit: int) -> list[tuple[str, ...]]:
     report = probe(
         adapter,
         adapter.forward_loop(records),
-        ProbeConfig(exhaustive=True, max_root_calls=4, fp16=False, e2e_schemes="best"),
+        ProbeConfig(
+            exhaustive=True,
+            max_root_calls=4,
+            fp16=False,
+            e2e_schemes="best",
+            estimator_batch=ESTIMATOR_BATCH[name],
+        ),
     )
     every = probe(
         adapter,
         adapter.forward_loop(records),
-        ProbeConfig(max_root_calls=4, fp16=False, e2e_schemes="all"),
+        ProbeConfig(
+            max_root_calls=4, fp16=False, e2e_schemes="all", estimator_batch=ESTIMATOR_BATCH[name]
+        ),
     ).costs
     rows = []
     for modality in report.modalities:

@@ -48,6 +48,9 @@ class ProbeSection(_Strict):
 
     min_headroom: float = Field(default=2.0, ge=1.0)
     max_root_calls: int = Field(default=8, gt=0)
+    estimator_batch: int | None = Field(
+        default=None, gt=0, description="samples per estimator replay (None: whole calls)"
+    )
     exhaustive: bool = False
     data_limit: int | None = Field(default=None, gt=0, description="use only the first N samples")
 

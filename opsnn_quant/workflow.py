@@ -106,6 +106,7 @@ def run_calibrate(
         cfg = ProbeConfig(
             min_headroom=recipe.probe.min_headroom,
             max_root_calls=recipe.probe.max_root_calls,
+            estimator_batch=recipe.probe.estimator_batch,
             exhaustive=recipe.probe.exhaustive,
             seed=seed,
         )

@@ -131,6 +131,7 @@ def register(app: typer.Typer) -> None:
             cfg = ProbeConfig(
                 min_headroom=r.probe.min_headroom,
                 max_root_calls=r.probe.max_root_calls,
+                estimator_batch=r.probe.estimator_batch,
                 exhaustive=exhaustive or r.probe.exhaustive,
                 seed=r.seed,
             )

@@ -50,6 +50,10 @@ class ProbeConfig:
         attribution: estimate end-to-end contributions (needs ``w8a8``).
         exhaustive: also run the one-module-at-a-time reference (N + 1 replays; slow).
         max_root_calls: recorded calls per root for the attribution replay.
+        estimator_batch: replay recorded calls to the estimator in chunks of this many samples
+            (where a call can be split, see :func:`~opsnn_quant.probe.attribution.estimate`):
+            its backward keeps the whole forward graph, so peak memory falls with the chunk while
+            per-call overhead rises. None replays whole calls (fastest for small models).
         e2e_schemes: ``"all"`` scores every candidate scheme of a module end to end (same
             forward/backward, more int8 reference work at gradient time) so the policy can pick
             schemes by end-to-end effect; ``"best"`` scores only the locally best scheme.
@@ -62,6 +66,7 @@ class ProbeConfig:
     attribution: bool = True
     exhaustive: bool = False
     max_root_calls: int = 8
+    estimator_batch: int | None = None
     e2e_schemes: Literal["all", "best"] = "all"
     seed: int = 0
 
@@ -259,6 +264,7 @@ def probe(
             {n: _scored_schemes(local[n], best[n], cfg.e2e_schemes) for n in members},
             seed=cfg.seed,
             exhaustive=cfg.exhaustive,
+            max_batch=cfg.estimator_batch,
         )
         order = sorted(members, key=lambda n: (-result.contributions[n], n))
         for rank, n in enumerate(order, start=1):

@@ -98,13 +98,16 @@ def _detached_copy(obj: Any) -> Any:
     return detach(obj)
 
 
-def _per_sample(call: tuple[tuple, dict]) -> list[tuple[tuple, dict]]:
-    """``call`` split into one call per sample, or ``[call]`` when it cannot be split safely.
+def _split_batch(call: tuple[tuple, dict], max_batch: int | None) -> list[tuple[tuple, dict]]:
+    """``call`` split into chunks of at most ``max_batch`` samples, or ``[call]`` when it cannot
+    be split safely (or ``max_batch`` is None).
 
-    Splittable: every tensor argument has the same leading (batch) size B > 1, or is 0-d; other
-    arguments are plain scalars, strings or None. Anything else (a KV cache object, a nested
+    Splittable: every tensor argument has the same leading (batch) size B > max_batch, or is 0-d;
+    other arguments are plain scalars, strings or None. Anything else (a KV cache object, a nested
     structure) keeps the call whole: slicing it would need model knowledge.
     """
+    if max_batch is None:
+        return [call]
     args, kwargs = call
     values = list(args) + list(kwargs.values())
     sizes = {v.shape[0] for v in values if isinstance(v, torch.Tensor) and v.dim() > 0}
@@ -115,15 +118,15 @@ def _per_sample(call: tuple[tuple, dict]) -> list[tuple[tuple, dict]]:
     if not plain or len(sizes) != 1:
         return [call]
     (batch,) = sizes
-    if batch < 2:
+    if batch <= max_batch:
         return [call]
 
     def take(v: Any, i: int) -> Any:
-        return v[i : i + 1] if isinstance(v, torch.Tensor) and v.dim() > 0 else v
+        return v[i : i + max_batch] if isinstance(v, torch.Tensor) and v.dim() > 0 else v
 
     return [
         (tuple(take(a, i) for a in args), {k: take(v, i) for k, v in kwargs.items()})
-        for i in range(batch)
+        for i in range(0, batch, max_batch)
     ]
 
 
@@ -160,6 +163,7 @@ def estimate(
     schemes: dict[str, tuple[str, ...]],
     seed: int = 0,
     exhaustive: bool = False,
+    max_batch: int | None = None,
 ) -> Attribution:
     """Attribute the root's output noise to ``modules`` (see module docstring).
 
@@ -172,6 +176,8 @@ def estimate(
             reference scheme, the one ``contributions`` and the exhaustive run use).
         seed: seed of the random output directions.
         exhaustive: also run the one-module-at-a-time reference (first scheme only).
+        max_batch: replay each call to the estimator in chunks of at most this many samples
+            where the call can be split (see :func:`_split_batch`); None keeps calls whole.
     """
     gen = torch.Generator().manual_seed(seed)
     params = list(root.parameters())
@@ -190,10 +196,9 @@ def estimate(
         t0 = time.perf_counter()
         acc = {n: dict.fromkeys(schemes[n], 0.0) for n in modules}
         for call in calls:
-            # One sample at a time where the call allows it: the backward keeps the whole
-            # forward graph (attention maps included), which for a batch is several times the
-            # memory of an inference; per sample it is the batch size times smaller.
-            for part in _per_sample(call):
+            # In chunks where asked: the backward keeps the whole forward graph (attention maps
+            # included), several times an inference's memory; a chunk of the batch keeps less.
+            for part in _split_batch(call, max_batch):
                 _estimator_call(root, part, modules, quantized_output, schemes, acc, gen)
         t_est = time.perf_counter() - t0
         per_scheme = {
