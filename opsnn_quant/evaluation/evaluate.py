@@ -89,7 +89,7 @@ def evaluate(
     candidate: ModelAdapter,
     suite: Suite,
     *,
-    candidate_backend: str = "cpu-reference",
+    candidate_backend: str | None = None,
     policy: dict[str, Any] | None = None,
     sensitivity: Any | None = None,
     progress: Progress | None = None,
@@ -106,6 +106,12 @@ def evaluate(
     from opsnn_quant.evaluation.runner import asr_quality, build_report, t2i_quality
 
     say = progress or (lambda m: log.info("%s", m))
+    from opsnn_quant.quant.modules import _QuantMatmul
+
+    has_int8 = any(isinstance(m, _QuantMatmul) for m in candidate.model.modules())
+    if candidate_backend is None:
+        # A float candidate (e.g. the model cast to fp16) runs plain PyTorch eager.
+        candidate_backend = "cpu-reference" if has_int8 else "cpu"
     for adapter in (baseline, candidate):
         _apply_generation(adapter, suite)
     records = _records(suite)
@@ -212,10 +218,16 @@ def evaluate(
     if lat.onnx_speed:
         say("ONNX Runtime speed figure (QDQ vs fp32 export)")
         ort = onnx_speed(candidate, records, suite, notes)
-    notes.append(
-        "CPU timings: the fp32 baseline runs PyTorch eager (cpu); the quantized candidate runs the "
-        "exact Ascend int8 reference (cpu-reference), which is not a deployment speed figure"
-    )
+    if has_int8:
+        notes.append(
+            "CPU timings: the fp32 baseline runs PyTorch eager (cpu); the quantized candidate runs "
+            "the exact Ascend int8 reference (cpu-reference), which is not a deployment speed figure"
+        )
+    else:
+        notes.append(
+            "CPU timings: baseline and candidate both run PyTorch eager (cpu); CPUs have no fast "
+            "fp16 GEMM, so an fp16 candidate's CPU time says nothing about an NPU's"
+        )
     report = build_report(
         suite,
         quality,
