@@ -73,7 +73,7 @@ def test_ort_speed_errors(tmp_path):
 
 def test_onnx_speed_skips_a_candidate_without_int8_modules():
     # An fp16/fp32 candidate would export the same fp32 graph twice: no figure, and a note says why.
-    from opsnn_quant.evaluation.evaluate import onnx_speed
+    from opsnn_quant.evaluation.ort_figure import onnx_speed
     from opsnn_quant.evaluation.suite import load_suite
     from opsnn_quant.models.generic import GenericAdapter
     from tests.models import TinyMLP
