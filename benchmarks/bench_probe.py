@@ -43,7 +43,7 @@ MODELS = {
     ),
 }
 # ProbeConfig.estimator_batch as in the model's recipe (calibrate/*.yaml).
-ESTIMATOR_BATCH = {"shapes-t2i": None, "whisper-tiny.en": 1}
+ESTIMATOR_BATCH = {"shapes-t2i": None, "whisper-tiny.en": {"audio_encoder": 1}}
 
 
 def spearman(a: list[float], b: list[float]) -> float:

@@ -3,8 +3,44 @@
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
+
+# Elements per float64 chunk: converting a whole activation to float64 (plus its difference and
+# square) costs several times its size at once, the probe's largest transient on long inputs.
+CHUNK = 1 << 18
+
+
+class Energies(NamedTuple):
+    """Sums over all elements, in float64: ``signal = sum ref^2``, ``noise = sum (approx -
+    ref)^2``, ``cross = sum ref * approx``, ``approx = sum approx^2``."""
+
+    signal: float
+    noise: float
+    cross: float
+    approx: float
+
+
+@torch.no_grad()
+def energies(reference: torch.Tensor, approx: torch.Tensor, chunk: int = CHUNK) -> Energies:
+    """:class:`Energies` of two same-shaped tensors, in float64 chunks of ``chunk`` elements
+    (the transient memory stays a few MB whatever the tensors' size)."""
+    ref = reference.detach().reshape(-1)
+    out = approx.detach().reshape(-1)
+    if ref.shape != out.shape:
+        raise ValueError(f"shape mismatch: {tuple(reference.shape)} vs {tuple(approx.shape)}")
+    sums = torch.zeros(4, dtype=torch.float64)
+    for i in range(0, ref.numel(), chunk):
+        r = ref[i : i + chunk].to(torch.float64)
+        o = out[i : i + chunk].to(torch.float64)
+        sums[0] += r.dot(r)
+        d = o - r
+        sums[1] += d.dot(d)
+        sums[2] += r.dot(o)
+        sums[3] += o.dot(o)
+    s, n, c, a = sums.tolist()
+    return Energies(s, n, c, a)
 
 
 @torch.no_grad()
@@ -14,12 +50,9 @@ def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
     ``inf`` when the two are equal; ``-inf`` when the reference is all zeros but they differ.
     Non-finite values in ``approx`` (fp16 overflow) give ``-inf``.
     """
-    ref = reference.detach().to(torch.float64)
-    out = approx.detach().to(torch.float64)
-    if not bool(torch.isfinite(out).all()):
+    if not bool(torch.isfinite(approx).all()):
         return -math.inf
-    noise = float((ref - out).pow(2).sum())
-    signal = float(ref.pow(2).sum())
+    signal, noise, _, _ = energies(reference, approx)
     if noise == 0.0:
         return math.inf
     if signal == 0.0:
@@ -30,13 +63,11 @@ def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
 @torch.no_grad()
 def cosine(reference: torch.Tensor, approx: torch.Tensor) -> float:
     """Cosine similarity of the flattened tensors (1.0 for two zero tensors, nan never)."""
-    ref = reference.detach().to(torch.float64).reshape(-1)
-    out = approx.detach().to(torch.float64).reshape(-1)
-    if not bool(torch.isfinite(out).all()):
+    if not bool(torch.isfinite(approx).all()):
         return -1.0
-    nr, no = float(ref.norm()), float(out.norm())
-    if nr == 0.0 and no == 0.0:
+    e = energies(reference, approx)
+    if e.signal == 0.0 and e.approx == 0.0:
         return 1.0
-    if nr == 0.0 or no == 0.0:
+    if e.signal == 0.0 or e.approx == 0.0:
         return 0.0
-    return float(ref @ out) / (nr * no)
+    return e.cross / math.sqrt(e.signal * e.approx)

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.policy.budget import Budget
+from opsnn_quant.types import Modality
 
 BUILTIN_DIRS = (
     Path(__file__).resolve().parent / "recipes",
@@ -48,11 +49,26 @@ class ProbeSection(_Strict):
 
     min_headroom: float = Field(default=2.0, ge=1.0)
     max_root_calls: int = Field(default=8, gt=0)
-    estimator_batch: int | None = Field(
-        default=None, gt=0, description="samples per estimator replay (None: whole calls)"
+    estimator_batch: int | dict[str, int] | None = Field(
+        default=None,
+        description="samples per estimator replay, for every modality or per modality name "
+        "(None / a modality left out: whole calls)",
     )
     exhaustive: bool = False
     data_limit: int | None = Field(default=None, gt=0, description="use only the first N samples")
+
+    @field_validator("estimator_batch")
+    @classmethod
+    def _check_estimator_batch(cls, v: int | dict[str, int] | None) -> int | dict[str, int] | None:
+        values = v.values() if isinstance(v, dict) else [] if v is None else [v]
+        if any(n <= 0 for n in values):
+            raise ValueError("estimator_batch must be positive")
+        if isinstance(v, dict):
+            known = {m.value for m in Modality}
+            unknown = sorted(set(v) - known)
+            if unknown:
+                raise ValueError(f"unknown modality {unknown} (known: {sorted(known)})")
+        return v
 
 
 class Recipe(_Strict):

@@ -36,6 +36,22 @@ def test_recipe_errors_name_field_and_line(tmp_path):
         load_recipe(str(bad))
 
 
+def test_estimator_batch_per_modality(tmp_path):
+    assert load_recipe("whisper-tiny-en").probe.estimator_batch == {"audio_encoder": 1}
+    text = (ROOT / "calibrate" / "whisper-tiny-en.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    for value, match in (
+        ("{audio_encodr: 1}", "unknown modality"),
+        ("{audio_encoder: 0}", "positive"),
+        ("0", "positive"),
+    ):
+        bad.write_text(
+            text.replace("estimator_batch: {audio_encoder: 1}", f"estimator_batch: {value}")
+        )
+        with pytest.raises(ConfigError, match=match):
+            load_recipe(str(bad))
+
+
 @pytest.mark.slow
 def test_sd15_template_runs_on_a_tiny_stand_in(tmp_path):
     """The SD template with its paths pointed at a tiny random-config StableDiffusionPipeline."""

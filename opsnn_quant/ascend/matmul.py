@@ -26,6 +26,8 @@ from opsnn_quant.errors import ShapeError
 # |int8 * int8| <= 2**14, so a sum of 1024 products stays within 2**24, exact in fp32.
 EXACT_FP32_CHUNK = 1024
 MAX_K = 65535
+# Elements of an int8 weight converted to fp32 at once when no fp32 copy is given (16 MB).
+WEIGHT_CHUNK = 1 << 22
 
 
 @torch.no_grad()
@@ -44,6 +46,16 @@ def int8_matmul_exact(
     """
     k = x1.shape[-1]
     a = x1.to(torch.float32)
+    if x2_float is None and x2.dim() == 2 and x2.numel() > WEIGHT_CHUNK and k <= EXACT_FP32_CHUNK:
+        # A large int8 weight (an LM head) is converted to fp32 a column block at a time: a
+        # whole fp32 copy is 4x the int8 weight, per call. Each output element is the same exact
+        # dot product either way.
+        cols = max(1, WEIGHT_CHUNK // k)
+        out = torch.empty((*a.shape[:-1], x2.shape[1]), dtype=torch.int32, device=a.device)
+        for n0 in range(0, x2.shape[1], cols):
+            block = x2[:, n0 : n0 + cols].to(torch.float32)
+            out[..., n0 : n0 + cols] = torch.matmul(a, block).to(torch.int32)
+        return out
     b = x2.to(torch.float32) if x2_float is None else x2_float
     if k <= EXACT_FP32_CHUNK:
         return torch.matmul(a, b).to(torch.int32)

@@ -8,7 +8,7 @@ pipeline's own components: ``unet.down_blocks.0...``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from torch import nn
@@ -71,6 +71,19 @@ class ModelAdapter(ABC):
         for prefix in self.modalities():
             if prefix and prefix not in names:
                 raise ConfigError(f"modality prefix {prefix!r} names no module of {self.model_id}")
+
+    def recordable(self, root: str, args: tuple, kwargs: dict) -> bool:
+        """Whether this call of ``root`` may be recorded and replayed on its own.
+
+        End-to-end attribution and the held-out measurement replay recorded root calls; a family
+        can refuse calls that are poor to replay (e.g. incremental decoder steps carrying a KV
+        cache, when its forward loop also makes a cache-free call). Default: every call.
+        """
+        return True
+
+    def record_filter(self, root: str) -> Callable[[tuple, dict], bool]:
+        """:meth:`recordable` for one root, as a ``RootRecorder`` filter."""
+        return lambda args, kwargs: self.recordable(root, args, kwargs)
 
     def describe_output(self, modality: Modality) -> str:
         """Words for the root output of a modality (for reports)."""

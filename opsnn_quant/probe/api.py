@@ -11,7 +11,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -33,6 +33,7 @@ from opsnn_quant.probe.hooks import (
     watched_modules,
 )
 from opsnn_quant.probe.local import LocalProbe
+from opsnn_quant.probe.memory import release_memory
 from opsnn_quant.probe.report import EndToEnd, ModalitySummary, ModuleSensitivity, SensitivityReport
 from opsnn_quant.types import ForwardLoop, Modality
 
@@ -52,8 +53,11 @@ class ProbeConfig:
         max_root_calls: recorded calls per root for the attribution replay.
         estimator_batch: replay recorded calls to the estimator in chunks of this many samples
             (where a call can be split, see :func:`~opsnn_quant.probe.attribution.estimate`):
-            its backward keeps the whole forward graph, so peak memory falls with the chunk while
-            per-call overhead rises. None replays whole calls (fastest for small models).
+            its backward keeps the whole forward graph, so peak memory falls with the chunk.
+            One number for every modality, or a mapping modality name -> samples (e.g. Whisper:
+            ``{"audio_encoder": 1}``: 1500-frame utterances one at a time, which is also faster
+            there, while the short decoder calls stay whole). None / a modality left out
+            replays whole calls.
         e2e_schemes: ``"all"`` scores every candidate scheme of a module end to end (same
             forward/backward, more int8 reference work at gradient time) so the policy can pick
             schemes by end-to-end effect; ``"best"`` scores only the locally best scheme.
@@ -66,7 +70,7 @@ class ProbeConfig:
     attribution: bool = True
     exhaustive: bool = False
     max_root_calls: int = 8
-    estimator_batch: int | None = None
+    estimator_batch: int | Mapping[str, int] | None = None
     e2e_schemes: Literal["all", "best"] = "all"
     seed: int = 0
 
@@ -143,7 +147,10 @@ def probe(
     macs: dict[str, list[int]] = {n: [0, 0] for n in local}
     roots = {mod: r for mod, r in adapter.roots().items() if r in named}
     recorders = (
-        {r: RootRecorder(r, cfg.max_root_calls, cfg.seed) for r in roots.values()}
+        {
+            r: RootRecorder(r, cfg.max_root_calls, cfg.seed, adapter.record_filter(r))
+            for r in roots.values()
+        }
         if cfg.attribution and cfg.w8a8
         else {}
     )
@@ -212,6 +219,7 @@ def probe(
     finally:
         hooks.remove()
     costs["pass1_seconds"] = time.perf_counter() - t0
+    release_memory()
 
     # ---- pass 2: local int8 errors --------------------------------------------------------------
     if local:
@@ -234,6 +242,7 @@ def probe(
         finally:
             hooks.remove()
         costs["pass2_seconds"] = time.perf_counter() - t0
+        release_memory()
 
     # ---- end-to-end attribution -----------------------------------------------------------------
     e2e: dict[str, EndToEnd] = {}
@@ -244,6 +253,12 @@ def probe(
         if not replay:
             if rec is not None and rec.failed:
                 log.warning("%s", rec.failed)
+            elif rec is not None and rec.refused:
+                log.warning(
+                    "%s: no end-to-end attribution: the %s adapter refused all %d calls of its "
+                    "root '%s' for replay (its own forward_loop makes the call it records)",
+                    modality.value, adapter.family, rec.refused, root_name,
+                )  # fmt: skip
             continue
         members = {
             n: named[n]
@@ -264,8 +279,9 @@ def probe(
             {n: _scored_schemes(local[n], best[n], cfg.e2e_schemes) for n in members},
             seed=cfg.seed,
             exhaustive=cfg.exhaustive,
-            max_batch=cfg.estimator_batch,
+            max_batch=_estimator_batch(cfg, modality),
         )
+        release_memory()
         order = sorted(members, key=lambda n: (-result.contributions[n], n))
         for rank, n in enumerate(order, start=1):
             e2e[n] = EndToEnd(
@@ -328,6 +344,12 @@ def probe(
         costs={k: round(v, 6) for k, v in costs.items()},
     )
     return report
+
+
+def _estimator_batch(cfg: ProbeConfig, modality: Modality) -> int | None:
+    if isinstance(cfg.estimator_batch, Mapping):
+        return cfg.estimator_batch.get(modality.value)
+    return cfg.estimator_batch
 
 
 def _watch_gelu(module: nn.Module, watch: GeluWatch, hooks: _Hooks) -> None:

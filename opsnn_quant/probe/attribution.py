@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from opsnn_quant.errors import CalibrationError
+from opsnn_quant.numerics import energies
 from opsnn_quant.probe.hooks import first_tensor
 
 log = logging.getLogger(__name__)
@@ -44,13 +45,19 @@ NoiseFn = Callable[[str, str, tuple, torch.Tensor], torch.Tensor]
 
 @dataclass
 class RootRecorder:
-    """Seeded reservoir of a root module's calls (deep copies of args/kwargs)."""
+    """Seeded reservoir of a root module's calls (deep copies of args/kwargs).
+
+    ``accept`` (e.g. :meth:`ModelAdapter.recordable`) filters the calls offered; ``refused``
+    counts those it turned down.
+    """
 
     name: str
     max_calls: int
     seed: int = 0
+    accept: Callable[[tuple, dict], bool] | None = None
     calls: list[tuple[tuple, dict]] = field(default_factory=list)
     seen: int = 0
+    refused: int = 0
     failed: str | None = None
 
     def __post_init__(self) -> None:
@@ -58,6 +65,9 @@ class RootRecorder:
 
     def offer(self, args: tuple, kwargs: dict) -> None:
         """Consider one call for the reservoir."""
+        if self.accept is not None and not self.accept(args, kwargs):
+            self.refused += 1
+            return
         self.seen += 1
         if self.failed is not None:
             return
@@ -102,18 +112,30 @@ def _split_batch(call: tuple[tuple, dict], max_batch: int | None) -> list[tuple[
     """``call`` split into chunks of at most ``max_batch`` samples, or ``[call]`` when it cannot
     be split safely (or ``max_batch`` is None).
 
-    Splittable: every tensor argument has the same leading (batch) size B > max_batch, or is 0-d;
-    other arguments are plain scalars, strings or None. Anything else (a KV cache object, a nested
-    structure) keeps the call whole: slicing it would need model knowledge.
+    Splittable: every tensor in the arguments (also inside tuples, lists and dicts, e.g. a
+    ``(encoder_hidden_states,)`` tuple) has the same leading (batch) size B > max_batch, or is
+    0-d; everything else is a plain scalar, string or None. Anything else (a KV cache object)
+    keeps the call whole: slicing it would need model knowledge.
     """
     if max_batch is None:
         return [call]
-    args, kwargs = call
-    values = list(args) + list(kwargs.values())
-    sizes = {v.shape[0] for v in values if isinstance(v, torch.Tensor) and v.dim() > 0}
+    leaves: list[Any] = []
+
+    def collect(v: Any) -> None:
+        if isinstance(v, dict):
+            for x in v.values():
+                collect(x)
+        elif isinstance(v, tuple | list) and not hasattr(v, "_fields"):
+            for x in v:
+                collect(x)
+        else:
+            leaves.append(v)
+
+    collect(call)
+    sizes = {v.shape[0] for v in leaves if isinstance(v, torch.Tensor) and v.dim() > 0}
     plain = all(
         isinstance(v, torch.Tensor) or v is None or isinstance(v, bool | int | float | str)
-        for v in values
+        for v in leaves
     )
     if not plain or len(sizes) != 1:
         return [call]
@@ -122,12 +144,19 @@ def _split_batch(call: tuple[tuple, dict], max_batch: int | None) -> list[tuple[
         return [call]
 
     def take(v: Any, i: int) -> Any:
-        return v[i : i + max_batch] if isinstance(v, torch.Tensor) and v.dim() > 0 else v
+        if isinstance(v, torch.Tensor):
+            return v[i : i + max_batch] if v.dim() > 0 else v
+        if isinstance(v, dict):
+            items = {k: take(x, i) for k, x in v.items()}
+            try:  # keep the mapping's own type (a ModelOutput is also indexed by position)
+                return type(v)(**items)
+            except TypeError:
+                return items
+        if isinstance(v, tuple | list) and not hasattr(v, "_fields"):
+            return type(v)(take(x, i) for x in v)
+        return v
 
-    return [
-        (tuple(take(a, i) for a in args), {k: take(v, i) for k, v in kwargs.items()})
-        for i in range(0, batch, max_batch)
-    ]
+    return [take(call, i) for i in range(0, batch, max_batch)]
 
 
 def _replay(root: nn.Module, call: tuple[tuple, dict]) -> torch.Tensor:
@@ -186,12 +215,15 @@ def estimate(
         p.requires_grad_(False)
     try:
         t0 = time.perf_counter()
-        refs = []
+        refs = []  # kept for the exhaustive reference only (Whisper logits: ~7 MB per utterance)
+        energy = 0.0
         with torch.no_grad():
             for call in calls:
-                refs.append(_replay(root, call).to(torch.float64))
+                ref = _replay(root, call)
+                energy += energies(ref, ref).signal
+                if exhaustive:
+                    refs.append(ref)
         t_fwd = time.perf_counter() - t0
-        energy = sum(float(r.pow(2).sum()) for r in refs)
 
         t0 = time.perf_counter()
         acc = {n: dict.fromkeys(schemes[n], 0.0) for n in modules}
@@ -216,7 +248,7 @@ def estimate(
                 swap = _swap_output(module, name, schemes[name][0], quantized_output)
                 with torch.no_grad(), swap:
                     for call, ref in zip(calls, refs, strict=True):
-                        noise += float((_replay(root, call).to(torch.float64) - ref).pow(2).sum())
+                        noise += energies(ref, _replay(root, call)).noise
                 result.exhaustive[name] = noise / energy if energy > 0 else 0.0
             result.seconds_exhaustive = time.perf_counter() - t0
         return result

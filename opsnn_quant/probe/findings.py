@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from opsnn_quant.numerics import CHUNK, energies
 from opsnn_quant.probe.report import FP16_MAX, Finding
 from opsnn_quant.types import Modality
 
@@ -64,8 +65,11 @@ class SoftmaxWatch:
             d = c // self.heads
             qh = q.reshape(b, tq, self.heads, d).transpose(1, 2)
             kh = k.reshape(b, k.shape[-2], self.heads, d).transpose(1, 2)
-            scores = qh @ kh.transpose(-1, -2) * self.scale
-            self.max_score = max(self.max_score, float(scores.abs().max()))
+            # Head by head: a long sequence's full score tensor (heads x T x T) would be the
+            # probe's largest allocation (1500-frame Whisper encoder: 54 MB per sample).
+            for h in range(self.heads):
+                lo, hi = torch.aminmax(qh[:, h] @ kh[:, h].transpose(-1, -2))
+                self.max_score = max(self.max_score, max(-float(lo), float(hi)) * abs(self.scale))
         self.q = self.k = None
 
     def finding(self, where: str, modality: Modality) -> Finding:
@@ -96,11 +100,12 @@ class GeluWatch:
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
         """Add one GELU input."""
-        xf = x.detach().float()
-        exact = F.gelu(xf)
-        approx = F.gelu(xf, approximate="tanh")
-        self.err += float((approx - exact).double().pow(2).sum())
-        self.ref += float(exact.double().pow(2).sum())
+        flat = x.detach().reshape(-1)
+        for i in range(0, flat.numel(), CHUNK):  # chunks: two GELU copies of a whole activation
+            xf = flat[i : i + CHUNK].float()
+            e = energies(F.gelu(xf), F.gelu(xf, approximate="tanh"))
+            self.err += e.noise
+            self.ref += e.signal
 
     def finding(self, modality: Modality) -> Finding:
         """The verdict for this modality."""

@@ -14,20 +14,21 @@ not in the emulation is the emulation's limit.
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 
 import torch
 from torch import nn
 
+from opsnn_quant.numerics import energies
 from opsnn_quant.probe.report import FP16_MAX, Fp16Stats
 from opsnn_quant.quant.observers import PercentileObserver
 
 
 def _rel_err(ref: torch.Tensor, out: torch.Tensor) -> tuple[float, float]:
     """(squared error sum, squared reference sum) in float64."""
-    r = ref.detach().to(torch.float64)
-    o = out.detach().to(torch.float64)
-    return float((o - r).pow(2).sum()), float(r.pow(2).sum())
+    e = energies(ref, out)
+    return e.noise, e.signal
 
 
 def norm_mean_square_max(module: nn.Module, x: torch.Tensor) -> float | None:
@@ -179,7 +180,16 @@ def _run_as(
             return t.to(dtype)
         return a
 
-    shadow = without_hooks(copy.deepcopy(module)).to(dtype)
+    # Deep-copy the module's structure with its tensors already cast: a plain deepcopy would
+    # first duplicate the fp32 weights (an LM head: 80 MB) only to cast them afterwards.
+    memo: dict[int, object] = {}
+    for t in itertools.chain(module.parameters(), module.buffers()):
+        if t.is_floating_point():
+            cast_t = t.detach().to(dtype)
+            memo[id(t)] = (
+                nn.Parameter(cast_t, requires_grad=False) if isinstance(t, nn.Parameter) else cast_t
+            )
+    shadow = without_hooks(copy.deepcopy(module, memo)).to(dtype)
     try:
         out = shadow(*(cast(a) for a in args))
     except RuntimeError:  # an op without a CPU kernel in this dtype

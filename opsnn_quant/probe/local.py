@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from opsnn_quant.numerics import energies
 from opsnn_quant.probe.report import SchemeError
 from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, _QuantMatmul
 from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver
@@ -53,11 +54,11 @@ class _Energy:
     approx: float = 0.0
 
     def add(self, ref: torch.Tensor, out: torch.Tensor) -> None:
-        r, o = ref.detach().to(torch.float64), out.detach().to(torch.float64)
-        self.signal += float(r.pow(2).sum())
-        self.noise += float((o - r).pow(2).sum())
-        self.cross += float((o * r).sum())
-        self.approx += float(o.pow(2).sum())
+        e = energies(ref, out)
+        self.signal += e.signal
+        self.noise += e.noise
+        self.cross += e.cross
+        self.approx += e.approx
 
     def result(self, alpha: float | None) -> SchemeError:
         if self.noise == 0.0:

@@ -32,7 +32,9 @@ def record_roots(
     """Run ``loop`` on the float model, recording up to ``max_calls`` calls per modality root."""
     named = dict(adapter.model.named_modules())
     roots = {m: r for m, r in adapter.roots().items() if r in named}
-    recorders = {m: RootRecorder(r, max_calls, seed) for m, r in roots.items()}
+    recorders = {
+        m: RootRecorder(r, max_calls, seed, adapter.record_filter(r)) for m, r in roots.items()
+    }
     handles = [
         named[roots[m]].register_forward_pre_hook(
             lambda mod, a, k, rec=rec: rec.offer(a, k), with_kwargs=True

@@ -19,10 +19,16 @@ def quantize_weight_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     Returns:
         ``(q, s)``: int8 (N, K) and fp32 (N,). An all-zero row gets scale 1 and zeros.
     """
-    wf = w.detach().to(torch.float32)
-    s = wf.abs().amax(dim=1) / 127.0
+    w = w.detach()
+    lo, hi = torch.aminmax(w.to(torch.float32), dim=1)
+    s = torch.maximum(-lo, hi) / 127.0
     s = torch.where(s > 0, s, torch.ones_like(s))
-    q = torch.round(wf / s.unsqueeze(1)).clamp_(-128, 127).to(torch.int8)
+    # Row blocks: a large weight's fp32 temporaries (an LM head: 80 MB each) stay bounded.
+    q = torch.empty(w.shape, dtype=torch.int8, device=w.device)
+    step = max(1, (1 << 20) // max(w.shape[1], 1))
+    for i in range(0, w.shape[0], step):
+        rows = w[i : i + step].to(torch.float32) / s[i : i + step].unsqueeze(1)
+        q[i : i + step] = rows.round_().clamp_(-128, 127)
     return q, s
 
 

@@ -17,6 +17,7 @@ from torch import nn
 
 from opsnn_quant.ascend import npu_trans_quant_param
 from opsnn_quant.backends import get_backend
+from opsnn_quant.backends.base import QuantBackend
 from opsnn_quant.errors import CalibrationError, ConfigError
 from opsnn_quant.quant.functional import (
     fold_bias_int32,
@@ -29,6 +30,9 @@ from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, QuantSpec
 from opsnn_quant.types import Precision
 
 log = logging.getLogger(__name__)
+
+# Rows of one reference-backend chunk: about this many elements of the wider operand (16 MB fp32).
+ROW_CHUNK_ELEMENTS = 1 << 22
 
 _OUT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -297,6 +301,20 @@ class _QuantMatmul(nn.Module):
             self.input_quantizer.collect(x2d)
             return self._float_rows(x2d)
         backend = get_backend(x2d.device)
+        step = max(256, ROW_CHUNK_ELEMENTS // max(self.out_n, self.in_k))
+        if backend.name != "reference" or x2d.shape[0] <= step:
+            return self._quant_rows(x2d, backend)
+        # The reference keeps a few fp32/int32 copies of its operands and output at once; in row
+        # chunks (rows are independent: per-tensor or per-token quantization, exact integer
+        # products) the result is bit-identical and the transient memory bounded.
+        first = self._quant_rows(x2d[:step], backend)
+        out = first.new_empty((x2d.shape[0], first.shape[1]))
+        out[:step] = first
+        for i in range(step, x2d.shape[0], step):
+            out[i : i + step] = self._quant_rows(x2d[i : i + step], backend)
+        return out
+
+    def _quant_rows(self, x2d: torch.Tensor, backend: QuantBackend) -> torch.Tensor:
         w_q_t = self.weight.reshape(self.out_n, self.in_k).t()
         spec = self.spec
         if spec.precision == Precision.W8A16:

@@ -55,6 +55,40 @@ def test_forward_loop_runs_encoder_once_and_decoder_per_token(adapter):
     assert len(enc) == 1 and len(dec) > 3
 
 
+def test_teacher_forced_call_reproduces_the_greedy_steps_and_is_the_one_recorded(adapter):
+    import torch
+
+    from opsnn_quant.models.data import load_records
+    from opsnn_quant.probe.attribution import RootRecorder
+
+    records = load_records("zoo:speech/eval", 2)
+    forced, steps = [], []
+
+    def hook(module, args, kwargs, out):
+        (forced if kwargs.get("use_cache") is False else steps).append((kwargs, out.logits))
+
+    rec = RootRecorder("", 8, accept=lambda a, k: adapter.recordable("", a, k))
+    h1 = adapter.model.register_forward_hook(hook, with_kwargs=True)
+    h2 = adapter.model.register_forward_pre_hook(lambda m, a, k: rec.offer(a, k), with_kwargs=True)
+    adapter.forward_loop(records)(adapter.model)
+    h1.remove()
+    h2.remove()
+    assert len(forced) == 1 and len(steps) > 3
+    kwargs, logits = forced[0]
+    tokens = kwargs["decoder_input_ids"]
+    prompt = steps[0][0]["decoder_input_ids"]
+    p = prompt.shape[1]
+    assert torch.equal(tokens[:, :p], prompt)
+    assert tokens.shape[1] == p + len(steps) - 1  # every position a step fed, the last token not
+    # Causal attention: the forced call's logits are the steps' logits, position by position.
+    step_logits = torch.cat([steps[0][1][:, -1:]] + [lg for _, lg in steps[1:]], dim=1)
+    assert torch.allclose(logits[:, p - 1 :], step_logits, atol=1e-3)
+    # Only the cache-free call is recorded for the whole-model (decoder) root.
+    assert len(rec.calls) == 1 and rec.refused == len(steps)
+    assert rec.calls[0][1]["use_cache"] is False
+    assert adapter.recordable("model.encoder", (), {"use_cache": True})
+
+
 def test_bad_audio_names_the_sample(adapter):
     good = np.zeros(16000, dtype=np.float32)
     bad = good.copy()

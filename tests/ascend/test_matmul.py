@@ -172,3 +172,15 @@ def test_int32_bias_overflow_wraps_like_the_device():
     bias = torch.tensor([2**31 - 100], dtype=torch.int32)
     acc = npu_quant_matmul(x1, x2, torch.tensor([1.0]), bias=bias, output_dtype=torch.int32)
     assert acc.item() == 16129 + 2**31 - 100 - 2**32  # two's-complement wrap-around
+
+
+def test_large_weight_converted_in_column_blocks_is_exact(monkeypatch):
+    import opsnn_quant.ascend.matmul as mm
+
+    g = torch.Generator().manual_seed(3)
+    x1 = torch.randint(-128, 128, (2, 5, 96), generator=g, dtype=torch.int8)
+    x2 = torch.randint(-128, 128, (96, 70), generator=g, dtype=torch.int8)
+    want = x1.to(torch.int64) @ x2.to(torch.int64)
+    monkeypatch.setattr(mm, "WEIGHT_CHUNK", 96 * 16)  # 16 columns per block: 5 blocks, last short
+    got = mm.int8_matmul_exact(x1, x2)
+    assert got.dtype == torch.int32 and torch.equal(got.to(torch.int64), want)

@@ -162,3 +162,24 @@ def test_from_float_keeps_float_module_untouched():
     q.freeze()
     assert torch.equal(lin.weight, w)
     assert q.weight.dtype == torch.int8
+
+
+@pytest.mark.parametrize("spec", ["w8a8", "w8a8_dynamic", QuantSpec("w8a8", smoothquant_alpha=0.5)])
+def test_reference_row_chunks_are_bit_identical(spec, monkeypatch):
+    import opsnn_quant.quant.modules as modules
+
+    _, q, _ = calibrated_linear(spec)
+    x = torch.randn(1000, 48) * 3
+    whole = q(x)
+    # 256 rows is the floor of a chunk: 1000 rows -> 4 chunks, the last one short.
+    monkeypatch.setattr(modules, "ROW_CHUNK_ELEMENTS", 1)
+    calls = []
+    orig = modules._QuantMatmul._quant_rows
+    monkeypatch.setattr(
+        modules._QuantMatmul,
+        "_quant_rows",
+        lambda self, rows, backend: calls.append(rows.shape[0]) or orig(self, rows, backend),
+    )
+    chunked = q(x)
+    assert calls == [256, 256, 256, 232]
+    assert torch.equal(whole, chunked)

@@ -1,0 +1,37 @@
+import math
+
+import pytest
+import torch
+
+from opsnn_quant.numerics import cosine, energies, sqnr_db
+
+
+def test_energies_hand_computed_any_chunking():
+    ref = torch.tensor([[1.0, 2.0], [3.0, -1.0]])
+    out = torch.tensor([[1.0, 1.0], [4.0, -1.0]])
+    # signal 1+4+9+1=15, noise 0+1+1+0=2, cross 1+2+12+1=16, approx 1+1+16+1=19
+    for chunk in (1, 3, 4, 1 << 18):
+        assert tuple(energies(ref, out, chunk=chunk)) == (15.0, 2.0, 16.0, 19.0)
+
+
+def test_energies_non_contiguous_and_half_inputs():
+    ref = torch.arange(12.0).reshape(3, 4).t()  # non-contiguous view
+    out = ref.half()
+    e = energies(ref, out, chunk=5)
+    assert e.noise == 0.0 and e.signal == float(sum(i * i for i in range(12)))
+
+
+def test_energies_shape_mismatch():
+    with pytest.raises(ValueError, match="shape mismatch"):
+        energies(torch.zeros(3), torch.zeros(4))
+
+
+def test_sqnr_and_cosine_known_values():
+    ref = torch.tensor([3.0, 4.0])
+    assert sqnr_db(ref, torch.tensor([3.0, 4.5])) == pytest.approx(10 * math.log10(25 / 0.25))
+    assert sqnr_db(ref, ref) == math.inf
+    assert sqnr_db(torch.zeros(2), ref) == -math.inf
+    assert sqnr_db(ref, torch.tensor([math.inf, 0.0])) == -math.inf
+    assert cosine(ref, torch.tensor([4.0, -3.0])) == pytest.approx(0.0)
+    assert cosine(ref, 2 * ref) == pytest.approx(1.0)
+    assert cosine(torch.zeros(2), torch.zeros(2)) == 1.0
