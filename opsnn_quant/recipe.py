@@ -54,6 +54,11 @@ class ProbeSection(_Strict):
         description="samples per estimator replay, for every modality or per modality name "
         "(None / a modality left out: whole calls)",
     )
+    estimator: Literal["structured", "diagonal"] = Field(
+        default="structured",
+        description="end-to-end estimator: structured (each candidate's real noise) or diagonal "
+        "(measured per-channel noise power; cheapest)",
+    )
     exhaustive: bool = False
     data_limit: int | None = Field(default=None, gt=0, description="use only the first N samples")
 

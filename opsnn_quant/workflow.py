@@ -107,6 +107,7 @@ def run_calibrate(
             min_headroom=recipe.probe.min_headroom,
             max_root_calls=recipe.probe.max_root_calls,
             estimator_batch=recipe.probe.estimator_batch,
+            estimator=recipe.probe.estimator,
             exhaustive=recipe.probe.exhaustive,
             seed=seed,
         )

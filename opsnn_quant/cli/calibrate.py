@@ -132,6 +132,7 @@ def register(app: typer.Typer) -> None:
                 min_headroom=r.probe.min_headroom,
                 max_root_calls=r.probe.max_root_calls,
                 estimator_batch=r.probe.estimator_batch,
+                estimator=r.probe.estimator,
                 exhaustive=exhaustive or r.probe.exhaustive,
                 seed=r.seed,
             )

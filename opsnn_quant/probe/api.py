@@ -72,6 +72,7 @@ class ProbeConfig:
     max_root_calls: int = 8
     estimator_batch: int | Mapping[str, int] | None = None
     e2e_schemes: Literal["all", "best"] = "all"
+    estimator: Literal["structured", "diagonal"] = "structured"
     seed: int = 0
 
 
@@ -280,6 +281,11 @@ def probe(
             seed=cfg.seed,
             exhaustive=cfg.exhaustive,
             max_batch=_estimator_batch(cfg, modality),
+            noise_power=(
+                (lambda n, scheme: local[n].noise_power(scheme))
+                if cfg.estimator == "diagonal"
+                else None
+            ),
         )
         release_memory()
         order = sorted(members, key=lambda n: (-result.contributions[n], n))

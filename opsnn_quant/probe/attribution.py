@@ -36,11 +36,14 @@ from torch import nn
 from opsnn_quant.errors import CalibrationError
 from opsnn_quant.numerics import energies
 from opsnn_quant.probe.hooks import first_tensor
+from opsnn_quant.probe.memory import TRIM
 
 log = logging.getLogger(__name__)
 
 # (name, scheme, args, y) -> the module's output under ``scheme``
 NoiseFn = Callable[[str, str, tuple, torch.Tensor], torch.Tensor]
+# (name, scheme) -> float64 mean noise power per output channel, or None if not measured
+PowerFn = Callable[[str, str], "torch.Tensor | None"]
 
 
 @dataclass
@@ -193,6 +196,7 @@ def estimate(
     seed: int = 0,
     exhaustive: bool = False,
     max_batch: int | None = None,
+    noise_power: PowerFn | None = None,
 ) -> Attribution:
     """Attribute the root's output noise to ``modules`` (see module docstring).
 
@@ -207,6 +211,10 @@ def estimate(
         exhaustive: also run the one-module-at-a-time reference (first scheme only).
         max_batch: replay each call to the estimator in chunks of at most this many samples
             where the call can be split (see :func:`_split_batch`); None keeps calls whole.
+        noise_power: the *diagonal* estimator: per (module, scheme) the measured mean noise
+            power of each output channel (from the local probe); the noise is then modelled
+            as white within a channel and no candidate is run at gradient time
+            (``quantized_output`` is not called). None: the structured estimator.
     """
     gen = torch.Generator().manual_seed(seed)
     params = list(root.parameters())
@@ -231,7 +239,10 @@ def estimate(
             # In chunks where asked: the backward keeps the whole forward graph (attention maps
             # included), several times an inference's memory; a chunk of the batch keeps less.
             for part in _split_batch(call, max_batch):
-                _estimator_call(root, part, modules, quantized_output, schemes, acc, gen)
+                if noise_power is not None:
+                    _diagonal_call(root, part, modules, noise_power, schemes, acc, gen)
+                else:
+                    _estimator_call(root, part, modules, quantized_output, schemes, acc, gen)
         t_est = time.perf_counter() - t0
         per_scheme = {
             n: {s: a / energy if energy > 0 else 0.0 for s, a in by.items()}
@@ -304,6 +315,7 @@ def _estimator_call(
                         else:
                             s = prod.sum().reshape(1)
                         acc[name][scheme] += float(s.double().pow(2).sum())
+                        TRIM.add(3 * y_ref.numel() * 4)  # the candidate's output and product
 
             y_out.register_hook(grad_hook)
             return y_out
@@ -319,6 +331,58 @@ def _estimator_call(
             if y is None or not y.requires_grad:
                 return
             batch.append(y.shape[0] if y.dim() > 0 else 1)
+            v = torch.randn(y.shape, generator=gen, dtype=torch.float32).to(y.dtype)
+            y.backward(v)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _diagonal_call(
+    root: nn.Module,
+    call: tuple[tuple, dict],
+    modules: dict[str, nn.Module],
+    noise_power: PowerFn,
+    schemes: dict[str, tuple[str, ...]],
+    acc: dict[str, dict[str, float]],
+    gen: torch.Generator,
+) -> None:
+    """One forward + backward; per module ``sum_c sigma_c^2 * sum(g_c^2)``, where ``g`` is the
+    gradient of ``v . y`` at the module's output and ``sigma_c^2`` the measured noise power of
+    output channel ``c``: ``E[(g . e)^2]`` for noise ``e`` white within each channel."""
+    zero = torch.zeros((), requires_grad=True)
+    handles = []
+
+    def hook_for(name: str, channel_dim: int) -> Callable[..., Any]:
+        def hook(module: nn.Module, args: tuple, out: Any) -> Any:
+            if not isinstance(out, torch.Tensor) or not out.is_floating_point():
+                return None
+            y_out = out + zero
+
+            def grad_hook(g: torch.Tensor) -> None:
+                with torch.no_grad():
+                    g2 = g.detach().float().pow(2)
+                    dims = [d for d in range(g2.dim()) if d != channel_dim % g2.dim()]
+                    per_channel = g2.sum(dim=dims).double()
+                    for scheme in schemes[name]:
+                        power = noise_power(name, scheme)
+                        if power is not None:
+                            acc[name][scheme] += float(per_channel @ power)
+
+            y_out.register_hook(grad_hook)
+            return y_out
+
+        return hook
+
+    for name, module in modules.items():
+        channel_dim = 1 if isinstance(module, nn.Conv2d) else -1
+        handles.append(module.register_forward_hook(hook_for(name, channel_dim)))
+    try:
+        with torch.enable_grad():
+            args, kwargs = _detached_copy(call)
+            y = first_tensor(root(*args, **kwargs))
+            if y is None or not y.requires_grad:
+                return
             v = torch.randn(y.shape, generator=gen, dtype=torch.float32).to(y.dtype)
             y.backward(v)
     finally:

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from opsnn_quant.numerics import energies
+from opsnn_quant.probe.memory import TRIM
 from opsnn_quant.probe.report import FP16_MAX, Fp16Stats
 from opsnn_quant.quant.observers import PercentileObserver
 
@@ -121,6 +122,7 @@ class Fp16Accumulator:
             a, b = _rel_err(y, ybf)
             self.err_bf16[0] += a
             self.err_bf16[1] += b
+        TRIM.add(4 * y.numel() * 4)  # the re-runs' outputs and casts
 
     def result(self, min_headroom: float, is_norm: bool) -> Fp16Stats:
         """Fp16Stats with the overflow verdict and its evidence."""

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from opsnn_quant.numerics import energies
+from opsnn_quant.numerics import CHUNK, energies
+from opsnn_quant.probe.memory import TRIM
 from opsnn_quant.probe.report import SchemeError
 from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, _QuantMatmul
 from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver
@@ -52,13 +53,36 @@ class _Energy:
     noise: float = 0.0
     cross: float = 0.0
     approx: float = 0.0
+    channel_noise: torch.Tensor | None = None  # float64 sum of squared error per output channel
+    channel_count: int = 0  # elements per channel summed so far
 
-    def add(self, ref: torch.Tensor, out: torch.Tensor) -> None:
+    def add(self, ref: torch.Tensor, out: torch.Tensor, channel_dim: int) -> None:
         e = energies(ref, out)
         self.signal += e.signal
         self.noise += e.noise
         self.cross += e.cross
         self.approx += e.approx
+        o, r = out.detach(), ref.detach()
+        d = channel_dim % r.dim()
+        channels = r.shape[d]
+        sq = torch.zeros(channels, dtype=torch.float64)
+        if d == r.dim() - 1:  # channels last (Linear): blocks of rows
+            o2, r2 = o.reshape(-1, channels), r.reshape(-1, channels)
+            step = max(1, CHUNK // max(channels, 1))
+            for i in range(0, r2.shape[0], step):
+                sq += (o2[i : i + step].double() - r2[i : i + step].double()).pow(2).sum(dim=0)
+        else:  # (B, C, ...) (Conv2d): one sample at a time
+            dims = [k for k in range(r.dim() - 1) if k != d - 1]
+            for i in range(r.shape[0]):
+                sq += (o[i].double() - r[i].double()).pow(2).sum(dim=dims)
+        self.channel_noise = sq if self.channel_noise is None else self.channel_noise + sq
+        self.channel_count += r.numel() // max(channels, 1)
+
+    def channel_power(self) -> torch.Tensor | None:
+        """Mean squared error per element of each output channel."""
+        if self.channel_noise is None or self.channel_count == 0:
+            return None
+        return self.channel_noise / self.channel_count
 
     def result(self, alpha: float | None) -> SchemeError:
         if self.noise == 0.0:
@@ -177,7 +201,14 @@ class LocalProbe:
             return
         for scheme in self.schemes:
             yq = self.shadow(scheme)(*args)
-            self.energies.setdefault(scheme, _Energy()).add(y, yq)
+            channel_dim = 1 if isinstance(self.module, nn.Conv2d) else -1
+            self.energies.setdefault(scheme, _Energy()).add(y, yq, channel_dim)
+            TRIM.add(4 * yq.numel() * yq.element_size())  # output + the reference's copies
+
+    def noise_power(self, scheme: str) -> torch.Tensor | None:
+        """Measured mean noise power per output channel under ``scheme`` (pass 2)."""
+        energy = self.energies.get(scheme)
+        return None if energy is None else energy.channel_power()
 
     def results(self) -> dict[str, SchemeError]:
         """Per scheme SQNR/cosine (with the alpha SmoothQuant chose)."""

@@ -41,7 +41,8 @@ def test_local_errors_and_smoothquant_on_an_outlier_channel():
     assert report.modalities["denoiser"].median_sqnr_db is not None
 
 
-def test_estimator_ranks_like_the_exhaustive_reference():
+@pytest.mark.parametrize("estimator", ["structured", "diagonal"])
+def test_estimator_ranks_like_the_exhaustive_reference(estimator):
     model = TinyAttention(seed=1)
     with torch.no_grad():
         model.ff2.weight.mul_(8.0)  # make some modules clearly matter more than others
@@ -49,7 +50,7 @@ def test_estimator_ranks_like_the_exhaustive_reference():
     report = probe(
         model,
         forward_loop_for(model, batches=6),
-        ProbeConfig(exhaustive=True, max_root_calls=6),
+        ProbeConfig(exhaustive=True, max_root_calls=6, estimator=estimator),
         modalities={"": "denoiser"},
     )
     mods = [m for m in report.modules if m.e2e is not None]
@@ -84,6 +85,48 @@ def test_estimator_is_unbiased_for_a_linear_chain():
     for name in ("0", "1"):
         exact = result.exhaustive[name]
         assert abs(result.contributions[name] - exact) < 0.3 * exact
+
+
+def test_diagonal_estimator_matches_the_white_noise_formula():
+    # Module "0"'s output feeds y = B h. For noise white within each channel c of h with power
+    # sigma_c^2, E||B e||^2 = rows * sum_c sigma_c^2 ||B[:, c]||^2 (hand formula); the diagonal
+    # estimator draws one v per call, so over 2048 rows it lands within a few percent.
+    torch.manual_seed(0)
+    chain = nn.Sequential(nn.Linear(4, 4, bias=False), nn.Linear(4, 3, bias=False))
+    x = torch.randn(2048, 4)
+    sigma2 = torch.tensor([1e-4, 4e-4, 0.0, 2e-3], dtype=torch.float64)
+    result = estimate(
+        chain,
+        [((x,), {})],
+        {"0": chain[0]},
+        lambda *a: pytest.fail("the diagonal estimator runs no candidate"),
+        {"0": ("a", "b")},
+        noise_power=lambda name, scheme: sigma2 if scheme == "a" else 4 * sigma2,
+    )
+    with torch.no_grad():
+        energy = float(chain(x).double().pow(2).sum())
+        col = chain[1].weight.double().pow(2).sum(dim=0)
+    want = 2048 * float(sigma2 @ col) / energy
+    assert result.contributions["0"] == pytest.approx(want, rel=0.1)
+    assert result.per_scheme["0"]["b"] == pytest.approx(4 * result.contributions["0"], rel=1e-9)
+
+
+def test_local_probe_measures_noise_power_per_output_channel(monkeypatch):
+    import opsnn_quant.probe.api as api
+
+    model = TinyMLP()
+    kept = {}
+    monkeypatch.setattr(api.LocalProbe, "release", lambda self: kept.setdefault(self.name, self))
+    probe(
+        model, forward_loop_for(model), ProbeConfig(attribution=False), modalities={"": "denoiser"}
+    )
+    lp = kept["fc1"]
+    for scheme in lp.schemes:
+        power = lp.noise_power(scheme)
+        energy = lp.energies[scheme]
+        assert power is not None and power.shape == (model.fc1.out_features,)
+        # per-channel mean powers times elements per channel add up to the total noise energy
+        assert float(power.sum()) * energy.channel_count == pytest.approx(energy.noise, rel=1e-9)
 
 
 def test_estimator_scores_every_scheme_on_the_same_gradient():
