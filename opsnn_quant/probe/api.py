@@ -8,8 +8,6 @@ recorded root calls for the end-to-end attribution. See :mod:`opsnn_quant.probe.
 from __future__ import annotations
 
 import logging
-import math
-import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -21,7 +19,7 @@ from torch import nn
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.generic import GenericAdapter
-from opsnn_quant.probe.attribution import RootRecorder, estimate
+from opsnn_quant.probe.attribution import estimate
 from opsnn_quant.probe.findings import GeluWatch, SoftmaxWatch, attention_parts
 from opsnn_quant.probe.fp16 import Fp16Accumulator
 from opsnn_quant.probe.hooks import (
@@ -34,7 +32,13 @@ from opsnn_quant.probe.hooks import (
 )
 from opsnn_quant.probe.local import LocalProbe
 from opsnn_quant.probe.memory import release_memory
-from opsnn_quant.probe.report import EndToEnd, ModalitySummary, ModuleSensitivity, SensitivityReport
+from opsnn_quant.probe.recording import RootRecorder
+from opsnn_quant.probe.report import (
+    EndToEnd,
+    ModuleSensitivity,
+    SensitivityReport,
+    summarize_modalities,
+)
 from opsnn_quant.types import ForwardLoop, Modality
 
 log = logging.getLogger(__name__)
@@ -61,6 +65,12 @@ class ProbeConfig:
         e2e_schemes: ``"all"`` scores every candidate scheme of a module end to end (same
             forward/backward, more int8 reference work at gradient time) so the policy can pick
             schemes by end-to-end effect; ``"best"`` scores only the locally best scheme.
+        estimator: ``"structured"`` projects each candidate's real output error (run at
+            gradient time) on the output gradient: the policy's default, best at choosing
+            schemes and at predicting the output SQNR. ``"diagonal"`` models each module's
+            noise as white within an output channel with the power pass 2 measured: one forward
+            + one backward and nothing else, every scheme free; ranks modules as well (see
+            ``benchmarks/bench_probe.py``) but underestimates totals by up to ~2x.
         seed: seed of reservoirs and random directions.
     """
 
@@ -345,7 +355,7 @@ def probe(
         backend="cpu-reference" if not _on_npu(model) else "npu",
         config={"family": adapter.family, **asdict(cfg)},
         modules=entries,
-        modalities=_summaries(adapter, entries),
+        modalities=summarize_modalities(entries, adapter.describe_output),
         findings=findings,
         costs={k: round(v, 6) for k, v in costs.items()},
     )
@@ -374,36 +384,6 @@ def _watch_gelu(module: nn.Module, watch: GeluWatch, hooks: _Hooks) -> None:
 def _on_npu(model: nn.Module) -> bool:
     p = next(model.parameters(), None)
     return p is not None and p.device.type == "npu"
-
-
-def _summaries(
-    adapter: ModelAdapter, entries: list[ModuleSensitivity]
-) -> dict[str, ModalitySummary]:
-    out = {}
-    for modality in sorted({e.modality for e in entries}, key=lambda m: m.value):
-        group = [e for e in entries if e.modality == modality]
-        quant = [e for e in group if e.quantizable]
-        sqnrs = []
-        for e in quant:
-            vals = [s.sqnr_db for s in e.w8a8.values() if s.sqnr_db is not None]
-            if vals:
-                sqnrs.append(max(vals))
-        contrib = [e.e2e.contribution for e in quant if e.e2e is not None]
-        total = sum(contrib)
-        predicted = None
-        if contrib:
-            predicted = 10 * math.log10(1.0 / total) if total > 0 else None
-        out[modality.value] = ModalitySummary(
-            modality=modality,
-            modules=len(group),
-            quantizable=len(quant),
-            overflowing=sum(1 for e in group if e.fp16 is not None and e.fp16.overflow),
-            median_sqnr_db=statistics.median(sqnrs) if sqnrs else None,
-            predicted_sqnr_db_all_w8a8=predicted,
-            output=adapter.describe_output(modality),
-            macs=sum(e.macs for e in quant),
-        )
-    return out
 
 
 def _scored_schemes(lp: LocalProbe, best: str, which: str) -> tuple[str, ...]:

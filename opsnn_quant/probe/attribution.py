@@ -1,9 +1,9 @@
 """End-to-end attribution: how much each module's int8 noise moves its modality's final output.
 
 Root calls (the UNet, the VAE decoder, an encoder, the whole Whisper model) are recorded during
-the first calibration pass (a seeded reservoir of ``max_calls`` per root) and replayed offline.
+the first calibration pass (:mod:`opsnn_quant.probe.recording`) and replayed offline.
 
-**Estimator** (one forward with gradients + one backward per recorded call, whatever the number of
+**Structured estimator** (one forward with gradients + one backward per recorded call, whatever the number of
 modules). Module i adds noise ``e_i`` (its candidate's output minus the float output) to its output;
 to first order the root output moves by ``J_i e_i``. For a random direction ``v ~ N(0, I)`` on the
 output, ``E[(v . J_i e_i)^2] = ||J_i e_i||^2``, and ``v . J_i e_i = e_i . (J_i^T v)`` where
@@ -18,16 +18,23 @@ gradient, so the comparison between schemes carries common random numbers. Local
 rank schemes wrongly end to end (e.g. SmoothQuant moving noise into the channels the output is most
 sensitive to); this measures that directly.
 
+**Diagonal estimator** (``noise_power``; the cheapest): the same forward + backward, but no
+candidate runs at gradient time. Each module's noise is modelled as white within an output channel
+``c`` with the power ``sigma_c^2`` the local probe measured in pass 2, so
+``E[(g . e)^2] = sum_c sigma_c^2 sum(g_c^2)``: a per-channel reduction of the gradient, the same for
+every scheme. It ranks modules about as well as the structured estimator but misses correlations
+between the noise and the gradient inside a channel (e.g. clipping error on the tokens the output
+is most sensitive to), so it predicts totals and chooses schemes less well.
+
 **Exhaustive reference**: quantize one module at a time and replay (N + 1 passes).
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,6 +44,7 @@ from opsnn_quant.errors import CalibrationError
 from opsnn_quant.numerics import energies
 from opsnn_quant.probe.hooks import first_tensor
 from opsnn_quant.probe.memory import TRIM
+from opsnn_quant.probe.recording import detached_copy, replay, split_batch
 
 log = logging.getLogger(__name__)
 
@@ -44,130 +52,6 @@ log = logging.getLogger(__name__)
 NoiseFn = Callable[[str, str, tuple, torch.Tensor], torch.Tensor]
 # (name, scheme) -> float64 mean noise power per output channel, or None if not measured
 PowerFn = Callable[[str, str], "torch.Tensor | None"]
-
-
-@dataclass
-class RootRecorder:
-    """Seeded reservoir of a root module's calls (deep copies of args/kwargs).
-
-    ``accept`` (e.g. :meth:`ModelAdapter.recordable`) filters the calls offered; ``refused``
-    counts those it turned down.
-    """
-
-    name: str
-    max_calls: int
-    seed: int = 0
-    accept: Callable[[tuple, dict], bool] | None = None
-    calls: list[tuple[tuple, dict]] = field(default_factory=list)
-    seen: int = 0
-    refused: int = 0
-    failed: str | None = None
-
-    def __post_init__(self) -> None:
-        self._gen = torch.Generator().manual_seed(self.seed)
-
-    def offer(self, args: tuple, kwargs: dict) -> None:
-        """Consider one call for the reservoir."""
-        if self.accept is not None and not self.accept(args, kwargs):
-            self.refused += 1
-            return
-        self.seen += 1
-        if self.failed is not None:
-            return
-        if len(self.calls) < self.max_calls:
-            slot = len(self.calls)
-        else:
-            slot = int(torch.randint(0, self.seen, (1,), generator=self._gen))
-            if slot >= self.max_calls:
-                return
-        try:
-            snap = _detached_copy((args, kwargs))
-        except Exception as exc:  # an argument that cannot be copied (e.g. a live stream)
-            self.failed = f"call arguments of '{self.name}' cannot be copied: {exc}"
-            self.calls.clear()
-            return
-        if slot == len(self.calls):
-            self.calls.append(snap)
-        else:
-            self.calls[slot] = snap
-
-
-def _detached_copy(obj: Any) -> Any:
-    def detach(o: Any) -> Any:
-        if isinstance(o, torch.Tensor):
-            return o.detach().clone()
-        if isinstance(o, dict):
-            items = {k: detach(v) for k, v in o.items()}
-            try:  # keep the mapping's own type (transformers' ModelOutput is indexable by position)
-                return type(o)(**items)
-            except TypeError:
-                return items
-        if isinstance(o, tuple) and not hasattr(o, "_fields"):
-            return tuple(detach(v) for v in o)
-        if isinstance(o, list):
-            return [detach(v) for v in o]
-        return copy.deepcopy(o)
-
-    return detach(obj)
-
-
-def _split_batch(call: tuple[tuple, dict], max_batch: int | None) -> list[tuple[tuple, dict]]:
-    """``call`` split into chunks of at most ``max_batch`` samples, or ``[call]`` when it cannot
-    be split safely (or ``max_batch`` is None).
-
-    Splittable: every tensor in the arguments (also inside tuples, lists and dicts, e.g. a
-    ``(encoder_hidden_states,)`` tuple) has the same leading (batch) size B > max_batch, or is
-    0-d; everything else is a plain scalar, string or None. Anything else (a KV cache object)
-    keeps the call whole: slicing it would need model knowledge.
-    """
-    if max_batch is None:
-        return [call]
-    leaves: list[Any] = []
-
-    def collect(v: Any) -> None:
-        if isinstance(v, dict):
-            for x in v.values():
-                collect(x)
-        elif isinstance(v, tuple | list) and not hasattr(v, "_fields"):
-            for x in v:
-                collect(x)
-        else:
-            leaves.append(v)
-
-    collect(call)
-    sizes = {v.shape[0] for v in leaves if isinstance(v, torch.Tensor) and v.dim() > 0}
-    plain = all(
-        isinstance(v, torch.Tensor) or v is None or isinstance(v, bool | int | float | str)
-        for v in leaves
-    )
-    if not plain or len(sizes) != 1:
-        return [call]
-    (batch,) = sizes
-    if batch <= max_batch:
-        return [call]
-
-    def take(v: Any, i: int) -> Any:
-        if isinstance(v, torch.Tensor):
-            return v[i : i + max_batch] if v.dim() > 0 else v
-        if isinstance(v, dict):
-            items = {k: take(x, i) for k, x in v.items()}
-            try:  # keep the mapping's own type (a ModelOutput is also indexed by position)
-                return type(v)(**items)
-            except TypeError:
-                return items
-        if isinstance(v, tuple | list) and not hasattr(v, "_fields"):
-            return type(v)(take(x, i) for x in v)
-        return v
-
-    return [take(call, i) for i in range(0, batch, max_batch)]
-
-
-def _replay(root: nn.Module, call: tuple[tuple, dict]) -> torch.Tensor:
-    args, kwargs = _detached_copy(call)  # a fresh copy: replays may mutate caches
-    y = first_tensor(root(*args, **kwargs))
-    if y is None:
-        raise RuntimeError("the root module returned no floating tensor")
-    return y
 
 
 @dataclass
@@ -210,7 +94,7 @@ def estimate(
         seed: seed of the random output directions.
         exhaustive: also run the one-module-at-a-time reference (first scheme only).
         max_batch: replay each call to the estimator in chunks of at most this many samples
-            where the call can be split (see :func:`_split_batch`); None keeps calls whole.
+            where the call can be split (see :func:`~opsnn_quant.probe.recording.split_batch`); None keeps calls whole.
         noise_power: the *diagonal* estimator: per (module, scheme) the measured mean noise
             power of each output channel (from the local probe); the noise is then modelled
             as white within a channel and no candidate is run at gradient time
@@ -227,7 +111,7 @@ def estimate(
         energy = 0.0
         with torch.no_grad():
             for call in calls:
-                ref = _replay(root, call)
+                ref = replay(root, call)
                 energy += energies(ref, ref).signal
                 if exhaustive:
                     refs.append(ref)
@@ -238,7 +122,7 @@ def estimate(
         for call in calls:
             # In chunks where asked: the backward keeps the whole forward graph (attention maps
             # included), several times an inference's memory; a chunk of the batch keeps less.
-            for part in _split_batch(call, max_batch):
+            for part in split_batch(call, max_batch):
                 if noise_power is not None:
                     _diagonal_call(root, part, modules, noise_power, schemes, acc, gen)
                 else:
@@ -259,7 +143,7 @@ def estimate(
                 swap = _swap_output(module, name, schemes[name][0], quantized_output)
                 with torch.no_grad(), swap:
                     for call, ref in zip(calls, refs, strict=True):
-                        noise += energies(ref, _replay(root, call)).noise
+                        noise += energies(ref, replay(root, call)).noise
                 result.exhaustive[name] = noise / energy if energy > 0 else 0.0
             result.seconds_exhaustive = time.perf_counter() - t0
         return result
@@ -326,7 +210,7 @@ def _estimator_call(
         handles.append(module.register_forward_hook(hook_for(name)))
     try:
         with torch.enable_grad():
-            args, kwargs = _detached_copy(call)
+            args, kwargs = detached_copy(call)
             y = first_tensor(root(*args, **kwargs))
             if y is None or not y.requires_grad:
                 return
@@ -379,7 +263,7 @@ def _diagonal_call(
         handles.append(module.register_forward_hook(hook_for(name, channel_dim)))
     try:
         with torch.enable_grad():
-            args, kwargs = _detached_copy(call)
+            args, kwargs = detached_copy(call)
             y = first_tensor(root(*args, **kwargs))
             if y is None or not y.requires_grad:
                 return

@@ -13,7 +13,7 @@ import torch
 
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.numerics import cosine, sqnr_db
-from opsnn_quant.probe.attribution import RootRecorder, _replay
+from opsnn_quant.probe.recording import RootRecorder, replay
 from opsnn_quant.types import ForwardLoop, Modality
 
 
@@ -47,7 +47,7 @@ def record_roots(
         for h in handles:
             h.remove()
     calls = {m: rec.calls for m, rec in recorders.items() if rec.calls}
-    outputs = {m: [_replay(named[roots[m]], c).float() for c in cs] for m, cs in calls.items()}
+    outputs = {m: [replay(named[roots[m]], c).float() for c in cs] for m, cs in calls.items()}
     return RecordedRoots(calls, outputs)
 
 
@@ -62,7 +62,7 @@ def measure_modalities(
     for modality, calls in recorded.calls.items():
         root = named[roots[modality]]
         refs = recorded.outputs[modality]
-        got = [_replay(root, c).float() for c in calls]
+        got = [replay(root, c).float() for c in calls]
         ref_all = torch.cat([r.reshape(-1) for r in refs])
         got_all = torch.cat([g.reshape(-1) for g in got])
         out[modality] = {

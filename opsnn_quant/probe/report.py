@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +188,35 @@ class SensitivityReport(_Frozen):
             ConfigError: missing file, bad JSON or a schema violation (the message names the field).
         """
         return load_json_model(cls, path)
+
+
+def summarize_modalities(
+    entries: list[ModuleSensitivity], describe_output: Callable[[Modality], str]
+) -> dict[str, ModalitySummary]:
+    """Per-modality summaries of the module entries (``describe_output`` names each root's
+    output, e.g. an adapter's :meth:`~opsnn_quant.models.base.ModelAdapter.describe_output`)."""
+    out = {}
+    for modality in sorted({e.modality for e in entries}, key=lambda m: m.value):
+        group = [e for e in entries if e.modality == modality]
+        quant = [e for e in group if e.quantizable]
+        sqnrs = []
+        for e in quant:
+            vals = [s.sqnr_db for s in e.w8a8.values() if s.sqnr_db is not None]
+            if vals:
+                sqnrs.append(max(vals))
+        contrib = [e.e2e.contribution for e in quant if e.e2e is not None]
+        total = sum(contrib)
+        predicted = None
+        if contrib:
+            predicted = 10 * math.log10(1.0 / total) if total > 0 else None
+        out[modality.value] = ModalitySummary(
+            modality=modality,
+            modules=len(group),
+            quantizable=len(quant),
+            overflowing=sum(1 for e in group if e.fp16 is not None and e.fp16.overflow),
+            median_sqnr_db=statistics.median(sqnrs) if sqnrs else None,
+            predicted_sqnr_db_all_w8a8=predicted,
+            output=describe_output(modality),
+            macs=sum(e.macs for e in quant),
+        )
+    return out

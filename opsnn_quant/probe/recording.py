@@ -1,0 +1,138 @@
+"""Recording root-module calls for offline replay: a seeded reservoir of detached copies, and
+splitting a recorded call into smaller batches where that is safe."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from opsnn_quant.probe.hooks import first_tensor
+
+
+@dataclass
+class RootRecorder:
+    """Seeded reservoir of a root module's calls (deep copies of args/kwargs).
+
+    ``accept`` (e.g. :meth:`ModelAdapter.recordable`) filters the calls offered; ``refused``
+    counts those it turned down.
+    """
+
+    name: str
+    max_calls: int
+    seed: int = 0
+    accept: Callable[[tuple, dict], bool] | None = None
+    calls: list[tuple[tuple, dict]] = field(default_factory=list)
+    seen: int = 0
+    refused: int = 0
+    failed: str | None = None
+
+    def __post_init__(self) -> None:
+        self._gen = torch.Generator().manual_seed(self.seed)
+
+    def offer(self, args: tuple, kwargs: dict) -> None:
+        """Consider one call for the reservoir."""
+        if self.accept is not None and not self.accept(args, kwargs):
+            self.refused += 1
+            return
+        self.seen += 1
+        if self.failed is not None:
+            return
+        if len(self.calls) < self.max_calls:
+            slot = len(self.calls)
+        else:
+            slot = int(torch.randint(0, self.seen, (1,), generator=self._gen))
+            if slot >= self.max_calls:
+                return
+        try:
+            snap = detached_copy((args, kwargs))
+        except Exception as exc:  # an argument that cannot be copied (e.g. a live stream)
+            self.failed = f"call arguments of '{self.name}' cannot be copied: {exc}"
+            self.calls.clear()
+            return
+        if slot == len(self.calls):
+            self.calls.append(snap)
+        else:
+            self.calls[slot] = snap
+
+
+def detached_copy(obj: Any) -> Any:
+    def detach(o: Any) -> Any:
+        if isinstance(o, torch.Tensor):
+            return o.detach().clone()
+        if isinstance(o, dict):
+            items = {k: detach(v) for k, v in o.items()}
+            try:  # keep the mapping's own type (transformers' ModelOutput is indexable by position)
+                return type(o)(**items)
+            except TypeError:
+                return items
+        if isinstance(o, tuple) and not hasattr(o, "_fields"):
+            return tuple(detach(v) for v in o)
+        if isinstance(o, list):
+            return [detach(v) for v in o]
+        return copy.deepcopy(o)
+
+    return detach(obj)
+
+
+def split_batch(call: tuple[tuple, dict], max_batch: int | None) -> list[tuple[tuple, dict]]:
+    """``call`` split into chunks of at most ``max_batch`` samples, or ``[call]`` when it cannot
+    be split safely (or ``max_batch`` is None).
+
+    Splittable: every tensor in the arguments (also inside tuples, lists and dicts, e.g. a
+    ``(encoder_hidden_states,)`` tuple) has the same leading (batch) size B > max_batch, or is
+    0-d; everything else is a plain scalar, string or None. Anything else (a KV cache object)
+    keeps the call whole: slicing it would need model knowledge.
+    """
+    if max_batch is None:
+        return [call]
+    leaves: list[Any] = []
+
+    def collect(v: Any) -> None:
+        if isinstance(v, dict):
+            for x in v.values():
+                collect(x)
+        elif isinstance(v, tuple | list) and not hasattr(v, "_fields"):
+            for x in v:
+                collect(x)
+        else:
+            leaves.append(v)
+
+    collect(call)
+    sizes = {v.shape[0] for v in leaves if isinstance(v, torch.Tensor) and v.dim() > 0}
+    plain = all(
+        isinstance(v, torch.Tensor) or v is None or isinstance(v, bool | int | float | str)
+        for v in leaves
+    )
+    if not plain or len(sizes) != 1:
+        return [call]
+    (batch,) = sizes
+    if batch <= max_batch:
+        return [call]
+
+    def take(v: Any, i: int) -> Any:
+        if isinstance(v, torch.Tensor):
+            return v[i : i + max_batch] if v.dim() > 0 else v
+        if isinstance(v, dict):
+            items = {k: take(x, i) for k, x in v.items()}
+            try:  # keep the mapping's own type (a ModelOutput is also indexed by position)
+                return type(v)(**items)
+            except TypeError:
+                return items
+        if isinstance(v, tuple | list) and not hasattr(v, "_fields"):
+            return type(v)(take(x, i) for x in v)
+        return v
+
+    return [take(call, i) for i in range(0, batch, max_batch)]
+
+
+def replay(root: nn.Module, call: tuple[tuple, dict]) -> torch.Tensor:
+    args, kwargs = detached_copy(call)  # a fresh copy: replays may mutate caches
+    y = first_tensor(root(*args, **kwargs))
+    if y is None:
+        raise RuntimeError("the root module returned no floating tensor")
+    return y
