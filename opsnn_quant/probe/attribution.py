@@ -162,7 +162,6 @@ def _estimator_call(
     gen: torch.Generator,
 ) -> None:
     zero = torch.zeros((), requires_grad=True)
-    handles = []
     batch: list[int] = []
 
     def hook_for(name: str) -> Callable[..., Any]:
@@ -206,8 +205,21 @@ def _estimator_call(
 
         return hook
 
-    for name, module in modules.items():
-        handles.append(module.register_forward_hook(hook_for(name)))
+    hooks = [(module, hook_for(name)) for name, module in modules.items()]
+    _forward_backward(root, call, hooks, gen, batch)
+
+
+def _forward_backward(
+    root: nn.Module,
+    call: tuple[tuple, dict],
+    hooks: list[tuple[nn.Module, Callable[..., Any]]],
+    gen: torch.Generator,
+    batch: list[int],
+) -> None:
+    """Replay ``call`` with gradients and the forward ``hooks`` installed, then backward a random
+    direction ``v ~ N(0, I)`` of the root output; ``batch`` receives the output's batch size
+    before the backward (the grad hooks split their projections by it)."""
+    handles = [module.register_forward_hook(hook) for module, hook in hooks]
     try:
         with torch.enable_grad():
             args, kwargs = detached_copy(call)
@@ -235,7 +247,6 @@ def _diagonal_call(
     gradient of ``v . y`` at the module's output and ``sigma_c^2`` the measured noise power of
     output channel ``c``: ``E[(g . e)^2]`` for noise ``e`` white within each channel."""
     zero = torch.zeros((), requires_grad=True)
-    handles = []
 
     def hook_for(name: str, channel_dim: int) -> Callable[..., Any]:
         def hook(module: nn.Module, args: tuple, out: Any) -> Any:
@@ -258,20 +269,11 @@ def _diagonal_call(
 
         return hook
 
-    for name, module in modules.items():
-        channel_dim = 1 if isinstance(module, nn.Conv2d) else -1
-        handles.append(module.register_forward_hook(hook_for(name, channel_dim)))
-    try:
-        with torch.enable_grad():
-            args, kwargs = detached_copy(call)
-            y = first_tensor(root(*args, **kwargs))
-            if y is None or not y.requires_grad:
-                return
-            v = torch.randn(y.shape, generator=gen, dtype=torch.float32).to(y.dtype)
-            y.backward(v)
-    finally:
-        for h in handles:
-            h.remove()
+    hooks = [
+        (module, hook_for(name, 1 if isinstance(module, nn.Conv2d) else -1))
+        for name, module in modules.items()
+    ]
+    _forward_backward(root, call, hooks, gen, [])
 
 
 class _swap_output:

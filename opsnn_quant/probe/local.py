@@ -199,9 +199,9 @@ class LocalProbe:
         stride = max(1, -(-self.calls // self.max_error_calls))
         if index % stride:
             return
+        channel_dim = 1 if isinstance(self.module, nn.Conv2d) else -1
         for scheme in self.schemes:
             yq = self.shadow(scheme)(*args)
-            channel_dim = 1 if isinstance(self.module, nn.Conv2d) else -1
             self.energies.setdefault(scheme, _Energy()).add(y, yq, channel_dim)
             TRIM.add(4 * yq.numel() * yq.element_size())  # output + the reference's copies
 

@@ -12,26 +12,33 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
-import logging
 import sys
+from collections.abc import Callable
 
-log = logging.getLogger(__name__)
-
-_TRIM: object | None = None
+_TRIM: Callable[[int], int] | None = None
 _CHECKED = False
 
 
-def _malloc_trim() -> object | None:
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, looked up once; None where there is none (musl, macOS)."""
     global _TRIM, _CHECKED
     if not _CHECKED:
         _CHECKED = True
         if sys.platform.startswith("linux"):
             try:
                 libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-                _TRIM = getattr(libc, "malloc_trim", None)  # absent on musl
+                _TRIM = getattr(libc, "malloc_trim", None)
             except OSError:
                 _TRIM = None
     return _TRIM
+
+
+def _trim() -> bool:
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
 
 
 def release_memory() -> bool:
@@ -41,11 +48,7 @@ def release_memory() -> bool:
         True if ``malloc_trim`` ran.
     """
     gc.collect()
-    trim = _malloc_trim()
-    if trim is None:
-        return False
-    trim(0)  # type: ignore[operator]
-    return True
+    return _trim()
 
 
 class TrimBudget:
@@ -66,9 +69,7 @@ class TrimBudget:
         self.churn += nbytes
         if self.churn >= self.every:
             self.churn = 0
-            trim = _malloc_trim()
-            if trim is not None:
-                trim(0)  # type: ignore[operator]
+            _trim()
 
 
 TRIM = TrimBudget()
