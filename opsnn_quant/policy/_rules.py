@@ -38,10 +38,7 @@ def _evidence(s: Fp16Stats) -> str:
         parts.append(f"sum of squares {s.sumsq_absmax:.1e} > 65504")
     if s.inf_nan_count:
         parts.append(f"inf/nan in {s.inf_nan_count} outputs")
-    if not parts:
-        rooms = [h for h in (s.headroom_in, s.headroom_out) if h is not None]
-        if rooms:
-            parts.append(f"headroom {min(rooms):.2f} within the probe's safety margin")
+    if not parts:  # within the safety margin, or evidence of another check (softmax scores)
         parts.extend(s.reasons)
     return "; ".join(parts) or "flagged by the probe"
 
@@ -49,11 +46,19 @@ def _evidence(s: Fp16Stats) -> str:
 def pin_for(
     m: ModuleSensitivity, target: Target, bf16_tolerance: float
 ) -> tuple[Precision, str] | None:
-    """fp32/bf16 pin of a module the fp16 overflow probe flagged (None when not flagged)."""
+    """fp32/bf16 pin of a module the fp16 overflow probe flagged, or whose every int8 candidate
+    overflowed its fp16 output (None when neither)."""
     s = m.fp16
-    if s is None or not s.overflow:
+    flagged = s is not None and s.overflow
+    infeasible = [e.infeasible for e in m.w8a8.values() if e.infeasible]
+    all_infeasible = bool(infeasible) and len(infeasible) == len(m.w8a8)
+    if not flagged and not all_infeasible:
         return None
-    reason = f"fp16 overflow: {_evidence(s)}"
+    parts = [f"fp16 overflow: {_evidence(s)}"] if s is not None and flagged else []
+    if all_infeasible:
+        parts.append(f"int8 output overflows fp16 under every scheme ({infeasible[0]})")
+    reason = "; ".join(parts)
+    s = s or Fp16Stats()
     if target.fp16_overflow_mode == "saturate":
         reason += f"; on {target.name} fp16 saturates to ±65504 without inf/nan"
     bf16_ok, _ = target.can_run(m.type, Precision.BF16)

@@ -82,7 +82,7 @@ def best_choice(m: ModuleSensitivity, allowed: set[Precision]) -> Choice | None:
     ranked = []
     for order, (name, (precision, fields, smooth)) in enumerate(SCHEMES.items()):
         err = m.w8a8.get(name)
-        if err is None or precision not in allowed:
+        if err is None or err.infeasible or precision not in allowed:
             continue
         est = contribution_for(m, name)
         if est is None:

@@ -47,6 +47,18 @@ TORCH_EXPORT_OPS: dict[str, tuple[str, ...]] = {
     "Softmax": ("Softmax",),
     "ReLU": ("Relu",),
     "GELU": ("Div", "Erf", "Add", "Mul", "Mul_1"),
+    # Residual blocks: their own ops only (the residual sums, ResnetBlock2D's temb add and output
+    # scale), the nodes an fp16 overflow of the residual stream needs kept in fp32.
+    "CLIPEncoderLayer": ("Add", "Add_1"),
+    "WhisperEncoderLayer": ("Add", "Add_1"),
+    "WhisperDecoderLayer": ("Add", "Add_1", "Add_2"),
+    "BasicTransformerBlock": ("Add", "Add_1", "Add_2"),
+    "ResnetBlock2D": ("Add", "Add_1", "Div"),
+    # Attention (eager): the score matmul, its scaling, the softmax and the probability matmul,
+    # the nodes an fp16 overflow of the softmax input needs kept in fp32.
+    "CLIPAttention": ("MatMul", "Mul", "Softmax", "MatMul_1"),
+    "WhisperAttention": ("MatMul", "Mul_1", "Softmax", "MatMul_1"),
+    "Attention": ("Mul", "Mul_1", "MatMul", "Softmax", "MatMul_1"),
 }
 # (inputs, outputs) of ONNX ops, for --customize_dtypes when no ONNX model is given.
 ONNX_OP_IO: dict[str, tuple[int, int]] = {
@@ -118,9 +130,14 @@ def export_atc(
     notes: list[str] = []
     if fmt == "atc-modify-mixlist":
         return _mixlist(resolved, modules, op_types or {}, notes)
-    # Containers run no op of their own; their children carry the nodes.
+    # Containers' children carry most nodes. A container's own ops (a residual block's sums) are
+    # in the node map under its name, or derived for the block types TORCH_EXPORT_OPS knows.
     parents = {n.rsplit(".", 1)[0] for n in modules if "." in n}
-    resolved = {n: r for n, r in resolved.items() if n not in parents}
+    resolved = {
+        n: r
+        for n, r in resolved.items()
+        if n not in parents or node_map is not None or modules.get(n) in TORCH_EXPORT_OPS
+    }
     pins = [
         n for n, r in resolved.items() if r.precision == Precision.FP32 and r.rule != "unassigned"
     ]

@@ -34,6 +34,7 @@ from opsnn_quant.probe.local import LocalProbe
 from opsnn_quant.probe.memory import release_memory
 from opsnn_quant.probe.recording import RootRecorder
 from opsnn_quant.probe.report import (
+    FP16_MAX,
     EndToEnd,
     ModuleSensitivity,
     SensitivityReport,
@@ -257,7 +258,8 @@ def probe(
 
     # ---- end-to-end attribution -----------------------------------------------------------------
     e2e: dict[str, EndToEnd] = {}
-    best = {n: lp.best_scheme() for n, lp in local.items() if lp.calls}
+    # A module none of whose schemes stayed finite gets no end-to-end estimate: the policy pins it.
+    best = {n: lp.best_scheme() for n, lp in local.items() if lp.calls and lp.feasible_schemes()}
     for modality, root_name in roots.items():
         rec = recorders.get(root_name)
         replay = rec.calls if rec is not None else []
@@ -329,6 +331,10 @@ def probe(
         kind = watched.get(name, (module, "param"))[1]
         calls = local[name].calls if name in local else 0
         fp16 = None
+        if name in softmax and softmax[name].max_score > FP16_MAX and name in fp16_acc:
+            fp16_acc[name].extra_reasons.append(
+                f"softmax input: attention scores reach {softmax[name].max_score:.4g} > 65504"
+            )
         if name in fp16_acc and (fp16_acc[name].in_absmax or fp16_acc[name].out_absmax or calls):
             fp16 = fp16_acc[name].result(cfg.min_headroom, isinstance(module, NORMS))
         entries.append(
@@ -336,7 +342,7 @@ def probe(
                 name=name,
                 type=type(module).__name__,
                 modality=adapter.modality_of(name),
-                params=count_params(module) if kind != "residual" else 0,
+                params=count_params(module) if kind not in ("residual", "attention") else 0,
                 macs=macs[name][0] // max(macs[name][1], 1) if name in macs else 0,
                 calls=calls,
                 fp16=fp16,
@@ -391,5 +397,4 @@ def _scored_schemes(lp: LocalProbe, best: str, which: str) -> tuple[str, ...]:
     ``which == "all"``, every other scheme the local probe measured."""
     if which != "all":
         return (best,)
-    measured = lp.results()
-    return (best, *(s for s in lp.schemes if s != best and s in measured))
+    return (best, *(s for s in lp.feasible_schemes() if s != best))

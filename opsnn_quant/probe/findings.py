@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from opsnn_quant.numerics import CHUNK, energies
+from opsnn_quant.probe.hooks import is_attention
 from opsnn_quant.probe.report import FP16_MAX, Finding
 from opsnn_quant.types import Modality
 
@@ -28,22 +29,21 @@ GELU_SAFE = 1e-3
 
 def attention_parts(module: nn.Module) -> tuple[str, str, int, float] | None:
     """(q child name, k child name, heads, scale) for known attention classes, else None."""
-    if (
-        hasattr(module, "to_q") and hasattr(module, "to_k") and hasattr(module, "heads")
-    ):  # diffusers
+    if not is_attention(module):
+        return None
+    if hasattr(module, "to_q"):  # diffusers
         heads = int(getattr(module, "heads"))  # noqa: B009 - typed access to a module attribute
         q_out = int(getattr(getattr(module, "to_q"), "out_features"))  # noqa: B009
         scale = float(getattr(module, "scale", 0.0)) or (q_out // heads) ** -0.5
         return "to_q", "to_k", heads, scale
-    if hasattr(module, "q_proj") and hasattr(module, "k_proj"):  # transformers CLIP/Whisper
-        heads = int(
-            getattr(module, "num_heads", 0)
-            or getattr(getattr(module, "config", None), "num_attention_heads", 1)
-        )
-        head_dim = int(getattr(getattr(module, "q_proj"), "out_features")) // heads  # noqa: B009
-        scale = float(getattr(module, "scaling", head_dim**-0.5))
-        return "q_proj", "k_proj", heads, scale
-    return None
+    # transformers CLIP/Whisper (q_proj/k_proj)
+    heads = int(
+        getattr(module, "num_heads", 0)
+        or getattr(getattr(module, "config", None), "num_attention_heads", 1)
+    )
+    head_dim = int(getattr(getattr(module, "q_proj"), "out_features")) // heads  # noqa: B009
+    scale = float(getattr(module, "scaling", head_dim**-0.5))
+    return "q_proj", "k_proj", heads, scale
 
 
 @dataclass

@@ -71,6 +71,8 @@ class Fp16Accumulator:
         self.err16_valid = True
         self.err_sat = [0.0, 0.0]
         self.err_bf16 = [0.0, 0.0]
+        # Evidence other checks found on this module (an attention's softmax scores past 65504).
+        self.extra_reasons: list[str] = []
 
     @torch.no_grad()
     def update(
@@ -140,6 +142,7 @@ class Fp16Accumulator:
             )
         if is_norm and self.sumsq_max is not None and self.sumsq_max > FP16_MAX:
             reasons.append(f"norm variance scale (mean x^2) {self.sumsq_max:.4g} > 65504")
+        reasons.extend(self.extra_reasons)
 
         def ratio(acc: list[float]) -> float | None:
             return math.sqrt(acc[0] / acc[1]) if acc[1] > 0 else (0.0 if acc[0] == 0 else None)

@@ -23,13 +23,23 @@ RESIDUAL_BLOCKS = {
 GELU_TYPES = {"GELU", "GELUActivation", "NewGELUActivation", "QuickGELUActivation"}
 
 
+def is_attention(module: nn.Module) -> bool:
+    """An attention module whose q/k projections the softmax check can read (diffusers
+    ``Attention``: ``to_q``/``to_k``/``heads``; transformers CLIP/Whisper: ``q_proj``/``k_proj``)."""
+    diffusers = hasattr(module, "to_q") and hasattr(module, "to_k") and hasattr(module, "heads")
+    return diffusers or (hasattr(module, "q_proj") and hasattr(module, "k_proj"))
+
+
 def kind_of(module: nn.Module) -> str | None:
-    """``param`` (leaf with weights), ``act`` (GELU), ``residual`` (block output) or None."""
+    """``param`` (leaf with weights), ``act`` (GELU), ``attention`` (its softmax scores),
+    ``residual`` (block output) or None."""
     if isinstance(module, PARAM_TYPES):
         return "param"
     name = type(module).__name__
     if name in GELU_TYPES and not any(True for _ in module.parameters(recurse=False)):
         return "act"
+    if is_attention(module):
+        return "attention"
     if name in RESIDUAL_BLOCKS or name.endswith(("EncoderLayer", "DecoderLayer")):
         return "residual"
     return None

@@ -20,7 +20,7 @@ from torch import nn
 
 from opsnn_quant.numerics import CHUNK, energies
 from opsnn_quant.probe.memory import TRIM
-from opsnn_quant.probe.report import SchemeError
+from opsnn_quant.probe.report import BF16_MAX, SchemeError
 from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, _QuantMatmul
 from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver
 from opsnn_quant.quant.smoothquant import ChannelStats, search_alpha
@@ -34,6 +34,8 @@ LINEAR_SCHEMES = (
     "w8a8_dynamic_smoothquant",
 )
 CONV_SCHEMES = ("w8a8", "w8a8_mse", "w8a8_dynamic")
+# The candidates run with QuantSpec's default output dtype (what fp16 deployments use).
+CANDIDATE_OUTPUT_DTYPE: str = QuantSpec.output_dtype
 
 
 def scheme_spec(scheme: str, alpha: float | None = None) -> QuantSpec:
@@ -55,8 +57,17 @@ class _Energy:
     approx: float = 0.0
     channel_noise: torch.Tensor | None = None  # float64 sum of squared error per output channel
     channel_count: int = 0  # elements per channel summed so far
+    nonfinite: int = 0  # candidate outputs that were inf/nan (output dtype overflowed)
+    ref_absmax: float = 0.0  # largest |float output| seen on calls with a non-finite candidate
 
     def add(self, ref: torch.Tensor, out: torch.Tensor, channel_dim: int) -> None:
+        bad = int((~torch.isfinite(out)).sum())
+        if bad:
+            # The int8 matmul's output dtype (fp16) cannot hold this module's output: the
+            # candidate is infeasible here, and its error is not a number to add up.
+            self.nonfinite += bad
+            self.ref_absmax = max(self.ref_absmax, float(ref.detach().abs().max()))
+            return
         e = energies(ref, out)
         self.signal += e.signal
         self.noise += e.noise
@@ -84,7 +95,18 @@ class _Energy:
             return None
         return self.channel_noise / self.channel_count
 
-    def result(self, alpha: float | None) -> SchemeError:
+    def result(self, alpha: float | None, output_dtype: str) -> SchemeError:
+        if self.nonfinite:
+            return SchemeError(
+                sqnr_db=None,
+                cosine=0.0,
+                smoothquant_alpha=alpha,
+                infeasible=(
+                    f"{self.nonfinite} inf/nan outputs: the {output_dtype} output of the int8 "
+                    f"matmul overflows (float output absmax {self.ref_absmax:.3g} > 65504)"
+                ),
+                fits_output_dtype="bfloat16" if self.ref_absmax < BF16_MAX else None,
+            )
         if self.noise == 0.0:
             sqnr = math.inf
         elif self.signal == 0.0:
@@ -217,7 +239,7 @@ class LocalProbe:
             alpha = None
             if scheme.endswith("smoothquant"):
                 alpha = self.alphas.get("dynamic" if "dynamic" in scheme else "static")
-            out[scheme] = energy.result(alpha)
+            out[scheme] = energy.result(alpha, CANDIDATE_OUTPUT_DTYPE)
         return out
 
     def best_scheme(self) -> str:
@@ -225,13 +247,18 @@ class LocalProbe:
         res = self.results()
 
         def key(s: str) -> float:
-            if s not in res:
+            if s not in res or res[s].infeasible:
                 return -math.inf
             db = res[s].sqnr_db
             # rounded: a last-bit difference between runs must not change the choice
             return math.inf if db is None else round(db, 4)
 
         return max(self.schemes, key=key)
+
+    def feasible_schemes(self) -> tuple[str, ...]:
+        """The measured schemes whose output stayed finite (empty when none did)."""
+        res = self.results()
+        return tuple(s for s in self.schemes if s in res and not res[s].infeasible)
 
     def release(self) -> None:
         """Drop the cached candidates."""

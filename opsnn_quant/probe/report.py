@@ -20,6 +20,7 @@ from opsnn_quant.types import Modality
 
 SCHEMA_VERSION = 1
 FP16_MAX = 65504.0
+BF16_MAX = float.fromhex("0x1.fep127")  # 3.39e38, the largest finite bfloat16
 
 
 def _finite_or_none(v: float | None) -> float | None:
@@ -73,11 +74,24 @@ class Fp16Stats(_Frozen):
 
 
 class SchemeError(_Frozen):
-    """Local error of one module's output when only its own input/weights are quantized."""
+    """Local error of one module's output when only its own input/weights are quantized.
+
+    Attributes:
+        sqnr_db: local SQNR; None = +inf (no error), unless ``infeasible`` is set.
+        cosine: cosine similarity with the float output.
+        smoothquant_alpha: the alpha SmoothQuant searched (SmoothQuant schemes).
+        infeasible: why the scheme cannot run this module (its int8 matmul's output dtype
+            overflowed on the calibration data); None when it can. An infeasible scheme has no
+            error figure and is never chosen.
+        fits_output_dtype: an output dtype of the int8 matmul that would hold the module's
+            output (``bfloat16``), when the scheme is infeasible in its own.
+    """
 
     sqnr_db: float | None  # None = +inf (no error)
     cosine: float
     smoothquant_alpha: float | None = None
+    infeasible: str | None = None
+    fits_output_dtype: str | None = None
 
     _fix = field_validator("sqnr_db", mode="before")(_finite_or_none)
 

@@ -242,3 +242,27 @@ def test_policy_from_search_validates_and_quantizes_a_real_model():
     assert sum(isinstance(m, QuantLinear) for m in model.modules()) == 3
     with torch.no_grad():
         assert torch.isfinite(model(*model.example_inputs())).all()
+
+
+def test_every_scheme_infeasible_pins_the_module_even_unflagged():
+    # The fp16 probe did not flag it (a margin case), but every int8 candidate overflowed its
+    # fp16 output: the module cannot be int8 and fp16 is no safer, so it is pinned.
+    from opsnn_quant.probe.report import SchemeError
+
+    bad = linear("blocks.0.fc", 1e-3)
+    bad = bad.model_copy(
+        update={
+            "w8a8": {
+                "w8a8": SchemeError(
+                    sqnr_db=None, cosine=0.0, infeasible="3 inf/nan outputs: ...",
+                    fits_output_dtype="bfloat16",
+                )
+            },
+            "e2e": None,
+        }
+    )  # fmt: skip
+    ok = linear("blocks.1.fc", 1e-3)
+    policy = build_policy(report(bad, ok), Budget(), "ascend310p")
+    rule = next(r for r in policy.rules if r.match == "blocks.0.fc")
+    assert rule.precision == Precision.FP32
+    assert "int8 output overflows fp16 under every scheme" in rule.reason

@@ -256,3 +256,34 @@ def test_report_json_round_trip(tmp_path):
     again = SensitivityReport.load(path)
     assert again == report
     assert again.to_json() == report.to_json()
+
+
+def test_an_int8_output_past_fp16_is_an_infeasible_scheme_not_a_crash():
+    # A Linear whose output passes 65504 (weights x1e5 on unit inputs) feeding a LayerNorm: every
+    # int8 candidate's fp16 output overflows. The probe records each scheme as infeasible (with
+    # bf16 as the output dtype that fits), gives the module no end-to-end estimate, and goes on.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 4))
+    with torch.no_grad():
+        model[0].weight.mul_(1e5)
+    data = [torch.randn(4, 16) for _ in range(3)]
+
+    def loop(m: nn.Module) -> None:
+        for x in data:
+            m(x)
+
+    report = probe(model, loop, modalities={"": "denoiser"})
+    first = report.module("0")
+    assert first.fp16 is not None and first.fp16.overflow
+    assert set(first.w8a8) == {"w8a8", "w8a8_mse", "w8a8_smoothquant", "w8a8_dynamic",
+                               "w8a8_dynamic_smoothquant"}  # fmt: skip
+    for err in first.w8a8.values():
+        assert err.infeasible is not None and "float16 output" in err.infeasible
+        assert err.fits_output_dtype == "bfloat16" and err.sqnr_db is None
+    assert first.e2e is None
+    last = report.module("2")  # after the LayerNorm: in range, scored as usual
+    assert all(e.infeasible is None and e.sqnr_db is not None for e in last.w8a8.values())
+    assert last.e2e is not None and math.isfinite(last.e2e.contribution)
+    # the JSON round trip keeps the verdict
+    again = SensitivityReport.model_validate_json(report.model_dump_json())
+    assert again.module("0").w8a8["w8a8"].infeasible == first.w8a8["w8a8"].infeasible

@@ -1,0 +1,54 @@
+"""``run_calibrate`` end to end (through the CLI) on tiny pipelines."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from opsnn_quant.cli import main
+from tests.planted import PLANTED, save_planted_sd
+
+
+@pytest.mark.slow
+def test_planted_fp16_overflows_of_every_kind_are_pinned_in_policy_and_keep_dtype(tmp_path, capsys):
+    # Linear output, Conv output, norm variance, softmax input and residual add overflows, all
+    # in one pipeline: calibrate runs to the end (exit 0, no traceback) and pins every planted
+    # module to fp32 (ascend310p has no bf16), each with its own evidence in the reason, and
+    # lists their ONNX nodes in ATC's --keep_dtype file.
+    save_planted_sd(tmp_path / "pipe")
+    (tmp_path / "prompts.txt").write_text("a red circle\na blue square\n")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        f"name: planted\n"
+        f"model: {{family: diffusers-sd, source: {tmp_path / 'pipe'}, settings: {{steps: 2, batch_size: 2}}}}\n"
+        f"data: {{calibration: {tmp_path / 'prompts.txt'}}}\n"
+        f"probe: {{max_root_calls: 2}}\n"
+        f"target: ascend310p\n"
+    )
+    out = tmp_path / "out"
+    assert main(["calibrate", str(recipe), "-o", str(out), "--quiet"]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    rules = {r["match"]: r for r in yaml.safe_load((out / "policy.yaml").read_text())["rules"]}
+    evidence = {
+        "linear": "output absmax",
+        "residual": "output absmax",
+        "norm": "sum of squares",
+        "softmax": "softmax input",
+        "conv": "output absmax",
+    }
+    for kind, name in PLANTED.items():
+        assert name in rules, f"{kind}: {name} not pinned"
+        assert rules[name]["precision"] == "fp32", kind
+        assert evidence[kind] in rules[name]["reason"], (kind, rules[name]["reason"])
+    keep = (out / "export" / "atc_keep_dtype.cfg").read_text().splitlines()
+    te = "/text_encoder/encoder/layers.0"
+    for node in (f"{te}/Add", f"{te}/Add_1", f"{te}/mlp/fc2/MatMul",
+                 f"{te}/layer_norm1/LayerNormalization", f"{te}/self_attn/Softmax",
+                 "/vae/decoder/conv_out/Conv"):  # fmt: skip
+        assert node in keep, node
+    # the int8 candidates of the overflowing Linear are recorded as infeasible, not as errors
+    import json
+
+    probe = json.loads((out / "probe.json").read_text())
+    fc2 = next(m for m in probe["modules"] if m["name"] == PLANTED["linear"])
+    assert all(e["infeasible"] for e in fc2["w8a8"].values())
