@@ -1,38 +1,58 @@
 """Calibration recipes (``calibrate/*.yaml``): model, data, probe settings, budget, target.
 
-A recipe is a YAML file validated by pydantic. The CLI takes a recipe path or the name of a
-built-in one (``shapes-t2i``, ``whisper-tiny-en``): built-ins live in the repository's
-``calibrate/`` folder and are shipped inside the package as ``opsnn_quant/recipes/``.
+A recipe is a YAML file validated by pydantic before any model loads: an unknown field, a wrong
+type, an unknown target or export format, a name that is not a plain identifier all fail with the
+field and its YAML line. The CLI takes a recipe path or the name of a built-in one
+(``shapes-t2i``, ``whisper-tiny-en``); built-ins ship inside the package (``opsnn_quant/recipes``,
+which the repository's ``calibrate/`` points at).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.io import read_text
+from opsnn_quant.models.settings import SDSettings, WhisperSettings
 from opsnn_quant.policy.budget import Budget
+from opsnn_quant.policy.export import FORMATS
+from opsnn_quant.policy.targets import TARGETS
+from opsnn_quant.resources import builtin_files
 from opsnn_quant.types import Modality
 
-BUILTIN_DIRS = (
-    Path(__file__).resolve().parent / "recipes",
-    Path(__file__).resolve().parent.parent / "calibrate",
-)
+# A recipe name becomes the default output folder out/<name>: a plain identifier, never a path.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ModelSection(_Strict):
-    """Which model, loaded by which adapter, run with which settings."""
-
-    family: Literal["diffusers-sd", "whisper"]
+class _ModelBase(_Strict):
     source: str = Field(description="zoo:<name> or a local model directory")
-    settings: dict[str, Any] = Field(default_factory=dict)
+
+
+class SDModel(_ModelBase):
+    """A diffusers Stable-Diffusion-like pipeline and its sampling settings."""
+
+    family: Literal["diffusers-sd"]
+    settings: SDSettings = Field(default_factory=SDSettings)
+
+
+class WhisperModel(_ModelBase):
+    """A transformers Whisper model and its decoding settings."""
+
+    family: Literal["whisper"]
+    settings: WhisperSettings = Field(default_factory=WhisperSettings)
+
+
+# Which model, loaded by which adapter, run with which (family-checked) settings.
+ModelSection = Annotated[SDModel | WhisperModel, Field(discriminator="family")]
+FAMILY_TAGS = frozenset({"diffusers-sd", "whisper"})
 
 
 class DataSection(_Strict):
@@ -79,7 +99,7 @@ class ProbeSection(_Strict):
 class Recipe(_Strict):
     """A calibration recipe."""
 
-    name: str
+    name: str = Field(pattern=NAME_PATTERN, description="plain identifier; default out/<name>")
     model: ModelSection
     data: DataSection
     probe: ProbeSection = Field(default_factory=ProbeSection)
@@ -88,26 +108,34 @@ class Recipe(_Strict):
     strategy: Literal["search", "all-w8a8-minmax", "all-fp16"] = Field(
         default="search", description="search the policy, or a reference baseline to compare with"
     )
-    exports: list[str] = Field(
-        default_factory=lambda: [
-            "amct-cfg",
-            "amct-eager",
-            "atc-keep-dtype",
-            "atc-customize-dtypes",
-            "atc-modify-mixlist",
-        ]
-    )
+    exports: list[str] = Field(default_factory=lambda: list(FORMATS))
     seed: int = 0
+
+    @field_validator("target")
+    @classmethod
+    def _known_target(cls, v: str) -> str:
+        if v not in TARGETS:
+            raise ValueError(f"unknown target {v!r}; choose one of {', '.join(TARGETS)}")
+        return v
+
+    @field_validator("exports")
+    @classmethod
+    def _known_exports(cls, v: list[str]) -> list[str]:
+        unknown = [f for f in v if f not in FORMATS]
+        if unknown:
+            raise ValueError(
+                f"unknown export format(s) {unknown}; choose from {', '.join(FORMATS)}"
+            )
+        return v
+
+    def settings_dict(self) -> dict[str, Any]:
+        """The model settings as keyword arguments of :func:`opsnn_quant.models.load_adapter`."""
+        return self.model.settings.model_dump()
 
 
 def builtin_recipes() -> dict[str, Path]:
     """Name -> path of the built-in recipes."""
-    out: dict[str, Path] = {}
-    for d in BUILTIN_DIRS:
-        if d.is_dir():
-            for p in sorted(d.glob("*.yaml")):
-                out.setdefault(p.stem, p)
-    return out
+    return builtin_files("recipes")
 
 
 def resolve_recipe(name_or_path: str) -> Path:
@@ -128,12 +156,12 @@ def resolve_recipe(name_or_path: str) -> Path:
 def load_recipe(name_or_path: str) -> Recipe:
     """Load and validate a recipe; errors name the field and its YAML line."""
     path = resolve_recipe(name_or_path)
-    text = path.read_text()
+    text = read_text(path)
     try:
         node = yaml.compose(text)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        raise ConfigError(f"{path}: not valid YAML: {_first_line(exc)}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a recipe is a YAML mapping")
     data.setdefault("name", path.stem)
@@ -141,10 +169,19 @@ def load_recipe(name_or_path: str) -> Recipe:
         return Recipe.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        loc = [str(x) for x in err["loc"]]
+        # The family tag of the model union is not a YAML key: leave it out of the location.
+        loc = [str(x) for x in err["loc"] if str(x) not in FAMILY_TAGS]
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            loc.append("family")
+            msg = f"must be one of {', '.join(sorted(FAMILY_TAGS))}"
         line = _line_of(node, loc)
         where = f"line {line}: " if line else ""
-        raise ConfigError(f"{path}: {where}{'.'.join(loc)}: {err['msg']}") from exc
+        raise ConfigError(f"{path}: {where}{'.'.join(loc)}: {msg}") from exc
+
+
+def _first_line(exc: yaml.YAMLError) -> str:
+    return " ".join(str(exc).split())
 
 
 def _line_of(node: Any, loc: list[str]) -> int | None:

@@ -7,18 +7,14 @@ renamed into place), and returns a summary the CLI prints.
 from __future__ import annotations
 
 import logging
-import math
-import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
-from opsnn_quant.io import atomic_dir
+from opsnn_quant.determinism import set_reproducible
+from opsnn_quant.io import atomic_dir, check_output_dir
 from opsnn_quant.models import ModelAdapter, load_adapter
 from opsnn_quant.models.data import load_records
 from opsnn_quant.recipe import Recipe
@@ -26,18 +22,26 @@ from opsnn_quant.types import Modality
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
-
-
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch (CPU) for reproducible runs."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+OUTPUT_KIND = "calibrate"
 
 
 def load_recipe_model(recipe: Recipe) -> ModelAdapter:
     """The recipe's model, through its adapter."""
-    return load_adapter(recipe.model.family, recipe.model.source, **recipe.model.settings)
+    return load_adapter(recipe.model.family, recipe.model.source, **recipe.settings_dict())
+
+
+def recipe_inputs(recipe: Recipe) -> list[str]:
+    """The local paths a recipe reads (model directory, data): an output may not replace them."""
+    paths = [recipe.model.source, recipe.data.calibration, recipe.data.holdout]
+    return [p for p in paths if p is not None and not p.startswith("zoo:")]
+
+
+def check_calibrate_output(
+    recipe: Recipe, out: Path, *, force: bool = False, inputs: Iterable[str] = ()
+) -> None:
+    """Refuse an output ``calibrate`` must not replace, before any work (see
+    :func:`opsnn_quant.io.check_output_dir`); ``inputs`` adds paths such as the recipe file."""
+    check_output_dir(out, OUTPUT_KIND, force=force, inputs=[*recipe_inputs(recipe), *inputs])
 
 
 @dataclass
@@ -61,6 +65,7 @@ def run_calibrate(
     progress: Progress | None = None,
     engine: str = "opsnn",
     suite: str | None = None,
+    force: bool = False,
 ) -> CalibrateResult:
     """Probe, decide, quantize, save and export, all into ``out`` (atomically).
 
@@ -72,8 +77,18 @@ def run_calibrate(
         engine: ``opsnn`` (our exact-Ascend engine) or ``amct`` (hand the policy to AMCT,
             writing ``out/amct/`` instead of ``out/quant/``).
         suite: an acceptance suite to evaluate the result with (report in ``out/report``).
+        force: replace ``out`` even when it is not a calibrate output.
+
+    Raises:
+        OpsnnQuantError: bad input (checked before the model loads where it can be: output
+            path, suite, AMCT, data), or a failure of a phase.
     """
-    from opsnn_quant.policy.export import export_policy, modules_from_report, write_export
+    from opsnn_quant.policy.export import (
+        EXPORT_FILES,
+        export_policy,
+        modules_from_report,
+        write_export,
+    )
     from opsnn_quant.policy.search import build_policy
     from opsnn_quant.policy.summary import summarize
     from opsnn_quant.probe.api import ProbeConfig, probe
@@ -82,17 +97,21 @@ def run_calibrate(
     from opsnn_quant.quant.checkpoint import save_quantized
 
     say = progress or (lambda m: log.info("%s", m))
+    check_calibrate_output(recipe, out, force=force)
+    if suite is not None:
+        from opsnn_quant.evaluation.suite import load_suite
+
+        load_suite(suite)  # before any work: a bad suite fails now, not after the probe
     if engine == "amct":
         from opsnn_quant.policy.amct import _import_amct
 
         _import_amct()  # before any work: AMCT ships with CANN and may simply not be here
     seed = recipe.seed if seed is None else seed
-    seed_everything(seed)
+    set_reproducible(seed=seed)
     times: dict[str, float] = {}
     t_all = time.perf_counter()
 
-    say(f"loading {recipe.model.source}")
-    adapter = load_recipe_model(recipe)
+    say("loading the calibration data")
     calib = load_records(recipe.data.calibration, recipe.data.limit)
     probe_data = calib[: recipe.probe.data_limit] if recipe.probe.data_limit else calib
     holdout = (
@@ -100,8 +119,10 @@ def run_calibrate(
         if recipe.data.holdout
         else None
     )
+    say(f"loading {recipe.model.source}")
+    adapter = load_recipe_model(recipe)
 
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, OUTPUT_KIND, force=force) as tmp:
         t0 = time.perf_counter()
         cfg = ProbeConfig(
             min_headroom=recipe.probe.min_headroom,
@@ -143,7 +164,7 @@ def run_calibrate(
             run_amct_roots(adapter, policy, adapter.forward_loop(calib), tmp / "amct")
         else:
             say("quantizing (calibration passes)")
-            seed_everything(seed)
+            set_reproducible(seed=seed)
             quantize(adapter.model, policy, adapter.forward_loop(calib), progress=say)
             save_quantized(
                 adapter.model,
@@ -164,12 +185,7 @@ def run_calibrate(
         notes: list[str] = []
         for fmt in recipe.exports:
             result = export_policy(policy, fmt, modules)
-            name = {
-                "amct-cfg": "amct.cfg",
-                "amct-eager": "amct_eager.json",
-                "atc-modify-mixlist": "atc_modify_mixlist.json",
-            }.get(fmt, fmt.replace("-", "_") + ".cfg")
-            write_export(result, tmp / "export" / name)
+            write_export(result, tmp / "export" / EXPORT_FILES[fmt])
             notes.extend(f"{fmt}: {n}" for n in result.notes)
         rows = summarize(policy, report)
         verdict = None
@@ -211,10 +227,3 @@ def _modality_macs(report: Any, modality: Any) -> float:
     key = getattr(modality, "value", modality)
     summary = report.modalities.get(key)
     return float(summary.macs) if summary is not None else 0.0
-
-
-def fmt_db(x: float | None) -> str:
-    """A dB figure for tables."""
-    if x is None:
-        return "-"
-    return "inf" if math.isinf(x) else f"{x:.1f}"

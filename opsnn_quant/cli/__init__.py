@@ -1,19 +1,24 @@
 """``opsnn-quant``: the command line. Parses, loads, calls the public API, prints.
 
-Each command group lives in its own module and registers itself on :data:`app`. Errors the user
-can fix (:class:`~opsnn_quant.errors.InputError`) print one line and exit 2; other
-:class:`~opsnn_quant.errors.OpsnnQuantError` exit 1.
+Each command group lives in its own module and registers itself on :data:`app`; those modules
+import torch and the model libraries only inside the commands, so ``--help`` stays fast. Errors
+the user can fix (:class:`~opsnn_quant.errors.InputError`) print one line and exit 2; other
+:class:`~opsnn_quant.errors.OpsnnQuantError` exit 1. Ctrl-C and SIGTERM end the run with one
+``interrupted`` line (exit 130 / 143), after outputs in progress are removed.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import warnings
+from types import FrameType
 
 import typer
 
+from opsnn_quant.determinism import set_reproducible
 from opsnn_quant.errors import OpsnnQuantError
 
 app = typer.Typer(
@@ -22,7 +27,19 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM, raised where the process is so that outputs in progress are removed.
+
+    Not a KeyboardInterrupt: typer turns that into a silent exit 130 before we could say so.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 @app.callback()
@@ -44,18 +61,9 @@ def _register() -> None:
     demo.register(app)
 
 
-def _reproducible_math() -> None:
-    # MKL may pick different kernels run to run (buffer alignment) and so round differently;
-    # strict conditional numerical reproducibility makes the same inputs give the same bits,
-    # which byte-identical policies and checkpoints rely on. Read when MKL loads (with torch).
-    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
-    # Idle OpenMP threads spin by default, which starves other work on small shared machines.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
 def _quiet_third_parties() -> None:
-    # Hugging Face libraries print progress bars and advice on every load; the CLI shows its own
-    # progress, so keep theirs to errors (set before they are imported).
+    # Hugging Face libraries print progress bars, advice and deprecations on every load; the CLI
+    # shows its own progress, so theirs go to the log at debug level (set before they import).
     for var, value in (
         ("TRANSFORMERS_VERBOSITY", "error"),
         ("DIFFUSERS_VERBOSITY", "error"),
@@ -64,17 +72,43 @@ def _quiet_third_parties() -> None:
         ("KINETO_LOG_LEVEL", "5"),  # torch.profiler's C++ start/stop lines
     ):
         os.environ.setdefault(var, value)
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", message=".*torchvision.*")
+    warnings.showwarning = _warning_to_debug_log
+    for name in ("torch.onnx", "transformers", "diffusers", "onnxscript", "datasets"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _warning_to_debug_log(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: object = None,
+    line: str | None = None,
+) -> None:
+    # Library warnings (deprecations, advice) are not the user's business on the console.
+    logging.getLogger("opsnn_quant.cli").debug(
+        "%s:%d: %s: %s", filename, lineno, category.__name__, message
+    )
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted(signum)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point; returns the exit code."""
+    import click
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    _reproducible_math()
+    set_reproducible()
     _quiet_third_parties()
     _register()
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[sig] = signal.signal(sig, _on_signal)
+        except ValueError:  # not the main thread (e.g. a test runner's worker thread)
+            break
     try:
         rv = app(args=argv, standalone_mode=False)
         if isinstance(rv, int):  # typer.Exit(code) comes back as the return value here
@@ -82,19 +116,21 @@ def main(argv: list[str] | None = None) -> int:
     except OpsnnQuantError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
-    except KeyboardInterrupt:
+    except Interrupted as exc:
+        name = "" if exc.signum == signal.SIGINT else f" ({signal.Signals(exc.signum).name})"
+        print(f"interrupted{name}", file=sys.stderr)
+        return 128 + exc.signum
+    except (KeyboardInterrupt, click.exceptions.Abort):
         print("interrupted", file=sys.stderr)
         return 130
+    except click.exceptions.ClickException as exc:  # usage errors: click's own message
+        exc.show()
+        return exc.exit_code
     except SystemExit as exc:  # typer/click exits (e.g. --help)
         return int(exc.code or 0)
-    except Exception as exc:  # click usage errors carry an exit code
-        code = getattr(exc, "exit_code", None)
-        if code is not None:
-            show = getattr(exc, "show", None)
-            if callable(show):
-                show()
-            return int(code)
-        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
 
 

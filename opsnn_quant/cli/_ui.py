@@ -1,30 +1,197 @@
-"""Shared CLI pieces: progress display (quiet when asked or not a terminal), tables."""
+"""Shared CLI pieces: progress displays, tables that fit the terminal, numbers for people."""
 
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
+import time
 from collections.abc import Callable, Iterator
+from typing import Any, TextIO
 
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
 
-# Tables keep their columns when piped (rich would wrap to 80 columns off a terminal).
-console = Console(stderr=False, width=None if sys.stdout.isatty() else 120)
+from opsnn_quant import progress
+
+# Off a terminal rich would assume 80 columns anyway; tables are built to fit in 80.
+WIDTH = 80
+console = Console(stderr=False, width=None if sys.stdout.isatty() else WIDTH)
+
+
+class LineReporter:
+    """One line per phase on ``stream``, with the time since the command started (CI logs)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.t0 = time.perf_counter()
+        self.count: tuple[int | None, int, str] | None = None
+
+    def _flush_count(self) -> None:
+        if self.count is not None and self.count[1]:
+            total, done, unit = self.count
+            of = f"/{total}" if total else ""
+            self.stream.write(
+                f"           {done}{of} {unit}{'es' if unit.endswith('h') else 's'}\n"
+            )
+        self.count = None
+
+    def phase(self, description: str) -> None:
+        """Print ``[  12.3 s] description``."""
+        self._flush_count()
+        self.stream.write(f"[{time.perf_counter() - self.t0:7.1f} s] {description}\n")
+        self.stream.flush()
+
+    def start(self, total: int | None, unit: str) -> None:
+        """Remember the count; it is printed when the phase ends."""
+        self._flush_count()
+        self.count = (total, 0, unit)
+
+    def advance(self, n: int = 1) -> None:
+        """Count ``n`` more items."""
+        if self.count is not None:
+            total, done, unit = self.count
+            self.count = (total, done + n, unit)
+
+    def close(self) -> None:
+        """Print the last phase's count."""
+        self._flush_count()
+        self.stream.flush()
+
+
+class RichReporter:
+    """A rich progress line per phase: spinner, bar, count and ETA of the counted work."""
+
+    def __init__(self, bar: Progress) -> None:
+        self.bar = bar
+        self.task: TaskID | None = None
+
+    def phase(self, description: str) -> None:
+        """Finish the current line and start a new one."""
+        if self.task is not None:
+            self.bar.stop_task(self.task)
+            self.bar.update(self.task, visible=False)
+        self.task = self.bar.add_task(description, total=None)
+
+    def start(self, total: int | None, unit: str) -> None:
+        """Counted work in the current phase: the bar gets its total."""
+        if self.task is None:
+            self.phase("working")
+        assert self.task is not None
+        self.bar.reset(self.task, total=total)
+
+    def advance(self, n: int = 1) -> None:
+        """Move the bar."""
+        if self.task is not None:
+            self.bar.advance(self.task, n)
+
+
+@contextlib.contextmanager
+def reporter(quiet: bool) -> Iterator[progress.Reporter]:
+    """The progress display of a command, installed for the library to report to.
+
+    Quiet: nothing. On a terminal: rich bars (transient). Otherwise: one line per phase on
+    stderr with the elapsed time, so CI logs show where a long run is.
+    """
+    if quiet:
+        with progress.reporting(progress.current()) as rep:
+            yield rep
+        return
+    if not sys.stderr.isatty():
+        lines = LineReporter(sys.stderr)
+        try:
+            with progress.reporting(lines) as rep:
+                yield rep
+        finally:
+            lines.close()
+        return
+    bar = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(bar_width=20),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    with bar, progress.reporting(RichReporter(bar)) as rep:
+        yield rep
 
 
 @contextlib.contextmanager
 def phases(quiet: bool) -> Iterator[Callable[[str], None]]:
-    """A callback that shows the current phase on a rich progress line (silent when quiet/no TTY)."""
-    if quiet or not sys.stderr.isatty():
-        yield lambda msg: None
-        return
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    ) as progress:
-        task = progress.add_task("starting", total=None)
-        yield lambda msg: progress.update(task, description=msg)
+    """:func:`reporter`'s phase callback (for commands that only announce phases)."""
+    with reporter(quiet) as rep:
+        yield rep.phase
+
+
+def fmt_num(x: float | None, digits: int = 3) -> str:
+    """A number for people: ``0.157``, ``1.23e-05``, ``4.1e+04``, ``inf``, ``-`` for None."""
+    if x is None:
+        return "-"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if math.isnan(x):
+        return "nan"
+    if x == 0:
+        return "0"
+    if 1e-3 <= abs(x) < 1e4:
+        return f"{x:.{digits}g}"
+    return f"{x:.{max(digits - 1, 1)}e}"
+
+
+def fmt_db(x: float | None) -> str:
+    """A dB figure for tables (no unit: the column header carries it)."""
+    if x is None:
+        return "-"
+    return "inf" if math.isinf(x) else f"{x:.1f}"
+
+
+def table(title: str, columns: list[tuple[str, str]], caption: str | None = None) -> Table:
+    """A table that fits :data:`WIDTH` columns.
+
+    Args:
+        title: the title line.
+        columns: ``(header, justify)`` pairs; the first column folds long names at dots rather
+            than cutting them.
+        caption: a legend under the table.
+    """
+    t = Table(title=title, caption=caption, width=None, expand=False, pad_edge=False)
+    for i, (header, justify) in enumerate(columns):
+        if i == 0:
+            t.add_column(header, overflow="fold", ratio=3)
+        else:
+            t.add_column(header, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    return t
+
+
+def wrap_name(name: str, width: int = 34) -> str:
+    """A dotted module name broken at dots into lines of at most ``width`` (never mid-part)."""
+    if len(name) <= width:
+        return name
+    lines, line = [], ""
+    for part in name.split("."):
+        piece = part if not line else f".{part}"
+        if line and len(line) + len(piece) > width:
+            lines.append(line)
+            line = part if not lines else f".{part}"
+        else:
+            line += piece
+    lines.append(line)
+    return "\n".join(lines)
+
+
+def print_table(t: Any) -> None:
+    """Print a table on stdout."""
+    console.print(t)

@@ -1,14 +1,77 @@
-"""``opsnn-quant calibrate`` and ``opsnn-quant probe``."""
+"""``opsnn-quant calibrate`` and ``opsnn-quant probe``.
+
+Every input (recipe, strategy, engine, suite, output path, data) is checked before a model is
+loaded; the work itself is :func:`opsnn_quant.workflow.run_calibrate` and
+:func:`opsnn_quant.probe.api.probe`.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
-from opsnn_quant.cli._ui import console, phases
+from opsnn_quant.cli import _ui
+
+if TYPE_CHECKING:
+    from opsnn_quant.probe.report import SensitivityReport
+    from opsnn_quant.workflow import CalibrateResult
+
+FORCE_HELP = "replace OUT even if it is not an output of this command"
+PROBE_KIND = "probe"
+FAIL_EXIT = 3
+
+
+def _summary_table(name: str, target: str, result: CalibrateResult) -> _ui.Table:
+    columns = [("modality", "left"), ("chosen", "left")]
+    columns += [(c, "right") for c in ("fp32", "bf16", "fp16", "int8", "pred", "meas", "MAC%")]
+    t = _ui.table(
+        f"{name}: policy for {target}",
+        columns,
+        caption="module counts per precision; pred/meas: predicted / measured SQNR of the "
+        "modality's output, dB (cpu-reference backend); MAC%: share of MACs in int8",
+    )
+    for row in result.rows:
+        measured = result.measured.get(row.modality, {}).get("sqnr_db")
+        t.add_row(
+            row.modality.value, row.chosen, str(row.fp32), str(row.bf16), str(row.fp16),
+            str(row.int8), _ui.fmt_db(row.predicted_sqnr_db), _ui.fmt_db(measured),
+            f"{row.int8_mac_share:.0%}",
+        )  # fmt: skip
+    return t
+
+
+def _probe_table(report: SensitivityReport) -> _ui.Table:
+    t = _ui.table(
+        f"{report.model}: riskiest modules per modality ({report.backend})",
+        [("module", "left"), ("type", "left"), ("fp16", "left")]
+        + [(c, "right") for c in ("int8", "e2e", "rank")],
+        caption="fp16: ovf = overflows or too little headroom; int8: best local SQNR, dB; "
+        "e2e: share of the modality's estimated int8 output noise",
+    )
+    for modality, summary in report.modalities.items():
+        t.add_row(
+            f"[b]{modality}[/b]: {summary.modules} modules, {summary.overflowing} overflow; "
+            f"all-int8 pred. {_ui.fmt_db(summary.predicted_sqnr_db_all_w8a8)} dB",
+            end_section=True,
+        )
+        mods = [
+            m
+            for m in report.by_modality(modality)
+            if m.e2e is not None or (m.fp16 and m.fp16.overflow)
+        ]
+        mods.sort(key=lambda m: (not (m.fp16 and m.fp16.overflow), m.e2e.rank if m.e2e else 10**9))
+        total = sum(m.e2e.contribution for m in report.by_modality(modality) if m.e2e) or 1.0
+        for m in mods[:5]:
+            best = max((s.sqnr_db for s in m.w8a8.values() if s.sqnr_db is not None), default=None)
+            t.add_row(
+                _ui.wrap_name(m.name, 36), m.type, "ovf" if m.fp16 and m.fp16.overflow else "ok",
+                _ui.fmt_db(best), f"{m.e2e.contribution / total:.0%}" if m.e2e else "-",
+                str(m.e2e.rank) if m.e2e else "-",
+                end_section=m is mods[min(len(mods), 5) - 1],
+            )  # fmt: skip
+    return t
 
 
 def register(app: typer.Typer) -> None:
@@ -19,16 +82,18 @@ def register(app: typer.Typer) -> None:
         recipe: Annotated[
             str, typer.Argument(help="recipe YAML path or built-in name")
         ] = "shapes-t2i",
-        out: Annotated[Path, typer.Option("-o", "--out", help="output directory")] = Path(
-            "out/shapes-t2i"
-        ),
+        out: Annotated[
+            Path | None, typer.Option("-o", "--out", help="output directory [default: out/NAME]")
+        ] = None,
+        force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
         seed: Annotated[int | None, typer.Option(help="override the recipe's seed")] = None,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress display")] = False,
         engine: Annotated[
             str, typer.Option(help="opsnn (exact Ascend arithmetic) or amct (needs CANN's AMCT)")
         ] = "opsnn",
         evaluate: Annotated[
-            str | None, typer.Option("--evaluate", help="acceptance suite to run after calibration")
+            str | None,
+            typer.Option("--evaluate", help="acceptance suite to run after (exit 3 on FAIL)"),
         ] = None,
         strategy: Annotated[
             str | None,
@@ -37,57 +102,36 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Probe, decide the policy, quantize, save and export (OUT/ as in DESIGN.md)."""
         from opsnn_quant.errors import ConfigError
+        from opsnn_quant.policy.baselines import STRATEGIES
+        from opsnn_quant.recipe import load_recipe, resolve_recipe
+        from opsnn_quant.workflow import check_calibrate_output, run_calibrate
 
         if engine not in ("opsnn", "amct"):
             raise ConfigError(f"--engine must be opsnn or amct, got {engine!r}")
-        from opsnn_quant.recipe import load_recipe
-        from opsnn_quant.workflow import fmt_db, run_calibrate
-
+        if strategy is not None and strategy not in STRATEGIES:
+            raise ConfigError(
+                f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}"
+            )
         r = load_recipe(recipe)
         if strategy is not None:
-            from opsnn_quant.policy.baselines import STRATEGIES
-
-            if strategy not in STRATEGIES:
-                raise ConfigError(
-                    f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}"
-                )
             r = r.model_copy(update={"strategy": strategy})
-        if out == Path("out/shapes-t2i") and r.name != "shapes-t2i":
-            out = Path("out") / r.name
-        with phases(quiet) as say:
-            result = run_calibrate(r, out, seed=seed, progress=say, engine=engine, suite=evaluate)
-        table = Table(title=f"{r.name}: policy for {r.target} (errors: cpu-reference backend)")
-        for col in (
-            "modality",
-            "chosen",
-            "fp32",
-            "bf16",
-            "fp16",
-            "int8",
-            "pred. dB",
-            "meas. dB",
-            "int8 MACs",
-        ):
-            table.add_column(col, no_wrap=True)
-        for row in result.rows:
-            measured = result.measured.get(row.modality, {}).get("sqnr_db")
-            table.add_row(
-                row.modality.value,
-                row.chosen,
-                str(row.fp32),
-                str(row.bf16),
-                str(row.fp16),
-                str(row.int8),
-                fmt_db(row.predicted_sqnr_db),
-                fmt_db(measured),
-                f"{row.int8_mac_share:.0%}",
+        out = out if out is not None else Path("out") / r.name
+        check_calibrate_output(r, out, force=force, inputs=[str(resolve_recipe(recipe))])
+        with _ui.reporter(quiet) as rep:
+            result = run_calibrate(
+                r, out, seed=seed, progress=rep.phase, engine=engine, suite=evaluate, force=force
             )
         if not quiet:
-            console.print(table)
+            _ui.print_table(_summary_table(r.name, r.target, result))
             share = "-" if result.int8_mac_share is None else f"{result.int8_mac_share:.0%}"
-            console.print(
-                f"int8 MAC share overall: {share}; wall time {result.seconds['total']:.0f} s; wrote {out}/"
+            _ui.console.print(
+                f"int8 MAC share overall: {share}; wall time {result.seconds['total']:.0f} s; "
+                f"wrote {out}/"
             )
+        if result.verdict is not None:
+            typer.echo(f"acceptance ({evaluate}): {result.verdict}; report in {out}/report/")
+            if result.verdict != "PASS":
+                raise typer.Exit(FAIL_EXIT)
 
     @app.command("probe")
     def probe_cmd(
@@ -99,35 +143,38 @@ def register(app: typer.Typer) -> None:
         ],
         out: Annotated[Path, typer.Option("-o", "--out", help="output directory for probe.json")],
         data: Annotated[
-            str | None, typer.Option(help="calibration data source (when TARGET is a model)")
+            str | None, typer.Option(help="calibration data source (needed when TARGET is a model)")
         ] = None,
         family: Annotated[
-            str | None, typer.Option(help="model family (when TARGET is a model)")
+            str | None,
+            typer.Option(help="model family when TARGET is a model (default: guessed)"),
         ] = None,
         limit: Annotated[
-            int | None, typer.Option(help="use the first N calibration samples")
+            int | None, typer.Option(min=1, help="use the first N calibration samples")
         ] = None,
         exhaustive: Annotated[
-            bool, typer.Option(help="also run the one-module-at-a-time attribution")
+            bool, typer.Option(help="also run the one-module-at-a-time attribution (slow)")
         ] = False,
+        force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
         quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
     ) -> None:
         """Write OUT/probe.json: fp16 overflow, int8 sensitivity, end-to-end attribution."""
+        from opsnn_quant.determinism import set_reproducible
         from opsnn_quant.errors import ConfigError
-        from opsnn_quant.io import atomic_dir
-        from opsnn_quant.models import guess_family, load_adapter
+        from opsnn_quant.io import atomic_dir, check_output_dir
+        from opsnn_quant.models import FAMILIES, guess_family, load_adapter
         from opsnn_quant.models.data import load_records
         from opsnn_quant.probe.api import ProbeConfig, probe
-        from opsnn_quant.recipe import builtin_recipes, load_recipe
-        from opsnn_quant.workflow import fmt_db, seed_everything
+        from opsnn_quant.recipe import builtin_recipes, load_recipe, resolve_recipe
+        from opsnn_quant.workflow import recipe_inputs
 
         is_recipe = target.endswith((".yaml", ".yml")) or target in builtin_recipes()
         if is_recipe:
             r = load_recipe(target)
-            adapter = load_adapter(r.model.family, r.model.source, **r.model.settings)
-            records = load_records(
-                data or r.data.calibration, limit or r.probe.data_limit or r.data.limit
-            )
+            inputs = [*recipe_inputs(r), str(resolve_recipe(target))]
+            family, source, settings = r.model.family, r.model.source, r.settings_dict()
+            source_data = data or r.data.calibration
+            n = limit or r.probe.data_limit or r.data.limit
             cfg = ProbeConfig(
                 min_headroom=r.probe.min_headroom,
                 max_root_calls=r.probe.max_root_calls,
@@ -139,52 +186,22 @@ def register(app: typer.Typer) -> None:
         else:
             if data is None:
                 raise ConfigError("probing a model needs --data (e.g. zoo:shapes/calibration)")
-            adapter = load_adapter(family or guess_family(target), target)
-            records = load_records(data, limit)
+            if family is not None and family not in FAMILIES:
+                raise ConfigError(f"--family must be one of {', '.join(FAMILIES)}, got {family!r}")
+            family, source, settings = family or guess_family(target), target, {}
+            source_data, n = data, limit
+            inputs = [p for p in (target, data) if not p.startswith("zoo:")]
             cfg = ProbeConfig(exhaustive=exhaustive)
-        seed_everything(cfg.seed)
-        with phases(quiet) as say, atomic_dir(out) as tmp:
-            report = probe(adapter, adapter.forward_loop(records), cfg, progress=say)
-            report.save(tmp / "probe.json")
-        if quiet:
-            return
-        table = Table(
-            title=f"{report.model}: riskiest modules per modality (backend: {report.backend})"
-        )
-        for col in ("modality", "module", "type", "fp16", "best int8 SQNR dB", "e2e share", "rank"):
-            table.add_column(col)
-        for modality, summary in report.modalities.items():
-            mods = [
-                m
-                for m in report.by_modality(modality)
-                if m.e2e is not None or (m.fp16 and m.fp16.overflow)
-            ]
-            mods.sort(
-                key=lambda m: (not (m.fp16 and m.fp16.overflow), m.e2e.rank if m.e2e else 10**9)
-            )
-            total = sum(m.e2e.contribution for m in report.by_modality(modality) if m.e2e) or 1.0
-            for m in mods[:5]:
-                best = max(
-                    (s.sqnr_db for s in m.w8a8.values() if s.sqnr_db is not None), default=None
-                )
-                table.add_row(
-                    modality,
-                    m.name,
-                    m.type,
-                    "OVERFLOW" if m.fp16 and m.fp16.overflow else "ok",
-                    fmt_db(best),
-                    f"{m.e2e.contribution / total:.0%}" if m.e2e else "-",
-                    str(m.e2e.rank) if m.e2e else "-",
-                )
-            table.add_row(
-                f"[b]{modality}[/b]",
-                f"{summary.modules} modules, {summary.overflowing} overflow",
-                "",
-                "",
-                f"median {fmt_db(summary.median_sqnr_db)}",
-                f"all-int8 predicted {fmt_db(summary.predicted_sqnr_db_all_w8a8)} dB",
-                "",
-                end_section=True,
-            )
-        console.print(table)
-        console.print(f"wrote {out}/probe.json")
+        check_output_dir(out, PROBE_KIND, force=force, inputs=inputs)
+        set_reproducible(seed=cfg.seed)
+        with _ui.reporter(quiet) as rep:
+            rep.phase("loading the calibration data")
+            records = load_records(source_data, n)
+            rep.phase(f"loading {source}")
+            adapter = load_adapter(family, source, **settings)
+            with atomic_dir(out, PROBE_KIND, force=force) as tmp:
+                report = probe(adapter, adapter.forward_loop(records), cfg, progress=rep.phase)
+                report.save(tmp / "probe.json")
+        if not quiet:
+            _ui.print_table(_probe_table(report))
+            _ui.console.print(f"wrote {out}/probe.json")

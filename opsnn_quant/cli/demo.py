@@ -1,6 +1,6 @@
 """``opsnn-quant engine-demo``: the quantization engine on a small built-in transformer block.
 
-A stand-in until ``calibrate`` lands: it shows every scheme's output error against fp32, computed
+It shows every scheme's output error against fp32, computed
 by the exact Ascend reference on this machine's CPU.
 """
 
@@ -8,35 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import torch
 import typer
-from rich.console import Console
-from rich.table import Table
-from torch import nn
 
-from opsnn_quant.numerics import cosine, sqnr_db
+from opsnn_quant.cli import _ui
 
-
-class DemoBlock(nn.Module):
-    """A pre-LN transformer MLP block with an outlier input channel, seeded."""
-
-    def __init__(self, dim: int = 256, seed: int = 0) -> None:
-        super().__init__()
-        g = torch.Generator().manual_seed(seed)
-        self.norm = nn.LayerNorm(dim)
-        self.up = nn.Linear(dim, 4 * dim)
-        self.down = nn.Linear(4 * dim, dim)
-        with torch.no_grad():
-            for lin in (self.up, self.down):
-                lin.weight.copy_(torch.randn(lin.weight.shape, generator=g) / lin.in_features**0.5)
-                lin.bias.zero_()
-            self.norm.weight.fill_(1.0)
-            self.norm.weight[7] = 25.0  # an outlier channel, as LayerNorm gains produce in LLMs
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(nn.functional.gelu(self.up(self.norm(x))))
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 def _loop(batches: list[torch.Tensor]) -> Callable[[nn.Module], None]:
@@ -56,15 +36,24 @@ def register(app: typer.Typer) -> None:
             "out/engine-demo"
         ),
         seed: Annotated[int, typer.Option(help="seed of the model and the data")] = 0,
+        force: Annotated[
+            bool, typer.Option("--force", help="replace OUT even if it is not a checkpoint")
+        ] = False,
     ) -> None:
         """Quantize a small transformer block with every scheme and print its error vs fp32."""
         import copy
 
+        import torch
+
+        from opsnn_quant.io import check_output_dir
+        from opsnn_quant.numerics import cosine, sqnr_db
         from opsnn_quant.quant.api import quantize
-        from opsnn_quant.quant.checkpoint import save_quantized
+        from opsnn_quant.quant.checkpoint import OUTPUT_KIND, save_quantized
         from opsnn_quant.quant.spec import QuantSpec
         from opsnn_quant.types import Precision
+        from opsnn_quant.zoo.demo_block import DemoBlock
 
+        check_output_dir(out, OUTPUT_KIND, force=force)
         torch.manual_seed(seed)
         model = DemoBlock(seed=seed).eval()
         g = torch.Generator().manual_seed(seed + 1)
@@ -82,9 +71,10 @@ def register(app: typer.Typer) -> None:
             ),
             "w8a16": QuantSpec(Precision.W8A16),
         }
-        table = Table(title="Output error vs fp32 (backend: cpu reference of Ascend int8 ops)")
-        for col in ("scheme", "SQNR dB", "cosine"):
-            table.add_column(col)
+        table = _ui.table(
+            "Output error vs fp32 (backend: cpu-reference of the Ascend int8 ops)",
+            [("scheme", "left"), ("SQNR dB", "right"), ("cosine", "right")],
+        )
         best = None
         for label, spec in schemes.items():
             q = quantize(copy.deepcopy(model), {"up": spec, "down": spec}, _loop(calib))
@@ -94,7 +84,7 @@ def register(app: typer.Typer) -> None:
             table.add_row(label, f"{snr:.1f}", f"{cosine(ref, y):.6f}")
             if spec.precision == "w8a8" and (best is None or snr > best[0]):
                 best = (snr, q, label)
-        Console().print(table)
+        _ui.print_table(table)
         assert best is not None
-        save_quantized(best[1], out, source_model=f"engine-demo-block(seed={seed})")
-        Console().print(f"saved the best static W8A8 model ({best[2]}) to {out}")
+        save_quantized(best[1], out, source_model=f"engine-demo-block(seed={seed})", force=force)
+        _ui.console.print(f"saved the best static W8A8 model ({best[2]}) to {out}")

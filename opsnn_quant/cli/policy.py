@@ -10,16 +10,21 @@ import typer
 from opsnn_quant.errors import ConfigError
 
 
+def _probe_path(policy_path: Path, probe: Path | None) -> Path:
+    path = probe if probe is not None else policy_path.parent / "probe.json"
+    if not path.is_file():
+        raise ConfigError(
+            f"{path} not found: the policy's module list comes from the probe report; "
+            "pass --probe probe.json"
+        )
+    return path
+
+
 def _inventory(policy_path: Path, probe: Path | None) -> dict[str, str]:
     from opsnn_quant.policy.export import modules_from_report
     from opsnn_quant.probe.report import SensitivityReport
 
-    path = probe if probe is not None else policy_path.parent / "probe.json"
-    if not path.is_file():
-        raise ConfigError(
-            f"{path} not found: the export needs the model's module list; pass --probe probe.json"
-        )
-    return modules_from_report(SensitivityReport.load(path))
+    return modules_from_report(SensitivityReport.load(_probe_path(policy_path, probe)))
 
 
 def _op_types(pairs: list[str]) -> dict[str, str]:
@@ -37,7 +42,8 @@ def _op_types(pairs: list[str]) -> dict[str, str]:
 def register(app: typer.Typer) -> None:
     """Add the ``policy`` command group to ``app``."""
     group = typer.Typer(
-        help="Precision policies: export for AMCT/ATC, summaries.", no_args_is_help=True
+        help="Precision policies: export for AMCT/ATC, summaries (both read probe.json).",
+        no_args_is_help=True,
     )
 
     @group.command("export")
@@ -51,7 +57,7 @@ def register(app: typer.Typer) -> None:
                 help="amct-cfg | amct-eager | atc-keep-dtype | atc-customize-dtypes | atc-modify-mixlist",
             ),
         ],
-        out: Annotated[Path, typer.Option("-o", "--out", help="output file")],
+        out: Annotated[Path, typer.Option("-o", "--out", help="output file (replaced)")],
         nodes: Annotated[
             Path | None, typer.Option(help="<model>.nodes.json: module -> ONNX node names")
         ] = None,
@@ -97,35 +103,28 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Print per-modality precisions, module counts and predicted SQNR."""
-        from rich.console import Console
-        from rich.table import Table
-
+        from opsnn_quant.cli import _ui
+        from opsnn_quant.policy.export import modules_from_report
         from opsnn_quant.policy.schema import PrecisionPolicy
         from opsnn_quant.policy.summary import summarize
         from opsnn_quant.probe.report import SensitivityReport
 
         pol = PrecisionPolicy.load(policy)
-        path = probe if probe is not None else policy.parent / "probe.json"
-        if not path.is_file():
-            raise ConfigError(f"{path} not found; pass --probe probe.json")
-        table = Table(title=f"{pol.model} on {pol.target}")
-        for col in (
-            "modality",
-            "chosen",
-            "fp32",
-            "bf16",
-            "fp16",
-            "int8",
-            "pred. SQNR",
-            "int8 MACs",
-        ):
-            table.add_column(col)
-        for row in summarize(pol, SensitivityReport.load(path)):
-            db = "inf" if row.predicted_sqnr_db is None else f"{row.predicted_sqnr_db:.1f} dB"
+        report = SensitivityReport.load(_probe_path(policy, probe))
+        pol.validate_inventory(modules_from_report(report))  # as strict as policy export
+        columns = [("modality", "left"), ("chosen", "left")]
+        columns += [(c, "right") for c in ("fp32", "bf16", "fp16", "int8", "pred", "MAC%")]
+        table = _ui.table(
+            f"{pol.model} on {pol.target}",
+            columns,
+            caption="module counts per precision; pred: predicted SQNR of the modality's "
+            "output, dB; MAC%: share of MACs in int8",
+        )
+        for row in summarize(pol, report):
             table.add_row(
                 row.modality.value, row.chosen, str(row.fp32), str(row.bf16), str(row.fp16),
-                str(row.int8), db, f"{row.int8_mac_share:.0%}",
+                str(row.int8), _ui.fmt_db(row.predicted_sqnr_db), f"{row.int8_mac_share:.0%}",
             )  # fmt: skip
-        Console().print(table)
+        _ui.print_table(table)
 
     app.add_typer(group, name="policy")

@@ -6,6 +6,7 @@ from typing import Any
 
 from opsnn_quant.errors import ModelLoadError
 from opsnn_quant.models.base import ModelAdapter, modality_of
+from opsnn_quant.models.settings import SDSettings, WhisperSettings, settings_for
 
 FAMILIES = ("diffusers-sd", "whisper")
 
@@ -19,15 +20,18 @@ def load_adapter(family: str, source: str, **settings: Any) -> ModelAdapter:
         source: model location.
         **settings: the family's settings fields (steps, guidance_scale, batch_size, ...).
     """
+    if family not in FAMILIES:
+        raise ModelLoadError(f"unknown model family {family!r}; known: {', '.join(FAMILIES)}")
+    checked = settings_for(family, settings)
     if family == "diffusers-sd":
-        from opsnn_quant.models.diffusers_sd import DiffusersSDAdapter, SDSettings
+        from opsnn_quant.models.diffusers_sd import DiffusersSDAdapter
 
-        return DiffusersSDAdapter.load(source, SDSettings(**settings))
-    if family == "whisper":
-        from opsnn_quant.models.whisper import WhisperAdapter, WhisperSettings
+        assert isinstance(checked, SDSettings)
+        return DiffusersSDAdapter.load(source, checked)
+    from opsnn_quant.models.whisper import WhisperAdapter
 
-        return WhisperAdapter.load(source, WhisperSettings(**settings))
-    raise ModelLoadError(f"unknown model family {family!r}; known: {', '.join(FAMILIES)}")
+    assert isinstance(checked, WhisperSettings)
+    return WhisperAdapter.load(source, checked)
 
 
 def guess_family(source: str) -> str:

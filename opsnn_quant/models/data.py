@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from opsnn_quant.errors import CalibrationError, ConfigError
+from opsnn_quant.io import read_text
 
 PROMPT_KEYS = ("prompt", "caption", "text")
 
@@ -46,14 +47,12 @@ def load_records(source: str, limit: int | None = None) -> list[dict[str, Any]]:
         if not path.exists():
             raise ConfigError(f"data source {source} does not exist")
         if path.is_file() and path.suffix == ".txt":
-            lines = [ln.strip() for ln in path.read_text().splitlines()]
+            lines = [ln.strip() for ln in read_text(path).splitlines()]
             records = [{"prompt": ln} for ln in lines if ln]
         elif (path.is_dir() and (path / "dataset_info.json").exists()) or (
             path / "state.json"
         ).exists():
-            import datasets
-
-            records = [dict(r) for r in datasets.load_from_disk(str(path))]
+            records = _datasets_dir(path)
         elif path.is_dir() and any(path.glob("*.wav")):
             records = _wav_folder(path)
         else:
@@ -68,21 +67,36 @@ def load_records(source: str, limit: int | None = None) -> list[dict[str, Any]]:
     return records
 
 
+def _datasets_dir(path: Path) -> list[dict[str, Any]]:
+    import datasets
+
+    try:
+        return [dict(r) for r in datasets.load_from_disk(str(path))]
+    except Exception as exc:  # datasets raises many kinds on a broken directory
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(
+            f"data source {path} is not a readable datasets directory: {first}"
+        ) from exc
+
+
 def _wav_folder(path: Path) -> list[dict[str, Any]]:
     texts: dict[str, str] = {}
     tfile = path / "transcripts.txt"
     if tfile.exists():
-        for line in tfile.read_text().splitlines():
+        for line in read_text(tfile).splitlines():
             if "\t" in line:
                 k, v = line.split("\t", 1)
                 texts[k] = v
     records = []
     for wav in sorted(path.glob("*.wav")):
-        with wave.open(str(wav), "rb") as w:
-            if w.getsampwidth() != 2 or w.getnchannels() != 1:
-                raise ConfigError(f"{wav}: only 16-bit PCM mono .wav files are supported")
-            rate = w.getframerate()
-            pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+        try:
+            with wave.open(str(wav), "rb") as w:
+                if w.getsampwidth() != 2 or w.getnchannels() != 1:
+                    raise ConfigError(f"{wav}: only 16-bit PCM mono .wav files are supported")
+                rate = w.getframerate()
+                pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+        except (wave.Error, EOFError, ValueError) as exc:
+            raise ConfigError(f"{wav} is not a readable .wav file: {exc}") from exc
         records.append(
             {
                 "audio": (pcm.astype(np.float32) / 32768.0),

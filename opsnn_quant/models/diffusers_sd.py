@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,25 +17,17 @@ import numpy as np
 import torch
 from torch import nn
 
+from opsnn_quant import progress
 from opsnn_quant.errors import MissingDependencyError, ModelLoadError
+from opsnn_quant.hub import quiet_progress_bars, set_offline_env
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.data import batched, prompts_from
+from opsnn_quant.models.settings import SDSettings
 from opsnn_quant.types import ForwardLoop, Modality
 
 log = logging.getLogger(__name__)
 
 COMPONENTS = ("text_encoder", "text_encoder_2", "unet", "vae")
-
-
-@dataclass(frozen=True)
-class SDSettings:
-    """Sampling settings used for calibration and generation."""
-
-    steps: int = 20
-    guidance_scale: float = 5.0
-    batch_size: int = 8
-    height: int | None = None
-    width: int | None = None
 
 
 class PipelineModule(nn.Module):
@@ -77,9 +68,8 @@ def load_pipeline(source: str, torch_dtype: torch.dtype = torch.float32) -> Any:
         raise ModelLoadError(
             f"{source} is not a diffusers pipeline directory (no model_index.json)"
         )
-    from opsnn_quant.zoo import set_offline_env
-
     set_offline_env()
+    quiet_progress_bars()
     try:
         pipe = diffusers.DiffusionPipeline.from_pretrained(
             str(path), dtype=torch_dtype, local_files_only=True, safety_checker=None
@@ -168,7 +158,8 @@ class DiffusersSDAdapter(ModelAdapter):
         prompts = prompts_from(data)[:limit] if limit else prompts_from(data)
 
         def loop(model: nn.Module) -> None:
-            for i, batch in enumerate(batched(prompts, self.settings.batch_size)):
+            batches = batched(prompts, self.settings.batch_size)
+            for i, batch in enumerate(progress.iterate(batches, "batch")):
                 self._call(batch, seed=10_000 + i * len(batch))
 
         return loop
@@ -177,7 +168,8 @@ class DiffusersSDAdapter(ModelAdapter):
         """uint8 HxWx3 images, one per prompt; prompt i uses seed ``seed + i``."""
         prompts = prompts_from(inputs)
         images: list[np.ndarray] = []
-        for start in range(0, len(prompts), self.settings.batch_size):
+        starts = range(0, len(prompts), self.settings.batch_size)
+        for start in progress.iterate(starts, "batch"):
             batch = prompts[start : start + self.settings.batch_size]
             arr = self._call(batch, seed + start)
             images.extend((np.clip(arr, 0, 1) * 255).round().astype(np.uint8))

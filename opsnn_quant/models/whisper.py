@@ -7,26 +7,19 @@ The forward loop extracts log-mel features and runs ``generate`` over calibratio
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from opsnn_quant import progress
 from opsnn_quant.errors import MissingDependencyError, ModelLoadError
+from opsnn_quant.hub import quiet_progress_bars, set_offline_env
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.data import audio_from, batched
+from opsnn_quant.models.settings import WhisperSettings
 from opsnn_quant.types import ForwardLoop, Modality
-
-
-@dataclass(frozen=True)
-class WhisperSettings:
-    """Decoding settings for calibration and generation."""
-
-    batch_size: int = 8
-    max_new_tokens: int = 64
-    num_beams: int = 1
 
 
 def load_whisper(source: str) -> tuple[nn.Module, Any]:
@@ -45,9 +38,8 @@ def load_whisper(source: str) -> tuple[nn.Module, Any]:
     path = Path(source)
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{source} is not a transformers model directory (no config.json)")
-    from opsnn_quant.zoo import set_offline_env
-
     set_offline_env()
+    quiet_progress_bars()
     try:
         model = transformers.WhisperForConditionalGeneration.from_pretrained(
             str(path), local_files_only=True
@@ -72,13 +64,16 @@ class WhisperAdapter(ModelAdapter):
         model_id: str,
         settings: WhisperSettings | None = None,
     ) -> None:
+        names = {n for n, _ in model.named_modules()} if isinstance(model, nn.Module) else set()
+        if "model.encoder" not in names or "model.decoder" not in names:
+            raise ModelLoadError(
+                f"{model_id} is not a WhisperForConditionalGeneration "
+                f"(it is a {type(model).__name__}); check the recipe's family"
+            )
         self.model = model.eval()
         self.processor = processor
         self.model_id = model_id
         self.settings = settings or WhisperSettings()
-        names = {n for n, _ in model.named_modules()}
-        if "model.encoder" not in names or "model.decoder" not in names:
-            raise ModelLoadError(f"{model_id} is not a WhisperForConditionalGeneration")
 
     @classmethod
     def load(cls, source: str, settings: WhisperSettings | None = None) -> WhisperAdapter:
@@ -133,7 +128,7 @@ class WhisperAdapter(ModelAdapter):
         audio_from(items)  # validate up front (NaN/Inf, rate) so errors name the sample early
 
         def loop(model: nn.Module) -> None:
-            for batch in batched(items, self.settings.batch_size):
+            for batch in progress.iterate(batched(items, self.settings.batch_size), "batch"):
                 self._calibration_batch(model, batch)
 
         return loop
@@ -188,6 +183,6 @@ class WhisperAdapter(ModelAdapter):
     def generate(self, inputs: Sequence[Any], seed: int = 0) -> list[str]:
         """Transcripts, one per waveform (greedy decoding is deterministic; seed unused)."""
         out: list[str] = []
-        for batch in batched(list(inputs), self.settings.batch_size):
+        for batch in progress.iterate(batched(list(inputs), self.settings.batch_size), "batch"):
             out.extend(self._decode(batch))
         return out

@@ -40,13 +40,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FORMATS: tuple[str, ...] = (
-    "amct-cfg",
-    "amct-eager",
-    "atc-keep-dtype",
-    "atc-customize-dtypes",
-    "atc-modify-mixlist",
-)
+# Every export format and the file it is written to in a calibrate output's export/ folder.
+EXPORT_FILES: dict[str, str] = {
+    "amct-cfg": "amct.cfg",
+    "amct-eager": "amct_eager.json",
+    "atc-keep-dtype": "atc_keep_dtype.cfg",
+    "atc-customize-dtypes": "atc_customize_dtypes.cfg",
+    "atc-modify-mixlist": "atc_modify_mixlist.json",
+}
+FORMATS: tuple[str, ...] = tuple(EXPORT_FILES)
 # Layer types AMCT's PyTorch PTQ can quantize (Linear, Conv2d, Conv3d, ConvTranspose2d per the
 # AMCT manual's quantizable-layer tables); every one the policy keeps float goes to skip_layers.
 AMCT_QUANT_TYPES = frozenset({"Linear", "Conv2d", "Conv3d", "ConvTranspose2d"})
@@ -113,8 +115,7 @@ def load_node_map(path: str | Path) -> dict[str, list[str]]:
 def _resolve(policy: PrecisionPolicy, modules: Mapping[str, str]) -> dict[str, Resolved]:
     if not modules:
         raise ConfigError("the module inventory is empty; pass the probe report or the model")
-    policy.check_rules(list(modules), modules)
-    return policy.resolve(list(modules), modules)
+    return policy.validate_inventory(modules)
 
 
 def _q(name: str) -> str:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.io import atomic_write_text
+from opsnn_quant.io import atomic_write_text, read_text
 from opsnn_quant.policy import _yaml
 from opsnn_quant.policy.budget import Budget
 from opsnn_quant.policy.targets import INT8_MODULE_TYPES, get_target
@@ -206,7 +206,7 @@ class PrecisionPolicy(_Frozen):
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"{p} not found")
-        return cls.from_yaml(p.read_text(encoding="utf-8"), source=str(p))
+        return cls.from_yaml(read_text(p), source=str(p))
 
     # ---- resolution ------------------------------------------------------------------------
 
@@ -332,18 +332,42 @@ class PrecisionPolicy(_Frozen):
                 target cannot run a module in its resolved precision.
         """
         modules = {n: m for n, m in model.named_modules() if n}
-        names = list(modules)
         types = {n: type(m).__name__ for n, m in modules.items()}
-        self.check_rules(names, types)
-        resolved = self.resolve(names, types, modalities)
+        shapes = {}
+        for name, module in modules.items():
+            weight = getattr(module, "weight", None)
+            if weight is not None and hasattr(weight, "shape"):
+                shapes[name] = tuple(weight.shape)
+        return self.validate_inventory(types, shapes, modalities)
+
+    def validate_inventory(
+        self,
+        module_types: Mapping[str, str],
+        weight_shapes: Mapping[str, tuple[int, ...]] | None = None,
+        modalities: Mapping[str, Modality] | None = None,
+    ) -> dict[str, Resolved]:
+        """:meth:`validate` against a module inventory (name -> class name, model order), e.g.
+        a probe report's, for exports and summaries made without the model.
+
+        Args:
+            module_types: module name -> class name, in model order.
+            weight_shapes: module name -> weight shape, for the target's shape limits (unknown
+                shapes are not checked).
+            modalities: as for :meth:`validate`.
+
+        Raises:
+            ConfigError: as :meth:`validate`.
+        """
+        names = list(module_types)
+        self.check_rules(names, module_types)
+        resolved = self.resolve(names, module_types, modalities)
         target = get_target(self.target)
         problems = []
         for name, res in resolved.items():
-            weight = getattr(modules[name], "weight", None)
-            shape = tuple(weight.shape) if weight is not None and hasattr(weight, "shape") else None
-            ok, why = target.can_run(types[name], res.precision, weight_shape=shape)
+            shape = (weight_shapes or {}).get(name)
+            ok, why = target.can_run(module_types[name], res.precision, weight_shape=shape)
             if not ok:
-                problems.append(f"{name} ({types[name]}, {res.precision.value}): {why}")
+                problems.append(f"{name} ({module_types[name]}, {res.precision.value}): {why}")
         if problems:
             more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
             raise ConfigError(

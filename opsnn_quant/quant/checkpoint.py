@@ -38,6 +38,11 @@ def quantized_modules(model: nn.Module) -> dict[str, _QuantMatmul]:
     return {n: m for n, m in model.named_modules() if isinstance(m, _QuantMatmul)}
 
 
+OUTPUT_KIND = "quant"
+# Keys every module entry of description.json must carry (load_quantized reads them).
+MODULE_KEYS = ("type", "precision", "spec", "weight_shape")
+
+
 def save_quantized(
     model: nn.Module,
     directory: str | Path,
@@ -45,6 +50,7 @@ def save_quantized(
     source_model: str | None = None,
     extra: dict[str, Any] | None = None,
     allow_empty: bool = False,
+    force: bool = False,
 ) -> Path:
     """Write the quantized modules of ``model`` to ``directory`` (atomically).
 
@@ -54,6 +60,8 @@ def save_quantized(
         source_model: id of the float model (recorded in the description).
         extra: more JSON-able fields for the description (e.g. the policy's hash).
         allow_empty: write a checkpoint with no int8 module (a policy that keeps all float).
+        force: replace ``directory`` even when it is not a quantized checkpoint (by default only
+            an empty directory or an earlier checkpoint is replaced).
 
     Returns:
         The directory. Same model and inputs give byte-identical files.
@@ -77,7 +85,7 @@ def save_quantized(
         "modules": described,
         **(extra or {}),
     }
-    with atomic_dir(directory) as tmp:
+    with atomic_dir(directory, OUTPUT_KIND, force=force) as tmp:
         (tmp / WEIGHTS_FILE).write_bytes(save(tensors, metadata={"format": "pt"}))
         (tmp / DESCRIPTION_FILE).write_text(
             json.dumps(description, indent=2, sort_keys=True) + "\n"
@@ -91,15 +99,24 @@ def read_description(directory: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"{path} not found; is {directory} a quantized checkpoint?")
     try:
-        desc = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        desc = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(desc, dict):
+        raise CheckpointError(f"{path}: a description is a JSON object")
     if desc.get("format") != FORMAT:
         raise CheckpointError(f"{path}: format is {desc.get('format')!r}, expected {FORMAT!r}")
     if desc.get("schema_version") != SCHEMA_VERSION:
         raise CheckpointError(
             f"{path}: schema_version {desc.get('schema_version')} is not supported (expected {SCHEMA_VERSION})"
         )
+    modules = desc.get("modules")
+    if not isinstance(modules, dict):
+        raise CheckpointError(f"{path}: 'modules' is missing or not an object")
+    for name, entry in modules.items():
+        missing = [k for k in MODULE_KEYS if not isinstance(entry, dict) or k not in entry]
+        if missing:
+            raise CheckpointError(f"{path}: module '{name}' lacks {', '.join(missing)}")
     return dict(desc)
 
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import builtins
 import importlib
-import os
 from collections.abc import Callable
 from typing import Any
 
 from opsnn_quant.errors import ModelLoadError
+from opsnn_quant.hub import quiet_progress_bars, set_offline_env
 
 # name -> "module:function"; the function takes no argument (or keyword options) and returns the model.
 _MODELS: dict[str, str] = {
@@ -33,18 +33,6 @@ _DATASETS: dict[str, str] = {
     "shapes": "opsnn_quant.zoo.shapes_data:load_split",
     "speech": "opsnn_quant.zoo.speech_data:load_split",
 }
-
-
-def set_offline_env() -> None:
-    """Forbid every Hugging Face library from touching the network in this process."""
-    for var in (
-        "HF_HUB_OFFLINE",
-        "TRANSFORMERS_OFFLINE",
-        "HF_DATASETS_OFFLINE",
-        "DIFFUSERS_OFFLINE",
-    ):
-        os.environ[var] = "1"
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 
 def _resolve(table: dict[str, str], name: str, kind: str) -> Callable[..., Any]:
@@ -80,6 +68,7 @@ def load(name: str, **kwargs: Any) -> Any:
         ModelLoadError: The name is unknown or the model cannot be loaded.
     """
     set_offline_env()
+    quiet_progress_bars()
     return _resolve(_MODELS, name, "model")(**kwargs)
 
 

@@ -1,0 +1,275 @@
+"""Every bad input the CLI meets: one ``error:`` line, the exit code, before the expensive work.
+
+Table-driven (issue 11 §1–§2): each case builds its input in a fresh folder, runs ``main``, and
+checks the exit code, the one stderr line, that no model was loaded where the input could be
+checked before, and that nothing at the output path was touched or half-written.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from opsnn_quant.cli import main
+from opsnn_quant.io import MARKER
+from tests.tiny_pipelines import save_tiny_sd
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny pipeline, its recipe, and one finished calibrate output of it."""
+    root = tmp_path_factory.mktemp("bad")
+    save_tiny_sd(root / "pipe")
+    (root / "prompts.txt").write_text("a red circle\na blue square\n")
+    recipe = root / "recipe.yaml"
+    recipe.write_text(
+        "name: tiny\n"
+        "model:\n"
+        "  family: diffusers-sd\n"
+        f"  source: {root / 'pipe'}\n"
+        "  settings: {steps: 2, batch_size: 2}\n"
+        f"data: {{calibration: {root / 'prompts.txt'}}}\n"
+        "probe: {max_root_calls: 2}\n"
+        "target: ascend910b-atc\n"
+    )
+    done = root / "done"
+    assert main(["calibrate", str(recipe), "-o", str(done), "--quiet"]) == 0
+    return root, recipe, done
+
+
+@dataclass
+class Case:
+    """argv from the case folder; expected exit code and line; whether a model may load."""
+
+    name: str
+    argv: Callable[[Path, Path, Path, Path], list[str]]  # (case dir, root, recipe, done)
+    code: int
+    line: str
+    may_load: bool = False
+
+
+def _recipe_with(recipe: Path, d: Path, old: str, new: str) -> str:
+    text = recipe.read_text()
+    assert old in text
+    path = d / "r.yaml"
+    path.write_text(text.replace(old, new))
+    return str(path)
+
+
+def _bytes(d: Path, name: str, data: bytes) -> Path:
+    path = d / name
+    path.write_bytes(data)
+    return path
+
+
+def _foreign_dir(d: Path) -> str:
+    (d / "o").mkdir()
+    (d / "o" / "notes.txt").write_text("precious\n")
+    return str(d / "o")
+
+
+def _policy_with(done: Path, d: Path, edit: Callable[[str], str]) -> str:
+    shutil.copy(done / "probe.json", d / "probe.json")
+    (d / "policy.yaml").write_text(edit((done / "policy.yaml").read_text()))
+    return str(d / "policy.yaml")
+
+
+def _bf16_on_310p(text: str) -> str:
+    text = text.replace("target: ascend910b-atc", "target: ascend310p")
+    return text.replace(
+        "rules:\n", "rules:\n- match: unet.conv_in\n  precision: bf16\n  reason: x\n"
+    )
+
+
+def _candidate_missing_key(done: Path, d: Path) -> str:
+    shutil.copytree(done, d / "cand")
+    desc_path = d / "cand" / "quant" / "description.json"
+    desc = json.loads(desc_path.read_text())
+    first = next(iter(desc["modules"]))
+    del desc["modules"][first]["weight_shape"]
+    desc_path.write_text(json.dumps(desc))
+    return str(d / "cand")
+
+
+def _empty_datasets_dir(d: Path) -> str:
+    ds = d / "ds"
+    ds.mkdir()
+    (ds / "dataset_info.json").write_text("{}")
+    (ds / "state.json").write_text('{"_data_files": []}')
+    return str(ds)
+
+
+def _corrupt_wav(d: Path) -> str:
+    (d / "wavs").mkdir()
+    (d / "wavs" / "a.wav").write_bytes(b"RIFF\x00\x00not a wave file")
+    return str(d / "wavs")
+
+
+def _errors(stderr: str) -> list[str]:
+    """stderr without the progress lines ('[  1.2 s] phase', printed when not a terminal)."""
+    return [
+        ln for ln in stderr.strip().splitlines() if not re.match(r"^\[\s*\d+\.\d s\]|^\s+\d", ln)
+    ]
+
+
+CASES = [
+    # §1 outputs
+    Case("engine-demo over a foreign dir", lambda d, r, rec, done: ["engine-demo", "-o", _foreign_dir(d)],
+         2, "exists and is not an opsnn-quant output; choose another or pass --force"),
+    Case("probe over a calibrate output", lambda d, r, rec, done: ["probe", str(rec), "-o", str(done)],
+         2, "exists and is a 'calibrate' output"),
+    Case("calibrate over a file", lambda d, r, rec, done: ["calibrate", str(rec), "-o", str(_bytes(d, "f", b"x"))],
+         2, "is an existing file; remove it or pass --force"),
+    Case("name is an absolute path", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, "name: tiny", "name: /tmp/victim")],
+         2, "line 1: name: String should match pattern"),
+    Case("name climbs out", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, "name: tiny", "name: ../..")],
+         2, "line 1: name: String should match pattern"),
+    Case("-o is the working directory", lambda d, r, rec, done: ["calibrate", str(rec), "-o", "."],
+         2, "is the working directory or contains it"),
+    Case("-o is a parent of the input", lambda d, r, rec, done: ["calibrate", str(rec), "-o", str(r), "--force"],
+         2, "would replace the input"),
+    Case("-o is the input model", lambda d, r, rec, done: ["calibrate", str(rec), "-o", str(r / "pipe"), "--force"],
+         2, "would replace the input"),
+    Case("-o under a file", lambda d, r, rec, done: ["calibrate", str(rec), "-o", str(_bytes(d, "f", b"x") / "o")],
+         2, "is a file, not a directory"),
+    # §2 inputs
+    Case("settings typo", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, "steps: 2", "stepz: 2"), "-o", str(d / "o")],
+         2, "line 5: model.settings.stepz: Extra inputs are not permitted"),
+    Case("settings wrong type", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, "steps: 2", 'steps: "ten"'), "-o", str(d / "o")],
+         2, "line 5: model.settings.steps: Input should be a valid integer"),
+    Case("recipe not UTF-8", lambda d, r, rec, done: ["calibrate", str(_bytes(d, "r.yaml", b"name: caf\xe9\n")), "-o", str(d / "o")],
+         2, "is not UTF-8 text"),
+    Case("prompts not UTF-8", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, str(r / "prompts.txt"), str(_bytes(d, "p.txt", b"caf\xe9\n"))), "-o", str(d / "o")],
+         2, "p.txt is not UTF-8 text"),
+    Case("empty datasets directory", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, str(r / "prompts.txt"), _empty_datasets_dir(d)), "-o", str(d / "o")],
+         2, "ds"),
+    Case("corrupt wav", lambda d, r, rec, done: ["probe", "zoo:whisper-tiny.en", "--data", _corrupt_wav(d), "-o", str(d / "o")],
+         2, "a.wav is not a readable .wav file"),
+    Case("unknown target", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, "target: ascend910b-atc", "target: ascend999"), "-o", str(d / "o")],
+         2, "line 8: target: unknown target 'ascend999'"),
+    Case("unknown export", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, "target: ascend910b-atc", "target: ascend910b-atc\nexports: [amct-cfg, onnx-magic]"), "-o", str(d / "o")],
+         2, "exports: unknown export format(s) ['onnx-magic']"),
+    Case("unknown suite", lambda d, r, rec, done: ["calibrate", str(rec), "-o", str(d / "o"), "--evaluate", "no-such-suite"],
+         2, "no-such-suite"),
+    Case("unknown family", lambda d, r, rec, done: ["probe", str(r / "pipe"), "--data", str(r / "prompts.txt"), "--family", "llama", "-o", str(d / "o")],
+         2, "--family must be one of diffusers-sd, whisper"),
+    Case("wrong family for the model", lambda d, r, rec, done: ["probe", "zoo:shapes-t2i", "--family", "whisper", "--data", str(r / "prompts.txt"), "-o", str(d / "o")],
+         2, "is not a WhisperForConditionalGeneration", may_load=True),
+    Case("description.json lacks a key", lambda d, r, rec, done: ["evaluate", "--candidate", _candidate_missing_key(done, d), "--suite", "shapes-t2i", "-o", str(d / "rep")],
+         2, "lacks weight_shape"),
+    Case("policy export onto a directory", lambda d, r, rec, done: ["policy", "export", str(done / "policy.yaml"), "-f", "amct-cfg", "-o", str(done)],
+         2, "is a directory; give a file path"),
+    Case("policy export under a file", lambda d, r, rec, done: ["policy", "export", str(done / "policy.yaml"), "-f", "amct-cfg", "-o", str(_bytes(d, "f", b"x") / "amct.cfg")],
+         2, "cannot write"),
+    Case("policy not UTF-8", lambda d, r, rec, done: ["policy", "show", str(_bytes(d, "policy.yaml", b"model: caf\xe9\n")), "--probe", str(done / "probe.json")],
+         2, "is not UTF-8 text"),
+    Case("policy show: a rule matching nothing", lambda d, r, rec, done: ["policy", "show", _policy_with(done, d, lambda t: t.replace("rules:\n", "rules:\n- match: unet.nothing.here\n  precision: fp32\n  reason: x\n"))],
+         2, "matches no module of the model"),
+    Case("policy show: bf16 on a target without it", lambda d, r, rec, done: ["policy", "show", _policy_with(done, d, _bf16_on_310p)],
+         2, "target ascend310p cannot run"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input(case, tiny, tmp_path, monkeypatch, capsys):
+    root, recipe, done = tiny
+    before = {p: p.read_bytes() for p in done.rglob("*") if p.is_file()}
+    if not case.may_load:
+        import opsnn_quant.models
+
+        def refuse(*a, **k):
+            raise AssertionError("a model was loaded before the input was checked")
+
+        monkeypatch.setattr(opsnn_quant.models, "load_adapter", refuse)
+        monkeypatch.setattr("opsnn_quant.workflow.load_adapter", refuse)
+    monkeypatch.chdir(tmp_path)
+    argv = case.argv(tmp_path, root, recipe, done)
+    assert main(argv) == case.code
+    err = _errors(capsys.readouterr().err)
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    assert case.line in err[0], err[0]
+    after = {p: p.read_bytes() for p in done.rglob("*") if p.is_file()}
+    assert after == before, "the finished output was touched"
+    assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]
+    if (tmp_path / "o").is_dir() and (tmp_path / "o" / "notes.txt").exists():
+        assert (tmp_path / "o" / "notes.txt").read_text() == "precious\n"
+
+
+def test_force_replaces_a_foreign_directory(tmp_path, capsys):
+    out = Path(_foreign_dir(tmp_path))
+    assert main(["engine-demo", "-o", str(out), "--force"]) == 0
+    assert not (out / "notes.txt").exists() and (out / "model.safetensors").is_file()
+    assert json.loads((out / MARKER).read_text())["kind"] == "quant"
+    assert main(["engine-demo", "-o", str(out)]) == 0  # its own output: replaced without --force
+
+
+def test_a_full_disk_after_the_model_loaded_is_one_line_and_the_old_output_survives(
+    tiny, tmp_path, monkeypatch, capsys
+):
+    _, recipe, done = tiny
+    out = tmp_path / "out"
+    shutil.copytree(done, out)
+    before = (out / "policy.yaml").read_bytes()
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr("opsnn_quant.quant.checkpoint.save", full)
+    assert main(["calibrate", str(recipe), "-o", str(out), "--quiet"]) == 2
+    err = _errors(capsys.readouterr().err)
+    assert err == [f"error: cannot write {out}/quant: No space left on device"]
+    assert (out / "policy.yaml").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_read_only_output_location_is_refused_before_loading(tiny, tmp_path, monkeypatch, capsys):
+    _, recipe, _ = tiny
+    import opsnn_quant.io
+
+    def read_only(*a, **k):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(opsnn_quant.io.tempfile, "mkdtemp", read_only)
+    monkeypatch.setattr("opsnn_quant.workflow.load_adapter", lambda *a, **k: 1 / 0)
+    assert main(["calibrate", str(recipe), "-o", str(tmp_path / "o")]) == 2
+    assert _errors(capsys.readouterr().err) == [
+        f"error: cannot write {tmp_path / 'o'}: Read-only file system"
+    ]
+
+
+@pytest.mark.slow
+def test_sigterm_cleans_up_like_ctrl_c(tiny, tmp_path):
+    # What `timeout` and CI cancellation send: the run stops with one line and exit 143, its
+    # temporary output is removed and the previous output is intact.
+    _, recipe, done = tiny
+    out = tmp_path / "out"
+    shutil.copytree(done, out)
+    before = (out / "policy.yaml").read_bytes()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from opsnn_quant.cli import main; sys.exit(main())",
+         "calibrate", str(recipe), "-o", str(out), "--quiet"],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("out.tmp-*")) and time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"calibrate ended before it started writing: {proc.stderr.read()}")
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "interrupted (SIGTERM)"
+    assert (out / "policy.yaml").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
