@@ -127,3 +127,24 @@ def unpack_quant_param(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     field = (packed >> OFFSET_SHIFT) & OFFSET_BITS
     offset = torch.where(field >= 256, field - 512, field).to(torch.float32)
     return scale, offset
+
+
+@torch.no_grad()
+def requant_int8(value: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """The fixpipe's int8 requantization with a packed quant parameter.
+
+    ``clip(clip(rint(value * fp19_scale), -256, 255) + offset9, -128, 127)``: the scaled value is
+    rounded and saturated to 9 bits before the 9-bit offset is added (ops-nn
+    ``matmul/quant_batch_matmul_v3/tests/assets/qbmmv3_kernel_golden.py`` ``compute_requant`` with
+    ``matmul_quant_util.f32_2_s9``).
+
+    Args:
+        value: fp32 (..., N) (the int32 accumulator converted to fp32, or a float matmul result).
+        packed: int64 (1,), (N,) or (1, N) from :func:`npu_trans_quant_param`.
+
+    Returns:
+        int8 tensor of ``value``'s shape.
+    """
+    scale, offset = unpack_quant_param(packed.reshape(-1))
+    s9 = torch.round_(value.to(torch.float32) * scale).clamp_(-256, 255)
+    return s9.add_(offset).clamp_(-128, 127).to(torch.int8)
