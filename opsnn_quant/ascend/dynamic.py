@@ -115,8 +115,8 @@ def npu_dynamic_quant(
 
     Follows the A2/A3 kernels' order of operations, not the API doc's formula (see the module
     docstring): ``inv = Q / rowmax``, ``y = rint(x * inv)``, ``scale = rowmax * fp32(1/Q)``
-    (``1 / inv`` with ``group_index`` or rows longer than the buffer: over ~15k elements, ~10k
-    with smooth scales). An all-zero row gives ``scale = 0`` and ``y = 0`` on the kernel path
+    (``1 / inv`` with ``group_index`` or rows longer than the buffer: K > 15040 unless
+    K <= 16320 and K % 8 == 0; with smooth scales K > 10288 unless K <= 12800 and K % 8 == 0). An all-zero row gives ``scale = 0`` and ``y = 0`` on the kernel path
     (``0 * inf`` is NaN, which the int cast turns into 0; the API doc leaves the case open).
 
     Args:
