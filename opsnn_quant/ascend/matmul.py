@@ -1,31 +1,39 @@
-"""Quantized matmuls: ``npu_quant_matmul`` (QuantBatchMatmulV3) and ``npu_weight_quant_batchmatmul``.
+"""Quantized matmul: ``npu_quant_matmul`` (QuantBatchMatmulV3/V4/V5 via aclnnQuantMatmulV5).
 
-Sources: torch_npu ``npu_quant_matmul`` / ``npu_weight_quant_batchmatmul`` API docs and the ops-nn
-``quant_batch_matmul_v3`` README (formulas by bias dtype, Atlas A2/A3)::
+Sources: torch_npu ``npu_quant_matmul`` API doc (formulas by bias dtype, the Atlas A2/A3 dtype
+table); op-plugin ``op_plugin/ops/opapi/QuantMatmulKernelNpuOpApi.cpp`` (an fp32 ``scale`` without
+``pertoken_scale`` and with int8/fp16 output is packed by ``npu_trans_quant_param(scale, offset)``
+before the kernel runs); ops-nn ``matmul/quant_batch_matmul_v3/tests/assets/qbmmv3_kernel_golden.py``
+(``compute_requant``, ``compute_tc``, ``compute_pertoken``, ``compute_int32``) and
+``aclnnQuantMatmulV5.md`` (G-B mode)::
 
-    no bias:                 out = x1@x2 * scale + offset
-    bias int32:              out = (x1@x2 + bias) * scale + offset
-    bias bf16/fp16/fp32:     out = x1@x2 * scale + bias                       (no offset)
-    pertoken:                out = x1@x2 * scale * pertoken_scale (+ bias as above)
+    int32 out:            acc + bias_int32
+    int8 out (requant):   clip(clip(rint(fp32(acc + bias) * fp19(scale)), -256, 255) + off9, -128, 127)
+    fp16 out:             fp16(fp32(acc + bias) * fp19(scale))
+    bf16 / pertoken:      fp32(acc + bias_int32) * scale [* pertoken_scale] [+ bias_float]
 
 ``x1@x2`` is an exact int32 accumulation. The reference computes it with float32 GEMMs on chunks
 of K small enough that every partial sum is an integer below 2**24 (so any summation order is
-exact), and adds the chunks in int64. The float epilogue runs in fp32 in the order written above:
-``float32(acc) * scale * pertoken_scale + offset_or_bias``, then one rounding to the output dtype
-(int8: rint and saturate).
+exact), and adds the chunks in int64. int4 operands (int32 words of eight values) are unpacked to
+int8 first; ``|int4 * int4| <= 64`` keeps the same chunks exact.
 """
 
 from __future__ import annotations
 
 import torch
 
-from opsnn_quant.ascend._checks import require_dtype, require_vector
-from opsnn_quant.ascend.params import fp19, unpack_quant_param
+from opsnn_quant.ascend._qmm_checks import (
+    Plan,
+    check_dtype_args,
+    check_quant_matmul,
+    is_transposed_view,
+)
+from opsnn_quant.ascend.int4 import unpack_int4
+from opsnn_quant.ascend.params import npu_trans_quant_param, requant_int8, unpack_quant_param
 from opsnn_quant.errors import ShapeError
 
 # |int8 * int8| <= 2**14, so a sum of 1024 products stays within 2**24, exact in fp32.
 EXACT_FP32_CHUNK = 1024
-MAX_K = 65535
 # Elements of an int8 weight converted to fp32 at once when no fp32 copy is given (16 MB).
 WEIGHT_CHUNK = 1 << 22
 
@@ -70,58 +78,99 @@ def int8_matmul_exact(
     return acc.to(torch.int32)
 
 
-def _check_quant_matmul(
+def _operands(x1: torch.Tensor, x2: torch.Tensor, plan: Plan) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 (…, M, K) and (…, K, N): int4 words unpacked along K (x1) and N or K (x2)."""
+    if not plan.int4:
+        return x1, x2
+    if is_transposed_view(x2):  # a (K/8, N) view of a contiguous (N, K/8): packed along K
+        return unpack_int4(x1), unpack_int4(x2.transpose(-1, -2)).transpose(-1, -2)
+    return unpack_int4(x1), unpack_int4(x2)
+
+
+def _add_int32_bias(acc: torch.Tensor, bias: torch.Tensor, k: int) -> torch.Tensor:
+    if int(bias.abs().max()) + k * 2**14 <= 2**31 - 1:
+        return acc.add_(bias)  # no int32 overflow is possible: add in place
+    # int32 addition wraps on the device; int64 then truncation reproduces that.
+    wide = acc.to(torch.int64) + bias.to(torch.int64)
+    return torch.where(
+        wide >= 2**31, wide - 2**32, torch.where(wide < -(2**31), wide + 2**32, wide)
+    ).to(torch.int32)
+
+
+def _group_gb(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale: torch.Tensor,
+    pertoken_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.dtype,
+) -> torch.Tensor:
+    """G-B: ``sum_j (x1 @ x2)_j * (x1Scale[m, j] * x2Scale[j, n // 128]) + bias`` (aclnnQuantMatmulV5
+    doc), the K blocks accumulated in fp32 in ascending order (qbmmv3 golden compute_perblock)."""
+    n = b.shape[-1]
+    col = torch.arange(n, device=b.device) // 128
+    y = torch.zeros((a.shape[0], n), dtype=torch.float32, device=a.device)
+    for j in range(scale.shape[0]):
+        ks = slice(j * 128, (j + 1) * 128)
+        part = int8_matmul_exact(a[:, ks], b[ks, :]).to(torch.float32)
+        y += part * (pertoken_scale[:, j : j + 1] * scale[j, col])
+    if bias is not None:
+        y += bias.reshape(-1)
+    return y.to(out)
+
+
+@torch.no_grad()
+def quant_matmul_cached(
     x1: torch.Tensor,
     x2: torch.Tensor,
     scale: torch.Tensor,
-    offset: torch.Tensor | None,
-    pertoken_scale: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    output_dtype: torch.dtype | None,
-) -> None:
-    op = "npu_quant_matmul"
-    require_dtype("x1", x1, (torch.int8,), op)
-    require_dtype("x2", x2, (torch.int8,), op)
-    if not (2 <= x1.dim() <= 6 and 2 <= x2.dim() <= 6):
-        raise ShapeError(f"{op}: x1 and x2 must have 2 to 6 dims, got {x1.dim()} and {x2.dim()}")
-    k, n = x1.shape[-1], x2.shape[-1]
-    if x2.shape[-2] != k:
-        raise ShapeError(
-            f"{op}: K mismatch: x1 is {tuple(x1.shape)} and x2 is {tuple(x2.shape)} (x2 is (K, N))"
-        )
-    if k > MAX_K:
-        raise ShapeError(f"{op}: K={k} exceeds the supported maximum {MAX_K}")
-    if output_dtype not in (None, torch.int8, torch.float16, torch.bfloat16, torch.int32):
-        raise ShapeError(f"{op}: output_dtype must be None, int8, float16, bfloat16 or int32")
-    require_dtype("scale", scale, (torch.float32, torch.int64, torch.bfloat16), op)
-    require_vector("scale", scale, (1, n), op)
-    if offset is not None:
-        require_dtype("offset", offset, (torch.float32,), op)
-        require_vector("offset", offset, (1, n), op)
-        if output_dtype not in (None, torch.int8):
-            raise ShapeError(f"{op}: offset is only supported with int8 output")
+    *,
+    offset: torch.Tensor | None = None,
+    pertoken_scale: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    output_dtype: torch.dtype | None = None,
+    group_sizes: list[int] | tuple[int, ...] | None = None,
+    x2_float: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`npu_quant_matmul` with a reference-only fast path (not a torch_npu function).
+
+    Args:
+        x1, x2, scale, offset, pertoken_scale, bias, output_dtype, group_sizes: as
+            :func:`npu_quant_matmul`.
+        x2_float: ``x2`` already converted to float32 (int8 inputs; a module reusing its weight
+            caches it). Changes speed only, never the result.
+
+    Returns:
+        As :func:`npu_quant_matmul`.
+    """
+    plan = check_quant_matmul(
+        x1, x2, scale, offset, pertoken_scale, bias, output_dtype, group_sizes
+    )
+    out = torch.int8 if output_dtype is None else output_dtype
+    a, b = _operands(x1, x2, plan)
+    if plan.groups is not None:
+        assert pertoken_scale is not None  # checked: G-B needs it
+        return _group_gb(a, b, scale, pertoken_scale, bias, out)
+    acc = int8_matmul_exact(a, b, None if plan.int4 else x2_float)
+    if bias is not None and bias.dtype == torch.int32:
+        acc = _add_int32_bias(acc, bias, plan.k)
+    if out == torch.int32:
+        return acc
+    if pertoken_scale is None and out in (torch.int8, torch.float16):
+        # QuantMatmulKernelNpuOpApi.cpp: an fp32 scale goes through npu_trans_quant_param(scale,
+        # offset) first, so int8/fp16 outputs always see the packed FP19 scale and 9-bit offset.
+        packed = scale if scale.dtype == torch.int64 else npu_trans_quant_param(scale, offset)
+        if out == torch.int8:
+            return requant_int8(acc.to(torch.float32), packed)
+        s, _ = unpack_quant_param(packed.reshape(-1))  # fp16 (dequant) mode takes no offset
+        return acc.to(torch.float32).mul_(s).to(torch.float16)
+    # bf16 output and per-token scaling: fp32 scale in full, in the documented order, in place.
+    y = acc.to(torch.float32).mul_(scale.reshape(-1).to(torch.float32))
     if pertoken_scale is not None:
-        require_dtype("pertoken_scale", pertoken_scale, (torch.float32,), op)
-        m = x1.shape[-2]
-        if pertoken_scale.dim() != 1 or pertoken_scale.numel() != m:
-            raise ShapeError(
-                f"{op}: pertoken_scale must be 1-D with M={m} elements, "
-                f"got {tuple(pertoken_scale.shape)}"
-            )
-        if output_dtype not in (torch.float16, torch.bfloat16):
-            raise ShapeError(f"{op}: pertoken_scale needs output_dtype float16 or bfloat16")
-        if scale.dtype == torch.int64:
-            raise ShapeError(f"{op}: with pertoken_scale, scale must be float32 or bfloat16")
-    if bias is not None:
-        require_dtype("bias", bias, (torch.int32, torch.bfloat16, torch.float16, torch.float32), op)
-        if bias.shape[-1] != n or bias.dim() not in (1, 3):
-            raise ShapeError(f"{op}: bias must be (N,) or (batch, 1, N), got {tuple(bias.shape)}")
-        if bias.dtype != torch.int32 and offset is not None:
-            raise ShapeError(f"{op}: a floating bias cannot be combined with offset")
-        if bias.dtype == torch.float16 and pertoken_scale is None:
-            raise ShapeError(f"{op}: a float16 bias needs pertoken_scale")
-    if output_dtype == torch.bfloat16 and scale.dtype == torch.int64:
-        raise ShapeError(f"{op}: bfloat16 output takes a float32/bfloat16 scale, not int64")
+        y.mul_(pertoken_scale.unsqueeze(-1))
+    if bias is not None and bias.dtype != torch.int32:
+        y.add_(bias.to(torch.float32))
+    return y.to(out)
 
 
 @torch.no_grad()
@@ -134,119 +183,62 @@ def npu_quant_matmul(
     pertoken_scale: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     output_dtype: torch.dtype | None = None,
-    x2_float: torch.Tensor | None = None,
+    x1_dtype: torch.dtype | int | None = None,
+    x2_dtype: torch.dtype | int | None = None,
+    pertoken_scale_dtype: torch.dtype | int | None = None,
+    scale_dtype: torch.dtype | int | None = None,
+    group_sizes: list[int] | tuple[int, ...] | None = None,
+    y_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """int8 x int8 matmul with Ascend's dequant/requant epilogue, as ``torch_npu.npu_quant_matmul``.
+    """Quantized matmul with Ascend's dequant/requant epilogue, as ``torch_npu.npu_quant_matmul``.
+
+    One signature covers the release lines: torch_npu 2.1 (op-plugin 7.0.0) has the arguments up
+    to ``output_dtype``; ``group_sizes`` exists from the 2.6 line (op-plugin 7.1.0); ``x1_dtype``,
+    ``x2_dtype``, ``pertoken_scale_dtype``, ``scale_dtype`` from 2.6 and ``y_scale`` in the latest
+    (master) only. Behaviour follows Atlas A2/A3 (the 310P table is a subset of it).
 
     Args:
-        x1: int8 (..., M, K) activations.
-        x2: int8 (..., K, N) weights (a transposed (N, K) weight, as torch_npu accepts).
-        scale: (1,) or (N,): fp32, bf16, or int64 packed by ``npu_trans_quant_param``. For int8 or
-            fp16 output without ``pertoken_scale`` an fp32 scale is truncated to FP19 as the
-            packed one is; bf16 output and per-token scaling use it in full fp32.
-        offset: optional fp32 (1,) or (N,), int8 output only.
-        pertoken_scale: optional fp32 (M,).
-        bias: optional int32 (added to the accumulator) or bf16/fp16/fp32 (added after scaling).
-        output_dtype: None/int8 (saturated), float16, bfloat16, or int32 (the accumulator plus
-            int32 bias, unscaled).
-        x2_float: reference-only speed-up: ``x2`` already converted to fp32 (not a torch_npu arg).
+        x1: int8 (..., M, K), or int32 (..., M, K // 8) holding eight int4 values each (a4w4,
+            contiguous).
+        x2: int8 (..., K, N) (a transposed (N, K) view too), or int32 (K, N // 8) / a (K // 8, N)
+            transposed view of a contiguous (N, K // 8). Batch dims broadcast as torch_npu's.
+        scale: (1,) or (N,) (or (1, N)): int64 from ``npu_trans_quant_param``, fp32, or bf16. With
+            int8/fp16 output and no ``pertoken_scale`` an fp32 scale (and ``offset``) is packed
+            first, as op-plugin does: FP19-truncated scale, offset rounded to 9 bits.
+        offset: optional fp32 (1,) or (N,), int8 output only. With an int64 ``scale`` the 9-bit
+            offset packed inside ``scale`` is the one applied (it is applied even when ``offset``
+            is None, which is how the API doc's "Method 2" reproduces "Method 1").
+        pertoken_scale: optional fp32 (M,); fp16/bf16 output. G-B mode: (M, ceil(K / 128)).
+        bias: optional (N,), (1, N) (torch_npu 2.6 doc) or (batch, 1, N) with a 3-D output: int32
+            (added to the accumulator, wrapping like the device) or bf16/fp16/fp32 (added after
+            scaling; bf16 output or ``pertoken_scale`` only).
+        output_dtype: None/int8 (requantized), float16, bfloat16, or int32 (accumulator + bias).
+        x1_dtype, x2_dtype, pertoken_scale_dtype, scale_dtype: None or the tensor's own dtype;
+            any other value (fp8/HiFloat8/FP4 reinterpretation, Ascend 950) raises ShapeError.
+        group_sizes: None or [0, 0, 0], or [1, 128, 128] for int8 G-B (pergroup-perblock)
+            scaling with fp32 ``pertoken_scale`` (M, ceil(K/128)), fp32 ``scale``
+            (ceil(K/128), ceil(N/128)), optional fp32 bias, fp16/bf16 output. Other group modes
+            (A4W4/A8W4 per-group, Ascend 950 B-B/MX) raise ShapeError.
+        y_scale: must be None (T-CG mode, Ascend 950).
 
     Returns:
-        Tensor (..., M, N) of ``output_dtype`` (int8 when None).
+        Tensor (broadcast batch..., M, N) of ``output_dtype`` (int8 when None).
     """
-    _check_quant_matmul(x1, x2, scale, offset, pertoken_scale, bias, output_dtype)
-    acc = int8_matmul_exact(x1, x2, x2_float)
-    if bias is not None and bias.dtype == torch.int32:
-        k = x1.shape[-1]
-        if int(bias.abs().max()) + k * 2**14 <= 2**31 - 1:
-            acc.add_(bias)  # no int32 overflow is possible: add in place
-        else:
-            # int32 addition wraps on the device; int64 then truncation reproduces that.
-            acc = (acc.to(torch.int64) + bias.to(torch.int64)).to(torch.int32)
-    if output_dtype == torch.int32:
-        return acc
-    if scale.dtype == torch.int64:
-        s, packed_offset = unpack_quant_param(scale.reshape(-1))
-        if offset is None and bool((packed_offset != 0).any()):
-            offset = packed_offset
-    elif pertoken_scale is None and output_dtype in (None, torch.int8, torch.float16):
-        # These outputs go through the fixpipe's FP19 scale; torch_npu packs an fp32 scale with
-        # npu_trans_quant_param (truncation) before launching the kernel.
-        s = fp19(scale.reshape(-1).to(torch.float32))
-    else:
-        s = scale.reshape(-1).to(torch.float32)
-    # The epilogue in fp32, in the documented order, in place (the hot path of CPU evaluation).
-    y = acc.to(torch.float32).mul_(s)
-    if pertoken_scale is not None:
-        y.mul_(pertoken_scale.unsqueeze(-1))
-    if offset is not None:
-        y.add_(offset.reshape(-1))
-    if bias is not None and bias.dtype != torch.int32:
-        y.add_(bias.to(torch.float32))
-    if output_dtype is None or output_dtype == torch.int8:
-        return torch.round_(y).clamp_(-128, 127).to(torch.int8)
-    return y.to(output_dtype)
-
-
-@torch.no_grad()
-def npu_weight_quant_batchmatmul(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    antiquant_scale: torch.Tensor,
-    antiquant_offset: torch.Tensor | None = None,
-    quant_scale: torch.Tensor | None = None,
-    quant_offset: torch.Tensor | None = None,
-    bias: torch.Tensor | None = None,
-    antiquant_group_size: int = 0,
-    inner_precise: int = 0,
-) -> torch.Tensor:
-    """Weight-only int8 matmul (W8A16), as ``torch_npu.npu_weight_quant_batchmatmul``.
-
-    ``w = (weight + antiquant_offset) * antiquant_scale`` in ``x``'s dtype (the antiquant step of
-    WeightQuantBatchMatmulV2), then ``y = x @ w + bias`` accumulated in fp32 and rounded once to
-    ``x``'s dtype. The float GEMM's summation order differs from the cube unit's, so agreement with
-    the NPU is to float rounding, not bit-exact (unlike :func:`npu_quant_matmul`).
-
-    Args:
-        x: fp16/bf16 (fp32 accepted by the reference) (..., M, K).
-        weight: int8 (K, N).
-        antiquant_scale: (N,) or (1, N) per channel, or (ceil(K/group), N) per group.
-        antiquant_offset: optional, same shape as ``antiquant_scale``.
-        quant_scale, quant_offset: int8 output requantization; not supported by the reference.
-        bias: optional (N,).
-        antiquant_group_size: group size along K for per-group scales (0 = per channel).
-        inner_precise: accepted for API compatibility (a performance knob on the NPU).
-
-    Returns:
-        (..., M, N) in ``x``'s dtype.
-    """
-    op = "npu_weight_quant_batchmatmul"
-    require_dtype("x", x, (torch.float16, torch.bfloat16, torch.float32), op)
-    require_dtype("weight", weight, (torch.int8,), op)
-    if quant_scale is not None or quant_offset is not None:
-        raise ShapeError(f"{op}: quant_scale/quant_offset (int8 output) are not supported")
-    if weight.dim() != 2 or weight.shape[0] != x.shape[-1]:
-        raise ShapeError(
-            f"{op}: weight must be (K, N) with K={x.shape[-1]}, got {tuple(weight.shape)}"
-        )
-    k, n = weight.shape
-    scale = antiquant_scale.reshape(-1, n).to(x.dtype)
-    off = None if antiquant_offset is None else antiquant_offset.reshape(-1, n).to(x.dtype)
-    if antiquant_group_size > 0:
-        groups = -(-k // antiquant_group_size)
-        if scale.shape[0] != groups:
-            raise ShapeError(
-                f"{op}: per-group antiquant_scale needs {groups} rows, got {scale.shape[0]}"
-            )
-        scale = scale.repeat_interleave(antiquant_group_size, dim=0)[:k]
-        off = None if off is None else off.repeat_interleave(antiquant_group_size, dim=0)[:k]
-    elif scale.shape[0] != 1:
-        raise ShapeError(f"{op}: antiquant_scale must be (N,) without antiquant_group_size")
-    w = weight.to(x.dtype)
-    if off is not None:
-        w = w + off
-    w = w * scale
-    y = torch.matmul(x.to(torch.float32), w.to(torch.float32))
-    if bias is not None:
-        y = y + bias.to(torch.float32)
-    return y.to(x.dtype)
+    check_dtype_args(
+        x1_dtype=(x1_dtype, x1),
+        x2_dtype=(x2_dtype, x2),
+        pertoken_scale_dtype=(pertoken_scale_dtype, pertoken_scale),
+        scale_dtype=(scale_dtype, scale),
+    )
+    if y_scale is not None:
+        raise ShapeError("npu_quant_matmul: y_scale (T-CG mode, Ascend 950) is not supported")
+    return quant_matmul_cached(
+        x1,
+        x2,
+        scale,
+        offset=offset,
+        pertoken_scale=pertoken_scale,
+        bias=bias,
+        output_dtype=output_dtype,
+        group_sizes=group_sizes,
+    )

@@ -9,10 +9,12 @@ before requantizing to int8::
     off  = clamp(round(offset), -256, 255)
     out  = (out & 0x4000FFFFFFFF) | ((off & 0x1FF) << 37)  # offset in bits 37..45
 
-``round_mode=1`` ("improve precision", V3) rounds the fp32 bit pattern to 19 bits instead of
-truncating. The docs do not spell out the tie rule; we add half an FP19 ulp (``0x1000``) to the
-magnitude bits before truncating (round half away from zero), carrying into the exponent as a
-float rounding does. This is our reading, stated here so that it can be checked on hardware.
+``round_mode=1`` (``aclnnTransQuantParamV3``, torch_npu 2.6+) rounds the scale to FP19 instead of
+truncating it, as ops-nn ``quant/trans_quant_param_v2/op_kernel/trans_quant_param_v2.h``
+``CalQuantPreScaleValue`` does: the 10 kept mantissa bits are rounded to nearest with ties to even
+(round bit 12, sticky bits 0..11), a carry moves into the exponent, and a zero or subnormal scale
+(exponent field 0) becomes a signed zero. NaN/Inf scales are rejected here (the kernel would pass
+them through truncated). The torch_npu 2.1 line (op-plugin 7.0.0) has no ``round_mode``.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def fp19(scale: torch.Tensor, round_mode: int = 0) -> torch.Tensor:
 
     Args:
         scale: fp32 tensor.
-        round_mode: 0 truncates the low 13 mantissa bits; 1 rounds (see module docstring).
+        round_mode: 0 truncates the low 13 mantissa bits; 1 rounds to nearest, ties to even, and
+            flushes subnormals to signed zero (see module docstring).
 
     Returns:
         fp32 tensor whose values are representable in FP19.
@@ -54,8 +57,17 @@ def fp19(scale: torch.Tensor, round_mode: int = 0) -> torch.Tensor:
     bits = _float_bits(scale.to(torch.float32))
     if round_mode == 1:
         sign = bits & 0x80000000
-        magnitude = (bits & 0x7FFFFFFF) + 0x1000
-        bits = sign | (magnitude & 0x7FFFFFFF)
+        exponent = (bits >> 23) & 0xFF
+        magnitude = bits & 0x7FFFFFFF
+        kept_lsb = (magnitude >> 13) & 1
+        round_bit = (magnitude >> 12) & 1
+        sticky = magnitude & 0xFFF
+        round_up = (round_bit == 1) & ((sticky != 0) | (kept_lsb == 1))
+        # Adding one FP19 ulp to exponent|mantissa carries into the exponent exactly as the
+        # kernel's "mantissa overflow -> exponent + 1" branch does.
+        rounded = (magnitude & 0x7FFFE000) + torch.where(round_up, 0x2000, 0)
+        finite = (exponent != 0) & (exponent != 0xFF)
+        bits = sign | torch.where(finite, rounded, torch.where(exponent == 0, 0, magnitude))
     return _bits_float(bits & FP19_MASK)
 
 
@@ -70,7 +82,8 @@ def npu_trans_quant_param(
     Args:
         scale: fp32, shape (t,) or (1, t), t = 1 or n.
         offset: optional fp32, shape (t,) or (1, t); rounded, clamped to [-256, 255], 9 bits kept.
-        round_mode: 0 (truncate to FP19, the V2 behaviour) or 1 (round to FP19).
+        round_mode: 0 (truncate to FP19, the V2 behaviour) or 1 (round to nearest FP19, ties to
+            even, subnormals to signed zero; torch_npu 2.6+).
 
     Returns:
         int64 tensor: for 1-D inputs of size max(len(scale), len(offset)); for 2-D the shape of scale.
@@ -114,3 +127,24 @@ def unpack_quant_param(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     field = (packed >> OFFSET_SHIFT) & OFFSET_BITS
     offset = torch.where(field >= 256, field - 512, field).to(torch.float32)
     return scale, offset
+
+
+@torch.no_grad()
+def requant_int8(value: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """The fixpipe's int8 requantization with a packed quant parameter.
+
+    ``clip(clip(rint(value * fp19_scale), -256, 255) + offset9, -128, 127)``: the scaled value is
+    rounded and saturated to 9 bits before the 9-bit offset is added (ops-nn
+    ``matmul/quant_batch_matmul_v3/tests/assets/qbmmv3_kernel_golden.py`` ``compute_requant`` with
+    ``matmul_quant_util.f32_2_s9``).
+
+    Args:
+        value: fp32 (..., N) (the int32 accumulator converted to fp32, or a float matmul result).
+        packed: int64 (1,), (N,) or (1, N) from :func:`npu_trans_quant_param`.
+
+    Returns:
+        int8 tensor of ``value``'s shape.
+    """
+    scale, offset = unpack_quant_param(packed.reshape(-1))
+    s9 = torch.round_(value.to(torch.float32) * scale).clamp_(-256, 255)
+    return s9.add_(offset).clamp_(-128, 127).to(torch.int8)

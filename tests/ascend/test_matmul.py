@@ -62,8 +62,10 @@ def test_float_bias_is_added_after_scaling():
 def test_int8_output_offset_rounding_and_saturation():
     y = npu_quant_matmul(X1, X2, torch.tensor([0.5, 0.25]), offset=torch.tensor([1.0, 0.0]))
     assert y.dtype == torch.int8
-    # 9.5+1=10.5 -> 10, 5.5 -> 6, 21.5+1=22.5 -> 22, 12.5 -> 12 (ties to even)
-    assert y.tolist() == [[10, 6], [22, 12]]
+    # Issue 13: the fixpipe rounds the scaled value first, then adds the 9-bit offset (ops-nn
+    # qbmmv3_kernel_golden.py compute_requant): 9.5 -> 10, +1 = 11; 5.5 -> 6; 21.5 -> 22, +1 = 23;
+    # 12.5 -> 12 (ties to even). The earlier reading rounded 9.5 + 1 = 10.5 to 10.
+    assert y.tolist() == [[11, 6], [23, 12]]
     y = npu_quant_matmul(X1, X2, torch.tensor([10.0]))
     assert y.tolist() == [[127, 127], [127, 127]]
     y = npu_quant_matmul(X1, X2, torch.tensor([-10.0]))
@@ -73,7 +75,9 @@ def test_int8_output_offset_rounding_and_saturation():
 def test_packed_offset_is_applied_for_int8_output():
     packed = npu_trans_quant_param(torch.tensor([0.5, 0.25]), torch.tensor([-3.0, 2.0]))
     y = npu_quant_matmul(X1, X2, packed)
-    assert y.tolist() == [[6, 8], [18, 14]]  # 9.5-3=6.5->6, 5.5+2=7.5->8, 21.5-3=18.5->18, 12.5+2
+    # round first, then add the 9-bit offset (compute_requant): 9.5 -> 10, -3 = 7; 5.5 -> 6, +2 = 8;
+    # 21.5 -> 22, -3 = 19; 12.5 -> 12, +2 = 14 (was [[6, 8], [18, 14]] before issue 13)
+    assert y.tolist() == [[7, 8], [19, 14]]
 
 
 def test_fp16_output_uses_fp19_scale_but_pertoken_keeps_fp32():

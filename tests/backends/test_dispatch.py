@@ -129,3 +129,40 @@ def test_npu_path_calls_torch_npu_with_documented_dtypes(fake_npu, spec, expecte
     assert torch.equal(
         y, reference
     )  # ...and gives what the stand-in computed through torch_npu's API
+
+
+def test_npu_quant_matmul_has_torch_npus_signature_and_the_cache_changes_no_bit():
+    # Issue 13: a call written for torch_npu runs unchanged; the fp32 weight cache lives in
+    # quant_matmul_cached, which the reference backend uses.
+    import inspect
+
+    params = list(inspect.signature(ascend.npu_quant_matmul).parameters)
+    assert params == [
+        "x1",
+        "x2",
+        "scale",
+        "offset",
+        "pertoken_scale",
+        "bias",
+        "output_dtype",
+        "x1_dtype",
+        "x2_dtype",
+        "pertoken_scale_dtype",
+        "scale_dtype",
+        "group_sizes",
+        "y_scale",
+    ]  # fmt: skip  (op-plugin op_plugin/config/op_plugin_functions.yaml, master)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-128, 128, (7, 96), dtype=torch.int8, generator=g)
+    w = torch.randint(-128, 128, (96, 40), dtype=torch.int8, generator=g)
+    s = torch.rand(40, generator=g) * 1e-3
+    pt = torch.rand(7, generator=g)
+    want = x.to(torch.int64) @ w.to(torch.int64)
+    got = ReferenceBackend().quant_matmul(
+        x, w, s, pertoken_scale=pt, bias=None, output_dtype=torch.bfloat16, w_float_t=w.float()
+    )
+    ref = (want.to(torch.float32) * s * pt.unsqueeze(-1)).to(torch.bfloat16)  # doc formula order
+    assert torch.equal(got, ref)
+    assert torch.equal(
+        got, ascend.npu_quant_matmul(x, w, s, pertoken_scale=pt, output_dtype=torch.bfloat16)
+    )

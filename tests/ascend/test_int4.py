@@ -1,0 +1,53 @@
+"""int4-in-int32 packing: npu_convert_weight_to_int4pack, pack_int4, unpack_int4."""
+
+import numpy as np
+import pytest
+import torch
+
+from opsnn_quant.ascend import npu_convert_weight_to_int4pack, pack_int4, unpack_int4
+from opsnn_quant.errors import ShapeError
+
+
+def op_plugin_pack_np(w: np.ndarray) -> np.ndarray:
+    """Golden: op-plugin test/test_custom_ops/test_npu_convert_weight_to_int4pack.py pack_int4_3dim
+    (two nibbles per byte, low first; four bytes per int32, low first), for a 2-D weight."""
+    k, n = w.shape
+    out = np.zeros((k, n // 8), dtype=np.int64)
+    for r in range(k):
+        for c in range(n // 8):
+            v = [int(w[r, c * 8 + j]) for j in range(8)]
+            b = [(v[2 * i] & 0x0F) + ((v[2 * i + 1] & 0x0F) << 4) for i in range(4)]
+            word = b[0] + (b[1] << 8) + (b[2] << 16) + (b[3] << 24)
+            out[r, c] = word - 2**32 if word >= 2**31 else word
+    return out
+
+
+def test_convert_weight_to_int4pack_matches_the_op_plugin_packer():
+    w = np.random.default_rng(0).integers(-8, 8, (5, 24)).astype(np.int32)
+    got = npu_convert_weight_to_int4pack(torch.from_numpy(w))
+    assert got.dtype == torch.int32 and got.shape == (5, 3)
+    assert np.array_equal(got.numpy().astype(np.int64), op_plugin_pack_np(w))
+    assert torch.equal(unpack_int4(got), torch.from_numpy(w).to(torch.int8))
+
+
+def test_pack_int4_hand_computed_word():
+    v = torch.tensor([[1, -1, 2, -2, 3, -3, 7, -8]])
+    # nibbles 1, F, 2, E, 3, D, 7, 8 from bit 0 upwards
+    assert pack_int4(v).item() == 0x87D3E2F1 - 2**32
+    assert unpack_int4(pack_int4(v)).tolist() == v.tolist()
+
+
+@pytest.mark.parametrize(
+    ("weight", "message"),
+    [
+        (torch.full((2, 8), 8, dtype=torch.int32), r"\[-8, 7\]"),
+        (torch.zeros(2, 12, dtype=torch.int32), "multiple of 8"),
+        (torch.zeros(16, 8, dtype=torch.int32).t(), "contiguous"),
+        (torch.zeros(2, 8), "Ascend 950"),
+        (torch.zeros(2, 2, 8, dtype=torch.int32), "2-D"),
+        (torch.zeros(2, 8, dtype=torch.int8), "int32"),
+    ],
+)
+def test_convert_weight_to_int4pack_rejects_what_torch_npu_rejects(weight, message):
+    with pytest.raises(ShapeError, match=message):
+        npu_convert_weight_to_int4pack(weight)
