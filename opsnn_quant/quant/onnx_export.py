@@ -314,11 +314,15 @@ def _emit_dynamic(e: _Emitter, mod: _QuantMatmul, x: str, y: str) -> str:
         amax = e.node("ReduceMax", [a, axes], "token_absmax", keepdims=1)
     else:
         amax = e.node("ReduceMax", [a], "token_absmax", axes=[-1], keepdims=1)
-    ts = e.node("Div", [amax, e.init("qmax", f32(127.0))], "token_scale")
-    # An all-zero row divides by 1 instead of 0, as the reference's npu_dynamic_quant does.
-    zero = e.node("Equal", [ts, e.init("zero", f32(0.0))], "token_scale_is_zero")
-    safe = e.node("Where", [zero, e.init("one", f32(1.0)), ts], "token_scale_safe")
-    q = e.node("Round", [e.node("Div", [h, safe], "input_div")], "input_round")
+    # The A2 kernel's order (ascend.npu_dynamic_quant): inv = 127 / rowmax, q = rint(x * inv),
+    # scale = rowmax * fp32(1/127). An all-zero row gives inv = inf and 0 * inf = nan, which the
+    # kernel's cast makes 0: here inv is 0 for such a row, giving the same zeros.
+    ts = e.node("Mul", [amax, e.init("inv_qmax", f32(1.0) / f32(127.0))], "token_scale")
+    zero = e.node("Equal", [amax, e.init("zero", f32(0.0))], "token_absmax_is_zero")
+    safe = e.node("Where", [zero, e.init("one", f32(1.0)), amax], "token_absmax_safe")
+    inv = e.node("Div", [e.init("qmax_num", f32(127.0)), safe], "token_inv_scale")
+    inv = e.node("Where", [zero, e.init("zero_inv", f32(0.0)), inv], "token_inv_scale_safe")
+    q = e.node("Round", [e.node("Mul", [h, inv], "input_mul")], "input_round")
     q = e.node("Clip", [q, e.init("qmin", f32(-128.0)), e.init("qmax", f32(127.0))], "input_clip")
     q = e.node("Cast", [q], "input_quantize", to=tp.INT8)
     w_t = mod.weight.reshape(mod.out_n, mod.in_k).t()

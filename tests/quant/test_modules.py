@@ -85,8 +85,11 @@ def test_asymmetric_w8a8_folds_offset_into_bias():
 def test_dynamic_w8a8_uses_per_token_formula():
     lin, q, _ = calibrated_linear("w8a8_dynamic")
     x = (torch.randn(6, 48) * torch.tensor([[0.1], [1], [10], [0.5], [3], [100.0]])).numpy()
-    s_t = np.abs(x).max(axis=1).astype(np.float32) / np.float32(127)
-    x_q = np.clip(np.rint(x / s_t[:, None]), -128, 127).astype(np.int64)
+    # A2 DynamicQuant kernel order (ops-nn quant/dynamic_quant/op_kernel/dynamic_quant_multi_row.h):
+    # inv = 127 / rowmax, q = rint(x * inv), scale = rowmax * fp32(1/127), all in fp32.
+    rowmax = np.abs(x).max(axis=1).astype(np.float32)
+    s_t = rowmax * (np.float32(1) / np.float32(127))
+    x_q = np.clip(np.rint(x * (np.float32(127) / rowmax)[:, None]), -128, 127).astype(np.int64)
     w_q = q.weight.numpy().astype(np.int64)
     s_w = q.weight_quantizer.scale.numpy()
     acc = (x_q @ w_q.T).astype(np.float32)
