@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "Budget": "opsnn_quant.policy.budget",
     "get_target": "opsnn_quant.policy.targets",
     "load_adapter": "opsnn_quant.models",
+    "set_reproducible": "opsnn_quant.determinism",
 }
 
 

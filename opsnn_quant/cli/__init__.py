@@ -97,8 +97,6 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point; returns the exit code."""
-    import click
-
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     set_reproducible()
     _quiet_third_parties()
@@ -120,14 +118,19 @@ def main(argv: list[str] | None = None) -> int:
         name = "" if exc.signum == signal.SIGINT else f" ({signal.Signals(exc.signum).name})"
         print(f"interrupted{name}", file=sys.stderr)
         return 128 + exc.signum
-    except (KeyboardInterrupt, click.exceptions.Abort):
+    except (KeyboardInterrupt, typer.Abort):
         print("interrupted", file=sys.stderr)
         return 130
-    except click.exceptions.ClickException as exc:  # usage errors: click's own message
-        exc.show()
-        return exc.exit_code
     except SystemExit as exc:  # typer/click exits (e.g. --help)
         return int(exc.code or 0)
+    except Exception as exc:
+        # click's usage errors (typer vendors click in newer releases: no import of it here)
+        # carry their exit code and print their own message.
+        code, show = getattr(exc, "exit_code", None), getattr(exc, "show", None)
+        if code is None or not callable(show):
+            raise
+        show()
+        return int(code)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -167,7 +167,7 @@ def table(title: str, columns: list[tuple[str, str]], caption: str | None = None
             than cutting them.
         caption: a legend under the table.
     """
-    t = Table(title=title, caption=caption, width=None, expand=False, pad_edge=False)
+    t = Table(title=title, caption=caption, caption_justify="left", expand=False)
     for i, (header, justify) in enumerate(columns):
         if i == 0:
             t.add_column(header, overflow="fold", ratio=3)

@@ -100,7 +100,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(help="override the recipe: search | all-w8a8-minmax | all-fp16"),
         ] = None,
     ) -> None:
-        """Probe, decide the policy, quantize, save and export (OUT/ as in DESIGN.md)."""
+        """Probe, decide the policy, quantize, save and export: OUT/probe.json, policy.yaml,
+        quant/, export/ (and report/ with --evaluate)."""
         from opsnn_quant.errors import ConfigError
         from opsnn_quant.policy.baselines import STRATEGIES
         from opsnn_quant.recipe import load_recipe, resolve_recipe
