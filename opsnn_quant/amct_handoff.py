@@ -51,8 +51,7 @@ def run_amct_roots(
 ) -> dict[str, Any]:
     """Run AMCT on every root the policy quantizes; returns ``{root: AmctRun}``."""
     from opsnn_quant.policy.amct import _import_amct, run_amct
-    from opsnn_quant.probe.measure import record_roots
-    from opsnn_quant.probe.recording import detached_copy
+    from opsnn_quant.recording import detached_copy, record_roots
 
     _import_amct()  # fail fast, before any calibration work, when AMCT is not installed
     named = dict(adapter.model.named_modules())

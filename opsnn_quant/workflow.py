@@ -92,9 +92,10 @@ def run_calibrate(
     from opsnn_quant.policy.search import build_policy
     from opsnn_quant.policy.summary import summarize
     from opsnn_quant.probe.api import ProbeConfig, probe
-    from opsnn_quant.probe.measure import measure_modalities, record_roots
+    from opsnn_quant.probe.measure import measure_modalities
     from opsnn_quant.quant.api import quantize
     from opsnn_quant.quant.checkpoint import save_quantized
+    from opsnn_quant.recording import record_roots
 
     say = progress or (lambda m: log.info("%s", m))
     check_calibrate_output(recipe, out, force=force)

@@ -24,7 +24,7 @@ class _RootCall(torch.nn.Module):
         self.tensor_keys = tensor_keys
 
     def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-        from opsnn_quant.probe.hooks import first_tensor
+        from opsnn_quant.tensors import first_tensor
 
         n_args = len(tensors) - len(self.tensor_keys)
         kwargs = dict(self.fixed, **dict(zip(self.tensor_keys, tensors[n_args:], strict=True)))
@@ -43,8 +43,8 @@ def onnx_speed(
     import tempfile
 
     from opsnn_quant.evaluation.ort_speed import ort_speed
-    from opsnn_quant.probe.measure import record_roots
     from opsnn_quant.quant.onnx_export import export_onnx, to_uint8_weights
+    from opsnn_quant.recording import record_roots
 
     modality = Modality.DENOISER if suite.task == "t2i" else Modality.AUDIO_ENCODER
     root_name = candidate.roots().get(modality)

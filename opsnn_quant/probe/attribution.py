@@ -1,7 +1,7 @@
 """End-to-end attribution: how much each module's int8 noise moves its modality's final output.
 
 Root calls (the UNet, the VAE decoder, an encoder, the whole Whisper model) are recorded during
-the first calibration pass (:mod:`opsnn_quant.probe.recording`) and replayed offline.
+the first calibration pass (:mod:`opsnn_quant.recording`) and replayed offline.
 
 **Structured estimator** (one forward with gradients + one backward per recorded call, whatever the number of
 modules). Module i adds noise ``e_i`` (its candidate's output minus the float output) to its output;
@@ -35,16 +35,17 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
 from opsnn_quant.errors import CalibrationError
+from opsnn_quant.memory import TRIM
 from opsnn_quant.numerics import energies
-from opsnn_quant.probe.hooks import first_tensor
-from opsnn_quant.probe.memory import TRIM
-from opsnn_quant.probe.recording import detached_copy, replay, split_batch
+from opsnn_quant.recording import detached_copy, replay, split_batch
+from opsnn_quant.tensors import first_tensor
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,118 @@ def estimate(
             p.requires_grad_(f)
 
 
+class _StructuredTap:
+    """The structured estimator's view of one module during one recorded call.
+
+    Its forward hook saves the call's input and float output (detached views) and puts the
+    output in the graph; the gradient hook then projects every candidate scheme's noise
+    ``(y_q - y)`` on the arriving gradient and accumulates the squared per-sample projections.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        schemes: tuple[str, ...],
+        quantized_output: NoiseFn,
+        acc: dict[str, float],
+        call: _CallState,
+    ) -> None:
+        self.name, self.schemes, self.quantized_output = name, schemes, quantized_output
+        self.acc, self.call = acc, call
+
+    def forward_hook(self, module: nn.Module, args: tuple, out: Any) -> Any:
+        """Save this call's input/output and return the output wired into the graph."""
+        y = first_tensor(out)
+        if y is None or not isinstance(out, torch.Tensor):
+            return None
+        # Detached views, not copies: autograd usually holds these activations anyway. The
+        # version counters catch an in-place change before the gradient arrives.
+        saved = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+        y_ref = y.detach()
+        versions = (
+            [a._version for a in saved if isinstance(a, torch.Tensor)],
+            y_ref._version,
+        )
+        y_out = self.call.watch(out)
+        y_out.register_hook(partial(self.on_gradient, saved, y_ref, versions))
+        return y_out
+
+    def on_gradient(
+        self, saved: tuple, y_ref: torch.Tensor, versions: tuple[list[int], int], g: torch.Tensor
+    ) -> None:
+        """Project each scheme's noise on the gradient ``g`` of ``v . y`` at this output."""
+        now = ([a._version for a in saved if isinstance(a, torch.Tensor)], y_ref._version)
+        if now != versions:
+            raise CalibrationError(
+                f"the input or output of '{self.name}' was modified in place before its "
+                "gradient arrived; its end-to-end contribution cannot be estimated"
+            )
+        gf = g.detach().float()
+        yf = y_ref.float()
+        batch = self.call.batch
+        with torch.no_grad():
+            for scheme in self.schemes:
+                # fp32 products and sums (fp64 over whole activations doubled the pass's cost);
+                # only the per-sample projections are squared in float64.
+                prod = (self.quantized_output(self.name, scheme, saved, y_ref).float() - yf) * gf
+                if batch is not None and prod.dim() > 0 and prod.shape[0] == batch:
+                    s = prod.reshape(prod.shape[0], -1).sum(dim=1)
+                else:
+                    s = prod.sum().reshape(1)
+                self.acc[scheme] += float(s.double().pow(2).sum())
+                TRIM.add(3 * y_ref.numel() * 4)  # the candidate's output and product
+
+
+class _DiagonalTap:
+    """The diagonal estimator's view of one module: ``sum_c sigma_c^2 * sum(g_c^2)``, where
+    ``g`` is the gradient of ``v . y`` at the module's output and ``sigma_c^2`` the measured
+    noise power of output channel ``c``: ``E[(g . e)^2]`` for noise white within each channel."""
+
+    def __init__(
+        self,
+        name: str,
+        schemes: tuple[str, ...],
+        noise_power: PowerFn,
+        acc: dict[str, float],
+        channel_dim: int,
+        call: _CallState,
+    ) -> None:
+        self.name, self.schemes, self.noise_power = name, schemes, noise_power
+        self.acc, self.channel_dim, self.call = acc, channel_dim, call
+
+    def forward_hook(self, module: nn.Module, args: tuple, out: Any) -> Any:
+        """Return the output wired into the graph, with the gradient hook on it."""
+        if not isinstance(out, torch.Tensor) or not out.is_floating_point():
+            return None
+        y_out = self.call.watch(out)
+        y_out.register_hook(self.on_gradient)
+        return y_out
+
+    def on_gradient(self, g: torch.Tensor) -> None:
+        """Accumulate the per-channel gradient energy weighted by each scheme's noise power."""
+        with torch.no_grad():
+            g2 = g.detach().float().pow(2)
+            dims = [d for d in range(g2.dim()) if d != self.channel_dim % g2.dim()]
+            per_channel = g2.sum(dim=dims).double()
+            for scheme in self.schemes:
+                power = self.noise_power(self.name, scheme)
+                if power is not None:
+                    self.acc[scheme] += float(per_channel @ power)
+
+
+class _CallState:
+    """What the taps of one recorded call share: the zero that puts every watched output in the
+    graph, and the batch size of the root's output (known just before the backward)."""
+
+    def __init__(self) -> None:
+        self.zero = torch.zeros((), requires_grad=True)
+        self.batch: int | None = None
+
+    def watch(self, out: torch.Tensor) -> torch.Tensor:
+        """``out`` in the graph even when the root's inputs are integers (token ids)."""
+        return out + self.zero
+
+
 def _estimator_call(
     root: nn.Module,
     call: tuple[tuple, dict],
@@ -161,77 +274,12 @@ def _estimator_call(
     acc: dict[str, dict[str, float]],
     gen: torch.Generator,
 ) -> None:
-    zero = torch.zeros((), requires_grad=True)
-    batch: list[int] = []
-
-    def hook_for(name: str) -> Callable[..., Any]:
-        def hook(module: nn.Module, args: tuple, out: Any) -> Any:
-            y = first_tensor(out)
-            if y is None or not isinstance(out, torch.Tensor):
-                return None
-            # Detached views, not copies: autograd usually holds these activations anyway. The
-            # version counters catch an in-place change before the gradient arrives.
-            saved = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
-            y_ref = y.detach()
-            versions = [a._version for a in saved if isinstance(a, torch.Tensor)]
-            y_ref_version = y_ref._version
-            # Adding a zero that requires grad puts every watched output in the graph, even when
-            # the root's inputs are integers (token ids).
-            y_out = out + zero
-
-            def grad_hook(g: torch.Tensor) -> None:
-                now = [a._version for a in saved if isinstance(a, torch.Tensor)]
-                if now != versions or y_ref._version != y_ref_version:
-                    raise CalibrationError(
-                        f"the input or output of '{name}' was modified in place before its "
-                        "gradient arrived; its end-to-end contribution cannot be estimated"
-                    )
-                gf = g.detach().float()
-                yf = y_ref.float()
-                with torch.no_grad():
-                    for scheme in schemes[name]:
-                        # fp32 products and sums (fp64 over whole activations doubled the pass's
-                        # cost); only the per-sample projections are squared in float64.
-                        prod = (quantized_output(name, scheme, saved, y_ref).float() - yf) * gf
-                        if batch and prod.dim() > 0 and prod.shape[0] == batch[0]:
-                            s = prod.reshape(prod.shape[0], -1).sum(dim=1)
-                        else:
-                            s = prod.sum().reshape(1)
-                        acc[name][scheme] += float(s.double().pow(2).sum())
-                        TRIM.add(3 * y_ref.numel() * 4)  # the candidate's output and product
-
-            y_out.register_hook(grad_hook)
-            return y_out
-
-        return hook
-
-    hooks = [(module, hook_for(name)) for name, module in modules.items()]
-    _forward_backward(root, call, hooks, gen, batch)
-
-
-def _forward_backward(
-    root: nn.Module,
-    call: tuple[tuple, dict],
-    hooks: list[tuple[nn.Module, Callable[..., Any]]],
-    gen: torch.Generator,
-    batch: list[int],
-) -> None:
-    """Replay ``call`` with gradients and the forward ``hooks`` installed, then backward a random
-    direction ``v ~ N(0, I)`` of the root output; ``batch`` receives the output's batch size
-    before the backward (the grad hooks split their projections by it)."""
-    handles = [module.register_forward_hook(hook) for module, hook in hooks]
-    try:
-        with torch.enable_grad():
-            args, kwargs = detached_copy(call)
-            y = first_tensor(root(*args, **kwargs))
-            if y is None or not y.requires_grad:
-                return
-            batch.append(y.shape[0] if y.dim() > 0 else 1)
-            v = torch.randn(y.shape, generator=gen, dtype=torch.float32).to(y.dtype)
-            y.backward(v)
-    finally:
-        for h in handles:
-            h.remove()
+    state = _CallState()
+    taps = [
+        (module, _StructuredTap(name, schemes[name], quantized_output, acc[name], state))
+        for name, module in modules.items()
+    ]
+    _forward_backward(root, call, [(m, t.forward_hook) for m, t in taps], gen, state)
 
 
 def _diagonal_call(
@@ -243,37 +291,43 @@ def _diagonal_call(
     acc: dict[str, dict[str, float]],
     gen: torch.Generator,
 ) -> None:
-    """One forward + backward; per module ``sum_c sigma_c^2 * sum(g_c^2)``, where ``g`` is the
-    gradient of ``v . y`` at the module's output and ``sigma_c^2`` the measured noise power of
-    output channel ``c``: ``E[(g . e)^2]`` for noise ``e`` white within each channel."""
-    zero = torch.zeros((), requires_grad=True)
-
-    def hook_for(name: str, channel_dim: int) -> Callable[..., Any]:
-        def hook(module: nn.Module, args: tuple, out: Any) -> Any:
-            if not isinstance(out, torch.Tensor) or not out.is_floating_point():
-                return None
-            y_out = out + zero
-
-            def grad_hook(g: torch.Tensor) -> None:
-                with torch.no_grad():
-                    g2 = g.detach().float().pow(2)
-                    dims = [d for d in range(g2.dim()) if d != channel_dim % g2.dim()]
-                    per_channel = g2.sum(dim=dims).double()
-                    for scheme in schemes[name]:
-                        power = noise_power(name, scheme)
-                        if power is not None:
-                            acc[name][scheme] += float(per_channel @ power)
-
-            y_out.register_hook(grad_hook)
-            return y_out
-
-        return hook
-
-    hooks = [
-        (module, hook_for(name, 1 if isinstance(module, nn.Conv2d) else -1))
+    state = _CallState()
+    taps = [
+        (
+            module,
+            _DiagonalTap(
+                name, schemes[name], noise_power, acc[name],
+                1 if isinstance(module, nn.Conv2d) else -1, state,
+            ),
+        )
         for name, module in modules.items()
-    ]
-    _forward_backward(root, call, hooks, gen, [])
+    ]  # fmt: skip
+    _forward_backward(root, call, [(m, t.forward_hook) for m, t in taps], gen, state)
+
+
+def _forward_backward(
+    root: nn.Module,
+    call: tuple[tuple, dict],
+    hooks: list[tuple[nn.Module, Callable[..., Any]]],
+    gen: torch.Generator,
+    state: _CallState,
+) -> None:
+    """Replay ``call`` with gradients and the forward ``hooks`` installed, then backward a random
+    direction ``v ~ N(0, I)`` of the root output; ``state.batch`` receives the output's batch
+    size before the backward (the structured taps split their projections by it)."""
+    handles = [module.register_forward_hook(hook) for module, hook in hooks]
+    try:
+        with torch.enable_grad():
+            args, kwargs = detached_copy(call)
+            y = first_tensor(root(*args, **kwargs))
+            if y is None or not y.requires_grad:
+                return
+            state.batch = y.shape[0] if y.dim() > 0 else 1
+            v = torch.randn(y.shape, generator=gen, dtype=torch.float32).to(y.dtype)
+            y.backward(v)
+    finally:
+        for h in handles:
+            h.remove()
 
 
 class _swap_output:

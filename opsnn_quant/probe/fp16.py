@@ -20,8 +20,8 @@ import math
 import torch
 from torch import nn
 
+from opsnn_quant.memory import TRIM
 from opsnn_quant.numerics import energies
-from opsnn_quant.probe.memory import TRIM
 from opsnn_quant.probe.report import FP16_MAX, Fp16Stats
 from opsnn_quant.quant.observers import PercentileObserver
 
@@ -175,7 +175,8 @@ def _run_as(
     module: nn.Module, args: tuple, dtype: torch.dtype, saturate: bool
 ) -> torch.Tensor | None:
     """Run a copy of ``module`` in ``dtype`` on the ``dtype``-cast inputs (None if unsupported)."""
-    from opsnn_quant.probe.hooks import first_tensor, without_hooks
+    from opsnn_quant.probe.hooks import hookless_memo
+    from opsnn_quant.tensors import first_tensor
 
     def cast(a: object) -> object:
         if isinstance(a, torch.Tensor) and a.is_floating_point():
@@ -187,14 +188,14 @@ def _run_as(
 
     # Deep-copy the module's structure with its tensors already cast: a plain deepcopy would
     # first duplicate the fp32 weights (an LM head: 80 MB) only to cast them afterwards.
-    memo: dict[int, object] = {}
+    memo = hookless_memo(module)
     for t in itertools.chain(module.parameters(), module.buffers()):
         if t.is_floating_point():
             cast_t = t.detach().to(dtype)
             memo[id(t)] = (
                 nn.Parameter(cast_t, requires_grad=False) if isinstance(t, nn.Parameter) else cast_t
             )
-    shadow = without_hooks(copy.deepcopy(module, memo)).to(dtype)
+    shadow = copy.deepcopy(module, memo).to(dtype)
     try:
         out = shadow(*(cast(a) for a in args))
     except RuntimeError:  # an op without a CPU kernel in this dtype

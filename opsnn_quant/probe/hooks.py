@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
-
 import torch
 from torch import nn
 
@@ -57,26 +54,6 @@ def watched_modules(model: nn.Module) -> dict[str, tuple[nn.Module, str]]:
     return out
 
 
-def first_tensor(value: Any) -> torch.Tensor | None:
-    """The first floating tensor in a module's input/output structure (ModelOutput included)."""
-    if isinstance(value, torch.Tensor):
-        return value if value.is_floating_point() else None
-    if hasattr(value, "to_tuple") and not isinstance(value, tuple):  # transformers ModelOutput
-        for key in ("sample", "logits", "last_hidden_state"):
-            t = getattr(value, key, None)
-            if isinstance(t, torch.Tensor):
-                return t
-        value = value.to_tuple()
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, Iterable) and not isinstance(value, str | bytes):
-        for v in value:
-            t = first_tensor(v)
-            if t is not None:
-                return t
-    return None
-
-
 def count_params(module: nn.Module) -> int:
     """Parameters directly owned by the module (not its children)."""
     return sum(p.numel() for p in module.parameters(recurse=False))
@@ -92,12 +69,25 @@ def macs_of(module: nn.Module, out: torch.Tensor) -> int:
     return 0
 
 
-def without_hooks(module: nn.Module) -> nn.Module:
-    """Strip forward hooks from a module copy (deepcopy copies them, and re-running a copy of a
-    watched module inside its own hook would recurse)."""
+HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+)
+
+
+def hookless_memo(module: nn.Module) -> dict[int, object]:
+    """A ``copy.deepcopy`` memo that gives the copy of ``module`` (and of every submodule) empty
+    hook dicts: the copy runs without the probe's hooks (which would recurse), and the hooks'
+    bound state (the probe's accumulators) is never copied."""
+    memo: dict[int, object] = {}
     for m in module.modules():
-        m._forward_hooks.clear()
-        m._forward_pre_hooks.clear()
-        m._forward_hooks_with_kwargs.clear()
-        m._forward_pre_hooks_with_kwargs.clear()
-    return module
+        for attr in HOOK_DICTS:
+            hooks = m.__dict__.get(attr)
+            if hooks is not None:
+                memo[id(hooks)] = type(hooks)()
+    return memo

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from opsnn_quant.memory import TRIM
 from opsnn_quant.numerics import CHUNK, energies
-from opsnn_quant.probe.memory import TRIM
 from opsnn_quant.probe.report import BF16_MAX, SchemeError
 from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, _QuantMatmul
 from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver

@@ -7,48 +7,12 @@ both see identical inputs (a sampling loop would otherwise drift apart after the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.numerics import cosine, sqnr_db
-from opsnn_quant.probe.recording import RootRecorder, replay
-from opsnn_quant.types import ForwardLoop, Modality
-
-
-@dataclass
-class RecordedRoots:
-    """Recorded root calls and their float outputs, per modality."""
-
-    calls: dict[Modality, list[tuple[tuple, dict]]]
-    outputs: dict[Modality, list[torch.Tensor]]
-
-
-@torch.no_grad()
-def record_roots(
-    adapter: ModelAdapter, loop: ForwardLoop, max_calls: int = 8, seed: int = 1
-) -> RecordedRoots:
-    """Run ``loop`` on the float model, recording up to ``max_calls`` calls per modality root."""
-    named = dict(adapter.model.named_modules())
-    roots = {m: r for m, r in adapter.roots().items() if r in named}
-    recorders = {
-        m: RootRecorder(r, max_calls, seed, adapter.record_filter(r)) for m, r in roots.items()
-    }
-    handles = [
-        named[roots[m]].register_forward_pre_hook(
-            lambda mod, a, k, rec=rec: rec.offer(a, k), with_kwargs=True
-        )
-        for m, rec in recorders.items()
-    ]
-    try:
-        loop(adapter.model)
-    finally:
-        for h in handles:
-            h.remove()
-    calls = {m: rec.calls for m, rec in recorders.items() if rec.calls}
-    outputs = {m: [replay(named[roots[m]], c).float() for c in cs] for m, cs in calls.items()}
-    return RecordedRoots(calls, outputs)
+from opsnn_quant.recording import RecordedRoots, replay
+from opsnn_quant.types import Modality
 
 
 @torch.no_grad()

@@ -59,7 +59,7 @@ def test_teacher_forced_call_reproduces_the_greedy_steps_and_is_the_one_recorded
     import torch
 
     from opsnn_quant.models.data import load_records
-    from opsnn_quant.probe.recording import RootRecorder
+    from opsnn_quant.recording import RootRecorder
 
     records = load_records("zoo:speech/eval", 2)
     forced, steps = [], []

@@ -10,8 +10,8 @@ from torch import nn
 from opsnn_quant.errors import CalibrationError
 from opsnn_quant.probe.api import ProbeConfig, probe
 from opsnn_quant.probe.attribution import estimate
-from opsnn_quant.probe.recording import split_batch
 from opsnn_quant.probe.report import SensitivityReport
+from opsnn_quant.recording import split_batch
 from tests.models import TinyAttention, TinyMLP, forward_loop_for
 
 

@@ -1,5 +1,6 @@
-"""Recording root-module calls for offline replay: a seeded reservoir of detached copies, and
-splitting a recorded call into smaller batches where that is safe."""
+"""Recording root-module calls for offline replay: a seeded reservoir of detached copies,
+splitting a recorded call into smaller batches where that is safe, and the float outputs of the
+recorded calls of every modality root (what the probe, the AMCT hand-off and evaluation share)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from opsnn_quant.probe.hooks import first_tensor
+from opsnn_quant.models.base import ModelAdapter
+from opsnn_quant.tensors import first_tensor
+from opsnn_quant.types import ForwardLoop, Modality
 
 
 @dataclass
@@ -33,6 +36,10 @@ class RootRecorder:
 
     def __post_init__(self) -> None:
         self._gen = torch.Generator().manual_seed(self.seed)
+
+    def forward_pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """Offer each call of the root module (register with ``with_kwargs=True``)."""
+        self.offer(args, kwargs)
 
     def offer(self, args: tuple, kwargs: dict) -> None:
         """Consider one call for the reservoir."""
@@ -61,6 +68,8 @@ class RootRecorder:
 
 
 def detached_copy(obj: Any) -> Any:
+    """A copy of a call's arguments with every tensor detached and cloned (containers kept)."""
+
     def detach(o: Any) -> Any:
         if isinstance(o, torch.Tensor):
             return o.detach().clone()
@@ -131,8 +140,41 @@ def split_batch(call: tuple[tuple, dict], max_batch: int | None) -> list[tuple[t
 
 
 def replay(root: nn.Module, call: tuple[tuple, dict]) -> torch.Tensor:
+    """Run ``root`` on a fresh copy of a recorded call; its first floating output."""
     args, kwargs = detached_copy(call)  # a fresh copy: replays may mutate caches
     y = first_tensor(root(*args, **kwargs))
     if y is None:
         raise RuntimeError("the root module returned no floating tensor")
     return y
+
+
+@dataclass
+class RecordedRoots:
+    """Recorded root calls and their float outputs, per modality."""
+
+    calls: dict[Modality, list[tuple[tuple, dict]]]
+    outputs: dict[Modality, list[torch.Tensor]]
+
+
+@torch.no_grad()
+def record_roots(
+    adapter: ModelAdapter, loop: ForwardLoop, max_calls: int = 8, seed: int = 1
+) -> RecordedRoots:
+    """Run ``loop`` on the float model, recording up to ``max_calls`` calls per modality root."""
+    named = dict(adapter.model.named_modules())
+    roots = {m: r for m, r in adapter.roots().items() if r in named}
+    recorders = {
+        m: RootRecorder(r, max_calls, seed, adapter.record_filter(r)) for m, r in roots.items()
+    }
+    handles = [
+        named[roots[m]].register_forward_pre_hook(rec.forward_pre_hook, with_kwargs=True)
+        for m, rec in recorders.items()
+    ]
+    try:
+        loop(adapter.model)
+    finally:
+        for h in handles:
+            h.remove()
+    calls = {m: rec.calls for m, rec in recorders.items() if rec.calls}
+    outputs = {m: [replay(named[roots[m]], c).float() for c in cs] for m, cs in calls.items()}
+    return RecordedRoots(calls, outputs)

@@ -1,6 +1,6 @@
-"""Give freed heap memory back to the operating system between probe phases.
+"""Give freed heap memory back to the operating system between phases of work.
 
-Each phase (statistics pass, local-error pass, one attribution per root) allocates and frees
+Each phase (probe statistics pass, local-error pass, one attribution per root, a latency run) allocates and frees
 activation-sized buffers of sizes the next phase does not reuse. glibc keeps freed chunks in its
 per-thread arenas, so without a trim the resident set only grows and one phase's leftovers add to
 the next phase's peak. ``malloc_trim(0)`` (glibc only) releases them; elsewhere this only runs the
@@ -19,7 +19,7 @@ _TRIM: Callable[[int], int] | None = None
 _CHECKED = False
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
+def malloc_trim() -> Callable[[int], int] | None:
     """glibc's ``malloc_trim``, looked up once; None where there is none (musl, macOS)."""
     global _TRIM, _CHECKED
     if not _CHECKED:
@@ -34,7 +34,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 def _trim() -> bool:
-    trim = _malloc_trim()
+    trim = malloc_trim()
     if trim is None:
         return False
     trim(0)

@@ -1,0 +1,49 @@
+"""``ProbeConfig``: what the probe measures and how (the recipe's ``probe:`` section builds it)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """What to probe and how.
+
+    Attributes:
+        min_headroom: flag a module whose |input| or |output| exceeds ``65504 / min_headroom``.
+        fp16: run the fp16/bf16 overflow probe.
+        w8a8: run the local int8 error probe.
+        attribution: estimate end-to-end contributions (needs ``w8a8``).
+        exhaustive: also run the one-module-at-a-time reference (N + 1 replays; slow).
+        max_root_calls: recorded calls per root for the attribution replay.
+        estimator_batch: replay recorded calls to the estimator in chunks of this many samples
+            (where a call can be split, see :func:`~opsnn_quant.probe.attribution.estimate`):
+            its backward keeps the whole forward graph, so peak memory falls with the chunk.
+            One number for every modality, or a mapping modality name -> samples (e.g. Whisper:
+            ``{"audio_encoder": 1}``: 1500-frame utterances one at a time, which is also faster
+            there, while the short decoder calls stay whole). None / a modality left out
+            replays whole calls.
+        e2e_schemes: ``"all"`` scores every candidate scheme of a module end to end (same
+            forward/backward, more int8 reference work at gradient time) so the policy can pick
+            schemes by end-to-end effect; ``"best"`` scores only the locally best scheme.
+        estimator: ``"structured"`` projects each candidate's real output error (run at
+            gradient time) on the output gradient: the policy's default, best at choosing
+            schemes and at predicting the output SQNR. ``"diagonal"`` models each module's
+            noise as white within an output channel with the power pass 2 measured: one forward
+            + one backward and nothing else, every scheme free; ranks modules as well (see
+            ``benchmarks/bench_probe.py``) but underestimates totals by up to ~2x.
+        seed: seed of reservoirs and random directions.
+    """
+
+    min_headroom: float = 2.0
+    fp16: bool = True
+    w8a8: bool = True
+    attribution: bool = True
+    exhaustive: bool = False
+    max_root_calls: int = 8
+    estimator_batch: int | Mapping[str, int] | None = None
+    e2e_schemes: Literal["all", "best"] = "all"
+    estimator: Literal["structured", "diagonal"] = "structured"
+    seed: int = 0

@@ -1,0 +1,199 @@
+"""The probe's two calibration passes over the forward loop.
+
+Pass 1 (statistics): fp32 ranges and fp16/bf16 re-runs of every watched module, the activation
+statistics of every Linear/Conv2d's candidate schemes, attention scores, GELU inputs and a
+reservoir of each modality root's calls. Pass 2 (local error): every candidate scheme of every
+Linear/Conv2d run on that module's real inputs against its float output.
+
+Hooks are small module-level functions bound with :func:`functools.partial` to the object they
+feed, so every watch is visible in :class:`Watches` and nothing hides in closures.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from opsnn_quant.memory import release_memory
+from opsnn_quant.models.base import ModelAdapter
+from opsnn_quant.probe.config import ProbeConfig
+from opsnn_quant.probe.findings import GeluWatch, SoftmaxWatch, attention_parts
+from opsnn_quant.probe.fp16 import Fp16Accumulator
+from opsnn_quant.probe.hooks import QUANTIZABLE, macs_of
+from opsnn_quant.probe.local import LocalProbe
+from opsnn_quant.recording import RootRecorder
+from opsnn_quant.tensors import first_tensor
+from opsnn_quant.types import ForwardLoop, Modality
+
+
+@dataclass
+class Watches:
+    """What the passes collect, per module (see :func:`watches_for`).
+
+    Attributes:
+        fp16: watched module -> its fp16/bf16 statistics.
+        local: Linear/Conv2d -> its candidate schemes' statistics and errors.
+        macs: Linear/Conv2d -> [MACs summed over calls, calls].
+        recorders: root module -> its call reservoir (for the attribution replay).
+        softmax: attention module -> its largest softmax input.
+        gelu: modality -> exact-vs-tanh GELU error of its GELUs.
+    """
+
+    fp16: dict[str, Fp16Accumulator] = field(default_factory=dict)
+    local: dict[str, LocalProbe] = field(default_factory=dict)
+    macs: dict[str, list[int]] = field(default_factory=dict)
+    recorders: dict[str, RootRecorder] = field(default_factory=dict)
+    softmax: dict[str, SoftmaxWatch] = field(default_factory=dict)
+    gelu: dict[Modality, GeluWatch] = field(default_factory=dict)
+
+
+class HookSet:
+    """Handles of the hooks one pass installed, removed together."""
+
+    def __init__(self) -> None:
+        self.handles: list[RemovableHandle] = []
+
+    def add(self, handle: RemovableHandle) -> None:
+        """Keep ``handle`` for :meth:`remove`."""
+        self.handles.append(handle)
+
+    def remove(self) -> None:
+        """Remove every hook."""
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+
+def watches_for(
+    adapter: ModelAdapter,
+    cfg: ProbeConfig,
+    named: dict[str, nn.Module],
+    watched: dict[str, tuple[nn.Module, str]],
+    roots: dict[Modality, str],
+) -> Watches:
+    """The empty watches of every module the configuration probes."""
+    w = Watches()
+    if cfg.fp16:
+        w.fp16 = {n: Fp16Accumulator(rerun=kind in ("param", "act")) for n, (_, kind) in watched.items()}  # fmt: skip
+    if cfg.w8a8:
+        w.local = {n: LocalProbe(n, m) for n, m in named.items() if n and type(m) in QUANTIZABLE}
+        w.macs = {n: [0, 0] for n in w.local}
+        if cfg.attribution:
+            w.recorders = {
+                r: RootRecorder(r, cfg.max_root_calls, cfg.seed, adapter.record_filter(r))
+                for r in roots.values()
+            }
+    for name, (_, kind) in watched.items():
+        if kind == "act":
+            w.gelu.setdefault(adapter.modality_of(name), GeluWatch()).modules.append(name)
+    for name, module in named.items():
+        parts = attention_parts(module)
+        if parts:
+            _, _, heads, scale = parts
+            w.softmax[name] = SoftmaxWatch(heads, scale)
+    return w
+
+
+def statistics_pass(
+    w: Watches,
+    adapter: ModelAdapter,
+    named: dict[str, nn.Module],
+    watched: dict[str, tuple[nn.Module, str]],
+    forward_loop: ForwardLoop,
+) -> float:
+    """Pass 1: run the forward loop with every statistics hook; returns its seconds."""
+    hooks = HookSet()
+    for name, (module, kind) in watched.items():
+        if name in w.fp16:
+            hook = partial(_fp16_hook, w.fp16[name])
+            hooks.add(module.register_forward_hook(hook, with_kwargs=True))
+        if kind == "act":
+            _watch_gelu(module, w.gelu[adapter.modality_of(name)], hooks)
+    for name, lp in w.local.items():
+        hooks.add(lp.module.register_forward_hook(partial(_collect_hook, lp, w.macs[name])))
+    for name, sw in w.softmax.items():
+        module = named[name]
+        parts = attention_parts(module)
+        assert parts is not None
+        q_name, k_name, _, _ = parts
+        hooks.add(getattr(module, q_name).register_forward_hook(partial(_keep_output, sw, "q")))
+        hooks.add(getattr(module, k_name).register_forward_hook(partial(_keep_output, sw, "k")))
+        hooks.add(module.register_forward_hook(partial(_close_attention, sw)))
+    for root_name, recorder in w.recorders.items():
+        pre_hook = recorder.forward_pre_hook
+        hooks.add(named[root_name].register_forward_pre_hook(pre_hook, with_kwargs=True))
+    return _run(forward_loop, adapter.model, hooks)
+
+
+def local_error_pass(w: Watches, model: nn.Module, forward_loop: ForwardLoop) -> float:
+    """Between the passes, SmoothQuant alphas are searched; pass 2 then measures every
+    candidate's output error on the module's real inputs. Returns the pass's seconds."""
+    for lp in w.local.values():
+        lp.decide()
+    hooks = HookSet()
+    for lp in w.local.values():
+        if lp.calls:
+            hooks.add(lp.module.register_forward_hook(partial(_measure_hook, lp)))
+    return _run(forward_loop, model, hooks)
+
+
+def _run(forward_loop: ForwardLoop, model: nn.Module, hooks: HookSet) -> float:
+    t0 = time.perf_counter()
+    try:
+        forward_loop(model)
+    finally:
+        hooks.remove()
+    seconds = time.perf_counter() - t0
+    release_memory()
+    return seconds
+
+
+def _fp16_hook(acc: Fp16Accumulator, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:  # fmt: skip
+    x = first_tensor(args) if args else first_tensor(kwargs)
+    acc.update(module, x, first_tensor(out), args)
+
+
+def _collect_hook(lp: LocalProbe, macs: list[int], module: nn.Module, args: tuple, out: Any) -> None:  # fmt: skip
+    x, y = first_tensor(args), first_tensor(out)
+    if x is None or y is None:
+        return
+    lp.collect(x)
+    macs[0] += macs_of(module, y)
+    macs[1] += 1
+
+
+def _measure_hook(lp: LocalProbe, module: nn.Module, args: tuple, out: Any) -> None:
+    y = first_tensor(out)
+    if y is not None:
+        lp.measure(args, y)
+
+
+def _keep_output(sw: SoftmaxWatch, attr: str, module: nn.Module, args: tuple, out: Any) -> None:
+    setattr(sw, attr, first_tensor(out))
+
+
+def _close_attention(sw: SoftmaxWatch, module: nn.Module, args: tuple, out: Any) -> None:
+    sw.close_call()
+
+
+def _gelu_of_proj(watch: GeluWatch, geglu: bool, module: nn.Module, args: tuple, out: torch.Tensor) -> None:  # fmt: skip
+    watch.update(out.chunk(2, dim=-1)[1] if geglu else out)
+
+
+def _gelu_of_input(watch: GeluWatch, module: nn.Module, args: tuple, out: Any) -> None:
+    watch.update(args[0])
+
+
+def _watch_gelu(module: nn.Module, watch: GeluWatch, hooks: HookSet) -> None:
+    proj = getattr(module, "proj", None)
+    if isinstance(proj, nn.Linear):  # diffusers GELU/GEGLU: the activation acts on proj's output
+        geglu = type(module).__name__ == "GEGLU"
+        hooks.add(proj.register_forward_hook(partial(_gelu_of_proj, watch, geglu)))
+    else:
+        hooks.add(module.register_forward_hook(partial(_gelu_of_input, watch)))
