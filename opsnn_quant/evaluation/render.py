@@ -49,6 +49,11 @@ def _cell(v: object) -> str:
     return str(v)
 
 
+def _pct(v: float | None) -> str:
+    # Three significant digits: sensitivities span decades (6 % down to 0.0003 %).
+    return "-" if v is None else f"{v:.3g}"
+
+
 # Column titles of the policy's per-modality figures (policy_summary); other keys are spelt out.
 _POLICY_COLUMNS = {"predicted_sqnr_db": "predicted SQNR dB", "int8_mac_share": "int8 MAC share"}
 _ROW_NAMES = {"modalities": "modality"}
@@ -157,7 +162,7 @@ def _sections(r: AcceptanceReport) -> list[Section]:
             "Per-module sensitivity (most sensitive first)",
             ["module", "type", "modality", f"e2e noise {SENSITIVITY_UNIT}",
              f"local W8A8 noise {SENSITIVITY_UNIT}", "fp16 overflow"],
-            [[s.name, s.type, s.modality, fmt(s.e2e_pct()), fmt(s.local_pct()),
+            [[s.name, s.type, s.modality, _pct(s.e2e_pct()), _pct(s.local_pct()),
               "yes" if s.fp16_overflow else ""] for s in r.sensitivity[:40]],
             [SENSITIVITY_NOTE],
         ))  # fmt: skip
@@ -206,6 +211,7 @@ def render_markdown(r: AcceptanceReport, figures: dict[str, str] | None = None) 
     figures = figures or {}
     lines = [f"# Acceptance report: {r.suite} — **{r.verdict}**", ""]
     lines.append(f"- task: {r.task}; {r.baseline_label} vs {r.candidate_label}")
+    lines.append(f"- target: {r.target or 'unknown'}")
     lines += [f"- backend ({k}): {v}" for k, v in r.backends.items()]
     if r.created:
         lines.append(f"- created: {r.created}")
@@ -265,6 +271,7 @@ def render_html(r: AcceptanceReport, figures: dict[str, bytes] | None = None,
         f"<h1>Acceptance report: {e(r.suite)} <span class='{r.verdict}'>{r.verdict}</span></h1>"
     ]
     info = [f"task: {e(r.task)}; {e(r.baseline_label)} vs {e(r.candidate_label)}"]
+    info.append(f"target: <b>{e(r.target or 'unknown')}</b>")
     info += [f"backend ({e(k)}): <b>{e(v)}</b>" for k, v in r.backends.items()]
     if r.created:
         info.append(f"created: {e(r.created)}")
