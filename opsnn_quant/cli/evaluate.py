@@ -28,6 +28,20 @@ def register(app: typer.Typer) -> None:
         candidate_dtype: Annotated[
             str, typer.Option(help="float32 or float16: dtype of the candidate's float modules")
         ] = "float32",
+        latency: Annotated[
+            str,
+            typer.Option(
+                help="what to time: target (the figure the suite's latency criteria read), "
+                "all (also eager timing, profile and stability of both models), none"
+            ),
+        ] = "target",
+        target: Annotated[
+            str | None,
+            typer.Option(
+                help="deployment target latency is judged for (default: the candidate's "
+                "policy.yaml); latency on any other backend is reported, not judged"
+            ),
+        ] = None,
     ) -> None:
         """Run baseline and candidate on the suite; write report.{json,md,html}. Exit 0 PASS, 3 FAIL."""
         from opsnn_quant.errors import ConfigError
@@ -38,15 +52,22 @@ def register(app: typer.Typer) -> None:
             load_candidate,
             policy_summary,
         )
+        from opsnn_quant.evaluation.gate import check_latency_mode
         from opsnn_quant.evaluation.render import write_report
+        from opsnn_quant.evaluation.report import fmt
         from opsnn_quant.evaluation.suite import load_suite
         from opsnn_quant.models import guess_family, load_adapter
+        from opsnn_quant.policy.targets import get_target
         from opsnn_quant.quant.checkpoint import read_description
 
         if candidate_dtype not in ("float32", "float16"):
             raise ConfigError(
                 f"--candidate-dtype must be float32 or float16, got {candidate_dtype!r}"
             )
+        # Bad options fail before any model is loaded.
+        check_latency_mode(latency)
+        if target is not None:
+            get_target(target)
         s = load_suite(suite)
         if (candidate / "quant").is_dir():
             source = baseline or read_description(candidate / "quant").get("source_model")
@@ -65,6 +86,8 @@ def register(app: typer.Typer) -> None:
                 policy=policy_summary(candidate),
                 sensitivity=sensitivity,
                 progress=say,
+                latency=latency,
+                target=target,
             )
             write_report(
                 report,
@@ -75,7 +98,10 @@ def register(app: typer.Typer) -> None:
         if not quiet:
             for c in report.criteria:
                 console.print(
-                    f"{c.status:5} {c.label}: {c.value} (threshold {c.comparator} {c.threshold})"
+                    f"{c.status:10} {c.label} [{c.backend}]: {fmt(c.value)} "
+                    f"(threshold {c.comparator} {fmt(c.threshold)})"
+                    + (f"; {c.note}" if c.note else ""),
+                    markup=False,
                 )
             console.print(f"[b]{report.verdict}[/b]: wrote {out}/report.html")
         raise typer.Exit(report.exit_code)

@@ -9,7 +9,11 @@ onnxruntime, matplotlib — only inside the functions that need it):
 - :mod:`.wer`: WER/CER after Whisper normalisation, agreement WER, worst-first diffs.
 - :mod:`.latency`, :mod:`.profile`, :mod:`.ort_speed`: timing, memory, stages, top modules,
   stability, ONNX Runtime fp32 vs QDQ.
+- :mod:`.gate`: which backend's latency is judged for a policy target (``npu`` for Ascend,
+  ``cpu-onnxruntime``/``cpu`` for ``cpu-reference``; NOT JUDGED elsewhere) and what
+  ``--latency none|target|all`` times; :mod:`.timing` runs that plan.
+- :mod:`.quality`: PSNR/SSIM, CLIP score, FID/FD and WER figures of candidate vs baseline.
 - :mod:`.suite`: acceptance-suite schema (``evaluate/*.yaml``).
 - :mod:`.report`, :mod:`.render`, :mod:`.plots`: ``AcceptanceReport`` and its JSON/MD/HTML.
-- :mod:`.runner`: the steps ``evaluate(baseline, candidate, suite)`` is built from.
+- :mod:`.runner`: criteria, verdict and report assembly (``evaluate`` is built from it).
 """

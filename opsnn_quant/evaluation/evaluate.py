@@ -1,10 +1,11 @@
 """``evaluate(baseline, candidate, suite)``: run both models on the same inputs and judge.
 
 Thin orchestration of :mod:`opsnn_quant.evaluation.runner`: it loads the suite's data, applies
-the suite's generation settings to both adapters, generates, measures quality, latency (per
-stage, top modules, optional stability run) and assembles the :class:`AcceptanceReport`.
-Backends are labelled on every figure: the fp32 baseline on CPU is ``cpu``; the quantized
-candidate on CPU is the exact Ascend reference (``cpu-reference``), not a speed figure.
+the suite's generation settings to both adapters, generates, measures quality, then the latency
+figures :func:`~.gate.plan_latency` asks for (:mod:`.timing`), and assembles the
+:class:`AcceptanceReport`. Backends are labelled on every figure: the fp32 baseline on CPU is
+``cpu``; the quantized candidate on CPU is the exact Ascend reference (``cpu-reference``), not a
+speed figure; latency is judged only on the policy target's own backend (:mod:`.gate`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import numpy as np
 import torch
 
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.evaluation.gate import check_latency_mode, plan_latency
 from opsnn_quant.evaluation.report import AcceptanceReport
 from opsnn_quant.evaluation.suite import Suite
 from opsnn_quant.models.base import ModelAdapter
+from opsnn_quant.policy.targets import get_target
 from opsnn_quant.types import Modality
 
 log = logging.getLogger(__name__)
@@ -69,21 +72,6 @@ def _clip(name: str | None) -> tuple[Any, Any, str] | None:
     return zoo.load(name), load_shapes_clip_processor(), name
 
 
-def _stages(adapter: ModelAdapter) -> dict[str, torch.nn.Module]:
-    named = dict(adapter.model.named_modules())
-    if adapter.family == "diffusers-sd":
-        picks = {
-            "text_encoder": "text_encoder",
-            "denoise_step": "unet",
-            "vae_decode": "vae.decoder",
-        }
-    elif adapter.family == "whisper":
-        picks = {"audio_encoder": "model.encoder", "decoder_step": "model.decoder"}
-    else:
-        picks = {}
-    return {stage: named[n] for stage, n in picks.items() if n in named}
-
-
 def evaluate(
     baseline: ModelAdapter,
     candidate: ModelAdapter,
@@ -94,20 +82,49 @@ def evaluate(
     sensitivity: Any | None = None,
     progress: Progress | None = None,
     created: str | None = None,
+    latency: str = "target",
+    target: str | None = None,
+    baseline_backend: str = "cpu",
 ) -> tuple[AcceptanceReport, Any, Any]:
     """Evaluate ``candidate`` against ``baseline`` with ``suite``.
+
+    Args:
+        baseline: The float model.
+        candidate: The quantized (or cast) model.
+        suite: What to generate, measure and judge.
+        candidate_backend: Label of the candidate's figures; default ``cpu-reference`` for a
+            model with int8 modules (the exact Ascend arithmetic on a CPU), else ``cpu``.
+        policy: :func:`policy_summary` of the candidate, shown in the report; its ``target``
+            is the default of ``target``.
+        sensitivity: The probe's :class:`~opsnn_quant.probe.report.SensitivityReport`.
+        progress: Called with a short phrase as each phase starts.
+        created: Report timestamp (default now; ``""`` for reproducible output).
+        latency: ``target`` (default): time only the figure the suite's latency criteria
+            read; ``all``: every measurement the suite configures (eager timing of both
+            models, one profile each, stability run, ONNX Runtime figure); ``none``: nothing.
+            See :func:`~.gate.plan_latency`.
+        target: The deployment target latency is judged for (default ``policy["target"]``;
+            None: unknown, so no latency criterion is judged).
+        baseline_backend: Label of the baseline's eager timing.
 
     Returns:
         ``(report, baseline_outputs, candidate_outputs)``: the outputs of the first seed (images
         or transcripts), for the report's image grids.
-    """
-    from opsnn_quant.evaluation.latency import measure
-    from opsnn_quant.evaluation.profile import StageTimer, stability_run, top_modules
-    from opsnn_quant.evaluation.runner import asr_quality, build_report, t2i_quality
 
-    say = progress or (lambda m: log.info("%s", m))
+    Raises:
+        ConfigError: ``latency`` is not none/target/all, or ``target`` is unknown.
+    """
+    from opsnn_quant.evaluation.ort_figure import onnx_speed
+    from opsnn_quant.evaluation.runner import asr_quality, build_report, t2i_quality
+    from opsnn_quant.evaluation.timing import run_latency
     from opsnn_quant.quant.modules import is_quant_module
 
+    say = progress or (lambda m: log.info("%s", m))
+    check_latency_mode(latency)
+    if target is None and policy is not None and policy.get("target"):
+        target = str(policy["target"])
+    if target is not None:
+        get_target(target)  # an unknown name fails before any work
     has_int8 = any(is_quant_module(m) for m in candidate.model.modules())
     if candidate_backend is None:
         # A float candidate (e.g. the model cast to fp16) runs plain PyTorch eager.
@@ -183,49 +200,33 @@ def evaluate(
 
         items = len(batch_audio)
 
-    lat = suite.latency
-    say("latency (baseline)")
-    base_lat = measure(
-        work(baseline), warmup=lat.warmup, runs=lat.runs, backend="cpu", items_per_call=items
+    plan = plan_latency(
+        suite,
+        check_latency_mode(latency),
+        target=target,
+        baseline_backend=baseline_backend,
+        candidate_backend=candidate_backend,
+        onnx_possible=has_int8,
     )
-    say("latency (candidate)")
-    cand_lat = measure(
-        work(candidate),
-        warmup=lat.warmup,
-        runs=lat.runs,
-        backend=candidate_backend,
-        items_per_call=items,
+    figures = run_latency(
+        plan,
+        suite,
+        baseline,
+        candidate,
+        work=work,
+        items=items,
+        baseline_backend=baseline_backend,
+        candidate_backend=candidate_backend,
+        onnx=lambda: onnx_speed(candidate, records, suite, notes),
+        say=say,
     )
-    stages = {}
-    for label, a in (("baseline", baseline), ("candidate", candidate)):
-        picks = _stages(a)
-        if picks:
-            with StageTimer(picks) as st:
-                work(a)()
-            stages[label] = st.rows()
-    tops = {}
-    if lat.profile_top:
-        say("profiling top modules")
-        for label, a in (("baseline", baseline), ("candidate", candidate)):
-            tops[label] = top_modules(a.model, work(a), top=lat.profile_top)
-    stability = {}
-    if lat.stability_k:
-        say(f"stability run ({lat.stability_k} consecutive calls)")
-        stability["candidate"] = stability_run(
-            work(candidate), lat.stability_k, backend=candidate_backend
-        )
-    ort = None
-    if lat.onnx_speed:
-        say("ONNX Runtime speed figure (QDQ vs fp32 export)")
-        from opsnn_quant.evaluation.ort_figure import onnx_speed
-
-        ort = onnx_speed(candidate, records, suite, notes)
-    if has_int8:
+    if figures.candidate is not None and has_int8:
         notes.append(
-            "CPU timings: the fp32 baseline runs PyTorch eager (cpu); the quantized candidate runs "
-            "the exact Ascend int8 reference (cpu-reference), which is not a deployment speed figure"
+            f"CPU timings: the fp32 baseline runs PyTorch eager ({baseline_backend}); the quantized "
+            f"candidate runs the exact Ascend int8 reference ({candidate_backend}), which is not a "
+            "deployment speed figure"
         )
-    else:
+    elif figures.candidate is not None:
         notes.append(
             "CPU timings: baseline and candidate both run PyTorch eager (cpu); CPUs have no fast "
             "fp16 GEMM, so an fp16 candidate's CPU time says nothing about an NPU's"
@@ -233,17 +234,19 @@ def evaluate(
     report = build_report(
         suite,
         quality,
-        baseline_latency=base_lat,
-        candidate_latency=cand_lat,
+        baseline_latency=figures.baseline,
+        candidate_latency=figures.candidate,
         quality_backend=candidate_backend,
-        stages=stages or None,
-        top_modules=tops or None,
-        stability=stability or None,
-        onnxruntime=ort,
+        stages=figures.stages or None,
+        top_modules=figures.top_modules or None,
+        stability=figures.stability or None,
+        onnxruntime=figures.onnxruntime,
         policy=policy,
         sensitivity=sensitivity,
         notes=notes,
         created=created,
+        target=target,
+        latency_plan=plan,
     )
     return report, base_out, cand_out
 

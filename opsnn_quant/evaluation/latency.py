@@ -246,6 +246,7 @@ def measure(
     memory: bool = True,
     note: str | None = None,
     clock: Clock = time.perf_counter,
+    timed: contextlib.AbstractContextManager[Any] | None = None,
 ) -> LatencyResult:
     """Time ``fn()`` and measure its peak memory.
 
@@ -259,6 +260,9 @@ def measure(
         memory: Measure peak memory (one extra untimed call on cpu).
         note: Overrides the default note (the CPU-reference caveat on cpu).
         clock: Seconds counter; injectable for tests.
+        timed: Entered around the timed calls only, not the warmup or memory calls: e.g. a
+            :class:`~.profile.StageTimer`, so the stage times come from the same calls instead
+            of extra ones (its hooks cost microseconds per stage call).
 
     Raises:
         InputError: ``runs < 1`` or ``warmup < 0``.
@@ -280,12 +284,13 @@ def measure(
         acc.reset_peak_memory_stats()
         base = acc.memory_allocated()
     samples = []
-    for _ in range(runs):
-        sync()
-        t0 = clock()
-        fn()
-        sync()
-        samples.append((clock() - t0) * 1e3)
+    with timed if timed is not None else contextlib.nullcontext():
+        for _ in range(runs):
+            sync()
+            t0 = clock()
+            fn()
+            sync()
+            samples.append((clock() - t0) * 1e3)
     peak: int | None = None
     py_peak: int | None = None
     method = ""

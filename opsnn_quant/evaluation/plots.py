@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from opsnn_quant.evaluation.report import LatencyRow, SensitivityRow
+from opsnn_quant.evaluation.report import SENSITIVITY_UNIT, LatencyRow, SensitivityRow
 
 _PAIR_MIN_SIDE = 160  # small demo images (32×32) are upscaled, nearest, to be seen
 
@@ -25,23 +25,37 @@ def _png(fig: object) -> bytes:
     return buf.getvalue()
 
 
-def sensitivity_chart(rows: Sequence[SensitivityRow], top: int = 20) -> bytes | None:
-    """Horizontal bars of the ``top`` most sensitive modules; None when nothing to draw.
+def sensitivity_bars(
+    rows: Sequence[SensitivityRow], top: int = 20
+) -> tuple[list[SensitivityRow], list[float], str]:
+    """The chart's modules, bar values and axis label.
 
-    Uses the end-to-end contribution (as % of output energy) when the probe measured it,
-    otherwise the local W8A8 error ``10^(-SQNR/10)`` (the same noise-to-signal ratio, local).
+    The unit is the report table's (``SENSITIVITY_UNIT``, percent of noise energy): the
+    estimated end-to-end noise (:meth:`~.report.SensitivityRow.e2e_pct`) when the probe
+    measured it, otherwise the local W8A8 noise (:meth:`~.report.SensitivityRow.local_pct`).
     """
-    from matplotlib.figure import Figure
-
     e2e = [r for r in rows if r.contribution is not None]
     if e2e:
         picked = e2e[:top]
-        values = [100.0 * (r.contribution or 0.0) for r in picked]
-        xlabel = "end-to-end noise contribution (% of output energy)"
-    else:
-        picked = [r for r in rows if r.sqnr_db is not None][:top]
-        values = [100.0 * 10 ** (-(r.sqnr_db or 0.0) / 10) for r in picked]
-        xlabel = "local W8A8 noise-to-signal (%)"
+        return (
+            picked,
+            [r.e2e_pct() or 0.0 for r in picked],
+            f"e2e noise {SENSITIVITY_UNIT} (of the model output's energy)",
+        )
+    picked = [r for r in rows if r.sqnr_db is not None][:top]
+    return (
+        picked,
+        [r.local_pct() or 0.0 for r in picked],
+        f"local W8A8 noise {SENSITIVITY_UNIT} (of the module output's energy)",
+    )
+
+
+def sensitivity_chart(rows: Sequence[SensitivityRow], top: int = 20) -> bytes | None:
+    """Horizontal bars of the ``top`` most sensitive modules (:func:`sensitivity_bars`); None
+    when nothing to draw."""
+    from matplotlib.figure import Figure
+
+    picked, values, xlabel = sensitivity_bars(rows, top)
     if not picked:
         return None
     fig = Figure(figsize=(8, 0.32 * len(picked) + 1.2), dpi=100)

@@ -10,91 +10,170 @@ from __future__ import annotations
 import base64
 import html
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from opsnn_quant.evaluation.images import ImageBatch, as_uint8_nhwc
 from opsnn_quant.evaluation.plots import latency_chart, pair_strip, sensitivity_chart
-from opsnn_quant.evaluation.report import AcceptanceReport, TranscriptRow, fmt
+from opsnn_quant.evaluation.report import (
+    SENSITIVITY_NOTE,
+    SENSITIVITY_UNIT,
+    AcceptanceReport,
+    TranscriptRow,
+    fmt,
+)
 from opsnn_quant.io import atomic_dir
 
 _MB = 1024 * 1024
-Table = tuple[list[str], list[list[str]]]
+
+
+class Section(NamedTuple):
+    """A report section: a table (``header`` empty: none) and lines printed under it."""
+
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+    lines: Sequence[str] = ()
 
 
 def _mb(v: int | None) -> str:
     return "-" if v is None else f"{v / _MB:.1f}"
 
 
-def _tables(r: AcceptanceReport) -> list[tuple[str, Table]]:
-    """Every tabular section as (title, (header, rows)) of plain strings, for md and html."""
-    out: list[tuple[str, Table]] = []
+def _cell(v: object) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return fmt(v)
+    return str(v)
+
+
+def _pct(v: float | None) -> str:
+    # Three significant digits: sensitivities span decades (6 % down to 0.0003 %).
+    return "-" if v is None else f"{v:.3g}"
+
+
+# Column titles of the policy's per-modality figures (policy_summary); other keys are spelt out.
+_POLICY_COLUMNS = {"predicted_sqnr_db": "predicted SQNR dB", "int8_mac_share": "int8 MAC share"}
+_ROW_NAMES = {"modalities": "modality"}
+
+
+def _policy_sections(policy: dict[str, Any]) -> list[Section]:
+    """Scalars as one key/value table; each mapping of mappings (``modalities``) as its own."""
+    scalars = [[str(k), _cell(v)] for k, v in policy.items() if not isinstance(v, dict)]
+    out = [Section("Precision policy", ["key", "value"], scalars)] if scalars else []
+    for key, value in policy.items():
+        if not isinstance(value, dict):
+            continue
+        if not all(isinstance(v, dict) for v in value.values()):
+            rows = [[str(k), _cell(v)] for k, v in value.items()]
+            out.append(Section(f"Precision policy: {key}", ["key", "value"], rows))
+            continue
+        cols: list[str] = []
+        for inner in value.values():
+            cols += [c for c in inner if c not in cols]
+        header = [_ROW_NAMES.get(key, str(key))]
+        header += [_POLICY_COLUMNS.get(c, c.replace("_", " ")) for c in cols]
+        rows = [[str(k), *(_cell(inner.get(c)) for c in cols)] for k, inner in value.items()]
+        out.append(Section(f"Precision policy: {key}", header, rows))
+    return out
+
+
+def _latency_lines(r: AcceptanceReport) -> list[str]:
+    judged = ", ".join(r.latency_judged_on)
+    if r.target is None:
+        lines = ["latency criteria are judged on no backend: no deployment target is known"]
+    elif judged:
+        lines = [f"latency criteria are judged on {judged} only (target {r.target})"]
+    else:
+        lines = [f"latency criteria are judged on no backend (target {r.target}, narrowed by "
+                 "the suite's enforce_backends)"]  # fmt: skip
+    lines.append(f"measured with --latency {r.latency_mode}")
+    lines += [f"skipped: {x}" for x in r.latency_skipped]
+    return lines
+
+
+def _sections(r: AcceptanceReport) -> list[Section]:
+    """Every section as plain strings, shared by md and html."""
+    out: list[Section] = []
     if r.criteria:
-        out.append(("Acceptance criteria", (
-            ["criterion", "value", "threshold", "status", "note"],
-            [[c.label, fmt(c.value), f"{c.comparator} {fmt(c.threshold)}", c.status, c.note]
-             for c in r.criteria],
-        )))  # fmt: skip
+        out.append(Section(
+            "Acceptance criteria",
+            ["criterion", "backend", "value", "threshold", "status", "note"],
+            [[c.label, c.backend or "-", fmt(c.value), f"{c.comparator} {fmt(c.threshold)}",
+              c.status, c.note] for c in r.criteria],
+        ))  # fmt: skip
     if r.quality:
-        out.append(("Quality", (
+        out.append(Section(
+            "Quality",
             ["metric", r.baseline_label, r.candidate_label, "delta", "unit", "note"],
             [[q.metric, fmt(q.baseline), fmt(q.candidate), fmt(q.delta), q.unit, q.note]
              for q in r.quality],
-        )))  # fmt: skip
-    if r.latency:
-        out.append(("Latency", (
-            ["model", "backend", "runs", "p50 ms", "p90 ms", "p99 ms", "mean ms",
-             "items/s", "peak MB", "memory method"],
+        ))  # fmt: skip
+    if r.latency or r.latency_skipped or r.onnxruntime is not None:
+        header = ["model", "backend", "runs", "p50 ms", "p90 ms", "p99 ms", "mean ms",
+                  "items/s", "peak MB", "memory method"] if r.latency else []  # fmt: skip
+        out.append(Section(
+            "Latency", header,
             [[x.label, x.result.backend, str(x.result.runs), fmt(x.result.p50_ms),
               fmt(x.result.p90_ms), fmt(x.result.p99_ms), fmt(x.result.mean_ms),
               fmt(x.result.throughput_per_s), _mb(x.result.peak_memory_bytes),
               x.result.memory_method] for x in r.latency],
-        )))  # fmt: skip
+            _latency_lines(r),
+        ))  # fmt: skip
+    if r.onnxruntime is not None:
+        o = r.onnxruntime
+        out.append(Section(
+            f"ONNX Runtime ({o.qdq.backend})", ["model", "p50 ms", "p99 ms", "mean ms", "file MB"],
+            [["fp32", fmt(o.fp32.p50_ms), fmt(o.fp32.p99_ms), fmt(o.fp32.mean_ms),
+              _mb(o.fp32_file_bytes)],
+             ["QDQ", fmt(o.qdq.p50_ms), fmt(o.qdq.p99_ms), fmt(o.qdq.mean_ms),
+              _mb(o.qdq_file_bytes)],
+             ["fp32 / QDQ", fmt(o.p50_speedup), "-", fmt(o.mean_speedup), fmt(o.size_ratio)]],
+        ))  # fmt: skip
     for label, stages in r.stages.items():
-        out.append((f"Stages: {label}", (
+        out.append(Section(
+            f"Stages: {label}",
             ["stage", "module", "calls", "total ms", "mean ms", "p90 ms", "first ms"],
             [[s.stage, s.module, str(s.calls), fmt(s.total_ms), fmt(s.mean_ms), fmt(s.p90_ms),
               fmt(s.first_ms)] for s in stages],
-        )))  # fmt: skip
+        ))  # fmt: skip
     for label, mods in r.top_modules.items():
-        out.append((f"Top modules by CPU time: {label}", (
-            ["module", "type", "calls", "total ms", "share"],
+        out.append(Section(
+            f"Top modules by CPU time: {label}", ["module", "type", "calls", "total ms", "share"],
             [[m.name, m.type, str(m.calls), fmt(m.total_ms), f"{100 * m.share:.1f}%"]
              for m in mods],
-        )))  # fmt: skip
+        ))  # fmt: skip
     if r.stability:
-        out.append(("Stability", (
+        out.append(Section(
+            "Stability",
             ["model", "backend", "K", "first-decile ms", "last-decile ms", "drift",
              "memory growth MB", "method"],
             [[k, s.backend, str(s.k), fmt(s.first_decile_median_ms),
               fmt(s.last_decile_median_ms), fmt(s.drift_ratio),
               f"{s.memory_growth_bytes / _MB:.2f}", s.memory_method]
              for k, s in r.stability.items()],
-        )))  # fmt: skip
-    if r.onnxruntime is not None:
-        o = r.onnxruntime
-        out.append(("ONNX Runtime (cpu-onnxruntime)", (
-            ["model", "p50 ms", "mean ms", "file MB"],
-            [["fp32", fmt(o.fp32.p50_ms), fmt(o.fp32.mean_ms), _mb(o.fp32_file_bytes)],
-             ["QDQ", fmt(o.qdq.p50_ms), fmt(o.qdq.mean_ms), _mb(o.qdq_file_bytes)],
-             ["fp32 / QDQ", fmt(o.p50_speedup), fmt(o.mean_speedup), fmt(o.size_ratio)]],
-        )))  # fmt: skip
+        ))  # fmt: skip
     if r.policy:
-        out.append(("Precision policy", (
-            ["key", "value"], [[str(k), str(v)] for k, v in r.policy.items()],
-        )))  # fmt: skip
+        out += _policy_sections(r.policy)
     if r.sensitivity:
-        out.append(("Per-module sensitivity (most sensitive first)", (
-            ["module", "type", "modality", "e2e contribution", "W8A8 SQNR dB", "fp16 overflow"],
-            [[s.name, s.type, s.modality, fmt(s.contribution), fmt(s.sqnr_db),
+        out.append(Section(
+            "Per-module sensitivity (most sensitive first)",
+            ["module", "type", "modality", f"e2e noise {SENSITIVITY_UNIT}",
+             f"local W8A8 noise {SENSITIVITY_UNIT}", "fp16 overflow"],
+            [[s.name, s.type, s.modality, _pct(s.e2e_pct()), _pct(s.local_pct()),
               "yes" if s.fp16_overflow else ""] for s in r.sensitivity[:40]],
-        )))  # fmt: skip
+            [SENSITIVITY_NOTE],
+        ))  # fmt: skip
     if r.image_pairs:
-        out.append(("Image pairs (worst PSNR first)", (
+        out.append(Section(
+            "Image pairs (worst PSNR first)",
             ["#", "prompt", "seed", "PSNR dB", "SSIM", "MAE", "max |diff|", "CLIP b/c"],
             [[str(p.index), p.prompt, "-" if p.seed is None else str(p.seed), fmt(p.psnr_db),
               fmt(p.ssim), fmt(p.mae), str(p.max_abs),
               f"{fmt(p.clip_baseline)} / {fmt(p.clip_candidate)}"] for p in r.image_pairs],
-        )))  # fmt: skip
+        ))  # fmt: skip
     return out
 
 
@@ -132,16 +211,20 @@ def render_markdown(r: AcceptanceReport, figures: dict[str, str] | None = None) 
     figures = figures or {}
     lines = [f"# Acceptance report: {r.suite} — **{r.verdict}**", ""]
     lines.append(f"- task: {r.task}; {r.baseline_label} vs {r.candidate_label}")
+    lines.append(f"- target: {r.target or 'unknown'}")
     lines += [f"- backend ({k}): {v}" for k, v in r.backends.items()]
     if r.created:
         lines.append(f"- created: {r.created}")
     lines += [f"- note: {n}" for n in r.notes]
     lines.append("")
-    for title, (header, rows) in _tables(r):
-        lines += [f"## {title}", "", "| " + " | ".join(header) + " |",
-                  "|" + "---|" * len(header)]  # fmt: skip
-        lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
-        lines.append("")
+    for sec in _sections(r):
+        lines += [f"## {sec.title}", ""]
+        if sec.header:
+            lines += ["| " + " | ".join(sec.header) + " |", "|" + "---|" * len(sec.header)]
+            lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in sec.rows]
+            lines.append("")
+        if sec.lines:
+            lines += [f"- {x}" for x in sec.lines] + [""]
     for name in ("sensitivity", "latency"):
         if name in figures:
             lines += [f"![{name}]({figures[name]})", ""]
@@ -168,9 +251,9 @@ h1 .FAIL{color:#fff;background:#c62828;padding:2px 10px;border-radius:4px}
 table{border-collapse:collapse;margin:8px 0 20px;font-size:13px}
 th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f0f3f7} td.PASS{color:#2a8a3a;font-weight:bold} td.FAIL{color:#c62828;font-weight:bold}
-td.INFO{color:#777} img{max-width:100%} figure{margin:8px 0 16px}
+td.NOT-JUDGED{color:#777} img{max-width:100%} figure{margin:8px 0 16px}
 del{background:#fdd;text-decoration:line-through} ins{background:#dfd;text-decoration:none}
-.notes li{color:#555}
+.notes li,.lines li{color:#555}
 """
 
 
@@ -188,21 +271,27 @@ def render_html(r: AcceptanceReport, figures: dict[str, bytes] | None = None,
         f"<h1>Acceptance report: {e(r.suite)} <span class='{r.verdict}'>{r.verdict}</span></h1>"
     ]
     info = [f"task: {e(r.task)}; {e(r.baseline_label)} vs {e(r.candidate_label)}"]
+    info.append(f"target: <b>{e(r.target or 'unknown')}</b>")
     info += [f"backend ({e(k)}): <b>{e(v)}</b>" for k, v in r.backends.items()]
     if r.created:
         info.append(f"created: {e(r.created)}")
     body.append("<ul>" + "".join(f"<li>{x}</li>" for x in info) + "</ul>")
     if r.notes:
         body.append("<ul class='notes'>" + "".join(f"<li>{e(n)}</li>" for n in r.notes) + "</ul>")
-    for title, (header, rows) in _tables(r):
-        status_col = header.index("status") if "status" in header else -1
-        trs = []
-        for row in rows:
-            tds = [f"<td class='{e(c)}'>{e(c)}</td>" if i == status_col else f"<td>{e(c)}</td>"
-                   for i, c in enumerate(row)]  # fmt: skip
-            trs.append("<tr>" + "".join(tds) + "</tr>")
-        head = "".join(f"<th>{e(h)}</th>" for h in header)
-        body.append(f"<h2>{e(title)}</h2><table><tr>{head}</tr>{''.join(trs)}</table>")
+    for sec in _sections(r):
+        body.append(f"<h2>{e(sec.title)}</h2>")
+        if sec.header:
+            status_col = sec.header.index("status") if "status" in sec.header else -1
+            trs = []
+            for row in sec.rows:
+                tds = [f"<td class='{e(c.replace(' ', '-'))}'>{e(c)}</td>" if i == status_col
+                       else f"<td>{e(c)}</td>" for i, c in enumerate(row)]  # fmt: skip
+                trs.append("<tr>" + "".join(tds) + "</tr>")
+            head = "".join(f"<th>{e(h)}</th>" for h in sec.header)
+            body.append(f"<table><tr>{head}</tr>{''.join(trs)}</table>")
+        if sec.lines:
+            body.append("<ul class='lines'>" + "".join(f"<li>{e(x)}</li>" for x in sec.lines)
+                        + "</ul>")  # fmt: skip
     for name, caption in (("sensitivity", "Per-module sensitivity"), ("latency", "Latency")):
         if name in figures:
             body.append(f"<figure><img alt='{name}' src='{_data_uri(figures[name])}'>"

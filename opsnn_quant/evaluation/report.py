@@ -23,11 +23,16 @@ from opsnn_quant.evaluation.ort_speed import OrtSpeedResult
 from opsnn_quant.evaluation.profile import ModuleTimeRow, StabilityResult, StageRow
 from opsnn_quant.io import atomic_write_text, load_json_model
 
-REPORT_SCHEMA_VERSION = 1
+# 2: criteria carry their backend; NOT JUDGED replaces INFO; target and latency_* fields.
+REPORT_SCHEMA_VERSION = 2
 EXIT_PASS = 0
 EXIT_FAIL = 3
 
-Status = Literal["PASS", "FAIL", "INFO"]
+Status = Literal["PASS", "FAIL", "NOT JUDGED"]
+NOT_JUDGED: Status = "NOT JUDGED"
+NOTHING_JUDGED_NOTE = (
+    "no criterion could be judged on this machine (every one is NOT JUDGED): the verdict is FAIL"
+)
 
 
 class _Model(BaseModel):
@@ -44,8 +49,11 @@ class Criterion(_Model):
         value: The measured value (None: not measured, which fails).
         threshold: The suite's bound.
         comparator: ``<=`` or ``>=`` (value comparator threshold passes).
-        status: PASS, FAIL or INFO (reported but not enforced, e.g. CPU-reference latency).
-        note: Why INFO / FAIL when it is not obvious.
+        status: PASS, FAIL or NOT JUDGED (reported, not counted: a latency figure from a
+            backend that is not the policy target's, see :mod:`.gate`).
+        backend: Where the value was measured (``cpu-reference``, ``cpu-onnxruntime``, ``npu``);
+            for a figure not measured, where it would have been.
+        note: Why NOT JUDGED / FAIL, or which backend a latency criterion is judged on.
     """
 
     key: str
@@ -55,6 +63,7 @@ class Criterion(_Model):
     threshold: float
     comparator: Literal["<=", ">="]
     status: Status
+    backend: str = ""
     note: str = ""
 
 
@@ -113,8 +122,20 @@ class TranscriptRow(_Model):
     diff: list[DiffChunkRow] = Field(default_factory=list)
 
 
+SENSITIVITY_UNIT = "%"
+SENSITIVITY_NOTE = (
+    "e2e noise: the probe's estimated end-to-end noise energy of the module under W8A8, % of the "
+    "model output's energy; local W8A8 noise: the module output's own, 100 x 10^(-SQNR/10); "
+    "the chart plots the same % (e2e where probed, else local)"
+)
+
+
 class SensitivityRow(_Model):
-    """Per-module sensitivity from a ``probe.json``, for the report's chart and table."""
+    """Per-module sensitivity from a ``probe.json``, for the report's chart and table.
+
+    The table and the chart show both figures in one unit, percent of relative noise energy:
+    :meth:`e2e_pct` and :meth:`local_pct`.
+    """
 
     name: str
     type: str
@@ -123,9 +144,26 @@ class SensitivityRow(_Model):
     sqnr_db: float | None = None  # best local W8A8 SQNR over the probed schemes
     fp16_overflow: bool = False
 
+    def e2e_pct(self) -> float | None:
+        """Estimated end-to-end noise, % of the output's energy (``100 ||dy||^2 / ||y||^2``)."""
+        return None if self.contribution is None else 100.0 * self.contribution
+
+    def local_pct(self) -> float | None:
+        """Local W8A8 noise, % of the module output's energy (``100 * 10^(-SQNR/10)``)."""
+        return None if self.sqnr_db is None else 100.0 * 10 ** (-self.sqnr_db / 10)
+
 
 class AcceptanceReport(_Model):
-    """The result of ``evaluate(baseline, candidate, suite)``."""
+    """The result of ``evaluate(baseline, candidate, suite)``.
+
+    Attributes (beyond the self-explanatory ones):
+        target: The policy's deployment target; it decides which backends' latency is judged.
+        backends: Where each kind of figure came from (``quality``, ``latency``: the backend the
+            latency criteria read, ``onnxruntime``).
+        latency_mode: ``--latency`` of the run (``none``, ``target``, ``all``).
+        latency_skipped: One line per measurement the suite configures that this run skipped.
+        latency_judged_on: Backends whose latency/memory ratios count for the verdict.
+    """
 
     schema_version: int = REPORT_SCHEMA_VERSION
     suite: str
@@ -134,11 +172,15 @@ class AcceptanceReport(_Model):
     candidate_label: str = "candidate"
     created: str = ""
     verdict: Literal["PASS", "FAIL"]
+    target: str | None = None
     criteria: list[Criterion] = Field(default_factory=list)
     backends: dict[str, str] = Field(default_factory=dict)
     measured: dict[str, float | None] = Field(default_factory=dict)
     quality: list[QualityRow] = Field(default_factory=list)
     latency: list[LatencyRow] = Field(default_factory=list)
+    latency_mode: Literal["none", "target", "all"] = "all"
+    latency_skipped: list[str] = Field(default_factory=list)
+    latency_judged_on: list[str] = Field(default_factory=list)
     stages: dict[str, list[StageRow]] = Field(default_factory=dict)
     top_modules: dict[str, list[ModuleTimeRow]] = Field(default_factory=dict)
     stability: dict[str, StabilityResult] = Field(default_factory=dict)
@@ -183,8 +225,15 @@ class AcceptanceReport(_Model):
 
 
 def overall_verdict(criteria: list[Criterion]) -> Literal["PASS", "FAIL"]:
-    """FAIL if any criterion failed, else PASS (INFO rows do not count)."""
-    return "FAIL" if any(c.status == "FAIL" for c in criteria) else "PASS"
+    """PASS when every judged criterion passed; NOT JUDGED rows do not count.
+
+    A suite that sets thresholds none of which could be judged here FAILS: a gate that judged
+    nothing has not let anything through. No thresholds at all: PASS (nothing was asked).
+    """
+    judged = [c for c in criteria if c.status != NOT_JUDGED]
+    if criteria and not judged:
+        return "FAIL"
+    return "FAIL" if any(c.status == "FAIL" for c in judged) else "PASS"
 
 
 def exit_code(report: AcceptanceReport) -> int:

@@ -1,6 +1,8 @@
 """The steps ``evaluate(baseline, candidate, suite)`` is made of, minus model loading and generation.
 
-The orchestrator generates with both models (adapters), then::
+Quality figures come from :mod:`.quality` (re-exported here); this module turns them and the
+latency figures into criteria and the report. The orchestrator generates with both models
+(adapters), then::
 
     q = t2i_quality(base_imgs, cand_imgs, prompts, seeds=seeds, clip=scorer, fid_features=feats)
     lat_b = measure(lambda: adapter.generate(base, batch), warmup=..., runs=..., device=...)
@@ -14,40 +16,42 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
-from torch import nn
-
-from opsnn_quant.errors import InputError
-from opsnn_quant.evaluation.clip_score import ClipScorer
-from opsnn_quant.evaluation.fid import (
-    INCEPTION_SPACE,
-    InceptionFeatures,
-    extract_features,
-    fid_result,
-    metric_name,
+from opsnn_quant.evaluation.gate import (
+    LatencyPlan,
+    Source,
+    judged_backends,
+    latency_note,
+    pick_source,
 )
-from opsnn_quant.evaluation.image_similarity import pair_similarities, summarize
-from opsnn_quant.evaluation.images import ImageBatch
 from opsnn_quant.evaluation.latency import LatencyResult
 from opsnn_quant.evaluation.ort_speed import OrtSpeedResult
 from opsnn_quant.evaluation.profile import ModuleTimeRow, StabilityResult, StageRow
+from opsnn_quant.evaluation.quality import QualityResult, asr_quality, t2i_quality
 from opsnn_quant.evaluation.report import (
+    NOT_JUDGED,
+    NOTHING_JUDGED_NOTE,
     AcceptanceReport,
     Criterion,
-    DiffChunkRow,
-    ImagePairRow,
     LatencyRow,
-    QualityRow,
     Status,
-    TranscriptRow,
     overall_verdict,
     sensitivity_rows,
 )
 from opsnn_quant.evaluation.suite import Suite
-from opsnn_quant.evaluation.wer import agreement_wer, error_rates, utterance_rows
+
+__all__ = [
+    "THRESHOLDS",
+    "QualityResult",
+    "asr_quality",
+    "build_report",
+    "latency_measured",
+    "t2i_quality",
+    "verdict",
+]
 
 # suite threshold -> (measured key, comparator, default label)
 THRESHOLDS: dict[str, tuple[str, Literal["<=", ">="], str]] = {
@@ -70,172 +74,6 @@ THRESHOLDS: dict[str, tuple[str, Literal["<=", ">="], str]] = {
 _LATENCY_KEYS = {"latency_p99_ratio", "memory_ratio"}
 
 
-class QualityResult(BaseModel):
-    """Quality measurements ready for :func:`verdict` and :func:`build_report`.
-
-    Attributes:
-        measured: Flat metric name -> value (the keys :data:`THRESHOLDS` refers to).
-        labels: Measured key -> label for criteria rows (e.g. FD rather than FID).
-        quality: Table rows.
-        image_pairs / transcripts: Worst first.
-        notes: Caveats to print (sample counts, feature spaces).
-    """
-
-    measured: dict[str, float | None] = Field(default_factory=dict)
-    labels: dict[str, str] = Field(default_factory=dict)
-    quality: list[QualityRow] = Field(default_factory=list)
-    image_pairs: list[ImagePairRow] = Field(default_factory=list)
-    transcripts: list[TranscriptRow] = Field(default_factory=list)
-    notes: list[str] = Field(default_factory=list)
-
-
-def _delta(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else b - a
-
-
-def t2i_quality(
-    baseline_images: ImageBatch,
-    candidate_images: ImageBatch,
-    prompts: Sequence[str],
-    *,
-    seeds: Sequence[int] | None = None,
-    clip: ClipScorer | None = None,
-    fid_features: nn.Module | str | None = None,
-    reference_images: ImageBatch | None = None,
-    batch_size: int = 16,
-) -> QualityResult:
-    """Quality of candidate images against baseline images (same prompts and seeds).
-
-    Args:
-        baseline_images, candidate_images: N images each, pair ``i`` from prompt ``i``.
-        prompts: The N prompts.
-        seeds: The N seeds (shown with the pairs).
-        clip: CLIP scorer; None skips CLIP score.
-        fid_features: Feature module (:class:`~.fid.InceptionFeatures`,
-            :class:`~.fid.ClipImageFeatures`), ``"inception"``, or None to skip FID/FD.
-        reference_images: Real images for FID against a reference set.
-        batch_size: Feature-extraction batch.
-
-    Raises:
-        InputError: Counts of images, prompts and seeds disagree.
-    """
-    pairs = pair_similarities(baseline_images, candidate_images)
-    if len(pairs) != len(prompts) or (seeds is not None and len(seeds) != len(prompts)):
-        raise InputError(f"{len(pairs)} image pairs, {len(prompts)} prompts, "
-                         f"{'no' if seeds is None else len(seeds)} seeds")  # fmt: skip
-    out = QualityResult()
-    m = out.measured
-    m.update(summarize(pairs))
-    out.quality += [
-        QualityRow(metric="PSNR vs baseline (median)", candidate=m["psnr_median_db"], unit="dB"),
-        QualityRow(metric="PSNR vs baseline (worst)", candidate=m["psnr_min_db"], unit="dB"),
-        QualityRow(metric="SSIM vs baseline (mean)", candidate=m["ssim_mean"]),
-        QualityRow(metric="SSIM vs baseline (worst)", candidate=m["ssim_min"]),
-    ]
-    clip_b: list[float | None] = [None] * len(pairs)
-    clip_c: list[float | None] = [None] * len(pairs)
-    if clip is not None:
-        rb, rc = clip.score(baseline_images, prompts), clip.score(candidate_images, prompts)
-        clip_b, clip_c = list(rb.per_image), list(rc.per_image)
-        m.update(clip_score_baseline=rb.mean, clip_score_candidate=rc.mean,
-                 clip_score_delta=rc.mean - rb.mean)  # fmt: skip
-        out.quality.append(QualityRow(metric=f"CLIP score [{clip.label}]", baseline=rb.mean,
-                                      candidate=rc.mean, delta=rc.mean - rb.mean))  # fmt: skip
-    if fid_features is not None:
-        _fid(out, baseline_images, candidate_images, reference_images, fid_features, batch_size)
-    order = sorted(range(len(pairs)), key=lambda i: (pairs[i].psnr_db, pairs[i].ssim, i))
-    out.image_pairs = [
-        ImagePairRow(index=i, prompt=str(prompts[i]), seed=None if seeds is None else int(seeds[i]),
-                     psnr_db=pairs[i].psnr_db, ssim=pairs[i].ssim, mae=pairs[i].mae,
-                     max_abs=pairs[i].max_abs, clip_baseline=clip_b[i], clip_candidate=clip_c[i])
-        for i in order
-    ]  # fmt: skip
-    return out
-
-
-def _fid(
-    out: QualityResult,
-    baseline: ImageBatch,
-    candidate: ImageBatch,
-    reference: ImageBatch | None,
-    features: nn.Module | str,
-    batch_size: int,
-) -> None:
-    if isinstance(features, str):
-        if features != "inception":
-            raise InputError(f"fid_features {features!r}: pass a feature module or 'inception'")
-        features = InceptionFeatures()
-    space = str(getattr(features, "feature_space", f"{type(features).__name__} (FD, not FID)"))
-    name = metric_name(space)
-    fb = extract_features(baseline, features, batch_size)
-    fc = extract_features(candidate, features, batch_size)
-    vs_base = fid_result(fb, fc, space, "candidate vs baseline")
-    m = out.measured
-    m["fid_vs_baseline"] = vs_base.value
-    out.labels["fid_vs_baseline"] = f"{name} candidate vs baseline [{space}]"
-    out.quality.append(QualityRow(metric=f"{name} candidate vs baseline [{space}]",
-                                  candidate=vs_base.value, note=f"n={vs_base.n_a}"))  # fmt: skip
-    out.notes.append(vs_base.note)
-    if reference is not None:
-        fr = extract_features(reference, features, batch_size)
-        rb = fid_result(fr, fb, space, "baseline vs reference")
-        rc = fid_result(fr, fc, space, "candidate vs reference")
-        m.update(fid_baseline_vs_reference=rb.value, fid_candidate_vs_reference=rc.value,
-                 fid_delta=rc.value - rb.value)  # fmt: skip
-        out.labels["fid_delta"] = f"{name} vs reference, candidate - baseline [{space}]"
-        out.quality.append(QualityRow(metric=f"{name} vs reference [{space}]", baseline=rb.value,
-                                      candidate=rc.value, delta=rc.value - rb.value,
-                                      note=f"n={rb.n_b} vs {rb.n_a} reference"))  # fmt: skip
-    if space != INCEPTION_SPACE:
-        out.notes.append(f"{space}: a Fréchet distance in a non-Inception feature space; "
-                         "not comparable with published FID values")  # fmt: skip
-
-
-def asr_quality(
-    references: Sequence[str],
-    baseline_texts: Sequence[str],
-    candidate_texts: Sequence[str],
-    *,
-    normalize: bool = True,
-    max_rows: int | None = 50,
-) -> QualityResult:
-    """WER/CER of both models against references, agreement WER, worst-first transcript rows.
-
-    Rates are reported in points (percent) in ``measured``: ``wer_delta_points`` = 100 x
-    (WER candidate - WER baseline).
-    """
-    eb = error_rates(references, baseline_texts, normalize)
-    ec = error_rates(references, candidate_texts, normalize)
-    agree = agreement_wer(baseline_texts, candidate_texts, normalize)
-    out = QualityResult()
-    out.measured.update(
-        wer_baseline=100 * eb.wer, wer_candidate=100 * ec.wer,
-        wer_delta_points=100 * (ec.wer - eb.wer),
-        cer_baseline=100 * eb.cer, cer_candidate=100 * ec.cer,
-        cer_delta_points=100 * (ec.cer - eb.cer),
-        agreement_wer_points=100 * agree,
-    )  # fmt: skip
-    out.quality += [
-        QualityRow(metric="WER", baseline=100 * eb.wer, candidate=100 * ec.wer,
-                   delta=100 * (ec.wer - eb.wer), unit="%", note=f"{eb.ref_words} reference words"),
-        QualityRow(metric="CER", baseline=100 * eb.cer, candidate=100 * ec.cer,
-                   delta=100 * (ec.cer - eb.cer), unit="%", note=f"{eb.ref_chars} reference chars"),
-        QualityRow(metric="agreement WER (candidate vs baseline)", candidate=100 * agree, unit="%"),
-    ]  # fmt: skip
-    rows = utterance_rows(references, baseline_texts, candidate_texts, normalize)
-    out.transcripts = [
-        TranscriptRow(index=u.index, reference=u.reference, baseline=u.baseline,
-                      candidate=u.candidate, ref_words=u.ref_words,
-                      baseline_errors=u.baseline_errors, candidate_errors=u.candidate_errors,
-                      agreement_errors=u.agreement_errors,
-                      diff=[DiffChunkRow(op=c.op, ref=c.ref, hyp=c.hyp) for c in u.diff])
-        for u in rows[:max_rows]
-    ]  # fmt: skip
-    out.notes.append(f"WER after Whisper English normalisation; {len(rows)} utterances"
-                     if normalize else f"WER on raw text; {len(rows)} utterances")  # fmt: skip
-    return out
-
-
 def latency_measured(baseline: LatencyResult, candidate: LatencyResult) -> dict[str, float | None]:
     """``latency_p99_ratio`` and ``memory_ratio`` (candidate / baseline; None if unmeasured)."""
     p99 = candidate.p99_ms / baseline.p99_ms if baseline.p99_ms > 0 else None
@@ -250,14 +88,26 @@ def verdict(
     *,
     latency_backend: str | None = None,
     labels: Mapping[str, str] | None = None,
+    quality_backend: str = "",
+    target: str | None = None,
+    unmeasured_why: str = "",
 ) -> list[Criterion]:
-    """One criterion row per threshold the suite sets.
+    """One criterion row per threshold the suite sets, each naming the backend of its figure.
 
-    A threshold whose value was not measured (missing, None or NaN) FAILS: a suite that asks
-    for a check must get it. Latency and memory ratios are INFO unless ``latency_backend`` is
-    one of ``suite.latency.enforce_backends``.
+    A judged threshold whose value was not measured (missing, None or NaN) FAILS: a suite that
+    asks for a check must get it. Latency and memory ratios are judged only on the target's
+    own backends (:func:`~.gate.judged_backends`); elsewhere they are NOT JUDGED and the note
+    says why.
+
+    Args:
+        latency_backend: Where the latency/memory ratios were (or would have been) measured.
+        labels: Measured key -> row label (e.g. FD instead of FID).
+        quality_backend: Where the quality figures were measured (the candidate's backend).
+        target: The policy's target; None: unknown, so no latency criterion is judged.
+        unmeasured_why: Appended to "not measured" for latency rows (e.g. ``--latency none``).
     """
     labels = labels or {}
+    judged = judged_backends(target, suite.latency.enforce_backends)
     rows = []
     for key, threshold in suite.metrics.thresholds.model_dump().items():
         if threshold is None:
@@ -266,20 +116,43 @@ def verdict(
         value = measured.get(mkey)
         if value is not None and math.isnan(value):
             value = None
-        note = ""
+        is_latency = mkey in _LATENCY_KEYS
+        backend = (latency_backend or "") if is_latency else quality_backend
+        missing = "not measured" + (f" ({unmeasured_why})" if is_latency and unmeasured_why else "")
         status: Status
         if value is None:
-            status, note = "FAIL", "not measured"
+            status = "FAIL"
         else:
             ok = value <= threshold if comp == "<=" else value >= threshold
             status = "PASS" if ok else "FAIL"
-        if mkey in _LATENCY_KEYS and latency_backend not in suite.latency.enforce_backends:
-            note = f"not enforced on {latency_backend or 'unknown backend'}"
-            status = "INFO"
+        notes = [missing] if value is None else []
+        if is_latency:
+            notes.append(latency_note(latency_backend, target, judged))
+            if latency_backend not in judged:
+                status = NOT_JUDGED
         rows.append(Criterion(key=key, label=labels.get(mkey, label), measured_key=mkey,
                               value=value, threshold=float(threshold), comparator=comp,
-                              status=status, note=note))  # fmt: skip
+                              status=status, backend=backend, note="; ".join(notes)))  # fmt: skip
     return rows
+
+
+def _created() -> str:
+    """Now, or ``SOURCE_DATE_EPOCH`` when set (the reproducible-builds convention), so that
+    reruns on the same inputs can write byte-identical reports."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    when = (
+        _dt.datetime.fromtimestamp(int(epoch), _dt.UTC)
+        if epoch and epoch.isdigit()
+        else _dt.datetime.now(_dt.UTC)
+    )
+    return when.isoformat(timespec="seconds")
+
+
+def _ratios(
+    measured: dict[str, float | None], suffix: str, base: LatencyResult, cand: LatencyResult
+) -> None:
+    for key, value in latency_measured(base, cand).items():
+        measured[f"{key}_{suffix}"] = value
 
 
 def build_report(
@@ -299,52 +172,76 @@ def build_report(
     sensitivity: Any | None = None,
     notes: Sequence[str] = (),
     created: str | None = None,
+    target: str | None = None,
+    latency_plan: LatencyPlan | None = None,
 ) -> AcceptanceReport:
     """Assemble the report: measured values, criteria, verdict, tables.
 
+    The latency criteria read one pair of figures: the eager timing (``baseline_latency`` /
+    ``candidate_latency``) or the ONNX Runtime one (``onnxruntime``), whichever is on a judged
+    backend, else ONNX Runtime (:func:`~.gate.pick_source`). ``measured`` holds the ratios
+    of each pair measured under ``*_eager`` / ``*_onnxruntime`` and the criteria's under the
+    plain keys.
+
     Args:
         sensitivity: A :class:`~opsnn_quant.probe.report.SensitivityReport` (or None).
-        created: Timestamp; default now (UTC, ISO 8601). Pass ``""`` for reproducible output.
+        created: Timestamp; default ``SOURCE_DATE_EPOCH`` if set, else now (UTC, ISO 8601).
+            Pass ``""`` for reproducible output.
+        target: The policy's target (default: ``policy["target"]``, else unknown).
+        latency_plan: What the run timed (:func:`~.gate.plan_latency`): its mode, the skipped
+            measurements, and the backend of a latency criterion left unmeasured.
     """
+    if target is None and policy is not None and policy.get("target"):
+        target = str(policy["target"])
     measured = dict(quality.measured)
     backends = {"quality": quality_backend}
     latency_rows = []
-    latency_backend = None
+    pairs: list[tuple[Source, LatencyResult, LatencyResult]] = []
+    if onnxruntime is not None:
+        backends["onnxruntime"] = onnxruntime.qdq.backend
+        pairs.append(("onnxruntime", onnxruntime.fp32, onnxruntime.qdq))
+        _ratios(measured, "onnxruntime", onnxruntime.fp32, onnxruntime.qdq)
     if baseline_latency is not None and candidate_latency is not None:
-        measured.update(latency_measured(baseline_latency, candidate_latency))
-        latency_backend = candidate_latency.backend
-        backends["latency"] = latency_backend
+        pairs.append(("eager", baseline_latency, candidate_latency))
+        _ratios(measured, "eager", baseline_latency, candidate_latency)
         latency_rows = [LatencyRow(label=baseline_label, result=baseline_latency),
                         LatencyRow(label=candidate_label, result=candidate_latency)]  # fmt: skip
+    judged = judged_backends(target, suite.latency.enforce_backends)
+    pick = pick_source([(src, c.backend) for src, _, c in pairs], judged)
+    latency_backend = latency_plan.backend if latency_plan is not None else None
+    if pick is not None:
+        _, base, cand = pairs[pick]
+        measured.update(latency_measured(base, cand))
+        latency_backend = cand.backend
+    if latency_backend is not None:
+        backends["latency"] = latency_backend
     all_notes = list(quality.notes) + list(notes)
     for lat in (baseline_latency, candidate_latency):
         if lat is not None and lat.note and lat.note not in all_notes:
             all_notes.append(lat.note)
-    if onnxruntime is not None:
-        backends["onnxruntime"] = onnxruntime.fp32.backend
-        # The speed criteria judge the deployable int8 graph (ORT QDQ vs ORT fp32), not the
-        # CPU eager reference; the eager ratios stay in `measured` under *_eager keys.
-        for key in ("latency_p99_ratio", "memory_ratio"):
-            if key in measured:
-                measured[f"{key}_eager"] = measured[key]
-        measured.update(latency_measured(onnxruntime.fp32, onnxruntime.qdq))
-        latency_backend = onnxruntime.qdq.backend
-        backends["latency"] = latency_backend
-    criteria = verdict(suite, measured, latency_backend=latency_backend, labels=quality.labels)
+    why = "--latency none" if latency_plan is not None and latency_plan.mode == "none" else ""
+    criteria = verdict(suite, measured, latency_backend=latency_backend, labels=quality.labels,
+                       quality_backend=quality_backend, target=target,
+                       unmeasured_why=why)  # fmt: skip
+    result = overall_verdict(criteria)
+    if criteria and all(c.status == NOT_JUDGED for c in criteria):
+        all_notes.append(NOTHING_JUDGED_NOTE)
     return AcceptanceReport(
         suite=suite.name,
         task=suite.task,
         baseline_label=baseline_label,
         candidate_label=candidate_label,
-        created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-        if created is None
-        else created,
-        verdict=overall_verdict(criteria),
+        created=_created() if created is None else created,
+        verdict=result,
+        target=target,
         criteria=criteria,
         backends=backends,
         measured=measured,
         quality=quality.quality,
         latency=latency_rows,
+        latency_mode=latency_plan.mode if latency_plan is not None else "all",
+        latency_skipped=list(latency_plan.skipped) if latency_plan is not None else [],
+        latency_judged_on=sorted(judged),
         stages=stages or {},
         top_modules=top_modules or {},
         stability=stability or {},

@@ -19,6 +19,15 @@ from opsnn_quant.probe.report import (
 from opsnn_quant.types import Modality
 from tests.evaluation.conftest import random_images
 
+# As policy_summary() writes it.
+POLICY = {
+    "model": "zoo:shapes-t2i", "target": "ascend910b-eager", "rules": 3,
+    "modalities": {
+        "denoiser": {"chosen": "int8", "predicted_sqnr_db": 31.25, "int8_mac_share": 0.5},
+        "text_encoder": {"chosen": "fp16", "predicted_sqnr_db": None, "int8_mac_share": 0.0},
+    },
+}  # fmt: skip
+
 
 def latency(label_ms: float, backend: str = "cpu-reference") -> LatencyResult:
     samples = [label_ms * (1 + 0.05 * i) for i in range(8)]
@@ -72,7 +81,7 @@ def t2i_report() -> tuple[AcceptanceReport, np.ndarray, np.ndarray]:
     report = build_report(
         suite, q, baseline_latency=latency(100.0), candidate_latency=latency(140.0),
         baseline_label="fp32", candidate_label="w8a8", stages=stages, top_modules=top,
-        stability=stab, policy={"target": "ascend910b-eager", "w8a8 modules": 42, "fp32 modules": 3},
+        stability=stab, policy=POLICY,
         sensitivity=sensitivity(), notes=["sample report"], created="2026-01-01T00:00:00+00:00",
     )  # fmt: skip
     return report, base, cand

@@ -29,29 +29,69 @@ def _suite(root, psnr_min):
         "schema_version: 1\nname: tiny\ntask: t2i\n"
         f"data: {{folder: {root / 'data'}, samples: 2}}\n"
         "generation: {steps: 2, guidance_scale: 4.0, batch_size: 2}\n"
-        f"metrics: {{fid_features: null, thresholds: {{psnr_min: {psnr_min}}}}}\n"
+        "metrics: {fid_features: null, thresholds: "
+        f"{{psnr_min: {psnr_min}, latency_p99_ratio_max: 0.001}}}}\n"
         "latency: {warmup: 0, runs: 1, profile_top: 3}\n"
     )
     return path
 
 
 @pytest.mark.slow
-def test_pass_and_fail_exit_codes(candidate, tmp_path):
+def test_pass_and_fail_exit_codes(candidate, tmp_path, monkeypatch):
+    # The latency bound (0.001) cannot hold, but the cpu-reference figure is not the target's:
+    # reported, not judged, and the run passes on PSNR.
     ok = main(["evaluate", "--candidate", str(candidate / "out"), "--suite", str(_suite(candidate, 5.0)),
-               "-o", str(tmp_path / "r1"), "--quiet"])  # fmt: skip
+               "-o", str(tmp_path / "r1"), "--quiet", "--target", "ascend910b-atc"])  # fmt: skip
     assert ok == 0
     report = json.loads((tmp_path / "r1" / "report.json").read_text())
-    assert report["verdict"] == "PASS"
+    assert report["verdict"] == "PASS" and report["target"] == "ascend910b-atc"
     assert report["backends"]["quality"] == "cpu-reference"
+    lat = {c["key"]: c for c in report["criteria"]}["latency_p99_ratio_max"]
+    assert lat["status"] == "NOT JUDGED" and lat["backend"] == "cpu-reference" and lat["value"] > 0
+    # No ONNX figure asked: the eager timing is what the criterion reads, so it was measured
+    # (with stages and one profile) under the default --latency target.
+    assert [x["result"]["backend"] for x in report["latency"]] == ["cpu", "cpu-reference"]
+    assert report["latency_mode"] == "target" and report["latency_skipped"] == []
+    assert len(report["top_modules"]["candidate"]) == 3
     assert (tmp_path / "r1" / "report.html").stat().st_size > 1000
+    # PSNR fails; nothing is timed, and with no policy.yaml no latency criterion is judged.
     fail = main(["evaluate", "--candidate", str(candidate / "out"), "--suite", str(_suite(candidate, 500.0)),
-                 "-o", str(tmp_path / "r2"), "--quiet"])  # fmt: skip
+                 "-o", str(tmp_path / "r2"), "--quiet", "--latency", "none"])  # fmt: skip
     assert fail == 3
-    assert json.loads((tmp_path / "r2" / "report.json").read_text())["verdict"] == "FAIL"
+    r2 = json.loads((tmp_path / "r2" / "report.json").read_text())
+    assert r2["verdict"] == "FAIL" and r2["latency"] == [] and r2["latency_mode"] == "none"
+    assert r2["latency_skipped"][0].endswith(": --latency none")
+    lat2 = {c["key"]: c for c in r2["criteria"]}["latency_p99_ratio_max"]
+    assert lat2["status"] == "NOT JUDGED" and "no deployment target is known" in lat2["note"]
+    # Same inputs, no timing, fixed timestamp: byte-identical report.json.
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")
+    for name in ("r3", "r4"):
+        assert main(["evaluate", "--candidate", str(candidate / "out"), "--suite",
+                     str(_suite(candidate, 5.0)), "-o", str(tmp_path / name), "-q",
+                     "--latency", "none"]) == 0  # fmt: skip
+    r3 = (tmp_path / "r3" / "report.json").read_bytes()
+    assert r3 == (tmp_path / "r4" / "report.json").read_bytes()
+    assert b'"created": "2026-01-01T00:00:00+00:00"' in r3
 
 
 def test_bad_suite_exits_2(candidate, tmp_path, capsys):
     assert main(["evaluate", "--candidate", str(candidate / "out"), "--suite", str(tmp_path / "nope.yaml"),
                  "-o", str(tmp_path / "r")]) == 2  # fmt: skip
     assert "not found" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--latency", "bogus"], "error: --latency must be one of none, target, all, got 'bogus'"),
+        (["--target", "tpu-v5"], "error: unknown target 'tpu-v5'"),
+    ],
+)
+def test_bad_options_exit_2_with_one_error_line(candidate, tmp_path, capsys, option, message):
+    code = main(["evaluate", "--candidate", str(candidate / "out"), "--suite", "shapes-t2i",
+                 "-o", str(tmp_path / "r"), "-q", *option])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(message)
     assert not (tmp_path / "r").exists()

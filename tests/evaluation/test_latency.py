@@ -45,6 +45,22 @@ def test_percentiles_and_throughput_hand_computed():
     assert r.peak_memory_bytes is None and clock.calls == 12
 
 
+def test_timed_context_wraps_only_the_timed_calls():
+    clock = FakeClock([0.001])
+    seen = []
+
+    class Ctx:
+        def __enter__(self):
+            seen.append(("enter", clock.calls))
+
+        def __exit__(self, *exc):
+            seen.append(("exit", clock.calls))
+
+    measure(clock.work, warmup=2, runs=3, memory=True, clock=clock, timed=Ctx())
+    # Entered after the 2 warmup calls, left after the 3 timed ones, before the memory call.
+    assert seen == [("enter", 2), ("exit", 5)] and clock.calls == 6
+
+
 def test_backend_labels():
     assert default_backend("cpu") == "cpu-reference"
     assert default_backend("cuda:1") == "cuda"

@@ -63,6 +63,77 @@ def test_markdown(t2i_dir: Path):
         assert (t2i_dir / link).is_file()
 
 
+def test_criteria_rows_name_their_backend(t2i_dir: Path):
+    md = (t2i_dir / "report.md").read_text()
+    assert "| criterion | backend | value | threshold | status | note |" in md
+    # 140 / 100 ms on cpu-reference for an Ascend (npu) policy: reported, not judged.
+    assert ("| p99 latency candidate / baseline | cpu-reference | 1.400 | <= 1.000 | NOT JUDGED "
+            "| not judged on cpu-reference: the policy targets ascend910b-eager (judged on npu) |"
+            ) in md  # fmt: skip
+    assert "| median PSNR vs baseline (dB) | cpu-reference |" in md
+    html = (t2i_dir / "report.html").read_text()
+    assert "<td class='NOT-JUDGED'>NOT JUDGED</td>" in html and "td.NOT-JUDGED{" in html
+
+
+def test_policy_modalities_are_a_table_not_a_dict(t2i_dir: Path):
+    md = (t2i_dir / "report.md").read_text()
+    assert "| target | ascend910b-eager |" in md and "| rules | 3 |" in md
+    assert "## Precision policy: modalities" in md
+    assert "| modality | chosen | predicted SQNR dB | int8 MAC share |" in md
+    assert "| denoiser | int8 | 31.250 | 0.500 |" in md
+    assert "| text_encoder | fp16 | - | 0 |" in md
+    for text in (md, (t2i_dir / "report.html").read_text()):
+        assert "{'" not in text and "{&#x27;" not in text  # no Python dict repr anywhere
+
+
+def test_sensitivity_table_and_chart_share_the_unit(t2i_dir: Path):
+    from opsnn_quant.evaluation.plots import sensitivity_bars
+
+    md = (t2i_dir / "report.md").read_text()
+    assert "| module | type | modality | e2e noise % | local W8A8 noise % | fp16 overflow |" in md
+    # unet.down.5.proj: contribution 0.06 -> 6 %; SQNR 25 dB -> 100 * 10^-2.5 = 0.316 %.
+    assert "| unet.down.5.proj | Linear | denoiser | 6 | 0.316 |  |" in md
+    assert "- target: ascend910b-eager" in md
+    back = AcceptanceReport.load(t2i_dir / "report.json")
+    picked, values, xlabel = sensitivity_bars(back.sensitivity)
+    assert picked[0].name == "unet.down.5.proj" and values[0] == pytest.approx(6.0)
+    assert values == pytest.approx([6.0, 5.0, 4.0, 3.0, 2.0, 1.0]) and xlabel.startswith(
+        "e2e noise %"
+    )
+    local = [r.model_copy(update={"contribution": None}) for r in back.sensitivity]
+    _, lvalues, lxlabel = sensitivity_bars(local)
+    # Without e2e figures the bars are the table's local column, in the rows' order.
+    assert lvalues == pytest.approx([100 * 10 ** (-(25 - i) / 10) for i in range(6)])
+    assert lxlabel.startswith("local W8A8 noise %")
+
+
+def test_latency_section_says_what_was_skipped():
+    from opsnn_quant.evaluation.gate import plan_latency
+    from opsnn_quant.evaluation.runner import QualityResult, build_report
+    from opsnn_quant.evaluation.suite import parse_suite
+
+    suite = parse_suite({
+        "name": "s", "task": "t2i", "data": {"dataset": "shapes", "samples": 4},
+        "metrics": {"fid_features": None, "thresholds": {"psnr_min": 20.0}},
+        "latency": {"profile_top": 10},
+    })  # fmt: skip
+    plan = plan_latency(suite, "target", target="ascend910b-atc", baseline_backend="cpu",
+                        candidate_backend="cpu-reference", onnx_possible=True)  # fmt: skip
+    r = build_report(suite, QualityResult(measured={"psnr_median_db": 30.0}),
+                     target="ascend910b-atc", latency_plan=plan, created="")  # fmt: skip
+    md = render_markdown(r)
+    section = md.split("## Latency\n", 1)[1].split("\n## ", 1)[0]
+    assert section.strip().splitlines() == [
+        "- latency criteria are judged on npu only (target ascend910b-atc)",
+        "- measured with --latency target",
+        "- skipped: eager timing of baseline (cpu) and candidate (cpu-reference): no criterion "
+        "uses it (--latency target; --latency all measures it)",
+        "- skipped: stages and top-10 module profile: no criterion uses it (--latency target; "
+        "--latency all measures it)",
+    ]
+    assert "<li>measured with --latency target</li>" in render_html(r)
+
+
 def test_transcript_diffs_render():
     report = asr_report()
     md = render_markdown(report)

@@ -1,28 +1,20 @@
-"""The orchestration steps on synthetic images and texts."""
+"""Criteria, judged backends and report assembly on hand-made figures."""
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import pytest
-import torch
 
-from opsnn_quant.errors import InputError
-from opsnn_quant.evaluation.clip_score import ClipScorer
-from opsnn_quant.evaluation.fid import ClipImageFeatures, frechet_distance
+from opsnn_quant.evaluation.gate import plan_latency
 from opsnn_quant.evaluation.latency import LatencyResult
+from opsnn_quant.evaluation.ort_speed import OrtSpeedResult
+from opsnn_quant.evaluation.report import NOTHING_JUDGED_NOTE
 from opsnn_quant.evaluation.runner import (
     QualityResult,
-    asr_quality,
     build_report,
     latency_measured,
-    t2i_quality,
     verdict,
 )
 from opsnn_quant.evaluation.suite import parse_suite
-from tests.evaluation.conftest import random_images
-from tests.evaluation.test_fid import PooledFeatures
 
 
 def t2i_suite(**thresholds):
@@ -48,90 +40,61 @@ def latency(p99: float, peak: int | None, backend: str = "cpu-reference") -> Lat
     )  # fmt: skip
 
 
-def synthetic_images():
-    base = random_images(4, seed=31)
-    cand = base.copy()
-    cand[1] = np.clip(base[1].astype(int) + 12, 0, 255).astype(np.uint8)  # PSNR ~ 26.6 dB
-    cand[3] = np.clip(base[3].astype(int) + 3, 0, 255).astype(np.uint8)
-    return base, cand
-
-
-def test_t2i_quality(tiny_clip):
-    model, processor = tiny_clip
-    base, cand = synthetic_images()
-    ref = random_images(5, seed=32)
-    prompts = ["a", "b", "c", "d"]
-    feats = ClipImageFeatures(model, "tiny-clip", mean=(0.5,) * 3, std=(0.5,) * 3)
-    q = t2i_quality(base, cand, prompts, seeds=[0, 0, 0, 0], clip=ClipScorer(model, processor, "tiny"),
-                    fid_features=feats, reference_images=ref)  # fmt: skip
-    m = {k: v for k, v in q.measured.items() if v is not None}
-    assert len(m) == len(q.measured)
-    # Worst PSNR first: pair 1 (+12 offset, clipped), then 3, then the identical pairs 0 and 2.
-    assert [p.index for p in q.image_pairs] == [1, 3, 0, 2]
-    assert q.image_pairs[2].psnr_db == math.inf
-    assert m["psnr_min_db"] == q.image_pairs[0].psnr_db
-    assert m["psnr_median_db"] == math.inf  # two of four pairs identical
-    assert m["clip_score_delta"] == pytest.approx(
-        m["clip_score_candidate"] - m["clip_score_baseline"]
-    )
-    assert m["fid_delta"] == pytest.approx(
-        m["fid_candidate_vs_reference"] - m["fid_baseline_vs_reference"]
-    )
-    assert m["fid_vs_baseline"] > 0
-    # FD labels: never called FID.
-    assert (
-        q.labels["fid_vs_baseline"].startswith("FD ")
-        and "tiny-clip (FD, not FID)" in q.labels["fid_vs_baseline"]
-    )
-    assert not any(r.metric.startswith("FID") for r in q.quality)
-    assert any("not comparable with published FID" in n for n in q.notes)
-    assert q.image_pairs[0].clip_baseline is not None and q.image_pairs[0].seed == 0
-
-
-def test_t2i_quality_fid_value_matches_direct_computation():
-    base, cand = synthetic_images()
-    q = t2i_quality(base, cand, list("abcd"), fid_features=PooledFeatures())
-    f = PooledFeatures()
-    to = lambda a: f(torch.from_numpy(a).permute(0, 3, 1, 2)).double()  # noqa: E731
-    assert q.measured["fid_vs_baseline"] == pytest.approx(frechet_distance(to(base), to(cand)))
-    assert "PooledFeatures (FD, not FID)" in q.labels["fid_vs_baseline"]
-    with pytest.raises(InputError, match="prompts"):
-        t2i_quality(base, cand, ["a"])
-
-
-def test_asr_quality_points():
-    refs = ["the cat sat on the mat", "hello world"]
-    base = ["the cat sat on the mat", "hello word"]
-    cand = ["the bat sat on mat", "hello word"]
-    q = asr_quality(refs, base, cand)
-    m = q.measured
-    # 8 reference words; baseline 1 error, candidate 3 errors: 12.5% -> 37.5%, +25 points.
-    assert m["wer_baseline"] == pytest.approx(12.5) and m["wer_candidate"] == pytest.approx(37.5)
-    assert m["wer_delta_points"] == pytest.approx(25.0)
-    # Agreement: 2 edits over the baseline's 8 words.
-    assert m["agreement_wer_points"] == pytest.approx(25.0)
-    assert q.transcripts[0].index == 0 and q.transcripts[0].candidate_errors == 2
+def ort(fp32_p99: float, qdq_p99: float) -> OrtSpeedResult:
+    return OrtSpeedResult(
+        fp32=latency(fp32_p99, 100, "cpu-onnxruntime"), qdq=latency(qdq_p99, 80, "cpu-onnxruntime"),
+        p50_speedup=fp32_p99 / qdq_p99, mean_speedup=fp32_p99 / qdq_p99, fp32_file_bytes=400,
+        qdq_file_bytes=100, size_ratio=4.0, threads=2,
+    )  # fmt: skip
 
 
 def test_verdict_rules():
     suite = t2i_suite(psnr_min=20, ssim_min=0.9, clip_score_delta_min=-1, latency_p99_ratio_max=1.0)
     measured = {"psnr_median_db": 25.0, "ssim_mean": 0.8, "latency_p99_ratio": 2.0}
-    rows = {c.key: c for c in verdict(suite, measured, latency_backend="cpu-reference")}
-    assert rows["psnr_min"].status == "PASS" and rows["psnr_min"].comparator == ">="
-    assert rows["ssim_min"].status == "FAIL"
-    assert (
-        rows["clip_score_delta_min"].status == "FAIL"
-        and rows["clip_score_delta_min"].note == "not measured"
+
+    def rows(backend, target):
+        return {c.key: c for c in verdict(suite, measured, latency_backend=backend,
+                                          quality_backend="cpu-reference", target=target)}  # fmt: skip
+
+    cpu = rows("cpu-onnxruntime", "ascend910b-atc")
+    assert cpu["psnr_min"].status == "PASS" and cpu["psnr_min"].comparator == ">="
+    assert cpu["psnr_min"].backend == "cpu-reference" and cpu["psnr_min"].note == ""
+    assert cpu["ssim_min"].status == "FAIL"
+    assert cpu["clip_score_delta_min"].status == "FAIL"
+    assert cpu["clip_score_delta_min"].note == "not measured"
+    lat = cpu["latency_p99_ratio_max"]
+    assert (lat.status, lat.backend, lat.value) == ("NOT JUDGED", "cpu-onnxruntime", 2.0)
+    assert lat.note == (
+        "not judged on cpu-onnxruntime: the policy targets ascend910b-atc (judged on npu)"
     )
-    assert rows["latency_p99_ratio_max"].status == "INFO"  # cpu-reference: not enforced
-    on_npu = {c.key: c for c in verdict(suite, measured, latency_backend="npu")}
-    assert on_npu["latency_p99_ratio_max"].status == "FAIL"
+    npu = rows("npu", "ascend910b-atc")["latency_p99_ratio_max"]
+    assert (npu.status, npu.backend) == ("FAIL", "npu")
+    assert npu.note == "judged on npu: the policy targets ascend910b-atc"
+    # A CPU target judges ONNX Runtime; the emulated reference is never a speed figure.
+    assert rows("cpu-onnxruntime", "cpu-reference")["latency_p99_ratio_max"].status == "FAIL"
+    assert rows("cpu-reference", "cpu-reference")["latency_p99_ratio_max"].status == "NOT JUDGED"
+    assert rows("npu", "cpu-reference")["latency_p99_ratio_max"].status == "NOT JUDGED"
+    unknown = rows("npu", None)["latency_p99_ratio_max"]
+    assert unknown.status == "NOT JUDGED" and "no deployment target is known" in unknown.note
     edge = {c.key: c for c in verdict(suite, {"psnr_median_db": 20.0, "ssim_mean": 0.9,
                                                "clip_score_delta": float("nan")})}  # fmt: skip
-    assert (
-        edge["psnr_min"].status == "PASS" and edge["ssim_min"].status == "PASS"
-    )  # bounds inclusive
+    assert edge["psnr_min"].status == "PASS" and edge["ssim_min"].status == "PASS"  # inclusive
     assert edge["clip_score_delta_min"].status == "FAIL"
+
+
+def test_unmeasured_latency_fails_only_where_it_is_judged():
+    suite = asr_suite(latency_p99_ratio_max=1.0)
+    on_target = verdict(suite, {}, latency_backend="npu", target="ascend910b-eager",
+                        unmeasured_why="--latency none")[0]  # fmt: skip
+    assert on_target.status == "FAIL" and on_target.value is None
+    assert (
+        on_target.note
+        == "not measured (--latency none); judged on npu: the policy targets ascend910b-eager"
+    )
+    elsewhere = verdict(suite, {}, latency_backend="cpu-onnxruntime", target="ascend910b-eager")[0]
+    assert elsewhere.status == "NOT JUDGED" and elsewhere.note.startswith(
+        "not measured; not judged"
+    )
 
 
 def test_latency_measured_ratios():
@@ -140,16 +103,69 @@ def test_latency_measured_ratios():
     assert latency_measured(latency(10.0, None), latency(5.0, 50))["memory_ratio"] is None
 
 
-def test_build_report_pass_and_fail():
+def test_demo_on_cpu_passes_on_quality_with_latency_reported_not_judged():
+    # The shapes demo on a CPU: the int8 QDQ graph is 30% slower than fp32 on ONNX Runtime, the
+    # eager reference 3x slower; the policy targets an Ascend device.
+    suite = t2i_suite(psnr_min=20.0, latency_p99_ratio_max=1.0, memory_ratio_max=1.0)
+    q = QualityResult(measured={"psnr_median_db": 30.0})
+    r = build_report(suite, q, baseline_latency=latency(10.0, 100, "cpu"),
+                     candidate_latency=latency(30.0, 50), onnxruntime=ort(10.0, 13.0),
+                     policy={"target": "ascend910b-atc"}, created="")  # fmt: skip
+    assert r.verdict == "PASS" and r.target == "ascend910b-atc"
+    rows = {c.key: c for c in r.criteria}
+    lat = rows["latency_p99_ratio_max"]
+    # The criterion reads the ONNX Runtime pair (13 / 10), not the emulated eager one (30 / 10).
+    assert lat.value == pytest.approx(1.3) and lat.backend == "cpu-onnxruntime"
+    assert lat.status == "NOT JUDGED" and "policy targets ascend910b-atc" in lat.note
+    assert rows["memory_ratio_max"].value == pytest.approx(0.8)
+    assert rows["psnr_min"].status == "PASS" and rows["psnr_min"].backend == "cpu-reference"
+    assert r.measured["latency_p99_ratio_onnxruntime"] == pytest.approx(1.3)
+    assert r.measured["latency_p99_ratio_eager"] == pytest.approx(3.0)
+    assert r.backends == {"quality": "cpu-reference", "onnxruntime": "cpu-onnxruntime",
+                          "latency": "cpu-onnxruntime"}  # fmt: skip
+    assert r.latency_judged_on == ["npu"]
+    # The same figures for a CPU deployment are judged, and the slow QDQ graph fails.
+    cpu = build_report(suite, q, onnxruntime=ort(10.0, 13.0), target="cpu-reference", created="")
+    assert cpu.verdict == "FAIL" and cpu.exit_code == 3
+    assert {c.key: c.status for c in cpu.criteria}["latency_p99_ratio_max"] == "FAIL"
+    assert cpu.latency_judged_on == ["cpu", "cpu-onnxruntime"]
+
+
+def test_on_the_target_device_the_eager_npu_figure_is_judged():
     suite = asr_suite(wer_delta_max_points=1.0, latency_p99_ratio_max=1.0)
-    q = QualityResult(measured={"wer_delta_points": 0.5}, notes=["n"])
-    ok = build_report(suite, q, baseline_latency=latency(10.0, 100),
-                      candidate_latency=latency(12.0, 90), created="")  # fmt: skip
-    assert ok.verdict == "PASS" and ok.exit_code == 0  # latency ratio 1.2 is INFO on cpu
-    assert ok.backends == {"quality": "cpu-reference", "latency": "cpu-reference"}
-    assert ok.measured["latency_p99_ratio"] == pytest.approx(1.2)
-    assert [x.label for x in ok.latency] == ["baseline", "candidate"]
-    bad = build_report(suite, q, baseline_latency=latency(10.0, 100, "npu"),
-                       candidate_latency=latency(12.0, 90, "npu"), created="")  # fmt: skip
-    assert bad.verdict == "FAIL" and bad.exit_code == 3
-    assert build_report(suite, QualityResult(), created="").verdict == "FAIL"  # WER not measured
+    q = QualityResult(measured={"wer_delta_points": 0.5})
+    r = build_report(suite, q, baseline_latency=latency(10.0, 100, "npu"),
+                     candidate_latency=latency(8.0, 90, "npu"), onnxruntime=ort(10.0, 13.0),
+                     quality_backend="npu", target="ascend910b-eager", created="")  # fmt: skip
+    lat = {c.key: c for c in r.criteria}["latency_p99_ratio_max"]
+    assert (lat.status, lat.backend, lat.value) == ("PASS", "npu", pytest.approx(0.8))
+    assert r.verdict == "PASS" and r.backends["latency"] == "npu"
+    slow = build_report(suite, q, baseline_latency=latency(10.0, 100, "npu"),
+                        candidate_latency=latency(12.0, 90, "npu"), target="ascend910b-eager",
+                        created="")  # fmt: skip
+    assert slow.verdict == "FAIL"
+
+
+def test_latency_none_and_nothing_judged():
+    suite = t2i_suite(psnr_min=20.0, latency_p99_ratio_max=1.0)
+    plan = plan_latency(suite, "none", target="ascend910b-atc", baseline_backend="cpu",
+                        candidate_backend="cpu-reference", onnx_possible=True)  # fmt: skip
+    q = QualityResult(measured={"psnr_median_db": 30.0})
+    r = build_report(suite, q, target="ascend910b-atc", latency_plan=plan, created="")
+    lat = {c.key: c for c in r.criteria}["latency_p99_ratio_max"]
+    assert lat.status == "NOT JUDGED" and lat.backend == "cpu-reference" and lat.value is None
+    assert lat.note.startswith("not measured (--latency none); not judged on cpu-reference")
+    assert (
+        r.verdict == "PASS" and r.latency_mode == "none" and r.latency_skipped == list(plan.skipped)
+    )
+    only_latency = t2i_suite(latency_p99_ratio_max=1.0)
+    nothing = build_report(only_latency, q, onnxruntime=ort(10.0, 5.0), target="ascend910b-atc",
+                           created="")  # fmt: skip
+    assert [c.status for c in nothing.criteria] == ["NOT JUDGED"]
+    assert nothing.verdict == "FAIL" and NOTHING_JUDGED_NOTE in nothing.notes
+    assert build_report(t2i_suite(), q, created="").verdict == "PASS"  # no thresholds asked
+
+
+def test_build_report_unmeasured_quality_fails():
+    suite = asr_suite(wer_delta_max_points=1.0)
+    assert build_report(suite, QualityResult(), created="").verdict == "FAIL"

@@ -1,0 +1,190 @@
+"""Quality measurements of candidate vs baseline outputs: images (PSNR/SSIM, CLIP score, FID/FD)
+and transcripts (WER/CER, agreement WER), as a :class:`QualityResult` for
+:func:`~opsnn_quant.evaluation.runner.build_report`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import BaseModel, Field
+from torch import nn
+
+from opsnn_quant.errors import InputError
+from opsnn_quant.evaluation.clip_score import ClipScorer
+from opsnn_quant.evaluation.fid import (
+    INCEPTION_SPACE,
+    InceptionFeatures,
+    extract_features,
+    fid_result,
+    metric_name,
+)
+from opsnn_quant.evaluation.image_similarity import pair_similarities, summarize
+from opsnn_quant.evaluation.images import ImageBatch
+from opsnn_quant.evaluation.report import DiffChunkRow, ImagePairRow, QualityRow, TranscriptRow
+from opsnn_quant.evaluation.wer import agreement_wer, error_rates, utterance_rows
+
+
+class QualityResult(BaseModel):
+    """Quality measurements ready for :func:`verdict` and :func:`build_report`.
+
+    Attributes:
+        measured: Flat metric name -> value (the keys :data:`THRESHOLDS` refers to).
+        labels: Measured key -> label for criteria rows (e.g. FD rather than FID).
+        quality: Table rows.
+        image_pairs / transcripts: Worst first.
+        notes: Caveats to print (sample counts, feature spaces).
+    """
+
+    measured: dict[str, float | None] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
+    quality: list[QualityRow] = Field(default_factory=list)
+    image_pairs: list[ImagePairRow] = Field(default_factory=list)
+    transcripts: list[TranscriptRow] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+def _delta(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else b - a
+
+
+def t2i_quality(
+    baseline_images: ImageBatch,
+    candidate_images: ImageBatch,
+    prompts: Sequence[str],
+    *,
+    seeds: Sequence[int] | None = None,
+    clip: ClipScorer | None = None,
+    fid_features: nn.Module | str | None = None,
+    reference_images: ImageBatch | None = None,
+    batch_size: int = 16,
+) -> QualityResult:
+    """Quality of candidate images against baseline images (same prompts and seeds).
+
+    Args:
+        baseline_images, candidate_images: N images each, pair ``i`` from prompt ``i``.
+        prompts: The N prompts.
+        seeds: The N seeds (shown with the pairs).
+        clip: CLIP scorer; None skips CLIP score.
+        fid_features: Feature module (:class:`~.fid.InceptionFeatures`,
+            :class:`~.fid.ClipImageFeatures`), ``"inception"``, or None to skip FID/FD.
+        reference_images: Real images for FID against a reference set.
+        batch_size: Feature-extraction batch.
+
+    Raises:
+        InputError: Counts of images, prompts and seeds disagree.
+    """
+    pairs = pair_similarities(baseline_images, candidate_images)
+    if len(pairs) != len(prompts) or (seeds is not None and len(seeds) != len(prompts)):
+        raise InputError(f"{len(pairs)} image pairs, {len(prompts)} prompts, "
+                         f"{'no' if seeds is None else len(seeds)} seeds")  # fmt: skip
+    out = QualityResult()
+    m = out.measured
+    m.update(summarize(pairs))
+    out.quality += [
+        QualityRow(metric="PSNR vs baseline (median)", candidate=m["psnr_median_db"], unit="dB"),
+        QualityRow(metric="PSNR vs baseline (worst)", candidate=m["psnr_min_db"], unit="dB"),
+        QualityRow(metric="SSIM vs baseline (mean)", candidate=m["ssim_mean"]),
+        QualityRow(metric="SSIM vs baseline (worst)", candidate=m["ssim_min"]),
+    ]
+    clip_b: list[float | None] = [None] * len(pairs)
+    clip_c: list[float | None] = [None] * len(pairs)
+    if clip is not None:
+        rb, rc = clip.score(baseline_images, prompts), clip.score(candidate_images, prompts)
+        clip_b, clip_c = list(rb.per_image), list(rc.per_image)
+        m.update(clip_score_baseline=rb.mean, clip_score_candidate=rc.mean,
+                 clip_score_delta=rc.mean - rb.mean)  # fmt: skip
+        out.quality.append(QualityRow(metric=f"CLIP score [{clip.label}]", baseline=rb.mean,
+                                      candidate=rc.mean, delta=rc.mean - rb.mean))  # fmt: skip
+    if fid_features is not None:
+        _fid(out, baseline_images, candidate_images, reference_images, fid_features, batch_size)
+    order = sorted(range(len(pairs)), key=lambda i: (pairs[i].psnr_db, pairs[i].ssim, i))
+    out.image_pairs = [
+        ImagePairRow(index=i, prompt=str(prompts[i]), seed=None if seeds is None else int(seeds[i]),
+                     psnr_db=pairs[i].psnr_db, ssim=pairs[i].ssim, mae=pairs[i].mae,
+                     max_abs=pairs[i].max_abs, clip_baseline=clip_b[i], clip_candidate=clip_c[i])
+        for i in order
+    ]  # fmt: skip
+    return out
+
+
+def _fid(
+    out: QualityResult,
+    baseline: ImageBatch,
+    candidate: ImageBatch,
+    reference: ImageBatch | None,
+    features: nn.Module | str,
+    batch_size: int,
+) -> None:
+    if isinstance(features, str):
+        if features != "inception":
+            raise InputError(f"fid_features {features!r}: pass a feature module or 'inception'")
+        features = InceptionFeatures()
+    space = str(getattr(features, "feature_space", f"{type(features).__name__} (FD, not FID)"))
+    name = metric_name(space)
+    fb = extract_features(baseline, features, batch_size)
+    fc = extract_features(candidate, features, batch_size)
+    vs_base = fid_result(fb, fc, space, "candidate vs baseline")
+    m = out.measured
+    m["fid_vs_baseline"] = vs_base.value
+    out.labels["fid_vs_baseline"] = f"{name} candidate vs baseline [{space}]"
+    out.quality.append(QualityRow(metric=f"{name} candidate vs baseline [{space}]",
+                                  candidate=vs_base.value, note=f"n={vs_base.n_a}"))  # fmt: skip
+    out.notes.append(vs_base.note)
+    if reference is not None:
+        fr = extract_features(reference, features, batch_size)
+        rb = fid_result(fr, fb, space, "baseline vs reference")
+        rc = fid_result(fr, fc, space, "candidate vs reference")
+        m.update(fid_baseline_vs_reference=rb.value, fid_candidate_vs_reference=rc.value,
+                 fid_delta=rc.value - rb.value)  # fmt: skip
+        out.labels["fid_delta"] = f"{name} vs reference, candidate - baseline [{space}]"
+        out.quality.append(QualityRow(metric=f"{name} vs reference [{space}]", baseline=rb.value,
+                                      candidate=rc.value, delta=rc.value - rb.value,
+                                      note=f"n={rb.n_b} vs {rb.n_a} reference"))  # fmt: skip
+    if space != INCEPTION_SPACE:
+        out.notes.append(f"{space}: a Fréchet distance in a non-Inception feature space; "
+                         "not comparable with published FID values")  # fmt: skip
+
+
+def asr_quality(
+    references: Sequence[str],
+    baseline_texts: Sequence[str],
+    candidate_texts: Sequence[str],
+    *,
+    normalize: bool = True,
+    max_rows: int | None = 50,
+) -> QualityResult:
+    """WER/CER of both models against references, agreement WER, worst-first transcript rows.
+
+    Rates are reported in points (percent) in ``measured``: ``wer_delta_points`` = 100 x
+    (WER candidate - WER baseline).
+    """
+    eb = error_rates(references, baseline_texts, normalize)
+    ec = error_rates(references, candidate_texts, normalize)
+    agree = agreement_wer(baseline_texts, candidate_texts, normalize)
+    out = QualityResult()
+    out.measured.update(
+        wer_baseline=100 * eb.wer, wer_candidate=100 * ec.wer,
+        wer_delta_points=100 * (ec.wer - eb.wer),
+        cer_baseline=100 * eb.cer, cer_candidate=100 * ec.cer,
+        cer_delta_points=100 * (ec.cer - eb.cer),
+        agreement_wer_points=100 * agree,
+    )  # fmt: skip
+    out.quality += [
+        QualityRow(metric="WER", baseline=100 * eb.wer, candidate=100 * ec.wer,
+                   delta=100 * (ec.wer - eb.wer), unit="%", note=f"{eb.ref_words} reference words"),
+        QualityRow(metric="CER", baseline=100 * eb.cer, candidate=100 * ec.cer,
+                   delta=100 * (ec.cer - eb.cer), unit="%", note=f"{eb.ref_chars} reference chars"),
+        QualityRow(metric="agreement WER (candidate vs baseline)", candidate=100 * agree, unit="%"),
+    ]  # fmt: skip
+    rows = utterance_rows(references, baseline_texts, candidate_texts, normalize)
+    out.transcripts = [
+        TranscriptRow(index=u.index, reference=u.reference, baseline=u.baseline,
+                      candidate=u.candidate, ref_words=u.ref_words,
+                      baseline_errors=u.baseline_errors, candidate_errors=u.candidate_errors,
+                      agreement_errors=u.agreement_errors,
+                      diff=[DiffChunkRow(op=c.op, ref=c.ref, hyp=c.hyp) for c in u.diff])
+        for u in rows[:max_rows]
+    ]  # fmt: skip
+    out.notes.append(f"WER after Whisper English normalisation; {len(rows)} utterances"
+                     if normalize else f"WER on raw text; {len(rows)} utterances")  # fmt: skip
+    return out
