@@ -26,15 +26,20 @@ def builtin_files(kind: Literal["recipes", "suites"]) -> dict[str, Path]:
 
 
 def _main(argv: list[str]) -> int:
-    """``python -m opsnn_quant.resources NAME...``: load the named built-in recipes and suites
-    (a check that an installed package ships them); prints each path."""
+    """``python -m opsnn_quant.resources NAME...``: load each named built-in recipe and the suite
+    of the same name where there is one (a check that an installed package ships them); prints
+    each path."""
     from opsnn_quant.errors import OpsnnQuantError
+    from opsnn_quant.evaluation.suite import load_suite
     from opsnn_quant.recipe import load_recipe
 
     try:
         for name in argv:
             recipe = load_recipe(name)
             print(builtin_files("recipes")[recipe.name])
+            if name in builtin_files("suites"):
+                load_suite(name)
+                print(builtin_files("suites")[name])
     except OpsnnQuantError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

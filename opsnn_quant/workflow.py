@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.determinism import set_reproducible
 from opsnn_quant.io import atomic_dir, check_output_dir
@@ -19,6 +19,9 @@ from opsnn_quant.models import ModelAdapter, load_adapter
 from opsnn_quant.models.data import load_records
 from opsnn_quant.recipe import Recipe
 from opsnn_quant.types import Modality
+
+if TYPE_CHECKING:
+    from opsnn_quant.probe.report import SensitivityReport
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
@@ -66,6 +69,7 @@ def run_calibrate(
     engine: str = "opsnn",
     suite: str | None = None,
     force: bool = False,
+    latency: str = "target",
 ) -> CalibrateResult:
     """Probe, decide, quantize, save and export, all into ``out`` (atomically).
 
@@ -78,6 +82,8 @@ def run_calibrate(
             writing ``out/amct/`` instead of ``out/quant/``).
         suite: an acceptance suite to evaluate the result with (report in ``out/report``).
         force: replace ``out`` even when it is not a calibrate output.
+        latency: what the acceptance run times (``none``, ``target``, ``all``; see
+            :func:`opsnn_quant.evaluation.evaluate.evaluate`).
 
     Raises:
         OpsnnQuantError: bad input (checked before the model loads where it can be: output
@@ -100,9 +106,11 @@ def run_calibrate(
     say = progress or (lambda m: log.info("%s", m))
     check_calibrate_output(recipe, out, force=force)
     if suite is not None:
+        from opsnn_quant.evaluation.gate import check_latency_mode
         from opsnn_quant.evaluation.suite import load_suite
 
         load_suite(suite)  # before any work: a bad suite fails now, not after the probe
+        check_latency_mode(latency)
     if engine == "amct":
         from opsnn_quant.policy.amct import _import_amct
 
@@ -191,7 +199,7 @@ def run_calibrate(
         rows = summarize(policy, report)
         verdict = None
         if suite is not None and not return_early:
-            verdict = _evaluate_into(tmp / "report", recipe, adapter, suite, report, say)
+            verdict = _evaluate_into(tmp / "report", recipe, adapter, suite, report, say, latency)
     times["total"] = time.perf_counter() - t_all
     macs_total = sum(
         r.int8_mac_share * _modality_macs(report, r.modality)
@@ -204,17 +212,35 @@ def run_calibrate(
 
 
 def _evaluate_into(
-    path: Path, recipe: Recipe, candidate: ModelAdapter, suite: str, report: Any, say: Progress
+    path: Path,
+    recipe: Recipe,
+    candidate: ModelAdapter,
+    suite: str,
+    report: SensitivityReport,
+    say: Progress,
+    latency: str,
 ) -> str:
-    """Acceptance of the freshly quantized model against a fresh float copy; returns the verdict."""
-    from opsnn_quant.evaluation.evaluate import evaluate, images_for_report
+    """Acceptance of the freshly quantized model against a fresh float copy; returns the verdict.
+
+    The policy is already in ``path.parent`` (the output being built): its target decides where
+    latency is judged.
+    """
+    from opsnn_quant.evaluation.evaluate import evaluate, images_for_report, policy_summary
     from opsnn_quant.evaluation.render import write_report
     from opsnn_quant.evaluation.suite import load_suite
 
     s = load_suite(suite)
     say("loading the float baseline for the acceptance run")
     baseline = load_recipe_model(recipe)
-    acc, base_out, cand_out = evaluate(baseline, candidate, s, sensitivity=report, progress=say)
+    acc, base_out, cand_out = evaluate(
+        baseline,
+        candidate,
+        s,
+        policy=policy_summary(path.parent),
+        sensitivity=report,
+        progress=say,
+        latency=latency,
+    )
     write_report(
         acc,
         path,

@@ -99,6 +99,10 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option(help="override the recipe: search | all-w8a8-minmax | all-fp16"),
         ] = None,
+        latency: Annotated[
+            str,
+            typer.Option(help="with --evaluate, what to time: target | all | none (see evaluate)"),
+        ] = "target",
     ) -> None:
         """Probe, decide the policy, quantize, save and export: OUT/probe.json, policy.yaml,
         quant/, export/ (and report/ with --evaluate)."""
@@ -120,8 +124,9 @@ def register(app: typer.Typer) -> None:
         check_calibrate_output(r, out, force=force, inputs=[str(resolve_recipe(recipe))])
         with _ui.reporter(quiet) as rep:
             result = run_calibrate(
-                r, out, seed=seed, progress=rep.phase, engine=engine, suite=evaluate, force=force
-            )
+                r, out, seed=seed, progress=rep.phase, engine=engine, suite=evaluate,
+                force=force, latency=latency,
+            )  # fmt: skip
         if not quiet:
             _ui.print_table(_summary_table(r.name, r.target, result))
             share = "-" if result.int8_mac_share is None else f"{result.int8_mac_share:.0%}"

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import torch
 import typer
 
-from opsnn_quant.cli._ui import console, phases
+from opsnn_quant.cli import _ui
 
 
 def register(app: typer.Typer) -> None:
@@ -21,6 +20,9 @@ def register(app: typer.Typer) -> None:
         ],
         suite: Annotated[str, typer.Option(help="suite YAML path or built-in name")],
         out: Annotated[Path, typer.Option("-o", "--out", help="report directory")],
+        force: Annotated[
+            bool, typer.Option("--force", help="replace OUT even if it is not a report")
+        ] = False,
         baseline: Annotated[
             str | None, typer.Option(help="float model (default: the candidate's source)")
         ] = None,
@@ -44,6 +46,8 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Run baseline and candidate on the suite; write report.{json,md,html}. Exit 0 PASS, 3 FAIL."""
+        import torch
+
         from opsnn_quant.errors import ConfigError
         from opsnn_quant.evaluation.evaluate import (
             cast_adapter,
@@ -53,9 +57,10 @@ def register(app: typer.Typer) -> None:
             policy_summary,
         )
         from opsnn_quant.evaluation.gate import check_latency_mode
-        from opsnn_quant.evaluation.render import write_report
+        from opsnn_quant.evaluation.render import OUTPUT_KIND, write_report
         from opsnn_quant.evaluation.report import fmt
         from opsnn_quant.evaluation.suite import load_suite
+        from opsnn_quant.io import check_output_dir
         from opsnn_quant.models import guess_family, load_adapter
         from opsnn_quant.policy.targets import get_target
         from opsnn_quant.quant.checkpoint import read_description
@@ -73,7 +78,9 @@ def register(app: typer.Typer) -> None:
             source = baseline or read_description(candidate / "quant").get("source_model")
         else:
             source = baseline or str(candidate)
-        with phases(quiet) as say:
+        inputs = [str(candidate)] + ([str(source)] if not str(source).startswith("zoo:") else [])
+        check_output_dir(out, OUTPUT_KIND, force=force, inputs=inputs)
+        with _ui.phases(quiet) as say:
             say("loading models")
             cand, sensitivity = load_candidate(candidate)
             if candidate_dtype == "float16":
@@ -94,14 +101,15 @@ def register(app: typer.Typer) -> None:
                 out,
                 baseline_images=images_for_report(base_out),
                 candidate_images=images_for_report(cand_out),
+                force=force,
             )
         if not quiet:
             for c in report.criteria:
-                console.print(
+                _ui.console.print(
                     f"{c.status:10} {c.label} [{c.backend}]: {fmt(c.value)} "
                     f"(threshold {c.comparator} {fmt(c.threshold)})"
                     + (f"; {c.note}" if c.note else ""),
                     markup=False,
                 )
-            console.print(f"[b]{report.verdict}[/b]: wrote {out}/report.html")
+            _ui.console.print(f"[b]{report.verdict}[/b]: wrote {out}/report.html")
         raise typer.Exit(report.exit_code)

@@ -25,6 +25,8 @@ from opsnn_quant.evaluation.report import (
 )
 from opsnn_quant.io import atomic_dir
 
+OUTPUT_KIND = "report"
+
 _MB = 1024 * 1024
 
 
@@ -326,8 +328,12 @@ def write_report(
     baseline_images: ImageBatch | None = None,
     candidate_images: ImageBatch | None = None,
     max_pairs: int = 16,
+    force: bool = False,
 ) -> Path:
     """Write ``report.json``, ``report.md``, ``report.html`` and ``plots/`` into ``out_dir``.
+
+    ``out_dir`` is replaced as a whole when it is empty or an earlier report (else refused
+    unless ``force``).
 
     Args:
         report: The report. Its ``image_pairs`` are kept in order (worst first); the first
@@ -356,7 +362,7 @@ def write_report(
         if p.index in pair_pngs else p for p in report.image_pairs
     ]  # fmt: skip
     report = report.model_copy(update={"image_pairs": pairs})
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, OUTPUT_KIND, force=force) as tmp:
         plots = tmp / "plots"
         plots.mkdir()
         for name, png in figures.items():

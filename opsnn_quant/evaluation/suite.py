@@ -35,9 +35,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.io import read_text
+from opsnn_quant.resources import builtin_dir
 
 SCHEMA_VERSION = 1
-SUITES_DIR = Path(__file__).resolve().parents[2] / "evaluate"
+SUITES_DIR = builtin_dir("suites")  # shipped in the package; the repository's evaluate/ points here
 
 T2I_THRESHOLDS = frozenset(
     {"fid_vs_baseline_max", "fid_delta_max", "clip_score_delta_min", "psnr_min", "ssim_min"}
@@ -246,7 +248,7 @@ def load_suite(path_or_name: str | Path) -> Suite:
         known = ", ".join(builtin_suites()) or "none"
         raise ConfigError(f"suite {path_or_name} not found (built-in suites: {known})")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(read_text(path))
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from err
     suite = parse_suite(data, str(path))
@@ -262,7 +264,7 @@ def load_suite(path_or_name: str | Path) -> Suite:
 
 
 def builtin_suites() -> list[str]:
-    """Names of the suites shipped in ``evaluate/`` (templates excluded)."""
+    """Names of the built-in suites (``opsnn_quant/suites``, templates excluded)."""
     if not SUITES_DIR.is_dir():
         return []
     return sorted(p.stem for p in SUITES_DIR.glob("*.yaml") if not p.stem.endswith("-template"))

@@ -12,6 +12,7 @@ import pytest
 
 from opsnn_quant.evaluation.render import render_html, render_markdown, write_report
 from opsnn_quant.evaluation.report import AcceptanceReport
+from opsnn_quant.io import MARKER
 from tests.evaluation.sample_report import asr_report, t2i_report
 
 CHROMIUM_FLAGS = [
@@ -25,6 +26,7 @@ def t2i_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     report, base, cand = t2i_report()
     out = tmp_path_factory.mktemp("r") / "report"
     out.mkdir()
+    (out / MARKER).write_text('{"tool": "opsnn-quant", "kind": "report"}')  # an earlier report
     (out / "stale.txt").write_text("previous run")  # replaced atomically, not merged
     return write_report(report, out, baseline_images=base, candidate_images=cand, max_pairs=3)
 
@@ -32,7 +34,7 @@ def t2i_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_files_written(t2i_dir: Path):
     names = sorted(p.relative_to(t2i_dir).as_posix() for p in t2i_dir.rglob("*") if p.is_file())
     assert names == [
-        "plots/latency.png", "plots/pair-0000.png", "plots/pair-0001.png", "plots/pair-0003.png",
+        MARKER, "plots/latency.png", "plots/pair-0000.png", "plots/pair-0001.png", "plots/pair-0003.png",
         "plots/sensitivity.png", "report.html", "report.json", "report.md",
     ]  # fmt: skip
     for png in (t2i_dir / "plots").glob("*.png"):
