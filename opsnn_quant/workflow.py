@@ -112,9 +112,9 @@ def run_calibrate(
         load_suite(suite)  # before any work: a bad suite fails now, not after the probe
         check_latency_mode(latency)
     if engine == "amct":
-        from opsnn_quant.policy.amct import _import_amct
+        from opsnn_quant.amct.run import import_amct
 
-        _import_amct()  # before any work: AMCT ships with CANN and may simply not be here
+        import_amct()  # before any work: AMCT ships with CANN and may simply not be here
     seed = recipe.seed if seed is None else seed
     set_reproducible(seed=seed)
     times: dict[str, float] = {}
@@ -167,7 +167,7 @@ def run_calibrate(
         t0 = time.perf_counter()
         return_early = engine == "amct"
         if return_early:
-            from opsnn_quant.amct_handoff import run_amct_roots
+            from opsnn_quant.amct.handoff import run_amct_roots
 
             say("handing the policy to AMCT")
             run_amct_roots(adapter, policy, adapter.forward_loop(calib), tmp / "amct")

@@ -52,3 +52,40 @@ def test_planted_fp16_overflows_of_every_kind_are_pinned_in_policy_and_keep_dtyp
     probe = json.loads((out / "probe.json").read_text())
     fc2 = next(m for m in probe["modules"] if m["name"] == PLANTED["linear"])
     assert all(e["infeasible"] for e in fc2["w8a8"].values())
+
+
+@pytest.mark.slow
+def test_calibrate_evaluate_prints_the_verdict_and_exits_3_on_fail(tmp_path, capsys):
+    # A suite no quantized model can meet (median PSNR >= 200 dB against the fp32 images): the
+    # acceptance run says FAIL, so calibrate --evaluate exits 3 (as evaluate does) after writing
+    # the whole output, report included.
+    from tests.tiny_pipelines import save_tiny_sd
+
+    save_tiny_sd(tmp_path / "pipe")
+    (tmp_path / "prompts.txt").write_text("a red circle\na blue square\n")
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "prompts.txt").write_text("a red circle\na blue square\n")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        f"name: tiny\n"
+        f"model: {{family: diffusers-sd, source: {tmp_path / 'pipe'}, settings: {{steps: 2, batch_size: 2}}}}\n"
+        f"data: {{calibration: {tmp_path / 'prompts.txt'}}}\n"
+        f"probe: {{max_root_calls: 2}}\n"
+        f"target: ascend910b-atc\n"
+    )
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(
+        "schema_version: 1\nname: tiny\ntask: t2i\n"
+        "data: {folder: eval, samples: 2}\n"
+        "generation: {steps: 2, guidance_scale: 5.0, batch_size: 2}\n"
+        "metrics: {fid_features: null, thresholds: {psnr_min: 200.0}}\n"
+        "latency: {warmup: 0, runs: 1}\n"
+    )
+    out = tmp_path / "out"
+    rc = main(["calibrate", str(recipe), "-o", str(out), "--evaluate", str(suite), "--quiet"])
+    assert rc == 3
+    assert (
+        "acceptance" in capsys.readouterr().out
+        and "FAIL" in (out / "report" / "report.md").read_text()
+    )
+    assert (out / "policy.yaml").is_file() and (out / "quant" / "model.safetensors").is_file()

@@ -70,6 +70,9 @@ def _quiet_third_parties() -> None:
         ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
         ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"),
         ("KINETO_LOG_LEVEL", "5"),  # torch.profiler's C++ start/stop lines
+        # torch sets its own loggers' levels when it loads; "-onnx" makes the exporter's
+        # (e.g. "torchvision is not installed. Skipping torchvision::nms") errors-only.
+        ("TORCH_LOGS", "-onnx"),
     ):
         os.environ.setdefault(var, value)
     warnings.showwarning = _warning_to_debug_log

@@ -24,7 +24,6 @@ _EXPORTS: dict[str, str] = {
     "summarize": "opsnn_quant.policy.summary",
     "export_policy": "opsnn_quant.policy.export",
     "FORMATS": "opsnn_quant.policy.export",
-    "run_amct": "opsnn_quant.policy.amct",
 }
 
 

@@ -8,12 +8,12 @@ import sys
 import torch
 from torch import nn
 
-from opsnn_quant.amct_handoff import run_amct_roots, scope_policy
+from opsnn_quant.amct.handoff import run_amct_roots, scope_policy
 from opsnn_quant.models.generic import GenericAdapter
 from opsnn_quant.policy.schema import PrecisionPolicy, Rule
 from opsnn_quant.types import Precision
 from tests.models import TinyMLP
-from tests.policy.test_amct import _standin
+from tests.amct.test_run import _standin
 
 
 class TwoPart(nn.Module):

@@ -4,7 +4,7 @@ AMCT quantizes one ``nn.Module`` traced from example inputs, so each modality ro
 (e.g. ``unet``, ``text_encoder``, ``model.encoder``) that the policy makes int8 is handed over on
 its own: the policy is re-scoped to the root's own module names, the root's recorded calibration
 calls are the example input and the calibration forward loop, and AMCT writes its deploy model
-into ``OUT/amct/<root>/``. See :func:`opsnn_quant.policy.amct.run_amct` for the AMCT calls.
+into ``OUT/amct/<root>/``. See :func:`opsnn_quant.amct.run.run_amct` for the AMCT calls.
 """
 
 from __future__ import annotations
@@ -50,10 +50,10 @@ def run_amct_roots(
     adapter: ModelAdapter, policy: PrecisionPolicy, loop: ForwardLoop, out: Path, batch_num: int = 4
 ) -> dict[str, Any]:
     """Run AMCT on every root the policy quantizes; returns ``{root: AmctRun}``."""
-    from opsnn_quant.policy.amct import _import_amct, run_amct
+    from opsnn_quant.amct.run import import_amct, run_amct
     from opsnn_quant.recording import detached_copy, record_roots
 
-    _import_amct()  # fail fast, before any calibration work, when AMCT is not installed
+    import_amct()  # fail fast, before any calibration work, when AMCT is not installed
     named = dict(adapter.model.named_modules())
     names = list(named)
     types = {n: type(m).__name__ for n, m in named.items()}

@@ -66,7 +66,12 @@ class AmctRun:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
-def _import_amct() -> Any:
+def import_amct() -> Any:
+    """CANN's ``amct_pytorch`` (call before any work: AMCT ships with CANN and may be absent).
+
+    Raises:
+        MissingDependencyError: AMCT is not installed.
+    """
     try:
         return importlib.import_module("amct_pytorch")
     except ImportError as exc:
@@ -107,7 +112,7 @@ def run_amct(
         ConfigError: the policy does not fit the model or its target.
         CalibrationError: the forward loop ran fewer than ``batch_num`` passes.
     """
-    amct = _import_amct()
+    amct = import_amct()
     policy.validate(model)  # rules match, target can run it: fail before AMCT traces anything
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
