@@ -12,8 +12,8 @@ from opsnn_quant.amct.handoff import run_amct_roots, scope_policy
 from opsnn_quant.models.generic import GenericAdapter
 from opsnn_quant.policy.schema import PrecisionPolicy, Rule
 from opsnn_quant.types import Precision
-from tests.models import TinyMLP
 from tests.amct.test_run import _standin
+from tests.models import TinyMLP
 
 
 class TwoPart(nn.Module):
