@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 
 def set_offline_env() -> None:
@@ -40,3 +41,12 @@ def quiet_progress_bars() -> None:
         import diffusers
 
         diffusers.utils.logging.disable_progress_bar()
+
+
+def transformers_dtype(dtype: object) -> dict[str, Any]:
+    """The ``from_pretrained`` keyword for a dtype: ``dtype`` in transformers 5, ``torch_dtype``
+    before (given explicitly: transformers 5 otherwise keeps a checkpoint's stored dtype)."""
+    import transformers
+
+    major = int(transformers.__version__.split(".")[0])
+    return {"dtype" if major >= 5 else "torch_dtype": dtype}

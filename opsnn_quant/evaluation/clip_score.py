@@ -72,13 +72,18 @@ def load_local_clip(path: str | Path) -> tuple[nn.Module, Any]:
     Raises:
         ModelLoadError: The directory does not hold a loadable CLIP model and processor.
     """
+    import torch
     from transformers import CLIPModel, CLIPProcessor
+
+    from opsnn_quant.hub import transformers_dtype
 
     directory = Path(path)
     if not (directory / "config.json").is_file():
         raise ModelLoadError(f"{directory} is not a Hugging Face CLIP directory (no config.json)")
     try:
-        model = CLIPModel.from_pretrained(str(directory), local_files_only=True)
+        model = CLIPModel.from_pretrained(
+            str(directory), local_files_only=True, **transformers_dtype(torch.float32)
+        )
         processor = CLIPProcessor.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"cannot load a CLIP model from {directory}: {err}") from err

@@ -10,7 +10,6 @@ speed figure; latency is judged only on the policy target's own backend (:mod:`.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import BaseModel
 
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.gate import check_latency_mode, plan_latency
@@ -48,11 +48,12 @@ def _records(suite: Suite) -> list[dict[str, Any]]:
 def _apply_generation(adapter: ModelAdapter, suite: Suite) -> None:
     g = suite.generation
     settings = getattr(adapter, "settings", None)
-    if settings is None or not dataclasses.is_dataclass(settings):
+    if not isinstance(settings, BaseModel):
         return
-    fields = {f.name for f in dataclasses.fields(settings)}
+    fields = set(type(settings).model_fields)
     wanted = {k: v for k, v in g.model_dump().items() if k in fields and v is not None}
-    adapter.settings = dataclasses.replace(settings, **wanted)  # type: ignore[attr-defined,type-var]
+    # Validated as a recipe's settings are: a suite cannot give a family a value it refuses.
+    adapter.settings = type(settings).model_validate({**settings.model_dump(), **wanted})  # type: ignore[attr-defined]
 
 
 def _clip(name: str | None) -> tuple[Any, Any, str] | None:
@@ -63,13 +64,13 @@ def _clip(name: str | None) -> tuple[Any, Any, str] | None:
 
         model, processor = load_local_clip(name)
         return model, processor, Path(name).name
-    from opsnn_quant import zoo
+    from opsnn_quant.evaluation.clip_score import load_local_clip
+    from opsnn_quant.sources import model_path
 
-    if name not in zoo.list():
-        raise ConfigError(f"CLIP {name!r} is neither a local directory nor a zoo model")
-    from opsnn_quant.zoo.shapes_clip import load_shapes_clip_processor
-
-    return zoo.load(name), load_shapes_clip_processor(), name
+    # A bare name is a zoo model (shapes-clip); any <scheme>:<name> source works too.
+    source = name if ":" in name else f"zoo:{name}"
+    model, processor = load_local_clip(str(model_path(source)))
+    return model, processor, name
 
 
 def evaluate(

@@ -23,6 +23,7 @@ import numpy as np
 
 from opsnn_quant.errors import CalibrationError, ConfigError
 from opsnn_quant.io import read_text
+from opsnn_quant.sources import named_records
 
 PROMPT_KEYS = ("prompt", "caption", "text")
 
@@ -34,14 +35,9 @@ def load_records(source: str, limit: int | None = None) -> list[dict[str, Any]]:
         ConfigError: the source does not exist or is not a known kind.
         CalibrationError: the source is empty.
     """
-    if source.startswith("zoo:"):
-        from opsnn_quant import zoo
-
-        name, _, split = source[4:].partition("/")
-        if not split:
-            raise ConfigError(f"zoo data source {source!r} needs a split: zoo:<name>/<split>")
-        ds = zoo.dataset(name, split, limit=limit)
-        records = [dict(r) for r in ds]
+    named = named_records(source, limit)
+    if named is not None:
+        records = named
     else:
         path = Path(source)
         if not path.exists():

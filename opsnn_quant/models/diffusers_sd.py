@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +22,7 @@ from opsnn_quant.hub import quiet_progress_bars, set_offline_env
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.data import batched, prompts_from
 from opsnn_quant.models.settings import SDSettings
+from opsnn_quant.sources import model_path
 from opsnn_quant.types import ForwardLoop, Modality
 
 log = logging.getLogger(__name__)
@@ -59,11 +59,7 @@ def load_pipeline(source: str, torch_dtype: torch.dtype = torch.float32) -> Any:
             "diffusers is not installed: pip install 'opsnn-quant[models]'"
         ) from exc
     diffusers.utils.logging.disable_progress_bar()
-    if source.startswith("zoo:"):
-        from opsnn_quant import zoo
-
-        return zoo.load(source[4:])
-    path = Path(source)
+    path = model_path(source)
     if not (path / "model_index.json").is_file():
         raise ModelLoadError(
             f"{source} is not a diffusers pipeline directory (no model_index.json)"

@@ -7,7 +7,6 @@ The forward loop extracts log-mel features and runs ``generate`` over calibratio
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,10 +14,11 @@ from torch import nn
 
 from opsnn_quant import progress
 from opsnn_quant.errors import MissingDependencyError, ModelLoadError
-from opsnn_quant.hub import quiet_progress_bars, set_offline_env
+from opsnn_quant.hub import quiet_progress_bars, set_offline_env, transformers_dtype
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.data import audio_from, batched
 from opsnn_quant.models.settings import WhisperSettings
+from opsnn_quant.sources import model_path
 from opsnn_quant.types import ForwardLoop, Modality
 
 
@@ -30,19 +30,16 @@ def load_whisper(source: str) -> tuple[nn.Module, Any]:
         raise MissingDependencyError(
             "transformers is not installed: pip install 'opsnn-quant[models]'"
         ) from exc
-    if source.startswith("zoo:"):
-        from opsnn_quant import zoo
-        from opsnn_quant.zoo.whisper import load_whisper_processor
-
-        return zoo.load(source[4:]), load_whisper_processor()
-    path = Path(source)
+    path = model_path(source)
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{source} is not a transformers model directory (no config.json)")
     set_offline_env()
     quiet_progress_bars()
     try:
+        # fp32 explicitly: transformers 5 would keep a checkpoint's stored dtype (the zoo's
+        # converted weights are fp16).
         model = transformers.WhisperForConditionalGeneration.from_pretrained(
-            str(path), local_files_only=True
+            str(path), local_files_only=True, **transformers_dtype(torch.float32)
         )
         processor = transformers.WhisperProcessor.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, TypeError) as exc:

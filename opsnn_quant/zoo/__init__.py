@@ -16,6 +16,7 @@ from __future__ import annotations
 import builtins
 import importlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from opsnn_quant.errors import ModelLoadError
@@ -26,6 +27,14 @@ _MODELS: dict[str, str] = {
     "shapes-t2i": "opsnn_quant.zoo.shapes_pipeline:load_shapes_t2i",
     "shapes-clip": "opsnn_quant.zoo.shapes_clip:load_shapes_clip",
     "whisper-tiny.en": "opsnn_quant.zoo.whisper:load_whisper_tiny_en",
+}
+
+# name -> "module:function"; the function takes no argument and returns the model's directory
+# (a diffusers pipeline or a transformers model directory; what the adapters load).
+_DIRS: dict[str, str] = {
+    "shapes-t2i": "opsnn_quant.zoo.shapes_pipeline:weights_dir",
+    "shapes-clip": "opsnn_quant.zoo.shapes_clip:weights_dir",
+    "whisper-tiny.en": "opsnn_quant.zoo.whisper:ensure_converted",
 }
 
 # name -> "module:function"; the function takes ``split`` and returns a datasets.Dataset.
@@ -70,6 +79,16 @@ def load(name: str, **kwargs: Any) -> Any:
     set_offline_env()
     quiet_progress_bars()
     return _resolve(_MODELS, name, "model")(**kwargs)
+
+
+def model_dir(name: str) -> Path:
+    """The directory of zoo model ``name`` in its library's standard layout (converted first
+    where the zoo keeps it in another form).
+
+    Raises:
+        ModelLoadError: The name is unknown or the model cannot be prepared.
+    """
+    return Path(_resolve(_DIRS, name, "model")())
 
 
 def dataset(name: str, split: str, **kwargs: Any) -> Any:

@@ -195,3 +195,12 @@ def _as_tensor(features: Any) -> torch.Tensor:
         return features
     pooled: torch.Tensor = features.pooler_output
     return pooled
+
+
+def weights_dir() -> Path:
+    """The committed model directory (model and processor files).
+
+    Raises:
+        ModelLoadError: It holds no model.
+    """
+    return _directory(None)

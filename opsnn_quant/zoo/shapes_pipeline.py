@@ -175,3 +175,16 @@ def generate(
             ).images
         out.append(np.clip(np.rint(images * 255.0), 0, 255).astype(np.uint8))
     return np.concatenate(out, axis=0)
+
+
+def weights_dir() -> Path:
+    """The committed pipeline directory.
+
+    Raises:
+        ModelLoadError: It holds no pipeline (the weights were not trained or not shipped).
+    """
+    if not (WEIGHTS_DIR / "model_index.json").is_file():
+        raise ModelLoadError(
+            f"no shapes-t2i pipeline at {WEIGHTS_DIR}; run python -m opsnn_quant.zoo.train_shapes all"
+        )
+    return WEIGHTS_DIR

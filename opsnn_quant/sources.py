@@ -1,0 +1,99 @@
+"""Named model and data sources (``<scheme>:<name>``, e.g. ``zoo:shapes-t2i``), by plug-in.
+
+A source string is a local path, or ``<scheme>:<name>`` resolved by the provider registered for
+``scheme`` in the ``opsnn_quant.sources`` entry-point group (``pyproject.toml``). The library
+never imports a provider by name: the demo zoo is one provider (``zoo``), a team's model store
+can be another, installed beside it. A provider turns a model name into a local directory in its
+library's standard layout (a diffusers pipeline, a transformers model), which the adapters load
+as any other directory, and a data name into records.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Protocol
+
+from opsnn_quant.errors import ConfigError, ModelLoadError
+
+GROUP = "opsnn_quant.sources"
+# A scheme is a short lowercase word; anything else with a colon (C:\...) is a path.
+_SCHEME = re.compile(r"^([a-z][a-z0-9_-]*):(.+)$")
+
+
+class SourceProvider(Protocol):
+    """What a source plug-in provides."""
+
+    def model_names(self) -> list[str]:
+        """The model names it knows."""
+        ...
+
+    def model_dir(self, name: str) -> Path:
+        """A local directory holding model ``name`` in its library's standard layout."""
+        ...
+
+    def records(self, name: str, limit: int | None) -> list[dict[str, Any]]:
+        """The records of data source ``name`` (e.g. ``shapes/calibration``), first ``limit``."""
+        ...
+
+
+@functools.cache
+def providers() -> dict[str, SourceProvider]:
+    """Scheme -> provider, from the installed entry points (loaded once)."""
+    out: dict[str, SourceProvider] = {}
+    for ep in entry_points(group=GROUP):
+        provider = ep.load()
+        out[ep.name] = provider() if isinstance(provider, type) else provider
+    return out
+
+
+def split_source(source: str) -> tuple[str, str] | None:
+    """``(scheme, name)`` of a named source, or None for a path."""
+    m = _SCHEME.match(source)
+    if m is None or Path(source).exists():
+        return None
+    return m.group(1), m.group(2)
+
+
+def provider_for(scheme: str) -> SourceProvider:
+    """The provider of ``scheme``.
+
+    Raises:
+        ConfigError: no installed provider has that scheme.
+    """
+    known = providers()
+    if scheme not in known:
+        names = (
+            ", ".join(sorted(known)) or "none (is opsnn-quant installed, e.g. pip install -e .?)"
+        )
+        raise ConfigError(f"unknown source scheme {scheme!r}; installed: {names}")
+    return known[scheme]
+
+
+def model_path(source: str) -> Path:
+    """The local directory of a model source (a path is returned as is).
+
+    Raises:
+        ConfigError: an unknown scheme.
+        ModelLoadError: the provider does not know the name.
+    """
+    named = split_source(source)
+    if named is None:
+        return Path(source)
+    scheme, name = named
+    provider = provider_for(scheme)
+    if name not in provider.model_names():
+        known = ", ".join(provider.model_names())
+        raise ModelLoadError(f"unknown {scheme} model {name!r}; known: {known}")
+    return provider.model_dir(name)
+
+
+def named_records(source: str, limit: int | None) -> list[dict[str, Any]] | None:
+    """The records of a named data source, or None when ``source`` is a path."""
+    named = split_source(source)
+    if named is None:
+        return None
+    scheme, name = named
+    return provider_for(scheme).records(name, limit)
