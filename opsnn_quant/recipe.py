@@ -21,6 +21,7 @@ from opsnn_quant.models.settings import SDSettings, WhisperSettings
 from opsnn_quant.policy.budget import Budget
 from opsnn_quant.policy.export import FORMATS
 from opsnn_quant.policy.targets import TARGETS
+from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.resources import builtin_files
 from opsnn_quant.types import Modality
 
@@ -65,21 +66,22 @@ class DataSection(_Strict):
 
 
 class ProbeSection(_Strict):
-    """Probe settings (fields of :class:`opsnn_quant.probe.api.ProbeConfig`)."""
+    """Probe settings: fields of :class:`opsnn_quant.probe.config.ProbeConfig` (a field left out
+    takes ProbeConfig's default; see :meth:`Recipe.probe_config`), plus ``data_limit``."""
 
-    min_headroom: float = Field(default=2.0, ge=1.0)
-    max_root_calls: int = Field(default=8, gt=0)
+    min_headroom: float | None = Field(default=None, ge=1.0)
+    max_root_calls: int | None = Field(default=None, gt=0)
     estimator_batch: int | dict[str, int] | None = Field(
         default=None,
         description="samples per estimator replay, for every modality or per modality name "
         "(None / a modality left out: whole calls)",
     )
-    estimator: Literal["structured", "diagonal"] = Field(
-        default="structured",
+    estimator: Literal["structured", "diagonal"] | None = Field(
+        default=None,
         description="end-to-end estimator: structured (each candidate's real noise) or diagonal "
         "(measured per-channel noise power; cheapest)",
     )
-    exhaustive: bool = False
+    exhaustive: bool | None = None
     data_limit: int | None = Field(default=None, gt=0, description="use only the first N samples")
 
     @field_validator("estimator_batch")
@@ -127,6 +129,16 @@ class Recipe(_Strict):
                 f"unknown export format(s) {unknown}; choose from {', '.join(FORMATS)}"
             )
         return v
+
+    def probe_config(self, seed: int | None = None, **overrides: Any) -> ProbeConfig:
+        """The :class:`ProbeConfig` of this recipe (``seed`` defaults to the recipe's).
+
+        Args:
+            seed: the probe's seed.
+            **overrides: ProbeConfig fields that win over the recipe (e.g. ``exhaustive=True``).
+        """
+        fields = self.probe.model_dump(exclude={"data_limit"}, exclude_none=True)
+        return ProbeConfig(**{**fields, **overrides, "seed": self.seed if seed is None else seed})
 
     def settings_dict(self) -> dict[str, Any]:
         """The model settings as keyword arguments of :func:`opsnn_quant.models.load_adapter`."""

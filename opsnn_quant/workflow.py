@@ -1,7 +1,8 @@
 """The calibrate workflow: recipe -> probe -> policy -> quantize -> save -> export (one OUT dir).
 
-``run_calibrate`` writes ``OUT/`` as DESIGN.md lays it out, atomically (a temporary sibling
-renamed into place), and returns a summary the CLI prints.
+:func:`run_calibrate` reads as its phases. Everything that can be checked before the model loads
+is (output path, suite, latency mode, AMCT, data); then ``OUT/`` is built in a temporary sibling
+and renamed into place (:func:`opsnn_quant.io.atomic_dir`), and a summary comes back for the CLI.
 """
 
 from __future__ import annotations
@@ -11,21 +12,56 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from opsnn_quant.amct.handoff import run_amct_roots
+from opsnn_quant.amct.run import import_amct
 from opsnn_quant.determinism import set_reproducible
+from opsnn_quant.evaluation.evaluate import evaluate, images_for_report, policy_summary
+from opsnn_quant.evaluation.gate import check_latency_mode
+from opsnn_quant.evaluation.render import write_report
+from opsnn_quant.evaluation.suite import Suite, load_suite
 from opsnn_quant.io import atomic_dir, check_output_dir
 from opsnn_quant.models import ModelAdapter, load_adapter
 from opsnn_quant.models.data import load_records
+from opsnn_quant.policy.baselines import naive_policy
+from opsnn_quant.policy.export import EXPORT_FILES, export_policy, modules_from_report, write_export
+from opsnn_quant.policy.schema import PrecisionPolicy
+from opsnn_quant.policy.search import build_policy
+from opsnn_quant.policy.summary import ModalitySummaryRow, summarize
+from opsnn_quant.probe.api import probe
+from opsnn_quant.probe.measure import measure_modalities
+from opsnn_quant.probe.report import SensitivityReport
+from opsnn_quant.quant.api import quantize
+from opsnn_quant.quant.checkpoint import save_quantized
 from opsnn_quant.recipe import Recipe
+from opsnn_quant.recording import RecordedRoots, record_roots
 from opsnn_quant.types import Modality
-
-if TYPE_CHECKING:
-    from opsnn_quant.probe.report import SensitivityReport
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
 OUTPUT_KIND = "calibrate"
+ENGINES = ("opsnn", "amct")
+
+
+@dataclass
+class CalibrateResult:
+    """What ``calibrate`` produced, for the summary table and the closing report."""
+
+    out: Path
+    rows: list[ModalitySummaryRow]
+    measured: dict[Modality, dict[str, float]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    int8_mac_share: float | None = None
+    notes: list[str] = field(default_factory=list)
+    verdict: str | None = None
+
+
+@dataclass
+class _Data:
+    calibration: list[dict[str, Any]]
+    probe: list[dict[str, Any]]
+    holdout: list[dict[str, Any]] | None
 
 
 def load_recipe_model(recipe: Recipe) -> ModelAdapter:
@@ -45,19 +81,6 @@ def check_calibrate_output(
     """Refuse an output ``calibrate`` must not replace, before any work (see
     :func:`opsnn_quant.io.check_output_dir`); ``inputs`` adds paths such as the recipe file."""
     check_output_dir(out, OUTPUT_KIND, force=force, inputs=[*recipe_inputs(recipe), *inputs])
-
-
-@dataclass
-class CalibrateResult:
-    """What ``calibrate`` produced, for the summary table and the closing report."""
-
-    out: Path
-    rows: list[Any]
-    measured: dict[Modality, dict[str, float]] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
-    int8_mac_share: float | None = None
-    notes: list[str] = field(default_factory=list)
-    verdict: str | None = None
 
 
 def run_calibrate(
@@ -89,133 +112,159 @@ def run_calibrate(
         OpsnnQuantError: bad input (checked before the model loads where it can be: output
             path, suite, AMCT, data), or a failure of a phase.
     """
-    from opsnn_quant.policy.export import (
-        EXPORT_FILES,
-        export_policy,
-        modules_from_report,
-        write_export,
-    )
-    from opsnn_quant.policy.search import build_policy
-    from opsnn_quant.policy.summary import summarize
-    from opsnn_quant.probe.api import ProbeConfig, probe
-    from opsnn_quant.probe.measure import measure_modalities
-    from opsnn_quant.quant.api import quantize
-    from opsnn_quant.quant.checkpoint import save_quantized
-    from opsnn_quant.recording import record_roots
-
     say = progress or (lambda m: log.info("%s", m))
-    check_calibrate_output(recipe, out, force=force)
-    if suite is not None:
-        from opsnn_quant.evaluation.gate import check_latency_mode
-        from opsnn_quant.evaluation.suite import load_suite
-
-        load_suite(suite)  # before any work: a bad suite fails now, not after the probe
-        check_latency_mode(latency)
-    if engine == "amct":
-        from opsnn_quant.amct.run import import_amct
-
-        import_amct()  # before any work: AMCT ships with CANN and may simply not be here
+    acceptance = _check_before_work(recipe, out, engine, suite, latency, force)
     seed = recipe.seed if seed is None else seed
     set_reproducible(seed=seed)
-    times: dict[str, float] = {}
     t_all = time.perf_counter()
-
-    say("loading the calibration data")
-    calib = load_records(recipe.data.calibration, recipe.data.limit)
-    probe_data = calib[: recipe.probe.data_limit] if recipe.probe.data_limit else calib
-    holdout = (
-        load_records(recipe.data.holdout, recipe.data.holdout_limit)
-        if recipe.data.holdout
-        else None
-    )
+    data = _load_data(recipe, say)
     say(f"loading {recipe.model.source}")
     adapter = load_recipe_model(recipe)
-
+    times: dict[str, float] = {}
     with atomic_dir(out, OUTPUT_KIND, force=force) as tmp:
-        t0 = time.perf_counter()
-        cfg = ProbeConfig(
-            min_headroom=recipe.probe.min_headroom,
-            max_root_calls=recipe.probe.max_root_calls,
-            estimator_batch=recipe.probe.estimator_batch,
-            estimator=recipe.probe.estimator,
-            exhaustive=recipe.probe.exhaustive,
-            seed=seed,
-        )
-        report = probe(adapter, adapter.forward_loop(probe_data), cfg, progress=say)
-        report.save(tmp / "probe.json")
-        times["probe"] = time.perf_counter() - t0
-
-        say("deciding the precision policy")
-        if recipe.strategy == "search":
-            policy = build_policy(report, recipe.budget, recipe.target)
-        else:
-            from opsnn_quant.policy.baselines import naive_policy
-
-            policy = naive_policy(report, recipe.target, recipe.strategy)
-        policy.save(tmp / "policy.yaml")
-
-        recorded = None
-        if holdout is not None:
-            say("recording float outputs on held-out data")
-            recorded = record_roots(
-                adapter,
-                adapter.forward_loop(holdout),
-                max_calls=recipe.probe.max_root_calls,
-                seed=seed + 1,
-            )
-
-        t0 = time.perf_counter()
-        return_early = engine == "amct"
-        if return_early:
-            from opsnn_quant.amct.handoff import run_amct_roots
-
-            say("handing the policy to AMCT")
-            run_amct_roots(adapter, policy, adapter.forward_loop(calib), tmp / "amct")
-        else:
-            say("quantizing (calibration passes)")
-            set_reproducible(seed=seed)
-            quantize(adapter.model, policy, adapter.forward_loop(calib), progress=say)
-            save_quantized(
-                adapter.model,
-                tmp / "quant",
-                source_model=adapter.model_id,
-                extra={"policy_model": policy.model},
-                allow_empty=True,
-            )
-        times["quantize"] = time.perf_counter() - t0
-
-        measured = {}
-        if recorded is not None and not return_early:
-            say("measuring the quantized model on held-out data")
-            measured = measure_modalities(adapter, recorded)
-
-        say("exporting AMCT/ATC configs")
-        modules = modules_from_report(report)
-        notes: list[str] = []
-        for fmt in recipe.exports:
-            result = export_policy(policy, fmt, modules)
-            write_export(result, tmp / "export" / EXPORT_FILES[fmt])
-            notes.extend(f"{fmt}: {n}" for n in result.notes)
+        report = _probe_phase(adapter, recipe, data, seed, tmp, times, say)
+        policy = _policy_phase(report, recipe, tmp, say)
+        recorded = _record_holdout(adapter, recipe, data, seed, say)
+        _quantize_phase(adapter, policy, data, engine, seed, tmp, times, say)
+        measured = _measure_phase(adapter, recorded, say) if engine == "opsnn" else {}
+        notes = _export_phase(policy, report, recipe, tmp, say)
         rows = summarize(policy, report)
         verdict = None
-        if suite is not None and not return_early:
-            verdict = _evaluate_into(tmp / "report", recipe, adapter, suite, report, say, latency)
+        if acceptance is not None and engine == "opsnn":
+            verdict = _evaluate_into(
+                tmp / "report", recipe, adapter, acceptance, report, say, latency
+            )
     times["total"] = time.perf_counter() - t_all
-    macs_total = sum(
-        r.int8_mac_share * _modality_macs(report, r.modality)
-        for r in rows
-        if r.int8_mac_share is not None
+    return CalibrateResult(
+        out, rows, measured, times, _int8_mac_share(report, rows), notes, verdict
     )
-    all_macs = sum(_modality_macs(report, r.modality) for r in rows)
-    share = macs_total / all_macs if all_macs else None
-    return CalibrateResult(out, rows, measured, times, share, notes, verdict)
+
+
+def _check_before_work(
+    recipe: Recipe, out: Path, engine: str, suite: str | None, latency: str, force: bool
+) -> Suite | None:
+    """Everything checkable before data and model load; returns the loaded suite."""
+    check_calibrate_output(recipe, out, force=force)
+    loaded = None
+    if suite is not None:
+        loaded = load_suite(suite)
+        check_latency_mode(latency)
+    if engine not in ENGINES:
+        from opsnn_quant.errors import ConfigError
+
+        raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine == "amct":
+        import_amct()  # AMCT ships with CANN and may simply not be here
+    return loaded
+
+
+def _load_data(recipe: Recipe, say: Progress) -> _Data:
+    say("loading the calibration data")
+    calib = load_records(recipe.data.calibration, recipe.data.limit)
+    limit = recipe.probe.data_limit
+    holdout = None
+    if recipe.data.holdout:
+        holdout = load_records(recipe.data.holdout, recipe.data.holdout_limit)
+    return _Data(calib, calib[:limit] if limit else calib, holdout)
+
+
+def _probe_phase(
+    adapter: ModelAdapter,
+    recipe: Recipe,
+    data: _Data,
+    seed: int,
+    tmp: Path,
+    times: dict[str, float],
+    say: Progress,
+) -> SensitivityReport:
+    t0 = time.perf_counter()
+    report = probe(
+        adapter, adapter.forward_loop(data.probe), recipe.probe_config(seed), progress=say
+    )
+    report.save(tmp / "probe.json")
+    times["probe"] = time.perf_counter() - t0
+    return report
+
+
+def _policy_phase(
+    report: SensitivityReport, recipe: Recipe, tmp: Path, say: Progress
+) -> PrecisionPolicy:
+    say("deciding the precision policy")
+    if recipe.strategy == "search":
+        policy = build_policy(report, recipe.budget, recipe.target)
+    else:
+        policy = naive_policy(report, recipe.target, recipe.strategy)
+    policy.save(tmp / "policy.yaml")
+    return policy
+
+
+def _record_holdout(
+    adapter: ModelAdapter, recipe: Recipe, data: _Data, seed: int, say: Progress
+) -> RecordedRoots | None:
+    """The float model's root outputs on held-out data, to measure the quantized one against."""
+    if data.holdout is None:
+        return None
+    say("recording float outputs on held-out data")
+    max_calls = recipe.probe_config(seed).max_root_calls
+    return record_roots(adapter, adapter.forward_loop(data.holdout), max_calls, seed=seed + 1)
+
+
+def _quantize_phase(
+    adapter: ModelAdapter,
+    policy: PrecisionPolicy,
+    data: _Data,
+    engine: str,
+    seed: int,
+    tmp: Path,
+    times: dict[str, float],
+    say: Progress,
+) -> None:
+    t0 = time.perf_counter()
+    loop = adapter.forward_loop(data.calibration)
+    if engine == "amct":
+        say("handing the policy to AMCT")
+        run_amct_roots(adapter, policy, loop, tmp / "amct")
+    else:
+        say("quantizing (calibration passes)")
+        set_reproducible(seed=seed)
+        quantize(adapter.model, policy, loop, progress=say)
+        save_quantized(
+            adapter.model,
+            tmp / "quant",
+            source_model=adapter.model_id,
+            extra={"policy_model": policy.model},
+            allow_empty=True,
+        )
+    times["quantize"] = time.perf_counter() - t0
+
+
+def _measure_phase(
+    adapter: ModelAdapter, recorded: RecordedRoots | None, say: Progress
+) -> dict[Modality, dict[str, float]]:
+    if recorded is None:
+        return {}
+    say("measuring the quantized model on held-out data")
+    return measure_modalities(adapter, recorded)
+
+
+def _export_phase(
+    policy: PrecisionPolicy, report: SensitivityReport, recipe: Recipe, tmp: Path, say: Progress
+) -> list[str]:
+    say("exporting AMCT/ATC configs")
+    modules = modules_from_report(report)
+    notes: list[str] = []
+    for fmt in recipe.exports:
+        result = export_policy(policy, fmt, modules)
+        write_export(result, tmp / "export" / EXPORT_FILES[fmt])
+        notes.extend(f"{fmt}: {n}" for n in result.notes)
+    return notes
 
 
 def _evaluate_into(
     path: Path,
     recipe: Recipe,
     candidate: ModelAdapter,
-    suite: str,
+    suite: Suite,
     report: SensitivityReport,
     say: Progress,
     latency: str,
@@ -225,17 +274,12 @@ def _evaluate_into(
     The policy is already in ``path.parent`` (the output being built): its target decides where
     latency is judged.
     """
-    from opsnn_quant.evaluation.evaluate import evaluate, images_for_report, policy_summary
-    from opsnn_quant.evaluation.render import write_report
-    from opsnn_quant.evaluation.suite import load_suite
-
-    s = load_suite(suite)
     say("loading the float baseline for the acceptance run")
     baseline = load_recipe_model(recipe)
     acc, base_out, cand_out = evaluate(
         baseline,
         candidate,
-        s,
+        suite,
         policy=policy_summary(path.parent),
         sensitivity=report,
         progress=say,
@@ -250,7 +294,13 @@ def _evaluate_into(
     return str(acc.verdict)
 
 
-def _modality_macs(report: Any, modality: Any) -> float:
-    key = getattr(modality, "value", modality)
-    summary = report.modalities.get(key)
-    return float(summary.macs) if summary is not None else 0.0
+def _int8_mac_share(report: SensitivityReport, rows: list[ModalitySummaryRow]) -> float | None:
+    """Share of all MACs in int8, the modalities weighted by their MACs."""
+
+    def macs(modality: Modality) -> float:
+        summary = report.modalities.get(modality.value)
+        return float(summary.macs) if summary is not None else 0.0
+
+    int8 = sum(r.int8_mac_share * macs(r.modality) for r in rows)
+    total = sum(macs(r.modality) for r in rows)
+    return int8 / total if total else None

@@ -166,7 +166,7 @@ CASES = [
     Case("unknown family", lambda d, r, rec, done: ["probe", str(r / "pipe"), "--data", str(r / "prompts.txt"), "--family", "llama", "-o", str(d / "o")],
          2, "--family must be one of diffusers-sd, whisper"),
     Case("wrong family for the model", lambda d, r, rec, done: ["probe", "zoo:shapes-t2i", "--family", "whisper", "--data", str(r / "prompts.txt"), "-o", str(d / "o")],
-         2, "is not a WhisperForConditionalGeneration", may_load=True),
+         2, "zoo:shapes-t2i is a diffusers pipeline, not a Whisper model; check the family", may_load=True),
     Case("description.json lacks a key", lambda d, r, rec, done: ["evaluate", "--candidate", _candidate_missing_key(done, d), "--suite", "shapes-t2i", "-o", str(d / "rep")],
          2, "lacks weight_shape"),
     Case("policy export onto a directory", lambda d, r, rec, done: ["policy", "export", str(done / "policy.yaml"), "-f", "amct-cfg", "-o", str(done)],

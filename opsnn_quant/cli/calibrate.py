@@ -181,14 +181,7 @@ def register(app: typer.Typer) -> None:
             family, source, settings = r.model.family, r.model.source, r.settings_dict()
             source_data = data or r.data.calibration
             n = limit or r.probe.data_limit or r.data.limit
-            cfg = ProbeConfig(
-                min_headroom=r.probe.min_headroom,
-                max_root_calls=r.probe.max_root_calls,
-                estimator_batch=r.probe.estimator_batch,
-                estimator=r.probe.estimator,
-                exhaustive=exhaustive or r.probe.exhaustive,
-                seed=r.seed,
-            )
+            cfg = r.probe_config(**({"exhaustive": True} if exhaustive else {}))
         else:
             if data is None:
                 raise ConfigError("probing a model needs --data (e.g. zoo:shapes/calibration)")

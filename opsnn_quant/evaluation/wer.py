@@ -2,7 +2,7 @@
 
 Corpus rates come from torchmetrics ``WordErrorRate``/``CharErrorRate`` (total edits / total
 reference words or characters) after Whisper's English normalisation
-(:func:`opsnn_quant.evaluation.text_norm.normalize_english`), as Whisper's published WERs are.
+(:func:`opsnn_quant.text_norm.normalize_english`), as Whisper's published WERs are.
 Per-utterance rows and word alignments come from jiwer, for the report's worst-first diffs.
 
 *Agreement WER* scores the candidate's transcripts with the baseline's as the reference: it
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from opsnn_quant.errors import InputError, MissingDependencyError
-from opsnn_quant.evaluation.text_norm import normalize_english
+from opsnn_quant.text_norm import normalize_english
 
 INSTALL_HINT = "pip install 'opsnn-quant[eval]'"
 

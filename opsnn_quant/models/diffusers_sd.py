@@ -60,6 +60,10 @@ def load_pipeline(source: str, torch_dtype: torch.dtype = torch.float32) -> Any:
         ) from exc
     diffusers.utils.logging.disable_progress_bar()
     path = model_path(source)
+    if not (path / "model_index.json").is_file() and (path / "config.json").is_file():
+        raise ModelLoadError(
+            f"{source} is a transformers model, not a diffusers pipeline; check the family"
+        )
     if not (path / "model_index.json").is_file():
         raise ModelLoadError(
             f"{source} is not a diffusers pipeline directory (no model_index.json)"

@@ -31,6 +31,10 @@ def load_whisper(source: str) -> tuple[nn.Module, Any]:
             "transformers is not installed: pip install 'opsnn-quant[models]'"
         ) from exc
     path = model_path(source)
+    if (path / "model_index.json").is_file():
+        raise ModelLoadError(
+            f"{source} is a diffusers pipeline, not a Whisper model; check the family"
+        )
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{source} is not a transformers model directory (no config.json)")
     set_offline_env()

@@ -188,7 +188,7 @@ def measure_wer(
         time of feature extraction + generation) and ``errors``: the (reference, hypothesis)
         pairs that differ after normalisation, for inspection.
     """
-    from opsnn_quant.evaluation.text_norm import normalize_english, word_error_rate
+    from opsnn_quant.text_norm import normalize_english, word_error_rate
 
     model = load_whisper_tiny_en(torch_dtype)
     processor = load_whisper_processor()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from opsnn_quant.errors import ConfigError, InputError, MissingDependencyError
-from opsnn_quant.evaluation.text_norm import normalize_english, word_error_rate
+from opsnn_quant.text_norm import normalize_english, word_error_rate
 from opsnn_quant.zoo import speech_data as sd
 
 needs_espeak = pytest.mark.skipif(
