@@ -17,7 +17,7 @@ from typing import Any
 from opsnn_quant.amct.handoff import run_amct_roots
 from opsnn_quant.amct.run import import_amct
 from opsnn_quant.determinism import set_reproducible
-from opsnn_quant.evaluation.evaluate import evaluate, images_for_report, policy_summary
+from opsnn_quant.evaluation.evaluate import evaluate, policy_summary
 from opsnn_quant.evaluation.gate import check_latency_mode
 from opsnn_quant.evaluation.render import write_report
 from opsnn_quant.evaluation.suite import Suite, load_suite
@@ -276,7 +276,7 @@ def _evaluate_into(
     """
     say("loading the float baseline for the acceptance run")
     baseline = load_recipe_model(recipe)
-    acc, base_out, cand_out = evaluate(
+    acc = evaluate(
         baseline,
         candidate,
         suite,
@@ -285,12 +285,7 @@ def _evaluate_into(
         progress=say,
         latency=latency,
     )
-    write_report(
-        acc,
-        path,
-        baseline_images=images_for_report(base_out),
-        candidate_images=images_for_report(cand_out),
-    )
+    write_report(acc, path)
     return str(acc.verdict)
 
 

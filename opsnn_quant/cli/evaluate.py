@@ -52,7 +52,6 @@ def register(app: typer.Typer) -> None:
         from opsnn_quant.evaluation.evaluate import (
             cast_adapter,
             evaluate,
-            images_for_report,
             load_candidate,
             policy_summary,
         )
@@ -86,7 +85,7 @@ def register(app: typer.Typer) -> None:
             if candidate_dtype == "float16":
                 cast_adapter(cand, torch.float16)
             base = load_adapter(guess_family(str(source)), str(source))
-            report, base_out, cand_out = evaluate(
+            report = evaluate(
                 base,
                 cand,
                 s,
@@ -99,8 +98,6 @@ def register(app: typer.Typer) -> None:
             write_report(
                 report,
                 out,
-                baseline_images=images_for_report(base_out),
-                candidate_images=images_for_report(cand_out),
                 force=force,
             )
         if not quiet:

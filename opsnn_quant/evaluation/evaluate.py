@@ -11,7 +11,9 @@ speed figure; latency is judged only on the policy target's own backend (:mod:`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,17 @@ def _clip(name: str | None) -> tuple[Any, Any, str] | None:
     return model, processor, name
 
 
+@dataclass
+class _Generated:
+    """Both models' outputs on the suite's inputs, their quality, and the latency workload."""
+
+    quality: Any
+    baseline: list[Any]
+    candidate: list[Any]
+    work: Callable[[ModelAdapter], Callable[[], Any]]
+    items: int
+
+
 def evaluate(
     baseline: ModelAdapter,
     candidate: ModelAdapter,
@@ -86,8 +99,12 @@ def evaluate(
     latency: str = "target",
     target: str | None = None,
     baseline_backend: str = "cpu",
-) -> tuple[AcceptanceReport, Any, Any]:
+) -> AcceptanceReport:
     """Evaluate ``candidate`` against ``baseline`` with ``suite``.
+
+    What to generate and how comes from the adapters (:meth:`ModelAdapter.evaluation_inputs`,
+    :meth:`~ModelAdapter.generate`, :meth:`~ModelAdapter.stages`); the metrics from the suite's
+    task, which must be the adapters' task.
 
     Args:
         baseline: The float model.
@@ -109,23 +126,22 @@ def evaluate(
         baseline_backend: Label of the baseline's eager timing.
 
     Returns:
-        ``(report, baseline_outputs, candidate_outputs)``: the outputs of the first seed (images
-        or transcripts), for the report's image grids.
+        The :class:`AcceptanceReport`; the outputs of both models (images or transcripts, in
+        input order) ride along in :attr:`AcceptanceReport.outputs` for the report's grids.
 
     Raises:
-        ConfigError: ``latency`` is not none/target/all, or ``target`` is unknown.
+        ConfigError: ``latency`` is not none/target/all, ``target`` is unknown, or the suite's
+            task is not the models' task.
     """
     from opsnn_quant.evaluation.ort_figure import onnx_speed
-    from opsnn_quant.evaluation.runner import asr_quality, build_report, t2i_quality
+    from opsnn_quant.evaluation.runner import build_report
     from opsnn_quant.evaluation.timing import run_latency
     from opsnn_quant.quant.modules import is_quant_module
 
     say = progress or (lambda m: log.info("%s", m))
-    check_latency_mode(latency)
-    if target is None and policy is not None and policy.get("target"):
-        target = str(policy["target"])
-    if target is not None:
-        get_target(target)  # an unknown name fails before any work
+    mode = check_latency_mode(latency)
+    target = _target_of(target, policy)
+    _check_task(suite, baseline, candidate)
     has_int8 = any(is_quant_module(m) for m in candidate.model.modules())
     if candidate_backend is None:
         # A float candidate (e.g. the model cast to fp16) runs plain PyTorch eager.
@@ -133,108 +149,23 @@ def evaluate(
     for adapter in (baseline, candidate):
         _apply_generation(adapter, suite)
     records = _records(suite)
+    generate = _generate_t2i if suite.task == "t2i" else _generate_asr
+    out = generate(baseline, candidate, suite, records, say)
     notes: list[str] = []
-    if suite.task == "t2i":
-        from opsnn_quant.models.data import prompts_from
-
-        prompts = prompts_from(records)
-        base_out: list[Any] = []
-        cand_out: list[Any] = []
-        seeds: list[int] = []
-        for seed in suite.seeds:
-            say(f"generating {len(prompts)} images per model (seed {seed})")
-            base_out += baseline.generate(prompts, seed=seed)
-            cand_out += candidate.generate(prompts, seed=seed)
-            seeds += [seed + i for i in range(len(prompts))]
-        reference = None
-        if suite.data.reference == "dataset":
-            reference = [
-                np.asarray(
-                    r["image"].convert("RGB") if hasattr(r["image"], "convert") else r["image"]
-                )
-                for r in records
-            ]
-        clip = _clip(suite.metrics.clip)
-        scorer = None
-        features: Any = None
-        if clip is not None:
-            from opsnn_quant.evaluation.clip_score import ClipScorer
-
-            scorer = ClipScorer(clip[0], clip[1], clip[2])
-        if suite.metrics.fid_features == "clip":
-            if clip is None:
-                raise ConfigError("metrics.fid_features: clip needs metrics.clip")
-            from opsnn_quant.evaluation.fid import ClipImageFeatures
-
-            features = ClipImageFeatures.from_processor(clip[0], clip[1], clip[2])
-        elif suite.metrics.fid_features == "inception":
-            features = "inception"
-        say("quality metrics")
-        quality = t2i_quality(
-            base_out,
-            cand_out,
-            prompts * len(suite.seeds),
-            seeds=seeds,
-            clip=scorer,
-            fid_features=features,
-            reference_images=reference,
-        )
-        batch = prompts[: suite.generation.batch_size]
-
-        def work(a: ModelAdapter) -> Callable[[], Any]:
-            return lambda: a.generate(batch, seed=0)
-
-        items = len(batch)
-    else:
-        from opsnn_quant.models.data import audio_from
-
-        audio = audio_from(records)
-        refs = [str(r.get("text", "")) for r in records]
-        say(f"transcribing {len(audio)} utterances per model")
-        base_out = baseline.generate(audio)
-        cand_out = candidate.generate(audio)
-        quality = asr_quality(refs, base_out, cand_out)
-        batch_audio = audio[: suite.generation.batch_size]
-
-        def work(a: ModelAdapter) -> Callable[[], Any]:
-            return lambda: a.generate(batch_audio)
-
-        items = len(batch_audio)
-
     plan = plan_latency(
-        suite,
-        check_latency_mode(latency),
-        target=target,
-        baseline_backend=baseline_backend,
-        candidate_backend=candidate_backend,
-        onnx_possible=has_int8,
-    )
+        suite, mode, target=target, baseline_backend=baseline_backend,
+        candidate_backend=candidate_backend, onnx_possible=has_int8,
+    )  # fmt: skip
     figures = run_latency(
-        plan,
-        suite,
-        baseline,
-        candidate,
-        work=work,
-        items=items,
-        baseline_backend=baseline_backend,
-        candidate_backend=candidate_backend,
-        onnx=lambda: onnx_speed(candidate, records, suite, notes),
-        say=say,
-    )
-    if figures.candidate is not None and has_int8:
-        notes.append(
-            f"CPU timings: the fp32 baseline runs PyTorch eager ({baseline_backend}); the quantized "
-            f"candidate runs the exact Ascend int8 reference ({candidate_backend}), which is not a "
-            "deployment speed figure"
-        )
-    elif figures.candidate is not None:
-        notes.append(
-            "CPU timings: baseline and candidate both run PyTorch eager (cpu); CPUs have no fast "
-            "fp16 GEMM, so an fp16 candidate's CPU time says nothing about an NPU's"
-        )
+        plan, suite, baseline, candidate, work=out.work, items=out.items,
+        baseline_backend=baseline_backend, candidate_backend=candidate_backend,
+        onnx=lambda: onnx_speed(candidate, records, suite, notes), say=say,
+    )  # fmt: skip
+    if figures.candidate is not None:
+        notes.append(_timing_note(has_int8, baseline_backend, candidate_backend))
     report = build_report(
         suite,
-        quality,
+        out.quality,
         baseline_latency=figures.baseline,
         candidate_latency=figures.candidate,
         quality_backend=candidate_backend,
@@ -249,7 +180,124 @@ def evaluate(
         target=target,
         latency_plan=plan,
     )
-    return report, base_out, cand_out
+    return report.with_outputs(out.baseline, out.candidate)
+
+
+def _target_of(target: str | None, policy: dict[str, Any] | None) -> str | None:
+    if target is None and policy is not None and policy.get("target"):
+        target = str(policy["target"])
+    if target is not None:
+        get_target(target)  # an unknown name fails before any work
+    return target
+
+
+def _check_task(suite: Suite, *adapters: ModelAdapter) -> None:
+    for adapter in adapters:
+        if adapter.task and adapter.task != suite.task:
+            raise ConfigError(
+                f"suite {suite.name} is a {suite.task} suite, but {adapter.model_id} is a "
+                f"{adapter.task} model"
+            )
+
+
+def _generate_t2i(
+    baseline: ModelAdapter,
+    candidate: ModelAdapter,
+    suite: Suite,
+    records: list[dict[str, Any]],
+    say: Progress,
+) -> _Generated:
+    from opsnn_quant.evaluation.runner import t2i_quality
+
+    prompts = candidate.evaluation_inputs(records)
+    base_out: list[Any] = []
+    cand_out: list[Any] = []
+    seeds: list[int] = []
+    for seed in suite.seeds:
+        say(f"generating {len(prompts)} images per model (seed {seed})")
+        base_out += baseline.generate(prompts, seed=seed)
+        cand_out += candidate.generate(prompts, seed=seed)
+        seeds += [seed + i for i in range(len(prompts))]
+    scorer, features = _clip_metrics(suite)
+    say("quality metrics")
+    quality = t2i_quality(
+        base_out,
+        cand_out,
+        prompts * len(suite.seeds),
+        seeds=seeds,
+        clip=scorer,
+        fid_features=features,
+        reference_images=_reference_images(suite, records),
+    )
+    batch = prompts[: suite.generation.batch_size]
+    return _Generated(quality, base_out, cand_out, _workload(batch, seed=0), len(batch))
+
+
+def _generate_asr(
+    baseline: ModelAdapter,
+    candidate: ModelAdapter,
+    suite: Suite,
+    records: list[dict[str, Any]],
+    say: Progress,
+) -> _Generated:
+    from opsnn_quant.evaluation.runner import asr_quality
+
+    audio = candidate.evaluation_inputs(records)
+    refs = candidate.references(records) or [""] * len(audio)
+    say(f"transcribing {len(audio)} utterances per model")
+    base_out = baseline.generate(audio)
+    cand_out = candidate.generate(audio)
+    quality = asr_quality(refs, base_out, cand_out)
+    batch = audio[: suite.generation.batch_size]
+    return _Generated(quality, base_out, cand_out, _workload(batch), len(batch))
+
+
+def _workload(batch: list[Any], **kwargs: Any) -> Callable[[ModelAdapter], Callable[[], Any]]:
+    """What one latency measurement runs: ``generate`` on one batch of the suite's inputs."""
+
+    def work(adapter: ModelAdapter) -> Callable[[], Any]:
+        return partial(adapter.generate, batch, **kwargs)
+
+    return work
+
+
+def _reference_images(suite: Suite, records: list[dict[str, Any]]) -> list[np.ndarray] | None:
+    if suite.data.reference != "dataset":
+        return None
+    return [
+        np.asarray(r["image"].convert("RGB") if hasattr(r["image"], "convert") else r["image"])
+        for r in records
+    ]
+
+
+def _clip_metrics(suite: Suite) -> tuple[Any, Any]:
+    """(CLIP scorer or None, FD features: ``"inception"``, CLIP features or None)."""
+    clip = _clip(suite.metrics.clip)
+    scorer = None
+    if clip is not None:
+        from opsnn_quant.evaluation.clip_score import ClipScorer
+
+        scorer = ClipScorer(clip[0], clip[1], clip[2])
+    if suite.metrics.fid_features == "clip":
+        if clip is None:
+            raise ConfigError("metrics.fid_features: clip needs metrics.clip")
+        from opsnn_quant.evaluation.fid import ClipImageFeatures
+
+        return scorer, ClipImageFeatures.from_processor(clip[0], clip[1], clip[2])
+    return scorer, "inception" if suite.metrics.fid_features == "inception" else None
+
+
+def _timing_note(has_int8: bool, baseline_backend: str, candidate_backend: str) -> str:
+    if has_int8:
+        return (
+            f"CPU timings: the fp32 baseline runs PyTorch eager ({baseline_backend}); the quantized "
+            f"candidate runs the exact Ascend int8 reference ({candidate_backend}), which is not a "
+            "deployment speed figure"
+        )
+    return (
+        "CPU timings: baseline and candidate both run PyTorch eager (cpu); CPUs have no fast "
+        "fp16 GEMM, so an fp16 candidate's CPU time says nothing about an NPU's"
+    )
 
 
 def policy_summary(out_dir: Path) -> dict[str, Any] | None:
@@ -298,13 +346,6 @@ def load_candidate(out_dir: Path, family: str | None = None) -> tuple[ModelAdapt
     probe_path = out_dir / "probe.json"
     sensitivity = SensitivityReport.load(probe_path) if probe_path.is_file() else None
     return adapter, sensitivity
-
-
-def images_for_report(outputs: Sequence[Any]) -> list[np.ndarray] | None:
-    """Outputs usable as report images (uint8 arrays), else None (transcripts)."""
-    if outputs and isinstance(outputs[0], np.ndarray):
-        return list(outputs)
-    return None
 
 
 def cast_adapter(adapter: ModelAdapter, dtype: torch.dtype) -> None:

@@ -9,7 +9,6 @@ import torch
 
 from opsnn_quant.evaluation.suite import Suite
 from opsnn_quant.models.base import ModelAdapter
-from opsnn_quant.types import Modality
 
 
 class _RootCall(torch.nn.Module):
@@ -46,10 +45,11 @@ def onnx_speed(
     from opsnn_quant.quant.onnx_export import export_onnx, to_uint8_weights
     from opsnn_quant.recording import record_roots
 
-    modality = Modality.DENOISER if suite.task == "t2i" else Modality.AUDIO_ENCODER
-    root_name = candidate.roots().get(modality)
-    if root_name is None:
-        notes.append(f"ONNX speed figure skipped: the model has no {modality.value} root")
+    modality = candidate.primary_modality()
+    root_name = candidate.roots().get(modality) if modality is not None else None
+    if modality is None or root_name is None:
+        what = "primary modality" if modality is None else f"{modality.value} root"
+        notes.append(f"ONNX speed figure skipped: the model has no {what}")
         return None
     from opsnn_quant.quant.modules import is_quant_module
 

@@ -339,7 +339,8 @@ def write_report(
         report: The report. Its ``image_pairs`` are kept in order (worst first); the first
             ``max_pairs`` get a side-by-side PNG when the images are given.
         out_dir: Replaced atomically (a crash leaves the previous report or none).
-        baseline_images, candidate_images: The images ``image_pairs[*].index`` points into.
+        baseline_images, candidate_images: The images ``image_pairs[*].index`` points into
+            (default: the report's own :attr:`~AcceptanceReport.outputs`, when they are images).
 
     Returns:
         ``out_dir``.
@@ -352,6 +353,8 @@ def write_report(
     if lat is not None:
         figures["latency"] = lat
     pair_pngs: dict[int, bytes] = {}
+    if baseline_images is None and candidate_images is None and report.outputs is not None:
+        baseline_images, candidate_images = (_images(o) for o in report.outputs)
     if baseline_images is not None and candidate_images is not None and report.image_pairs:
         base = as_uint8_nhwc(baseline_images)
         cand = as_uint8_nhwc(candidate_images)
@@ -374,3 +377,10 @@ def write_report(
         (tmp / "report.md").write_text(render_markdown(report, rel), encoding="utf-8")
         (tmp / "report.html").write_text(render_html(report, figures, pair_pngs), encoding="utf-8")
     return Path(out_dir)
+
+
+def _images(outputs: list[Any]) -> list[Any] | None:
+    """Outputs usable as report images (arrays), else None (transcripts)."""
+    if outputs and hasattr(outputs[0], "shape"):
+        return list(outputs)
+    return None

@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from opsnn_quant.evaluation.latency import LatencyResult
 from opsnn_quant.evaluation.ort_speed import OrtSpeedResult
@@ -190,6 +190,20 @@ class AcceptanceReport(_Model):
     image_pairs: list[ImagePairRow] = Field(default_factory=list)
     transcripts: list[TranscriptRow] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    # The two models' outputs (images or transcripts) of the run, for the report's image grids;
+    # not part of report.json.
+    _outputs: tuple[list[Any], list[Any]] | None = PrivateAttr(default=None)
+
+    def with_outputs(self, baseline: list[Any], candidate: list[Any]) -> AcceptanceReport:
+        """This report carrying the run's outputs (see :attr:`outputs`)."""
+        self._outputs = (list(baseline), list(candidate))
+        return self
+
+    @property
+    def outputs(self) -> tuple[list[Any], list[Any]] | None:
+        """``(baseline, candidate)`` outputs of the run that made this report (None when it
+        was loaded from disk)."""
+        return self._outputs
 
     @field_validator("schema_version")
     @classmethod

@@ -47,19 +47,9 @@ class LatencyFigures:
 
 
 def stage_modules(adapter: ModelAdapter) -> dict[str, torch.nn.Module]:
-    """Stage name -> the module whose forward runs that stage, for the adapter's family."""
+    """Stage name -> the module whose forward runs that stage (:meth:`ModelAdapter.stages`)."""
     named = dict(adapter.model.named_modules())
-    if adapter.family == "diffusers-sd":
-        picks = {
-            "text_encoder": "text_encoder",
-            "denoise_step": "unet",
-            "vae_decode": "vae.decoder",
-        }
-    elif adapter.family == "whisper":
-        picks = {"audio_encoder": "model.encoder", "decoder_step": "model.decoder"}
-    else:
-        picks = {}
-    return {stage: named[n] for stage, n in picks.items() if n in named}
+    return {stage: named[n] for stage, n in adapter.stages().items() if n in named}
 
 
 def run_latency(

@@ -38,6 +38,8 @@ class ModelAdapter(ABC):
     """
 
     family: ClassVar[str] = ""
+    # What generate() produces: "t2i" (images from prompts) or "asr" (text from audio).
+    task: ClassVar[str] = ""
     model: nn.Module
     model_id: str
 
@@ -60,6 +62,25 @@ class ModelAdapter(ABC):
     @abstractmethod
     def generate(self, inputs: Sequence[Any], seed: int = 0) -> list[Any]:
         """Outputs for evaluation: uint8 HxWx3 images (t2i) or strings (asr)."""
+
+    def evaluation_inputs(self, records: Sequence[Any]) -> list[Any]:
+        """The inputs :meth:`generate` takes, from data records (prompts, waveforms)."""
+        return list(records)
+
+    def references(self, records: Sequence[Any]) -> list[str] | None:
+        """Reference outputs in the records, where the task has them (transcripts)."""
+        return None
+
+    def stages(self) -> dict[str, str]:
+        """Stage name -> the module whose forward runs that stage (latency is reported per
+        stage); empty when the family names none."""
+        return {}
+
+    def primary_modality(self) -> Modality | None:
+        """The modality whose root carries most of the work (exported for speed figures);
+        default: the only one, for a model with a single root."""
+        roots = self.roots()
+        return next(iter(roots)) if len(roots) == 1 else None
 
     def modality_of(self, name: str) -> Modality:
         """Modality of one module name."""

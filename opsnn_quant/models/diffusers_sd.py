@@ -85,6 +85,7 @@ class DiffusersSDAdapter(ModelAdapter):
     """Adapter for a loaded Stable-Diffusion-like pipeline."""
 
     family = "diffusers-sd"
+    task = "t2i"
 
     def __init__(self, pipe: Any, model_id: str, settings: SDSettings | None = None) -> None:
         self.pipe = pipe
@@ -126,6 +127,18 @@ class DiffusersSDAdapter(ModelAdapter):
         if "text_encoder" in children:
             out[Modality.TEXT_ENCODER] = "text_encoder"
         return out
+
+    def evaluation_inputs(self, records: Sequence[Any]) -> list[Any]:
+        """The prompts of the records."""
+        return list(prompts_from(records))
+
+    def stages(self) -> dict[str, str]:
+        """Text encoding, one denoising step, VAE decoding."""
+        return {"text_encoder": "text_encoder", "denoise_step": "unet", "vae_decode": "vae.decoder"}
+
+    def primary_modality(self) -> Modality:
+        """The denoiser (it runs every step)."""
+        return Modality.DENOISER
 
     def describe_output(self, modality: Modality) -> str:
         """Words for the root outputs."""

@@ -57,6 +57,7 @@ class WhisperAdapter(ModelAdapter):
     """Adapter for a loaded Whisper model and processor."""
 
     family = "whisper"
+    task = "asr"
 
     def __init__(
         self,
@@ -122,6 +123,22 @@ class WhisperAdapter(ModelAdapter):
                 self.features(audio), max_new_tokens=s.max_new_tokens, num_beams=s.num_beams
             )
         return [t.strip() for t in self.processor.batch_decode(ids, skip_special_tokens=True)]
+
+    def evaluation_inputs(self, records: Sequence[Any]) -> list[Any]:
+        """The 16 kHz waveforms of the records (checked: NaN/Inf, rate)."""
+        return list(audio_from(records))
+
+    def references(self, records: Sequence[Any]) -> list[str] | None:
+        """The records' transcripts (empty where a record has none)."""
+        return [str(r.get("text", "")) if isinstance(r, dict) else "" for r in records]
+
+    def stages(self) -> dict[str, str]:
+        """The audio encoder (once per utterance) and the decoder (once per token)."""
+        return {"audio_encoder": "model.encoder", "decoder_step": "model.decoder"}
+
+    def primary_modality(self) -> Modality:
+        """The audio encoder (1500 frames per utterance)."""
+        return Modality.AUDIO_ENCODER
 
     def forward_loop(self, data: Sequence[Any], limit: int | None = None) -> ForwardLoop:
         """Transcribe the calibration audio (encoder once, decoder per token)."""
