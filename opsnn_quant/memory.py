@@ -27,7 +27,11 @@ def malloc_trim() -> Callable[[int], int] | None:
         if sys.platform.startswith("linux"):
             try:
                 libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-                _TRIM = getattr(libc, "malloc_trim", None)
+                fn = getattr(libc, "malloc_trim", None)
+                if fn is not None:
+                    fn.argtypes = [ctypes.c_size_t]
+                    fn.restype = ctypes.c_int
+                _TRIM = fn
             except OSError:
                 _TRIM = None
     return _TRIM

@@ -23,20 +23,19 @@ it is the correctness reference, not a speed figure. Results carry that note.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 import importlib
 import logging
 import threading
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from opsnn_quant.errors import BackendError, InputError
+from opsnn_quant.memory import malloc_trim
 
 logger = logging.getLogger(__name__)
 
@@ -125,17 +124,6 @@ def synchronize(device: str) -> None:
 CPU_RSS_METHOD = "cpu: RSS after malloc_trim"
 
 
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        fn = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS)
-        return None
-    fn.argtypes = [ctypes.c_size_t]
-    fn.restype = ctypes.c_int
-    return cast(Callable[[int], int], fn)
-
-
 def rss_bytes(trim: bool = False) -> int:
     """Resident set size of this process, from ``/proc/self/statm`` (no psutil).
 
@@ -144,7 +132,7 @@ def rss_bytes(trim: bool = False) -> int:
             approaches memory in use: without it, memory freed earlier stays resident and a
             later allocation reusing it shows no growth.
     """
-    if trim and (fn := _malloc_trim()) is not None:
+    if trim and (fn := malloc_trim()) is not None:
         fn(0)
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * _page_size()

@@ -20,7 +20,7 @@ from opsnn_quant.evaluation.fid import (
 )
 from opsnn_quant.evaluation.image_similarity import pair_similarities, summarize
 from opsnn_quant.evaluation.images import ImageBatch
-from opsnn_quant.evaluation.report import DiffChunkRow, ImagePairRow, QualityRow, TranscriptRow
+from opsnn_quant.evaluation.report import ImagePairRow, QualityRow, TranscriptRow
 from opsnn_quant.evaluation.wer import agreement_wer, error_rates, utterance_rows
 
 
@@ -177,14 +177,7 @@ def asr_quality(
         QualityRow(metric="agreement WER (candidate vs baseline)", candidate=100 * agree, unit="%"),
     ]  # fmt: skip
     rows = utterance_rows(references, baseline_texts, candidate_texts, normalize)
-    out.transcripts = [
-        TranscriptRow(index=u.index, reference=u.reference, baseline=u.baseline,
-                      candidate=u.candidate, ref_words=u.ref_words,
-                      baseline_errors=u.baseline_errors, candidate_errors=u.candidate_errors,
-                      agreement_errors=u.agreement_errors,
-                      diff=[DiffChunkRow(op=c.op, ref=c.ref, hyp=c.hyp) for c in u.diff])
-        for u in rows[:max_rows]
-    ]  # fmt: skip
+    out.transcripts = rows[:max_rows]
     out.notes.append(f"WER after Whisper English normalisation; {len(rows)} utterances"
                      if normalize else f"WER on raw text; {len(rows)} utterances")  # fmt: skip
     return out

@@ -109,7 +109,17 @@ class DiffChunkRow(_Model):
 
 
 class TranscriptRow(_Model):
-    """One utterance's normalised transcripts and word errors (see :mod:`.wer`)."""
+    """One utterance: normalised texts, errors of both models and the baseline->candidate diff
+    (computed by :func:`.wer.utterance_rows`).
+
+    Attributes:
+        index: Position in the inputs.
+        reference, baseline, candidate: Normalised texts.
+        ref_words: Words in the normalised reference.
+        baseline_errors, candidate_errors: Word edits against the reference.
+        agreement_errors: Word edits turning the baseline transcript into the candidate's.
+        diff: Word alignment of baseline (``ref``) against candidate (``hyp``).
+    """
 
     index: int
     reference: str
@@ -120,6 +130,11 @@ class TranscriptRow(_Model):
     candidate_errors: int
     agreement_errors: int
     diff: list[DiffChunkRow] = Field(default_factory=list)
+
+    @property
+    def extra_errors(self) -> int:
+        """Errors the candidate makes beyond the baseline's (negative: it did better)."""
+        return self.candidate_errors - self.baseline_errors
 
 
 SENSITIVITY_UNIT = "%"

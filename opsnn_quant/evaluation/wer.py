@@ -12,21 +12,13 @@ measures how much quantization changed the output, independently of ground truth
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from opsnn_quant.errors import InputError, MissingDependencyError
+from opsnn_quant.evaluation.report import DiffChunkRow, TranscriptRow
 from opsnn_quant.text_norm import normalize_english
 
 INSTALL_HINT = "pip install 'opsnn-quant[eval]'"
-
-
-@dataclass(frozen=True)
-class DiffChunk:
-    """One piece of a word alignment: ``equal``, ``substitute``, ``delete`` or ``insert``."""
-
-    op: str
-    ref: str
-    hyp: str
 
 
 @dataclass(frozen=True)
@@ -39,35 +31,6 @@ class ErrorRates:
     ref_words: int
     char_errors: int
     ref_chars: int
-
-
-@dataclass
-class UtteranceRow:
-    """One utterance: normalised texts, errors of both models and the baseline→candidate diff.
-
-    Attributes:
-        index: Position in the inputs.
-        reference, baseline, candidate: Normalised texts.
-        ref_words: Words in the normalised reference.
-        baseline_errors, candidate_errors: Word edits against the reference.
-        agreement_errors: Word edits turning the baseline transcript into the candidate's.
-        diff: Word alignment of baseline (``ref``) against candidate (``hyp``).
-    """
-
-    index: int
-    reference: str
-    baseline: str
-    candidate: str
-    ref_words: int
-    baseline_errors: int
-    candidate_errors: int
-    agreement_errors: int
-    diff: list[DiffChunk] = field(default_factory=list)
-
-    @property
-    def extra_errors(self) -> int:
-        """Errors the candidate makes beyond the baseline's (negative: it did better)."""
-        return self.candidate_errors - self.baseline_errors
 
 
 def normalize_all(texts: Sequence[str], normalize: bool = True) -> list[str]:
@@ -114,7 +77,7 @@ def error_rates(
     )
 
 
-def _alignment(ref: str, hyp: str) -> tuple[int, list[DiffChunk]]:
+def _alignment(ref: str, hyp: str) -> tuple[int, list[DiffChunkRow]]:
     """Word edits and alignment chunks of ``hyp`` against ``ref`` (jiwer)."""
     import jiwer
 
@@ -122,11 +85,11 @@ def _alignment(ref: str, hyp: str) -> tuple[int, list[DiffChunk]]:
     if not ref_w and not hyp_w:
         return 0, []
     if not ref_w:  # jiwer rejects empty references in some versions: all insertions
-        return len(hyp_w), [DiffChunk("insert", "", hyp)]
+        return len(hyp_w), [DiffChunkRow(op="insert", ref="", hyp=hyp)]
     out = jiwer.process_words(ref, hyp if hyp_w else "")
     edits = int(out.substitutions + out.deletions + out.insertions)
     chunks = [
-        DiffChunk(
+        DiffChunkRow(
             op=c.type,
             ref=" ".join(ref_w[c.ref_start_idx : c.ref_end_idx]),
             hyp=" ".join(hyp_w[c.hyp_start_idx : c.hyp_end_idx]),
@@ -141,7 +104,7 @@ def utterance_rows(
     baseline: Sequence[str],
     candidate: Sequence[str],
     normalize: bool = True,
-) -> list[UtteranceRow]:
+) -> list[TranscriptRow]:
     """Per-utterance errors of both models, worst first.
 
     Order: most extra candidate errors first, then most baseline→candidate changes, then
@@ -159,7 +122,7 @@ def utterance_rows(
     for i, (r, b, c) in enumerate(zip(refs, bases, cands, strict=True)):
         agreement, diff = _alignment(b, c)
         rows.append(
-            UtteranceRow(
+            TranscriptRow(
                 index=i,
                 reference=r,
                 baseline=b,

@@ -90,8 +90,10 @@ def onnxruntime_session(
     *,
     qdq_fusion: bool | None = None,
     optimized_model_path: str | os.PathLike[str] | None = None,
+    threads: int | None = None,
 ) -> Any:
-    """A CPU ``InferenceSession`` with ``torch.get_num_threads()`` intra-op threads.
+    """A CPU ``InferenceSession`` (the one session factory of the package: every ORT figure
+    goes through the saturation guard below).
 
     Args:
         path: the ``.onnx`` file.
@@ -100,6 +102,7 @@ def onnxruntime_session(
             unless int8 weights meet a CPU where ORT's int8 GEMM saturates
             (:func:`ort_int8_weights_saturate`; :func:`to_uint8_weights` avoids that).
         optimized_model_path: where ORT saves the graph after its fusions (to look for QGemm).
+        threads: intra-op threads (default ``torch.get_num_threads()``).
     """
     onnx, ort = _require("onnx", "onnxruntime")
     if qdq_fusion is None:
@@ -107,7 +110,7 @@ def onnxruntime_session(
         if not qdq_fusion:
             log.info("%s: int8 weights on a CPU without VNNI: ORT QDQ fusion off", path)
     so = ort.SessionOptions()
-    so.intra_op_num_threads = torch.get_num_threads()
+    so.intra_op_num_threads = threads if threads is not None else torch.get_num_threads()
     so.inter_op_num_threads = 1
     so.log_severity_level = 3  # errors only: ORT warns about every unused initializer
     if not qdq_fusion:

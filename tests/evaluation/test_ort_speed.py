@@ -83,3 +83,22 @@ def test_onnx_speed_skips_a_candidate_without_int8_modules():
     notes: list[str] = []
     assert onnx_speed(adapter, [{}], load_suite("shapes-t2i"), notes) is None
     assert any("no int8 modules" in n for n in notes)
+
+
+@pytest.mark.parametrize("saturates", [True, False])
+def test_ort_speed_sessions_keep_the_int8_saturation_guard(tmp_path, monkeypatch, saturates):
+    # ORT's fused U8S8 GEMM saturates int16 pair sums on x86 CPUs without VNNI: there the speed
+    # figure must not run int8 weights fused (its outputs would be wrong), exactly as every other
+    # ORT session of the package (quant.onnx_runtime.onnxruntime_session) does.
+    from opsnn_quant.evaluation import ort_speed as mod
+    from opsnn_quant.quant import onnx_export, onnx_runtime  # noqa: F401  (export first: import order)
+
+    monkeypatch.setattr(onnx_runtime, "ort_int8_weights_saturate", lambda: saturates)
+    _, qdq, _ = _models(tmp_path)
+    options = mod._session(qdq, threads=1).get_session_options()
+    try:
+        disabled = options.get_session_config_entry("session.disable_quant_qdq")
+    except RuntimeError:  # ORT raises for a key that was never set
+        disabled = ""
+    assert disabled == ("1" if saturates else "")
+    assert options.intra_op_num_threads == 1
