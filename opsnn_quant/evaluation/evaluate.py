@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ from opsnn_quant.evaluation.suite import Suite
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.policy.targets import get_target
 from opsnn_quant.types import Modality
+
+if TYPE_CHECKING:
+    from opsnn_quant.probe.report import SensitivityReport
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
@@ -93,7 +96,7 @@ def evaluate(
     *,
     candidate_backend: str | None = None,
     policy: dict[str, Any] | None = None,
-    sensitivity: Any | None = None,
+    sensitivity: SensitivityReport | None = None,
     progress: Progress | None = None,
     created: str | None = None,
     latency: str = "target",
@@ -324,7 +327,9 @@ def policy_summary(out_dir: Path) -> dict[str, Any] | None:
     }
 
 
-def load_candidate(out_dir: Path, family: str | None = None) -> tuple[ModelAdapter, Any]:
+def load_candidate(
+    out_dir: Path, family: str | None = None
+) -> tuple[ModelAdapter, SensitivityReport | None]:
     """The candidate: a calibrate output directory (float source + ``quant/``) or a model source.
 
     A model source (``zoo:<name>`` or a model directory without ``quant/``) is loaded as is,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
@@ -22,6 +22,9 @@ from opsnn_quant.evaluation.latency import LatencyResult
 from opsnn_quant.evaluation.ort_speed import OrtSpeedResult
 from opsnn_quant.evaluation.profile import ModuleTimeRow, StabilityResult, StageRow
 from opsnn_quant.io import atomic_write_text, load_json_model
+
+if TYPE_CHECKING:
+    from opsnn_quant.probe.report import SensitivityReport
 
 # 2: criteria carry their backend; NOT JUDGED replaces INFO; target and latency_* fields.
 REPORT_SCHEMA_VERSION = 2
@@ -270,7 +273,7 @@ def exit_code(report: AcceptanceReport) -> int:
     return EXIT_PASS if report.verdict == "PASS" else EXIT_FAIL
 
 
-def sensitivity_rows(report: Any, top: int | None = None) -> list[SensitivityRow]:
+def sensitivity_rows(report: SensitivityReport, top: int | None = None) -> list[SensitivityRow]:
     """Rows from a :class:`~opsnn_quant.probe.report.SensitivityReport`, most sensitive first.
 
     Ordered by end-to-end contribution where the probe measured it, then by lowest local

@@ -18,7 +18,7 @@ import datetime as _dt
 import math
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from opsnn_quant.evaluation.gate import (
     LatencyPlan,
@@ -42,6 +42,9 @@ from opsnn_quant.evaluation.report import (
     sensitivity_rows,
 )
 from opsnn_quant.evaluation.suite import Suite
+
+if TYPE_CHECKING:
+    from opsnn_quant.probe.report import SensitivityReport
 
 __all__ = [
     "THRESHOLDS",
@@ -169,7 +172,7 @@ def build_report(
     stability: dict[str, StabilityResult] | None = None,
     onnxruntime: OrtSpeedResult | None = None,
     policy: dict[str, Any] | None = None,
-    sensitivity: Any | None = None,
+    sensitivity: SensitivityReport | None = None,
     notes: Sequence[str] = (),
     created: str | None = None,
     target: str | None = None,
