@@ -89,3 +89,35 @@ def test_calibrate_evaluate_prints_the_verdict_and_exits_3_on_fail(tmp_path, cap
         and "FAIL" in (out / "report" / "report.md").read_text()
     )
     assert (out / "policy.yaml").is_file() and (out / "quant" / "model.safetensors").is_file()
+
+
+def test_run_calibrate_on_a_tiny_pipeline_writes_every_artifact(tmp_path):
+    # The library entry point itself (no CLI), kept small to stay fast: one prompt, one step.
+    from opsnn_quant.policy.export import EXPORT_FILES
+    from opsnn_quant.recipe import load_recipe
+    from opsnn_quant.workflow import run_calibrate
+    from tests.tiny_pipelines import save_tiny_sd
+
+    save_tiny_sd(tmp_path / "pipe")
+    (tmp_path / "prompts.txt").write_text("a red circle\n")
+    recipe_path = tmp_path / "recipe.yaml"
+    recipe_path.write_text(
+        f"name: tiny\n"
+        f"model: {{family: diffusers-sd, source: {tmp_path / 'pipe'}, settings: {{steps: 1, batch_size: 1}}}}\n"
+        f"data: {{calibration: {tmp_path / 'prompts.txt'}, holdout: {tmp_path / 'prompts.txt'}}}\n"
+        f"probe: {{max_root_calls: 1}}\n"
+        f"target: ascend910b-atc\n"
+    )
+    phases: list[str] = []
+    result = run_calibrate(load_recipe(str(recipe_path)), tmp_path / "out", progress=phases.append)
+    out = tmp_path / "out"
+    for rel in ("probe.json", "policy.yaml", "quant/model.safetensors", "quant/description.json"):
+        assert (out / rel).is_file(), rel
+    for name in EXPORT_FILES.values():
+        assert (out / "export" / name).is_file(), name
+    assert {r.modality.value for r in result.rows} >= {"text_encoder", "denoiser", "image_decoder"}
+    assert result.measured and all("sqnr_db" in v for v in result.measured.values())
+    assert (
+        phases[0] == "loading the calibration data" and "quantizing (calibration passes)" in phases
+    )
+    assert result.verdict is None and result.seconds["total"] > 0

@@ -83,15 +83,11 @@ def random_images(n: int, size: int = 32, seed: int = 0) -> np.ndarray:
     return np.clip(np.round(img), 0, 255).astype(np.uint8)
 
 
-def zoo_or_skip(name: str) -> Any:
-    """Load a zoo model or skip the test saying the entry is missing."""
+def zoo_model(name: str) -> Any:
+    """A zoo model; the in-tree zoo is part of the repository, so a broken one fails the test."""
     from opsnn_quant import zoo
-    from opsnn_quant.errors import OpsnnQuantError
 
-    try:
-        return zoo.load(name)
-    except (OpsnnQuantError, OSError, ImportError) as err:
-        pytest.skip(f"zoo model {name!r} not available yet: {err}")
+    return zoo.load(name)
 
 
 @pytest.fixture(autouse=True)

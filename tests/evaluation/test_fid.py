@@ -19,7 +19,7 @@ from opsnn_quant.evaluation.fid import (
     metric_name,
     tf_bilinear_resize,
 )
-from tests.evaluation.conftest import random_images, zoo_or_skip
+from tests.evaluation.conftest import random_images, zoo_model
 
 
 class PooledFeatures(nn.Module):
@@ -161,7 +161,7 @@ def test_clip_features_from_processor(tiny_clip):
 
 
 def test_zoo_shapes_clip_feature_space():
-    model = zoo_or_skip("shapes-clip")
+    model = zoo_model("shapes-clip")
     feats = ClipImageFeatures(model, "shapes-clip", mean=(0.5,) * 3, std=(0.5,) * 3)
     out = extract_features(random_images(3, seed=7), feats)
     assert out.shape == (3, model.config.projection_dim)

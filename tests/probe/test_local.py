@@ -1,0 +1,81 @@
+"""Local int8 errors of every candidate scheme (probe pass 2): SQNR, SmoothQuant, noise power, infeasible schemes."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from opsnn_quant.probe.api import ProbeConfig, probe
+from opsnn_quant.probe.report import SensitivityReport
+from tests.models import TinyMLP, forward_loop_for
+
+
+def test_local_errors_and_smoothquant_on_an_outlier_channel():
+    model = TinyMLP()
+    report = probe(
+        model, forward_loop_for(model), ProbeConfig(attribution=False), modalities={"": "denoiser"}
+    )
+    fc1 = report.module("fc1")
+    assert set(fc1.w8a8) == {
+        "w8a8",
+        "w8a8_mse",
+        "w8a8_smoothquant",
+        "w8a8_dynamic",
+        "w8a8_dynamic_smoothquant",
+    }
+    # the outlier input channel (x20) hurts per-tensor static quantization; SmoothQuant fixes it
+    assert fc1.w8a8["w8a8_smoothquant"].sqnr_db > fc1.w8a8["w8a8"].sqnr_db + 3
+    assert fc1.w8a8["w8a8_smoothquant"].smoothquant_alpha is not None
+    assert 0.99 < fc1.w8a8["w8a8_dynamic"].cosine <= 1.0
+    assert fc1.macs == 4 * 8 * 64 * 128 and fc1.calls == 4
+    assert report.modalities["denoiser"].median_sqnr_db is not None
+
+
+def test_local_probe_measures_noise_power_per_output_channel(monkeypatch):
+    import opsnn_quant.probe.api as api
+
+    model = TinyMLP()
+    kept = {}
+    monkeypatch.setattr(api.LocalProbe, "release", lambda self: kept.setdefault(self.name, self))
+    probe(
+        model, forward_loop_for(model), ProbeConfig(attribution=False), modalities={"": "denoiser"}
+    )
+    lp = kept["fc1"]
+    for scheme in lp.schemes:
+        power = lp.noise_power(scheme)
+        energy = lp.energies[scheme]
+        assert power is not None and power.shape == (model.fc1.out_features,)
+        # per-channel mean powers times elements per channel add up to the total noise energy
+        assert float(power.sum()) * energy.channel_count == pytest.approx(energy.noise, rel=1e-9)
+
+
+def test_an_int8_output_past_fp16_is_an_infeasible_scheme_not_a_crash():
+    # A Linear whose output passes 65504 (weights x1e5 on unit inputs) feeding a LayerNorm: every
+    # int8 candidate's fp16 output overflows. The probe records each scheme as infeasible (with
+    # bf16 as the output dtype that fits), gives the module no end-to-end estimate, and goes on.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 4))
+    with torch.no_grad():
+        model[0].weight.mul_(1e5)
+    data = [torch.randn(4, 16) for _ in range(3)]
+
+    def loop(m: nn.Module) -> None:
+        for x in data:
+            m(x)
+
+    report = probe(model, loop, modalities={"": "denoiser"})
+    first = report.module("0")
+    assert first.fp16 is not None and first.fp16.overflow
+    assert set(first.w8a8) == {"w8a8", "w8a8_mse", "w8a8_smoothquant", "w8a8_dynamic",
+                               "w8a8_dynamic_smoothquant"}  # fmt: skip
+    for err in first.w8a8.values():
+        assert err.infeasible is not None and "float16 output" in err.infeasible
+        assert err.fits_output_dtype == "bfloat16" and err.sqnr_db is None
+    assert first.e2e is None
+    last = report.module("2")  # after the LayerNorm: in range, scored as usual
+    assert all(e.infeasible is None and e.sqnr_db is not None for e in last.w8a8.values())
+    assert last.e2e is not None and math.isfinite(last.e2e.contribution)
+    # the JSON round trip keeps the verdict
+    again = SensitivityReport.model_validate_json(report.model_dump_json())
+    assert again.module("0").w8a8["w8a8"].infeasible == first.w8a8["w8a8"].infeasible
