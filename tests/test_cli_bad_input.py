@@ -273,3 +273,25 @@ def test_sigterm_cleans_up_like_ctrl_c(tiny, tmp_path):
     assert err.strip().splitlines()[-1] == "interrupted (SIGTERM)"
     assert (out / "policy.yaml").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_ctrl_c_prints_one_interrupted_line_and_removes_the_partial_output(
+    tiny, tmp_path, monkeypatch, capsys
+):
+    _, recipe, done = tiny
+    out = tmp_path / "out"
+    shutil.copytree(done, out)
+    before = (out / "policy.yaml").read_bytes()
+    import opsnn_quant.workflow
+
+    real = opsnn_quant.workflow.save_quantized
+
+    def interrupted(*a, **k):  # a Ctrl-C arrives while the checkpoint is being written
+        real(*a, **k)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(opsnn_quant.workflow, "save_quantized", interrupted)
+    assert main(["calibrate", str(recipe), "-o", str(out), "--quiet"]) == 130
+    assert _errors(capsys.readouterr().err) == ["interrupted"]
+    assert (out / "policy.yaml").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -158,25 +158,34 @@ def fmt_db(x: float | None) -> str:
     return "inf" if math.isinf(x) else f"{x:.1f}"
 
 
-def table(title: str, columns: list[tuple[str, str]], caption: str | None = None) -> Table:
+def table(
+    title: str,
+    columns: list[tuple[str, str]],
+    caption: str | None = None,
+    first_width: int | None = None,
+) -> Table:
     """A table that fits :data:`WIDTH` columns.
 
     Args:
         title: the title line.
-        columns: ``(header, justify)`` pairs; the first column folds long names at dots rather
-            than cutting them.
+        columns: ``(header, justify)`` pairs.
         caption: a legend under the table.
+        first_width: a fixed width of the first column (module names pre-broken at dots with
+            :func:`wrap_name` to this width are never cut mid-part).
     """
     t = Table(title=title, caption=caption, caption_justify="left", expand=False)
     for i, (header, justify) in enumerate(columns):
         if i == 0:
-            t.add_column(header, overflow="fold", ratio=3)
+            t.add_column(header, overflow="fold", width=first_width)
         else:
             t.add_column(header, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     return t
 
 
-def wrap_name(name: str, width: int = 34) -> str:
+NAME_WIDTH = 30  # the module column of 80-column tables
+
+
+def wrap_name(name: str, width: int = NAME_WIDTH) -> str:
     """A dotted module name broken at dots into lines of at most ``width`` (never mid-part)."""
     if len(name) <= width:
         return name

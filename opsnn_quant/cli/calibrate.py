@@ -49,6 +49,7 @@ def _probe_table(report: SensitivityReport) -> _ui.Table:
         + [(c, "right") for c in ("int8", "e2e", "rank")],
         caption="fp16: ovf = overflows or too little headroom; int8: best local SQNR, dB; "
         "e2e: share of the modality's estimated int8 output noise",
+        first_width=_ui.NAME_WIDTH,
     )
     for modality, summary in report.modalities.items():
         t.add_row(
@@ -66,7 +67,7 @@ def _probe_table(report: SensitivityReport) -> _ui.Table:
         for m in mods[:5]:
             best = max((s.sqnr_db for s in m.w8a8.values() if s.sqnr_db is not None), default=None)
             t.add_row(
-                _ui.wrap_name(m.name, 36), m.type, "ovf" if m.fp16 and m.fp16.overflow else "ok",
+                _ui.wrap_name(m.name), m.type, "ovf" if m.fp16 and m.fp16.overflow else "ok",
                 _ui.fmt_db(best), f"{m.e2e.contribution / total:.0%}" if m.e2e else "-",
                 str(m.e2e.rank) if m.e2e else "-",
                 end_section=m is mods[min(len(mods), 5) - 1],
