@@ -34,6 +34,10 @@ class ProbeConfig:
             noise as white within an output channel with the power pass 2 measured: one forward
             + one backward and nothing else, every scheme free; ranks modules as well (see
             ``benchmarks/bench_probe.py``) but underestimates totals by up to ~2x.
+        fp16_rerun: how the fp16/bf16 re-runs run: ``auto`` emulates the Ascend Cube in fp32
+            on a CPU (fp16-rounded operands, fp32 accumulation, one output rounding) and runs
+            the real fp16/bf16 module on npu/cuda; ``emulate`` / ``native`` force one
+            (see :func:`opsnn_quant.probe.fp16.run_as`).
         seed: seed of reservoirs and random directions.
     """
 
@@ -46,4 +50,5 @@ class ProbeConfig:
     estimator_batch: int | Mapping[str, int] | None = None
     e2e_schemes: Literal["all", "best"] = "all"
     estimator: Literal["structured", "diagonal"] = "structured"
+    fp16_rerun: Literal["auto", "emulate", "native"] = "auto"
     seed: int = 0

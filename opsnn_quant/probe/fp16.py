@@ -6,9 +6,13 @@ fp16-cast input in two Ascend modes — INF_NAN (910B default: overflow becomes 
 saturation (910A/310P: values clamp to ±65504, so the error is silent) — and in bf16. For norms,
 the largest mean of squares over the normalised axes (the variance an fp16 kernel would hold).
 
-Saturation mode is emulated on CPU: the input is clamped to ±65504 before the cast and inf
-outputs are clamped after the fp16 run; an internal intermediate that saturates on the device but
-not in the emulation is the emulation's limit.
+How a module is re-run (:func:`run_as`): on an accelerator (npu, cuda) the real fp16/bf16 module.
+On a CPU, whose fp16 kernels are slow (a 3x3 conv ~67x fp32) and unlike the NPU's, the Ascend
+Cube is emulated instead: the operands (input, weights) are rounded to fp16/bf16, the module runs
+in fp32 (the Cube accumulates in fp32), and its output is rounded to fp16/bf16 once, overflowing
+to inf (INF_NAN mode) or clamped to ±65504 first (saturation mode). What the emulation cannot see
+is an intermediate *inside* one module that overflows fp16 on the device while its output does
+not (the norms' sum of squares is checked separately for that reason).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -57,9 +62,10 @@ class Fp16Accumulator:
     (an out-of-range input, or a non-finite fp16 output).
     """
 
-    def __init__(self, rerun: bool, rerun_calls: int = 16) -> None:
+    def __init__(self, rerun: bool, rerun_calls: int = 16, mode: str = "auto") -> None:
         self.rerun = rerun
         self.rerun_calls = rerun_calls
+        self.mode = mode  # how re-runs run: see run_as
         self.calls = 0
         self.in_hist = PercentileObserver(99.9)
         self.out_hist = PercentileObserver(99.9)
@@ -98,7 +104,7 @@ class Fp16Accumulator:
         y_max = float(y.detach().abs().max()) if y.numel() else 0.0
         if self.calls > self.rerun_calls and max(x_max, y_max) < RISKY:
             return
-        y16 = _run_as(module, args, torch.float16, saturate=False)
+        y16 = run_as(module, args, torch.float16, saturate=False, mode=self.mode)
         if y16 is None:
             return
         finite = torch.isfinite(y16)
@@ -114,12 +120,12 @@ class Fp16Accumulator:
         if all_finite and x_max <= FP16_MAX:
             ysat = y16  # nothing saturates: both modes compute the same
         else:
-            ysat = _run_as(module, args, torch.float16, saturate=True)
+            ysat = run_as(module, args, torch.float16, saturate=True, mode=self.mode)
         if ysat is not None:
             a, b = _rel_err(y, torch.nan_to_num(ysat, nan=0.0))
             self.err_sat[0] += a
             self.err_sat[1] += b
-        ybf = _run_as(module, args, torch.bfloat16, saturate=False)
+        ybf = run_as(module, args, torch.bfloat16, saturate=False, mode=self.mode)
         if ybf is not None:
             a, b = _rel_err(y, ybf)
             self.err_bf16[0] += a
@@ -171,11 +177,81 @@ def _p999(obs: PercentileObserver) -> float:
     return float(hi)
 
 
-def _run_as(
+RERUN_MODES = ("auto", "emulate", "native")
+
+
+def run_as(
+    module: nn.Module, args: tuple, dtype: torch.dtype, saturate: bool, mode: str = "auto"
+) -> torch.Tensor | None:
+    """``module``'s output when it runs in ``dtype`` (fp16/bf16) on ``args``, as fp32.
+
+    Args:
+        module: the module (left as it is).
+        args: its call's positional inputs.
+        dtype: ``torch.float16`` or ``torch.bfloat16``.
+        saturate: fp16 saturation mode (910A/310P): inputs and outputs clamp to ±65504.
+        mode: ``native`` runs a copy of the module in ``dtype`` (the device's own kernels);
+            ``emulate`` emulates the Ascend Cube in fp32 (see the module docstring); ``auto``
+            emulates on a CPU and runs natively elsewhere.
+
+    Returns:
+        The output (None when the module has no kernel for ``dtype`` or returns no tensor).
+    """
+    x = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    on_cpu = x is None or x.device.type == "cpu"
+    if mode == "emulate" or (mode == "auto" and on_cpu):
+        return _emulate(module, args, dtype, saturate)
+    return _native(module, args, dtype, saturate)
+
+
+def _rounded(t: torch.Tensor, dtype: torch.dtype, saturate: bool) -> torch.Tensor:
+    """``t`` rounded to ``dtype`` and back to fp32 (clamped to ±65504 first in saturation mode)."""
+    t = t.detach()
+    if saturate:
+        t = t.clamp(-FP16_MAX, FP16_MAX)
+    return t.to(dtype).to(torch.float32)
+
+
+def _emulate(
     module: nn.Module, args: tuple, dtype: torch.dtype, saturate: bool
 ) -> torch.Tensor | None:
-    """Run a copy of ``module`` in ``dtype`` on the ``dtype``-cast inputs (None if unsupported)."""
+    from opsnn_quant.tensors import first_tensor
+
+    shadow = _copy_with(module, lambda t: _rounded(t, dtype, saturate=False))
+    inputs = (
+        _rounded(a, dtype, saturate) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+        for a in args
+    )
+    with torch.no_grad():
+        y = first_tensor(shadow(*inputs))
+    if y is None:
+        return None
+    # One rounding of the fp32 result to the output dtype: past 65504 it is inf (INF_NAN mode),
+    # or clamped to ±65504 first (saturation mode).
+    return _rounded(y, dtype, saturate)
+
+
+def _copy_with(module: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
+    """A hook-free copy of ``module`` whose floating tensors are ``convert``-ed copies.
+
+    The tensors go into the deepcopy memo already converted: a plain deepcopy would first
+    duplicate the fp32 weights (an LM head: 80 MB) only to convert them afterwards.
+    """
     from opsnn_quant.probe.hooks import hookless_memo
+
+    memo = hookless_memo(module)
+    for t in itertools.chain(module.parameters(), module.buffers()):
+        if t.is_floating_point():
+            c = convert(t.detach())
+            memo[id(t)] = nn.Parameter(c, requires_grad=False) if isinstance(t, nn.Parameter) else c
+    return copy.deepcopy(module, memo)
+
+
+def _native(
+    module: nn.Module, args: tuple, dtype: torch.dtype, saturate: bool
+) -> torch.Tensor | None:
+    """Run a copy of ``module`` in ``dtype`` on the ``dtype``-cast inputs (None if unsupported):
+    the device's own fp16/bf16 kernels."""
     from opsnn_quant.tensors import first_tensor
 
     def cast(a: object) -> object:
@@ -186,16 +262,7 @@ def _run_as(
             return t.to(dtype)
         return a
 
-    # Deep-copy the module's structure with its tensors already cast: a plain deepcopy would
-    # first duplicate the fp32 weights (an LM head: 80 MB) only to cast them afterwards.
-    memo = hookless_memo(module)
-    for t in itertools.chain(module.parameters(), module.buffers()):
-        if t.is_floating_point():
-            cast_t = t.detach().to(dtype)
-            memo[id(t)] = (
-                nn.Parameter(cast_t, requires_grad=False) if isinstance(t, nn.Parameter) else cast_t
-            )
-    shadow = copy.deepcopy(module, memo).to(dtype)
+    shadow = _copy_with(module, lambda t: t.to(dtype)).to(dtype)
     try:
         out = shadow(*(cast(a) for a in args))
     except RuntimeError:  # an op without a CPU kernel in this dtype

@@ -80,7 +80,10 @@ def watches_for(
     """The empty watches of every module the configuration probes."""
     w = Watches()
     if cfg.fp16:
-        w.fp16 = {n: Fp16Accumulator(rerun=kind in ("param", "act")) for n, (_, kind) in watched.items()}  # fmt: skip
+        w.fp16 = {
+            n: Fp16Accumulator(rerun=kind in ("param", "act"), mode=cfg.fp16_rerun)
+            for n, (_, kind) in watched.items()
+        }
     if cfg.w8a8:
         w.local = {n: LocalProbe(n, m) for n, m in named.items() if n and type(m) in QUANTIZABLE}
         w.macs = {n: [0, 0] for n in w.local}

@@ -1,5 +1,6 @@
 """fp16 overflow probe: planted overflows are all flagged and clean modules never are."""
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -85,3 +86,70 @@ def test_headroom_threshold_flags_near_overflow():
     )
     assert strict.module("lin").fp16.overflow  # 40000 > 65504 / 2
     assert not lax.module("lin").fp16.overflow  # fits fp16
+
+
+# ---- the Ascend Cube emulation of the re-runs (probe/fp16.run_as, mode="emulate") -------------
+
+
+def _bf16_round(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 -> float32, round to nearest even, on the bit pattern."""
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+def test_emulation_is_fp16_operands_fp32_accumulation_one_fp16_output_rounding():
+    # Hand-checkable Linear: operands with few significant bits, so every product and sum is
+    # exact in fp32 and the one rounding is the fp16 output's: 65504 stays, 65512 rounds to the
+    # even neighbour 65504, 65520 and beyond overflow to inf (INF_NAN) or clamp (saturation).
+    from opsnn_quant.probe.fp16 import run_as
+
+    lin = nn.Linear(2, 4, bias=True)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor([[1.0, 0.0], [1.0, 0.5], [1.0, 1.0], [0.25, -3.0]]))
+        lin.bias.copy_(torch.tensor([0.0, 0.0, 16.0, 1.5]))
+    x = torch.tensor([[65504.0, 16.0], [-65504.0, 0.125]])
+    want = np.array([[65504.0, 65512.0, 65536.0, 16376.0 - 48.0 + 1.5],
+                     [-65504.0, -65504.0 + 0.0625, -65504.0 + 16.125, -16376.0 - 0.375 + 1.5]])  # fmt: skip
+    inf_nan = want.astype(np.float16).astype(np.float32)  # numpy: RNE, overflow to inf
+    saturated = np.clip(want, -65504, 65504).astype(np.float16).astype(np.float32)
+    got = run_as(lin, (x,), torch.float16, saturate=False, mode="emulate")
+    assert np.array_equal(got.numpy(), inf_nan, equal_nan=True)
+    assert np.isinf(got[0, 2]) and got[0, 1] == 65504.0
+    got_sat = run_as(lin, (x,), torch.float16, saturate=True, mode="emulate")
+    assert np.array_equal(got_sat.numpy(), saturated) and got_sat[0, 2] == 65504.0
+
+
+def test_emulation_in_bf16_rounds_the_operands_to_bf16():
+    from opsnn_quant.probe.fp16 import run_as
+
+    torch.manual_seed(3)
+    lin = nn.Linear(3, 2, bias=False)
+    x = torch.randn(4, 3)
+    w = _bf16_round(lin.weight.detach().numpy())
+    want = _bf16_round(
+        (_bf16_round(x.numpy()).astype(np.float64) @ w.T.astype(np.float64)).astype(np.float32)
+    )
+    got = run_as(lin, (x,), torch.bfloat16, saturate=False, mode="emulate")
+    assert np.array_equal(got.numpy(), want)
+
+
+def test_emulation_flags_exactly_what_the_real_fp16_run_flags(tmp_path):
+    # The planted pipeline (every kind of overflow the probe knows) probed twice: with CPU fp16
+    # kernels and with the Cube emulation. The same modules are flagged.
+    from opsnn_quant.models import load_adapter
+    from opsnn_quant.models.data import load_records
+    from tests.planted import save_planted_sd
+
+    save_planted_sd(tmp_path / "pipe")
+    (tmp_path / "p.txt").write_text("a red circle\n")
+    adapter = load_adapter("diffusers-sd", str(tmp_path / "pipe"), steps=1, batch_size=1)
+    loop = adapter.forward_loop(load_records(str(tmp_path / "p.txt")))
+    flagged = {}
+    for mode in ("native", "emulate"):
+        report = probe(adapter, loop, ProbeConfig(w8a8=False, fp16_rerun=mode))
+        flagged[mode] = {m.name for m in report.modules if m.fp16 and m.fp16.overflow}
+        infs = {m.name for m in report.modules if m.fp16 and m.fp16.inf_nan_count}
+        flagged[mode + " inf"] = infs
+    assert flagged["native"] == flagged["emulate"] and len(flagged["emulate"]) >= 5
+    assert flagged["native inf"] == flagged["emulate inf"] and flagged["emulate inf"]
