@@ -150,31 +150,40 @@ def replay(root: nn.Module, call: tuple[tuple, dict]) -> torch.Tensor:
 
 @dataclass
 class RecordedRoots:
-    """Recorded root calls and their float outputs, per modality."""
+    """Recorded calls of each root module and their float outputs.
 
-    calls: dict[Modality, list[tuple[tuple, dict]]]
-    outputs: dict[Modality, list[torch.Tensor]]
+    Attributes:
+        calls: root name -> recorded calls.
+        outputs: root name -> the float output of each recorded call.
+        modalities: root name -> its modality.
+    """
+
+    calls: dict[str, list[tuple[tuple, dict]]]
+    outputs: dict[str, list[torch.Tensor]]
+    modalities: dict[str, Modality] = field(default_factory=dict)
+
+    def roots_of(self, modality: Modality) -> list[str]:
+        """The recorded roots of ``modality``."""
+        return [r for r, m in self.modalities.items() if m == modality and r in self.calls]
 
 
 @torch.no_grad()
 def record_roots(
     adapter: ModelAdapter, loop: ForwardLoop, max_calls: int = 8, seed: int = 1
 ) -> RecordedRoots:
-    """Run ``loop`` on the float model, recording up to ``max_calls`` calls per modality root."""
+    """Run ``loop`` on the float model, recording up to ``max_calls`` calls per root."""
     named = dict(adapter.model.named_modules())
-    roots = {m: r for m, r in adapter.roots().items() if r in named}
-    recorders = {
-        m: RootRecorder(r, max_calls, seed, adapter.record_filter(r)) for m, r in roots.items()
-    }
+    roots = {r: m for r, m in adapter.roots().items() if r in named}
+    recorders = {r: RootRecorder(r, max_calls, seed, adapter.record_filter(r)) for r in roots}
     handles = [
-        named[roots[m]].register_forward_pre_hook(rec.forward_pre_hook, with_kwargs=True)
-        for m, rec in recorders.items()
+        named[r].register_forward_pre_hook(rec.forward_pre_hook, with_kwargs=True)
+        for r, rec in recorders.items()
     ]
     try:
         loop(adapter.model)
     finally:
         for h in handles:
             h.remove()
-    calls = {m: rec.calls for m, rec in recorders.items() if rec.calls}
-    outputs = {m: [replay(named[roots[m]], c).float() for c in cs] for m, cs in calls.items()}
-    return RecordedRoots(calls, outputs)
+    calls = {r: rec.calls for r, rec in recorders.items() if rec.calls}
+    outputs = {r: [replay(named[r], c).float() for c in cs] for r, cs in calls.items()}
+    return RecordedRoots(calls, outputs, roots)

@@ -60,13 +60,13 @@ def run_amct_roots(
     resolved = policy.resolve(names, types)
     recorded = record_roots(adapter, loop, max_calls=batch_num)
     runs = {}
-    for modality, root in adapter.roots().items():
+    for root in adapter.roots():
         inside = [
             n
             for n in names
             if (root == "" or n.startswith(root + ".")) and resolved[n].precision.is_int8
         ]
-        calls = recorded.calls.get(modality)
+        calls = recorded.calls.get(root)
         if not inside or not calls:
             continue
         module = named[root]

@@ -46,7 +46,8 @@ def onnx_speed(
     from opsnn_quant.recording import record_roots
 
     modality = candidate.primary_modality()
-    root_name = candidate.roots().get(modality) if modality is not None else None
+    roots = candidate.roots_of(modality) if modality is not None else []
+    root_name = roots[0] if roots else None
     if modality is None or root_name is None:
         what = "primary modality" if modality is None else f"{modality.value} root"
         notes.append(f"ONNX speed figure skipped: the model has no {what}")
@@ -63,10 +64,10 @@ def onnx_speed(
         return None
     sample = records[: max(1, min(2, len(records)))]
     recorded = record_roots(candidate, candidate.forward_loop(sample), max_calls=1)
-    if modality not in recorded.calls:
+    if root_name not in recorded.calls:
         notes.append("ONNX speed figure skipped: the root module was not called")
         return None
-    args, kwargs = recorded.calls[modality][0]
+    args, kwargs = recorded.calls[root_name][0]
     tensor_keys = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
     kwargs = {k: v for k, v in kwargs.items() if k != "return_dict"}
     module = _RootCall(root, kwargs, tensor_keys)

@@ -48,12 +48,18 @@ class ModelAdapter(ABC):
         """Module-name prefix -> modality (longest prefix wins; ``""`` is the whole model)."""
 
     @abstractmethod
-    def roots(self) -> dict[Modality, str]:
-        """Per modality, the module whose output is that modality's final output.
+    def roots(self) -> dict[str, Modality]:
+        """Root module name -> modality: the modules whose outputs are their modality's final
+        outputs (a modality may have several, e.g. SDXL's two text encoders).
 
         End-to-end attribution measures each module's effect on its root's output (e.g. the
-        UNet's noise prediction, the VAE decoder's image, Whisper's logits).
+        UNet's noise prediction, the VAE decoder's image, Whisper's logits); a modality's
+        figures cover all its roots' outputs together.
         """
+
+    def roots_of(self, modality: Modality) -> list[str]:
+        """The root modules of ``modality``, in :meth:`roots` order."""
+        return [r for r, m in self.roots().items() if m == modality]
 
     @abstractmethod
     def forward_loop(self, data: Sequence[Any], limit: int | None = None) -> ForwardLoop:
@@ -79,8 +85,8 @@ class ModelAdapter(ABC):
     def primary_modality(self) -> Modality | None:
         """The modality whose root carries most of the work (exported for speed figures);
         default: the only one, for a model with a single root."""
-        roots = self.roots()
-        return next(iter(roots)) if len(roots) == 1 else None
+        modalities = list(dict.fromkeys(self.roots().values()))
+        return modalities[0] if len(modalities) == 1 else None
 
     def modality_of(self, name: str) -> Modality:
         """Modality of one module name."""
@@ -108,4 +114,4 @@ class ModelAdapter(ABC):
 
     def describe_output(self, modality: Modality) -> str:
         """Words for the root output of a modality (for reports)."""
-        return self.roots().get(modality, "")
+        return ", ".join(self.roots_of(modality))

@@ -118,14 +118,15 @@ class DiffusersSDAdapter(ModelAdapter):
                     out[f"vae.{sub}"] = Modality.IMAGE_DECODER
         return out
 
-    def roots(self) -> dict[Modality, str]:
-        """UNet noise prediction, VAE decoder image, text encoder hidden states."""
+    def roots(self) -> dict[str, Modality]:
+        """UNet noise prediction, VAE decoder image, each text encoder's hidden states."""
         children = dict(self.model.named_children())
-        out = {Modality.DENOISER: "unet"}
+        out = {"unet": Modality.DENOISER}
         if "vae" in children:
-            out[Modality.IMAGE_DECODER] = "vae.decoder"
-        if "text_encoder" in children:
-            out[Modality.TEXT_ENCODER] = "text_encoder"
+            out["vae.decoder"] = Modality.IMAGE_DECODER
+        for name in ("text_encoder", "text_encoder_2"):
+            if name in children:
+                out[name] = Modality.TEXT_ENCODER
         return out
 
     def evaluation_inputs(self, records: Sequence[Any]) -> list[Any]:

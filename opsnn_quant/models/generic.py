@@ -19,8 +19,8 @@ class GenericAdapter(ModelAdapter):
         model: the model.
         modalities: module-name prefix -> modality (``{"": "denoiser"}`` for a one-modality model).
         forward_loop: the calibration loop; ``forward_loop(data, limit)`` returns it as is.
-        roots: per modality, the module whose output counts as final (default: the longest
-            prefix of that modality, or the whole model for ``""``).
+        roots: per modality, the module (or modules) whose output counts as final (default:
+            the shortest prefix of that modality, or the whole model for ``""``).
         generate_fn: optional ``(model, inputs, seed) -> outputs`` for evaluation.
         model_id: a name for artifacts.
     """
@@ -33,7 +33,7 @@ class GenericAdapter(ModelAdapter):
         modalities: dict[str, Modality | str],
         forward_loop: ForwardLoop,
         *,
-        roots: dict[Modality | str, str] | None = None,
+        roots: dict[Modality | str, str | Sequence[str]] | None = None,
         generate_fn: Callable[[nn.Module, Sequence[Any], int], list[Any]] | None = None,
         model_id: str = "generic",
     ) -> None:
@@ -45,18 +45,26 @@ class GenericAdapter(ModelAdapter):
             raise ConfigError(f"unknown modality in mapping: {exc}") from exc
         self._loop = forward_loop
         self._generate = generate_fn
-        self._roots = {Modality(k): v for k, v in (roots or {}).items()}
-        for modality in set(self._modalities.values()):
-            if modality not in self._roots:
+        given = {
+            Modality(k): [v] if isinstance(v, str) else list(v) for k, v in (roots or {}).items()
+        }
+        stray = sorted(m.value for m in given if m not in self._modalities.values())
+        if stray:
+            raise ConfigError(f"roots given for modalities the mapping lacks: {', '.join(stray)}")
+        self._roots: dict[str, Modality] = {}
+        for modality in dict.fromkeys(self._modalities.values()):  # mapping order: deterministic
+            if modality in given:
+                self._roots.update(dict.fromkeys(given[modality], modality))
+            else:
                 prefixes = [p for p, m in self._modalities.items() if m == modality]
-                self._roots[modality] = min(prefixes, key=len)
+                self._roots[min(prefixes, key=len)] = modality
         self.check_prefixes()
 
     def modalities(self) -> dict[str, Modality]:
         """See :meth:`ModelAdapter.modalities`."""
         return dict(self._modalities)
 
-    def roots(self) -> dict[Modality, str]:
+    def roots(self) -> dict[str, Modality]:
         """See :meth:`ModelAdapter.roots`."""
         return dict(self._roots)
 

@@ -90,9 +90,9 @@ class WhisperAdapter(ModelAdapter):
             out["proj_out"] = Modality.TEXT_DECODER
         return out
 
-    def roots(self) -> dict[Modality, str]:
+    def roots(self) -> dict[str, Modality]:
         """Encoder hidden states; decoder logits (the whole model's output)."""
-        return {Modality.AUDIO_ENCODER: "model.encoder", Modality.TEXT_DECODER: ""}
+        return {"model.encoder": Modality.AUDIO_ENCODER, "": Modality.TEXT_DECODER}
 
     def recordable(self, root: str, args: tuple, kwargs: dict) -> bool:
         """Whole-model calls: only the forward loop's teacher-forced call (``use_cache=False``).

@@ -46,7 +46,7 @@ class _Run:
     cfg: ProbeConfig
     named: dict[str, nn.Module]
     watched: dict[str, tuple[nn.Module, str]]
-    roots: dict[Modality, str]
+    roots: dict[str, Modality]  # root module -> modality (several roots per modality allowed)
     watches: Watches
     costs: dict[str, float] = field(default_factory=dict)
 
@@ -110,7 +110,7 @@ def _as_adapter(
 def _start(adapter: ModelAdapter, cfg: ProbeConfig) -> _Run:
     named = dict(adapter.model.named_modules())
     watched = watched_modules(adapter.model)
-    roots = {mod: r for mod, r in adapter.roots().items() if r in named}
+    roots = {r: mod for r, mod in adapter.roots().items() if r in named}
     watches = watches_for(adapter, cfg, named, watched, roots)
     return _Run(adapter, cfg, named, watched, roots, watches)
 
@@ -119,31 +119,58 @@ def _start(adapter: ModelAdapter, cfg: ProbeConfig) -> _Run:
 
 
 def _attribute_modalities(run: _Run, say: Callable[[str], None]) -> dict[str, EndToEnd]:
-    """Per module, its end-to-end contribution within its modality (recorded calls replayed)."""
+    """Per module, its end-to-end contribution within its modality (recorded calls replayed).
+
+    A modality with several roots (SDXL's two text encoders) is attributed root by root, and
+    each root's contributions are weighted by its share of the modality's output energy, so they
+    add up to the relative noise of all its outputs together.
+    """
     local = run.watches.local
     # A module none of whose schemes stayed finite gets no end-to-end estimate: the policy pins it.
     best = {n: lp.best_scheme() for n, lp in local.items() if lp.calls and lp.feasible_schemes()}
     e2e: dict[str, EndToEnd] = {}
-    for modality, root_name in run.roots.items():
-        replay = _replayable_calls(run, modality, root_name)
-        members = {
-            n: run.named[n]
-            for n in best
-            if (root_name == "" or n.startswith(root_name + "."))
-            and run.adapter.modality_of(n) == modality
-        }
-        if not replay or not members:
-            continue
-        say(
-            f"end-to-end attribution: {modality.value} ({len(members)} modules, {len(replay)} replayed calls)"
-        )
-        result = _estimate_root(run, root_name, replay, members, best, modality)
-        release_memory()
-        e2e.update(_ranked(result, members, best, run.cfg))
-        _record_costs(run.costs, modality, result)
+    for modality in dict.fromkeys(run.roots.values()):
+        results = []
+        for root_name in (r for r, m in run.roots.items() if m == modality):
+            replay = _replayable_calls(run, modality, root_name)
+            members = {
+                n: run.named[n]
+                for n in best
+                if (root_name == "" or n.startswith(root_name + "."))
+                and run.adapter.modality_of(n) == modality
+            }
+            if not replay or not members:
+                continue
+            say(
+                f"end-to-end attribution: {modality.value} ({len(members)} modules, {len(replay)} replayed calls)"
+            )
+            results.append(_estimate_root(run, root_name, replay, members, best, modality))
+            release_memory()
+        if results:
+            e2e.update(_ranked(_merged(results), best, run.cfg))
+            for result in results:
+                _record_costs(run.costs, modality, result)
     for lp in local.values():
         lp.release()
     return e2e
+
+
+def _merged(results: list[Attribution]) -> Attribution:
+    """One modality's attribution from its roots' (each weighted by its output energy share)."""
+    if len(results) == 1:
+        return results[0]
+    total = sum(r.output_energy for r in results)
+    merged = Attribution({}, {}, total, 0.0, 0.0, exhaustive=None)
+    for r in results:
+        w = r.output_energy / total if total > 0 else 0.0
+        merged.contributions.update({n: c * w for n, c in r.contributions.items()})
+        merged.per_scheme.update(
+            {n: {s: c * w for s, c in by.items()} for n, by in r.per_scheme.items()}
+        )
+        if r.exhaustive is not None:
+            merged.exhaustive = merged.exhaustive or {}
+            merged.exhaustive.update({n: c * w for n, c in r.exhaustive.items()})
+    return merged
 
 
 def _replayable_calls(run: _Run, modality: Modality, root_name: str) -> list[tuple[tuple, dict]]:
@@ -188,10 +215,8 @@ def _estimate_root(
     )
 
 
-def _ranked(
-    result: Attribution, members: dict[str, nn.Module], best: dict[str, str], cfg: ProbeConfig
-) -> dict[str, EndToEnd]:
-    order = sorted(members, key=lambda n: (-result.contributions[n], n))
+def _ranked(result: Attribution, best: dict[str, str], cfg: ProbeConfig) -> dict[str, EndToEnd]:
+    order = sorted(result.contributions, key=lambda n: (-result.contributions[n], n))
     return {
         n: EndToEnd(
             scheme=best[n],
@@ -205,17 +230,20 @@ def _ranked(
 
 
 def _record_costs(costs: dict[str, float], modality: Modality, result: Attribution) -> None:
+    """Add one root's attribution costs to its modality's (summed over its roots)."""
     key = modality.value
-    costs[f"{key}_forward_seconds"] = result.seconds_forward
-    costs[f"{key}_estimator_seconds"] = result.seconds_estimator
-    costs[f"{key}_estimator_forward_equivalents"] = result.seconds_estimator / max(
-        result.seconds_forward, 1e-9
+    fwd = costs[f"{key}_forward_seconds"] = (
+        costs.get(f"{key}_forward_seconds", 0.0) + result.seconds_forward
     )
+    est = costs[f"{key}_estimator_seconds"] = (
+        costs.get(f"{key}_estimator_seconds", 0.0) + result.seconds_estimator
+    )
+    costs[f"{key}_estimator_forward_equivalents"] = est / max(fwd, 1e-9)
     if result.seconds_exhaustive is not None:
-        costs[f"{key}_exhaustive_seconds"] = result.seconds_exhaustive
-        costs[f"{key}_exhaustive_forward_equivalents"] = result.seconds_exhaustive / max(
-            result.seconds_forward, 1e-9
+        exh = costs[f"{key}_exhaustive_seconds"] = (
+            costs.get(f"{key}_exhaustive_seconds", 0.0) + result.seconds_exhaustive
         )
+        costs[f"{key}_exhaustive_forward_equivalents"] = exh / max(fwd, 1e-9)
 
 
 def _estimator_batch(cfg: ProbeConfig, modality: Modality) -> int | None:

@@ -19,19 +19,24 @@ from opsnn_quant.types import Modality
 def measure_modalities(
     adapter: ModelAdapter, recorded: RecordedRoots
 ) -> dict[Modality, dict[str, float]]:
-    """Replay the recorded calls on the (now quantized) model: SQNR dB and cosine per modality."""
+    """Replay the recorded calls on the (now quantized) model: SQNR dB and cosine per modality,
+    over all the modality's roots' outputs together."""
     named = dict(adapter.model.named_modules())
-    roots = adapter.roots()
     out = {}
-    for modality, calls in recorded.calls.items():
-        root = named[roots[modality]]
-        refs = recorded.outputs[modality]
-        got = [replay(root, c).float() for c in calls]
-        ref_all = torch.cat([r.reshape(-1) for r in refs])
-        got_all = torch.cat([g.reshape(-1) for g in got])
+    for modality in dict.fromkeys(recorded.modalities.values()):
+        roots = recorded.roots_of(modality)
+        if not roots:
+            continue
+        refs = [r.reshape(-1) for root in roots for r in recorded.outputs[root]]
+        got = [
+            replay(named[root], c).float().reshape(-1)
+            for root in roots
+            for c in recorded.calls[root]
+        ]
+        ref_all, got_all = torch.cat(refs), torch.cat(got)
         out[modality] = {
             "sqnr_db": sqnr_db(ref_all, got_all),
             "cosine": cosine(ref_all, got_all),
-            "calls": len(calls),
+            "calls": sum(len(recorded.calls[root]) for root in roots),
         }
     return out

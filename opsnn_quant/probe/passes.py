@@ -75,7 +75,7 @@ def watches_for(
     cfg: ProbeConfig,
     named: dict[str, nn.Module],
     watched: dict[str, tuple[nn.Module, str]],
-    roots: dict[Modality, str],
+    roots: dict[str, Modality],
 ) -> Watches:
     """The empty watches of every module the configuration probes."""
     w = Watches()
@@ -90,7 +90,7 @@ def watches_for(
         if cfg.attribution:
             w.recorders = {
                 r: RootRecorder(r, cfg.max_root_calls, cfg.seed, adapter.record_filter(r))
-                for r in roots.values()
+                for r in roots
             }
     for name, (_, kind) in watched.items():
         if kind == "act":

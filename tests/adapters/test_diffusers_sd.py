@@ -29,7 +29,7 @@ def test_loads_names_and_modalities(tiny_sd):
     assert adapter.modality_of("vae.decoder.conv_out") == Modality.IMAGE_DECODER
     assert adapter.modality_of("vae.post_quant_conv") == Modality.IMAGE_DECODER
     assert adapter.modality_of("vae.encoder.conv_in") == Modality.OTHER
-    assert adapter.roots()[Modality.DENOISER] == "unet"
+    assert adapter.roots()["unet"] == Modality.DENOISER
 
 
 def test_forward_loop_runs_every_timestep_and_generate_is_seeded(tiny_sd):

@@ -26,7 +26,7 @@ def test_names_modalities_and_roots(adapter):
         adapter.modality_of("model.decoder.layers.0.encoder_attn.k_proj") == Modality.TEXT_DECODER
     )
     assert adapter.modality_of("proj_out") == Modality.TEXT_DECODER
-    assert adapter.roots() == {Modality.AUDIO_ENCODER: "model.encoder", Modality.TEXT_DECODER: ""}
+    assert adapter.roots() == {"model.encoder": Modality.AUDIO_ENCODER, "": Modality.TEXT_DECODER}
 
 
 def test_generate_transcribes_the_committed_eval_audio(adapter):

@@ -162,3 +162,43 @@ def test_estimator_refuses_an_input_changed_in_place_before_its_gradient():
         estimate(
             model, [((torch.randn(4, 8),), {})], {"fc": model.fc}, quantized_output, {"fc": ("s",)}
         )
+
+
+def test_a_modality_with_two_roots_attributes_both_by_output_energy():
+    # Two identical towers of one modality (SDXL's two text encoders in miniature), the second
+    # fed twice the input: with power-of-two scaling every int8 integer is the same, so each
+    # module's contribution relative to its own tower is the same; over both towers' outputs
+    # together the second tower carries 4/5 of the energy, so its modules count 4x the first's.
+    import copy
+
+    from opsnn_quant.models.generic import GenericAdapter
+    from opsnn_quant.types import Modality
+
+    class Towers(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.a = nn.Sequential(
+                nn.Linear(16, 32, bias=False), nn.ReLU(), nn.Linear(32, 8, bias=False)
+            )
+            self.b = copy.deepcopy(self.a)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([self.a(x), self.b(2 * x)], dim=-1)
+
+    model = Towers()
+    data = [torch.randn(4, 16) for _ in range(3)]
+    adapter = GenericAdapter(
+        model,
+        {"a": "text_encoder", "b": "text_encoder"},
+        lambda m: [m(x) for x in data],
+        roots={"text_encoder": ["a", "b"]},
+    )
+    assert adapter.roots() == {"a": Modality.TEXT_ENCODER, "b": Modality.TEXT_ENCODER}
+    report = probe(adapter, adapter.forward_loop(), ProbeConfig(max_root_calls=3, fp16=False))
+    for layer in ("0", "2"):
+        ca, cb = report.module(f"a.{layer}").e2e, report.module(f"b.{layer}").e2e
+        assert ca is not None and cb is not None
+        assert cb.contribution == pytest.approx(4 * ca.contribution, rel=1e-5)
+    ranks = sorted(report.module(n).e2e.rank for n in ("a.0", "a.2", "b.0", "b.2"))
+    assert ranks == [1, 2, 3, 4]  # one ranking over the modality
