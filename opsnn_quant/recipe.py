@@ -23,7 +23,7 @@ from opsnn_quant.policy.export import FORMATS
 from opsnn_quant.policy.targets import TARGETS
 from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.resources import builtin_files
-from opsnn_quant.types import Modality
+from opsnn_quant.types import DEVICE_PATTERN, Modality
 
 # A recipe name becomes the default output folder out/<name>: a plain identifier, never a path.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -35,6 +35,12 @@ class _Strict(BaseModel):
 
 class _ModelBase(_Strict):
     source: str = Field(description="zoo:<name> or a local model directory")
+    device: str = Field(
+        default="cpu", pattern=DEVICE_PATTERN, description="cpu, npu, npu:N, cuda or cuda:N"
+    )
+    dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        default="float32", description="dtype the model is loaded in"
+    )
 
 
 class SDModel(_ModelBase):
@@ -143,6 +149,23 @@ class Recipe(_Strict):
     def settings_dict(self) -> dict[str, Any]:
         """The model settings as keyword arguments of :func:`opsnn_quant.models.load_adapter`."""
         return self.model.settings.model_dump()
+
+    def with_placement(self, device: str | None, dtype: str | None) -> Recipe:
+        """A copy placed on ``device`` in ``dtype`` (None keeps the recipe's), validated.
+
+        Raises:
+            ConfigError: a device or dtype name the recipe schema refuses.
+        """
+        update = {k: v for k, v in (("device", device), ("dtype", dtype)) if v is not None}
+        if not update:
+            return self
+        try:
+            model = type(self.model).model_validate({**self.model.model_dump(), **update})
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            field = ".".join(str(x) for x in err["loc"])
+            raise ConfigError(f"--{field}: {err['msg']} (got {err['input']!r})") from exc
+        return self.model_copy(update={"model": model})
 
 
 def builtin_recipes() -> dict[str, Path]:

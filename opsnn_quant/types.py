@@ -48,3 +48,6 @@ class Modality(StrEnum):
 
 ForwardLoop: TypeAlias = Callable[["nn.Module"], None]
 """Runs a model over calibration data; the single calibration contract (as in ModelOpt)."""
+
+# Device names a model can be placed on (recipes, --device): resolved by backends.devices.
+DEVICE_PATTERN = r"^(cpu|npu(:\d+)?|cuda(:\d+)?)$"

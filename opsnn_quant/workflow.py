@@ -16,6 +16,7 @@ from typing import Any
 
 from opsnn_quant.amct.handoff import run_amct_roots
 from opsnn_quant.amct.run import import_amct
+from opsnn_quant.backends.devices import resolve_device
 from opsnn_quant.determinism import set_reproducible
 from opsnn_quant.evaluation.evaluate import evaluate, policy_summary
 from opsnn_quant.evaluation.gate import check_latency_mode
@@ -66,7 +67,10 @@ class _Data:
 
 def load_recipe_model(recipe: Recipe) -> ModelAdapter:
     """The recipe's model, through its adapter."""
-    return load_adapter(recipe.model.family, recipe.model.source, **recipe.settings_dict())
+    m = recipe.model
+    return load_adapter(
+        m.family, m.source, device=m.device, dtype=m.dtype, **recipe.settings_dict()
+    )
 
 
 def recipe_inputs(recipe: Recipe) -> list[str]:
@@ -145,6 +149,7 @@ def _check_before_work(
 ) -> Suite | None:
     """Everything checkable before data and model load; returns the loaded suite."""
     check_calibrate_output(recipe, out, force=force)
+    resolve_device(recipe.model.device)  # an npu recipe on a machine without torch_npu: now
     loaded = None
     if suite is not None:
         loaded = load_suite(suite)

@@ -71,3 +71,25 @@ def test_sd15_template_runs_on_a_tiny_stand_in(tmp_path):
     adapter = load_recipe_model(recipe)
     images = adapter.generate(load_records(recipe.data.calibration), seed=0)
     assert len(images) == 2 and images[0].shape == (16, 16, 3)
+
+
+def test_model_device_and_dtype_are_checked_and_overridable(tmp_path):
+    text = (ROOT / "calibrate" / "shapes-t2i.yaml").read_text()
+    r = load_recipe("shapes-t2i")
+    assert (r.model.device, r.model.dtype) == ("cpu", "float32")
+    placed = r.with_placement("npu:1", "bfloat16")
+    assert (placed.model.device, placed.model.dtype) == ("npu:1", "bfloat16")
+    assert placed.model.settings == r.model.settings
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        text.replace("  source: zoo:shapes-t2i", "  source: zoo:shapes-t2i\n  device: tpu")
+    )
+    with pytest.raises(ConfigError, match=r"line \d+: model\.device: String should match pattern"):
+        load_recipe(str(bad))
+    bad.write_text(
+        text.replace("  source: zoo:shapes-t2i", "  source: zoo:shapes-t2i\n  dtype: int8")
+    )
+    with pytest.raises(ConfigError, match=r"model\.dtype"):
+        load_recipe(str(bad))
+    with pytest.raises(ConfigError, match="--device: String should match pattern"):
+        r.with_placement("gpu", None)

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from opsnn_quant.workflow import CalibrateResult
 
 FORCE_HELP = "replace OUT even if it is not an output of this command"
+DEVICE_HELP = "place the model on cpu | npu | npu:N | cuda:N [default: the recipe's, else cpu]"
+DTYPE_HELP = "load the model in float32 | float16 | bfloat16 [default: the recipe's, else float32]"
 PROBE_KIND = "probe"
 FAIL_EXIT = 3
 
@@ -104,6 +106,8 @@ def register(app: typer.Typer) -> None:
             str,
             typer.Option(help="with --evaluate, what to time: target | all | none (see evaluate)"),
         ] = "target",
+        device: Annotated[str | None, typer.Option(help=DEVICE_HELP)] = None,
+        dtype: Annotated[str | None, typer.Option(help=DTYPE_HELP)] = None,
     ) -> None:
         """Probe, decide the policy, quantize, save and export: OUT/probe.json, policy.yaml,
         quant/, export/ (and report/ with --evaluate)."""
@@ -118,7 +122,7 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(
                 f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}"
             )
-        r = load_recipe(recipe)
+        r = load_recipe(recipe).with_placement(device, dtype)
         if strategy is not None:
             r = r.model_copy(update={"strategy": strategy})
         out = out if out is not None else Path("out") / r.name
@@ -164,6 +168,8 @@ def register(app: typer.Typer) -> None:
         ] = False,
         force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
         quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+        device: Annotated[str | None, typer.Option(help=DEVICE_HELP)] = None,
+        dtype: Annotated[str | None, typer.Option(help=DTYPE_HELP)] = None,
     ) -> None:
         """Write OUT/probe.json: fp16 overflow, int8 sensitivity, end-to-end attribution."""
         from opsnn_quant.determinism import set_reproducible
@@ -177,9 +183,10 @@ def register(app: typer.Typer) -> None:
 
         is_recipe = target.endswith((".yaml", ".yml")) or target in builtin_recipes()
         if is_recipe:
-            r = load_recipe(target)
+            r = load_recipe(target).with_placement(device, dtype)
             inputs = [*recipe_inputs(r), str(resolve_recipe(target))]
             family, source, settings = r.model.family, r.model.source, r.settings_dict()
+            device, dtype = r.model.device, r.model.dtype
             source_data = data or r.data.calibration
             n = limit or r.probe.data_limit or r.data.limit
             cfg = r.probe_config(**({"exhaustive": True} if exhaustive else {}))
@@ -198,7 +205,9 @@ def register(app: typer.Typer) -> None:
             rep.phase("loading the calibration data")
             records = load_records(source_data, n)
             rep.phase(f"loading {source}")
-            adapter = load_adapter(family, source, **settings)
+            adapter = load_adapter(
+                family, source, device=device or "cpu", dtype=dtype or "float32", **settings
+            )
             with atomic_dir(out, PROBE_KIND, force=force) as tmp:
                 report = probe(adapter, adapter.forward_loop(records), cfg, progress=rep.phase)
                 report.save(tmp / "probe.json")

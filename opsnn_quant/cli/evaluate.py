@@ -27,6 +27,12 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option(help="float model (default: the candidate's source)")
         ] = None,
         quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+        device: Annotated[
+            str, typer.Option(help="place both models on cpu | npu | npu:N | cuda:N")
+        ] = "cpu",
+        dtype: Annotated[
+            str, typer.Option(help="load both models in float32 | float16 | bfloat16")
+        ] = "float32",
         candidate_dtype: Annotated[
             str, typer.Option(help="float32 or float16: dtype of the candidate's float modules")
         ] = "float32",
@@ -48,6 +54,7 @@ def register(app: typer.Typer) -> None:
         """Run baseline and candidate on the suite; write report.{json,md,html}. Exit 0 PASS, 3 FAIL."""
         import torch
 
+        from opsnn_quant.backends.devices import resolve_device, resolve_dtype
         from opsnn_quant.errors import ConfigError
         from opsnn_quant.evaluation.evaluate import (
             cast_adapter,
@@ -70,6 +77,8 @@ def register(app: typer.Typer) -> None:
             )
         # Bad options fail before any model is loaded.
         check_latency_mode(latency)
+        resolve_device(device)
+        resolve_dtype(dtype)
         if target is not None:
             get_target(target)
         s = load_suite(suite)
@@ -81,10 +90,10 @@ def register(app: typer.Typer) -> None:
         check_output_dir(out, OUTPUT_KIND, force=force, inputs=inputs)
         with _ui.phases(quiet) as say:
             say("loading models")
-            cand, sensitivity = load_candidate(candidate)
+            cand, sensitivity = load_candidate(candidate, device=device, dtype=dtype)
             if candidate_dtype == "float16":
                 cast_adapter(cand, torch.float16)
-            base = load_adapter(guess_family(str(source)), str(source))
+            base = load_adapter(guess_family(str(source)), str(source), device=device, dtype=dtype)
             report = evaluate(
                 base,
                 cand,

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel
 
+from opsnn_quant.backends.devices import backend_label
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.gate import check_latency_mode, plan_latency
 from opsnn_quant.evaluation.report import AcceptanceReport
@@ -101,7 +102,7 @@ def evaluate(
     created: str | None = None,
     latency: str = "target",
     target: str | None = None,
-    baseline_backend: str = "cpu",
+    baseline_backend: str | None = None,
 ) -> AcceptanceReport:
     """Evaluate ``candidate`` against ``baseline`` with ``suite``.
 
@@ -113,8 +114,9 @@ def evaluate(
         baseline: The float model.
         candidate: The quantized (or cast) model.
         suite: What to generate, measure and judge.
-        candidate_backend: Label of the candidate's figures; default ``cpu-reference`` for a
-            model with int8 modules (the exact Ascend arithmetic on a CPU), else ``cpu``.
+        candidate_backend: Label of the candidate's figures; default for a model with int8
+            modules ``npu`` on an NPU (torch_npu's kernels), else ``<device>-reference`` (the
+            exact Ascend arithmetic, e.g. ``cpu-reference``); for a float model its device.
         policy: :func:`policy_summary` of the candidate, shown in the report; its ``target``
             is the default of ``target``.
         sensitivity: The probe's :class:`~opsnn_quant.probe.report.SensitivityReport`.
@@ -126,7 +128,7 @@ def evaluate(
             See :func:`~.gate.plan_latency`.
         target: The deployment target latency is judged for (default ``policy["target"]``;
             None: unknown, so no latency criterion is judged).
-        baseline_backend: Label of the baseline's eager timing.
+        baseline_backend: Label of the baseline's eager timing (default: its device, ``cpu``).
 
     Returns:
         The :class:`AcceptanceReport`; the outputs of both models (images or transcripts, in
@@ -148,7 +150,10 @@ def evaluate(
     has_int8 = any(is_quant_module(m) for m in candidate.model.modules())
     if candidate_backend is None:
         # A float candidate (e.g. the model cast to fp16) runs plain PyTorch eager.
-        candidate_backend = "cpu-reference" if has_int8 else "cpu"
+        device = candidate.device
+        candidate_backend = backend_label(device) if has_int8 else device.type
+    if baseline_backend is None:
+        baseline_backend = baseline.device.type
     for adapter in (baseline, candidate):
         _apply_generation(adapter, suite)
     records = _records(suite)
@@ -328,7 +333,7 @@ def policy_summary(out_dir: Path) -> dict[str, Any] | None:
 
 
 def load_candidate(
-    out_dir: Path, family: str | None = None
+    out_dir: Path, family: str | None = None, *, device: str = "cpu", dtype: str = "float32"
 ) -> tuple[ModelAdapter, SensitivityReport | None]:
     """The candidate: a calibrate output directory (float source + ``quant/``) or a model source.
 
@@ -341,12 +346,14 @@ def load_candidate(
 
     if not (out_dir / "quant").is_dir():
         source = str(out_dir)
-        return load_adapter(family or guess_family(source), source), None
+        return load_adapter(
+            family or guess_family(source), source, device=device, dtype=dtype
+        ), None
     desc = read_description(out_dir / "quant")
     source = str(desc.get("source_model") or "")
     if not source:
         raise ConfigError(f"{out_dir}/quant/description.json names no source model")
-    adapter = load_adapter(family or guess_family(source), source)
+    adapter = load_adapter(family or guess_family(source), source, device=device, dtype=dtype)
     load_quantized(adapter.model, out_dir / "quant")
     probe_path = out_dir / "probe.json"
     sensitivity = SensitivityReport.load(probe_path) if probe_path.is_file() else None

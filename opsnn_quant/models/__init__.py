@@ -11,27 +11,45 @@ from opsnn_quant.models.settings import SDSettings, WhisperSettings, settings_fo
 FAMILIES = ("diffusers-sd", "whisper")
 
 
-def load_adapter(family: str, source: str, **settings: Any) -> ModelAdapter:
+def load_adapter(
+    family: str, source: str, *, device: str = "cpu", dtype: str = "float32", **settings: Any
+) -> ModelAdapter:
     """Load ``source`` (``zoo:<name>`` or a directory) with the adapter of ``family``.
 
     Args:
         family: ``diffusers-sd`` or ``whisper`` (``generic`` is Python-only: build a
             :class:`~opsnn_quant.models.generic.GenericAdapter`).
         source: model location.
+        device: ``cpu``, ``npu``, ``npu:N``, ``cuda`` or ``cuda:N``: the model is placed there
+            (every probe statistic, observer and quantized module then runs there).
+        dtype: ``float32``, ``float16`` or ``bfloat16``: the model is loaded in it.
         **settings: the family's settings fields (steps, guidance_scale, batch_size, ...).
+
+    Raises:
+        ModelLoadError: unknown family or a model that cannot be loaded.
+        ConfigError: bad settings, device or dtype names.
+        BackendError: the device is not available here.
     """
+    from opsnn_quant.backends.devices import resolve_device, resolve_dtype
+
     if family not in FAMILIES:
         raise ModelLoadError(f"unknown model family {family!r}; known: {', '.join(FAMILIES)}")
     checked = settings_for(family, settings)
+    place = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype)
+    adapter: ModelAdapter
     if family == "diffusers-sd":
         from opsnn_quant.models.diffusers_sd import DiffusersSDAdapter
 
         assert isinstance(checked, SDSettings)
-        return DiffusersSDAdapter.load(source, checked)
-    from opsnn_quant.models.whisper import WhisperAdapter
+        adapter = DiffusersSDAdapter.load(source, checked, dtype=torch_dtype)
+    else:
+        from opsnn_quant.models.whisper import WhisperAdapter
 
-    assert isinstance(checked, WhisperSettings)
-    return WhisperAdapter.load(source, checked)
+        assert isinstance(checked, WhisperSettings)
+        adapter = WhisperAdapter.load(source, checked, dtype=torch_dtype)
+    adapter.place(place)
+    return adapter
 
 
 def guess_family(source: str) -> str:

@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+import torch
 from torch import nn
 
 from opsnn_quant.errors import ConfigError
@@ -87,6 +88,16 @@ class ModelAdapter(ABC):
         default: the only one, for a model with a single root."""
         modalities = list(dict.fromkeys(self.roots().values()))
         return modalities[0] if len(modalities) == 1 else None
+
+    def place(self, device: torch.device) -> None:
+        """Move the model to ``device`` (families holding more than ``model`` override)."""
+        self.model.to(device)
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the model's parameters (cpu for a model without any)."""
+        p = next(self.model.parameters(), None)
+        return p.device if p is not None else torch.device("cpu")
 
     def modality_of(self, name: str) -> Modality:
         """Modality of one module name."""

@@ -98,9 +98,15 @@ class DiffusersSDAdapter(ModelAdapter):
             raise ModelLoadError(f"{model_id} has no unet: not a Stable-Diffusion-like pipeline")
 
     @classmethod
-    def load(cls, source: str, settings: SDSettings | None = None) -> DiffusersSDAdapter:
-        """Load from ``zoo:<name>`` or a diffusers directory."""
-        return cls(load_pipeline(source), source, settings)
+    def load(
+        cls, source: str, settings: SDSettings | None = None, dtype: torch.dtype = torch.float32
+    ) -> DiffusersSDAdapter:
+        """Load from ``zoo:<name>`` or a diffusers directory, in ``dtype``."""
+        return cls(load_pipeline(source, dtype), source, settings)
+
+    def place(self, device: torch.device) -> None:
+        """Move the whole pipeline (its components and execution device)."""
+        self.pipe.to(device)
 
     def modalities(self) -> dict[str, Modality]:
         """text encoders, UNet, VAE decoder (+ post_quant_conv), VAE encoder as other."""

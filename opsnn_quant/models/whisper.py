@@ -22,7 +22,7 @@ from opsnn_quant.sources import model_path
 from opsnn_quant.types import ForwardLoop, Modality
 
 
-def load_whisper(source: str) -> tuple[nn.Module, Any]:
+def load_whisper(source: str, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
     """(model, processor) from ``zoo:whisper-tiny.en`` or a local transformers directory."""
     try:
         import transformers
@@ -40,10 +40,10 @@ def load_whisper(source: str) -> tuple[nn.Module, Any]:
     set_offline_env()
     quiet_progress_bars()
     try:
-        # fp32 explicitly: transformers 5 would keep a checkpoint's stored dtype (the zoo's
-        # converted weights are fp16).
+        # The dtype explicitly (fp32 by default): transformers 5 would keep a checkpoint's
+        # stored dtype (the zoo's converted weights are fp16).
         model = transformers.WhisperForConditionalGeneration.from_pretrained(
-            str(path), local_files_only=True, **transformers_dtype(torch.float32)
+            str(path), local_files_only=True, **transformers_dtype(dtype)
         )
         processor = transformers.WhisperProcessor.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, TypeError) as exc:
@@ -78,9 +78,14 @@ class WhisperAdapter(ModelAdapter):
         self.settings = settings or WhisperSettings()
 
     @classmethod
-    def load(cls, source: str, settings: WhisperSettings | None = None) -> WhisperAdapter:
-        """Load from ``zoo:whisper-tiny.en`` or a transformers directory."""
-        model, processor = load_whisper(source)
+    def load(
+        cls,
+        source: str,
+        settings: WhisperSettings | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> WhisperAdapter:
+        """Load from ``zoo:whisper-tiny.en`` or a transformers directory, in ``dtype``."""
+        model, processor = load_whisper(source, dtype)
         return cls(model, processor, source, settings)
 
     def modalities(self) -> dict[str, Modality]:
@@ -114,7 +119,8 @@ class WhisperAdapter(ModelAdapter):
         """Log-mel input features for a batch of waveforms."""
         arrays = audio_from(audio)
         feats = self.processor.feature_extractor(arrays, sampling_rate=16000, return_tensors="pt")
-        return feats.input_features.to(next(self.model.parameters()).dtype)
+        p = next(self.model.parameters())
+        return feats.input_features.to(device=p.device, dtype=p.dtype)
 
     def _decode(self, audio: Sequence[Any]) -> list[str]:
         s = self.settings

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 from torch import nn
 
+from opsnn_quant.backends.devices import backend_label
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.memory import release_memory
 from opsnn_quant.models.base import ModelAdapter
@@ -279,7 +280,7 @@ def _assemble(run: _Run, e2e: dict[str, EndToEnd]) -> SensitivityReport:
     findings += [gw.finding(m) for m, gw in w.gelu.items() if gw.ref > 0]
     return SensitivityReport(
         model=adapter.model_id,
-        backend="cpu-reference" if not _on_npu(adapter.model) else "npu",
+        backend=backend_label(adapter.device),
         config={"family": adapter.family, **asdict(run.cfg)},
         modules=entries,
         modalities=summarize_modalities(entries, adapter.describe_output),
@@ -320,8 +321,3 @@ def _fp16_stats(run: _Run, name: str, module: nn.Module, calls: int) -> Fp16Stat
     if not (acc.in_absmax or acc.out_absmax or calls):
         return None
     return acc.result(run.cfg.min_headroom, isinstance(module, NORMS))
-
-
-def _on_npu(model: nn.Module) -> bool:
-    p = next(model.parameters(), None)
-    return p is not None and p.device.type == "npu"

@@ -56,3 +56,28 @@ def test_bad_input(tiny_sd, tmp_path):
     adapter = load_adapter("diffusers-sd", str(tiny_sd), steps=1)
     with pytest.raises(CalibrationError, match="sample 1 has an empty prompt"):
         adapter.forward_loop(["a red circle", "  "])
+
+
+def test_the_pipeline_is_loaded_in_the_dtype_and_placed_on_the_device(tmp_path, monkeypatch):
+    # bfloat16 on the CPU here; the device goes through resolve_device -> adapter.place (a
+    # recording stand-in checks the pipeline is moved as a whole, its execution device too).
+    import torch
+
+    from opsnn_quant.models import load_adapter
+    from opsnn_quant.models.diffusers_sd import DiffusersSDAdapter
+    from tests.tiny_pipelines import save_tiny_sd
+
+    save_tiny_sd(tmp_path / "pipe")
+    moved = []
+    real_place = DiffusersSDAdapter.place
+
+    def place(self, device):
+        moved.append(device)
+        real_place(self, device)
+
+    monkeypatch.setattr(DiffusersSDAdapter, "place", place)
+    adapter = load_adapter("diffusers-sd", str(tmp_path / "pipe"), dtype="bfloat16", steps=1)
+    assert moved == [torch.device("cpu")]
+    dtypes = {p.dtype for p in adapter.model.parameters()}
+    assert dtypes == {torch.bfloat16}
+    assert adapter.device == torch.device("cpu")
