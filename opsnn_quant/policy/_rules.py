@@ -11,11 +11,12 @@ import fnmatch
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from opsnn_quant.policy._schemes import Choice, describe_scheme, fmt_db
+from opsnn_quant.numerics import fmt_db
+from opsnn_quant.policy._schemes import Choice, describe_scheme
 from opsnn_quant.policy.schema import QuantFields, Rule
 from opsnn_quant.policy.targets import Target
 from opsnn_quant.probe.report import FP16_MAX, Fp16Stats, ModuleSensitivity, SensitivityReport
-from opsnn_quant.types import Modality, Precision
+from opsnn_quant.types import Modality, Precision, match_prefix
 
 if TYPE_CHECKING:
     from opsnn_quant.policy.search import ModalityPlan
@@ -97,11 +98,7 @@ def _single_reason(ch: Choice) -> str:
 
 
 def _prefix_of(name: str, prefixes: dict[str, Modality]) -> str:
-    best = ""
-    for p in prefixes:
-        if (p == "" or name == p or name.startswith(p + ".")) and len(p) >= len(best):
-            best = p
-    return best
+    return match_prefix(name, prefixes) or ""
 
 
 def emit_rules(

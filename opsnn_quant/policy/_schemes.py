@@ -107,11 +107,6 @@ def noise_to_db(noise: float) -> float | None:
     return None if noise <= 0 else -10.0 * math.log10(noise)
 
 
-def fmt_db(db: float | None) -> str:
-    """``31.2 dB`` or ``inf dB``."""
-    return "inf dB" if db is None else f"{db:.1f} dB"
-
-
 def describe_scheme(choice: Choice) -> str:
     """e.g. ``w8a8_smoothquant (alpha=0.5)``."""
     alpha = choice.quant.get("smoothquant_alpha")

@@ -26,7 +26,7 @@ from opsnn_quant.policy import _yaml
 from opsnn_quant.policy.budget import Budget
 from opsnn_quant.policy.targets import INT8_MODULE_TYPES, get_target
 from opsnn_quant.quant.spec import QuantSpec
-from opsnn_quant.types import Modality, Precision
+from opsnn_quant.types import Modality, Precision, match_prefix
 
 if TYPE_CHECKING:
     from torch import nn
@@ -215,12 +215,8 @@ class PrecisionPolicy(_Frozen):
     ) -> Modality | None:
         """The modality of module ``name`` by the longest matching prefix (None if none)."""
         prefixes = self.modalities if modalities is None else modalities
-        best: tuple[int, Modality] | None = None
-        for prefix, modality in prefixes.items():
-            covers = prefix == "" or name == prefix or name.startswith(prefix + ".")
-            if covers and (best is None or len(prefix) > best[0]):
-                best = (len(prefix), Modality(modality))
-        return None if best is None else best[1]
+        prefix = match_prefix(name, prefixes)
+        return None if prefix is None else Modality(prefixes[prefix])
 
     def resolve(
         self,

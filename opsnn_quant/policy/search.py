@@ -26,8 +26,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from opsnn_quant.numerics import fmt_db
 from opsnn_quant.policy._rules import emit_rules, pin_for
-from opsnn_quant.policy._schemes import Choice, best_choice, fmt_db, noise_to_db
+from opsnn_quant.policy._schemes import Choice, best_choice, noise_to_db
 from opsnn_quant.policy.budget import Budget, FinalCheckResult, FinalCheckSettings
 from opsnn_quant.policy.schema import ModalityFigures, PrecisionPolicy, derive_prefixes
 from opsnn_quant.policy.targets import Target, get_target
