@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import fnmatch
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from opsnn_quant.numerics import fmt_db
 from opsnn_quant.policy._schemes import Choice, describe_scheme
-from opsnn_quant.policy.schema import QuantFields, Rule
+from opsnn_quant.policy.rule import QuantFields, Rule
 from opsnn_quant.policy.targets import Target
 from opsnn_quant.probe.report import FP16_MAX, Fp16Stats, ModuleSensitivity, SensitivityReport
+from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Modality, Precision, match_prefix
 
 if TYPE_CHECKING:
@@ -75,12 +76,14 @@ def pin_for(
     return Precision.FP32, f"{reason} -> fp32 ({why})"
 
 
-def _spec_key(ch: Choice) -> tuple[Any, ...]:
-    return (ch.precision, tuple(sorted(ch.quant.items(), key=lambda kv: kv[0])))
+def _spec_key(ch: Choice) -> QuantSpec:
+    return ch.spec
 
 
 def _int8_rule(match: str, ch: Choice, reason: str) -> Rule:
-    return Rule(match=match, precision=ch.precision, quant=QuantFields(**ch.quant), reason=reason)
+    return Rule(
+        match=match, precision=ch.precision, quant=QuantFields.from_spec(ch.spec), reason=reason
+    )
 
 
 def _single_reason(ch: Choice) -> str:

@@ -23,30 +23,15 @@ from opsnn_quant.probe.memory import TRIM
 from opsnn_quant.probe.report import BF16_MAX, SchemeError
 from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, _QuantMatmul
 from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver
+from opsnn_quant.quant.schemes import SCHEMES, scheme_spec, schemes_for
 from opsnn_quant.quant.smoothquant import ChannelStats, search_alpha
 from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, QuantSpec
 
-LINEAR_SCHEMES = (
-    "w8a8",
-    "w8a8_mse",
-    "w8a8_smoothquant",
-    "w8a8_dynamic",
-    "w8a8_dynamic_smoothquant",
-)
-CONV_SCHEMES = ("w8a8", "w8a8_mse", "w8a8_dynamic")
+# Candidates per module type, from the one scheme table (quant/schemes.py).
+LINEAR_SCHEMES = schemes_for("Linear")
+CONV_SCHEMES = schemes_for("Conv2d")
 # The candidates run with QuantSpec's default output dtype (what fp16 deployments use).
 CANDIDATE_OUTPUT_DTYPE: str = QuantSpec.output_dtype
-
-
-def scheme_spec(scheme: str, alpha: float | None = None) -> QuantSpec:
-    """The QuantSpec a scheme name stands for (SmoothQuant with the searched alpha)."""
-    dynamic = scheme.startswith("w8a8_dynamic")
-    precision = "w8a8_dynamic" if dynamic else "w8a8"
-    return QuantSpec(
-        precision,  # type: ignore[arg-type]
-        observer="mse" if scheme == "w8a8_mse" else "minmax",
-        smoothquant_alpha=alpha if scheme.endswith("smoothquant") else None,
-    )
 
 
 @dataclass
@@ -118,6 +103,11 @@ class _Energy:
         return SchemeError(sqnr_db=sqnr, cosine=cos, smoothquant_alpha=alpha)
 
 
+def _alpha_key(scheme: str) -> str:
+    """Which searched SmoothQuant alpha a scheme uses: static and dynamic are searched apart."""
+    return "static" if SCHEMES[scheme].template.static_activations else "dynamic"
+
+
 @dataclass
 class LocalProbe:
     """Statistics and candidates of one Linear/Conv2d module."""
@@ -169,9 +159,9 @@ class LocalProbe:
         """The frozen candidate for ``scheme`` (built once, int8 weights only)."""
         if scheme in self._shadows:
             return self._shadows[scheme]
-        key = "dynamic" if scheme.startswith("w8a8_dynamic") else "static"
-        alpha = self.alphas.get(key) if scheme.endswith("smoothquant") else None
-        smooth = self.smooth.get(key) if scheme.endswith("smoothquant") else None
+        key = _alpha_key(scheme)
+        alpha = self.alphas.get(key) if SCHEMES[scheme].smoothquant else None
+        smooth = self.smooth.get(key) if SCHEMES[scheme].smoothquant else None
         spec = scheme_spec(scheme, alpha if smooth is not None else None)
         if smooth is None and spec.smoothquant:
             spec = scheme_spec(scheme.replace("_smoothquant", ""))
@@ -237,8 +227,8 @@ class LocalProbe:
         out = {}
         for scheme, energy in self.energies.items():
             alpha = None
-            if scheme.endswith("smoothquant"):
-                alpha = self.alphas.get("dynamic" if "dynamic" in scheme else "static")
+            if SCHEMES[scheme].smoothquant:
+                alpha = self.alphas.get(_alpha_key(scheme))
             out[scheme] = energy.result(alpha, CANDIDATE_OUTPUT_DTYPE)
         return out
 

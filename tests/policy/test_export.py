@@ -24,7 +24,8 @@ from opsnn_quant.policy.export import (
     write_export,
 )
 from opsnn_quant.policy.export_atc import torch_scope
-from opsnn_quant.policy.schema import PrecisionPolicy, QuantFields, Rule
+from opsnn_quant.policy.rule import QuantFields, Rule
+from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.types import Precision
 
 from ._factory import linear, other, report
