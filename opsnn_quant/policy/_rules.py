@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import fnmatch
 from collections import Counter
-from typing import TYPE_CHECKING
 
 from opsnn_quant.numerics import fmt_db
+from opsnn_quant.policy._plan import ModalityPlan
 from opsnn_quant.policy._schemes import Choice, describe_scheme
 from opsnn_quant.policy.rule import QuantFields, Rule
 from opsnn_quant.policy.targets import Target
 from opsnn_quant.probe.report import FP16_MAX, Fp16Stats, ModuleSensitivity, SensitivityReport
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Modality, Precision, match_prefix
-
-if TYPE_CHECKING:
-    from opsnn_quant.policy.search import ModalityPlan
 
 
 def exact(name: str) -> str:

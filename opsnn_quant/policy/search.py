@@ -24,9 +24,9 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from opsnn_quant.numerics import fmt_db
+from opsnn_quant.policy._plan import ModalityPlan
 from opsnn_quant.policy._rules import emit_rules, pin_for
 from opsnn_quant.policy._schemes import Choice, best_choice, noise_to_db
 from opsnn_quant.policy.budget import Budget, FinalCheckResult, FinalCheckSettings
@@ -43,19 +43,6 @@ FinalCheck = Callable[[PrecisionPolicy], FinalCheckResult]
 def _r(x: float, digits: int = 6) -> float:
     # Figures go into YAML: a fixed number of significant digits keeps the bytes stable.
     return float(f"{x:.{digits}g}")
-
-
-@dataclass
-class ModalityPlan:
-    """What the search decided for one modality (input to the rule emitter)."""
-
-    modality: Modality
-    int8: dict[str, Choice] = field(default_factory=dict)  # name -> choice, model order
-    fallback: dict[str, str] = field(default_factory=dict)  # quantizable name -> reason (fp16)
-    noise: float = 0.0
-    mac_share: float = 0.0
-    chosen: str = "fp16"
-    note: str = ""
 
 
 def _plan_modality(

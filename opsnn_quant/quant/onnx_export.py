@@ -30,13 +30,9 @@ from __future__ import annotations
 
 import ast
 import importlib
-import json
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -44,47 +40,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from opsnn_quant.errors import ConfigError, MissingDependencyError, ShapeError
+from opsnn_quant.errors import ConfigError, ShapeError
+from opsnn_quant.io import ONNX_EXTERNAL_DATA_BYTES, save_onnx_atomic
 from opsnn_quant.quant.modules import QuantConv2d, _QuantMatmul, is_quant_module
+from opsnn_quant.quant.onnx_info import OnnxExportInfo, require_onnx, to_numpy
 from opsnn_quant.types import Precision
 
 log = logging.getLogger(__name__)
 
 DOMAIN, MARKER_OP = "opsnn_quant.export", "QuantModule"
-_EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf cannot serialize 2 GiB; leave headroom
-
-
-@dataclass
-class OnnxExportInfo:
-    """What :func:`export_onnx` wrote.
-
-    Attributes:
-        path: the ``.onnx`` file.
-        nodes_path: ``<stem>.nodes.json`` beside it (these fields as JSON).
-        opset: the default-domain opset.
-        fp32_baseline: quantized modules written as float Gemm/Conv.
-        weight_dtype: ``int8``/``uint8`` DequantizeLinear weights (``float32`` for a baseline).
-        nodes: module name -> names of the ONNX nodes it produced: every quantized module, and
-            the innermost module of each other node the exporter tagged ("" = the root).
-        schemes: quantized module name -> its representation (see the module docstring).
-    """
-
-    path: Path
-    nodes_path: Path
-    opset: int
-    fp32_baseline: bool
-    weight_dtype: str
-    nodes: dict[str, list[str]] = field(default_factory=dict)
-    schemes: dict[str, str] = field(default_factory=dict)
-
-
-def _require(*names: str) -> list[Any]:
-    try:
-        return [importlib.import_module(n) for n in names]
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"ONNX export/inference needs {', '.join(names)}: pip install 'opsnn-quant[onnx]'"
-        ) from exc
 
 
 def _marker_shape(x: torch.Tensor, spec: Sequence[int]) -> list[Any]:
@@ -130,7 +94,7 @@ class _Marker(nn.Module):
 
 def _translation_table() -> dict[Any, Any]:
     """The exporter's translation of the marker: one ``QuantModule(x, module, rank)`` node."""
-    onnx, onnxscript = _require("onnx", "onnxscript")
+    onnx, onnxscript = require_onnx("onnx", "onnxscript")
     defs = onnx.defs
     if not defs.has(MARKER_OP, DOMAIN):  # onnxscript builds nodes only for ops with a schema
         attr, param = defs.OpSchema.Attribute, defs.OpSchema.FormalParameter
@@ -227,7 +191,7 @@ def export_onnx(
     for name, mod in qmods.items():
         if not mod.frozen:
             raise ConfigError(f"module '{name}' is not frozen; run quantize() before export_onnx")
-    (onnx,) = _require("onnx")
+    (onnx,) = require_onnx("onnx")
     # The exporter starts at opset 18; lower ones are converted after reading the node metadata.
     proto = _export_with_markers(model, example_inputs, qmods, max(opset, 18))
     nodes = _float_module_nodes(proto.graph)
@@ -241,21 +205,16 @@ def export_onnx(
     remaining = {n.name for n in proto.graph.node}
     nodes = {m: [n for n in ns if n in remaining] for m, ns in nodes.items()}
     nodes = {m: ns for m, ns in (nodes | quant_nodes).items() if ns}
-    if proto.ByteSize() < _EXTERNAL_DATA_BYTES:  # the checker takes a path beyond 2 GiB
+    if proto.ByteSize() < ONNX_EXTERNAL_DATA_BYTES:  # the checker takes a path beyond 2 GiB
         onnx.checker.check_model(proto)
     dest = Path(path)
     dtype = "float32" if fp32_baseline else "int8"
     info = OnnxExportInfo(dest, dest.with_suffix(".nodes.json"), opset, fp32_baseline, dtype,
                           nodes, schemes)  # fmt: skip
-    _save_atomic(onnx, proto, dest)
-    _write_json_atomic(info)
+    save_onnx_atomic(proto, dest)
+    info.write_nodes_json()
     log.info("exported %s: %d quantized modules, opset %d", dest, len(qmods), opset)
     return info
-
-
-def _np(value: Any) -> np.ndarray:
-    arr = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
-    return np.ascontiguousarray(arr)
 
 
 def _buf(module: nn.Module, name: str) -> torch.Tensor:
@@ -284,7 +243,7 @@ class _Emitter:
         key = (self.module, role)
         if key not in self.inits:
             name = self._fresh(f"{self.module}.{role}")
-            self.inits[key] = self.onnx.numpy_helper.from_array(_np(value), name)
+            self.inits[key] = self.onnx.numpy_helper.from_array(to_numpy(value), name)
         return str(self.inits[key].name)
 
     def node(self, op: str, ins: list[str], role: str, out: str | None = None, **attrs: Any) -> str:
@@ -429,58 +388,18 @@ def _rewrite_markers(
     return mapping, schemes
 
 
-def _save_atomic(onnx: Any, proto: Any, dest: Path) -> None:
-    """Write into a temporary sibling directory, then rename into place."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmpdir = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
-        if proto.ByteSize() >= _EXTERNAL_DATA_BYTES:
-            data = f"{dest.name}.data"
-            onnx.save_model(proto, tmpdir / dest.name, save_as_external_data=True,
-                            all_tensors_to_one_file=True, location=data)  # fmt: skip
-            os.replace(tmpdir / data, dest.parent / data)
-        else:
-            onnx.save_model(proto, tmpdir / dest.name)
-        os.replace(tmpdir / dest.name, dest)
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
-
-
-def _write_json_atomic(info: OnnxExportInfo) -> None:
-    doc = asdict(info) | {"schema_version": 1, "path": info.path.name}
-    del doc["nodes_path"]
-    fd, tmp = tempfile.mkstemp(prefix=f".{info.nodes_path.name}.", dir=info.nodes_path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, indent=1, sort_keys=True)
-        os.replace(tmp, info.nodes_path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def load_node_map(path: str | os.PathLike[str]) -> dict[str, list[str]]:
-    """The module -> ONNX node names mapping of an export (its ``.onnx`` or ``.nodes.json``)."""
-    p = Path(path)
-    p = p.with_suffix(".nodes.json") if p.suffix == ".onnx" else p
-    nodes: dict[str, list[str]] = json.loads(p.read_text(encoding="utf-8"))["nodes"]
-    return nodes
-
-
-# ONNX Runtime helpers live in onnx_runtime.py; re-exported for callers of this module.
-from opsnn_quant.quant.onnx_runtime import (  # noqa: E402
-    onnxruntime_session,
-    ort_int8_weights_saturate,
-    run_onnxruntime,
-    to_uint8_weights,
+# ONNX Runtime helpers live in onnx_runtime.py. These names resolve lazily for callers that still
+# import them from here (evaluation/ort_figure.py, benchmarks/bench_quant_matmul.py); new code
+# imports them from opsnn_quant.quant.onnx_runtime.
+_MOVED_TO_ONNX_RUNTIME = frozenset(
+    {"onnxruntime_session", "ort_int8_weights_saturate", "run_onnxruntime", "to_uint8_weights"}
 )
 
-__all__ = [
-    "OnnxExportInfo",
-    "export_onnx",
-    "load_node_map",
-    "onnxruntime_session",
-    "ort_int8_weights_saturate",
-    "run_onnxruntime",
-    "to_uint8_weights",
-]
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED_TO_ONNX_RUNTIME:
+        return getattr(importlib.import_module("opsnn_quant.quant.onnx_runtime"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["export_onnx"]

@@ -16,9 +16,9 @@ from torch import nn
 from typer.testing import CliRunner
 
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.io import load_node_map
 from opsnn_quant.policy.export import (
     export_policy,
-    load_node_map,
     modules_from_model,
     modules_from_report,
     write_export,

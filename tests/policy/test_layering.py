@@ -1,0 +1,37 @@
+"""The policy modules import downwards only: no cycle, no back-import (checked in fresh
+interpreters, where an import order hides nothing)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def _loaded_after(module: str) -> set[str]:
+    code = f"import sys, json, {module}; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize(
+    ("module", "must_not_load"),
+    [
+        ("opsnn_quant.policy._rules", "opsnn_quant.policy.search"),
+        ("opsnn_quant.policy.export_atc", "opsnn_quant.policy.export"),
+        ("opsnn_quant.io", "onnx"),
+        ("opsnn_quant.policy.export", "torch"),
+    ],
+)
+def test_module_does_not_pull_in(module, must_not_load):
+    assert must_not_load not in _loaded_after(module)
+
+
+def test_onnx_runtime_names_still_resolve_from_onnx_export():
+    pytest.importorskip("onnx")
+    from opsnn_quant.quant import onnx_export, onnx_runtime
+
+    assert onnx_export.to_uint8_weights is onnx_runtime.to_uint8_weights
+    assert onnx_export.onnxruntime_session is onnx_runtime.onnxruntime_session
+    with pytest.raises(AttributeError):
+        _ = onnx_export.load_node_map  # one reader now: opsnn_quant.io.load_node_map
