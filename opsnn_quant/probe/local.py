@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -21,7 +22,7 @@ from torch import nn
 from opsnn_quant.numerics import CHUNK, energies
 from opsnn_quant.probe.memory import TRIM
 from opsnn_quant.probe.report import BF16_MAX, SchemeError
-from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, _QuantMatmul
+from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, QuantModule
 from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver
 from opsnn_quant.quant.schemes import SCHEMES, scheme_spec, schemes_for
 from opsnn_quant.quant.smoothquant import ChannelStats, search_alpha
@@ -120,7 +121,7 @@ class LocalProbe:
     alphas: dict[str, float | None] = field(default_factory=dict)
     smooth: dict[str, torch.Tensor | None] = field(default_factory=dict)
     energies: dict[str, _Energy] = field(default_factory=dict)
-    _shadows: dict[str, _QuantMatmul] = field(default_factory=dict)
+    _shadows: dict[str, QuantModule[Any]] = field(default_factory=dict)
     _variant: dict[str, str] = field(default_factory=dict)
     calls: int = 0
     max_error_calls: int = 32
@@ -155,7 +156,7 @@ class LocalProbe:
             self.alphas[key], self.smooth[key] = alpha, s
         self.stats.rows = None  # the reservoir is no longer needed
 
-    def shadow(self, scheme: str) -> _QuantMatmul:
+    def shadow(self, scheme: str) -> QuantModule[Any]:
         """The frozen candidate for ``scheme`` (built once, int8 weights only)."""
         if scheme in self._shadows:
             return self._shadows[scheme]
@@ -165,7 +166,7 @@ class LocalProbe:
         spec = scheme_spec(scheme, alpha if smooth is not None else None)
         if smooth is None and spec.smoothquant:
             spec = scheme_spec(scheme.replace("_smoothquant", ""))
-        q: _QuantMatmul
+        q: QuantModule[Any]
         if isinstance(self.module, nn.Linear):
             q = QuantLinear.from_float(self.module, spec, self.name)
         else:

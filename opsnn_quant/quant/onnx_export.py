@@ -42,7 +42,13 @@ from torch import nn
 
 from opsnn_quant.errors import ConfigError, ShapeError
 from opsnn_quant.io import ONNX_EXTERNAL_DATA_BYTES, save_onnx_atomic
-from opsnn_quant.quant.modules import QuantConv2d, _QuantMatmul, is_quant_module
+from opsnn_quant.quant.modules import (
+    QuantConv2d,
+    QuantLinear,
+    QuantModule,
+    is_quant_module,
+    set_submodule,
+)
 from opsnn_quant.quant.onnx_info import OnnxExportInfo, require_onnx, to_numpy
 from opsnn_quant.types import Precision
 
@@ -75,7 +81,7 @@ def _module_marker_fake(x: torch.Tensor, module: str, spec: list[int]) -> torch.
 class _Marker(nn.Module):
     """Takes one quantized module's place during the export."""
 
-    def __init__(self, name: str, m: _QuantMatmul) -> None:
+    def __init__(self, name: str, m: QuantModule[Any]) -> None:
         super().__init__()
         self.qname, self.spec = name, [m.out_n]
         if isinstance(m, QuantConv2d):
@@ -112,20 +118,18 @@ def _translation_table() -> dict[Any, Any]:
     return {torch.ops.opsnn_quant_export.module_marker.default: translate}
 
 
-def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
-
-
 def _export_with_markers(
-    model: nn.Module, example_inputs: tuple[Any, ...], qmods: dict[str, _QuantMatmul], opset: int
+    model: nn.Module,
+    example_inputs: tuple[Any, ...],
+    qmods: dict[str, QuantModule[Any]],
+    opset: int,
 ) -> Any:
     """ModelProto of ``model`` with markers in place of the quantized modules."""
     table = _translation_table()
     was_training = model.training
     try:
         for name, mod in qmods.items():
-            _set_submodule(model, name, _Marker(name, mod))
+            set_submodule(model, name, _Marker(name, mod))
         model.eval()
         with torch.no_grad():
             program = torch.onnx.export(
@@ -134,7 +138,7 @@ def _export_with_markers(
             )  # fmt: skip
     finally:
         for name, mod in qmods.items():
-            _set_submodule(model, name, mod)
+            set_submodule(model, name, mod)
         model.train(was_training)
     assert program is not None  # dynamo=True always returns the program
     return program.model_proto
@@ -191,6 +195,13 @@ def export_onnx(
     for name, mod in qmods.items():
         if not mod.frozen:
             raise ConfigError(f"module '{name}' is not frozen; run quantize() before export_onnx")
+        if not isinstance(mod, QuantLinear | QuantConv2d):
+            # The rewrite below knows the Gemm and Conv forms only; another registered type
+            # would come out with a wrong layout.
+            raise ConfigError(
+                f"export_onnx: module '{name}' is a {type(mod).__name__}; the QDQ export "
+                "writes QuantLinear and QuantConv2d (and their subclasses) only"
+            )
     (onnx,) = require_onnx("onnx")
     # The exporter starts at opset 18; lower ones are converted after reading the node metadata.
     proto = _export_with_markers(model, example_inputs, qmods, max(opset, 18))
@@ -253,7 +264,7 @@ class _Emitter:
         return out or name
 
 
-def _static_bias_int32(mod: _QuantMatmul) -> torch.Tensor:
+def _static_bias_int32(mod: QuantModule[Any]) -> torch.Tensor:
     """``rint(bias / deq)``: Ascend's quant_bias with the ``-offset * sum(w_q)`` fold undone."""
     w_sum = mod.weight.reshape(mod.out_n, -1).to(torch.int64).sum(dim=1)
     b = _buf(mod, "quant_bias").to(torch.int64) + int(_buf(mod.input_quantizer, "offset")) * w_sum
@@ -262,7 +273,7 @@ def _static_bias_int32(mod: _QuantMatmul) -> torch.Tensor:
     return b.to(torch.int32)
 
 
-def _emit_dynamic(e: _Emitter, mod: _QuantMatmul, x: str, y: str) -> str:
+def _emit_dynamic(e: _Emitter, mod: QuantModule[Any], x: str, y: str) -> str:
     """DynamicQuant per token, int8 matmul and Ascend's fp32 epilogue, in standard ops."""
     tp, f32 = e.onnx.TensorProto, np.float32
     smooth = getattr(mod.input_quantizer, "smooth_scales", None)
@@ -296,7 +307,7 @@ def _emit_dynamic(e: _Emitter, mod: _QuantMatmul, x: str, y: str) -> str:
     return "dynamic_per_token"
 
 
-def _emit(e: _Emitter, mod: _QuantMatmul, x: str, y: str, rank: int, fp32: bool) -> str:
+def _emit(e: _Emitter, mod: QuantModule[Any], x: str, y: str, rank: int, fp32: bool) -> str:
     """Replace one marker (``x`` -> ``y``); returns the scheme label."""
     conv, prec, iq = isinstance(mod, QuantConv2d), mod.spec.precision, mod.input_quantizer
     if not conv and not fp32 and prec == Precision.W8A8_DYNAMIC:
@@ -355,7 +366,7 @@ def _emit(e: _Emitter, mod: _QuantMatmul, x: str, y: str, rank: int, fp32: bool)
 
 
 def _rewrite_markers(
-    onnx: Any, proto: Any, qmods: dict[str, _QuantMatmul], fp32: bool
+    onnx: Any, proto: Any, qmods: dict[str, QuantModule[Any]], fp32: bool
 ) -> tuple[dict[str, list[str]], dict[str, str]]:
     """Replace the markers in place; returns module -> node names, and module -> scheme."""
     graph = proto.graph
