@@ -172,12 +172,13 @@ def _decide(
             note=plan.note,
         )
     prefixes = derive_prefixes((m.name, m.modality) for m in report.modules)
-    rules = emit_rules(report, pins, plans, prefixes, compact=compact)
+    defaults = {mod: Precision.FP16 for mod in modalities}
+    rules = emit_rules(report, pins, plans, prefixes, defaults, compact=compact)
     return PrecisionPolicy(
         model=report.model,
         target=target.name,
         modalities=prefixes,
-        defaults={mod: Precision.FP16 for mod in modalities},
+        defaults=defaults,
         rules=rules,
         budget=budget,
         figures=figures,
@@ -205,7 +206,9 @@ def build_policy(
             ``budget.final_check.max_iterations``, 3 when unset).
         bf16_tolerance: an overflowing module goes bf16 (where the target has it) only when the
             probe's bf16 relative error is below this; otherwise fp32.
-        compact: cover uniform int8 groups with one glob rule per modality prefix.
+        compact: the fewest rules that resolve every module as one exact rule per module
+            would (exact names and subtree globs within a modality; pins stay exact); False
+            gives one exact rule per decided module.
 
     Returns:
         The policy; its YAML is byte-identical for the same inputs.
