@@ -55,7 +55,7 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
         spec: the QuantSpec.
         qname: the module's dotted name in the model (for messages).
         in_k, out_n: K (inputs per output) and N (outputs) of the matmul.
-        frozen: True once :meth:`freeze` (or :meth:`load_frozen`) ran.
+        frozen: True once :meth:`freeze` ran (or a checkpoint was loaded into it).
     """
 
     float_type: ClassVar[type[nn.Module]]
