@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from opsnn_quant.ascend import npu_quant_matmul, npu_trans_quant_param
 from opsnn_quant.quant.api import quantize
-from opsnn_quant.quant.onnx_export import (
-    export_onnx,
+from opsnn_quant.quant.onnx_export import export_onnx
+from opsnn_quant.quant.onnx_runtime import (
     onnxruntime_session,
     ort_int8_weights_saturate,
     to_uint8_weights,

@@ -1,17 +1,38 @@
 """opsnn-quant: probe, decide, calibrate and evaluate precision for Ascend NPU deployment.
 
-The public API is re-exported here lazily, so ``import opsnn_quant`` stays light (no torch_npu,
-transformers, diffusers or torchmetrics until a function that needs them is called).
+The whole workflow is here: ``probe`` -> ``build_policy`` -> ``quantize`` -> ``save_quantized``
+-> ``export_policy`` -> ``evaluate``. Names are imported lazily, so ``import opsnn_quant`` stays
+light (no torch_npu, transformers, diffusers or torchmetrics until a function that needs them is
+called); the ``TYPE_CHECKING`` imports below show type checkers and IDEs the real objects.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opsnn_quant.determinism import set_reproducible
+    from opsnn_quant.errors import InputError, OpsnnQuantError
+    from opsnn_quant.evaluation.evaluate import evaluate
+    from opsnn_quant.models import load_adapter
+    from opsnn_quant.models.data import load_records
+    from opsnn_quant.policy.budget import Budget
+    from opsnn_quant.policy.export import export_policy
+    from opsnn_quant.policy.schema import PrecisionPolicy
+    from opsnn_quant.policy.search import build_policy
+    from opsnn_quant.policy.targets import get_target
+    from opsnn_quant.probe.api import ProbeConfig, probe
+    from opsnn_quant.probe.report import SensitivityReport
+    from opsnn_quant.quant.api import quantize
+    from opsnn_quant.quant.checkpoint import load_quantized, save_quantized
+    from opsnn_quant.quant.modules import QuantModule, register_quant_module
+    from opsnn_quant.quant.spec import QuantSpec
+    from opsnn_quant.types import ForwardLoop, Modality, Precision
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it
+# public name -> module that defines it (the TYPE_CHECKING imports above, for run time)
 _EXPORTS: dict[str, str] = {
     "Precision": "opsnn_quant.types",
     "Modality": "opsnn_quant.types",
@@ -19,6 +40,8 @@ _EXPORTS: dict[str, str] = {
     "OpsnnQuantError": "opsnn_quant.errors",
     "InputError": "opsnn_quant.errors",
     "QuantSpec": "opsnn_quant.quant.spec",
+    "QuantModule": "opsnn_quant.quant.modules",
+    "register_quant_module": "opsnn_quant.quant.modules",
     "quantize": "opsnn_quant.quant.api",
     "save_quantized": "opsnn_quant.quant.checkpoint",
     "load_quantized": "opsnn_quant.quant.checkpoint",
@@ -27,9 +50,12 @@ _EXPORTS: dict[str, str] = {
     "SensitivityReport": "opsnn_quant.probe.report",
     "PrecisionPolicy": "opsnn_quant.policy.schema",
     "build_policy": "opsnn_quant.policy.search",
+    "export_policy": "opsnn_quant.policy.export",
     "Budget": "opsnn_quant.policy.budget",
     "get_target": "opsnn_quant.policy.targets",
+    "evaluate": "opsnn_quant.evaluation.evaluate",
     "load_adapter": "opsnn_quant.models",
+    "load_records": "opsnn_quant.models.data",
     "set_reproducible": "opsnn_quant.determinism",
 }
 
@@ -44,4 +70,28 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS])
 
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "Budget",
+    "ForwardLoop",
+    "InputError",
+    "Modality",
+    "OpsnnQuantError",
+    "Precision",
+    "PrecisionPolicy",
+    "ProbeConfig",
+    "QuantModule",
+    "QuantSpec",
+    "SensitivityReport",
+    "build_policy",
+    "evaluate",
+    "export_policy",
+    "get_target",
+    "load_adapter",
+    "load_quantized",
+    "load_records",
+    "probe",
+    "quantize",
+    "register_quant_module",
+    "save_quantized",
+    "set_reproducible",
+]

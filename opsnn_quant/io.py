@@ -307,3 +307,86 @@ def read_text(path: str | os.PathLike[str]) -> str:
         raise ConfigError(f"{p} is not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
     except OSError as exc:
         raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from exc
+
+
+# ---- ONNX files, JSON files and node maps ---------------------------------------------------
+
+ONNX_EXTERNAL_DATA_BYTES = 1_800_000_000
+"""Protobuf cannot serialize 2 GiB: from this size on a model's tensors go to a file beside it."""
+
+
+def write_json_atomic(
+    path: str | os.PathLike[str], doc: object, *, indent: int | None = 1, sort_keys: bool = True
+) -> Path:
+    """Write ``doc`` as JSON through :func:`atomic_write_text`; returns the path.
+
+    Raises:
+        OutputError: as :func:`atomic_write_bytes`.
+    """
+    return atomic_write_text(path, json.dumps(doc, indent=indent, sort_keys=sort_keys))
+
+
+def save_onnx_atomic(
+    proto: object,
+    path: str | os.PathLike[str],
+    *,
+    external_data_bytes: int = ONNX_EXTERNAL_DATA_BYTES,
+) -> Path:
+    """Write an ONNX ``ModelProto`` into a temporary sibling directory, then rename it into place.
+
+    A model of ``external_data_bytes`` or more is saved with all its tensors in one
+    ``<name>.data`` file beside it (renamed into place first, so the ``.onnx`` never points at a
+    missing file). Needs the ``onnx`` package, imported here so that ``opsnn_quant.io`` stays
+    light.
+
+    Returns:
+        The ``.onnx`` path.
+
+    Raises:
+        TypeError: ``proto`` is not an ``onnx.ModelProto``.
+    """
+    import onnx
+
+    if not isinstance(proto, onnx.ModelProto):
+        raise TypeError(f"save_onnx_atomic takes an onnx.ModelProto, not {type(proto).__name__}")
+    dest = Path(path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmpdir = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        if proto.ByteSize() >= external_data_bytes:
+            data = f"{dest.name}.data"
+            onnx.save_model(proto, tmpdir / dest.name, save_as_external_data=True,
+                            all_tensors_to_one_file=True, location=data)  # fmt: skip
+            os.replace(tmpdir / data, dest.parent / data)
+        else:
+            onnx.save_model(proto, tmpdir / dest.name)
+        os.replace(tmpdir / dest.name, dest)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    return dest
+
+
+def load_node_map(path: str | os.PathLike[str]) -> dict[str, list[str]]:
+    """Module -> ONNX node names from ``<model>.nodes.json`` (or a plain ``{module: [nodes]}``).
+
+    ``path`` may name the ``.onnx`` file: its ``.nodes.json`` sibling is read. A light JSON
+    reader (no torch, no onnx) for the ATC exports and the ONNX tools alike.
+
+    Raises:
+        ConfigError: missing file, invalid JSON, or not a mapping of lists of strings.
+    """
+    p = Path(path)
+    if p.suffix == ".onnx":
+        p = p.with_suffix(".nodes.json")
+    if not p.is_file():
+        raise ConfigError(f"node map {p} not found")
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{p}: invalid JSON at line {exc.lineno}: {exc.msg}") from exc
+    nodes = doc.get("nodes", doc) if isinstance(doc, dict) else None
+    if not isinstance(nodes, dict) or not all(
+        isinstance(v, list) and all(isinstance(x, str) for x in v) for v in nodes.values()
+    ):
+        raise ConfigError(f"{p}: expected {{module name: [ONNX node names]}} (or under 'nodes')")
+    return {str(k): list(v) for k, v in nodes.items()}

@@ -1,11 +1,16 @@
-"""Error measures between a reference tensor and an approximation of it."""
+"""Error measures between a reference tensor and an approximation of it, and dB formatting.
+
+torch is imported inside the tensor functions: the policy (torch-free) formats dB figures from
+here without pulling torch in.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 # Elements per float64 chunk: converting a whole activation to float64 (plus its difference and
 # square) costs several times its size at once, the probe's largest transient on long inputs.
@@ -22,10 +27,11 @@ class Energies(NamedTuple):
     approx: float
 
 
-@torch.no_grad()
 def energies(reference: torch.Tensor, approx: torch.Tensor, chunk: int = CHUNK) -> Energies:
     """:class:`Energies` of two same-shaped tensors, in float64 chunks of ``chunk`` elements
     (the transient memory stays a few MB whatever the tensors' size)."""
+    import torch
+
     ref = reference.detach().reshape(-1)
     out = approx.detach().reshape(-1)
     if ref.shape != out.shape:
@@ -43,13 +49,14 @@ def energies(reference: torch.Tensor, approx: torch.Tensor, chunk: int = CHUNK) 
     return Energies(s, n, c, a)
 
 
-@torch.no_grad()
 def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
     """Signal-to-quantization-noise ratio ``10 log10(sum ref^2 / sum (ref - approx)^2)`` in dB.
 
     ``inf`` when the two are equal; ``-inf`` when the reference is all zeros but they differ.
     Non-finite values in ``approx`` (fp16 overflow) give ``-inf``.
     """
+    import torch
+
     if not bool(torch.isfinite(approx).all()):
         return -math.inf
     signal, noise, _, _ = energies(reference, approx)
@@ -60,9 +67,10 @@ def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
     return 10.0 * math.log10(signal / noise)
 
 
-@torch.no_grad()
 def cosine(reference: torch.Tensor, approx: torch.Tensor) -> float:
     """Cosine similarity of the flattened tensors (1.0 for two zero tensors, nan never)."""
+    import torch
+
     if not bool(torch.isfinite(approx).all()):
         return -1.0
     e = energies(reference, approx)
@@ -71,3 +79,17 @@ def cosine(reference: torch.Tensor, approx: torch.Tensor) -> float:
     if e.signal == 0.0 or e.approx == 0.0:
         return 0.0
     return e.cross / math.sqrt(e.signal * e.approx)
+
+
+def fmt_db(db: float | None, *, unit: str = "dB", none: str = "inf") -> str:
+    """A dB figure with one decimal, e.g. ``31.2 dB`` (``inf dB`` for None by default).
+
+    Args:
+        db: the figure; ``inf``/``-inf``/``nan`` print as such.
+        unit: written after the number, separated by a space; ``""`` for table cells whose
+            column header carries the unit.
+        none: what None reads as. The probe and the policy write None for "no error at all",
+            hence ``inf``; a table of optional figures passes ``"-"``.
+    """
+    text = none if db is None else f"{db:.1f}"
+    return f"{text} {unit}" if unit else text

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import StrEnum
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -48,6 +48,22 @@ class Modality(StrEnum):
 
 ForwardLoop: TypeAlias = Callable[["nn.Module"], None]
 """Runs a model over calibration data; the single calibration contract (as in ModelOpt)."""
+
+
+def match_prefix(name: str, prefixes: Iterable[str]) -> str | None:
+    """The longest of ``prefixes`` that covers module ``name``; None when none does.
+
+    A prefix covers a name when it is ``""`` (the whole model), the name itself or one of its
+    dotted ancestors: ``"unet"`` covers ``"unet.conv_in"`` but not ``"unet2.conv_in"``. Module
+    names are matched to modalities this way everywhere (adapters, policies, rule emission).
+    """
+    best: str | None = None
+    for prefix in prefixes:
+        covers = prefix == "" or name == prefix or name.startswith(prefix + ".")
+        if covers and (best is None or len(prefix) > len(best)):
+            best = prefix
+    return best
+
 
 # Device names a model can be placed on (recipes, --device): resolved by backends.devices.
 DEVICE_PATTERN = r"^(cpu|npu(:\d+)?|cuda(:\d+)?)$"

@@ -16,7 +16,7 @@ from typing import Any
 
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.policy.schema import PrecisionPolicy
-from opsnn_quant.types import ForwardLoop
+from opsnn_quant.types import ForwardLoop, match_prefix
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def run_amct_roots(
         inside = [
             n
             for n in names
-            if (root == "" or n.startswith(root + ".")) and resolved[n].precision.is_int8
+            if match_prefix(n, (root,)) is not None and resolved[n].precision.is_int8
         ]
         calls = recorded.calls.get(root)
         if not inside or not calls:

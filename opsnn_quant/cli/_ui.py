@@ -151,13 +151,6 @@ def fmt_num(x: float | None, digits: int = 3) -> str:
     return f"{x:.{max(digits - 1, 1)}e}"
 
 
-def fmt_db(x: float | None) -> str:
-    """A dB figure for tables (no unit: the column header carries it)."""
-    if x is None:
-        return "-"
-    return "inf" if math.isinf(x) else f"{x:.1f}"
-
-
 def table(
     title: str,
     columns: list[tuple[str, str]],

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from opsnn_quant.cli import _ui
+from opsnn_quant.numerics import fmt_db
 
 if TYPE_CHECKING:
     from opsnn_quant.probe.report import SensitivityReport
@@ -38,7 +39,7 @@ def _summary_table(name: str, target: str, result: CalibrateResult) -> _ui.Table
         measured = result.measured.get(row.modality, {}).get("sqnr_db")
         t.add_row(
             row.modality.value, row.chosen, str(row.fp32), str(row.bf16), str(row.fp16),
-            str(row.int8), _ui.fmt_db(row.predicted_sqnr_db), _ui.fmt_db(measured),
+            str(row.int8), fmt_db(row.predicted_sqnr_db, unit="", none="-"), fmt_db(measured, unit="", none="-"),
             f"{row.int8_mac_share:.0%}",
         )  # fmt: skip
     return t
@@ -56,7 +57,7 @@ def _probe_table(report: SensitivityReport) -> _ui.Table:
     for modality, summary in report.modalities.items():
         t.add_row(
             f"[b]{modality}[/b]: {summary.modules} modules, {summary.overflowing} overflow; "
-            f"all-int8 pred. {_ui.fmt_db(summary.predicted_sqnr_db_all_w8a8)} dB",
+            f"all-int8 pred. {fmt_db(summary.predicted_sqnr_db_all_w8a8, none='-')}",
             end_section=True,
         )
         mods = [
@@ -70,7 +71,7 @@ def _probe_table(report: SensitivityReport) -> _ui.Table:
             best = max((s.sqnr_db for s in m.w8a8.values() if s.sqnr_db is not None), default=None)
             t.add_row(
                 _ui.wrap_name(m.name), m.type, "ovf" if m.fp16 and m.fp16.overflow else "ok",
-                _ui.fmt_db(best), f"{m.e2e.contribution / total:.0%}" if m.e2e else "-",
+                fmt_db(best, unit="", none="-"), f"{m.e2e.contribution / total:.0%}" if m.e2e else "-",
                 str(m.e2e.rank) if m.e2e else "-",
                 end_section=m is mods[min(len(mods), 5) - 1],
             )  # fmt: skip

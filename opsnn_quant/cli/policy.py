@@ -76,7 +76,8 @@ def register(app: typer.Typer) -> None:
         batch_num: Annotated[int, typer.Option(min=1, help="AMCT calibration batches")] = 1,
     ) -> None:
         """Write POLICY in a format AMCT or ATC reads."""
-        from opsnn_quant.policy.export import export_policy, load_node_map, write_export
+        from opsnn_quant.io import load_node_map
+        from opsnn_quant.policy.export import export_policy, write_export
         from opsnn_quant.policy.export_atc import onnx_node_io
         from opsnn_quant.policy.schema import PrecisionPolicy
 
@@ -104,6 +105,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Print per-modality precisions, module counts and predicted SQNR."""
         from opsnn_quant.cli import _ui
+        from opsnn_quant.numerics import fmt_db
         from opsnn_quant.policy.export import modules_from_report
         from opsnn_quant.policy.schema import PrecisionPolicy
         from opsnn_quant.policy.summary import summarize
@@ -123,7 +125,7 @@ def register(app: typer.Typer) -> None:
         for row in summarize(pol, report):
             table.add_row(
                 row.modality.value, row.chosen, str(row.fp32), str(row.bf16), str(row.fp16),
-                str(row.int8), _ui.fmt_db(row.predicted_sqnr_db), f"{row.int8_mac_share:.0%}",
+                str(row.int8), fmt_db(row.predicted_sqnr_db, unit="", none="-"), f"{row.int8_mac_share:.0%}",
             )  # fmt: skip
         _ui.print_table(table)
 

@@ -43,7 +43,7 @@ class OrtSpeedResult(BaseModel):
 def _session(path: Path, threads: int) -> Any:
     # The package's one session factory: int8 weights on a CPU whose ORT int8 GEMM saturates
     # (no VNNI) run with QDQ fusion off, so the figure is never computed on saturated weights.
-    from opsnn_quant.quant.onnx_export import onnxruntime_session
+    from opsnn_quant.quant.onnx_runtime import onnxruntime_session
 
     if not path.is_file():
         raise InputError(f"ONNX model {path} not found")

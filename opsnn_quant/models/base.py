@@ -15,18 +15,13 @@ import torch
 from torch import nn
 
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.types import ForwardLoop, Modality
+from opsnn_quant.types import ForwardLoop, Modality, match_prefix
 
 
 def modality_of(name: str, prefixes: dict[str, Modality]) -> Modality:
     """Modality of a module name by the longest matching prefix (``other`` when none matches)."""
-    best, best_len = Modality.OTHER, -1
-    for prefix, modality in prefixes.items():
-        if (prefix == "" or name == prefix or name.startswith(prefix + ".")) and len(
-            prefix
-        ) > best_len:
-            best, best_len = modality, len(prefix)
-    return best
+    prefix = match_prefix(name, prefixes)
+    return Modality.OTHER if prefix is None else prefixes[prefix]
 
 
 class ModelAdapter(ABC):

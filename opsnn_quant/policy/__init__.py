@@ -10,8 +10,8 @@ from typing import Any
 
 _EXPORTS: dict[str, str] = {
     "PrecisionPolicy": "opsnn_quant.policy.schema",
-    "Rule": "opsnn_quant.policy.schema",
-    "QuantFields": "opsnn_quant.policy.schema",
+    "Rule": "opsnn_quant.policy.rule",
+    "QuantFields": "opsnn_quant.policy.rule",
     "Resolved": "opsnn_quant.policy.schema",
     "Target": "opsnn_quant.policy.targets",
     "get_target": "opsnn_quant.policy.targets",

@@ -1,29 +1,25 @@
 """Turn search decisions into ordered, explained policy rules.
 
-Order: fp32/bf16 pins, then float fallbacks (budget, target or missing estimates), then int8
-rules for single modules, then one glob per modality prefix for the bulk of uniform int8 modules.
-Everything is in model order, so the same report gives the same rules.
+Order: fp32/bf16 pins (one exact rule each: each carries its own overflow evidence), then exact
+fp16 rules, then exact int8 rules, then subtree globs, deepest first
+(:mod:`~opsnn_quant.policy._compress` picks the fewest). Everything is in model order, so
+the same report gives the same rules.
 """
 
 from __future__ import annotations
 
-import fnmatch
-from collections import Counter
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
-from opsnn_quant.policy._schemes import Choice, describe_scheme, fmt_db
-from opsnn_quant.policy.schema import QuantFields, Rule
+from opsnn_quant.numerics import fmt_db
+from opsnn_quant.policy._compress import exact, plan_rules
+from opsnn_quant.policy._plan import ModalityPlan
+from opsnn_quant.policy._schemes import Choice, describe_scheme
+from opsnn_quant.policy.rule import QuantFields, Rule
+from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.targets import Target
 from opsnn_quant.probe.report import FP16_MAX, Fp16Stats, ModuleSensitivity, SensitivityReport
-from opsnn_quant.types import Modality, Precision
-
-if TYPE_CHECKING:
-    from opsnn_quant.policy.search import ModalityPlan
-
-
-def exact(name: str) -> str:
-    """A glob that matches ``name`` only (fnmatch metacharacters bracketed)."""
-    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+from opsnn_quant.quant.spec import QuantSpec
+from opsnn_quant.types import Modality, Precision, match_prefix
 
 
 def _evidence(s: Fp16Stats) -> str:
@@ -74,15 +70,13 @@ def pin_for(
     return Precision.FP32, f"{reason} -> fp32 ({why})"
 
 
-def _spec_key(ch: Choice) -> tuple[Any, ...]:
-    return (ch.precision, tuple(sorted(ch.quant.items(), key=lambda kv: kv[0])))
+def int8_rule(match: str, ch: Choice, reason: str) -> Rule:
+    return Rule(
+        match=match, precision=ch.precision, quant=QuantFields.from_spec(ch.spec), reason=reason
+    )
 
 
-def _int8_rule(match: str, ch: Choice, reason: str) -> Rule:
-    return Rule(match=match, precision=ch.precision, quant=QuantFields(**ch.quant), reason=reason)
-
-
-def _single_reason(ch: Choice) -> str:
+def single_reason(ch: Choice) -> str:
     if ch.by_e2e:
         return (
             f"int8 {describe_scheme(ch)}: smallest est. end-to-end contribution "
@@ -96,23 +90,10 @@ def _single_reason(ch: Choice) -> str:
     )
 
 
-def _prefix_of(name: str, prefixes: dict[str, Modality]) -> str:
-    best = ""
-    for p in prefixes:
-        if (p == "" or name == p or name.startswith(p + ".")) and len(p) >= len(best):
-            best = p
-    return best
-
-
-def emit_rules(
-    report: SensitivityReport,
-    pins: dict[str, tuple[Precision, str]],
-    plans: list[ModalityPlan],
-    prefixes: dict[str, Modality],
-    *,
-    compact: bool = True,
+def one_rule_per_module(
+    report: SensitivityReport, pins: dict[str, tuple[Precision, str]], plans: list[ModalityPlan]
 ) -> list[Rule]:
-    """The ordered rules of a policy (see the module docstring)."""
+    """Every decision as an exact rule: pins, then fp16 fallbacks, then int8 (model order each)."""
     order = {m.name: i for i, m in enumerate(report.modules)}
     rules = [
         Rule(match=exact(n), precision=p, reason=r)
@@ -122,45 +103,155 @@ def emit_rules(
         ((n, r) for plan in plans for n, r in plan.fallback.items()), key=lambda kv: order[kv[0]]
     )
     rules += [Rule(match=exact(n), precision=Precision.FP16, reason=r) for n, r in fallbacks]
-    named = {n for n in pins} | {n for n, _ in fallbacks}
-    quantizable = [m.name for m in report.modules if m.quantizable]
-    singles: list[tuple[str, Rule]] = []
-    globs: list[Rule] = []
+    int8 = sorted(
+        ((n, ch) for plan in plans for n, ch in plan.int8.items()), key=lambda nc: order[nc[0]]
+    )
+    return rules + [int8_rule(exact(n), ch, single_reason(ch)) for n, ch in int8]
+
+
+def emit_rules(
+    report: SensitivityReport,
+    pins: dict[str, tuple[Precision, str]],
+    plans: list[ModalityPlan],
+    prefixes: dict[str, Modality],
+    defaults: Mapping[Modality, Precision],
+    *,
+    compact: bool = True,
+) -> list[Rule]:
+    """The ordered rules of a policy (see the module docstring).
+
+    Args:
+        report: the probe report (module inventory, model order).
+        pins: module -> (fp32/bf16, reason) of the overflow pins.
+        plans: the search's decision per modality.
+        prefixes: module-name prefix -> modality (the policy's ``modalities``).
+        defaults: modality -> default precision (the policy's ``defaults``).
+        compact: the fewest rules (see :mod:`opsnn_quant.policy._compress`); else one exact
+            rule per decided module.
+
+    Raises:
+        RuntimeError: the compact rules would resolve a module otherwise than one rule per
+            module does (a bug: it is checked on every call).
+    """
+    singles = one_rule_per_module(report, pins, plans)
+    if not compact:
+        return singles
+    rules = compact_rules(report, pins, plans, prefixes, defaults)
+    check_same_resolution(report, prefixes, defaults, singles, rules)
+    return rules
+
+
+def _uniform_modality(node: str, prefixes: Mapping[str, Modality]) -> Modality | None:
+    """The modality of every name under ``node`` (``""`` = the whole model), even of modules the
+    report does not list; None when names under it can belong to different modalities or none."""
+    cover = match_prefix(node, prefixes)
+    if cover is None:
+        return None
+    modality = prefixes[cover]
+    inner = [m for p, m in prefixes.items() if p != "" and (node == "" or p.startswith(node + "."))]
+    return modality if all(m == modality for m in inner) else None
+
+
+def compact_rules(
+    report: SensitivityReport,
+    pins: dict[str, tuple[Precision, str]],
+    plans: list[ModalityPlan],
+    prefixes: dict[str, Modality],
+    defaults: Mapping[Modality, Precision],
+) -> list[Rule]:
+    """The fewest rules giving every module the precision and spec of :func:`one_rule_per_module`.
+
+    Pins stay one exact rule each. Every other decided Linear/Conv2d is a target: an int8 one
+    labelled by its QuantSpec, an fp16 one by its reason too (a merged fp16 rule says the one
+    reason all its modules share, with their count). A glob stays within one modality (its
+    reason quotes that modality's decision); an fp16 glob only where fp16 is the default (so
+    the other modules it reaches, containers and norms, keep their precision); an int8 glob
+    never reaches a Linear/Conv2d without a rule of its own.
+    """
+    order = {m.name: i for i, m in enumerate(report.modules)}
+    choices = {n: ch for plan in plans for n, ch in plan.int8.items()}
+    notes = {plan.modality: plan.note for plan in plans}
+    targets: dict[str, tuple[object, ...]] = {}
+    reasons: dict[str, str] = {}
     for plan in plans:
-        by_prefix: dict[str, list[str]] = {}
-        for name in plan.int8:
-            by_prefix.setdefault(_prefix_of(name, prefixes), []).append(name)
-        for prefix, members in by_prefix.items():
-            if compact and len(members) >= 2:
-                counts = Counter(_spec_key(plan.int8[n]) for n in members)
-                top = max(counts.values())
-                key = next(
-                    _spec_key(plan.int8[n])
-                    for n in members
-                    if counts[_spec_key(plan.int8[n])] == top
-                )
-                major = [n for n in members if _spec_key(plan.int8[n]) == key]
-                glob = "*" if prefix == "" else f"{exact(prefix)}.*"
-                covered = {n for n in quantizable if fnmatch.fnmatchcase(n, glob)}
-                others = set(members) - set(major)
-                # Safe only if every other Linear/Conv2d the glob reaches is named earlier.
-                if len(major) >= 2 and covered <= set(major) | others | named:
-                    ch = plan.int8[major[0]]
-                    dbs = [
-                        c.sqnr_db for c in (plan.int8[n] for n in major) if c.sqnr_db is not None
-                    ]
-                    local = f"{min(dbs):.1f}..{max(dbs):.1f} dB" if dbs else "lossless"
-                    where = f"under {prefix!r}" if prefix else "in the model"
-                    reason = (
-                        f"int8 {describe_scheme(ch)} for the {len(major)} probed Linear/Conv2d "
-                        f"{where} not named above (local SQNR {local}, best scheme each); "
-                        f"{plan.modality.value}: {plan.note}"
-                    )
-                    globs.append(_int8_rule(glob, ch, reason))
-                    members = sorted(others, key=order.__getitem__)
-            for n in members:
-                singles.append(
-                    (n, _int8_rule(exact(n), plan.int8[n], _single_reason(plan.int8[n])))
-                )
-    rules += [r for _, r in sorted(singles, key=lambda nr: order[nr[0]])]
-    return rules + globs
+        for n, reason in plan.fallback.items():
+            targets[n], reasons[n] = ("float", Precision.FP16, reason), reason
+        for n, ch in plan.int8.items():
+            targets[n], reasons[n] = ("int8", ch.spec), single_reason(ch)
+    free = [
+        m.name
+        for m in report.modules
+        if m.quantizable and m.name not in targets and m.name not in pins
+    ]
+
+    def glob_ok(node: str, label: object) -> bool:
+        modality = _uniform_modality(node, prefixes)
+        if modality is None:
+            return False
+        assert isinstance(label, tuple)
+        if label[0] == "float":
+            return defaults.get(modality) == label[1]
+        inside = node + "."
+        return not any(node == "" or n.startswith(inside) for n in free)
+
+    names = [m.name for m in report.modules]
+    placements = plan_rules(names, targets, glob_ok)
+    rules = [
+        Rule(match=exact(n), precision=p, reason=r)
+        for n, (p, r) in sorted(pins.items(), key=lambda kv: order[kv[0]])
+    ]
+    exact_float, exact_int8, globs = [], [], []
+    for pl in placements:
+        label = pl.label
+        assert isinstance(label, tuple)
+        if not pl.glob:
+            (n,) = pl.decides
+            if label[0] == "float":
+                exact_float.append(Rule(match=pl.match, precision=label[1], reason=reasons[n]))
+            else:
+                exact_int8.append(int8_rule(pl.match, choices[n], reasons[n]))
+        elif label[0] == "float":
+            count = len(pl.decides)
+            reason = reasons[pl.decides[0]] + (f" ({count} modules)" if count > 1 else "")
+            globs.append(Rule(match=pl.match, precision=label[1], reason=reason))
+        else:
+            modality = _uniform_modality(pl.node, prefixes)
+            assert modality is not None
+            group = [choices[n] for n in pl.decides]
+            dbs = [c.sqnr_db for c in group if c.sqnr_db is not None]
+            local = f"{min(dbs):.1f}..{max(dbs):.1f} dB" if dbs else "lossless"
+            where = f"under {pl.node!r}" if pl.node else "in the model"
+            reason = (
+                f"int8 {describe_scheme(group[0])} for the {len(group)} probed Linear/Conv2d "
+                f"{where} not named above (local SQNR {local}, best scheme each); "
+                f"{modality.value}: {notes.get(modality, '')}"
+            )
+            globs.append(int8_rule(pl.match, group[0], reason))
+    return rules + exact_float + exact_int8 + globs
+
+
+def check_same_resolution(
+    report: SensitivityReport,
+    prefixes: dict[str, Modality],
+    defaults: Mapping[Modality, Precision],
+    expected: list[Rule],
+    rules: list[Rule],
+) -> None:
+    """Raise RuntimeError unless ``rules`` resolve every report module like ``expected``
+    (precision, QuantSpec, and whether a modality default applies at all)."""
+    names = [m.name for m in report.modules]
+    types = {m.name: m.type for m in report.modules}
+
+    def resolution(rule_list: list[Rule]) -> list[tuple[str, QuantSpec | Precision, bool]]:
+        policy = PrecisionPolicy(
+            model=report.model, target="cpu-reference", modalities=prefixes,
+            defaults=dict(defaults), rules=rule_list,
+        )  # fmt: skip
+        out = []
+        for name, res in policy.resolve(names, types).items():
+            out.append((name, policy.spec_of(res), res.rule == "unassigned"))
+        return out
+
+    for want, got in zip(resolution(expected), resolution(rules), strict=True):
+        if want != got:
+            raise RuntimeError(f"compact rules resolve {want[0]} to {got[1:]}, not {want[1:]}")

@@ -1,28 +1,19 @@
-"""Probe scheme names -> precision + QuantSpec fields, and first-order error arithmetic.
+"""Probe scheme names -> the QuantSpec of a rule, and first-order error arithmetic.
 
-Scheme names in ``SensitivityReport.modules[i].w8a8`` (the probe's convention):
-``w8a8`` (static per-tensor, minmax), ``w8a8_mse``, ``w8a8_smoothquant`` (static + SmoothQuant,
-alpha recorded), ``w8a8_dynamic``, ``w8a8_dynamic_smoothquant``.
+Scheme names in ``SensitivityReport.modules[i].w8a8`` (the probe's convention) and the QuantSpec
+each stands for come from the one table, :data:`opsnn_quant.quant.schemes.SCHEMES`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal
 
 from opsnn_quant.probe.report import ModuleSensitivity, SchemeError
+from opsnn_quant.quant.schemes import SCHEMES
+from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Precision
-
-# (precision, QuantSpec fields other than alpha, uses SmoothQuant). Order = preference on ties:
-# plain static first (cheapest at run time, simplest to deploy), dynamic last.
-SCHEMES: dict[str, tuple[Precision, dict[str, Any], bool]] = {
-    "w8a8": (Precision.W8A8, {"observer": "minmax"}, False),
-    "w8a8_mse": (Precision.W8A8, {"observer": "mse"}, False),
-    "w8a8_smoothquant": (Precision.W8A8, {"observer": "minmax"}, True),
-    "w8a8_dynamic": (Precision.W8A8_DYNAMIC, {}, False),
-    "w8a8_dynamic_smoothquant": (Precision.W8A8_DYNAMIC, {}, True),
-}
 
 
 @dataclass(frozen=True)
@@ -30,12 +21,16 @@ class Choice:
     """The scheme picked for one module and what it is predicted to cost."""
 
     scheme: str
-    precision: Precision
-    quant: dict[str, Any]
+    spec: QuantSpec  # what the rule says (SmoothQuant with the probe's alpha)
     sqnr_db: float | None  # local SQNR (None = no error)
     contribution: float  # relative noise energy added to the modality output (first order)
     scaled: bool  # contribution rescaled from another scheme's estimate
     by_e2e: bool = False  # chosen by end-to-end estimate (else by local SQNR)
+
+    @property
+    def precision(self) -> Precision:
+        """The chosen int8 precision."""
+        return self.spec.precision
 
 
 def _sqnr_key(e: SchemeError) -> float:
@@ -80,26 +75,25 @@ def best_choice(m: ModuleSensitivity, allowed: set[Precision]) -> Choice | None:
     """
     by_e2e = m.e2e is not None and bool(m.e2e.schemes)
     ranked = []
-    for order, (name, (precision, fields, smooth)) in enumerate(SCHEMES.items()):
+    for order, (name, scheme) in enumerate(SCHEMES.items()):
         err = m.w8a8.get(name)
-        if err is None or err.infeasible or precision not in allowed:
+        if err is None or err.infeasible or scheme.precision not in allowed:
             continue
         est = contribution_for(m, name)
         if est is None:
             continue
         # rounded: a last-bit difference between runs must not change the choice
         key = float(f"{est[0]:.6g}") if by_e2e else -round(_sqnr_key(err), 4)
-        ranked.append((key, order, name, precision, fields, smooth, err, est))
+        ranked.append((key, order, name, err, est))
     if not ranked:
         return None
-    _, _, name, precision, fields, smooth, err, est = min(ranked, key=lambda r: r[:2])
-    quant = dict(fields)
-    if smooth:
-        # The probe records the alpha it searched; without one, search again at calibration.
-        quant["smoothquant_alpha"] = (
-            err.smoothquant_alpha if err.smoothquant_alpha is not None else "auto"
-        )
-    return Choice(name, precision, quant, err.sqnr_db, est[0], est[1], by_e2e)
+    _, _, name, err, est = min(ranked, key=lambda r: r[:2])
+    # The probe records the alpha it searched; without one, search again at calibration.
+    alpha: float | Literal["auto"] = (
+        err.smoothquant_alpha if err.smoothquant_alpha is not None else "auto"
+    )
+    spec = SCHEMES[name].spec(alpha)
+    return Choice(name, spec, err.sqnr_db, est[0], est[1], by_e2e)
 
 
 def noise_to_db(noise: float) -> float | None:
@@ -107,12 +101,7 @@ def noise_to_db(noise: float) -> float | None:
     return None if noise <= 0 else -10.0 * math.log10(noise)
 
 
-def fmt_db(db: float | None) -> str:
-    """``31.2 dB`` or ``inf dB``."""
-    return "inf dB" if db is None else f"{db:.1f} dB"
-
-
 def describe_scheme(choice: Choice) -> str:
     """e.g. ``w8a8_smoothquant (alpha=0.5)``."""
-    alpha = choice.quant.get("smoothquant_alpha")
+    alpha = choice.spec.smoothquant_alpha
     return choice.scheme + (f" (alpha={alpha})" if alpha is not None else "")

@@ -23,12 +23,13 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.io import atomic_write_text
+from opsnn_quant.policy import export_atc
+from opsnn_quant.policy.export_result import ExportResult
 from opsnn_quant.policy.schema import PrecisionPolicy, Resolved
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Precision
@@ -62,23 +63,6 @@ IFMR_DEFAULTS: dict[str, float] = {
 }
 
 
-@dataclass(frozen=True)
-class ExportResult:
-    """One exported file.
-
-    Attributes:
-        format: one of :data:`FORMATS`.
-        text: the file content.
-        notes: what was approximated or left out, one line each.
-        comments: True when ``text`` can carry comments (the notes are then in its header).
-    """
-
-    format: str
-    text: str
-    notes: tuple[str, ...] = ()
-    comments: bool = False
-
-
 def modules_from_report(report: SensitivityReport) -> dict[str, str]:
     """Module inventory (name -> class name, model order) from a probe report."""
     return {m.name: m.type for m in report.modules}
@@ -87,29 +71,6 @@ def modules_from_report(report: SensitivityReport) -> dict[str, str]:
 def modules_from_model(model: nn.Module) -> dict[str, str]:
     """Module inventory (name -> class name, model order) from a model, containers included."""
     return {n: type(m).__name__ for n, m in model.named_modules() if n}
-
-
-def load_node_map(path: str | Path) -> dict[str, list[str]]:
-    """Module -> ONNX node names from ``<model>.nodes.json`` (or a plain ``{module: [nodes]}``).
-
-    Raises:
-        ConfigError: missing file or not a mapping of lists of strings.
-    """
-    p = Path(path)
-    if p.suffix == ".onnx":
-        p = p.with_suffix(".nodes.json")
-    if not p.is_file():
-        raise ConfigError(f"node map {p} not found")
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{p}: invalid JSON at line {exc.lineno}: {exc.msg}") from exc
-    nodes = doc.get("nodes", doc) if isinstance(doc, dict) else None
-    if not isinstance(nodes, dict) or not all(
-        isinstance(v, list) and all(isinstance(x, str) for x in v) for v in nodes.values()
-    ):
-        raise ConfigError(f"{p}: expected {{module name: [ONNX node names]}} (or under 'nodes')")
-    return {str(k): list(v) for k, v in nodes.items()}
 
 
 def _resolve(policy: PrecisionPolicy, modules: Mapping[str, str]) -> dict[str, Resolved]:
@@ -301,8 +262,6 @@ def export_policy(
     Raises:
         ConfigError: unknown format, empty inventory, or a rule that matches no module.
     """
-    from opsnn_quant.policy import export_atc
-
     if fmt == "amct-cfg":
         return export_amct_cfg(policy, modules, batch_num=batch_num)
     if fmt == "amct-eager":

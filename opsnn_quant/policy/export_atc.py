@@ -31,7 +31,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 
-from opsnn_quant.policy.export import ExportResult
+from opsnn_quant.policy.export_result import ExportResult
 from opsnn_quant.policy.schema import PrecisionPolicy, Resolved
 from opsnn_quant.types import Precision
 

@@ -13,20 +13,20 @@ Resolution of one module name, in this order:
 from __future__ import annotations
 
 import difflib
-import fnmatch
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.io import atomic_write_text, read_text
 from opsnn_quant.policy import _yaml
 from opsnn_quant.policy.budget import Budget
+from opsnn_quant.policy.rule import Rule
 from opsnn_quant.policy.targets import INT8_MODULE_TYPES, get_target
 from opsnn_quant.quant.spec import QuantSpec
-from opsnn_quant.types import Modality, Precision
+from opsnn_quant.types import Modality, Precision, match_prefix
 
 if TYPE_CHECKING:
     from torch import nn
@@ -40,57 +40,6 @@ _HEADER = (
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class QuantFields(_Frozen):
-    """The :class:`~opsnn_quant.quant.spec.QuantSpec` fields of an int8 rule (precision aside)."""
-
-    activation_symmetric: bool = True
-    observer: Literal["minmax", "percentile", "mse", "kl"] = "minmax"
-    percentile: float = 99.99
-    smoothquant_alpha: float | Literal["auto"] | None = None
-    output_dtype: Literal["float16", "bfloat16"] = "float16"
-
-
-class Rule(_Frozen):
-    """One ordered rule: modules whose name matches ``match`` run in ``precision``.
-
-    Attributes:
-        match: ``fnmatch`` glob on module names (an exact name is a glob too).
-        precision: the precision.
-        quant: quantization settings of an int8 rule (defaults when omitted).
-        reason: why, in words, with the evidence.
-    """
-
-    match: str = Field(min_length=1)
-    precision: Precision
-    quant: QuantFields | None = None
-    reason: str = ""
-
-    @model_validator(mode="after")
-    def _check_quant(self) -> Rule:
-        if self.precision.is_float:
-            if self.quant is not None:
-                raise ValueError(
-                    f"quant settings need an int8 precision, not {self.precision.value}"
-                )
-        else:
-            self.quant_spec()  # QuantSpec's own checks (SmoothQuant with w8a16, ranges)
-        return self
-
-    def quant_spec(self) -> QuantSpec | None:
-        """The rule's QuantSpec (None for float precisions)."""
-        if self.precision.is_float:
-            return None
-        fields = (self.quant or QuantFields()).model_dump()
-        try:
-            return QuantSpec(precision=self.precision, **fields)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-
-    def matches(self, name: str) -> bool:
-        """True when ``name`` matches the rule's glob."""
-        return fnmatch.fnmatchcase(name, self.match)
 
 
 class ModalityFigures(_Frozen):
@@ -215,12 +164,8 @@ class PrecisionPolicy(_Frozen):
     ) -> Modality | None:
         """The modality of module ``name`` by the longest matching prefix (None if none)."""
         prefixes = self.modalities if modalities is None else modalities
-        best: tuple[int, Modality] | None = None
-        for prefix, modality in prefixes.items():
-            covers = prefix == "" or name == prefix or name.startswith(prefix + ".")
-            if covers and (best is None or len(prefix) > best[0]):
-                best = (len(prefix), Modality(modality))
-        return None if best is None else best[1]
+        prefix = match_prefix(name, prefixes)
+        return None if prefix is None else Modality(prefixes[prefix])
 
     def resolve(
         self,

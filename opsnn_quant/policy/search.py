@@ -24,10 +24,11 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
+from opsnn_quant.numerics import fmt_db
+from opsnn_quant.policy._plan import ModalityPlan
 from opsnn_quant.policy._rules import emit_rules, pin_for
-from opsnn_quant.policy._schemes import Choice, best_choice, fmt_db, noise_to_db
+from opsnn_quant.policy._schemes import Choice, best_choice, noise_to_db
 from opsnn_quant.policy.budget import Budget, FinalCheckResult, FinalCheckSettings
 from opsnn_quant.policy.schema import ModalityFigures, PrecisionPolicy, derive_prefixes
 from opsnn_quant.policy.targets import Target, get_target
@@ -42,19 +43,6 @@ FinalCheck = Callable[[PrecisionPolicy], FinalCheckResult]
 def _r(x: float, digits: int = 6) -> float:
     # Figures go into YAML: a fixed number of significant digits keeps the bytes stable.
     return float(f"{x:.{digits}g}")
-
-
-@dataclass
-class ModalityPlan:
-    """What the search decided for one modality (input to the rule emitter)."""
-
-    modality: Modality
-    int8: dict[str, Choice] = field(default_factory=dict)  # name -> choice, model order
-    fallback: dict[str, str] = field(default_factory=dict)  # quantizable name -> reason (fp16)
-    noise: float = 0.0
-    mac_share: float = 0.0
-    chosen: str = "fp16"
-    note: str = ""
 
 
 def _plan_modality(
@@ -184,12 +172,13 @@ def _decide(
             note=plan.note,
         )
     prefixes = derive_prefixes((m.name, m.modality) for m in report.modules)
-    rules = emit_rules(report, pins, plans, prefixes, compact=compact)
+    defaults = {mod: Precision.FP16 for mod in modalities}
+    rules = emit_rules(report, pins, plans, prefixes, defaults, compact=compact)
     return PrecisionPolicy(
         model=report.model,
         target=target.name,
         modalities=prefixes,
-        defaults={mod: Precision.FP16 for mod in modalities},
+        defaults=defaults,
         rules=rules,
         budget=budget,
         figures=figures,
@@ -217,7 +206,9 @@ def build_policy(
             ``budget.final_check.max_iterations``, 3 when unset).
         bf16_tolerance: an overflowing module goes bf16 (where the target has it) only when the
             probe's bf16 relative error is below this; otherwise fp32.
-        compact: cover uniform int8 groups with one glob rule per modality prefix.
+        compact: the fewest rules that resolve every module as one exact rule per module
+            would (exact names and subtree globs within a modality; pins stay exact); False
+            gives one exact rule per decided module.
 
     Returns:
         The policy; its YAML is byte-identical for the same inputs.

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.probe.report import SensitivityReport
+from opsnn_quant.quant.schemes import SCHEMES
+from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Modality, Precision
 
 
@@ -66,3 +68,70 @@ def summarize(policy: PrecisionPolicy, report: SensitivityReport) -> list[Modali
             )
         )
     return rows
+
+
+@dataclass(frozen=True)
+class ModuleRow:
+    """How one probed module resolves, with the probe's figures for its chosen scheme.
+
+    Attributes:
+        name: module name.
+        modality: its modality (from the report).
+        type: module class name.
+        precision: resolved precision.
+        spec: the QuantSpec of an int8 module (None for float).
+        rule: the index of the rule that decided it, or ``default`` / ``unassigned``.
+        match: that rule's glob ("" for a default).
+        reason: that rule's reason (shared by every module a glob decides).
+        local_sqnr_db: the probe's local SQNR of the chosen scheme (int8 modules, when measured;
+            None also when the scheme adds no error).
+        contribution: the probe's end-to-end contribution estimate, if any.
+    """
+
+    name: str
+    modality: Modality
+    type: str
+    precision: Precision
+    spec: QuantSpec | None
+    rule: int | str
+    match: str
+    reason: str
+    local_sqnr_db: float | None
+    contribution: float | None
+
+
+def module_rows(policy: PrecisionPolicy, report: SensitivityReport) -> list[ModuleRow]:
+    """Every module of ``report`` in model order: what the (compact) policy makes of it and the
+    per-module figures behind it, for tables and for reading a policy module by module."""
+    names = [m.name for m in report.modules]
+    resolved = policy.resolve(names, {m.name: m.type for m in report.modules})
+    rows = []
+    for m in report.modules:
+        res = resolved[m.name]
+        spec = policy.spec_of(res)
+        qspec = spec if isinstance(spec, QuantSpec) else None
+        scheme = None if qspec is None else _scheme_of(qspec)
+        err = m.w8a8.get(scheme) if scheme is not None else None
+        rows.append(
+            ModuleRow(
+                name=m.name,
+                modality=m.modality,
+                type=m.type,
+                precision=res.precision,
+                spec=qspec,
+                rule=res.rule,
+                match=policy.rules[res.rule].match if isinstance(res.rule, int) else "",
+                reason=res.reason,
+                local_sqnr_db=None if err is None else err.sqnr_db,
+                contribution=None if m.e2e is None else m.e2e.contribution,
+            )
+        )
+    return rows
+
+
+def _scheme_of(spec: QuantSpec) -> str | None:
+    """The probe scheme a QuantSpec stands for (SmoothQuant's alpha aside), if any."""
+    for name, scheme in SCHEMES.items():
+        if scheme.spec(spec.smoothquant_alpha) == spec:
+            return name
+    return None

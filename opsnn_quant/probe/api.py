@@ -32,7 +32,7 @@ from opsnn_quant.probe.report import (
     SensitivityReport,
     summarize_modalities,
 )
-from opsnn_quant.types import ForwardLoop, Modality
+from opsnn_quant.types import ForwardLoop, Modality, match_prefix
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ def _attribute_modalities(run: _Run, say: Callable[[str], None]) -> dict[str, En
             members = {
                 n: run.named[n]
                 for n in best
-                if (root_name == "" or n.startswith(root_name + "."))
+                if match_prefix(n, (root_name,)) is not None
                 and run.adapter.modality_of(n) == modality
             }
             if not replay or not members:

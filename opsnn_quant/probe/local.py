@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -21,32 +22,17 @@ from torch import nn
 from opsnn_quant.memory import TRIM
 from opsnn_quant.numerics import CHUNK, energies
 from opsnn_quant.probe.report import BF16_MAX, SchemeError
-from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, _QuantMatmul
+from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, QuantModule
 from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver
+from opsnn_quant.quant.schemes import SCHEMES, scheme_spec, schemes_for
 from opsnn_quant.quant.smoothquant import ChannelStats, search_alpha
 from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, QuantSpec
 
-LINEAR_SCHEMES = (
-    "w8a8",
-    "w8a8_mse",
-    "w8a8_smoothquant",
-    "w8a8_dynamic",
-    "w8a8_dynamic_smoothquant",
-)
-CONV_SCHEMES = ("w8a8", "w8a8_mse", "w8a8_dynamic")
+# Candidates per module type, from the one scheme table (quant/schemes.py).
+LINEAR_SCHEMES = schemes_for("Linear")
+CONV_SCHEMES = schemes_for("Conv2d")
 # The candidates run with QuantSpec's default output dtype (what fp16 deployments use).
 CANDIDATE_OUTPUT_DTYPE: str = QuantSpec.output_dtype
-
-
-def scheme_spec(scheme: str, alpha: float | None = None) -> QuantSpec:
-    """The QuantSpec a scheme name stands for (SmoothQuant with the searched alpha)."""
-    dynamic = scheme.startswith("w8a8_dynamic")
-    precision = "w8a8_dynamic" if dynamic else "w8a8"
-    return QuantSpec(
-        precision,  # type: ignore[arg-type]
-        observer="mse" if scheme == "w8a8_mse" else "minmax",
-        smoothquant_alpha=alpha if scheme.endswith("smoothquant") else None,
-    )
 
 
 @dataclass
@@ -118,6 +104,11 @@ class _Energy:
         return SchemeError(sqnr_db=sqnr, cosine=cos, smoothquant_alpha=alpha)
 
 
+def _alpha_key(scheme: str) -> str:
+    """Which searched SmoothQuant alpha a scheme uses: static and dynamic are searched apart."""
+    return "static" if SCHEMES[scheme].template.static_activations else "dynamic"
+
+
 @dataclass
 class LocalProbe:
     """Statistics and candidates of one Linear/Conv2d module."""
@@ -130,7 +121,7 @@ class LocalProbe:
     alphas: dict[str, float | None] = field(default_factory=dict)
     smooth: dict[str, torch.Tensor | None] = field(default_factory=dict)
     energies: dict[str, _Energy] = field(default_factory=dict)
-    _shadows: dict[str, _QuantMatmul] = field(default_factory=dict)
+    _shadows: dict[str, QuantModule[Any]] = field(default_factory=dict)
     _variant: dict[str, str] = field(default_factory=dict)
     calls: int = 0
     max_error_calls: int = 32
@@ -165,17 +156,17 @@ class LocalProbe:
             self.alphas[key], self.smooth[key] = alpha, s
         self.stats.rows = None  # the reservoir is no longer needed
 
-    def shadow(self, scheme: str) -> _QuantMatmul:
+    def shadow(self, scheme: str) -> QuantModule[Any]:
         """The frozen candidate for ``scheme`` (built once, int8 weights only)."""
         if scheme in self._shadows:
             return self._shadows[scheme]
-        key = "dynamic" if scheme.startswith("w8a8_dynamic") else "static"
-        alpha = self.alphas.get(key) if scheme.endswith("smoothquant") else None
-        smooth = self.smooth.get(key) if scheme.endswith("smoothquant") else None
+        key = _alpha_key(scheme)
+        alpha = self.alphas.get(key) if SCHEMES[scheme].smoothquant else None
+        smooth = self.smooth.get(key) if SCHEMES[scheme].smoothquant else None
         spec = scheme_spec(scheme, alpha if smooth is not None else None)
         if smooth is None and spec.smoothquant:
             spec = scheme_spec(scheme.replace("_smoothquant", ""))
-        q: _QuantMatmul
+        q: QuantModule[Any]
         if isinstance(self.module, nn.Linear):
             q = QuantLinear.from_float(self.module, spec, self.name)
         else:
@@ -237,8 +228,8 @@ class LocalProbe:
         out = {}
         for scheme, energy in self.energies.items():
             alpha = None
-            if scheme.endswith("smoothquant"):
-                alpha = self.alphas.get("dynamic" if "dynamic" in scheme else "static")
+            if SCHEMES[scheme].smoothquant:
+                alpha = self.alphas.get(_alpha_key(scheme))
             out[scheme] = energy.result(alpha, CANDIDATE_OUTPUT_DTYPE)
         return out
 

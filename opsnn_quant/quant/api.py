@@ -11,7 +11,12 @@ import torch
 from torch import nn
 
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.quant.modules import QUANT_MODULES, _QuantMatmul, is_quant_module
+from opsnn_quant.quant.modules import (
+    QuantModule,
+    is_quant_module,
+    quant_module_class,
+    set_submodule,
+)
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import ForwardLoop, Precision
 
@@ -30,8 +35,9 @@ class ResolvesModules(Protocol):
 
 
 def quantizable_modules(model: nn.Module) -> dict[str, nn.Module]:
-    """Named modules that can be swapped (Linear, Conv2d), in model order."""
-    return {n: m for n, m in model.named_modules() if type(m) in QUANT_MODULES and n}
+    """Named modules that can be swapped, in model order: those of a float type a quantized
+    class is registered for (Linear, Conv2d and any :func:`register_quant_module` adds)."""
+    return {n: m for n, m in model.named_modules() if n and quant_module_class(type(m))}
 
 
 def resolve_globs(
@@ -101,12 +107,6 @@ def _int8_specs(model: nn.Module, config: Any) -> dict[str, QuantSpec]:
     return specs
 
 
-def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, module)
-
-
 @torch.no_grad()
 def quantize(
     model: nn.Module,
@@ -138,11 +138,13 @@ def quantize(
     if any(is_quant_module(m) for m in model.modules()):
         raise ConfigError("the model already holds quantized modules; quantize the float model")
     modules = dict(model.named_modules())
-    swapped: dict[str, _QuantMatmul] = {}
+    swapped: dict[str, QuantModule[Any]] = {}
     for name, spec in specs.items():
-        q = QUANT_MODULES[type(modules[name])].from_float(modules[name], spec, name)  # type: ignore[attr-defined]
+        qclass = quant_module_class(type(modules[name]))
+        assert qclass is not None  # _int8_specs only keeps quantizable_modules
+        q = qclass.from_float(modules[name], spec, name)
         q.to(next(iter(modules[name].parameters())).device)
-        _set_submodule(model, name, q)
+        set_submodule(model, name, q)
         swapped[name] = q
     needs_data = any(s.static_activations or s.smoothquant for s in specs.values())
     if needs_data:

@@ -20,22 +20,18 @@ from torch import nn
 import opsnn_quant
 from opsnn_quant.errors import CheckpointError
 from opsnn_quant.io import atomic_dir
-from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, _QuantMatmul
+from opsnn_quant.quant.modules import QuantModule, quant_module_named, set_submodule
 from opsnn_quant.quant.spec import QuantSpec
 
 FORMAT = "opsnn-quant/quantized-model"
 SCHEMA_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
 DESCRIPTION_FILE = "description.json"
-_TYPES: dict[str, tuple[type[_QuantMatmul], type[nn.Module]]] = {
-    "QuantLinear": (QuantLinear, nn.Linear),
-    "QuantConv2d": (QuantConv2d, nn.Conv2d),
-}
 
 
-def quantized_modules(model: nn.Module) -> dict[str, _QuantMatmul]:
+def quantized_modules(model: nn.Module) -> dict[str, QuantModule[Any]]:
     """Frozen quantized modules of ``model`` by dotted name, in model order."""
-    return {n: m for n, m in model.named_modules() if isinstance(m, _QuantMatmul)}
+    return {n: m for n, m in model.named_modules() if isinstance(m, QuantModule)}
 
 
 OUTPUT_KIND = "quant"
@@ -120,6 +116,81 @@ def read_description(directory: str | Path) -> dict[str, Any]:
     return dict(desc)
 
 
+def expected_state(
+    module: QuantModule[Any], smoothed: bool
+) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Frozen state keys -> (shape, dtype) that ``module.freeze()`` produces (bias excluded)."""
+    n, k = module.out_n, module.in_k
+    exp: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
+        "weight": (module.int8_weight_shape(), torch.int8),
+        "weight_quantizer.scale": ((n,), torch.float32),
+    }
+    if module.spec.static_activations:
+        exp |= {
+            "quant_bias": ((n,), torch.int32),
+            "deq_scale": ((n,), torch.float32),
+            "deq_scale_packed": ((n,), torch.int64),
+            "input_quantizer.scale": ((), torch.float32),
+            "input_quantizer.offset": ((), torch.float32),
+            "input_quantizer.inv_scale": ((k,) if smoothed else (1,), torch.float32),
+        }
+    if smoothed:
+        exp["input_quantizer.smooth"] = ((k,), torch.float32)
+        if not module.spec.static_activations:
+            exp["input_quantizer.smooth_scales"] = ((k,), torch.float32)
+    return exp
+
+
+@torch.no_grad()
+def load_frozen(
+    module: QuantModule[Any], state: dict[str, torch.Tensor], alpha: float | None = None
+) -> None:
+    """Make a freshly built ``module`` frozen with its saved state (the tensors under its name).
+
+    Raises:
+        CheckpointError: a key is missing or unexpected, or a shape/dtype differs.
+    """
+    smoothed = "input_quantizer.smooth" in state
+    expected = expected_state(module, smoothed)
+    if not module.spec.static_activations and "bias" in state:
+        expected["bias"] = ((module.out_n,), torch.float32)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"module '{module.qname}': checkpoint keys missing {missing}, unexpected {unexpected}"
+        )
+    for key, (shape, dtype) in expected.items():
+        t = state[key]
+        if tuple(t.shape) != shape or t.dtype != dtype:
+            raise CheckpointError(
+                f"module '{module.qname}': '{key}' is {tuple(t.shape)} {t.dtype} in the "
+                f"checkpoint, expected {shape} {dtype}"
+            )
+    del module.weight
+    del module.bias
+    module.bias = None
+    iq = module.input_quantizer
+    iq.observer, iq.stats = None, None
+    if smoothed:
+        del iq.smooth
+    for key, t in state.items():
+        owner: nn.Module = module
+        attr = key
+        if "." in key:
+            sub, attr = key.split(".", 1)
+            owner = getattr(module, sub)
+        if attr in owner._buffers:
+            owner._buffers[attr] = t.clone()
+        else:
+            if attr == "bias":
+                del module.bias
+            owner.register_buffer(attr, t.clone())
+    if smoothed:
+        iq.chosen_alpha = alpha
+    module.frozen = True
+
+
 def load_quantized(float_model: nn.Module, directory: str | Path) -> nn.Module:
     """Rebuild the quantized model from its float model and a checkpoint (in place).
 
@@ -138,30 +209,30 @@ def load_quantized(float_model: nn.Module, directory: str | Path) -> nn.Module:
     for name, entry in desc["modules"].items():
         if name not in modules:
             raise CheckpointError(f"checkpoint module '{name}' does not exist in the model")
-        qtype, ftype = _TYPES.get(entry.get("type", ""), (None, None))
-        if qtype is None or ftype is None:
+        qtype = quant_module_named(str(entry.get("type", "")))
+        if qtype is None:
             raise CheckpointError(
                 f"checkpoint module '{name}' has unknown type {entry.get('type')!r}"
             )
+        ftype = qtype.float_type
         float_module = modules[name]
         if type(float_module) is not ftype:
             raise CheckpointError(
                 f"module '{name}' is a {type(float_module).__name__} in the model but a "
                 f"{ftype.__name__} in the checkpoint"
             )
-        fshape = list(getattr(float_module, "weight").shape)  # noqa: B009
+        float_weight: torch.Tensor = getattr(float_module, "weight")  # noqa: B009
+        fshape = list(float_weight.shape)
         if fshape != entry["weight_shape"]:
             raise CheckpointError(
                 f"module '{name}': weight shape {fshape} in the model, "
                 f"{entry['weight_shape']} in the checkpoint"
             )
         spec = QuantSpec.from_dict(entry["spec"])
-        q = qtype.from_float(float_module, spec, name)  # type: ignore[attr-defined]
+        q = qtype.from_float(float_module, spec, name)
         prefix = f"{name}."
         state = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-        q.load_frozen(state, alpha=entry.get("smoothquant_alpha"))
-        q.to(float_module.weight.device)
-        parent_name, _, child = name.rpartition(".")
-        parent = float_model.get_submodule(parent_name) if parent_name else float_model
-        setattr(parent, child, q)
+        load_frozen(q, state, alpha=entry.get("smoothquant_alpha"))
+        q.to(float_weight.device)
+        set_submodule(float_model, name, q)
     return float_model

@@ -1,15 +1,26 @@
-"""``QuantLinear`` / ``QuantConv2d``: whole-module swaps whose forward is Ascend's quant arithmetic.
+"""Quantized modules: whole-module swaps whose forward is Ascend's quant arithmetic.
 
-Life cycle: ``from_float(module, spec)`` -> calibration (float forward while the named
+Life cycle: ``from_float(module, spec, name)`` -> calibration (float forward while the named
 ``input_quantizer`` collects statistics) -> ``freeze()`` (int8 weights, int32 bias, scales, packed
 deq scales) -> quantized forward through :func:`opsnn_quant.backends.get_backend`, so the CPU
 output equals what torch_npu computes on the same inputs.
+
+:class:`QuantModule` is the base; :class:`QuantLinear` and :class:`QuantConv2d` register
+themselves for ``nn.Linear`` and ``nn.Conv2d`` with :func:`register_quant_module`, the table
+:func:`~opsnn_quant.quant.api.quantize` and :func:`~opsnn_quant.quant.checkpoint.load_quantized`
+look classes up in. Another module type needs no change here: subclass ``QuantModule[FloatType]``
+(store the float ``weight``/``bias``, call :meth:`QuantModule.init_quant`; ``forward`` reshapes
+the input to (M, K) rows for :meth:`QuantModule.matmul_rows`; override
+:meth:`QuantModule.int8_weight_shape` for a weight that is not (N, K)), implement ``from_float``
+and decorate the class with ``@register_quant_module(FloatType)``.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -31,10 +42,23 @@ ROW_CHUNK_ELEMENTS = 1 << 22
 
 _OUT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
+FloatT = TypeVar("FloatT", bound=nn.Module)
 
-class _QuantMatmul(nn.Module):
-    """Shared machinery: a (N, K) weight applied to (M, K) rows with the spec's scheme."""
 
+class QuantModule(nn.Module, ABC, Generic[FloatT]):
+    """Base of every quantized module: a (N, K) weight applied to (M, K) rows with the spec's
+    scheme (static W8A8, dynamic per-token W8A8 or W8A16), calibrated, then frozen.
+
+    Attributes:
+        float_type: the float module class this one replaces (set by
+            :func:`register_quant_module`).
+        spec: the QuantSpec.
+        qname: the module's dotted name in the model (for messages).
+        in_k, out_n: K (inputs per output) and N (outputs) of the matmul.
+        frozen: True once :meth:`freeze` ran (or a checkpoint was loaded into it).
+    """
+
+    float_type: ClassVar[type[nn.Module]]
     weight: torch.Tensor
     bias: torch.Tensor | None
     deq_scale: torch.Tensor
@@ -43,7 +67,20 @@ class _QuantMatmul(nn.Module):
     input_quantizer: InputQuantizer
     weight_quantizer: WeightQuantizer
 
-    def _init_quant(self, spec: QuantSpec, n: int, k: int, name: str) -> None:
+    @classmethod
+    @abstractmethod
+    def from_float(cls, module: FloatT, spec: QuantSpec, name: str = "") -> Self:
+        """A quantized copy of float ``module`` to calibrate (the module is left untouched).
+
+        Args:
+            module: the float module, of :attr:`float_type`.
+            spec: how to quantize it.
+            name: its dotted name in the model (for messages and checkpoints).
+        """
+
+    def init_quant(self, spec: QuantSpec, n: int, k: int, name: str) -> None:
+        """Set up the quantizers for N outputs of K inputs each; call it from ``__init__``
+        once the float ``weight`` and ``bias`` are set."""
         self.spec = spec
         self.qname = name
         self.in_k, self.out_n = k, n
@@ -88,7 +125,7 @@ class _QuantMatmul(nn.Module):
         x_scale, x_offset = iq.freeze()
         w_q = self.weight_quantizer.quantize(w)
         del self.weight
-        self.register_buffer("weight", w_q.reshape(self._int8_weight_shape()))
+        self.register_buffer("weight", w_q.reshape(self.int8_weight_shape()))
         del self.bias
         if self.spec.static_activations or bias is None:
             self.bias = None
@@ -101,79 +138,9 @@ class _QuantMatmul(nn.Module):
             self.register_buffer("quant_bias", fold_bias_int32(bias, deq, x_offset, w_q))
         self.frozen = True
 
-    def _int8_weight_shape(self) -> tuple[int, ...]:
+    def int8_weight_shape(self) -> tuple[int, ...]:
+        """Shape of the frozen int8 weight: (N, K) unless a subclass keeps its layout."""
         return (self.out_n, self.in_k)
-
-    def _expected_state(self, smoothed: bool) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        """Frozen state keys -> (shape, dtype) this module's spec produces (bias excluded)."""
-        n, k = self.out_n, self.in_k
-        exp: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
-            "weight": (self._int8_weight_shape(), torch.int8),
-            "weight_quantizer.scale": ((n,), torch.float32),
-        }
-        if self.spec.static_activations:
-            exp |= {
-                "quant_bias": ((n,), torch.int32),
-                "deq_scale": ((n,), torch.float32),
-                "deq_scale_packed": ((n,), torch.int64),
-                "input_quantizer.scale": ((), torch.float32),
-                "input_quantizer.offset": ((), torch.float32),
-                "input_quantizer.inv_scale": ((k,) if smoothed else (1,), torch.float32),
-            }
-        if smoothed:
-            exp["input_quantizer.smooth"] = ((k,), torch.float32)
-            if not self.spec.static_activations:
-                exp["input_quantizer.smooth_scales"] = ((k,), torch.float32)
-        return exp
-
-    @torch.no_grad()
-    def load_frozen(self, state: dict[str, torch.Tensor], alpha: float | None = None) -> None:
-        """Become frozen with the given saved state (see :mod:`opsnn_quant.quant.checkpoint`).
-
-        Raises:
-            CheckpointError: a key is missing or unexpected, or a shape/dtype differs.
-        """
-        from opsnn_quant.errors import CheckpointError
-
-        smoothed = "input_quantizer.smooth" in state
-        expected = self._expected_state(smoothed)
-        if not self.spec.static_activations and "bias" in state:
-            expected["bias"] = ((self.out_n,), torch.float32)
-        missing = sorted(set(expected) - set(state))
-        unexpected = sorted(set(state) - set(expected))
-        if missing or unexpected:
-            raise CheckpointError(
-                f"module '{self.qname}': checkpoint keys missing {missing}, unexpected {unexpected}"
-            )
-        for key, (shape, dtype) in expected.items():
-            t = state[key]
-            if tuple(t.shape) != shape or t.dtype != dtype:
-                raise CheckpointError(
-                    f"module '{self.qname}': '{key}' is {tuple(t.shape)} {t.dtype} in the "
-                    f"checkpoint, expected {shape} {dtype}"
-                )
-        del self.weight
-        del self.bias
-        self.bias = None
-        iq = self.input_quantizer
-        iq.observer, iq.stats = None, None
-        if smoothed:
-            del iq.smooth
-        for key, t in state.items():
-            owner: nn.Module = self
-            attr = key
-            if "." in key:
-                sub, attr = key.split(".", 1)
-                owner = getattr(self, sub)
-            if attr in owner._buffers:
-                owner._buffers[attr] = t.clone()
-            else:
-                if attr == "bias":
-                    del self.bias
-                owner.register_buffer(attr, t.clone())
-        if smoothed:
-            iq.chosen_alpha = alpha
-        self.frozen = True
 
     def _weight_float_t(self) -> torch.Tensor:
         """fp32 copy of the int8 weight, transposed (reference-backend speed-up, not saved)."""
@@ -187,7 +154,7 @@ class _QuantMatmul(nn.Module):
     def _float_rows(self, x2d: torch.Tensor) -> torch.Tensor:
         return F.linear(x2d, self._weight2d(), self.bias)
 
-    def _matmul_rows(self, x2d: torch.Tensor) -> torch.Tensor:
+    def matmul_rows(self, x2d: torch.Tensor) -> torch.Tensor:
         """(M, K) -> (M, N): float during calibration, Ascend quant arithmetic once frozen."""
         if not self.frozen:
             self.input_quantizer.collect(x2d)
@@ -251,7 +218,52 @@ class _QuantMatmul(nn.Module):
         return d
 
 
-class QuantLinear(_QuantMatmul):
+QuantT = TypeVar("QuantT", bound=QuantModule[Any])
+# float module class -> its quantized class, and quantized class name -> class (checkpoints)
+_BY_FLOAT_TYPE: dict[type[nn.Module], type[QuantModule[Any]]] = {}
+_BY_NAME: dict[str, type[QuantModule[Any]]] = {}
+
+
+def register_quant_module(float_type: type[nn.Module]) -> Callable[[type[QuantT]], type[QuantT]]:
+    """Class decorator: :func:`~opsnn_quant.quant.api.quantize` swaps every module of exactly
+    ``float_type`` (not its subclasses) for the decorated :class:`QuantModule` subclass.
+
+    A later registration for the same float type, or of a class with the same name, replaces
+    the earlier one (checkpoints record the class name).
+
+    Example:
+        ``@register_quant_module(nn.Linear)`` above ``class QuantLinear(QuantModule[nn.Linear])``.
+
+    Raises:
+        TypeError: the decorated class is not a QuantModule subclass.
+    """
+
+    def register(cls: type[QuantT]) -> type[QuantT]:
+        if not (isinstance(cls, type) and issubclass(cls, QuantModule)):
+            raise TypeError(f"register_quant_module decorates QuantModule subclasses, not {cls!r}")
+        for old in (_BY_FLOAT_TYPE.get(float_type), _BY_NAME.get(cls.__name__)):
+            if old is not None and old is not cls:
+                log.debug("registering %s for %s replaces %s", cls, float_type, old)
+        cls.float_type = float_type
+        _BY_FLOAT_TYPE[float_type] = cls
+        _BY_NAME[cls.__name__] = cls
+        return cls
+
+    return register
+
+
+def quant_module_class(float_type: type[nn.Module]) -> type[QuantModule[Any]] | None:
+    """The class registered for float modules of exactly ``float_type`` (None: none is)."""
+    return _BY_FLOAT_TYPE.get(float_type)
+
+
+def quant_module_named(name: str) -> type[QuantModule[Any]] | None:
+    """The registered quantized class called ``name`` (as ``description.json`` records it)."""
+    return _BY_NAME.get(name)
+
+
+@register_quant_module(nn.Linear)
+class QuantLinear(QuantModule[nn.Linear]):
     """Quantized ``nn.Linear`` (W8A8 static, W8A8 dynamic per token, or W8A16)."""
 
     def __init__(
@@ -266,10 +278,10 @@ class QuantLinear(_QuantMatmul):
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
-        self._init_quant(spec, out_features, in_features, name)
+        self.init_quant(spec, out_features, in_features, name)
 
     @classmethod
-    def from_float(cls, module: nn.Linear, spec: QuantSpec, name: str = "") -> QuantLinear:
+    def from_float(cls, module: nn.Linear, spec: QuantSpec, name: str = "") -> Self:
         """Wrap a float ``nn.Linear`` (its weights are copied, the module is left untouched)."""
         q = cls(module.in_features, module.out_features, module.bias is not None, spec, name)
         q.weight = nn.Parameter(module.weight.detach().clone(), requires_grad=False)
@@ -279,7 +291,7 @@ class QuantLinear(_QuantMatmul):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        y = self._matmul_rows(x.reshape(-1, self.in_features))
+        y = self.matmul_rows(x.reshape(-1, self.in_features))
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
@@ -287,7 +299,8 @@ class QuantLinear(_QuantMatmul):
         return f"{self.in_features}, {self.out_features}, {self.spec.precision.value}, {state}"
 
 
-class QuantConv2d(_QuantMatmul):
+@register_quant_module(nn.Conv2d)
+class QuantConv2d(QuantModule[nn.Conv2d]):
     """Quantized ``nn.Conv2d`` (groups=1, zero padding) computed as im2col + the quant matmul.
 
     Ascend runs int8 convolutions only through ATC (or on 950); the eager torch_npu API has no
@@ -314,14 +327,14 @@ class QuantConv2d(_QuantMatmul):
             else nn.Parameter(conv.bias.detach().clone(), requires_grad=False)
         )
         k = conv.in_channels * self.kernel_size[0] * self.kernel_size[1]
-        self._init_quant(spec, conv.out_channels, k, name)
+        self.init_quant(spec, conv.out_channels, k, name)
 
     @classmethod
-    def from_float(cls, module: nn.Conv2d, spec: QuantSpec, name: str = "") -> QuantConv2d:
+    def from_float(cls, module: nn.Conv2d, spec: QuantSpec, name: str = "") -> Self:
         """Wrap a float ``nn.Conv2d`` (its weights are copied)."""
         return cls(module, spec, name)
 
-    def _int8_weight_shape(self) -> tuple[int, ...]:
+    def int8_weight_shape(self) -> tuple[int, ...]:
         return (self.out_channels, self.in_channels, *self.kernel_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -336,7 +349,7 @@ class QuantConv2d(_QuantMatmul):
         ow = (w + 2 * self.padding[1] - self.dilation[1] * (kw - 1) - 1) // self.stride[1] + 1
         cols = F.unfold(x, self.kernel_size, self.dilation, self.padding, self.stride)
         rows = cols.transpose(1, 2).reshape(-1, self.in_k)
-        y = self._matmul_rows(rows)
+        y = self.matmul_rows(rows)
         return y.reshape(b, oh * ow, self.out_channels).transpose(1, 2).reshape(b, -1, oh, ow)
 
     def extra_repr(self) -> str:
@@ -347,12 +360,16 @@ class QuantConv2d(_QuantMatmul):
         )
 
 
-QUANT_MODULES: dict[type[nn.Module], type[_QuantMatmul]] = {
-    nn.Linear: QuantLinear,
-    nn.Conv2d: QuantConv2d,
-}
-
-
 def is_quant_module(module: nn.Module) -> bool:
-    """True for QuantLinear / QuantConv2d."""
-    return isinstance(module, _QuantMatmul)
+    """True for quantized modules (any :class:`QuantModule`)."""
+    return isinstance(module, QuantModule)
+
+
+def set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    """Put ``module`` at dotted ``name`` in ``model``, replacing what is there."""
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)
+
+
+# The former private name, for callers outside opsnn_quant.quant that still use it.

@@ -28,15 +28,8 @@ inputs of rank != 2 are reshaped to (-1, K) around the Gemm):
 
 from __future__ import annotations
 
-import ast
-import importlib
-import json
 import logging
 import os
-import shutil
-import tempfile
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -44,147 +37,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from opsnn_quant.errors import ConfigError, MissingDependencyError, ShapeError
-from opsnn_quant.quant.modules import QuantConv2d, _QuantMatmul, is_quant_module
+from opsnn_quant.errors import ConfigError
+from opsnn_quant.io import ONNX_EXTERNAL_DATA_BYTES, save_onnx_atomic
+from opsnn_quant.quant.modules import (
+    QuantConv2d,
+    QuantLinear,
+    QuantModule,
+    is_quant_module,
+)
+from opsnn_quant.quant.onnx_info import OnnxExportInfo, require_onnx, to_numpy
+from opsnn_quant.quant.onnx_markers import DOMAIN, export_with_markers, float_module_nodes
 from opsnn_quant.types import Precision
 
 log = logging.getLogger(__name__)
-
-DOMAIN, MARKER_OP = "opsnn_quant.export", "QuantModule"
-_EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf cannot serialize 2 GiB; leave headroom
-
-
-@dataclass
-class OnnxExportInfo:
-    """What :func:`export_onnx` wrote.
-
-    Attributes:
-        path: the ``.onnx`` file.
-        nodes_path: ``<stem>.nodes.json`` beside it (these fields as JSON).
-        opset: the default-domain opset.
-        fp32_baseline: quantized modules written as float Gemm/Conv.
-        weight_dtype: ``int8``/``uint8`` DequantizeLinear weights (``float32`` for a baseline).
-        nodes: module name -> names of the ONNX nodes it produced: every quantized module, and
-            the innermost module of each other node the exporter tagged ("" = the root).
-        schemes: quantized module name -> its representation (see the module docstring).
-    """
-
-    path: Path
-    nodes_path: Path
-    opset: int
-    fp32_baseline: bool
-    weight_dtype: str
-    nodes: dict[str, list[str]] = field(default_factory=dict)
-    schemes: dict[str, str] = field(default_factory=dict)
-
-
-def _require(*names: str) -> list[Any]:
-    try:
-        return [importlib.import_module(n) for n in names]
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"ONNX export/inference needs {', '.join(names)}: pip install 'opsnn-quant[onnx]'"
-        ) from exc
-
-
-def _marker_shape(x: torch.Tensor, spec: Sequence[int]) -> list[Any]:
-    """Output shape of a marked module; spec = [N] (Linear) or [N, kh, kw, sh, sw, ph, pw, dh, dw]."""
-    if len(spec) == 1:
-        return [*x.shape[:-1], spec[0]]
-    n, kh, kw, sh, sw, ph, pw, dh, dw = spec
-    oh = (x.shape[-2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    ow = (x.shape[-1] + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    return [x.shape[0], n, oh, ow]
-
-
-@torch.library.custom_op("opsnn_quant_export::module_marker", mutates_args=())
-def _module_marker(x: torch.Tensor, module: str, spec: list[int]) -> torch.Tensor:
-    """Stand-in for a quantized module while exporting; only its output shape matters."""
-    return x.new_zeros(_marker_shape(x, spec))
-
-
-@_module_marker.register_fake
-def _module_marker_fake(x: torch.Tensor, module: str, spec: list[int]) -> torch.Tensor:
-    return x.new_empty(_marker_shape(x, spec))
-
-
-class _Marker(nn.Module):
-    """Takes one quantized module's place during the export."""
-
-    def __init__(self, name: str, m: _QuantMatmul) -> None:
-        super().__init__()
-        self.qname, self.spec = name, [m.out_n]
-        if isinstance(m, QuantConv2d):
-            self.spec += [*m.kernel_size, *m.stride, *m.padding, *m.dilation]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32:
-            raise ShapeError(
-                f"export_onnx: module '{self.qname}' receives {x.dtype}; export the model in "
-                "float32 (QuantizeLinear below opset 19 takes float32 only)"
-            )
-        return cast(
-            torch.Tensor, torch.ops.opsnn_quant_export.module_marker(x, self.qname, self.spec)
-        )
-
-
-def _translation_table() -> dict[Any, Any]:
-    """The exporter's translation of the marker: one ``QuantModule(x, module, rank)`` node."""
-    onnx, onnxscript = _require("onnx", "onnxscript")
-    defs = onnx.defs
-    if not defs.has(MARKER_OP, DOMAIN):  # onnxscript builds nodes only for ops with a schema
-        attr, param = defs.OpSchema.Attribute, defs.OpSchema.FormalParameter
-        defs.register_schema(defs.OpSchema(
-            MARKER_OP, DOMAIN, 1, inputs=[param("x", "T")], outputs=[param("y", "T")],
-            type_constraints=[("T", ["tensor(float)"], "float32")],
-            attributes=[attr("module", defs.OpSchema.AttrType.STRING, "module name"),
-                        attr("rank", defs.OpSchema.AttrType.INT, "rank of x")],
-        ))  # fmt: skip
-    opset = onnxscript.values.Opset(DOMAIN, 1)
-
-    def translate(x: Any, module: str, spec: Sequence[int]) -> Any:
-        return opset.QuantModule(x, module=module, rank=len(x.shape))
-
-    return {torch.ops.opsnn_quant_export.module_marker.default: translate}
-
-
-def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
-
-
-def _export_with_markers(
-    model: nn.Module, example_inputs: tuple[Any, ...], qmods: dict[str, _QuantMatmul], opset: int
-) -> Any:
-    """ModelProto of ``model`` with markers in place of the quantized modules."""
-    table = _translation_table()
-    was_training = model.training
-    try:
-        for name, mod in qmods.items():
-            _set_submodule(model, name, _Marker(name, mod))
-        model.eval()
-        with torch.no_grad():
-            program = torch.onnx.export(
-                model, example_inputs, dynamo=True, opset_version=opset,
-                custom_translation_table=table, verbose=False,
-            )  # fmt: skip
-    finally:
-        for name, mod in qmods.items():
-            _set_submodule(model, name, mod)
-        model.train(was_training)
-    assert program is not None  # dynamo=True always returns the program
-    return program.model_proto
-
-
-def _float_module_nodes(graph: Any) -> dict[str, list[str]]:
-    """Innermost module of each exporter node, from its name-scope metadata (lost below 18)."""
-    out: dict[str, list[str]] = {}
-    for node in graph.node:
-        scopes = {p.key: p.value for p in node.metadata_props}.get("pkg.torch.onnx.name_scopes")
-        if scopes and node.domain != DOMAIN:
-            names = ast.literal_eval(scopes)  # ['', 'blocks.0', 'blocks.0.fc', 'op name']
-            out.setdefault(names[-2] if len(names) >= 2 else "", []).append(node.name)
-    return out
 
 
 def export_onnx(
@@ -227,10 +92,17 @@ def export_onnx(
     for name, mod in qmods.items():
         if not mod.frozen:
             raise ConfigError(f"module '{name}' is not frozen; run quantize() before export_onnx")
-    (onnx,) = _require("onnx")
+        if not isinstance(mod, QuantLinear | QuantConv2d):
+            # The rewrite below knows the Gemm and Conv forms only; another registered type
+            # would come out with a wrong layout.
+            raise ConfigError(
+                f"export_onnx: module '{name}' is a {type(mod).__name__}; the QDQ export "
+                "writes QuantLinear and QuantConv2d (and their subclasses) only"
+            )
+    (onnx,) = require_onnx("onnx")
     # The exporter starts at opset 18; lower ones are converted after reading the node metadata.
-    proto = _export_with_markers(model, example_inputs, qmods, max(opset, 18))
-    nodes = _float_module_nodes(proto.graph)
+    proto = export_with_markers(model, example_inputs, qmods, max(opset, 18))
+    nodes = float_module_nodes(proto.graph)
     if opset < 18:
         try:
             proto = onnx.version_converter.convert_version(proto, opset)
@@ -241,21 +113,16 @@ def export_onnx(
     remaining = {n.name for n in proto.graph.node}
     nodes = {m: [n for n in ns if n in remaining] for m, ns in nodes.items()}
     nodes = {m: ns for m, ns in (nodes | quant_nodes).items() if ns}
-    if proto.ByteSize() < _EXTERNAL_DATA_BYTES:  # the checker takes a path beyond 2 GiB
+    if proto.ByteSize() < ONNX_EXTERNAL_DATA_BYTES:  # the checker takes a path beyond 2 GiB
         onnx.checker.check_model(proto)
     dest = Path(path)
     dtype = "float32" if fp32_baseline else "int8"
     info = OnnxExportInfo(dest, dest.with_suffix(".nodes.json"), opset, fp32_baseline, dtype,
                           nodes, schemes)  # fmt: skip
-    _save_atomic(onnx, proto, dest)
-    _write_json_atomic(info)
+    save_onnx_atomic(proto, dest)
+    info.write_nodes_json()
     log.info("exported %s: %d quantized modules, opset %d", dest, len(qmods), opset)
     return info
-
-
-def _np(value: Any) -> np.ndarray:
-    arr = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
-    return np.ascontiguousarray(arr)
 
 
 def _buf(module: nn.Module, name: str) -> torch.Tensor:
@@ -284,7 +151,7 @@ class _Emitter:
         key = (self.module, role)
         if key not in self.inits:
             name = self._fresh(f"{self.module}.{role}")
-            self.inits[key] = self.onnx.numpy_helper.from_array(_np(value), name)
+            self.inits[key] = self.onnx.numpy_helper.from_array(to_numpy(value), name)
         return str(self.inits[key].name)
 
     def node(self, op: str, ins: list[str], role: str, out: str | None = None, **attrs: Any) -> str:
@@ -294,7 +161,7 @@ class _Emitter:
         return out or name
 
 
-def _static_bias_int32(mod: _QuantMatmul) -> torch.Tensor:
+def _static_bias_int32(mod: QuantModule[Any]) -> torch.Tensor:
     """``rint(bias / deq)``: Ascend's quant_bias with the ``-offset * sum(w_q)`` fold undone."""
     w_sum = mod.weight.reshape(mod.out_n, -1).to(torch.int64).sum(dim=1)
     b = _buf(mod, "quant_bias").to(torch.int64) + int(_buf(mod.input_quantizer, "offset")) * w_sum
@@ -303,7 +170,7 @@ def _static_bias_int32(mod: _QuantMatmul) -> torch.Tensor:
     return b.to(torch.int32)
 
 
-def _emit_dynamic(e: _Emitter, mod: _QuantMatmul, x: str, y: str) -> str:
+def _emit_dynamic(e: _Emitter, mod: QuantModule[Any], x: str, y: str) -> str:
     """DynamicQuant per token, int8 matmul and Ascend's fp32 epilogue, in standard ops."""
     tp, f32 = e.onnx.TensorProto, np.float32
     smooth = getattr(mod.input_quantizer, "smooth_scales", None)
@@ -337,7 +204,7 @@ def _emit_dynamic(e: _Emitter, mod: _QuantMatmul, x: str, y: str) -> str:
     return "dynamic_per_token"
 
 
-def _emit(e: _Emitter, mod: _QuantMatmul, x: str, y: str, rank: int, fp32: bool) -> str:
+def _emit(e: _Emitter, mod: QuantModule[Any], x: str, y: str, rank: int, fp32: bool) -> str:
     """Replace one marker (``x`` -> ``y``); returns the scheme label."""
     conv, prec, iq = isinstance(mod, QuantConv2d), mod.spec.precision, mod.input_quantizer
     if not conv and not fp32 and prec == Precision.W8A8_DYNAMIC:
@@ -396,7 +263,7 @@ def _emit(e: _Emitter, mod: _QuantMatmul, x: str, y: str, rank: int, fp32: bool)
 
 
 def _rewrite_markers(
-    onnx: Any, proto: Any, qmods: dict[str, _QuantMatmul], fp32: bool
+    onnx: Any, proto: Any, qmods: dict[str, QuantModule[Any]], fp32: bool
 ) -> tuple[dict[str, list[str]], dict[str, str]]:
     """Replace the markers in place; returns module -> node names, and module -> scheme."""
     graph = proto.graph
@@ -429,58 +296,4 @@ def _rewrite_markers(
     return mapping, schemes
 
 
-def _save_atomic(onnx: Any, proto: Any, dest: Path) -> None:
-    """Write into a temporary sibling directory, then rename into place."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmpdir = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
-        if proto.ByteSize() >= _EXTERNAL_DATA_BYTES:
-            data = f"{dest.name}.data"
-            onnx.save_model(proto, tmpdir / dest.name, save_as_external_data=True,
-                            all_tensors_to_one_file=True, location=data)  # fmt: skip
-            os.replace(tmpdir / data, dest.parent / data)
-        else:
-            onnx.save_model(proto, tmpdir / dest.name)
-        os.replace(tmpdir / dest.name, dest)
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
-
-
-def _write_json_atomic(info: OnnxExportInfo) -> None:
-    doc = asdict(info) | {"schema_version": 1, "path": info.path.name}
-    del doc["nodes_path"]
-    fd, tmp = tempfile.mkstemp(prefix=f".{info.nodes_path.name}.", dir=info.nodes_path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, indent=1, sort_keys=True)
-        os.replace(tmp, info.nodes_path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def load_node_map(path: str | os.PathLike[str]) -> dict[str, list[str]]:
-    """The module -> ONNX node names mapping of an export (its ``.onnx`` or ``.nodes.json``)."""
-    p = Path(path)
-    p = p.with_suffix(".nodes.json") if p.suffix == ".onnx" else p
-    nodes: dict[str, list[str]] = json.loads(p.read_text(encoding="utf-8"))["nodes"]
-    return nodes
-
-
-# ONNX Runtime helpers live in onnx_runtime.py; re-exported for callers of this module.
-from opsnn_quant.quant.onnx_runtime import (  # noqa: E402
-    onnxruntime_session,
-    ort_int8_weights_saturate,
-    run_onnxruntime,
-    to_uint8_weights,
-)
-
-__all__ = [
-    "OnnxExportInfo",
-    "export_onnx",
-    "load_node_map",
-    "onnxruntime_session",
-    "ort_int8_weights_saturate",
-    "run_onnxruntime",
-    "to_uint8_weights",
-]
+__all__ = ["export_onnx"]

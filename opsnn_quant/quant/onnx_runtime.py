@@ -20,13 +20,8 @@ import numpy as np
 import torch
 
 from opsnn_quant.errors import ShapeError
-from opsnn_quant.quant.onnx_export import (
-    OnnxExportInfo,
-    _np,
-    _require,
-    _save_atomic,
-    _write_json_atomic,
-)
+from opsnn_quant.io import save_onnx_atomic
+from opsnn_quant.quant.onnx_info import OnnxExportInfo, require_onnx, to_numpy
 
 log = logging.getLogger(__name__)
 
@@ -54,17 +49,17 @@ def to_uint8_weights(src: str | os.PathLike[str], dest: str | os.PathLike[str]) 
     left alone; node names are unchanged, so ``<src stem>.nodes.json`` is carried over. Written
     atomically; returns ``dest``.
     """
-    (onnx,) = _require("onnx")
+    (onnx,) = require_onnx("onnx")
     src, out = Path(src), Path(dest)
     proto = onnx.load(str(src))
     log.info("%s: %d weight DequantizeLinear nodes -> uint8", src, _uint8_weights(onnx, proto))
-    _save_atomic(onnx, proto, out)
+    save_onnx_atomic(proto, out)
     if src.with_suffix(".nodes.json").exists():
         doc = json.loads(src.with_suffix(".nodes.json").read_text(encoding="utf-8"))
         doc |= {"weight_dtype": "uint8", "path": out, "nodes_path": out.with_suffix(".nodes.json")}
-        _write_json_atomic(
-            OnnxExportInfo(**{k: doc[k] for k in OnnxExportInfo.__dataclass_fields__})
-        )
+        OnnxExportInfo(
+            **{k: doc[k] for k in OnnxExportInfo.__dataclass_fields__}
+        ).write_nodes_json()
     return out
 
 
@@ -104,7 +99,7 @@ def onnxruntime_session(
         optimized_model_path: where ORT saves the graph after its fusions (to look for QGemm).
         threads: intra-op threads (default ``torch.get_num_threads()``).
     """
-    onnx, ort = _require("onnx", "onnxruntime")
+    onnx, ort = require_onnx("onnx", "onnxruntime")
     if qdq_fusion is None:
         qdq_fusion = not (ort_int8_weights_saturate() and _has_int8_weight_dq(onnx, path))
         if not qdq_fusion:
@@ -136,4 +131,4 @@ def run_onnxruntime(
     names = [i.name for i in sess.get_inputs()]
     if len(names) != len(inputs):
         raise ShapeError(f"the ONNX model takes {len(names)} inputs ({names}), got {len(inputs)}")
-    return list(sess.run(None, {n: _np(t) for n, t in zip(names, inputs, strict=True)}))
+    return list(sess.run(None, {n: to_numpy(t) for n, t in zip(names, inputs, strict=True)}))

@@ -15,7 +15,8 @@ import torch
 
 from opsnn_quant.amct.run import run_amct
 from opsnn_quant.errors import CalibrationError, MissingDependencyError
-from opsnn_quant.policy.schema import PrecisionPolicy, QuantFields, Rule
+from opsnn_quant.policy.rule import QuantFields, Rule
+from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.types import Precision
 from tests.models import TinyMLP, forward_loop_for
 

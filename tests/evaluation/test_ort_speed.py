@@ -91,7 +91,7 @@ def test_ort_speed_sessions_keep_the_int8_saturation_guard(tmp_path, monkeypatch
     # figure must not run int8 weights fused (its outputs would be wrong), exactly as every other
     # ORT session of the package (quant.onnx_runtime.onnxruntime_session) does.
     from opsnn_quant.evaluation import ort_speed as mod
-    from opsnn_quant.quant import onnx_export, onnx_runtime  # noqa: F401  (export first: import order)
+    from opsnn_quant.quant import onnx_runtime
 
     monkeypatch.setattr(onnx_runtime, "ort_int8_weights_saturate", lambda: saturates)
     _, qdq, _ = _models(tmp_path)

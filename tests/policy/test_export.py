@@ -16,15 +16,16 @@ from torch import nn
 from typer.testing import CliRunner
 
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.io import load_node_map
 from opsnn_quant.policy.export import (
     export_policy,
-    load_node_map,
     modules_from_model,
     modules_from_report,
     write_export,
 )
 from opsnn_quant.policy.export_atc import torch_scope
-from opsnn_quant.policy.schema import PrecisionPolicy, QuantFields, Rule
+from opsnn_quant.policy.rule import QuantFields, Rule
+from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.types import Precision
 
 from ._factory import linear, other, report

@@ -6,7 +6,8 @@ from torch import nn
 
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.policy import _yaml
-from opsnn_quant.policy.schema import PrecisionPolicy, QuantFields, Rule, derive_prefixes
+from opsnn_quant.policy.rule import QuantFields, Rule
+from opsnn_quant.policy.schema import PrecisionPolicy, derive_prefixes
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.modules import QuantLinear
 from opsnn_quant.quant.spec import QuantSpec
@@ -212,3 +213,17 @@ def test_resolve_earlier_glob_beats_later_exact_name():
     assert (r["u.a"].precision, r["u.a"].rule) == (Precision.FP16, 1)
     assert (r["n"].precision, r["n"].rule) == (Precision.BF16, 3)
     assert (r["x"].precision, r["x"].rule) == (Precision.BF16, 3)
+
+
+def test_quant_fields_are_quantspecs_fields_without_precision():
+    import dataclasses
+
+    spec_fields = [f for f in dataclasses.fields(QuantSpec) if f.name != "precision"]
+    assert list(QuantFields.model_fields) == [f.name for f in spec_fields]
+    for f in spec_fields:
+        assert QuantFields.model_fields[f.name].default == f.default, f.name
+    spec = QuantSpec("w8a8", activation_symmetric=False, observer="mse", smoothquant_alpha=0.4)
+    fields = QuantFields.from_spec(spec)
+    assert fields.to_spec(Precision.W8A8) == spec
+    rule = Rule(match="fc1", precision=Precision.W8A8, quant=fields)
+    assert rule.quant_spec() == spec

@@ -177,9 +177,9 @@ def test_reference_row_chunks_are_bit_identical(spec, monkeypatch):
     # 256 rows is the floor of a chunk: 1000 rows -> 4 chunks, the last one short.
     monkeypatch.setattr(modules, "ROW_CHUNK_ELEMENTS", 1)
     calls = []
-    orig = modules._QuantMatmul._quant_rows
+    orig = modules.QuantModule._quant_rows
     monkeypatch.setattr(
-        modules._QuantMatmul,
+        modules.QuantModule,
         "_quant_rows",
         lambda self, rows, backend: calls.append(rows.shape[0]) or orig(self, rows, backend),
     )

@@ -35,9 +35,9 @@ from tests.models import TinyAttention, forward_loop_for
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
-from opsnn_quant.quant.onnx_export import (  # noqa: E402
-    export_onnx,
-    load_node_map,
+from opsnn_quant.io import load_node_map  # noqa: E402
+from opsnn_quant.quant.onnx_export import export_onnx  # noqa: E402
+from opsnn_quant.quant.onnx_runtime import (  # noqa: E402
     onnxruntime_session,
     run_onnxruntime,
     to_uint8_weights,

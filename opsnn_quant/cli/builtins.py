@@ -1,0 +1,39 @@
+"""``opsnn-quant builtins``: the recipes and suites shipped in the package, each validated."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``builtins`` to ``app``."""
+
+    @app.command("builtins")
+    def builtins_cmd(
+        names: Annotated[
+            list[str] | None,
+            typer.Argument(help="load and validate these (default: every built-in)"),
+        ] = None,
+    ) -> None:
+        """List the built-in recipes and suites with their paths, loading each one (a check
+        that an installed package ships them intact)."""
+        from opsnn_quant.evaluation.suite import load_suite
+        from opsnn_quant.recipe import load_recipe
+        from opsnn_quant.resources import builtin_files
+
+        recipes, suites = builtin_files("recipes"), builtin_files("suites")
+        wanted = names or sorted({*recipes, *suites})
+        for name in wanted:
+            found = False
+            if name in recipes:
+                load_recipe(name)
+                typer.echo(f"recipe  {name:20} {recipes[name]}")
+                found = True
+            if name in suites:
+                load_suite(name)
+                typer.echo(f"suite   {name:20} {suites[name]}")
+                found = True
+            if not found:
+                load_recipe(name)  # the recipe loader's error names what is built in

@@ -1,0 +1,109 @@
+"""One ordered rule of a policy (``policy.yaml`` ``rules:``) and its quantization settings.
+
+A rule's ``quant:`` section is :class:`~opsnn_quant.quant.spec.QuantSpec` without ``precision``
+(the rule carries that): :data:`QuantFields` is built from QuantSpec's dataclass fields, their
+types and defaults, so the YAML schema cannot drift from the spec. QuantSpec's own checks
+(ranges, SmoothQuant with w8a16) run when a rule is validated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import typing
+from typing import TYPE_CHECKING, Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+
+from opsnn_quant.errors import ConfigError
+from opsnn_quant.quant.spec import QuantSpec
+from opsnn_quant.types import Precision
+
+# QuantSpec fields a rule holds itself rather than in its ``quant:`` section.
+RULE_LEVEL_FIELDS: frozenset[str] = frozenset({"precision"})
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class QuantFieldsBase(_Frozen):
+    """What every :data:`QuantFields` model can do: convert to and from a QuantSpec."""
+
+    def to_spec(self, precision: Precision) -> QuantSpec:
+        """The QuantSpec of these settings in ``precision``.
+
+        Raises:
+            ConfigError: QuantSpec's checks fail (e.g. SmoothQuant with w8a16).
+        """
+        return QuantSpec(precision=precision, **self.model_dump())
+
+    @classmethod
+    def from_spec(cls, spec: QuantSpec) -> Self:
+        """The settings of ``spec`` (its precision goes to the rule)."""
+        values = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+        return cls(**{k: v for k, v in values.items() if k not in RULE_LEVEL_FIELDS})
+
+
+def _quant_fields_model() -> type[QuantFieldsBase]:
+    """A frozen pydantic model with QuantSpec's fields (types, defaults, order), precision aside."""
+    hints = typing.get_type_hints(QuantSpec)
+    fields: dict[str, Any] = {
+        f.name: (hints[f.name], f.default)
+        for f in dataclasses.fields(QuantSpec)
+        if f.name not in RULE_LEVEL_FIELDS
+    }
+    return create_model(
+        "QuantFields",
+        __base__=QuantFieldsBase,
+        __module__=__name__,
+        __doc__="The QuantSpec fields of an int8 rule (precision aside), built from QuantSpec.",
+        **fields,
+    )
+
+
+if TYPE_CHECKING:
+    # Type checkers cannot follow a model built at run time; they see the base's methods.
+    QuantFields = QuantFieldsBase
+else:
+    QuantFields = _quant_fields_model()
+
+
+class Rule(_Frozen):
+    """One ordered rule: modules whose name matches ``match`` run in ``precision``.
+
+    Attributes:
+        match: ``fnmatch`` glob on module names (an exact name is a glob too).
+        precision: the precision.
+        quant: quantization settings of an int8 rule (defaults when omitted).
+        reason: why, in words, with the evidence.
+    """
+
+    match: str = Field(min_length=1)
+    precision: Precision
+    quant: QuantFields | None = None
+    reason: str = ""
+
+    @model_validator(mode="after")
+    def _check_quant(self) -> Rule:
+        if self.precision.is_float:
+            if self.quant is not None:
+                raise ValueError(
+                    f"quant settings need an int8 precision, not {self.precision.value}"
+                )
+        else:
+            self.quant_spec()  # QuantSpec's own checks (SmoothQuant with w8a16, ranges)
+        return self
+
+    def quant_spec(self) -> QuantSpec | None:
+        """The rule's QuantSpec (None for float precisions)."""
+        if self.precision.is_float:
+            return None
+        try:
+            return (self.quant or QuantFields()).to_spec(self.precision)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+    def matches(self, name: str) -> bool:
+        """True when ``name`` matches the rule's glob."""
+        return fnmatch.fnmatchcase(name, self.match)

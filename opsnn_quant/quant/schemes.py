@@ -1,0 +1,89 @@
+"""The probe's candidate schemes: one table for the probe and the policy.
+
+A scheme name (``SensitivityReport.modules[i].w8a8`` keys) stands for a QuantSpec template, says
+whether SmoothQuant runs on top of it (its alpha is searched per module, so it is not part of
+the template) and which module types the probe measures it on. The probe builds its candidates
+from this table, the policy turns a measured scheme back into the QuantSpec of a rule.
+
+Order is preference on ties: plain static first (cheapest at run time, simplest to deploy),
+dynamic last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from opsnn_quant.errors import ConfigError
+from opsnn_quant.quant.spec import QuantSpec
+from opsnn_quant.types import Precision
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One candidate scheme of the probe.
+
+    Attributes:
+        name: the name in probe reports, e.g. ``w8a8_smoothquant``.
+        template: its QuantSpec without SmoothQuant's alpha.
+        smoothquant: True when SmoothQuant runs on top of ``template``.
+        module_types: class names of the float modules the probe measures it on.
+    """
+
+    name: str
+    template: QuantSpec
+    smoothquant: bool
+    module_types: tuple[str, ...]
+
+    def spec(self, alpha: float | Literal["auto"] | None = None) -> QuantSpec:
+        """The QuantSpec for SmoothQuant strength ``alpha``.
+
+        ``alpha`` is ignored by a scheme without SmoothQuant; None (the search turned smoothing
+        off) gives the template itself.
+        """
+        if not self.smoothquant or alpha is None:
+            return self.template
+        return dataclasses.replace(self.template, smoothquant_alpha=alpha)
+
+    @property
+    def precision(self) -> Precision:
+        """The template's precision."""
+        return self.template.precision
+
+
+_LINEAR_AND_CONV = ("Linear", "Conv2d")
+# SmoothQuant only on Linear: its per-column factors would not map onto a per-channel quantize
+# before an ATC conv (see QuantConv2d).
+SCHEMES: dict[str, Scheme] = {
+    s.name: s
+    for s in (
+        Scheme("w8a8", QuantSpec(Precision.W8A8, observer="minmax"), False, _LINEAR_AND_CONV),
+        Scheme("w8a8_mse", QuantSpec(Precision.W8A8, observer="mse"), False, _LINEAR_AND_CONV),
+        Scheme("w8a8_smoothquant", QuantSpec(Precision.W8A8), True, ("Linear",)),
+        Scheme("w8a8_dynamic", QuantSpec(Precision.W8A8_DYNAMIC), False, _LINEAR_AND_CONV),
+        Scheme("w8a8_dynamic_smoothquant", QuantSpec(Precision.W8A8_DYNAMIC), True, ("Linear",)),
+    )
+}
+
+
+def schemes_for(module_type: str) -> tuple[str, ...]:
+    """Names of the schemes the probe measures on a module of class ``module_type``, in order."""
+    return tuple(name for name, s in SCHEMES.items() if module_type in s.module_types)
+
+
+def get_scheme(name: str) -> Scheme:
+    """The scheme called ``name``.
+
+    Raises:
+        ConfigError: an unknown name (the known ones are listed).
+    """
+    try:
+        return SCHEMES[name]
+    except KeyError:
+        raise ConfigError(f"unknown scheme {name!r}; choose one of {', '.join(SCHEMES)}") from None
+
+
+def scheme_spec(name: str, alpha: float | Literal["auto"] | None = None) -> QuantSpec:
+    """The QuantSpec scheme ``name`` stands for, with SmoothQuant strength ``alpha``."""
+    return get_scheme(name).spec(alpha)

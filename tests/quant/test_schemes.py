@@ -1,0 +1,40 @@
+"""The one scheme table: the probe's candidates and the QuantSpec each name stands for."""
+
+import pytest
+from torch import nn
+
+from opsnn_quant.errors import ConfigError
+from opsnn_quant.probe.local import CONV_SCHEMES, LINEAR_SCHEMES, LocalProbe
+from opsnn_quant.quant.schemes import SCHEMES, get_scheme, scheme_spec, schemes_for
+from opsnn_quant.quant.spec import QuantSpec
+from opsnn_quant.types import Precision
+
+
+def test_table_names_specs_and_preference_order():
+    assert list(SCHEMES) == [
+        "w8a8",
+        "w8a8_mse",
+        "w8a8_smoothquant",
+        "w8a8_dynamic",
+        "w8a8_dynamic_smoothquant",
+    ]
+    assert scheme_spec("w8a8") == QuantSpec(Precision.W8A8, observer="minmax")
+    assert scheme_spec("w8a8_mse") == QuantSpec(Precision.W8A8, observer="mse")
+    assert scheme_spec("w8a8_smoothquant", 0.6) == QuantSpec(Precision.W8A8, smoothquant_alpha=0.6)
+    assert scheme_spec("w8a8_dynamic", 0.6) == QuantSpec(Precision.W8A8_DYNAMIC)  # no SQ
+    assert scheme_spec("w8a8_dynamic_smoothquant", "auto").smoothquant_alpha == "auto"
+    # the alpha search turned smoothing off: the plain template
+    assert not scheme_spec("w8a8_smoothquant", None).smoothquant
+
+
+def test_module_types_drive_the_probe_candidates():
+    assert schemes_for("Linear") == LINEAR_SCHEMES == tuple(SCHEMES)
+    assert schemes_for("Conv2d") == CONV_SCHEMES == ("w8a8", "w8a8_mse", "w8a8_dynamic")
+    assert schemes_for("LayerNorm") == ()
+    assert LocalProbe("fc", nn.Linear(4, 4)).schemes == LINEAR_SCHEMES
+    assert LocalProbe("conv", nn.Conv2d(2, 2, 1)).schemes == CONV_SCHEMES
+
+
+def test_unknown_scheme_names_the_known_ones():
+    with pytest.raises(ConfigError, match="unknown scheme 'w4a8'; choose one of w8a8, w8a8_mse"):
+        get_scheme("w4a8")
