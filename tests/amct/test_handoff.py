@@ -13,7 +13,7 @@ from opsnn_quant.models.generic import GenericAdapter
 from opsnn_quant.policy.schema import PrecisionPolicy, Rule
 from opsnn_quant.types import Precision
 from tests.amct.test_run import _standin
-from tests.models import TinyMLP
+from tests.tiny_models import TinyMLP
 
 
 class TwoPart(nn.Module):

@@ -18,7 +18,7 @@ from opsnn_quant.errors import CalibrationError, MissingDependencyError
 from opsnn_quant.policy.rule import QuantFields, Rule
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.types import Precision
-from tests.models import TinyMLP, forward_loop_for
+from tests.tiny_models import TinyMLP, forward_loop_for
 
 
 def _standin(calls: list) -> types.ModuleType:

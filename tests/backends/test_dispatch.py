@@ -15,7 +15,7 @@ from opsnn_quant import ascend
 from opsnn_quant.backends import NpuBackend, ReferenceBackend, get_backend
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.spec import QuantSpec
-from tests.models import TinyMLP, forward_loop_for
+from tests.tiny_models import TinyMLP, forward_loop_for
 
 
 class FakeTorchNpu(types.ModuleType):

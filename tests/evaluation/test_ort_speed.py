@@ -76,7 +76,7 @@ def test_onnx_speed_skips_a_candidate_without_int8_modules():
     from opsnn_quant.evaluation.ort_figure import onnx_speed
     from opsnn_quant.evaluation.suite import load_suite
     from opsnn_quant.models.generic import GenericAdapter
-    from tests.models import TinyMLP
+    from tests.tiny_models import TinyMLP
 
     model = TinyMLP()
     adapter = GenericAdapter(model, {"": "denoiser"}, lambda m: m(*model.example_inputs()))

@@ -9,7 +9,7 @@ from torch import nn
 from opsnn_quant.errors import InputError
 from opsnn_quant.evaluation.profile import StageTimer, stability_run, top_modules
 from tests.evaluation.test_latency import FakeClock
-from tests.models import TinyAttention, TinyMLP
+from tests.tiny_models import TinyAttention, TinyMLP
 
 
 class SlowFc2(nn.Module):

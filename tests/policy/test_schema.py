@@ -12,7 +12,7 @@ from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.modules import QuantLinear
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Modality, Precision
-from tests.models import TinyAttention, TinyMLP, forward_loop_for
+from tests.tiny_models import TinyAttention, TinyMLP, forward_loop_for
 
 
 def _policy(**kw):

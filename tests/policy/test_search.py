@@ -12,7 +12,7 @@ from opsnn_quant.policy.summary import summarize
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.modules import QuantLinear
 from opsnn_quant.types import Modality, Precision
-from tests.models import TinyAttention, forward_loop_for
+from tests.tiny_models import TinyAttention, forward_loop_for
 
 from ._factory import linear, other, overflow_stats, report
 

@@ -10,7 +10,7 @@ from torch import nn
 from opsnn_quant.errors import CalibrationError
 from opsnn_quant.probe.api import ProbeConfig, probe
 from opsnn_quant.probe.attribution import estimate
-from tests.models import TinyAttention, forward_loop_for
+from tests.tiny_models import TinyAttention, forward_loop_for
 
 
 def spearman(a, b):

@@ -3,7 +3,7 @@
 import torch
 
 from opsnn_quant.probe.api import ProbeConfig, probe
-from tests.models import TinyAttention, TinyMLP, forward_loop_for
+from tests.tiny_models import TinyAttention, TinyMLP, forward_loop_for
 
 
 def test_findings_softmax_and_gelu():

@@ -8,7 +8,7 @@ from torch import nn
 
 from opsnn_quant.probe.api import ProbeConfig, probe
 from opsnn_quant.probe.report import SensitivityReport
-from tests.models import TinyMLP, forward_loop_for
+from tests.tiny_models import TinyMLP, forward_loop_for
 
 
 def test_local_errors_and_smoothquant_on_an_outlier_channel():

@@ -2,7 +2,7 @@
 
 from opsnn_quant.probe.api import ProbeConfig, probe
 from opsnn_quant.probe.report import SensitivityReport
-from tests.models import TinyMLP, forward_loop_for
+from tests.tiny_models import TinyMLP, forward_loop_for
 
 
 def test_report_json_round_trip(tmp_path):

@@ -10,7 +10,7 @@ from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.checkpoint import load_quantized, save_quantized
 from opsnn_quant.quant.modules import QuantLinear
 from opsnn_quant.quant.spec import QuantSpec
-from tests.models import TinyAttention, TinyMLP, forward_loop_for
+from tests.tiny_models import TinyAttention, TinyMLP, forward_loop_for
 
 
 def test_first_matching_glob_wins_and_float_rules_leave_modules():

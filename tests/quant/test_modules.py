@@ -11,7 +11,7 @@ from torch import nn
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.modules import QuantConv2d, QuantLinear
 from opsnn_quant.quant.spec import QuantSpec
-from tests.models import TinyConvBlock, TinyMLP, forward_loop_for
+from tests.tiny_models import TinyConvBlock, TinyMLP, forward_loop_for
 
 
 def fp19_np(x: np.ndarray) -> np.ndarray:

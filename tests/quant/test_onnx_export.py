@@ -30,7 +30,7 @@ from opsnn_quant.errors import ConfigError, MissingDependencyError
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Precision
-from tests.models import TinyAttention, forward_loop_for
+from tests.tiny_models import TinyAttention, forward_loop_for
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
