@@ -88,6 +88,11 @@ class ProbeSection(_Strict):
         "(measured per-channel noise power; cheapest)",
     )
     exhaustive: bool | None = None
+    fp16: bool | None = Field(default=None, description="the fp16/bf16 overflow probe")
+    bf16: bool | None = Field(default=None, description="also re-run modules in bf16")
+    smoothquant_alphas: list[Annotated[float, Field(ge=0.0, le=1.0)]] | None = Field(
+        default=None, min_length=1, description="SmoothQuant strengths searched per module"
+    )
     data_limit: int | None = Field(default=None, gt=0, description="use only the first N samples")
 
     @field_validator("estimator_batch")
@@ -144,6 +149,8 @@ class Recipe(_Strict):
             **overrides: ProbeConfig fields that win over the recipe (e.g. ``exhaustive=True``).
         """
         fields = self.probe.model_dump(exclude={"data_limit"}, exclude_none=True)
+        if "smoothquant_alphas" in fields:
+            fields["smoothquant_alphas"] = tuple(fields["smoothquant_alphas"])
         return ProbeConfig(**{**fields, **overrides, "seed": self.seed if seed is None else seed})
 
     def settings_dict(self) -> dict[str, Any]:

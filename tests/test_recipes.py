@@ -93,3 +93,22 @@ def test_model_device_and_dtype_are_checked_and_overridable(tmp_path):
         load_recipe(str(bad))
     with pytest.raises(ConfigError, match="--device: String should match pattern"):
         r.with_placement("gpu", None)
+
+
+def test_probe_switches_reach_the_probe_config(tmp_path):
+    text = (ROOT / "calibrate" / "shapes-t2i.yaml").read_text()
+    path = tmp_path / "r.yaml"
+    path.write_text(
+        text.replace(
+            "probe:\n", "probe:\n  fp16: false\n  bf16: false\n  smoothquant_alphas: [0.5]\n"
+        )
+    )
+    cfg = load_recipe(str(path)).probe_config()
+    assert (cfg.fp16, cfg.bf16, cfg.smoothquant_alphas) == (False, False, (0.5,))
+    default = load_recipe("shapes-t2i").probe_config(seed=7)
+    assert (
+        default.fp16 and default.bf16 and default.seed == 7 and len(default.smoothquant_alphas) == 6
+    )
+    path.write_text(text.replace("probe:\n", "probe:\n  smoothquant_alphas: [1.5]\n"))
+    with pytest.raises(ConfigError, match=r"probe\.smoothquant_alphas\.0"):
+        load_recipe(str(path))

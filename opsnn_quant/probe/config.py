@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID
+
 
 @dataclass(frozen=True)
 class ProbeConfig:
@@ -14,6 +16,8 @@ class ProbeConfig:
     Attributes:
         min_headroom: flag a module whose |input| or |output| exceeds ``65504 / min_headroom``.
         fp16: run the fp16/bf16 overflow probe.
+        bf16: also re-run modules in bf16 (the policy pins an overflowing module to bf16 only
+            where this measured a small bf16 error; without it such pins are fp32).
         w8a8: run the local int8 error probe.
         attribution: estimate end-to-end contributions (needs ``w8a8``).
         exhaustive: also run the one-module-at-a-time reference (N + 1 replays; slow).
@@ -34,6 +38,8 @@ class ProbeConfig:
             noise as white within an output channel with the power pass 2 measured: one forward
             + one backward and nothing else, every scheme free; ranks modules as well (see
             ``benchmarks/bench_probe.py``) but underestimates totals by up to ~2x.
+        smoothquant_alphas: the SmoothQuant migration strengths searched per module (besides
+            "off"), static and dynamic.
         fp16_rerun: how the fp16/bf16 re-runs run: ``auto`` emulates the Ascend Cube in fp32
             on a CPU (fp16-rounded operands, fp32 accumulation, one output rounding) and runs
             the real fp16/bf16 module on npu/cuda; ``emulate`` / ``native`` force one
@@ -43,6 +49,7 @@ class ProbeConfig:
 
     min_headroom: float = 2.0
     fp16: bool = True
+    bf16: bool = True
     w8a8: bool = True
     attribution: bool = True
     exhaustive: bool = False
@@ -50,5 +57,6 @@ class ProbeConfig:
     estimator_batch: int | Mapping[str, int] | None = None
     e2e_schemes: Literal["all", "best"] = "all"
     estimator: Literal["structured", "diagonal"] = "structured"
+    smoothquant_alphas: tuple[float, ...] = DEFAULT_ALPHA_GRID
     fp16_rerun: Literal["auto", "emulate", "native"] = "auto"
     seed: int = 0

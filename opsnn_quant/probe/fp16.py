@@ -62,8 +62,11 @@ class Fp16Accumulator:
     (an out-of-range input, or a non-finite fp16 output).
     """
 
-    def __init__(self, rerun: bool, rerun_calls: int = 16, mode: str = "auto") -> None:
+    def __init__(
+        self, rerun: bool, rerun_calls: int = 16, mode: str = "auto", bf16: bool = True
+    ) -> None:
         self.rerun = rerun
+        self.bf16 = bf16  # also re-run in bf16
         self.rerun_calls = rerun_calls
         self.mode = mode  # how re-runs run: see run_as
         self.calls = 0
@@ -125,7 +128,11 @@ class Fp16Accumulator:
             a, b = _rel_err(y, torch.nan_to_num(ysat, nan=0.0))
             self.err_sat[0] += a
             self.err_sat[1] += b
-        ybf = run_as(module, args, torch.bfloat16, saturate=False, mode=self.mode)
+        ybf = (
+            run_as(module, args, torch.bfloat16, saturate=False, mode=self.mode)
+            if self.bf16
+            else None
+        )
         if ybf is not None:
             a, b = _rel_err(y, ybf)
             self.err_bf16[0] += a
@@ -164,7 +171,7 @@ class Fp16Accumulator:
             inf_nan_count=self.inf_nan,
             rel_error_fp16=ratio(self.err16) if (self.rerun and self.err16_valid) else None,
             rel_error_fp16_saturate=ratio(self.err_sat) if self.rerun else None,
-            rel_error_bf16=ratio(self.err_bf16) if self.rerun else None,
+            rel_error_bf16=ratio(self.err_bf16) if self.rerun and self.bf16 else None,
             overflow=bool(reasons),
             reasons=reasons,
         )

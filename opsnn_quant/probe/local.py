@@ -125,6 +125,7 @@ class LocalProbe:
     _variant: dict[str, str] = field(default_factory=dict)
     calls: int = 0
     max_error_calls: int = 32
+    alpha_grid: tuple[float, ...] = DEFAULT_ALPHA_GRID  # SmoothQuant strengths searched
     _pass2_calls: int = 0
 
     def __post_init__(self) -> None:
@@ -152,7 +153,7 @@ class LocalProbe:
         weight: torch.Tensor = getattr(self.module, "weight")  # noqa: B009
         w = weight.detach().reshape(weight.shape[0], -1)
         for key, dynamic in (("static", False), ("dynamic", True)):
-            alpha, s, _ = search_alpha(self.stats, w, dynamic, DEFAULT_ALPHA_GRID)
+            alpha, s, _ = search_alpha(self.stats, w, dynamic, self.alpha_grid)
             self.alphas[key], self.smooth[key] = alpha, s
         self.stats.rows = None  # the reservoir is no longer needed
 

@@ -81,11 +81,15 @@ def watches_for(
     w = Watches()
     if cfg.fp16:
         w.fp16 = {
-            n: Fp16Accumulator(rerun=kind in ("param", "act"), mode=cfg.fp16_rerun)
+            n: Fp16Accumulator(rerun=kind in ("param", "act"), mode=cfg.fp16_rerun, bf16=cfg.bf16)
             for n, (_, kind) in watched.items()
         }
     if cfg.w8a8:
-        w.local = {n: LocalProbe(n, m) for n, m in named.items() if n and type(m) in QUANTIZABLE}
+        w.local = {
+            n: LocalProbe(n, m, alpha_grid=tuple(cfg.smoothquant_alphas))
+            for n, m in named.items()
+            if n and type(m) in QUANTIZABLE
+        }
         w.macs = {n: [0, 0] for n in w.local}
         if cfg.attribution:
             w.recorders = {

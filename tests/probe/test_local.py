@@ -79,3 +79,15 @@ def test_an_int8_output_past_fp16_is_an_infeasible_scheme_not_a_crash():
     # the JSON round trip keeps the verdict
     again = SensitivityReport.model_validate_json(report.model_dump_json())
     assert again.module("0").w8a8["w8a8"].infeasible == first.w8a8["w8a8"].infeasible
+
+
+def test_the_alpha_grid_and_bf16_switches_are_honoured():
+    # One alpha searched: SmoothQuant either keeps it or turns off (None); no bf16 re-run: no
+    # bf16 figure (the policy then pins overflows to fp32 for want of a measurement).
+    model = TinyMLP()
+    cfg = ProbeConfig(attribution=False, smoothquant_alphas=(0.7,), bf16=False)
+    report = probe(model, forward_loop_for(model), cfg, modalities={"": "denoiser"})
+    alpha = report.module("fc1").w8a8["w8a8_smoothquant"].smoothquant_alpha
+    assert alpha in (0.7, None)
+    assert all(m.fp16 is None or m.fp16.rel_error_bf16 is None for m in report.modules)
+    assert any(m.fp16 is not None and m.fp16.rel_error_fp16 is not None for m in report.modules)
