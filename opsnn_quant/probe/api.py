@@ -7,6 +7,7 @@ root calls (:mod:`opsnn_quant.probe.attribution`), and the assembly of the repor
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -281,7 +282,8 @@ def _assemble(run: _Run, e2e: dict[str, EndToEnd]) -> SensitivityReport:
     return SensitivityReport(
         model=adapter.model_id,
         backend=backend_label(adapter.device),
-        config={"family": adapter.family, **asdict(run.cfg)},
+        # JSON form (tuples as lists), so a report equals its own round trip.
+        config={"family": adapter.family, **json.loads(json.dumps(asdict(run.cfg)))},
         modules=entries,
         modalities=summarize_modalities(entries, adapter.describe_output),
         findings=findings,
