@@ -73,8 +73,8 @@ class InputQuantizer(nn.Module):
             self.chosen_alpha = chosen
         else:
             assert isinstance(alpha, float | int)
-            w_absmax = weight2d.detach().abs().amax(dim=0).float().cpu()
-            s = smoothing_factors(self.stats.absmax, w_absmax, float(alpha))
+            w_absmax = weight2d.detach().abs().amax(dim=0).float()
+            s = smoothing_factors(self.stats.absmax.to(w_absmax.device), w_absmax, float(alpha))
             self.chosen_alpha = float(alpha)
         self.smooth = s
         self.collect_stats = False

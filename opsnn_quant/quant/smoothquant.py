@@ -7,7 +7,10 @@ dynamic activations it is the ``smooth_scales`` input of DynamicQuant. So no gra
 previous LayerNorm/Linear is needed, and layers that share an input can each choose their own s.
 
 alpha is searched per layer on a grid by the layer's output error on a small reservoir of its
-input rows, simulated with the same quantization as the deployed scheme.
+input rows, simulated with the same quantization as the deployed scheme. Everything stays on the
+layer's device: the statistics, the reservoir, the float reference (computed once per layer,
+whatever the number of alphas) and the fake-quantized weights (fp32, a block of output rows at a
+time); only the scalar errors reach the host.
 """
 
 from __future__ import annotations
@@ -40,12 +43,16 @@ class ChannelStats:
         self.absmax = torch.zeros(self.channels, dtype=torch.float32)
         self.rows: torch.Tensor | None = None
         self.seen = 0
+        # The reservoir's draws come from a CPU generator whatever the device (the same draws,
+        # so the same reservoir, on every device); only the small index tensors move.
         self._gen = torch.Generator().manual_seed(self.seed)
 
     @torch.no_grad()
     def collect(self, x: torch.Tensor) -> None:
         """Add a batch (..., channels)."""
-        rows = x.detach().reshape(-1, self.channels).to(torch.float32).cpu()
+        rows = x.detach().reshape(-1, self.channels).to(torch.float32)
+        if self.absmax.device != rows.device:
+            self.absmax = self.absmax.to(rows.device)
         self.absmax = torch.maximum(self.absmax, rows.abs().amax(dim=0))
         # Reservoir sampling keeps a uniform sample of all rows seen, in fixed memory.
         for start in range(0, rows.shape[0], 4096):
@@ -64,13 +71,13 @@ class ChannelStats:
                 # Sequential reservoir semantics: when several rows of this chunk draw the same
                 # slot, the last one wins. (Indexed assignment with duplicate indices is
                 # nondeterministic in torch, so deduplicate first.)
-                target, rows_hit = slots[hit], chunk[hit]
+                target, rows_hit = slots[hit], chunk[hit.to(chunk.device)]
                 rev = torch.flip(target, dims=(0,))
                 uniq, inverse = torch.unique(rev, return_inverse=True)
                 first_in_rev = torch.full((uniq.numel(),), rev.numel(), dtype=torch.long)
                 first_in_rev.scatter_reduce_(0, inverse, torch.arange(rev.numel()), reduce="amin")
                 last = rev.numel() - 1 - first_in_rev
-                self.rows[uniq] = rows_hit[last]
+                self.rows[uniq.to(rows.device)] = rows_hit[last.to(rows.device)]
             self.seen += chunk.shape[0]
 
 
@@ -115,18 +122,47 @@ def _sig(x: float, digits: int = 6) -> float:
     return round(x, digits - 1 - math.floor(math.log10(abs(x))))
 
 
+# Output rows of the weight fake-quantized at once in the alpha search: the transient is a block
+# of the weight in fp32, not a float64 copy of all of it per alpha.
+WEIGHT_BLOCK_ELEMENTS = 1 << 22
+
+
 @torch.no_grad()
-def layer_error(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor | None, dynamic: bool) -> float:
+def _energy(t: torch.Tensor) -> float:
+    """``sum t^2``: fp32 sums per row (pairwise inside torch), rows added in float64."""
+    return float(t.pow(2).sum(dim=-1).double().sum())
+
+
+@torch.no_grad()
+def layer_error(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    s: torch.Tensor | None,
+    dynamic: bool,
+    ref: torch.Tensor | None = None,
+) -> float:
     """Relative squared output error of a smoothed, W8A8-quantized ``x @ w.T`` against float.
 
-    The simulated quantization runs in fp32 (as the device rounds); the products and error sums in
-    float64 so that the comparison between candidates is stable.
+    The simulated quantization and the products run in fp32, as the device computes; the error
+    sums are compensated (per-row fp32 sums added in float64) so that the comparison between
+    candidates is stable.
+
+    Args:
+        x: (M, K) input rows.
+        w: (N, K) float weight.
+        s: SmoothQuant factors (K,), or None.
+        dynamic: per-token (True) or per-tensor static activations.
+        ref: ``x @ w.T`` in fp32, when the caller computed it already (it does not depend on s).
     """
-    ref = x.double() @ w.double().T
-    xs, ws = (x, w) if s is None else (x / s, w * s)
-    out = fake_quant_activation(xs, dynamic).double() @ fake_quant_weight(ws).double().T
-    denom = float(ref.pow(2).sum())
-    return _sig(float((out - ref).pow(2).sum()) / max(denom, 1e-300))
+    ref = x @ w.T if ref is None else ref
+    xq = fake_quant_activation(x if s is None else x / s, dynamic)
+    noise = 0.0
+    step = max(1, WEIGHT_BLOCK_ELEMENTS // max(w.shape[1], 1))
+    for n0 in range(0, w.shape[0], step):
+        block = w[n0 : n0 + step] if s is None else w[n0 : n0 + step] * s
+        out = xq @ fake_quant_weight(block).T
+        noise += _energy(out - ref[:, n0 : n0 + step])
+    return _sig(noise / max(_energy(ref), 1e-300))
 
 
 @torch.no_grad()
@@ -140,24 +176,27 @@ def search_alpha(
 
     Args:
         stats: the layer's input statistics.
-        weight: (N, K) float weight.
+        weight: (N, K) float weight (on the layer's device; not copied when already fp32).
         dynamic: per-token (True) or per-tensor static (False) activation quantization.
         alphas: candidates; "no smoothing" is always a candidate too.
 
     Returns:
         ``(alpha, s, error)``: alpha None and s None when smoothing does not help.
     """
-    x = stats.rows if stats.rows is not None else torch.zeros(1, weight.shape[1])
-    w = weight.detach().to(torch.float32).cpu()
+    w = weight.detach().to(torch.float32)
+    x = stats.rows if stats.rows is not None else w.new_zeros(1, w.shape[1])
+    x = x.to(w.device)
+    ref = x @ w.T  # the float reference, once for every alpha
     w_absmax = w.abs().amax(dim=0)
+    act_absmax = stats.absmax.to(w.device)
     best: tuple[float | None, torch.Tensor | None, float] = (
         None,
         None,
-        layer_error(x, w, None, dynamic),
+        layer_error(x, w, None, dynamic, ref),
     )
     for alpha in alphas:
-        s = smoothing_factors(stats.absmax, w_absmax, alpha)
-        err = layer_error(x, w, s, dynamic)
+        s = smoothing_factors(act_absmax, w_absmax, alpha)
+        err = layer_error(x, w, s, dynamic, ref)
         if err < best[2] and math.isfinite(err):
             best = (float(alpha), s, err)
     return best

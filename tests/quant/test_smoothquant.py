@@ -1,5 +1,6 @@
 """SmoothQuant: migration formula, reservoir determinism and the alpha search."""
 
+import pytest
 import torch
 
 from opsnn_quant.quant.smoothquant import ChannelStats, layer_error, search_alpha, smoothing_factors
@@ -55,3 +56,82 @@ def test_reservoir_matches_a_sequential_reservoir_with_duplicate_slots():
         if slot < cap:
             rows[slot] = row
     assert torch.equal(st.rows, rows)
+
+
+def _reference_alpha(stats, weight, dynamic, alphas):
+    """The alpha search as it was computed before it moved to the device: every product and
+    sum in float64 from the fp32 fake-quantized operands, the reference recomputed per alpha.
+    (The formula of quant/smoothquant.py at commit dffd56c, kept here as the expectation.)"""
+    import math
+
+    from opsnn_quant.quant.smoothquant import (
+        _sig,
+        fake_quant_activation,
+        fake_quant_weight,
+        smoothing_factors,
+    )
+
+    def err(x, w, s):
+        ref = x.double() @ w.double().T
+        xs, ws = (x, w) if s is None else (x / s, w * s)
+        out = fake_quant_activation(xs, dynamic).double() @ fake_quant_weight(ws).double().T
+        return _sig(float((out - ref).pow(2).sum()) / max(float(ref.pow(2).sum()), 1e-300))
+
+    x, w = stats.rows, weight.detach().float()
+    best = (None, err(x, w, None))
+    for alpha in alphas:
+        e = err(x, w, smoothing_factors(stats.absmax, w.abs().amax(dim=0), alpha))
+        if e < best[1] and math.isfinite(e):
+            best = (float(alpha), e)
+    return best[0]
+
+
+@pytest.mark.slow
+def test_the_device_search_chooses_the_same_alphas_on_the_zoo_models():
+    # Every Linear of the two zoo recipes' models, on their own calibration data: the fp32
+    # search with one reference per layer picks exactly the alpha the float64 search picked.
+    from torch import nn
+
+    from opsnn_quant.models import load_adapter
+    from opsnn_quant.models.data import load_records
+    from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID
+
+    cases = [
+        (
+            "diffusers-sd",
+            "zoo:shapes-t2i",
+            {"steps": 2, "batch_size": 2},
+            "zoo:shapes/calibration",
+            2,
+        ),
+        (
+            "whisper",
+            "zoo:whisper-tiny.en",
+            {"batch_size": 1, "max_new_tokens": 8},
+            "zoo:speech/eval",
+            1,
+        ),
+    ]
+    compared = 0
+    for family, source, settings, data, n in cases:
+        adapter = load_adapter(family, source, **settings)
+        linears = {k: m for k, m in adapter.model.named_modules() if isinstance(m, nn.Linear)}
+        stats = {k: ChannelStats(m.in_features) for k, m in linears.items()}
+        hooks = [
+            m.register_forward_hook(lambda mod, a, o, st=stats[k]: st.collect(a[0]))
+            for k, m in linears.items()
+        ]
+        try:
+            adapter.forward_loop(load_records(data, n))(adapter.model)
+        finally:
+            for h in hooks:
+                h.remove()
+        for k, m in linears.items():
+            if stats[k].seen == 0:
+                continue
+            for dynamic in (False, True):
+                got, _, _ = search_alpha(stats[k], m.weight, dynamic, DEFAULT_ALPHA_GRID)
+                want = _reference_alpha(stats[k], m.weight, dynamic, DEFAULT_ALPHA_GRID)
+                assert got == want, (source, k, dynamic)
+                compared += 1
+    assert compared > 200
