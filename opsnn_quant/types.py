@@ -14,7 +14,8 @@ class Precision(StrEnum):
     """Numeric format a module runs in.
 
     ``w8a8`` quantizes activations statically per tensor (AscendQuantV2), ``w8a8_dynamic``
-    per token at run time (DynamicQuant), ``w8a16`` is weight-only int8 (WeightQuantBatchMatmul).
+    per token at run time (DynamicQuant), ``w8a16`` is weight-only int8 and ``w4a16`` weight-only
+    int4 in groups along K (WeightQuantBatchMatmul, int4 weights packed eight per int32).
     """
 
     FP32 = "fp32"
@@ -23,6 +24,7 @@ class Precision(StrEnum):
     W8A8 = "w8a8"
     W8A8_DYNAMIC = "w8a8_dynamic"
     W8A16 = "w8a16"
+    W4A16 = "w4a16"
 
     @property
     def is_float(self) -> bool:
@@ -31,7 +33,7 @@ class Precision(StrEnum):
 
     @property
     def is_int8(self) -> bool:
-        """True for every format with int8 weights."""
+        """True for every quantized format (int8 or int4 weights: the integer-matmul paths)."""
         return not self.is_float
 
 

@@ -56,6 +56,11 @@ class QuantBackend(Protocol):
         w_q_t: torch.Tensor,
         antiquant_scale: torch.Tensor,
         bias: torch.Tensor | None,
+        group_size: int = 0,
     ) -> torch.Tensor:
-        """WeightQuantBatchMatmulV2 (W8A16): ``x @ (w_q_t * antiquant_scale) + bias``."""
+        """WeightQuantBatchMatmulV2 (W8A16, W4A16): ``x @ (w_q_t * antiquant_scale) + bias``.
+
+        ``w_q_t`` is int8 (K, N), or int32 (K // 8, N) holding int4 values (W4A16, with
+        ``antiquant_scale`` (groups, N) and ``group_size`` > 0).
+        """
         ...

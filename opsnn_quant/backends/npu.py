@@ -69,8 +69,9 @@ class NpuBackend:
         w_q_t: torch.Tensor,
         antiquant_scale: torch.Tensor,
         bias: torch.Tensor | None,
+        group_size: int = 0,
     ) -> torch.Tensor:
-        """WeightQuantBatchMatmulV2; antiquant scale in x's dtype."""
+        """WeightQuantBatchMatmulV2; antiquant scale in x's dtype (per group for int4)."""
         return _torch_npu().npu_weight_quant_batchmatmul(
-            x, w_q_t, antiquant_scale.to(x.dtype), bias=bias
+            x, w_q_t, antiquant_scale.to(x.dtype), bias=bias, antiquant_group_size=group_size
         )

@@ -53,6 +53,9 @@ class ReferenceBackend:
         w_q_t: torch.Tensor,
         antiquant_scale: torch.Tensor,
         bias: torch.Tensor | None,
+        group_size: int = 0,
     ) -> torch.Tensor:
         """See :meth:`QuantBackend.weight_quant_matmul`."""
-        return ascend.npu_weight_quant_batchmatmul(x, w_q_t, antiquant_scale, bias=bias)
+        return ascend.npu_weight_quant_batchmatmul(
+            x, w_q_t, antiquant_scale, bias=bias, antiquant_group_size=group_size
+        )

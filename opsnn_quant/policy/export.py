@@ -193,6 +193,9 @@ def export_amct_eager(
         if modules[name] != "Linear":
             notes.append(f"{name} ({modules[name]}): exported for Linear only; left float")
             continue
+        if spec.precision == Precision.W4A16:
+            notes.append(f"{name}: w4a16 (int4 weights) has no AMCT eager form; left float")
+            continue
         key = _eager_key(spec)
         if key is None:
             notes.append(

@@ -64,9 +64,14 @@ def _plan_modality(
         if m.calls == 0:
             plan.fallback[m.name] = "stays float: never ran in the calibration forward_loop"
             continue
-        allowed = set(target.int8_precisions(m.type))
+        shape = m.weight_shape
+        allowed = {
+            p
+            for p in target.int8_precisions(m.type)
+            if target.can_run(m.type, p, weight_shape=shape)[0]
+        }
         if not allowed:
-            _, why = target.can_run(m.type, Precision.W8A8)
+            _, why = target.can_run(m.type, Precision.W8A8, weight_shape=shape)
             plan.fallback[m.name] = f"stays float: {why}"
             continue
         choice = best_choice(m, allowed)

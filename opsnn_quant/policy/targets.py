@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.quant.spec import DEFAULT_GROUP_SIZE
 from opsnn_quant.types import Precision
 
 INT8_MODULE_TYPES: frozenset[str] = frozenset({"Linear", "Conv2d"})
@@ -110,6 +111,13 @@ class Target:
         k, n = in_features, out_features
         if weight_shape is not None and len(weight_shape) == 2:
             n, k = int(weight_shape[0]), int(weight_shape[1])
+        if p == Precision.W4A16 and k is not None and (k % 8 or k <= DEFAULT_GROUP_SIZE):
+            # int4 words hold eight values along k; torch_npu's group size lies in [32, k - 1].
+            return (
+                False,
+                f"{self.name}: w4a16 Linear needs k % 8 == 0 and k > {DEFAULT_GROUP_SIZE} "
+                f"(its group size), got {k}",
+            )
         for dim, value, bound, multiple in (
             ("k", k, self.max_k, self.k_multiple),
             ("n", n, self.max_n, self.n_multiple),
@@ -142,9 +150,15 @@ TARGETS: dict[str, Target] = {
             route="eager",
             fp16_overflow_mode="inf_nan",
             has_bf16=True,
-            # npu_quant_matmul (static, per-token) and npu_weight_quant_batchmatmul (w8a16) are
-            # matmuls: Linear only. There is no int8 conv op in torch_npu's list we rely on.
-            int8={Precision.W8A8: _LIN, Precision.W8A8_DYNAMIC: _LIN, Precision.W8A16: _LIN},
+            # npu_quant_matmul (static, per-token) and npu_weight_quant_batchmatmul (w8a16,
+            # w4a16: int4 weights per group on A2/A3) are matmuls: Linear only. There is no int8
+            # conv op in torch_npu's list we rely on.
+            int8={
+                Precision.W8A8: _LIN,
+                Precision.W8A8_DYNAMIC: _LIN,
+                Precision.W8A16: _LIN,
+                Precision.W4A16: _LIN,
+            },
             max_k=65535,
             max_n=65535,
         ),
@@ -172,7 +186,8 @@ TARGETS: dict[str, Target] = {
             route="reference",
             fp16_overflow_mode="inf_nan",
             has_bf16=True,
-            int8={p: _LIN_CONV for p in Precision if p.is_int8},
+            # int4 weights are a matmul format (QuantLinear only).
+            int8={p: _LIN if p == Precision.W4A16 else _LIN_CONV for p in Precision if p.is_int8},
         ),
     )
 }

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 
+import torch
 from torch import nn
 
 from opsnn_quant.backends.devices import backend_label
@@ -23,7 +24,13 @@ from opsnn_quant.probe.attribution import Attribution, estimate
 from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.probe.hooks import NORMS, count_params, watched_modules
 from opsnn_quant.probe.local import LocalProbe
-from opsnn_quant.probe.passes import Watches, local_error_pass, statistics_pass, watches_for
+from opsnn_quant.probe.passes import (
+    Watches,
+    local_error_pass,
+    smoothquant_search,
+    statistics_pass,
+    watches_for,
+)
 from opsnn_quant.probe.report import (
     FP16_MAX,
     EndToEnd,
@@ -89,6 +96,8 @@ def probe(
         run.watches, adapter, run.named, run.watched, forward_loop
     )
     if run.watches.local:
+        say("SmoothQuant alpha search")
+        run.costs["smoothquant_search_seconds"] = smoothquant_search(run.watches)
         say("probe pass 2/2: local int8 error of every candidate scheme")
         run.costs["pass2_seconds"] = local_error_pass(run.watches, adapter.model, forward_loop)
     e2e = _attribute_modalities(run, say)
@@ -204,7 +213,7 @@ def _estimate_root(
         run.named[root_name],
         replay,
         members,
-        lambda n, scheme, args, y: local[n].shadow(scheme)(*args),
+        lambda n, scheme, args, y: local[n].candidate_output(scheme, args),
         {n: _scored_schemes(local[n], best[n], cfg.e2e_schemes) for n in members},
         seed=cfg.seed,
         exhaustive=cfg.exhaustive,
@@ -307,7 +316,13 @@ def _module_entry(run: _Run, name: str, module: nn.Module, e2e: EndToEnd | None)
         fp16=_fp16_stats(run, name, module, calls),
         w8a8=lp.results() if lp is not None else {},
         e2e=e2e,
+        weight_shape=_weight_shape(lp.module) if lp is not None else None,
     )
+
+
+def _weight_shape(module: nn.Module) -> list[int] | None:
+    weight = getattr(module, "weight", None)
+    return [int(d) for d in weight.shape] if isinstance(weight, torch.Tensor) else None
 
 
 def _fp16_stats(run: _Run, name: str, module: nn.Module, calls: int) -> Fp16Stats | None:

@@ -27,6 +27,7 @@ from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver
 from opsnn_quant.quant.schemes import SCHEMES, scheme_spec, schemes_for
 from opsnn_quant.quant.smoothquant import ChannelStats, search_alpha
 from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, QuantSpec
+from opsnn_quant.types import Precision
 
 # Candidates per module type, from the one scheme table (quant/schemes.py).
 LINEAR_SCHEMES = schemes_for("Linear")
@@ -134,8 +135,10 @@ class LocalProbe:
 
     @property
     def schemes(self) -> tuple[str, ...]:
-        """Candidate scheme names for this module type."""
-        return LINEAR_SCHEMES if isinstance(self.module, nn.Linear) else CONV_SCHEMES
+        """Candidate scheme names for this module (its type and input channels)."""
+        if isinstance(self.module, nn.Linear):
+            return schemes_for("Linear", self.module.in_features)
+        return CONV_SCHEMES
 
     @torch.no_grad()
     def collect(self, x: torch.Tensor) -> None:
@@ -192,6 +195,8 @@ class LocalProbe:
         q.cache_weight_float = False
         # Candidates with the same (un)smoothed weight share one int8 tensor.
         variant = "plain" if smooth is None else key
+        if spec.precision == Precision.W4A16:
+            variant = "int4"  # packed int4 words and per-group scales: a weight of its own
         for other_scheme, other in self._shadows.items():
             if self._variant.get(other_scheme) == variant:
                 q.weight = other.weight
@@ -215,9 +220,29 @@ class LocalProbe:
             return
         channel_dim = 1 if isinstance(self.module, nn.Conv2d) else -1
         for scheme in self.schemes:
-            yq = self.shadow(scheme)(*args)
+            yq = self.candidate_output(scheme, args)
             self.energies.setdefault(scheme, _Energy()).add(y, yq, channel_dim)
             TRIM.add(4 * yq.numel() * yq.element_size())  # output + the reference's copies
+
+    @torch.no_grad()
+    def candidate_output(self, scheme: str, args: tuple) -> torch.Tensor:
+        """The module's output under ``scheme`` on one call's inputs, as deployed.
+
+        The int8-activation schemes quantize the input and give :data:`CANDIDATE_OUTPUT_DTYPE`
+        out of the int8 matmul; a weight-only scheme has the float activations of the
+        deployment instead (fp16 in and out), so it is run on the inputs rounded to that dtype.
+        The output comes back in the float output's dtype.
+        """
+        shadow = self.shadow(scheme)
+        if not shadow.spec.weight_only:
+            return shadow(*args)
+        dtype = getattr(torch, CANDIDATE_OUTPUT_DTYPE)
+        out_dtype = next((a.dtype for a in args if isinstance(a, torch.Tensor)), torch.float32)
+        cast = (
+            a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+            for a in args
+        )
+        return shadow(*cast).to(out_dtype)
 
     def noise_power(self, scheme: str) -> torch.Tensor | None:
         """Measured mean noise power per output channel under ``scheme`` (pass 2)."""

@@ -138,11 +138,17 @@ def statistics_pass(
     return _run(forward_loop, adapter.model, hooks)
 
 
-def local_error_pass(w: Watches, model: nn.Module, forward_loop: ForwardLoop) -> float:
-    """Between the passes, SmoothQuant alphas are searched; pass 2 then measures every
-    candidate's output error on the module's real inputs. Returns the pass's seconds."""
+def smoothquant_search(w: Watches) -> float:
+    """Between the passes: every module's SmoothQuant alphas; returns the seconds it took."""
+    t0 = time.perf_counter()
     for lp in w.local.values():
         lp.decide()
+    return time.perf_counter() - t0
+
+
+def local_error_pass(w: Watches, model: nn.Module, forward_loop: ForwardLoop) -> float:
+    """Pass 2: every candidate's output error on the module's real inputs (after
+    :func:`smoothquant_search`). Returns the pass's seconds."""
     hooks = HookSet()
     for lp in w.local.values():
         if lp.calls:

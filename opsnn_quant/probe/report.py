@@ -124,6 +124,7 @@ class ModuleSensitivity(_Frozen):
     fp16: Fp16Stats | None = None
     w8a8: dict[str, SchemeError] = Field(default_factory=dict)
     e2e: EndToEnd | None = None
+    weight_shape: list[int] | None = None  # of a Linear/Conv2d (the targets' shape limits)
 
     @property
     def quantizable(self) -> bool:

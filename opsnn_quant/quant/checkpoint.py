@@ -22,6 +22,7 @@ from opsnn_quant.errors import CheckpointError
 from opsnn_quant.io import atomic_dir
 from opsnn_quant.quant.modules import QuantModule, quant_module_named, set_submodule
 from opsnn_quant.quant.spec import QuantSpec
+from opsnn_quant.types import Precision
 
 FORMAT = "opsnn-quant/quantized-model"
 SCHEMA_VERSION = 1
@@ -125,6 +126,10 @@ def expected_state(
         "weight": (module.int8_weight_shape(), torch.int8),
         "weight_quantizer.scale": ((n,), torch.float32),
     }
+    if module.spec.precision == Precision.W4A16:
+        group = module.spec.group_size or 0
+        exp["weight"] = (module.int8_weight_shape(), torch.int32)  # int4 packed eight per word
+        exp["weight_quantizer.scale"] = ((-(-k // group), n), torch.float32)
     if module.spec.static_activations:
         exp |= {
             "quant_bias": ((n,), torch.int32),

@@ -33,6 +33,36 @@ def quantize_weight_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 @torch.no_grad()
+def quantize_weight_per_group_int4(
+    w: torch.Tensor, group_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int4 in groups of ``group_size`` input channels: ``s = max|W_group| / 7``,
+    ``q = clamp(rint(W / s), -8, 7)``, packed eight per int32 along K (first value in the low
+    nibble, :func:`opsnn_quant.ascend.pack_int4`).
+
+    Args:
+        w: (N, K) float weight, K a multiple of 8.
+        group_size: input channels per scale (the last group may be shorter).
+
+    Returns:
+        ``(packed, s)``: int32 (N, K // 8) and fp32 (ceil(K / group_size), N), the
+        ``antiquant_scale`` layout of ``npu_weight_quant_batchmatmul``. An all-zero group gets
+        scale 1 and zeros.
+    """
+    from opsnn_quant.ascend import pack_int4
+
+    n, k = w.shape
+    groups = -(-k // group_size)
+    wf = w.detach().to(torch.float32)
+    pad = groups * group_size - k
+    blocks = torch.nn.functional.pad(wf, (0, pad)).reshape(n, groups, group_size)
+    s = blocks.abs().amax(dim=2) / 7.0  # (N, G)
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    q = (blocks / s.unsqueeze(2)).round_().clamp_(-8, 7).reshape(n, -1)[:, :k]
+    return pack_int4(q.to(torch.int8)), s.t().contiguous()
+
+
+@torch.no_grad()
 def fold_bias_int32(
     bias: torch.Tensor | None, deq_scale: torch.Tensor, offset: float, w_q: torch.Tensor
 ) -> torch.Tensor:

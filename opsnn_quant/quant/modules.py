@@ -111,7 +111,7 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
             return
         iq = self.input_quantizer
         if (
-            self.spec.precision != Precision.W8A16
+            not self.spec.weight_only
             and iq.calls == 0
             and (self.spec.static_activations or self.spec.smoothquant)
         ):
@@ -123,7 +123,11 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
             w = w * iq.smooth.to(w.device).unsqueeze(0)
         bias = None if self.bias is None else self.bias.detach().to(torch.float32)
         x_scale, x_offset = iq.freeze()
-        w_q = self.weight_quantizer.quantize(w)
+        if self.spec.precision == Precision.W4A16:
+            assert self.spec.group_size is not None
+            w_q = self.weight_quantizer.quantize_int4(w, self.spec.group_size)
+        else:
+            w_q = self.weight_quantizer.quantize(w)
         del self.weight
         self.register_buffer("weight", w_q.reshape(self.int8_weight_shape()))
         del self.bias
@@ -139,7 +143,10 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
         self.frozen = True
 
     def int8_weight_shape(self) -> tuple[int, ...]:
-        """Shape of the frozen int8 weight: (N, K) unless a subclass keeps its layout."""
+        """Shape of the frozen integer weight: (N, K) int8 unless a subclass keeps its layout;
+        (N, K // 8) int32 for w4a16 (eight int4 values per word along K)."""
+        if self.spec.precision == Precision.W4A16:
+            return (self.out_n, self.in_k // 8)
         return (self.out_n, self.in_k)
 
     def _weight_float_t(self) -> torch.Tensor:
@@ -174,8 +181,19 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
         return out
 
     def _quant_rows(self, x2d: torch.Tensor, backend: QuantBackend) -> torch.Tensor:
-        w_q_t = self.weight.reshape(self.out_n, self.in_k).t()
         spec = self.spec
+        if spec.precision == Precision.W4A16:
+            # (K // 8, N): the transposed view of the (N, K // 8) words npu_weight_quant_
+            # batchmatmul takes (as npu_convert_weight_to_int4pack lays them out).
+            packed_t = self.weight.reshape(self.out_n, self.in_k // 8).t()
+            return backend.weight_quant_matmul(
+                x2d,
+                packed_t,
+                self.weight_quantizer.scale,
+                self.bias,
+                group_size=spec.group_size or 0,
+            )
+        w_q_t = self.weight.reshape(self.out_n, self.in_k).t()
         if spec.precision == Precision.W8A16:
             return backend.weight_quant_matmul(x2d, w_q_t, self.weight_quantizer.scale, self.bias)
         wf = self._weight_float_t() if backend.name == "reference" else None
@@ -207,7 +225,12 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
             "type": type(self).__name__,
             "precision": self.spec.precision.value,
             "spec": self.spec.to_dict(),
-            "weight_shape": list(self.weight.shape),
+            # the float weight's shape (what a model to load into must have)
+            "weight_shape": (
+                [self.out_n, self.in_k]
+                if self.spec.precision == Precision.W4A16
+                else list(self.weight.shape)
+            ),
             "in_features": self.in_k,
             "out_features": self.out_n,
             "smoothquant_alpha": getattr(iq, "chosen_alpha", None),
@@ -264,7 +287,7 @@ def quant_module_named(name: str) -> type[QuantModule[Any]] | None:
 
 @register_quant_module(nn.Linear)
 class QuantLinear(QuantModule[nn.Linear]):
-    """Quantized ``nn.Linear`` (W8A8 static, W8A8 dynamic per token, or W8A16)."""
+    """Quantized ``nn.Linear`` (W8A8 static, W8A8 dynamic per token, W8A16 or W4A16)."""
 
     def __init__(
         self,
@@ -275,6 +298,11 @@ class QuantLinear(QuantModule[nn.Linear]):
         name: str = "",
     ) -> None:
         super().__init__()
+        if spec.precision == Precision.W4A16 and in_features % 8:
+            raise ConfigError(
+                f"module '{name}': w4a16 packs eight int4 values per word along the "
+                f"{in_features} input features; they must be a multiple of 8"
+            )
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
@@ -316,6 +344,10 @@ class QuantConv2d(QuantModule[nn.Conv2d]):
             raise ConfigError(f"module '{name}': QuantConv2d needs explicit zero padding")
         if spec.smoothquant:
             raise ConfigError(f"module '{name}': SmoothQuant is supported on Linear layers only")
+        if spec.precision == Precision.W4A16:
+            raise ConfigError(
+                f"module '{name}': w4a16 (int4 weights) is a matmul format: Linear only"
+            )
         self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
         self.kernel_size = tuple(conv.kernel_size)
         self.stride, self.padding = tuple(conv.stride), tuple(conv.padding)

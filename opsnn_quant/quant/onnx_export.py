@@ -99,6 +99,13 @@ def export_onnx(
                 f"export_onnx: module '{name}' is a {type(mod).__name__}; the QDQ export "
                 "writes QuantLinear and QuantConv2d (and their subclasses) only"
             )
+        if mod.spec.precision == Precision.W4A16:
+            # ONNX has int4 only from opset 21 (blocked DequantizeLinear), which ATC and ORT's
+            # CPU kernels here do not take: refused rather than written as a float graph.
+            raise ConfigError(
+                f"export_onnx: module '{name}' is w4a16 (int4 per group); the QDQ export "
+                "writes int8 schemes only"
+            )
     (onnx,) = require_onnx("onnx")
     # The exporter starts at opset 18; lower ones are converted after reading the node metadata.
     proto = export_with_markers(model, example_inputs, qmods, max(opset, 18))

@@ -10,7 +10,11 @@ import torch
 from torch import nn
 
 from opsnn_quant.errors import CalibrationError
-from opsnn_quant.quant.functional import quantize_weight_per_channel, static_inv_scale
+from opsnn_quant.quant.functional import (
+    quantize_weight_per_channel,
+    quantize_weight_per_group_int4,
+    static_inv_scale,
+)
 from opsnn_quant.quant.observers import make_observer
 from opsnn_quant.quant.smoothquant import ChannelStats, search_alpha, smoothing_factors
 from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, QuantSpec
@@ -107,7 +111,8 @@ class InputQuantizer(nn.Module):
 
 
 class WeightQuantizer(nn.Module):
-    """Weight side: symmetric int8 per output channel; frozen buffer ``scale`` (N,) fp32."""
+    """Weight side: symmetric int8 per output channel (frozen buffer ``scale`` (N,) fp32), or
+    int4 per group of input channels (``scale`` (groups, N) fp32)."""
 
     def __init__(self, out_channels: int) -> None:
         super().__init__()
@@ -117,5 +122,13 @@ class WeightQuantizer(nn.Module):
     def quantize(self, w2d: torch.Tensor) -> torch.Tensor:
         """Quantize a (N, K) weight; stores the scales and returns the int8 weight."""
         q, s = quantize_weight_per_channel(w2d)
+        self.scale = s
+        return q
+
+    @torch.no_grad()
+    def quantize_int4(self, w2d: torch.Tensor, group_size: int) -> torch.Tensor:
+        """Quantize a (N, K) weight to int4 per group; stores the (groups, N) scales and returns
+        the packed int32 (N, K // 8) weight."""
+        q, s = quantize_weight_per_group_int4(w2d, group_size)
         self.scale = s
         return q

@@ -29,12 +29,18 @@ class Scheme:
         template: its QuantSpec without SmoothQuant's alpha.
         smoothquant: True when SmoothQuant runs on top of ``template``.
         module_types: class names of the float modules the probe measures it on.
+        k_multiple: the input channels a module needs a multiple of (int4 packs eight per word).
     """
 
     name: str
     template: QuantSpec
     smoothquant: bool
     module_types: tuple[str, ...]
+    k_multiple: int = 1
+
+    def fits(self, module_type: str, in_features: int) -> bool:
+        """Whether the probe can measure this scheme on such a module."""
+        return module_type in self.module_types and in_features % self.k_multiple == 0
 
     def spec(self, alpha: float | Literal["auto"] | None = None) -> QuantSpec:
         """The QuantSpec for SmoothQuant strength ``alpha``.
@@ -63,13 +69,21 @@ SCHEMES: dict[str, Scheme] = {
         Scheme("w8a8_smoothquant", QuantSpec(Precision.W8A8), True, ("Linear",)),
         Scheme("w8a8_dynamic", QuantSpec(Precision.W8A8_DYNAMIC), False, _LINEAR_AND_CONV),
         Scheme("w8a8_dynamic_smoothquant", QuantSpec(Precision.W8A8_DYNAMIC), True, ("Linear",)),
+        # Weight-only int4 per group of 128 input channels (WeightQuantBatchMatmul, A2/A3).
+        Scheme("w4a16", QuantSpec(Precision.W4A16), False, ("Linear",), k_multiple=8),
     )
 }
 
 
-def schemes_for(module_type: str) -> tuple[str, ...]:
-    """Names of the schemes the probe measures on a module of class ``module_type``, in order."""
-    return tuple(name for name, s in SCHEMES.items() if module_type in s.module_types)
+def schemes_for(module_type: str, in_features: int | None = None) -> tuple[str, ...]:
+    """Names of the schemes the probe measures on a module of class ``module_type`` (with
+    ``in_features`` input channels, when given), in order."""
+    return tuple(
+        name
+        for name, s in SCHEMES.items()
+        if module_type in s.module_types
+        and (in_features is None or s.fits(module_type, in_features))
+    )
 
 
 def get_scheme(name: str) -> Scheme:

@@ -12,6 +12,9 @@ ObserverName = Literal["minmax", "percentile", "mse", "kl"]
 OBSERVERS: tuple[str, ...] = ("minmax", "percentile", "mse", "kl")
 OUTPUT_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 DEFAULT_ALPHA_GRID: tuple[float, ...] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+DEFAULT_GROUP_SIZE = 128
+# Weight-only precisions: activations stay float.
+WEIGHT_ONLY = frozenset({Precision.W8A16, Precision.W4A16})
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,8 @@ class QuantSpec:
         output_dtype: dtype of the quantized matmul's output on the device (``float16`` as in
             fp16 deployments; ``bfloat16`` on 910B). The CPU reference casts it back to the
             input's dtype afterwards.
+        group_size: ``w4a16`` only: int4 weight scales per group of this many input channels
+            (torch_npu takes a multiple of 32 below K); None elsewhere (default 128 for w4a16).
     """
 
     precision: Precision = Precision.W8A8
@@ -40,6 +45,7 @@ class QuantSpec:
     percentile: float = 99.99
     smoothquant_alpha: float | Literal["auto"] | None = None
     output_dtype: Literal["float16", "bfloat16"] = "float16"
+    group_size: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", Precision(self.precision))
@@ -58,8 +64,23 @@ class QuantSpec:
             raise ConfigError(f"smoothquant_alpha must be in [0, 1], 'auto' or null, got {alpha!r}")
         if self.output_dtype not in OUTPUT_DTYPES:
             raise ConfigError(f"output_dtype must be one of {OUTPUT_DTYPES}")
-        if self.precision == Precision.W8A16 and alpha is not None:
-            raise ConfigError("SmoothQuant needs quantized activations; w8a16 cannot use it")
+        if self.precision in WEIGHT_ONLY and alpha is not None:
+            raise ConfigError(
+                f"SmoothQuant needs quantized activations; {self.precision.value} cannot use it"
+            )
+        if self.precision == Precision.W4A16:
+            if self.group_size is None:
+                object.__setattr__(self, "group_size", DEFAULT_GROUP_SIZE)
+            if not (
+                isinstance(self.group_size, int)
+                and self.group_size > 0
+                and self.group_size % 32 == 0
+            ):
+                raise ConfigError(
+                    f"w4a16 group_size must be a positive multiple of 32, got {self.group_size!r}"
+                )
+        elif self.group_size is not None:
+            raise ConfigError(f"group_size is for w4a16 only, not {self.precision.value}")
 
     @property
     def static_activations(self) -> bool:
@@ -67,14 +88,21 @@ class QuantSpec:
         return self.precision == Precision.W8A8
 
     @property
+    def weight_only(self) -> bool:
+        """True when only the weights are quantized (``w8a16``, ``w4a16``)."""
+        return self.precision in WEIGHT_ONLY
+
+    @property
     def smoothquant(self) -> bool:
         """True when SmoothQuant is on (a fixed alpha or a search)."""
         return self.smoothquant_alpha is not None
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form (precision as its string value)."""
+        """Plain-JSON form (precision as its string value; ``group_size`` only where set)."""
         d = asdict(self)
         d["precision"] = self.precision.value
+        if d["group_size"] is None:
+            del d["group_size"]
         return d
 
     @classmethod

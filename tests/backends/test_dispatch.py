@@ -58,14 +58,17 @@ class FakeTorchNpu(types.ModuleType):
         )
 
     def npu_weight_quant_batchmatmul(
-        self, x, weight, antiquant_scale, antiquant_offset=None, bias=None
+        self, x, weight, antiquant_scale, antiquant_offset=None, bias=None, antiquant_group_size=0
     ):
+        # torch_npu's documented keywords (op-plugin npu_weight_quant_batchmatmul.md)
         self.calls.append(
-            ("npu_weight_quant_batchmatmul", x.dtype, antiquant_scale.dtype, tuple(weight.shape))
-        )
+            ("npu_weight_quant_batchmatmul", x.dtype, antiquant_scale.dtype, tuple(weight.shape),
+             weight.dtype, antiquant_group_size)
+        )  # fmt: skip
         return ascend.npu_weight_quant_batchmatmul(
-            x, weight, antiquant_scale, antiquant_offset, bias=bias
-        )
+            x, weight, antiquant_scale, antiquant_offset, bias=bias,
+            antiquant_group_size=antiquant_group_size,
+        )  # fmt: skip
 
 
 def test_get_backend_is_the_single_decision_point():
@@ -114,7 +117,30 @@ def fake_npu(monkeypatch):
         ),
         (
             QuantSpec("w8a16"),
-            [("npu_weight_quant_batchmatmul", torch.float16, torch.float16, (64, 128))],
+            [
+                (
+                    "npu_weight_quant_batchmatmul",
+                    torch.float16,
+                    torch.float16,
+                    (64, 128),
+                    torch.int8,
+                    0,
+                )
+            ],
+        ),
+        (
+            # int4 words (K // 8, N) as a transposed view, scales per group of 32 input channels
+            QuantSpec("w4a16", group_size=32),
+            [
+                (
+                    "npu_weight_quant_batchmatmul",
+                    torch.float16,
+                    torch.float16,
+                    (8, 128),
+                    torch.int32,
+                    32,
+                )
+            ],
         ),
     ],
 )

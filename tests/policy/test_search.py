@@ -266,3 +266,23 @@ def test_every_scheme_infeasible_pins_the_module_even_unflagged():
     rule = next(r for r in policy.rules if r.match == "blocks.0.fc")
     assert rule.precision == Precision.FP32
     assert "int8 output overflows fp16 under every scheme" in rule.reason
+
+
+def test_the_search_picks_w4a16_where_the_target_runs_it_and_writes_its_group_size():
+    from opsnn_quant.probe.report import EndToEnd
+
+    m = linear("blocks.0.fc", 1e-4, sqnr={"w8a8": 30.0, "w4a16": 36.0})
+    m = m.model_copy(
+        update={
+            "e2e": EndToEnd(
+                scheme="w8a8", contribution=1e-4, rank=1, schemes={"w8a8": 1e-4, "w4a16": 2e-5}
+            )
+        }  # fmt: skip
+    )
+    other = linear("blocks.1.fc", 1e-4)
+    eager = build_policy(report(m, other), Budget(), "ascend910b-eager")
+    rule = next(r for r in eager.rules if r.match == "blocks.0.fc")
+    assert rule.precision == Precision.W4A16 and rule.quant_spec().group_size == 128
+    assert "group_size: 128" in eager.to_yaml()
+    atc = build_policy(report(m, other), Budget(), "ascend910b-atc")  # no int4 path there
+    assert all(r.precision != Precision.W4A16 for r in atc.rules)

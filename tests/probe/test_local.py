@@ -23,6 +23,7 @@ def test_local_errors_and_smoothquant_on_an_outlier_channel():
         "w8a8_smoothquant",
         "w8a8_dynamic",
         "w8a8_dynamic_smoothquant",
+        "w4a16",
     }
     # the outlier input channel (x20) hurts per-tensor static quantization; SmoothQuant fixes it
     assert fc1.w8a8["w8a8_smoothquant"].sqnr_db > fc1.w8a8["w8a8"].sqnr_db + 3
@@ -68,7 +69,7 @@ def test_an_int8_output_past_fp16_is_an_infeasible_scheme_not_a_crash():
     first = report.module("0")
     assert first.fp16 is not None and first.fp16.overflow
     assert set(first.w8a8) == {"w8a8", "w8a8_mse", "w8a8_smoothquant", "w8a8_dynamic",
-                               "w8a8_dynamic_smoothquant"}  # fmt: skip
+                               "w8a8_dynamic_smoothquant", "w4a16"}  # fmt: skip
     for err in first.w8a8.values():
         assert err.infeasible is not None and "float16 output" in err.infeasible
         assert err.fits_output_dtype == "bfloat16" and err.sqnr_db is None

@@ -17,8 +17,10 @@ def test_table_names_specs_and_preference_order():
         "w8a8_smoothquant",
         "w8a8_dynamic",
         "w8a8_dynamic_smoothquant",
+        "w4a16",
     ]
     assert scheme_spec("w8a8") == QuantSpec(Precision.W8A8, observer="minmax")
+    assert scheme_spec("w4a16") == QuantSpec(Precision.W4A16, group_size=128)
     assert scheme_spec("w8a8_mse") == QuantSpec(Precision.W8A8, observer="mse")
     assert scheme_spec("w8a8_smoothquant", 0.6) == QuantSpec(Precision.W8A8, smoothquant_alpha=0.6)
     assert scheme_spec("w8a8_dynamic", 0.6) == QuantSpec(Precision.W8A8_DYNAMIC)  # no SQ
@@ -31,7 +33,9 @@ def test_module_types_drive_the_probe_candidates():
     assert schemes_for("Linear") == LINEAR_SCHEMES == tuple(SCHEMES)
     assert schemes_for("Conv2d") == CONV_SCHEMES == ("w8a8", "w8a8_mse", "w8a8_dynamic")
     assert schemes_for("LayerNorm") == ()
-    assert LocalProbe("fc", nn.Linear(4, 4)).schemes == LINEAR_SCHEMES
+    # int4 packs eight values per word along K: measured only where K allows it
+    assert LocalProbe("fc", nn.Linear(16, 4)).schemes == LINEAR_SCHEMES
+    assert LocalProbe("fc", nn.Linear(12, 4)).schemes == LINEAR_SCHEMES[:-1]
     assert LocalProbe("conv", nn.Conv2d(2, 2, 1)).schemes == CONV_SCHEMES
 
 

@@ -1,0 +1,264 @@
+"""What ``calibrate`` costs on real-size architectures, against one float pass of the same data.
+
+Rows (each in a child process, so its peak RSS is its own):
+
+* ``sd15-256``: a Stable Diffusion 1.5-architecture pipeline (860M UNet, 123M CLIP-L text
+  encoder, 83M VAE) with random weights, built and saved by this script, sampled at 256 px;
+* ``whisper-base`` / ``whisper-small``: Whisper base.en / small.en architectures with random
+  weights (the zoo's tiny.en processor: same English tokenizer and features);
+* ``shapes-t2i``, ``whisper-tiny-en``: the zoo recipes as they ship.
+
+Per row: the wall time of one float forward loop over the calibration set (the unit), then the
+whole ``run_calibrate`` with each phase timed from its progress messages (probe pass 1, the
+SmoothQuant search, pass 2, attribution, held-out recording, quantize, ...), printed as
+forward-equivalents; and peak RSS (VmHWM) of loading + the float pass against loading + calibrate.
+Goals (issue 14): the whole calibrate <= 15 float forward-equivalents and peak memory <= 2x a
+float inference, on every row.
+
+Random weights make a real architecture's cost, not its accuracy: the quality figures printed by
+calibrate for the random rows mean nothing. Backend: cpu (PyTorch eager fp32 and the exact
+Ascend int8 reference).
+
+Run: ``python benchmarks/bench_calibrate_scale.py [--rows sd15-256,whisper-base,...]
+[--prompts 4] [--steps 10] [--utterances 8] [--workdir DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROWS = ("shapes-t2i", "whisper-tiny-en", "whisper-base", "whisper-small", "sd15-256")
+
+
+def _hwm_kb() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _reset_hwm() -> None:
+    # Writing 5 to clear_refs resets VmHWM to the current RSS (Linux >= 4.0).
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _char_tokenizer(d: Path) -> None:
+    """CLIP tokenizer files with a character vocabulary (no merges): offline, any prompt."""
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for c in "abcdefghijklmnopqrstuvwxyz":
+        vocab[c] = len(vocab)
+        vocab[c + "</w>"] = len(vocab)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "vocab.json").write_text(json.dumps(vocab))
+    (d / "merges.txt").write_text("#version: 0.2\n")
+
+
+def build_sd15(root: Path) -> Path:
+    """An SD 1.5-architecture pipeline with random weights in ``root`` (safetensors)."""
+    import torch
+    from diffusers import (
+        AutoencoderKL,
+        PNDMScheduler,
+        StableDiffusionPipeline,
+        UNet2DConditionModel,
+    )
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    torch.manual_seed(0)
+    _char_tokenizer(root / "_tok")
+    tokenizer = CLIPTokenizer(str(root / "_tok" / "vocab.json"), str(root / "_tok" / "merges.txt"))
+    text = CLIPTextModel(CLIPTextConfig(vocab_size=54, hidden_size=768, intermediate_size=3072,
+                                        num_hidden_layers=12, num_attention_heads=12,
+                                        max_position_embeddings=77, bos_token_id=0,
+                                        eos_token_id=1, pad_token_id=1))  # fmt: skip
+    unet = UNet2DConditionModel(
+        sample_size=32, cross_attention_dim=768, attention_head_dim=8, layers_per_block=2,
+        block_out_channels=(320, 640, 1280, 1280),
+    )  # fmt: skip
+    vae = AutoencoderKL(
+        block_out_channels=(128, 256, 512, 512), layers_per_block=2, latent_channels=4,
+        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+    )  # fmt: skip
+    pipe = StableDiffusionPipeline(vae=vae, text_encoder=text, tokenizer=tokenizer, unet=unet,
+                                   scheduler=PNDMScheduler(skip_prk_steps=True),
+                                   safety_checker=None, feature_extractor=None,
+                                   requires_safety_checker=False)  # fmt: skip
+    pipe.save_pretrained(str(root / "sd15"))
+    return root / "sd15"
+
+
+def build_whisper(root: Path, size: str) -> Path:
+    """A Whisper base.en / small.en architecture with random weights and the zoo's processor."""
+    import torch
+    from transformers import WhisperConfig, WhisperForConditionalGeneration, WhisperProcessor
+
+    from opsnn_quant.sources import model_path
+
+    torch.manual_seed(0)
+    dims = {"base": (512, 6, 8), "small": (768, 12, 12)}[size]
+    tiny = model_path("zoo:whisper-tiny.en")
+    cfg = WhisperConfig.from_pretrained(str(tiny))
+    d, layers, heads = dims
+    for key, value in (("d_model", d), ("encoder_layers", layers), ("decoder_layers", layers),
+                       ("encoder_attention_heads", heads), ("decoder_attention_heads", heads),
+                       ("encoder_ffn_dim", 4 * d), ("decoder_ffn_dim", 4 * d)):  # fmt: skip
+        setattr(cfg, key, value)
+    model = WhisperForConditionalGeneration(cfg)
+    model.generation_config = WhisperForConditionalGeneration.from_pretrained(
+        str(tiny)
+    ).generation_config
+    out = root / f"whisper-{size}"
+    model.save_pretrained(str(out), safe_serialization=True)
+    WhisperProcessor.from_pretrained(str(tiny)).save_pretrained(str(out))
+    return out
+
+
+def recipe_for(row: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The recipe (as a dict) a row calibrates with."""
+    if row in ("shapes-t2i", "whisper-tiny-en"):
+        from opsnn_quant.recipe import load_recipe
+
+        return load_recipe(row).model_dump(mode="json")
+    if row == "sd15-256":
+        source = build_sd15(work)
+        prompts = work / "prompts.txt"
+        words = [
+            "a red circle",
+            "a blue square at the top",
+            "a small green triangle",
+            "a large yellow star",
+        ]
+        prompts.write_text("\n".join((words * args.prompts)[: args.prompts]) + "\n")
+        return {
+            "name": "sd15-256",
+            "model": {"family": "diffusers-sd", "source": str(source),
+                      "settings": {"steps": args.steps, "batch_size": args.prompts,
+                                   "height": 256, "width": 256, "guidance_scale": 7.5}},
+            "data": {"calibration": str(prompts)},
+            "probe": {"max_root_calls": 2, "estimator_batch": 1},
+            "target": "ascend910b-atc",
+        }  # fmt: skip
+    size = row.split("-")[1]
+    return {
+        "name": row,
+        "model": {"family": "whisper", "source": str(build_whisper(work, size)),
+                  "settings": {"batch_size": 4, "max_new_tokens": 40}},
+        "data": {"calibration": "zoo:speech/eval", "limit": args.utterances},
+        "probe": {"max_root_calls": 4, "estimator_batch": {"audio_encoder": 1}},
+        "target": "ascend910b-eager",
+    }  # fmt: skip
+
+
+def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Run one row (in this process): float pass, then calibrate, with times and peak RSS."""
+    from opsnn_quant.determinism import set_reproducible
+
+    set_reproducible(seed=0, threads=args.threads)
+    from opsnn_quant.memory import release_memory
+    from opsnn_quant.models.data import load_records
+    from opsnn_quant.recipe import Recipe
+    from opsnn_quant.workflow import load_recipe_model, run_calibrate
+
+    work = Path(args.workdir) / row
+    work.mkdir(parents=True, exist_ok=True)
+    recipe = Recipe.model_validate(recipe_for(row, work, args))
+    data = load_records(recipe.data.calibration, recipe.data.limit)
+    adapter = load_recipe_model(recipe)
+    _reset_hwm()
+    base_kb = _hwm_kb()
+    t0 = time.perf_counter()
+    adapter.forward_loop(data)(adapter.model)
+    float_s = time.perf_counter() - t0
+    float_kb = _hwm_kb()
+    del adapter
+    release_memory()  # the float copy's pages go back before calibrate loads its own
+    phases: list[tuple[str, float]] = []
+    _reset_hwm()
+    t_start = time.perf_counter()
+
+    def say(msg: str) -> None:
+        phases.append((msg, time.perf_counter() - t_start))
+
+    result = run_calibrate(recipe, work / "out", progress=say, force=True)
+    total_s = time.perf_counter() - t_start
+    calib_kb = _hwm_kb()
+    spans: dict[str, float] = {}
+    for (msg, t), (_, t_next) in zip(phases, [*phases[1:], ("end", total_s)], strict=True):
+        key = _phase_key(msg)
+        spans[key] = spans.get(key, 0.0) + (t_next - t)
+    return {
+        "row": row,
+        "float_s": float_s,
+        "total_s": total_s,
+        "phases": spans,
+        "rss_base_mb": base_kb / 1024,
+        "rss_float_mb": float_kb / 1024,
+        "rss_calibrate_mb": calib_kb / 1024,
+        "int8_mac_share": result.int8_mac_share,
+    }
+
+
+def _phase_key(msg: str) -> str:
+    for key, needle in (("load", "loading"), ("pass 1", "pass 1/2"), ("alpha search", "SmoothQuant"),
+                        ("pass 2", "pass 2/2"), ("attribution", "end-to-end"),
+                        ("holdout", "held-out data"), ("quantize", "quantiz"),
+                        ("quantize", "calibration ("), ("measure", "measuring"),
+                        ("export", "exporting"), ("policy", "policy")):  # fmt: skip
+        if needle in msg:
+            return key
+    return msg
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--rows", default=",".join(ROWS))
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--utterances", type=int, default=8)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--workdir", default=None)
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(args.child, args)), flush=True)
+        return
+    args.workdir = args.workdir or tempfile.mkdtemp(prefix="bench-scale-")
+    rows = []
+    for row in args.rows.split(","):
+        cmd = [sys.executable, __file__, "--child", row, "--workdir", args.workdir,
+               "--prompts", str(args.prompts), "--steps", str(args.steps),
+               "--utterances", str(args.utterances), "--threads", str(args.threads)]  # fmt: skip
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+        if out.returncode != 0 or not lines:
+            print(f"{row}: failed (exit {out.returncode}): {out.stderr.strip().splitlines()[-1:]}")
+            continue
+        rows.append(json.loads(lines[-1][7:]))
+        _print([rows[-1]])
+    print("\nall rows (cpu backend; forward-equivalents = seconds / one float pass of the data):")
+    _print(rows)
+
+
+def _print(rows: list[dict[str, Any]]) -> None:
+    keys = ["pass 1", "alpha search", "pass 2", "attribution", "holdout", "quantize", "measure"]
+    head = f"{'row':16} {'float s':>8} {'total':>7} " + " ".join(f"{k[:7]:>7}" for k in keys)
+    print(head + f" {'RSS x':>6} {'peak MB':>8}")
+    for r in rows:
+        eq = [r["phases"].get(k, 0.0) / r["float_s"] for k in keys]
+        rss = (r["rss_calibrate_mb"]) / max(r["rss_float_mb"], 1e-9)
+        print(f"{r['row']:16} {r['float_s']:8.1f} {r['total_s'] / r['float_s']:7.1f} "
+              + " ".join(f"{e:7.1f}" for e in eq)
+              + f" {rss:6.2f} {r['rss_calibrate_mb']:8.0f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
