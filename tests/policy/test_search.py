@@ -277,7 +277,7 @@ def test_the_search_picks_w4a16_where_the_target_runs_it_and_writes_its_group_si
             "e2e": EndToEnd(
                 scheme="w8a8", contribution=1e-4, rank=1, schemes={"w8a8": 1e-4, "w4a16": 2e-5}
             )
-        }  # fmt: skip
+        }
     )
     other = linear("blocks.1.fc", 1e-4)
     eager = build_policy(report(m, other), Budget(), "ascend910b-eager")
