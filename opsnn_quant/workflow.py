@@ -30,6 +30,7 @@ from opsnn_quant.policy.export import EXPORT_FILES, export_policy, modules_from_
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy
 from opsnn_quant.policy.summary import ModalitySummaryRow, summarize
+from opsnn_quant.policy.targets import get_target
 from opsnn_quant.probe.api import probe
 from opsnn_quant.probe.measure import measure_modalities
 from opsnn_quant.probe.report import SensitivityReport
@@ -183,9 +184,9 @@ def _probe_phase(
     say: Progress,
 ) -> SensitivityReport:
     t0 = time.perf_counter()
-    report = probe(
-        adapter, adapter.forward_loop(data.probe), recipe.probe_config(seed), progress=say
-    )
+    # Only the schemes the target runs: the others' errors and scores would never be used.
+    cfg = recipe.probe_config(seed, schemes=get_target(recipe.target).schemes())
+    report = probe(adapter, adapter.forward_loop(data.probe), cfg, progress=say)
     report.save(tmp / "probe.json")
     times["probe"] = time.perf_counter() - t0
     return report

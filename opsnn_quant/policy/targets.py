@@ -133,6 +133,17 @@ class Target:
                 )
         return True, ""
 
+    def schemes(self) -> tuple[str, ...]:
+        """The probe's candidate schemes this target can run on some module type (in the
+        scheme table's order): what a probe for this target needs to measure."""
+        from opsnn_quant.quant.schemes import SCHEMES
+
+        return tuple(
+            name
+            for name, s in SCHEMES.items()
+            if any(self.can_run(t, s.precision)[0] for t in s.module_types)
+        )
+
     def int8_precisions(self, module_type: str) -> list[Precision]:
         """The int8 precisions this target runs for ``module_type``, in enum order."""
         return [p for p in Precision if p.is_int8 and module_type in self.int8.get(p, ())]

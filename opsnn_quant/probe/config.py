@@ -40,6 +40,9 @@ class ProbeConfig:
             ``benchmarks/bench_probe.py``) but underestimates totals by up to ~2x.
         smoothquant_alphas: the SmoothQuant migration strengths searched per module (besides
             "off"), static and dynamic.
+        schemes: the candidate schemes measured (names of :data:`opsnn_quant.quant.schemes.
+            SCHEMES`); None measures every one. ``calibrate`` passes those its target can run:
+            the others' local errors and end-to-end scores would never be used.
         fp16_rerun: how the fp16/bf16 re-runs run: ``auto`` emulates the Ascend Cube in fp32
             on a CPU (fp16-rounded operands, fp32 accumulation, one output rounding) and runs
             the real fp16/bf16 module on npu/cuda; ``emulate`` / ``native`` force one
@@ -58,5 +61,6 @@ class ProbeConfig:
     e2e_schemes: Literal["all", "best"] = "all"
     estimator: Literal["structured", "diagonal"] = "structured"
     smoothquant_alphas: tuple[float, ...] = DEFAULT_ALPHA_GRID
+    schemes: tuple[str, ...] | None = None
     fp16_rerun: Literal["auto", "emulate", "native"] = "auto"
     seed: int = 0

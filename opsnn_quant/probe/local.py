@@ -127,6 +127,7 @@ class LocalProbe:
     calls: int = 0
     max_error_calls: int = 32
     alpha_grid: tuple[float, ...] = DEFAULT_ALPHA_GRID  # SmoothQuant strengths searched
+    only: tuple[str, ...] | None = None  # the schemes to measure (None: every one that fits)
     _pass2_calls: int = 0
 
     def __post_init__(self) -> None:
@@ -137,8 +138,10 @@ class LocalProbe:
     def schemes(self) -> tuple[str, ...]:
         """Candidate scheme names for this module (its type and input channels)."""
         if isinstance(self.module, nn.Linear):
-            return schemes_for("Linear", self.module.in_features)
-        return CONV_SCHEMES
+            fitting = schemes_for("Linear", self.module.in_features)
+        else:
+            fitting = CONV_SCHEMES
+        return fitting if self.only is None else tuple(s for s in fitting if s in self.only)
 
     @torch.no_grad()
     def collect(self, x: torch.Tensor) -> None:

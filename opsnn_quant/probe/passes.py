@@ -86,7 +86,7 @@ def watches_for(
         }
     if cfg.w8a8:
         w.local = {
-            n: LocalProbe(n, m, alpha_grid=tuple(cfg.smoothquant_alphas))
+            n: LocalProbe(n, m, alpha_grid=tuple(cfg.smoothquant_alphas), only=cfg.schemes)
             for n, m in named.items()
             if n and type(m) in QUANTIZABLE
         }
