@@ -131,14 +131,18 @@ def expected_state(
         exp["weight"] = (module.int8_weight_shape(), torch.int32)  # int4 packed eight per word
         exp["weight_quantizer.scale"] = ((-(-k // group), n), torch.float32)
     if module.spec.static_activations:
+        bounds = module.spec.timestep_bounds
+        g: tuple[int, ...] = (len(bounds),) if bounds else ()  # a row per group of steps
         exp |= {
-            "quant_bias": ((n,), torch.int32),
-            "deq_scale": ((n,), torch.float32),
-            "deq_scale_packed": ((n,), torch.int64),
-            "input_quantizer.scale": ((), torch.float32),
-            "input_quantizer.offset": ((), torch.float32),
-            "input_quantizer.inv_scale": ((k,) if smoothed else (1,), torch.float32),
+            "quant_bias": ((*g, n), torch.int32),
+            "deq_scale": ((*g, n), torch.float32),
+            "deq_scale_packed": ((*g, n), torch.int64),
+            "input_quantizer.scale": (g, torch.float32),
+            "input_quantizer.offset": (g, torch.float32),
+            "input_quantizer.inv_scale": ((*g, k if smoothed else 1), torch.float32),
         }
+        if bounds:
+            exp["input_quantizer.step_bounds"] = (g, torch.int64)
     if smoothed:
         exp["input_quantizer.smooth"] = ((k,), torch.float32)
         if not module.spec.static_activations:

@@ -122,7 +122,7 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
         if iq.smooth is not None:
             w = w * iq.smooth.to(w.device).unsqueeze(0)
         bias = None if self.bias is None else self.bias.detach().to(torch.float32)
-        x_scale, x_offset = iq.freeze()
+        x_params = iq.freeze()  # (scale, offset) per group of steps (one group without them)
         if self.spec.precision == Precision.W4A16:
             assert self.spec.group_size is not None
             w_q = self.weight_quantizer.quantize_int4(w, self.spec.group_size)
@@ -136,10 +136,21 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
         else:
             self.register_buffer("bias", bias)
         if self.spec.static_activations:
-            deq = (x_scale * self.weight_quantizer.scale.to(torch.float64)).to(torch.float32)
-            self.register_buffer("deq_scale", deq)
-            self.register_buffer("deq_scale_packed", npu_trans_quant_param(deq))
-            self.register_buffer("quant_bias", fold_bias_int32(bias, deq, x_offset, w_q))
+            w_scale = self.weight_quantizer.scale.to(torch.float64)
+            deqs = [(x_scale * w_scale).to(torch.float32) for x_scale, _ in x_params]
+            packed = [npu_trans_quant_param(d) for d in deqs]
+            biases = [
+                fold_bias_int32(bias, d, off, w_q)
+                for d, (_, off) in zip(deqs, x_params, strict=True)
+            ]
+            if iq.bounds:  # one row per group of steps: what the sampling loop's step selects
+                self.register_buffer("deq_scale", torch.stack(deqs))
+                self.register_buffer("deq_scale_packed", torch.stack(packed))
+                self.register_buffer("quant_bias", torch.stack(biases))
+            else:
+                self.register_buffer("deq_scale", deqs[0])
+                self.register_buffer("deq_scale_packed", packed[0])
+                self.register_buffer("quant_bias", biases[0])
         self.frozen = True
 
     def int8_weight_shape(self) -> tuple[int, ...]:
@@ -200,12 +211,17 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
         out_dtype = _OUT_DTYPES[spec.output_dtype]
         iq = self.input_quantizer
         if spec.static_activations:
-            offset = None if spec.activation_symmetric else iq.offset.reshape(1).to(x2d.dtype)
-            x_q = backend.quantize_static(x2d, iq.inv_scale.to(x2d.dtype), offset)
+            g = iq.group_index()  # the step group's row of every static parameter, if grouped
+
+            def pick(t: torch.Tensor) -> torch.Tensor:
+                return t if g is None else t[g]
+
+            offset = None if spec.activation_symmetric else pick(iq.offset).reshape(1).to(x2d.dtype)
+            x_q = backend.quantize_static(x2d, pick(iq.inv_scale).to(x2d.dtype), offset)
             # fp16 output goes through the fixpipe's packed FP19 scale; bf16 takes fp32.
-            scale = self.deq_scale_packed if out_dtype == torch.float16 else self.deq_scale
+            scale = pick(self.deq_scale_packed if out_dtype == torch.float16 else self.deq_scale)
             y = backend.quant_matmul(
-                x_q, w_q_t, scale, pertoken_scale=None, bias=self.quant_bias,
+                x_q, w_q_t, scale, pertoken_scale=None, bias=pick(self.quant_bias),
                 output_dtype=out_dtype, w_float_t=wf,
             )  # fmt: skip
         else:
@@ -236,8 +252,13 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
             "smoothquant_alpha": getattr(iq, "chosen_alpha", None),
         }
         if self.spec.static_activations and self.frozen:
-            d["input_scale"] = float(iq.scale)
-            d["input_offset"] = float(iq.offset)
+            if iq.bounds:  # the scale table: one entry per group of steps
+                d["input_scale"] = [float(v) for v in iq.scale]
+                d["input_offset"] = [float(v) for v in iq.offset]
+                d["timestep_bounds"] = list(iq.bounds)
+            else:
+                d["input_scale"] = float(iq.scale)
+                d["input_offset"] = float(iq.offset)
         return d
 
 
@@ -344,6 +365,10 @@ class QuantConv2d(QuantModule[nn.Conv2d]):
             raise ConfigError(f"module '{name}': QuantConv2d needs explicit zero padding")
         if spec.smoothquant:
             raise ConfigError(f"module '{name}': SmoothQuant is supported on Linear layers only")
+        if spec.timestep_bounds is not None:
+            raise ConfigError(
+                f"module '{name}': per-step activation scales are for Linear layers only"
+            )
         if spec.precision == Precision.W4A16:
             raise ConfigError(
                 f"module '{name}': w4a16 (int4 weights) is a matmul format: Linear only"

@@ -15,9 +15,10 @@ from opsnn_quant.quant.functional import (
     quantize_weight_per_group_int4,
     static_inv_scale,
 )
-from opsnn_quant.quant.observers import make_observer
+from opsnn_quant.quant.observers import Observer, make_observer
 from opsnn_quant.quant.smoothquant import ChannelStats, search_alpha, smoothing_factors
 from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, QuantSpec
+from opsnn_quant.timesteps import current_step, group_of
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,10 @@ class InputQuantizer(nn.Module):
 
     Frozen buffers: static: ``scale``, ``offset`` (0-d fp32), ``inv_scale`` ((1,) or (K,) fp32,
     the multiplier fed to AscendQuantV2, SmoothQuant folded in); dynamic with SmoothQuant:
-    ``smooth_scales`` (K,).
+    ``smooth_scales`` (K,). With ``spec.timestep_bounds`` (G groups of denoising steps) the static
+    buffers get a leading group dimension (``scale`` (G,), ``inv_scale`` (G, 1 or K)) and
+    ``step_bounds`` (G,) int64 records the groups; one observer per group calibrates them, fed by
+    the step the sampling loop is at (:mod:`opsnn_quant.timesteps`).
     """
 
     scale: torch.Tensor
@@ -39,14 +43,45 @@ class InputQuantizer(nn.Module):
         self.spec = spec
         self.channels = channels
         self.name = name
-        self.observer = (
-            make_observer(spec.observer, spec.percentile) if spec.static_activations else None
+        self.bounds = spec.timestep_bounds
+        groups = len(self.bounds) if self.bounds else 1
+        # One observer per group of steps (just one without timestep groups).
+        self.observers = (
+            [make_observer(spec.observer, spec.percentile) for _ in range(groups)]
+            if spec.static_activations
+            else []
         )
         self.stats = ChannelStats(channels) if spec.smoothquant else None
         self.smooth: torch.Tensor | None = None  # s_j, decided before the observer pass
         self.collect_stats = self.stats is not None
-        self.collect_range = self.observer is not None and not spec.smoothquant
+        self.collect_range = bool(self.observers) and not spec.smoothquant
         self.calls = 0
+
+    @property
+    def observer(self) -> Observer | None:
+        """The range observer (the first group's with timestep groups; None when dynamic)."""
+        return self.observers[0] if self.observers else None
+
+    @observer.setter
+    def observer(self, value: Observer | None) -> None:
+        self.observers = [] if value is None else [value]
+
+    def group_index(self) -> int | None:
+        """The group of steps the sampling loop is at (None without timestep groups).
+
+        Raises:
+            CalibrationError: timestep groups but no step set (called outside a sampling loop).
+        """
+        if not self.bounds:
+            return None
+        step = current_step()
+        if step is None:
+            raise CalibrationError(
+                f"module '{self.name}' keeps activation scales per group of denoising steps, but "
+                "it ran outside a sampling loop (no step is set): run it through its diffusion "
+                "adapter, or use opsnn_quant.timesteps.at_step"
+            )
+        return group_of(step, self.bounds)
 
     @torch.no_grad()
     def collect(self, x2d: torch.Tensor) -> None:
@@ -59,9 +94,10 @@ class InputQuantizer(nn.Module):
             )
         if self.collect_stats and self.stats is not None:
             self.stats.collect(x2d)
-        if self.collect_range and self.observer is not None:
+        if self.collect_range and self.observers:
             xs = x2d if self.smooth is None else x2d / self.smooth.to(x2d.device)
-            self.observer.collect(xs)
+            g = self.group_index()
+            self.observers[0 if g is None else g].collect(xs)
 
     def decide_smoothing(self, weight2d: torch.Tensor) -> None:
         """Choose SmoothQuant factors from the collected statistics (fixed alpha or search)."""
@@ -82,28 +118,42 @@ class InputQuantizer(nn.Module):
             self.chosen_alpha = float(alpha)
         self.smooth = s
         self.collect_stats = False
-        self.collect_range = self.observer is not None
+        self.collect_range = bool(self.observers)
 
-    def freeze(self) -> tuple[float, float]:
-        """Register the frozen buffers; returns the static ``(scale, offset)`` (1, 0 if dynamic)."""
+    def freeze(self) -> list[tuple[float, float]]:
+        """Register the frozen buffers; returns the static ``(scale, offset)`` of each group of
+        steps (one pair without timestep groups; ``(1, 0)`` when dynamic)."""
         if self.spec.static_activations:
-            assert self.observer is not None
-            if self.observer.count == 0:
-                raise CalibrationError(f"module '{self.name}' received no calibration data")
-            qp = self.observer.compute(self.spec.activation_symmetric)
-            self.register_buffer("scale", torch.tensor(qp.scale, dtype=torch.float32))
-            self.register_buffer("offset", torch.tensor(qp.offset, dtype=torch.float32))
-            self.register_buffer("inv_scale", static_inv_scale(qp.scale, self.smooth))
-            result = (qp.scale, qp.offset)
+            qps = []
+            for g, obs in enumerate(self.observers):
+                if obs.count == 0:
+                    where = (
+                        f" in step group {g} (from step {self.bounds[g]})" if self.bounds else ""
+                    )
+                    raise CalibrationError(
+                        f"module '{self.name}' received no calibration data{where}"
+                    )
+                qps.append(obs.compute(self.spec.activation_symmetric))
+            scale = torch.tensor([qp.scale for qp in qps], dtype=torch.float32)
+            offset = torch.tensor([qp.offset for qp in qps], dtype=torch.float32)
+            inv = torch.stack([static_inv_scale(qp.scale, self.smooth) for qp in qps])
+            if self.bounds:
+                self.register_buffer("step_bounds", torch.tensor(self.bounds, dtype=torch.int64))
+            else:
+                scale, offset, inv = scale[0], offset[0], inv[0]
+            self.register_buffer("scale", scale)
+            self.register_buffer("offset", offset)
+            self.register_buffer("inv_scale", inv)
+            result = [(qp.scale, qp.offset) for qp in qps]
         else:
-            result = (1.0, 0.0)
+            result = [(1.0, 0.0)]
             if self.smooth is not None:
                 self.register_buffer("smooth_scales", (1.0 / self.smooth).to(torch.float32))
         if self.smooth is not None:
             smooth = self.smooth.to(torch.float32)
             del self.smooth  # a plain attribute until now; saved as a buffer from here on
             self.register_buffer("smooth", smooth)
-        self.observer, self.stats = None, None
+        self.observers, self.stats = [], None
         return result
 
     def extra_repr(self) -> str:

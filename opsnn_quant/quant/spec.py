@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.timesteps import check_bounds
 from opsnn_quant.types import Precision
 
 ObserverName = Literal["minmax", "percentile", "mse", "kl"]
@@ -37,6 +38,9 @@ class QuantSpec:
             input's dtype afterwards.
         group_size: ``w4a16`` only: int4 weight scales per group of this many input channels
             (torch_npu takes a multiple of 32 below K); None elsewhere (default 128 for w4a16).
+        timestep_bounds: ``w8a8`` only: static activation scales per group of denoising steps,
+            given by each group's first step (``(0, 4, 8)``: steps 0-3, 4-7, 8 on); the step
+            comes from :mod:`opsnn_quant.timesteps` (set by the diffusion sampling loops).
     """
 
     precision: Precision = Precision.W8A8
@@ -46,6 +50,7 @@ class QuantSpec:
     smoothquant_alpha: float | Literal["auto"] | None = None
     output_dtype: Literal["float16", "bfloat16"] = "float16"
     group_size: int | None = None
+    timestep_bounds: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", Precision(self.precision))
@@ -81,6 +86,15 @@ class QuantSpec:
                 )
         elif self.group_size is not None:
             raise ConfigError(f"group_size is for w4a16 only, not {self.precision.value}")
+        if self.timestep_bounds is not None:
+            if self.precision != Precision.W8A8:
+                raise ConfigError(
+                    f"timestep_bounds are static activation scales: w8a8 only, not {self.precision.value}"
+                )
+            try:
+                object.__setattr__(self, "timestep_bounds", check_bounds(self.timestep_bounds))
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
 
     @property
     def static_activations(self) -> bool:
@@ -101,8 +115,11 @@ class QuantSpec:
         """Plain-JSON form (precision as its string value; ``group_size`` only where set)."""
         d = asdict(self)
         d["precision"] = self.precision.value
-        if d["group_size"] is None:
-            del d["group_size"]
+        for optional in ("group_size", "timestep_bounds"):
+            if d[optional] is None:
+                del d[optional]
+        if "timestep_bounds" in d:
+            d["timestep_bounds"] = list(d["timestep_bounds"])
         return d
 
     @classmethod
@@ -111,6 +128,8 @@ class QuantSpec:
         unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:
             raise ConfigError(f"unknown quant spec field(s): {', '.join(sorted(unknown))}")
+        if d.get("timestep_bounds") is not None:
+            d = {**d, "timestep_bounds": tuple(d["timestep_bounds"])}
         return cls(**d)
 
     @classmethod
