@@ -16,7 +16,9 @@ Parts (every Linear has K % 16 == 0 and N % 8 == 0, so Ascend int8 matmuls apply
 - ``scheduler``: ``FlowMatchEulerDiscreteScheduler`` (1000 training steps, shift
   :data:`SCHEDULER_SHIFT`).
 
-Trained by ``python -m opsnn_quant.zoo.train_shapes_dit``; weights live in ``weights/shapes-dit``.
+Trained by ``python -m opsnn_quant.zoo.train_shapes_dit``; weights live in ``weights/shapes-dit``
+(committed: ``--out opsnn_quant/zoo/weights --steps 6000 --seed 0`` on 1 CPU thread). Gate:
+``python -m opsnn_quant.zoo.shapes_report --model shapes-dit``.
 """
 
 from __future__ import annotations

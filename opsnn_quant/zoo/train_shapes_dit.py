@@ -97,8 +97,11 @@ def zero_init(model: Any) -> None:
 
 
 def sample_t5_tokens(batch_size: int, g: torch.Generator) -> torch.Tensor:
-    """Per-sample zero-token counts: 0 (the demo) or 256 (SD3's default) a third each, else
-    log-uniform in 1..256."""
+    """Per-sample zero-token counts: 0 (the demo), 256 (SD3's default), log-uniform in 1..256.
+
+    Each of the three a third of the time, so any ``max_sequence_length`` a caller passes has
+    been trained for.
+    """
     u = torch.rand(batch_size, generator=g)
     log_uniform = torch.exp(torch.rand(batch_size, generator=g) * math.log(MAX_T5_TOKENS)).round()
     n = torch.where(u < 1 / 3, 0.0, torch.where(u < 2 / 3, float(MAX_T5_TOKENS), log_uniform))
