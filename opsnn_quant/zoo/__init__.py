@@ -26,6 +26,7 @@ from opsnn_quant.hub import quiet_progress_bars, set_offline_env
 _MODELS: dict[str, str] = {
     "shapes-t2i": "opsnn_quant.zoo.shapes_pipeline:load_shapes_t2i",
     "shapes-clip": "opsnn_quant.zoo.shapes_clip:load_shapes_clip",
+    "shapes-dit": "opsnn_quant.zoo.shapes_dit:load_shapes_dit",
     "whisper-tiny.en": "opsnn_quant.zoo.whisper:load_whisper_tiny_en",
 }
 

@@ -38,14 +38,16 @@ DEFAULT_STEPS = {"vae": 1500, "clip": 1500, "judge": 600, "unet": 4000}
 STAGES = ("vae", "clip", "judge", "unet")
 
 
-def _setup(seed: int) -> torch.Generator:
-    torch.set_num_threads(2)
+def setup(seed: int, threads: int = 2) -> torch.Generator:
+    """Seed torch, set the thread count and return the stage's batch-order generator."""
+    torch.set_num_threads(threads)
     torch.manual_seed(seed)
     return torch.Generator().manual_seed(seed)
 
 
-def _schedule(opt: torch.optim.Optimizer, steps: int, warmup: int) -> Any:
-    # Linear warm-up, then cosine down to 10 % of the peak learning rate.
+def lr_schedule(opt: torch.optim.Optimizer, steps: int, warmup: int) -> Any:
+    """``LambdaLR``: linear warm-up over ``warmup`` steps, then cosine to 10 % at ``steps``."""
+
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
@@ -55,7 +57,9 @@ def _schedule(opt: torch.optim.Optimizer, steps: int, warmup: int) -> Any:
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-class _Progress:
+class Progress:
+    """Logs the mean loss and the speed every ``every`` steps."""
+
     def __init__(self, stage: str, steps: int, every: int = 100) -> None:
         self.stage, self.steps, self.every = stage, steps, every
         self.start = time.monotonic()
@@ -79,9 +83,20 @@ class _Progress:
             self.total, self.count = 0.0, 0
 
 
-def _to_unit(images: Any) -> torch.Tensor:
+def to_unit(images: Any) -> torch.Tensor:
     """uint8 [n, H, W, 3] -> float [n, 3, H, W] in [-1, 1] (the VAE's range)."""
     return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+
+
+def encode_posteriors(vae: Any, images: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and std of the VAE posterior of uint8 ``[n, 32, 32, 3]`` images (chunks of 512)."""
+    means, stds = [], []
+    with torch.no_grad():
+        for c in to_unit(images).split(512):
+            dist = vae.encode(c).latent_dist
+            means.append(dist.mean)
+            stds.append(dist.std)
+    return torch.cat(means), torch.cat(stds)
 
 
 def train_vae(
@@ -95,13 +110,13 @@ def train_vae(
     """
     from diffusers import AutoencoderKL
 
-    g = _setup(seed)
+    g = setup(seed)
     images, _, _ = generate("train", pool)
-    data = _to_unit(images)
+    data = to_unit(images)
     vae: Any = AutoencoderKL(**shapes_pipeline.vae_config())
     opt = torch.optim.AdamW(vae.parameters(), lr=1e-3, weight_decay=0.0)
-    sched = _schedule(opt, steps, warmup=100)
-    progress = _Progress("vae", steps)
+    sched = lr_schedule(opt, steps, warmup=100)
+    progress = Progress("vae", steps)
     vae.train()
     for step in range(steps):
         if step < int(0.8 * steps):
@@ -129,7 +144,7 @@ def train_vae(
         z = torch.cat([vae.encode(c).latent_dist.sample(generator=g) for c in x.split(256)])
         scaling = 1.0 / float(z.std())
         ev, _, _ = generate("eval", min(256, pool))
-        xe = _to_unit(ev)
+        xe = to_unit(ev)
         recon = vae.decode(vae.encode(xe).latent_dist.mode()).sample.clamp(-1, 1)
         mse = float(F.mse_loss((recon + 1) / 2, (xe + 1) / 2))
     vae.register_to_config(scaling_factor=round(scaling, 5))
@@ -147,7 +162,7 @@ def train_clip(
 
     from opsnn_quant.zoo.tokenizer_shapes import write_tokenizer_files
 
-    g = _setup(seed)
+    g = setup(seed)
     target = out / "shapes-clip"
     write_tokenizer_files(target)
     tok = CLIPTokenizer.from_pretrained(str(target))  # a local dir: no hub lookup
@@ -159,8 +174,8 @@ def train_clip(
     lookup = {c: i for i, c in enumerate(unique)}
     cap_index = torch.tensor([lookup[c] for c in captions])
     opt = torch.optim.AdamW(model.parameters(), lr=5e-4, weight_decay=0.05)
-    sched = _schedule(opt, steps, warmup=200)
-    progress = _Progress("clip", steps)
+    sched = lr_schedule(opt, steps, warmup=200)
+    progress = Progress("clip", steps)
     model.train()
     for step in range(steps):
         idx = torch.randint(len(pixels), (batch_size,), generator=g)
@@ -217,7 +232,7 @@ def train_unet(
     )
     from transformers import CLIPTokenizer
 
-    g = _setup(seed)
+    g = setup(seed)
     vae: Any = AutoencoderKL.from_pretrained(str(out / "shapes-t2i" / "vae"), local_files_only=True)
     vae.eval()
     clip_dir = out / "shapes-clip"
@@ -231,12 +246,7 @@ def train_unet(
         # Embeddings exactly as StableDiffusionPipeline.encode_prompt computes them.
         ids = tok(unique, padding="max_length", truncation=True, return_tensors="pt")["input_ids"]
         emb = torch.cat([te(c)[0] for c in ids.split(512)])
-        means, stds = [], []
-        for c in _to_unit(images).split(512):
-            dist = vae.encode(c).latent_dist
-            means.append(dist.mean)
-            stds.append(dist.std)
-        mean, std = torch.cat(means), torch.cat(stds)
+    mean, std = encode_posteriors(vae, images)
     scaling = vae.config.scaling_factor
     unet: Any = UNet2DConditionModel(**shapes_pipeline.unet_config())
     ema = copy.deepcopy(unet).eval().requires_grad_(False)
@@ -246,8 +256,8 @@ def train_unet(
     alphas = noise_sched.alphas_cumprod
     snr = alphas / (1 - alphas)
     opt = torch.optim.AdamW(unet.parameters(), lr=5e-4, weight_decay=0.0)
-    sched = _schedule(opt, steps, warmup=300)
-    progress = _Progress("unet", steps)
+    sched = lr_schedule(opt, steps, warmup=300)
+    progress = Progress("unet", steps)
 
     def build(model: Any) -> Any:
         return StableDiffusionPipeline(
@@ -288,7 +298,7 @@ def train_unet(
         progress.update(step, loss.item())
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
             # Looked up here, not at start: the judge may still be training in parallel.
-            judge = _maybe_judge(out)
+            judge = maybe_judge(out)
             if judge is not None:
                 scores = shapes_judge.t2i_scores(build(ema), judge, n=64)
                 logger.info("unet step %d EMA judge scores %s", step + 1, scores)
@@ -296,7 +306,7 @@ def train_unet(
     pipe = build(ema)
     pipe.save_pretrained(str(target), safe_serialization=True)
     _portable_pipeline_files(target)
-    judge = _maybe_judge(out)
+    judge = maybe_judge(out)
     if judge is not None:
         scores = shapes_judge.t2i_scores(shapes_pipeline.load_shapes_t2i(path=target), judge)
         logger.info("final judge scores on 128 eval prompts: %s", scores)
@@ -321,7 +331,8 @@ def _portable_pipeline_files(target: Path) -> None:
     save_file(state, str(weights), metadata={"format": "pt"})
 
 
-def _maybe_judge(out: Path) -> Any:
+def maybe_judge(out: Path) -> Any:
+    """The judge of ``out/shapes-judge`` if it has been trained, else ``None``."""
     if (out / "shapes-judge" / "config.json").is_file():
         return shapes_judge.load_shapes_judge(out / "shapes-judge")
     return None
