@@ -9,9 +9,9 @@ Outside a sampling loop the clock reads None.
 from __future__ import annotations
 
 import bisect
-import itertools
 import contextlib
 import contextvars
+import itertools
 from collections.abc import Iterator, Sequence
 
 _STEP: contextvars.ContextVar[int | None] = contextvars.ContextVar("opsnn_quant_step", default=None)

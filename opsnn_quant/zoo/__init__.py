@@ -4,6 +4,7 @@ Loading contract (used by adapters, recipes and tests)::
 
     opsnn_quant.zoo.list()                    # names of the models
     opsnn_quant.zoo.load("shapes-t2i")        # diffusers StableDiffusionPipeline
+    opsnn_quant.zoo.load("shapes-dit")        # diffusers StableDiffusion3Pipeline (no T5)
     opsnn_quant.zoo.load("shapes-clip")       # transformers CLIPModel (+ zoo.shapes_clip.load_shapes_clip_processor)
     opsnn_quant.zoo.load("whisper-tiny.en")   # transformers WhisperForConditionalGeneration
     opsnn_quant.zoo.dataset("shapes", "eval") # datasets.Dataset
@@ -35,6 +36,7 @@ _MODELS: dict[str, str] = {
 _DIRS: dict[str, str] = {
     "shapes-t2i": "opsnn_quant.zoo.shapes_pipeline:weights_dir",
     "shapes-clip": "opsnn_quant.zoo.shapes_clip:weights_dir",
+    "shapes-dit": "opsnn_quant.zoo.shapes_dit:weights_dir",
     "whisper-tiny.en": "opsnn_quant.zoo.whisper:ensure_converted",
 }
 

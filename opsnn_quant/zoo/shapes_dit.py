@@ -171,3 +171,16 @@ def generate(
             ).images
         out.append(np.clip(np.rint(images * 255.0), 0, 255).astype(np.uint8))
     return np.concatenate(out, axis=0)
+
+
+def weights_dir() -> Path:
+    """The committed pipeline directory.
+
+    Raises:
+        ModelLoadError: It holds no pipeline.
+    """
+    if not (WEIGHTS_DIR / "model_index.json").is_file():
+        raise ModelLoadError(
+            f"no shapes-dit pipeline at {WEIGHTS_DIR}; run python -m opsnn_quant.zoo.train_shapes_dit"
+        )
+    return WEIGHTS_DIR
