@@ -15,3 +15,17 @@ def test_import_does_not_pull_heavy_dependencies():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_using_the_toolkit_never_loads_the_zoo_training_scripts(tmp_path):
+    # The zoo's training stages and gate report are scripts: loading a zoo model, probing and
+    # quantizing it and reading its data imports none of them.
+    code = (
+        "import sys, json, torch; import opsnn_quant as oq\n"
+        "a = oq.load_adapter('diffusers-sd', 'zoo:shapes-t2i', steps=1, batch_size=1)\n"
+        "loop = a.forward_loop(oq.load_records('zoo:shapes/calibration', 1))\n"
+        "oq.quantize(a.model, {'unet.conv_in': 'w8a8'}, loop)\n"
+        "print(json.dumps([m for m in sys.modules if m.startswith('opsnn_quant.zoo.training')]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []

@@ -94,7 +94,7 @@ def _directory(path: str | Path | None) -> Path:
     directory = Path(path) if path is not None else WEIGHTS_DIR
     if not (directory / "config.json").is_file():
         raise ModelLoadError(
-            f"no shapes-clip model at {directory}; run python -m opsnn_quant.zoo.train_shapes clip"
+            f"no shapes-clip model at {directory}; run python -m opsnn_quant.zoo.training.train_shapes clip"
         )
     return directory
 

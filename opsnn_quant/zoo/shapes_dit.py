@@ -16,9 +16,9 @@ Parts (every Linear has K % 16 == 0 and N % 8 == 0, so Ascend int8 matmuls apply
 - ``scheduler``: ``FlowMatchEulerDiscreteScheduler`` (1000 training steps, shift
   :data:`SCHEDULER_SHIFT`).
 
-Trained by ``python -m opsnn_quant.zoo.train_shapes_dit``; weights live in ``weights/shapes-dit``
+Trained by ``python -m opsnn_quant.zoo.training.train_shapes_dit``; weights live in ``weights/shapes-dit``
 (committed: ``--out opsnn_quant/zoo/weights --steps 6000 --seed 0`` on 1 CPU thread). Gate:
-``python -m opsnn_quant.zoo.shapes_report --model shapes-dit``.
+``python -m opsnn_quant.zoo.training.shapes_report --model shapes-dit``.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def load_shapes_dit(
     directory = Path(path) if path is not None else WEIGHTS_DIR
     if not (directory / "model_index.json").is_file():
         raise ModelLoadError(
-            f"no shapes-dit pipeline at {directory}; run python -m opsnn_quant.zoo.train_shapes_dit"
+            f"no shapes-dit pipeline at {directory}; run python -m opsnn_quant.zoo.training.train_shapes_dit"
         )
     verbosity = dlogging.get_verbosity()
     dlogging.set_verbosity_error()  # the per-component progress bar is noise for a small model
@@ -181,6 +181,6 @@ def weights_dir() -> Path:
     """
     if not (WEIGHTS_DIR / "model_index.json").is_file():
         raise ModelLoadError(
-            f"no shapes-dit pipeline at {WEIGHTS_DIR}; run python -m opsnn_quant.zoo.train_shapes_dit"
+            f"no shapes-dit pipeline at {WEIGHTS_DIR}; run python -m opsnn_quant.zoo.training.train_shapes_dit"
         )
     return WEIGHTS_DIR

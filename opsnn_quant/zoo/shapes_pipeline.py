@@ -9,7 +9,7 @@ Parts (all channel counts multiples of 32 so that Ascend int8 matmuls apply):
   shapes CLIP (:mod:`opsnn_quant.zoo.shapes_clip`), with the shared shapes tokenizer.
 - ``scheduler``: ``DDIMScheduler`` (linear betas 1e-4..0.02, 1000 training steps).
 
-Trained by ``python -m opsnn_quant.zoo.train_shapes``; weights live in ``weights/shapes-t2i``.
+Trained by ``python -m opsnn_quant.zoo.training.train_shapes``; weights live in ``weights/shapes-t2i``.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def load_shapes_t2i(
     directory = Path(path) if path is not None else WEIGHTS_DIR
     if not (directory / "model_index.json").is_file():
         raise ModelLoadError(
-            f"no shapes-t2i pipeline at {directory}; run python -m opsnn_quant.zoo.train_shapes all"
+            f"no shapes-t2i pipeline at {directory}; run python -m opsnn_quant.zoo.training.train_shapes all"
         )
     verbosity = dlogging.get_verbosity()
     dlogging.set_verbosity_error()  # the per-component progress bar is noise for a 5 MB model
@@ -185,6 +185,6 @@ def weights_dir() -> Path:
     """
     if not (WEIGHTS_DIR / "model_index.json").is_file():
         raise ModelLoadError(
-            f"no shapes-t2i pipeline at {WEIGHTS_DIR}; run python -m opsnn_quant.zoo.train_shapes all"
+            f"no shapes-t2i pipeline at {WEIGHTS_DIR}; run python -m opsnn_quant.zoo.training.train_shapes all"
         )
     return WEIGHTS_DIR

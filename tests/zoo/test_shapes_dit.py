@@ -114,7 +114,7 @@ def test_latent_normalization_gives_unit_latents(pipe):
 
 
 def test_encode_prompt_matches_the_training_embeddings(pipe):
-    from opsnn_quant.zoo.train_shapes_dit import clip_prompt_embeds
+    from opsnn_quant.zoo.training.train_shapes_dit import clip_prompt_embeds
 
     prompts = ["a large red circle at the center", ""]
     with torch.no_grad():
@@ -163,7 +163,7 @@ def test_without_t5_any_zero_token_count_works(pipe, judge):
 
 @pytest.mark.slow
 def test_dit_quality_gate_on_128_held_out_prompts(pipe, judge):
-    from opsnn_quant.zoo.shapes_report import judge_accuracy
+    from opsnn_quant.zoo.training.shapes_report import judge_accuracy
 
     accuracy = judge_accuracy(pipe, "shapes-dit", judge, n=128)[0]
     assert accuracy["color"] >= COLOR_GATE, accuracy
@@ -174,7 +174,7 @@ def test_zero_token_processor_equals_repeated_zero_tokens():
     from diffusers import SD3Transformer2DModel
     from diffusers.models.attention_processor import JointAttnProcessor2_0
 
-    from opsnn_quant.zoo.train_shapes_dit import ZeroTokenAttnProcessor
+    from opsnn_quant.zoo.training.train_shapes_dit import ZeroTokenAttnProcessor
 
     torch.manual_seed(0)
     model = SD3Transformer2DModel(**{**shapes_dit.transformer_config(), "num_layers": 2}).eval()
@@ -206,7 +206,7 @@ def test_missing_weights_are_a_model_load_error(tmp_path):
 def test_importing_the_loader_stays_lazy():
     code = (
         "import sys, json; import opsnn_quant.zoo, opsnn_quant.zoo.shapes_dit, "
-        "opsnn_quant.zoo.shapes_report; assert 'shapes-dit' in opsnn_quant.zoo.list(); "
+        "opsnn_quant.zoo.training.shapes_report; assert 'shapes-dit' in opsnn_quant.zoo.list(); "
         "print(json.dumps([m for m in ('diffusers', 'transformers') if m in sys.modules]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -216,7 +216,7 @@ def test_importing_the_loader_stays_lazy():
 def test_training_smoke_run_is_seeded_and_writes_loadable_weights(tmp_path):
     from safetensors.torch import load_file
 
-    from opsnn_quant.zoo.train_shapes_dit import train_dit
+    from opsnn_quant.zoo.training.train_shapes_dit import train_dit
 
     runs = {}
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):

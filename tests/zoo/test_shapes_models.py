@@ -171,7 +171,7 @@ def test_missing_weights_are_a_model_load_error(tmp_path):
 def test_training_smoke_run_is_seeded_and_writes_loadable_weights(tmp_path):
     from safetensors.torch import load_file
 
-    from opsnn_quant.zoo import train_shapes
+    from opsnn_quant.zoo.training import train_shapes
 
     runs = {}
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):

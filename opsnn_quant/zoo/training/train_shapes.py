@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m opsnn_quant.zoo.train_shapes {vae,clip,judge,unet,all} --out DIR --steps N --seed S
+    python -m opsnn_quant.zoo.training.train_shapes {vae,clip,judge,unet,all} --out DIR --steps N --seed S
 
 ``DIR`` is the weights root (the committed one is ``opsnn_quant/zoo/weights``); stages write
 ``DIR/shapes-t2i/vae``, ``DIR/shapes-clip``, ``DIR/shapes-judge`` and, last, the whole pipeline in
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from opsnn_quant.zoo import shapes_clip, shapes_judge, shapes_pipeline
 from opsnn_quant.zoo.shapes_data import generate
 
-logger = logging.getLogger("opsnn_quant.zoo.train_shapes")
+logger = logging.getLogger("opsnn_quant.zoo.training.train_shapes")
 
 DEFAULT_STEPS = {"vae": 1500, "clip": 1500, "judge": 600, "unet": 4000}
 STAGES = ("vae", "clip", "judge", "unet")

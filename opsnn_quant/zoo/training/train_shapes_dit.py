@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m opsnn_quant.zoo.train_shapes_dit --out DIR --steps N --seed S [--zoo ZOO]
+    python -m opsnn_quant.zoo.training.train_shapes_dit --out DIR --steps N --seed S [--zoo ZOO]
 
 Reads the trained shapes VAE (``ZOO/shapes-t2i/vae``), CLIP (``ZOO/shapes-clip``) and, for the
 progress scores, judge (``ZOO/shapes-judge``); ``ZOO`` defaults to the committed weights root.
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from opsnn_quant.zoo import shapes_dit
 from opsnn_quant.zoo.shapes_data import generate
-from opsnn_quant.zoo.train_shapes import (
+from opsnn_quant.zoo.training.train_shapes import (
     Progress,
     encode_posteriors,
     lr_schedule,
@@ -39,7 +39,7 @@ from opsnn_quant.zoo.train_shapes import (
     setup,
 )
 
-logger = logging.getLogger("opsnn_quant.zoo.train_shapes_dit")
+logger = logging.getLogger("opsnn_quant.zoo.training.train_shapes_dit")
 
 DEFAULT_STEPS = 6000
 DEFAULT_ZOO = Path(__file__).parent / "weights"
@@ -293,7 +293,7 @@ def _pipeline(transformer: Any, vae: Any, te: Any, tok: Any) -> Any:
 
 def judge_scores(pipe: Any, judge: Any, n: int) -> dict[str, float]:
     """The gate's judge accuracies on ``n`` held-out prompts at the demo sampling settings."""
-    from opsnn_quant.zoo.shapes_report import judge_accuracy
+    from opsnn_quant.zoo.training.shapes_report import judge_accuracy
 
     return judge_accuracy(pipe, "shapes-dit", judge, n)[0]
 

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m opsnn_quant.zoo.shapes_report [--model shapes-t2i] [--n 128] [--grid PNG]
+    python -m opsnn_quant.zoo.training.shapes_report [--model shapes-t2i] [--n 128] [--grid PNG]
 
 Prints JSON: the judge's colour/shape/size/position accuracy on images generated for held-out
 eval prompts at the model's demo sampling settings (:data:`SAMPLING`; seed 0) and, for
