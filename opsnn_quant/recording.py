@@ -14,6 +14,7 @@ from torch import nn
 
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.tensors import first_tensor
+from opsnn_quant.timesteps import at_step, current_step
 from opsnn_quant.types import ForwardLoop, Modality
 
 
@@ -30,6 +31,7 @@ class RootRecorder:
     seed: int = 0
     accept: Callable[[tuple, dict], bool] | None = None
     calls: list[tuple[tuple, dict]] = field(default_factory=list)
+    steps: list[int | None] = field(default_factory=list)  # the denoising step of each call
     seen: int = 0
     refused: int = 0
     failed: str | None = None
@@ -60,11 +62,15 @@ class RootRecorder:
         except Exception as exc:  # an argument that cannot be copied (e.g. a live stream)
             self.failed = f"call arguments of '{self.name}' cannot be copied: {exc}"
             self.calls.clear()
+            self.steps.clear()
             return
+        step = current_step()
         if slot == len(self.calls):
             self.calls.append(snap)
+            self.steps.append(step)
         else:
             self.calls[slot] = snap
+            self.steps[slot] = step
 
 
 def detached_copy(obj: Any) -> Any:
@@ -139,10 +145,12 @@ def split_batch(call: tuple[tuple, dict], max_batch: int | None) -> list[tuple[t
     return [take(call, i) for i in range(0, batch, max_batch)]
 
 
-def replay(root: nn.Module, call: tuple[tuple, dict]) -> torch.Tensor:
-    """Run ``root`` on a fresh copy of a recorded call; its first floating output."""
+def replay(root: nn.Module, call: tuple[tuple, dict], step: int | None = None) -> torch.Tensor:
+    """Run ``root`` on a fresh copy of a recorded call, at the denoising ``step`` it was
+    recorded at; its first floating output."""
     args, kwargs = detached_copy(call)  # a fresh copy: replays may mutate caches
-    y = first_tensor(root(*args, **kwargs))
+    with at_step(step):
+        y = first_tensor(root(*args, **kwargs))
     if y is None:
         raise RuntimeError("the root module returned no floating tensor")
     return y
@@ -161,6 +169,11 @@ class RecordedRoots:
     calls: dict[str, list[tuple[tuple, dict]]]
     outputs: dict[str, list[torch.Tensor]]
     modalities: dict[str, Modality] = field(default_factory=dict)
+    steps: dict[str, list[int | None]] = field(default_factory=dict)
+
+    def steps_of(self, root: str) -> list[int | None]:
+        """The denoising step of each recorded call of ``root`` (None outside a sampling loop)."""
+        return self.steps.get(root) or [None] * len(self.calls.get(root, []))
 
     def roots_of(self, modality: Modality) -> list[str]:
         """The recorded roots of ``modality``."""
@@ -185,5 +198,9 @@ def record_roots(
         for h in handles:
             h.remove()
     calls = {r: rec.calls for r, rec in recorders.items() if rec.calls}
-    outputs = {r: [replay(named[r], c).float() for c in cs] for r, cs in calls.items()}
-    return RecordedRoots(calls, outputs, roots)
+    steps = {r: recorders[r].steps for r in calls}
+    outputs = {
+        r: [replay(named[r], c, s).float() for c, s in zip(cs, steps[r], strict=True)]
+        for r, cs in calls.items()
+    }
+    return RecordedRoots(calls, outputs, roots, steps)

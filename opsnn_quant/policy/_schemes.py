@@ -92,7 +92,8 @@ def best_choice(m: ModuleSensitivity, allowed: set[Precision]) -> Choice | None:
     alpha: float | Literal["auto"] = (
         err.smoothquant_alpha if err.smoothquant_alpha is not None else "auto"
     )
-    spec = SCHEMES[name].spec(alpha)
+    bounds = tuple(err.timestep_bounds) if err.timestep_bounds else None
+    spec = SCHEMES[name].spec(alpha, bounds)
     return Choice(name, spec, err.sqnr_db, est[0], est[1], by_e2e)
 
 

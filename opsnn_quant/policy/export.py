@@ -108,7 +108,11 @@ def export_amct_cfg(
         if modules[name] not in AMCT_QUANT_TYPES:
             continue
         spec = policy.spec_of(res)
-        if isinstance(spec, QuantSpec) and spec.precision == Precision.W8A8:
+        if (
+            isinstance(spec, QuantSpec)
+            and spec.precision == Precision.W8A8
+            and not spec.timestep_bounds
+        ):
             static[name] = spec
         else:
             skip.append(name)
@@ -193,8 +197,11 @@ def export_amct_eager(
         if modules[name] != "Linear":
             notes.append(f"{name} ({modules[name]}): exported for Linear only; left float")
             continue
-        if spec.precision == Precision.W4A16:
-            notes.append(f"{name}: w4a16 (int4 weights) has no AMCT eager form; left float")
+        if spec.precision == Precision.W4A16 or spec.timestep_bounds:
+            what = (
+                "w4a16 (int4 weights)" if spec.precision == Precision.W4A16 else "per-step scales"
+            )
+            notes.append(f"{name}: {what} has no AMCT eager form; left float")
             continue
         key = _eager_key(spec)
         if key is None:

@@ -311,6 +311,14 @@ class PrecisionPolicy(_Frozen):
         for name, res in resolved.items():
             shape = (weight_shapes or {}).get(name)
             ok, why = target.can_run(module_types[name], res.precision, weight_shape=shape)
+            spec = self.spec_of(res)
+            if (
+                ok
+                and isinstance(spec, QuantSpec)
+                and spec.timestep_bounds
+                and not target.timestep_scales
+            ):
+                ok, why = False, f"{target.name} keeps one static scale (no per-step scales)"
             if not ok:
                 problems.append(f"{name} ({module_types[name]}, {res.precision.value}): {why}")
         if problems:

@@ -61,6 +61,9 @@ class Target:
         max_k, max_n: documented upper bounds of the reduction / output dims of int8 matmuls
             (None = no bound). Applied to Linear only.
         k_multiple, n_multiple: alignment of k / n for int8 Linear (1 = none documented).
+        timestep_scales: static activation scales can switch per denoising step at run time
+            (``w8a8_timestep``: an eager route picks the step's scale for each call; a compiled
+            ATC graph has one fixed scale).
     """
 
     name: str
@@ -73,6 +76,7 @@ class Target:
     max_n: int | None = None
     k_multiple: int = 1
     n_multiple: int = 1
+    timestep_scales: bool = False
 
     def can_run(
         self,
@@ -142,6 +146,7 @@ class Target:
             name
             for name, s in SCHEMES.items()
             if any(self.can_run(t, s.precision)[0] for t in s.module_types)
+            and (self.timestep_scales or not s.per_step)
         )
 
     def int8_precisions(self, module_type: str) -> list[Precision]:
@@ -172,6 +177,7 @@ TARGETS: dict[str, Target] = {
             },
             max_k=65535,
             max_n=65535,
+            timestep_scales=True,  # npu_quantize takes the step's scale on every call
         ),
         Target(
             name="ascend910b-atc",
@@ -199,6 +205,7 @@ TARGETS: dict[str, Target] = {
             has_bf16=True,
             # int4 weights are a matmul format (QuantLinear only).
             int8={p: _LIN if p == Precision.W4A16 else _LIN_CONV for p in Precision if p.is_int8},
+            timestep_scales=True,
         ),
     )
 }

@@ -218,6 +218,7 @@ def _estimate_root(
         seed=cfg.seed,
         exhaustive=cfg.exhaustive,
         max_batch=_estimator_batch(cfg, modality),
+        steps=run.watches.recorders[root_name].steps,
         noise_power=(
             (lambda n, scheme: local[n].noise_power(scheme))
             if cfg.estimator == "diagonal"
@@ -317,6 +318,7 @@ def _module_entry(run: _Run, name: str, module: nn.Module, e2e: EndToEnd | None)
         w8a8=lp.results() if lp is not None else {},
         e2e=e2e,
         weight_shape=_weight_shape(lp.module) if lp is not None else None,
+        timesteps=lp.timestep_ranges() if lp is not None else None,
     )
 
 

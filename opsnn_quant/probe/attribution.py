@@ -46,6 +46,7 @@ from opsnn_quant.memory import TRIM
 from opsnn_quant.numerics import energies
 from opsnn_quant.recording import detached_copy, replay, split_batch
 from opsnn_quant.tensors import first_tensor
+from opsnn_quant.timesteps import at_step
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ def estimate(
     exhaustive: bool = False,
     max_batch: int | None = None,
     noise_power: PowerFn | None = None,
+    steps: list[int | None] | None = None,
 ) -> Attribution:
     """Attribute the root's output noise to ``modules`` (see module docstring).
 
@@ -100,7 +102,10 @@ def estimate(
             power of each output channel (from the local probe); the noise is then modelled
             as white within a channel and no candidate is run at gradient time
             (``quantized_output`` is not called). None: the structured estimator.
+        steps: the denoising step each call was recorded at (the clock is set to it while the
+            call replays, forward and backward, so per-step candidates use their step's scales).
     """
+    steps = steps if steps is not None else [None] * len(calls)
     gen = torch.Generator().manual_seed(seed)
     params = list(root.parameters())
     flags = [p.requires_grad for p in params]
@@ -111,8 +116,8 @@ def estimate(
         refs = []  # kept for the exhaustive reference only (Whisper logits: ~7 MB per utterance)
         energy = 0.0
         with torch.no_grad():
-            for call in calls:
-                ref = replay(root, call)
+            for call, step in zip(calls, steps, strict=True):
+                ref = replay(root, call, step)
                 energy += energies(ref, ref).signal
                 if exhaustive:
                     refs.append(ref)
@@ -120,14 +125,15 @@ def estimate(
 
         t0 = time.perf_counter()
         acc = {n: dict.fromkeys(schemes[n], 0.0) for n in modules}
-        for call in calls:
+        for call, step in zip(calls, steps, strict=True):
             # In chunks where asked: the backward keeps the whole forward graph (attention maps
             # included), several times an inference's memory; a chunk of the batch keeps less.
             for part in split_batch(call, max_batch):
-                if noise_power is not None:
-                    _diagonal_call(root, part, modules, noise_power, schemes, acc, gen)
-                else:
-                    _estimator_call(root, part, modules, quantized_output, schemes, acc, gen)
+                with at_step(step):
+                    if noise_power is not None:
+                        _diagonal_call(root, part, modules, noise_power, schemes, acc, gen)
+                    else:
+                        _estimator_call(root, part, modules, quantized_output, schemes, acc, gen)
         t_est = time.perf_counter() - t0
         per_scheme = {
             n: {s: a / energy if energy > 0 else 0.0 for s, a in by.items()}
@@ -143,8 +149,8 @@ def estimate(
                 noise = 0.0
                 swap = _swap_output(module, name, schemes[name][0], quantized_output)
                 with torch.no_grad(), swap:
-                    for call, ref in zip(calls, refs, strict=True):
-                        noise += energies(ref, replay(root, call)).noise
+                    for call, ref, step in zip(calls, refs, steps, strict=True):
+                        noise += energies(ref, replay(root, call, step)).noise
                 result.exhaustive[name] = noise / energy if energy > 0 else 0.0
             result.seconds_exhaustive = time.perf_counter() - t0
         return result

@@ -40,6 +40,8 @@ class ProbeConfig:
             ``benchmarks/bench_probe.py``) but underestimates totals by up to ~2x.
         smoothquant_alphas: the SmoothQuant migration strengths searched per module (besides
             "off"), static and dynamic.
+        timestep_groups: groups of denoising steps of the ``w8a8_timestep`` candidates; None
+            chooses per module from the measured per-step ranges (up to 4).
         schemes: the candidate schemes measured (names of :data:`opsnn_quant.quant.schemes.
             SCHEMES`); None measures every one. ``calibrate`` passes those its target can run:
             the others' local errors and end-to-end scores would never be used.
@@ -61,6 +63,7 @@ class ProbeConfig:
     e2e_schemes: Literal["all", "best"] = "all"
     estimator: Literal["structured", "diagonal"] = "structured"
     smoothquant_alphas: tuple[float, ...] = DEFAULT_ALPHA_GRID
+    timestep_groups: int | None = None
     schemes: tuple[str, ...] | None = None
     fp16_rerun: Literal["auto", "emulate", "native"] = "auto"
     seed: int = 0

@@ -21,12 +21,14 @@ from torch import nn
 
 from opsnn_quant.memory import TRIM
 from opsnn_quant.numerics import CHUNK, energies
-from opsnn_quant.probe.report import BF16_MAX, SchemeError
+from opsnn_quant.probe.report import BF16_MAX, SchemeError, TimestepRanges
+from opsnn_quant.probe.steps import StepRanges
 from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, QuantModule
 from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver
 from opsnn_quant.quant.schemes import SCHEMES, scheme_spec, schemes_for
 from opsnn_quant.quant.smoothquant import ChannelStats, search_alpha
 from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, QuantSpec
+from opsnn_quant.timesteps import current_step
 from opsnn_quant.types import Precision
 
 # Candidates per module type, from the one scheme table (quant/schemes.py).
@@ -128,6 +130,9 @@ class LocalProbe:
     max_error_calls: int = 32
     alpha_grid: tuple[float, ...] = DEFAULT_ALPHA_GRID  # SmoothQuant strengths searched
     only: tuple[str, ...] | None = None  # the schemes to measure (None: every one that fits)
+    timestep_groups: int | None = None  # groups of steps of w8a8_timestep (None: chosen)
+    steps: StepRanges = field(default_factory=StepRanges)
+    step_bounds: tuple[int, ...] | None = None  # chosen by decide() when steps were seen
     _pass2_calls: int = 0
 
     def __post_init__(self) -> None:
@@ -141,6 +146,8 @@ class LocalProbe:
             fitting = schemes_for("Linear", self.module.in_features)
         else:
             fitting = CONV_SCHEMES
+        if len(self.steps.absmax) < 2:  # not a sampling loop: no groups of steps to keep scales per
+            fitting = tuple(s for s in fitting if not SCHEMES[s].per_step)
         return fitting if self.only is None else tuple(s for s in fitting if s in self.only)
 
     @torch.no_grad()
@@ -151,9 +158,15 @@ class LocalProbe:
         self.mse.collect(x)
         if self.stats is not None:
             self.stats.collect(x)
+        step = current_step()
+        if step is not None:
+            self.steps.collect(step, x)
 
     def decide(self) -> None:
-        """Between passes: SmoothQuant alphas by searched output error."""
+        """Between passes: the groups of steps (per-step ranges seen) and SmoothQuant alphas by
+        searched output error."""
+        if len(self.steps.absmax) >= 2:
+            self.step_bounds = self.steps.choose(self.timestep_groups)
         if self.stats is None or self.stats.seen == 0:
             return
         weight: torch.Tensor = getattr(self.module, "weight")  # noqa: B009
@@ -170,7 +183,7 @@ class LocalProbe:
         key = _alpha_key(scheme)
         alpha = self.alphas.get(key) if SCHEMES[scheme].smoothquant else None
         smooth = self.smooth.get(key) if SCHEMES[scheme].smoothquant else None
-        spec = scheme_spec(scheme, alpha if smooth is not None else None)
+        spec = SCHEMES[scheme].spec(alpha if smooth is not None else None, self.step_bounds)
         if smooth is None and spec.smoothquant:
             spec = scheme_spec(scheme.replace("_smoothquant", ""))
         q: QuantModule[Any]
@@ -184,7 +197,10 @@ class LocalProbe:
         if smooth is not None:
             iq.smooth = smooth
             iq.chosen_alpha = alpha
-        if spec.static_activations:
+        if spec.timestep_bounds is not None:
+            # Symmetric minmax per group of steps follows exactly from the per-step maxima.
+            iq.observers = [self._group_observer(i) for i in range(len(spec.timestep_bounds))]
+        elif spec.static_activations:
             if smooth is not None:
                 # min/max of x / s_j follows exactly from the per-channel maxima (minmax observer).
                 assert self.stats is not None
@@ -227,6 +243,31 @@ class LocalProbe:
             self.energies.setdefault(scheme, _Energy()).add(y, yq, channel_dim)
             TRIM.add(4 * yq.numel() * yq.element_size())  # output + the reference's copies
 
+    def _group_observer(self, group: int) -> MinMaxObserver:
+        assert self.step_bounds is not None
+        start = self.step_bounds[group]
+        end = self.step_bounds[group + 1] if group + 1 < len(self.step_bounds) else math.inf
+        t = max(a for s, a in self.steps.absmax.items() if start <= s < end)
+        obs = MinMaxObserver()
+        obs.collect(torch.tensor([-t, t]))
+        return obs
+
+    def timestep_ranges(self) -> TimestepRanges | None:
+        """The per-step ranges for the report (None when no sampling loop set the step)."""
+        steps = self.steps.steps
+        if len(steps) < 2 or self.step_bounds is None:
+            return None
+        a = [self.steps.absmax[t] for t in steps]
+        lo = min(a)
+        return TimestepRanges(
+            steps=steps,
+            absmax=a,
+            max_min_ratio=max(a) / lo if lo > 0 else None,
+            single_scale_loss_db=round(self.steps.gain_db(self.steps.per_step_bounds()), 4),
+            bounds=list(self.step_bounds),
+            groups_gain_db=round(self.steps.gain_db(self.step_bounds), 4),
+        )
+
     @torch.no_grad()
     def candidate_output(self, scheme: str, args: tuple) -> torch.Tensor:
         """The module's output under ``scheme`` on one call's inputs, as deployed.
@@ -253,13 +294,16 @@ class LocalProbe:
         return None if energy is None else energy.channel_power()
 
     def results(self) -> dict[str, SchemeError]:
-        """Per scheme SQNR/cosine (with the alpha SmoothQuant chose)."""
+        """Per scheme SQNR/cosine (with the alpha SmoothQuant chose, the groups of steps)."""
         out = {}
         for scheme, energy in self.energies.items():
             alpha = None
             if SCHEMES[scheme].smoothquant:
                 alpha = self.alphas.get(_alpha_key(scheme))
-            out[scheme] = energy.result(alpha, CANDIDATE_OUTPUT_DTYPE)
+            err = energy.result(alpha, CANDIDATE_OUTPUT_DTYPE)
+            if SCHEMES[scheme].per_step and self.step_bounds is not None:
+                err = err.model_copy(update={"timestep_bounds": list(self.step_bounds)})
+            out[scheme] = err
         return out
 
     def best_scheme(self) -> str:

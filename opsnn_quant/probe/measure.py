@@ -29,9 +29,9 @@ def measure_modalities(
             continue
         refs = [r.reshape(-1) for root in roots for r in recorded.outputs[root]]
         got = [
-            replay(named[root], c).float().reshape(-1)
+            replay(named[root], c, s).float().reshape(-1)
             for root in roots
-            for c in recorded.calls[root]
+            for c, s in zip(recorded.calls[root], recorded.steps_of(root), strict=True)
         ]
         ref_all, got_all = torch.cat(refs), torch.cat(got)
         out[modality] = {

@@ -86,7 +86,13 @@ def watches_for(
         }
     if cfg.w8a8:
         w.local = {
-            n: LocalProbe(n, m, alpha_grid=tuple(cfg.smoothquant_alphas), only=cfg.schemes)
+            n: LocalProbe(
+                n,
+                m,
+                alpha_grid=tuple(cfg.smoothquant_alphas),
+                only=cfg.schemes,
+                timestep_groups=cfg.timestep_groups,
+            )
             for n, m in named.items()
             if n and type(m) in QUANTIZABLE
         }

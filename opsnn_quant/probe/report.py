@@ -92,8 +92,32 @@ class SchemeError(_Frozen):
     smoothquant_alpha: float | None = None
     infeasible: str | None = None
     fits_output_dtype: str | None = None
+    timestep_bounds: list[int] | None = None  # w8a8_timestep: the groups of steps it used
 
     _fix = field_validator("sqnr_db", mode="before")(_finite_or_none)
+
+
+class TimestepRanges(_Frozen):
+    """How a module's input range moves over the denoising steps (diffusion models).
+
+    Attributes:
+        steps: the step indices seen.
+        absmax: the input absmax at each of them.
+        max_min_ratio: largest / smallest per-step absmax.
+        single_scale_loss_db: modelled input SQNR a single static scale loses against one scale
+            per step (:mod:`opsnn_quant.probe.steps`).
+        bounds: the groups of steps chosen for ``w8a8_timestep`` (each group's first step).
+        groups_gain_db: modelled input SQNR those groups gain over a single scale.
+    """
+
+    steps: list[int]
+    absmax: list[float]
+    max_min_ratio: float | None
+    single_scale_loss_db: float
+    bounds: list[int]
+    groups_gain_db: float
+
+    _fix = field_validator("max_min_ratio", mode="before")(_finite_or_none)
 
 
 class EndToEnd(_Frozen):
@@ -125,6 +149,7 @@ class ModuleSensitivity(_Frozen):
     w8a8: dict[str, SchemeError] = Field(default_factory=dict)
     e2e: EndToEnd | None = None
     weight_shape: list[int] | None = None  # of a Linear/Conv2d (the targets' shape limits)
+    timesteps: TimestepRanges | None = None  # per-step input ranges (diffusion models)
 
     @property
     def quantizable(self) -> bool:

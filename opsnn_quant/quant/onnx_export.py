@@ -99,6 +99,11 @@ def export_onnx(
                 f"export_onnx: module '{name}' is a {type(mod).__name__}; the QDQ export "
                 "writes QuantLinear and QuantConv2d (and their subclasses) only"
             )
+        if mod.spec.timestep_bounds:
+            raise ConfigError(
+                f"export_onnx: module '{name}' switches activation scales per denoising step; "
+                "a static ONNX graph holds one"
+            )
         if mod.spec.precision == Precision.W4A16:
             # ONNX has int4 only from opset 21 (blocked DequantizeLinear), which ATC and ORT's
             # CPU kernels here do not take: refused rather than written as a float graph.

@@ -37,20 +37,29 @@ class Scheme:
     smoothquant: bool
     module_types: tuple[str, ...]
     k_multiple: int = 1
+    per_step: bool = False  # static scales per group of denoising steps (diffusion models)
 
     def fits(self, module_type: str, in_features: int) -> bool:
         """Whether the probe can measure this scheme on such a module."""
         return module_type in self.module_types and in_features % self.k_multiple == 0
 
-    def spec(self, alpha: float | Literal["auto"] | None = None) -> QuantSpec:
-        """The QuantSpec for SmoothQuant strength ``alpha``.
+    def spec(
+        self,
+        alpha: float | Literal["auto"] | None = None,
+        timestep_bounds: tuple[int, ...] | None = None,
+    ) -> QuantSpec:
+        """The QuantSpec for SmoothQuant strength ``alpha`` (and, for a per-step scheme, its
+        groups of steps).
 
         ``alpha`` is ignored by a scheme without SmoothQuant; None (the search turned smoothing
         off) gives the template itself.
         """
-        if not self.smoothquant or alpha is None:
-            return self.template
-        return dataclasses.replace(self.template, smoothquant_alpha=alpha)
+        spec = self.template
+        if self.smoothquant and alpha is not None:
+            spec = dataclasses.replace(spec, smoothquant_alpha=alpha)
+        if self.per_step and timestep_bounds is not None:
+            spec = dataclasses.replace(spec, timestep_bounds=tuple(timestep_bounds))
+        return spec
 
     @property
     def precision(self) -> Precision:
@@ -71,6 +80,8 @@ SCHEMES: dict[str, Scheme] = {
         Scheme("w8a8_dynamic_smoothquant", QuantSpec(Precision.W8A8_DYNAMIC), True, ("Linear",)),
         # Weight-only int4 per group of 128 input channels (WeightQuantBatchMatmul, A2/A3).
         Scheme("w4a16", QuantSpec(Precision.W4A16), False, ("Linear",), k_multiple=8),
+        # Static per-tensor scales per group of denoising steps (groups chosen by the probe).
+        Scheme("w8a8_timestep", QuantSpec(Precision.W8A8), False, ("Linear",), per_step=True),
     )
 }
 

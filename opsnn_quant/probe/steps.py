@@ -1,0 +1,108 @@
+"""How a module's activation range moves over the denoising steps, and the groups of steps that
+static scales should be kept per (the ``w8a8_timestep`` scheme).
+
+Per step (the index :mod:`opsnn_quant.timesteps` holds while the sampling loop runs) the probe
+keeps each quantizable module's input absmax and element count. A static per-tensor scale over a
+group of steps is that group's largest absmax / 127, and adds uniform rounding noise of power
+``scale^2 / 12`` to every element of every step in the group: the modelled input noise
+``sum_g sum_{t in g} n_t (max_{s in g} a_s / 127)^2 / 12``. Contiguous groups minimising it are
+found exactly by dynamic programming; one group is a single static scale, one group per step
+the per-step ideal.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+MAX_AUTO_GROUPS = 4
+# With automatic groups, the fewest whose modelled noise is within this of MAX_AUTO_GROUPS'.
+AUTO_TOLERANCE_DB = 0.5
+
+
+@dataclass
+class StepRanges:
+    """Per-step input absmax and element counts of one module."""
+
+    absmax: dict[int, float] = field(default_factory=dict)
+    count: dict[int, int] = field(default_factory=dict)
+
+    @torch.no_grad()
+    def collect(self, step: int, x: torch.Tensor) -> None:
+        """Add one call's input at ``step``."""
+        a = float(x.detach().abs().max()) if x.numel() else 0.0
+        self.absmax[step] = max(self.absmax.get(step, 0.0), a)
+        self.count[step] = self.count.get(step, 0) + x.numel()
+
+    @property
+    def steps(self) -> list[int]:
+        """The steps seen, ascending."""
+        return sorted(self.absmax)
+
+    def noise(self, bounds: tuple[int, ...]) -> float:
+        """Modelled input noise of static scales per group (groups start at ``bounds``)."""
+        steps = self.steps
+        total = 0.0
+        for i, start in enumerate(bounds):
+            end = bounds[i + 1] if i + 1 < len(bounds) else math.inf
+            members = [t for t in steps if start <= t < end]
+            if members:
+                scale = max(self.absmax[t] for t in members) / 127.0
+                total += sum(self.count[t] for t in members) * scale * scale / 12.0
+        return total
+
+    def best_bounds(self, groups: int) -> tuple[int, ...]:
+        """The contiguous ``groups`` groups of steps with the least modelled noise (first
+        steps of each group; fewer when fewer steps were seen). Ties keep the earlier cut."""
+        steps = self.steps
+        t_count, k = len(steps), max(1, min(groups, len(steps)))
+        if t_count == 0:
+            return (0,)
+        a = [self.absmax[t] for t in steps]
+        n = [self.count[t] for t in steps]
+
+        def cost(i: int, j: int) -> float:  # steps[i:j] as one group
+            s = max(a[i:j]) / 127.0
+            return sum(n[i:j]) * s * s / 12.0
+
+        inf = math.inf
+        best = [[inf] * (t_count + 1) for _ in range(k + 1)]
+        cut = [[0] * (t_count + 1) for _ in range(k + 1)]
+        best[0][0] = 0.0
+        for g in range(1, k + 1):
+            for j in range(1, t_count + 1):
+                for i in range(g - 1, j):
+                    c = best[g - 1][i] + cost(i, j)
+                    if c < best[g][j]:
+                        best[g][j], cut[g][j] = c, i
+        starts, j = [], t_count
+        for g in range(k, 0, -1):
+            i = cut[g][j]
+            starts.append(i)
+            j = i
+        first = sorted(starts)
+        return tuple([0, *[steps[i] for i in first[1:]]])
+
+    def choose(self, groups: int | None) -> tuple[int, ...]:
+        """Fixed ``groups``, or the fewest (up to :data:`MAX_AUTO_GROUPS`) within
+        :data:`AUTO_TOLERANCE_DB` of the most."""
+        if groups is not None:
+            return self.best_bounds(groups)
+        candidates = [self.best_bounds(g) for g in range(1, MAX_AUTO_GROUPS + 1)]
+        floor = self.noise(candidates[-1])
+        for bounds in candidates:
+            if self.noise(bounds) <= floor * 10 ** (AUTO_TOLERANCE_DB / 10):
+                return bounds
+        return candidates[-1]
+
+    def gain_db(self, bounds: tuple[int, ...]) -> float:
+        """How much less modelled noise ``bounds`` give than one static scale, dB."""
+        one, grouped = self.noise((0,)), self.noise(bounds)
+        return 10 * math.log10(one / grouped) if grouped > 0 and one > 0 else 0.0
+
+    def per_step_bounds(self) -> tuple[int, ...]:
+        """One group per step seen (the per-step ideal)."""
+        steps = self.steps
+        return tuple([0, *steps[1:]]) if steps else (0,)
