@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.io import read_text
@@ -60,6 +60,8 @@ class WhisperModel(_ModelBase):
 # Which model, loaded by which adapter, run with which (family-checked) settings.
 ModelSection = Annotated[SDModel | WhisperModel, Field(discriminator="family")]
 FAMILY_TAGS = frozenset({"diffusers-sd", "whisper"})
+# Families whose forward loop runs no sampling loop (no step clock): per-step scales mean nothing.
+STEPLESS_FAMILIES = frozenset({"whisper"})
 
 
 class DataSection(_Strict):
@@ -93,6 +95,11 @@ class ProbeSection(_Strict):
     smoothquant_alphas: list[Annotated[float, Field(ge=0.0, le=1.0)]] | None = Field(
         default=None, min_length=1, description="SmoothQuant strengths searched per module"
     )
+    timestep_groups: int | None = Field(
+        default=None, gt=0, le=16,
+        description="groups of denoising steps with their own static scales (w8a8_timestep); "
+        "left out: chosen per module from the measured per-step ranges",
+    )  # fmt: skip
     data_limit: int | None = Field(default=None, gt=0, description="use only the first N samples")
 
     @field_validator("estimator_batch")
@@ -123,6 +130,14 @@ class Recipe(_Strict):
     )
     exports: list[str] = Field(default_factory=lambda: list(FORMATS))
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _timesteps_need_a_sampling_loop(self) -> Recipe:
+        if self.probe.timestep_groups is not None and self.model.family in STEPLESS_FAMILIES:
+            raise ValueError(
+                f"probe.timestep_groups: {self.model.family} models have no denoising steps"
+            )
+        return self
 
     @field_validator("target")
     @classmethod
@@ -217,6 +232,10 @@ def load_recipe(name_or_path: str) -> Recipe:
         if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
             loc.append("family")
             msg = f"must be one of {', '.join(sorted(FAMILY_TAGS))}"
+        if not loc and ": " in msg and msg.split(": ", 1)[0].count(".") >= 1:
+            # a whole-recipe check names its field first ("probe.timestep_groups: ...")
+            field, msg = msg.split(": ", 1)
+            loc = field.split(".")
         line = _line_of(node, loc)
         where = f"line {line}: " if line else ""
         raise ConfigError(f"{path}: {where}{'.'.join(loc)}: {msg}") from exc

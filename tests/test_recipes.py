@@ -112,3 +112,17 @@ def test_probe_switches_reach_the_probe_config(tmp_path):
     path.write_text(text.replace("probe:\n", "probe:\n  smoothquant_alphas: [1.5]\n"))
     with pytest.raises(ConfigError, match=r"probe\.smoothquant_alphas\.0"):
         load_recipe(str(path))
+
+
+def test_timestep_groups_only_for_models_with_denoising_steps(tmp_path):
+    text = (ROOT / "calibrate" / "whisper-tiny-en.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("probe:\n", "probe:\n  timestep_groups: 2\n"))
+    with pytest.raises(
+        ConfigError, match="probe.timestep_groups: whisper models have no denoising steps"
+    ):
+        load_recipe(str(bad))
+    sd = (ROOT / "calibrate" / "shapes-t2i.yaml").read_text()
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(sd.replace("probe:\n", "probe:\n  timestep_groups: 3\n"))
+    assert load_recipe(str(ok)).probe_config().timestep_groups == 3
