@@ -29,3 +29,15 @@ def test_using_the_toolkit_never_loads_the_zoo_training_scripts(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_oq_probe_is_the_function_whatever_was_imported_first():
+    code = (
+        "import opsnn_quant as oq, opsnn_quant.probe.api as api, torch\n"
+        "from torch import nn\n"
+        "m = nn.Sequential(nn.Linear(4, 4))\n"
+        "r = oq.probe(m, lambda mod: mod(torch.randn(2, 4)), api.ProbeConfig(attribution=False))\n"
+        "print(type(r).__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "SensitivityReport"

@@ -119,7 +119,7 @@ def test_timestep_groups_only_for_models_with_denoising_steps(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(text.replace("probe:\n", "probe:\n  timestep_groups: 2\n"))
     with pytest.raises(
-        ConfigError, match="probe.timestep_groups: whisper models have no denoising steps"
+        ConfigError, match=r"probe\.timestep_groups: whisper models have no denoising steps"
     ):
         load_recipe(str(bad))
     sd = (ROOT / "calibrate" / "shapes-t2i.yaml").read_text()

@@ -17,7 +17,6 @@ not (the norms' sum of squares is checked separately for that reason).
 
 from __future__ import annotations
 
-import copy
 import itertools
 import math
 from collections.abc import Callable
@@ -222,15 +221,18 @@ def _rounded(t: torch.Tensor, dtype: torch.dtype, saturate: bool) -> torch.Tenso
 def _emulate(
     module: nn.Module, args: tuple, dtype: torch.dtype, saturate: bool
 ) -> torch.Tensor | None:
+    from opsnn_quant.probe.hooks import rerunning
     from opsnn_quant.tensors import first_tensor
 
-    shadow = _copy_with(module, lambda t: _rounded(t, dtype, saturate=False))
-    inputs = (
+    inputs = tuple(
         _rounded(a, dtype, saturate) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
         for a in args
     )
-    with torch.no_grad():
-        y = first_tensor(shadow(*inputs))
+    tensors = _converted(module, lambda t: _rounded(t, dtype, saturate=False))
+    with torch.no_grad(), rerunning():
+        # The module itself with its tensors swapped for rounded ones (no copy of its
+        # structure); the probe's hooks on it and its children stand aside meanwhile.
+        y = first_tensor(torch.func.functional_call(module, tensors, inputs))
     if y is None:
         return None
     # One rounding of the fp32 result to the output dtype: past 65504 it is inf (INF_NAN mode),
@@ -238,20 +240,13 @@ def _emulate(
     return _rounded(y, dtype, saturate)
 
 
-def _copy_with(module: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
-    """A hook-free copy of ``module`` whose floating tensors are ``convert``-ed copies.
-
-    The tensors go into the deepcopy memo already converted: a plain deepcopy would first
-    duplicate the fp32 weights (an LM head: 80 MB) only to convert them afterwards.
-    """
-    from opsnn_quant.probe.hooks import hookless_memo
-
-    memo = hookless_memo(module)
-    for t in itertools.chain(module.parameters(), module.buffers()):
-        if t.is_floating_point():
-            c = convert(t.detach())
-            memo[id(t)] = nn.Parameter(c, requires_grad=False) if isinstance(t, nn.Parameter) else c
-    return copy.deepcopy(module, memo)
+def _converted(
+    module: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Name -> ``convert``-ed copy of every floating parameter and buffer of ``module`` (what
+    :func:`torch.func.functional_call` runs it with)."""
+    named = itertools.chain(module.named_parameters(), module.named_buffers())
+    return {n: convert(t.detach()) for n, t in named if t.is_floating_point()}
 
 
 def _native(
@@ -259,6 +254,7 @@ def _native(
 ) -> torch.Tensor | None:
     """Run a copy of ``module`` in ``dtype`` on the ``dtype``-cast inputs (None if unsupported):
     the device's own fp16/bf16 kernels."""
+    from opsnn_quant.probe.hooks import rerunning
     from opsnn_quant.tensors import first_tensor
 
     def cast(a: object) -> object:
@@ -269,10 +265,11 @@ def _native(
             return t.to(dtype)
         return a
 
-    shadow = _copy_with(module, lambda t: t.to(dtype)).to(dtype)
+    tensors = _converted(module, lambda t: t.to(dtype))
     try:
-        out = shadow(*(cast(a) for a in args))
-    except RuntimeError:  # an op without a CPU kernel in this dtype
+        with torch.no_grad(), rerunning():
+            out = torch.func.functional_call(module, tensors, tuple(cast(a) for a in args))
+    except RuntimeError:  # an op without a kernel in this dtype
         return None
     y = first_tensor(out)
     if y is None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
@@ -69,25 +73,20 @@ def macs_of(module: nn.Module, out: torch.Tensor) -> int:
     return 0
 
 
-HOOK_DICTS = (
-    "_forward_hooks",
-    "_forward_pre_hooks",
-    "_forward_hooks_with_kwargs",
-    "_forward_pre_hooks_with_kwargs",
-    "_forward_hooks_always_called",
-    "_backward_hooks",
-    "_backward_pre_hooks",
-)
+_RERUN: contextvars.ContextVar[bool] = contextvars.ContextVar("opsnn_quant_rerun", default=False)
 
 
-def hookless_memo(module: nn.Module) -> dict[int, object]:
-    """A ``copy.deepcopy`` memo that gives the copy of ``module`` (and of every submodule) empty
-    hook dicts: the copy runs without the probe's hooks (which would recurse), and the hooks'
-    bound state (the probe's accumulators) is never copied."""
-    memo: dict[int, object] = {}
-    for m in module.modules():
-        for attr in HOOK_DICTS:
-            hooks = m.__dict__.get(attr)
-            if hooks is not None:
-                memo[id(hooks)] = type(hooks)()
-    return memo
+@contextlib.contextmanager
+def rerunning() -> Iterator[None]:
+    """While a watched module is re-run (fp16/bf16) inside its own hook: every probe hook
+    stands aside (:func:`in_rerun`), so the re-run neither recurses nor adds statistics."""
+    token = _RERUN.set(True)
+    try:
+        yield
+    finally:
+        _RERUN.reset(token)
+
+
+def in_rerun() -> bool:
+    """True inside :func:`rerunning`."""
+    return _RERUN.get()

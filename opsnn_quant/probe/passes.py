@@ -25,7 +25,7 @@ from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.probe.findings import GeluWatch, SoftmaxWatch, attention_parts
 from opsnn_quant.probe.fp16 import Fp16Accumulator
-from opsnn_quant.probe.hooks import QUANTIZABLE, macs_of
+from opsnn_quant.probe.hooks import QUANTIZABLE, in_rerun, macs_of
 from opsnn_quant.probe.local import LocalProbe
 from opsnn_quant.recording import RootRecorder
 from opsnn_quant.tensors import first_tensor
@@ -174,11 +174,15 @@ def _run(forward_loop: ForwardLoop, model: nn.Module, hooks: HookSet) -> float:
 
 
 def _fp16_hook(acc: Fp16Accumulator, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:  # fmt: skip
+    if in_rerun():
+        return
     x = first_tensor(args) if args else first_tensor(kwargs)
     acc.update(module, x, first_tensor(out), args)
 
 
 def _collect_hook(lp: LocalProbe, macs: list[int], module: nn.Module, args: tuple, out: Any) -> None:  # fmt: skip
+    if in_rerun():
+        return
     x, y = first_tensor(args), first_tensor(out)
     if x is None or y is None:
         return
@@ -188,24 +192,34 @@ def _collect_hook(lp: LocalProbe, macs: list[int], module: nn.Module, args: tupl
 
 
 def _measure_hook(lp: LocalProbe, module: nn.Module, args: tuple, out: Any) -> None:
+    if in_rerun():
+        return
     y = first_tensor(out)
     if y is not None:
         lp.measure(args, y)
 
 
 def _keep_output(sw: SoftmaxWatch, attr: str, module: nn.Module, args: tuple, out: Any) -> None:
+    if in_rerun():
+        return
     setattr(sw, attr, first_tensor(out))
 
 
 def _close_attention(sw: SoftmaxWatch, module: nn.Module, args: tuple, out: Any) -> None:
+    if in_rerun():
+        return
     sw.close_call()
 
 
 def _gelu_of_proj(watch: GeluWatch, geglu: bool, module: nn.Module, args: tuple, out: torch.Tensor) -> None:  # fmt: skip
+    if in_rerun():
+        return
     watch.update(out.chunk(2, dim=-1)[1] if geglu else out)
 
 
 def _gelu_of_input(watch: GeluWatch, module: nn.Module, args: tuple, out: Any) -> None:
+    if in_rerun():
+        return
     watch.update(args[0])
 
 

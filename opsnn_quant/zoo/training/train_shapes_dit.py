@@ -42,7 +42,7 @@ from opsnn_quant.zoo.training.train_shapes import (
 logger = logging.getLogger("opsnn_quant.zoo.training.train_shapes_dit")
 
 DEFAULT_STEPS = 6000
-DEFAULT_ZOO = Path(__file__).parent / "weights"
+DEFAULT_ZOO = Path(__file__).parent.parent / "weights"
 # The pipeline appends max_sequence_length zero tokens without T5 (256 by default): training
 # covers every count up to this one.
 MAX_T5_TOKENS = 256
