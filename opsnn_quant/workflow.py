@@ -288,10 +288,19 @@ def _model_exports(
     """``export/ascendv1/`` and ``export/atc/`` from the quantized model (as ``recipe.exports``
     asks), with their notes in ``<dir>.notes.txt``; returns the notes."""
     from opsnn_quant.deploy.workflow_exports import write_model_exports
+    from opsnn_quant.policy.targets import get_target
 
     wanted = [f for f in recipe.exports if f in MODEL_EXPORTS]
+    notes = []
+    if "atc" in wanted and get_target(policy.target).route != "atc":
+        # ONNX exports cost ~25 s per demo UNet graph: only where ATC is the deployment route
+        wanted.remove("atc")
+        notes.append(
+            f"atc: {policy.target} does not deploy through ATC; no graphs written "
+            "(opsnn-quant export-weights OUT -f atc --data SRC writes them)"
+        )
     if not wanted:
-        return []
+        return notes
     calls = recorded.calls if recorded is not None else None
     if calls is None:  # no held-out data: one calibration batch gives the roots' inputs
         say("recording one call per root for the exports")
@@ -301,7 +310,7 @@ def _model_exports(
     if "atc" in wanted:
         say("loading the float model for the ATC graphs")
         float_model = load_recipe_model(recipe).model
-    return write_model_exports(
+    return notes + write_model_exports(
         adapter, policy, modules_from_report(report), calls, tmp / "export", wanted,
         float_model=float_model, say=say,
     )  # fmt: skip
