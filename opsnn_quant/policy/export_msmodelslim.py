@@ -105,27 +105,24 @@ def export_msmodelslim(
         spec = policy.spec_of(res)
         if not isinstance(spec, QuantSpec):
             continue
+        reason = None
         if modules[name] != "Linear":
-            notes.append(
-                f"{name} ({modules[name]}): msModelSlim's linear_quant quantizes nn.Linear only; stays float"
-            )
-            continue
-        if not scope(name):
-            notes.append(
-                f"{name}: multimodal_sd_modelslim_v1 quantizes the denoiser ({prefix}) only; stays float"
-            )
+            reason = "msModelSlim's linear_quant quantizes nn.Linear only; they stay float"
+        elif not scope(name):
+            reason = f"multimodal_sd_modelslim_v1 quantizes the denoiser ({prefix}) only; they stay float"
+        elif spec.precision == Precision.W8A8 and spec.observer != "minmax":
+            floats.setdefault(f"observer {spec.observer} -> msModelSlim's histogram method", [])
+            floats[f"observer {spec.observer} -> msModelSlim's histogram method"].append(name)
+        if reason is not None:
+            floats.setdefault(reason, []).append(name)
             continue
         qconfig = {"act": _act(spec), "weight": _WEIGHT}
         groups.setdefault(json.dumps(qconfig, sort_keys=True), (qconfig, []))[1].append(rel(name))
         if spec.smoothquant_alpha is not None:
             smooth.setdefault(str(spec.smoothquant_alpha), []).append(rel(name))
-        if spec.precision == Precision.W8A8 and spec.observer != "minmax":
-            floats.setdefault(f"observer {spec.observer}: msModelSlim's histogram method", [])
-            floats[f"observer {spec.observer}: msModelSlim's histogram method"].append(name)
     for reason, members in floats.items():
         shown = ", ".join(members[:3]) + (f", +{len(members) - 3}" if len(members) > 3 else "")
-        stays = "" if reason.startswith("observer") else "; they stay float"
-        notes.append(f"{len(members)} int8 module(s) ({shown}): {reason}{stays}")
+        notes.append(f"{len(members)} int8 module(s) ({shown}): {reason}")
     names = [rel(n) for n in linears]
     lines = _header(policy, prefix, notes)
     lines += ["spec:", "  process:"]
