@@ -118,7 +118,12 @@ def register(app: typer.Typer) -> None:
                 base,
                 cand,
                 s,
-                policy=policy_summary(candidate),
+                # our export sits in OUT/export/ascendv1: its policy (target) is OUT's
+                policy=policy_summary(
+                    candidate.parent.parent
+                    if ascendv1 and candidate.parent.name == "export"
+                    else candidate
+                ),
                 sensitivity=sensitivity,
                 progress=say,
                 latency=latency,

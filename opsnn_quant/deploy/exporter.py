@@ -90,7 +90,11 @@ def _source_keys(directory: Path) -> set[str] | None:
 def _copy_helpers(src: Path, dst: Path) -> None:
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
-        if path.is_dir() or path.name.endswith(WEIGHT_SUFFIXES) or path.name.endswith("index.json"):
+        if (
+            path.is_dir()
+            or path.name.endswith(WEIGHT_SUFFIXES)
+            or path.name.endswith(".index.json")
+        ):
             continue
         if path.name.startswith("quant_model_") or path.name == ".opsnn-quant.json":
             continue
