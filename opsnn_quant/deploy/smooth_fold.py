@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from opsnn_quant.quant.modules import QuantConv2d, QuantModule, set_submodule
-from opsnn_quant.recording import replay
+from opsnn_quant.recording import detached_copy, replay
 
 log = logging.getLogger(__name__)
 FOLD_TOLERANCE = 1e-4
@@ -155,7 +155,7 @@ def plan_folds(
             Fold(producer, smooth[consumers[0]], tuple(sorted(consumers)), tuple(siblings))
         )
     checked = []
-    errors = fold_errors(model, folds, roots)
+    errors = fold_errors(model, folds, _check_calls(model, folds, roots))
     for fold, err in zip(folds, errors, strict=True):
         if err is None or err <= FOLD_TOLERANCE:
             checked.append(fold)
@@ -230,12 +230,69 @@ def effective_bias(module: QuantModule[Any]) -> torch.Tensor | None:
     return (b * module.deq_scale.to(torch.float64)).to(torch.float32)
 
 
+def _scope(fold: Fold) -> str:
+    """The innermost module holding the producer and every module it feeds (a transformer
+    block, typically): where a fold's effect must vanish."""
+    names = [fold.producer, *fold.consumers, *fold.compensated]
+    parts = [n.split(".") for n in names]
+    common: list[str] = []
+    for column in zip(*parts, strict=False):
+        if len(set(column)) != 1:
+            break
+        common.append(column[0])
+    if len(common) == min(len(p) for p in parts):  # one name holds the others: its parent
+        common = common[:-1]
+    return ".".join(common)
+
+
+@torch.no_grad()
+def _check_calls(
+    model: nn.Module, folds: Sequence[Fold], roots: Mapping[str, Sequence[Call]]
+) -> list[dict[str, list[Call]]]:
+    """Per fold, the module whose output checks it and a call of it: the fold's scope (its first
+    call, captured in one replay of the roots), else the innermost root holding the producer."""
+    named = dict(model.named_modules())
+    scopes = {_scope(f) for f in folds}
+    captured: dict[str, Call] = {}
+
+    def hook(name: str) -> Callable[..., None]:
+        def take(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if name not in captured:
+                captured[name] = detached_copy((args, kwargs))
+
+        return take
+
+    handles = [named[n].register_forward_pre_hook(hook(n), with_kwargs=True)
+               for n in scopes if n and n in named]  # fmt: skip
+    try:
+        for root, calls in roots.items():
+            if (
+                calls
+                and root in named
+                and any(not root or n.startswith(f"{root}.") for n in scopes)
+            ):
+                replay(named[root], calls[0])
+    finally:
+        for h in handles:
+            h.remove()
+    out: list[dict[str, list[Call]]] = []
+    for fold in folds:
+        scope = _scope(fold)
+        if scope in captured:
+            out.append({scope: [captured[scope]]})
+        else:
+            root = _smallest_root(fold.producer, roots)
+            out.append({} if root is None else {root: list(roots[root])})
+    return out
+
+
 @torch.no_grad()
 def fold_errors(
-    model: nn.Module, folds: Sequence[Fold], roots: Mapping[str, Sequence[Call]]
+    model: nn.Module, folds: Sequence[Fold], checks: Sequence[Mapping[str, Sequence[Call]]]
 ) -> list[float | None]:
-    """Relative change of the roots' outputs when each fold is applied (alone) to a float twin of
-    ``model`` (its quantized modules as dequantized float ones); None when no root ran."""
+    """Relative change of each fold's check module output (``checks``: module -> calls, per fold)
+    when the fold is applied (alone) to a float twin of ``model`` (its quantized modules as
+    dequantized float ones); None when nothing ran."""
     if not folds:
         return []
     named = dict(model.named_modules())
@@ -243,8 +300,11 @@ def fold_errors(
     for n, m in quant.items():
         set_submodule(model, n, _float_twin(m).to(m.weight.device))
     try:
-        base = _run_roots(model, roots)
-        return [_apply_and_compare(model, fold, roots, base) if base else None for fold in folds]
+        out: list[float | None] = []
+        for fold, check in zip(folds, checks, strict=True):
+            base = _run_roots(model, check)
+            out.append(_apply_and_compare(model, fold, check, base) if base else None)
+        return out
     finally:
         for n, q in quant.items():
             set_submodule(model, n, q)
@@ -276,6 +336,13 @@ def _apply_and_compare(
         float((a - b).double().norm() / max(float(b.double().norm()), 1e-30))
         for a, b in zip(after, base, strict=True)
     )
+
+
+def _smallest_root(name: str, roots: Mapping[str, Sequence[Call]]) -> str | None:
+    """The innermost recorded root holding module ``name``: a fold changes nothing outside it
+    when it changes nothing in its output (one replay of an encoder, not of the whole model)."""
+    holding = [r for r, calls in roots.items() if calls and (not r or name.startswith(f"{r}."))]
+    return max(holding, key=len) if holding else None
 
 
 def _run_roots(model: nn.Module, roots: Mapping[str, Sequence[Call]]) -> list[torch.Tensor]:

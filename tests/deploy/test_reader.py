@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 import pytest
@@ -83,13 +84,27 @@ def test_a_directory_without_description_is_not_ascendv1(tmp_path):
         read_ascendv1(d)
 
 
-def test_evaluate_refuses_a_broken_candidate_in_one_line_and_writes_nothing(tmp_path, capsys):
-    bad = _broken(tmp_path, _deq_shape)
+def _no_description(t, d):
+    d.clear()  # written as {}, then removed below
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [(c[1], c[2]) for c in CASES] + [(_no_description, r"no quant_model_description\.json")],
+    ids=[c[0] for c in CASES] + ["no description"],
+)
+def test_evaluate_refuses_a_broken_candidate_in_one_line_and_writes_nothing(
+    tmp_path, capsys, change, message
+):
+    bad = _broken(tmp_path, change)
+    if change is _no_description:
+        (bad / "quant_model_description.json").unlink()
     out = tmp_path / "report"
     rc = main(["evaluate", "--candidate", str(bad), "--baseline", "zoo:shapes-t2i",
                "--suite", "shapes-t2i", "-o", str(out)])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and err[0].startswith("error: 0.deq_scale: shape [1]")
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: ")
+    assert re.search(message.lstrip("^"), err[0]), err[0]
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["bad"]
 
 
