@@ -26,7 +26,13 @@ from opsnn_quant.io import atomic_dir, check_output_dir
 from opsnn_quant.models import ModelAdapter, load_adapter
 from opsnn_quant.models.data import load_records
 from opsnn_quant.policy.baselines import naive_policy
-from opsnn_quant.policy.export import EXPORT_FILES, export_policy, modules_from_report, write_export
+from opsnn_quant.policy.export import (
+    EXPORT_FILES,
+    MODEL_EXPORTS,
+    export_policy,
+    modules_from_report,
+    write_export,
+)
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy
 from opsnn_quant.policy.summary import ModalitySummaryRow, summarize
@@ -133,6 +139,8 @@ def run_calibrate(
         _quantize_phase(adapter, policy, data, engine, seed, tmp, times, say)
         measured = _measure_phase(adapter, recorded, say) if engine == "opsnn" else {}
         notes = _export_phase(policy, report, recipe, tmp, say)
+        if engine == "opsnn":
+            notes += _model_exports(adapter, policy, report, recipe, data, recorded, tmp, say)
         rows = summarize(policy, report)
         verdict = None
         if acceptance is not None and engine == "opsnn":
@@ -260,10 +268,53 @@ def _export_phase(
     modules = modules_from_report(report)
     notes: list[str] = []
     for fmt in recipe.exports:
+        if fmt in MODEL_EXPORTS:
+            continue  # written from the quantized model: _model_exports
         result = export_policy(policy, fmt, modules)
         write_export(result, tmp / "export" / EXPORT_FILES[fmt])
         notes.extend(f"{fmt}: {n}" for n in result.notes)
     return notes
+
+
+def _model_exports(
+    adapter: ModelAdapter,
+    policy: PrecisionPolicy,
+    report: SensitivityReport,
+    recipe: Recipe,
+    data: _Data,
+    recorded: RecordedRoots | None,
+    tmp: Path,
+    say: Progress,
+) -> list[str]:
+    """``export/ascendv1/`` and ``export/atc/`` from the quantized model (as ``recipe.exports``
+    asks), with their notes in ``<dir>.notes.txt``; returns the notes."""
+    from opsnn_quant.deploy.workflow_exports import write_model_exports
+    from opsnn_quant.policy.targets import get_target
+
+    wanted = [f for f in recipe.exports if f in MODEL_EXPORTS]
+    notes = []
+    if "atc" in wanted and get_target(policy.target).route != "atc":
+        # ONNX exports cost ~25 s per demo UNet graph: only where ATC is the deployment route
+        wanted.remove("atc")
+        notes.append(
+            f"atc: {policy.target} does not deploy through ATC; no graphs written "
+            "(opsnn-quant export-weights OUT -f atc --data SRC writes them)"
+        )
+    if not wanted:
+        return notes
+    calls = recorded.calls if recorded is not None else None
+    if calls is None:  # no held-out data: one calibration batch gives the roots' inputs
+        say("recording one call per root for the exports")
+        batch = data.calibration[: max(1, int(recipe.settings_dict().get("batch_size", 1)))]
+        calls = record_roots(adapter, adapter.forward_loop(batch), 1, seed=recipe.seed).calls
+    float_model = None
+    if "atc" in wanted:
+        say("loading the float model for the ATC graphs")
+        float_model = load_recipe_model(recipe).model
+    return notes + write_model_exports(
+        adapter, policy, modules_from_report(report), calls, tmp / "export", wanted,
+        float_model=float_model, say=say,
+    )  # fmt: skip
 
 
 def _evaluate_into(

@@ -53,13 +53,14 @@ def _root(
 
 def _register() -> None:
     # Imported here so that `import opsnn_quant.cli` stays cheap and each group stays separate.
-    from opsnn_quant.cli import builtins, calibrate, demo, evaluate, policy
+    from opsnn_quant.cli import builtins, calibrate, demo, evaluate, export, policy
 
     calibrate.register(app)
     evaluate.register(app)
     policy.register(app)
     demo.register(app)
     builtins.register(app)
+    export.register(app)
 
 
 def _quiet_third_parties() -> None:

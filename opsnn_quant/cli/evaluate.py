@@ -16,7 +16,11 @@ def register(app: typer.Typer) -> None:
     @app.command("evaluate")
     def evaluate_cmd(
         candidate: Annotated[
-            Path, typer.Option(help="calibrate output directory (holds quant/) or a model source")
+            Path,
+            typer.Option(
+                help="calibrate output directory (holds quant/), an AscendV1 directory "
+                "(needs --baseline unless ours), or a model source"
+            ),
         ],
         suite: Annotated[str, typer.Option(help="suite YAML path or built-in name")],
         out: Annotated[Path, typer.Option("-o", "--out", help="report directory")],
@@ -55,6 +59,11 @@ def register(app: typer.Typer) -> None:
         import torch
 
         from opsnn_quant.backends.devices import resolve_device, resolve_dtype
+        from opsnn_quant.deploy.candidate import (
+            check_ascendv1_candidate,
+            looks_ascendv1,
+            recorded_source,
+        )
         from opsnn_quant.errors import ConfigError
         from opsnn_quant.evaluation.evaluate import (
             cast_adapter,
@@ -82,7 +91,16 @@ def register(app: typer.Typer) -> None:
         if target is not None:
             get_target(target)
         s = load_suite(suite)
-        if (candidate / "quant").is_dir():
+        ascendv1 = looks_ascendv1(candidate)
+        if ascendv1:  # checked whole (every header, every tensor's contract) before any output
+            check_ascendv1_candidate(candidate)
+            source = baseline or recorded_source(candidate)
+            if not source:
+                raise ConfigError(
+                    f"{candidate} is an AscendV1 directory: pass --baseline, the float model "
+                    "it was quantized from"
+                )
+        elif (candidate / "quant").is_dir():
             source = baseline or read_description(candidate / "quant").get("source_model")
         else:
             source = baseline or str(candidate)
@@ -90,7 +108,9 @@ def register(app: typer.Typer) -> None:
         check_output_dir(out, OUTPUT_KIND, force=force, inputs=inputs)
         with _ui.phases(quiet) as say:
             say("loading models")
-            cand, sensitivity = load_candidate(candidate, device=device, dtype=dtype)
+            cand, sensitivity = load_candidate(
+                candidate, device=device, dtype=dtype, baseline=str(source) if ascendv1 else None
+            )
             if candidate_dtype == "float16":
                 cast_adapter(cand, torch.float16)
             base = load_adapter(guess_family(str(source)), str(source), device=device, dtype=dtype)
@@ -98,11 +118,18 @@ def register(app: typer.Typer) -> None:
                 base,
                 cand,
                 s,
-                policy=policy_summary(candidate),
+                # our export sits in OUT/export/ascendv1: its policy (target) is OUT's
+                policy=policy_summary(
+                    candidate.parent.parent
+                    if ascendv1 and candidate.parent.name == "export"
+                    else candidate
+                ),
                 sensitivity=sensitivity,
                 progress=say,
                 latency=latency,
                 target=target,
+                # an AscendV1 model runs the engines' int8 arithmetic, not plain eager float
+                candidate_backend=f"{resolve_device(device).type}-reference" if ascendv1 else None,
             )
             write_report(
                 report,

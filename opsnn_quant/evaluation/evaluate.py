@@ -333,17 +333,43 @@ def policy_summary(out_dir: Path) -> dict[str, Any] | None:
 
 
 def load_candidate(
-    out_dir: Path, family: str | None = None, *, device: str = "cpu", dtype: str = "float32"
+    out_dir: Path,
+    family: str | None = None,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    baseline: str | None = None,
 ) -> tuple[ModelAdapter, SensitivityReport | None]:
-    """The candidate: a calibrate output directory (float source + ``quant/``) or a model source.
+    """The candidate: a calibrate output directory (float source + ``quant/``), an AscendV1
+    directory (ours or msModelSlim's: :mod:`opsnn_quant.deploy.candidate`), or a model source.
 
     A model source (``zoo:<name>`` or a model directory without ``quant/``) is loaded as is,
-    e.g. to evaluate the float model cast to fp16.
+    e.g. to evaluate the float model cast to fp16. An AscendV1 directory is loaded into the float
+    ``baseline`` (default: the source our export recorded), its quantized Linears running the
+    engines' arithmetic.
+
+    Raises:
+        ConfigError: an AscendV1 directory without a known float model (pass ``baseline``).
+        AscendV1Error: an AscendV1 directory that breaks the format's contract.
     """
+    from opsnn_quant.deploy.candidate import (
+        load_ascendv1_candidate,
+        looks_ascendv1,
+        recorded_source,
+    )
     from opsnn_quant.models import guess_family, load_adapter
     from opsnn_quant.probe.report import SensitivityReport
     from opsnn_quant.quant.checkpoint import load_quantized, read_description
 
+    if looks_ascendv1(out_dir):
+        float_source = baseline or recorded_source(out_dir)
+        if not float_source:
+            raise ConfigError(
+                f"{out_dir} is an AscendV1 directory: pass --baseline, the float model it was "
+                "quantized from"
+            )
+        loaded = load_ascendv1_candidate(out_dir, float_source, family, device=device, dtype=dtype)
+        return loaded, None
     if not (out_dir / "quant").is_dir():
         source = str(out_dir)
         return load_adapter(

@@ -15,6 +15,12 @@ Formats and the manuals they follow:
   ``amct_pytorch/config/fields.py`` and ``amct_pytorch/config/parser.py`` of that repository).
 * ``atc-keep-dtype``, ``atc-customize-dtypes``, ``atc-modify-mixlist``: see
   :mod:`opsnn_quant.policy.export_atc`.
+* ``msmodelslim-v1``: msModelSlim's one-click ``modelslim_v1`` YAML, see
+  :mod:`opsnn_quant.policy.export_msmodelslim`.
+
+:data:`MODEL_EXPORTS` (``ascendv1``, ``atc``) are written from the quantized model, not from a
+policy (:mod:`opsnn_quant.deploy`): ``calibrate`` writes them into ``export/`` as a recipe's
+``exports`` asks, ``opsnn-quant export-weights`` from a calibrate output.
 """
 
 from __future__ import annotations
@@ -48,8 +54,11 @@ EXPORT_FILES: dict[str, str] = {
     "atc-keep-dtype": "atc_keep_dtype.cfg",
     "atc-customize-dtypes": "atc_customize_dtypes.cfg",
     "atc-modify-mixlist": "atc_modify_mixlist.json",
+    "msmodelslim-v1": "msmodelslim_v1.yaml",
 }
-FORMATS: tuple[str, ...] = tuple(EXPORT_FILES)
+# Exports of the quantized model (directories under export/), by opsnn_quant.deploy.
+MODEL_EXPORTS: dict[str, str] = {"ascendv1": "ascendv1", "atc": "atc"}
+FORMATS: tuple[str, ...] = (*EXPORT_FILES, *MODEL_EXPORTS)
 # Layer types AMCT's PyTorch PTQ can quantize (Linear, Conv2d, Conv3d, ConvTranspose2d per the
 # AMCT manual's quantizable-layer tables); every one the policy keeps float goes to skip_layers.
 AMCT_QUANT_TYPES = frozenset({"Linear", "Conv2d", "Conv3d", "ConvTranspose2d"})
@@ -279,6 +288,15 @@ def export_policy(
     if fmt in export_atc.ATC_FORMATS:
         resolved = _resolve(policy, modules)
         return export_atc.export_atc(fmt, policy, resolved, modules, node_map, node_io, op_types)
+    if fmt == "msmodelslim-v1":
+        from opsnn_quant.policy.export_msmodelslim import export_msmodelslim
+
+        return export_msmodelslim(policy, _resolve(policy, modules), modules)
+    if fmt in MODEL_EXPORTS:
+        raise ConfigError(
+            f"{fmt} is written from the quantized model, not a policy: "
+            f"opsnn-quant export-weights OUT -f {fmt}"
+        )
     raise ConfigError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
 
 

@@ -1,0 +1,24 @@
+"""Deployable outputs: AscendV1 weights for MindIE / vLLM-Ascend / SGLang, a consumer that runs
+them with the engines' arithmetic, and the ATC/AOE command lines.
+
+* :func:`export_ascendv1` writes ``export/ascendv1/`` from a quantized model.
+* :func:`read_ascendv1` checks an AscendV1 directory (ours or msModelSlim's) against the tensor
+  contract (:mod:`opsnn_quant.deploy.contract`); :func:`apply_ascendv1` loads it into a float
+  model, its quantized Linears as :class:`AscendV1Linear` (the engines' formulas).
+"""
+
+from opsnn_quant.deploy.consumer import AscendV1Linear, apply_ascendv1
+from opsnn_quant.deploy.contract import AscendV1Error
+from opsnn_quant.deploy.exporter import AscendV1Export, export_ascendv1
+from opsnn_quant.deploy.reader import AscendV1Checkpoint, is_ascendv1_dir, read_ascendv1
+
+__all__ = [
+    "AscendV1Checkpoint",
+    "AscendV1Error",
+    "AscendV1Export",
+    "AscendV1Linear",
+    "apply_ascendv1",
+    "export_ascendv1",
+    "is_ascendv1_dir",
+    "read_ascendv1",
+]

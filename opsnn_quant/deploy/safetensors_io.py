@@ -1,0 +1,223 @@
+"""Safetensors files read safely (header first, bounded, never unpickled) and written in shards.
+
+A safetensors file is an 8-byte little-endian header length ``N``, ``N`` bytes of JSON
+(``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}``), then the
+data (https://github.com/huggingface/safetensors, "Format"). :func:`read_header` checks all of it
+from the header alone: a huge or malformed header is refused before anything else is read, and
+tensors are then read one at a time through ``safetensors.safe_open`` (memory-mapped).
+
+Sharding follows msModelSlim's ``BufferedSafetensorsWriter`` / ``get_index_json``
+(``msmodelslim/core/quant_service/modelslim_v1/save/utils/safetensors.py``): shards
+``<prefix>-{i:05d}-of-{N:05d}.safetensors`` and ``<prefix>.safetensors.index.json`` =
+``{"metadata": {"total_size": bytes}, "weight_map": {tensor: shard}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from opsnn_quant.deploy.contract import AscendV1Error
+
+# safetensors itself refuses headers over 100 MB (MAX_HEADER_SIZE in its Rust source).
+MAX_HEADER_BYTES = 100_000_000
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
+TensorInfo = tuple[torch.dtype, tuple[int, ...]]
+
+
+def read_header(path: Path, max_header_bytes: int = MAX_HEADER_BYTES) -> dict[str, TensorInfo]:
+    """Tensor name -> (dtype, shape) from a safetensors header, every entry checked.
+
+    Only the first ``8 + N`` bytes are read, after ``N`` is checked against ``max_header_bytes``
+    and the file size.
+
+    Raises:
+        AscendV1Error: unreadable file, a header too large or malformed, an unknown dtype, or data
+            offsets that do not fit the file or the tensor's size.
+    """
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise AscendV1Error(f"{path}: not a safetensors file (shorter than 8 bytes)")
+            (n,) = struct.unpack("<Q", head)
+            if n > max_header_bytes or n > size - 8:
+                raise AscendV1Error(
+                    f"{path}: safetensors header of {n} bytes refused (limit "
+                    f"{min(max_header_bytes, size - 8)} for this {size}-byte file)"
+                )
+            raw = f.read(n)
+    except OSError as exc:
+        raise AscendV1Error(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AscendV1Error(f"{path}: safetensors header is not valid JSON") from exc
+    if not isinstance(header, dict):
+        raise AscendV1Error(f"{path}: safetensors header is not a JSON object")
+    data_bytes = size - 8 - n
+    out: dict[str, TensorInfo] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        out[name] = _entry(path, name, entry, data_bytes)
+    return out
+
+
+def _entry(path: Path, name: str, entry: object, data_bytes: int) -> TensorInfo:
+    if not isinstance(entry, dict):
+        raise AscendV1Error(f"{path}: header entry {name!r} is not an object")
+    dtype = DTYPES.get(str(entry.get("dtype")))
+    if dtype is None:
+        raise AscendV1Error(f"{path}: tensor {name} has unsupported dtype {entry.get('dtype')!r}")
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise AscendV1Error(f"{path}: tensor {name} has a malformed shape {shape!r}")
+    ok = (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(isinstance(o, int) for o in offsets)
+        and 0 <= offsets[0] <= offsets[1] <= data_bytes
+    )
+    if not ok:
+        raise AscendV1Error(f"{path}: tensor {name} has data offsets {offsets!r} outside the file")
+    assert isinstance(offsets, list)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if offsets[1] - offsets[0] != math.prod(shape) * itemsize:
+        raise AscendV1Error(f"{path}: tensor {name}: data size does not match its shape and dtype")
+    return dtype, tuple(shape)
+
+
+class TensorFiles:
+    """The tensors of a set of safetensors files: names -> file, header info, lazy reads.
+
+    Attributes:
+        info: tensor name -> (dtype, shape).
+        files: tensor name -> the file holding it.
+    """
+
+    def __init__(self, files: Mapping[str, Path], info: Mapping[str, TensorInfo]) -> None:
+        self.files = dict(files)
+        self.info = dict(info)
+
+    def load(self, name: str) -> torch.Tensor:
+        """One tensor, read from its file (memory-mapped, nothing else is read)."""
+        from safetensors import SafetensorError, safe_open
+
+        path = self.files[name]
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                return f.get_tensor(name)
+        except (SafetensorError, OSError) as exc:
+            raise AscendV1Error(f"{path}: cannot read tensor {name}: {exc}") from exc
+
+
+def open_tensor_files(directory: Path, index: Path | None, files: list[Path]) -> TensorFiles:
+    """Read a sharded set (``index``) or a list of safetensors files, checking every header.
+
+    Raises:
+        AscendV1Error: an index naming a missing shard or a tensor its shard lacks, a tensor in
+            two files, or any header error of :func:`read_header`.
+    """
+    where: dict[str, Path] = {}
+    info: dict[str, TensorInfo] = {}
+    if index is not None:
+        weight_map = _weight_map(index)
+        headers: dict[str, dict[str, TensorInfo]] = {}
+        for name, shard in sorted(weight_map.items()):
+            path = directory / shard
+            if shard not in headers:
+                if "/" in shard or shard.startswith(".") or not path.is_file():
+                    raise AscendV1Error(f"{index.name}: shard {shard!r} of {name} not found")
+                headers[shard] = read_header(path)
+            if name not in headers[shard]:
+                raise AscendV1Error(f"{name}: named in {index.name} but not in {shard}")
+            where[name], info[name] = path, headers[shard][name]
+        for shard, header in headers.items():
+            extra = sorted(set(header) - set(weight_map))
+            if extra:
+                raise AscendV1Error(f"{extra[0]}: in {shard} but not in {index.name}")
+        return TensorFiles(where, info)
+    for path in files:
+        for name, entry in read_header(path).items():
+            if name in where:
+                raise AscendV1Error(f"{name}: in both {where[name].name} and {path.name}")
+            where[name], info[name] = path, entry
+    return TensorFiles(where, info)
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    try:
+        doc = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AscendV1Error(f"{index}: not a readable JSON index") from exc
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise AscendV1Error(f"{index}: 'weight_map' must map tensor names to shard file names")
+    return weight_map
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes of a tensor's data."""
+    return t.numel() * t.element_size()
+
+
+def write_tensors(
+    tensors: Mapping[str, torch.Tensor], directory: Path, prefix: str, shard_bytes: int | None
+) -> list[str]:
+    """Write ``tensors`` as ``<prefix>.safetensors``, or in shards of at most ``shard_bytes``.
+
+    With ``shard_bytes`` (msModelSlim's ``part_file_size``, in bytes) the shard files and the
+    index are always written, even for one shard (as ``BufferedSafetensorsWriter`` does); a
+    shard closes when the next tensor would reach the limit. ``None``: one file, no index.
+    Tensors are written in sorted name order, so equal inputs give equal bytes.
+
+    Returns:
+        The file names written.
+    """
+    from safetensors.torch import save_file
+
+    names = sorted(tensors)
+    if shard_bytes is None:
+        save_file({n: tensors[n].contiguous() for n in names}, str(directory / f"{prefix}.safetensors"),
+                  metadata={"format": "pt"})  # fmt: skip
+        return [f"{prefix}.safetensors"]
+    groups: list[list[str]] = [[]]
+    used = 0
+    for name in names:
+        size = tensor_bytes(tensors[name])
+        if groups[-1] and used + size >= shard_bytes:
+            groups.append([])
+            used = 0
+        groups[-1].append(name)
+        used += size
+    total = len(groups)
+    width = 5 if total <= 99999 else 0
+    weight_map: dict[str, str] = {}
+    written = []
+    for i, group in enumerate(groups, 1):
+        shard = f"{prefix}-{i:0{width}d}-of-{total:0{width}d}.safetensors"
+        save_file({n: tensors[n].contiguous() for n in group}, str(directory / shard),
+                  metadata={"format": "pt"})  # fmt: skip
+        weight_map.update(dict.fromkeys(group, shard))
+        written.append(shard)
+    index = {
+        "metadata": {"total_size": sum(tensor_bytes(t) for t in tensors.values())},
+        "weight_map": weight_map,
+    }
+    (directory / f"{prefix}.safetensors.index.json").write_text(
+        json.dumps(index, indent=2) + "\n", encoding="utf-8"
+    )
+    return [*written, f"{prefix}.safetensors.index.json"]

@@ -1,0 +1,120 @@
+"""SmoothQuant factors in the AscendV1 export: folded into the producer, or the module refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from opsnn_quant.deploy import apply_ascendv1, export_ascendv1, read_ascendv1
+from opsnn_quant.quant.api import quantize
+from opsnn_quant.quant.spec import QuantSpec
+from opsnn_quant.recording import replay
+from tests.tiny_models import TinyAttention, forward_loop_for
+
+
+class Stub:
+    """The two adapter attributes the exporter reads."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model, self.model_id = model, "tiny"
+
+
+def _export(model: nn.Module, tmp: Path, inputs: tuple) -> tuple[dict, Path]:
+    out = tmp / "av1"
+    source = tmp / "src"
+    source.mkdir(exist_ok=True)
+    (source / "config.json").write_text("{}")
+    calls = {"": [(inputs, {})]}
+    export_ascendv1(Stub(model), out, calls=calls, source_dir=source)  # type: ignore[arg-type]
+    return json.loads((out / "quant_model_description.json").read_text()), out
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).detach().norm() / b.detach().norm())
+
+
+def test_a_norms_only_consumer_is_folded_and_shared_or_functional_inputs_are_refused(tmp_path):
+    s = 0.5
+    specs = {"ff1": QuantSpec("w8a8", smoothquant_alpha=s), "ff2": QuantSpec("w8a8", smoothquant_alpha=s),
+             "to_q": QuantSpec("w8a8", smoothquant_alpha=s), "to_k": QuantSpec("w8a8"),
+             "to_v": QuantSpec("w8a8_dynamic", smoothquant_alpha=s), "to_out": QuantSpec("w8a16")}  # fmt: skip
+    model = TinyAttention()
+    quantize(model, specs, forward_loop_for(model))
+    x = model.example_inputs(seed=7)
+    desc, out = _export(model, tmp_path, x)
+    meta = desc["metadata"]["opsnn_quant"]
+    assert meta["smoothquant_folded_into"] == {"ff1": "norm2"}
+    floats = meta["exported_float"]
+    assert set(floats) == {"ff2", "to_q", "to_v"}
+    assert "not the output of one module" in floats["ff2"]  # F.gelu is no module
+    assert "norm1 also feeds to_k (QuantLinear), which needs its input as is" in floats["to_q"]
+    assert {desc["ff1.weight"], desc["to_k.weight"], desc["to_out.weight"]} == {"W8A8", "W8A16"}
+    # norm-linear fold (msModelSlim subgraph_fusion.py): the norm's weight and bias / s_j
+    ckpt = read_ascendv1(out)
+    factor = model.ff1.input_quantizer.smooth.double()
+    fresh = TinyAttention()
+    for p in ("weight", "bias"):
+        want = (getattr(fresh.norm2, p).double() / factor).float()
+        assert torch.equal(ckpt.load(f"norm2.{p}"), want)
+    # ff1 keeps our int8 weight and takes the per-tensor part of our multiplier
+    assert torch.equal(ckpt.load("ff1.weight"), model.ff1.weight)
+    assert torch.equal(ckpt.load("ff1.input_scale"), model.ff1.input_quantizer.scale.reshape(1))
+    consumer = apply_ascendv1(fresh, ckpt)
+    ours = replay(model, (x, {}))
+    got = replay(consumer, (x, {}))
+    assert _rel(got, ours) < 0.02
+    # without the fold the exported ff1 would quantize x instead of x / s: far off
+    unfolded = apply_ascendv1(TinyAttention(), ckpt)
+    unfolded.norm2.load_state_dict(TinyAttention().norm2.state_dict())
+    assert _rel(replay(unfolded, (x, {})), ours) > 5 * _rel(got, ours)
+
+
+class ResidualUse(nn.Module):
+    """The norm's output also joins a residual sum: no module hook sees that use."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.norm = nn.LayerNorm(16)
+        self.fc = nn.Linear(16, 16)
+        self.side = nn.Linear(16, 16)  # float, compensated when folded
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        return self.fc(h) + h + 0 * self.side(x)
+
+
+class FloatSibling(ResidualUse):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        return self.fc(h) + self.side(h)
+
+
+def _quantized(cls: type[nn.Module]) -> tuple[nn.Module, tuple]:
+    m = cls()
+    xs = [(torch.randn(4, 16) * torch.linspace(0.1, 8, 16),) for _ in range(3)]
+    quantize(m, {"fc": QuantSpec("w8a8", smoothquant_alpha=0.5)}, lambda mm: [mm(*x) for x in xs])
+    return m, xs[0]
+
+
+def test_a_fold_that_changes_the_output_is_refused_by_the_numerical_check(tmp_path):
+    model, x = _quantized(ResidualUse)
+    desc, _ = _export(model, tmp_path, x)
+    reason = desc["metadata"]["opsnn_quant"]["exported_float"]["fc"]
+    assert "folding into norm changes the model's output" in reason
+    assert desc["fc.weight"] == "FLOAT"
+
+
+def test_a_float_linear_sharing_the_norm_absorbs_the_factor_in_its_columns(tmp_path):
+    model, x = _quantized(FloatSibling)
+    desc, out = _export(model, tmp_path, x)
+    assert desc["metadata"]["opsnn_quant"]["smoothquant_folded_into"] == {"fc": "norm"}
+    ckpt = read_ascendv1(out)
+    factor = model.fc.input_quantizer.smooth.double()
+    want = (FloatSibling().side.weight.double() * factor.reshape(1, -1)).float()
+    assert torch.equal(ckpt.load("side.weight"), want)
+    consumer = apply_ascendv1(FloatSibling(), ckpt)
+    assert _rel(replay(consumer, (x, {})), replay(model, (x, {}))) < 0.02

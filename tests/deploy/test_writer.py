@@ -1,0 +1,81 @@
+"""The AscendV1 writer: input scales the engines invert exactly, W4A16 modules, determinism."""
+
+from __future__ import annotations
+
+import copy
+import json
+import struct
+from types import SimpleNamespace
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from opsnn_quant.deploy import apply_ascendv1, export_ascendv1, read_ascendv1
+from opsnn_quant.deploy.writer import component_export, engine_input_scale
+from opsnn_quant.quant.api import quantize
+from opsnn_quant.quant.spec import QuantSpec
+from tests.deploy.test_smooth_fold import Stub
+from tests.tiny_models import TinyAttention, forward_loop_for
+
+
+def _f32(bits: int) -> torch.Tensor:
+    return torch.tensor([struct.unpack("<f", struct.pack("<I", bits))[0]], dtype=torch.float32)
+
+
+def test_engine_input_scale_is_the_fp32_number_whose_reciprocal_is_our_multiplier():
+    scale, exact = engine_input_scale(torch.tensor([4.0]))
+    assert exact and scale.item() == 0.25
+    # 1/0.1 in fp32: its reciprocal rounds back to fp32(0.1) exactly
+    inv = torch.tensor([1.0], dtype=torch.float32) / torch.tensor([0.1], dtype=torch.float32)
+    scale, exact = engine_input_scale(inv)
+    assert exact and torch.equal(1.0 / scale, inv)
+    # 0x3FFFFFFF (1.99999988): 1/x for x in fp32 near 0.5 jumps over it (no preimage)
+    inv = _f32(0x3FFFFFFF)
+    scale, exact = engine_input_scale(inv)
+    assert not exact and abs(float(1.0 / scale) - float(inv)) <= 2 * 1.2e-7
+
+
+def test_a_w4a16_module_is_written_per_group_and_read_back(tmp_path):
+    # QuantLinear cannot be W4A16 yet: a frozen W8A16 module stands in, holding int4 values and
+    # per-group scales (n, k / 32) as a W4A16 QuantLinear will (int8 values, scale per group)
+    torch.manual_seed(0)
+    holder = nn.Module()
+    holder.fc = nn.Linear(64, 8, bias=False)
+    quantize(holder, {"fc": QuantSpec("w8a16")})
+    m = holder.fc
+    values = torch.randint(-8, 8, (8, 64), dtype=torch.int8)
+    scale = torch.rand(8, 2) + 0.5
+    m.weight = values
+    m.weight_quantizer.scale = scale
+    m.spec = SimpleNamespace(precision="w4a16", output_dtype="float16", static_activations=False)
+    export = component_export(holder, folds=[], refused={}, source_keys=None)
+    assert export.description["fc.weight"] == "W4A16" and export.description["group_size"] == 32
+    assert tuple(export.tensors["fc.weight"].shape) == (4, 64)  # per group: [n / 2, k]
+    d = tmp_path / "w4"
+    d.mkdir()
+    save_file(export.tensors, str(d / "quant_model_weights.safetensors"))
+    (d / "quant_model_description.json").write_text(json.dumps(export.description))
+    fresh = nn.Module()
+    fresh.fc = nn.Linear(64, 8, bias=False)
+    apply_ascendv1(fresh, read_ascendv1(d))
+    x = torch.randn(3, 64)
+    w = values.float() * scale.repeat_interleave(32, dim=1)
+    assert torch.allclose(fresh.fc(x), x @ w.t(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_same_model_gives_byte_identical_files(tmp_path):
+    model = TinyAttention()
+    quantize(model, {"*": QuantSpec("w8a8", smoothquant_alpha=0.5)}, forward_loop_for(model))
+    twin = copy.deepcopy(model)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text('{"a": 1}')
+    calls = {"": [(model.example_inputs(seed=9), {})]}
+    for name, m in (("a", model), ("b", twin)):
+        export_ascendv1(Stub(m), tmp_path / name, calls=calls, source_dir=src)  # type: ignore[arg-type]
+    files = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert files == [".opsnn-quant.json", "config.json", "quant_model_description.json",
+                     "quant_model_weights.safetensors"]  # fmt: skip
+    for name in files:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
