@@ -50,10 +50,17 @@ class PipelineSpec:
     Attributes:
         task: ``t2i`` or ``t2v``.
         prediction: what the transformer predicts (words for reports).
+        keep_float: submodules of each transformer that must stay floating point, mapped to
+            ``other`` (no root, so no end-to-end estimate, so the policy never makes them
+            int8). Wan's time embedding reads the dtype of its first parameter on every call
+            (``WanTimeTextImageEmbedding.forward``), and a frozen int8 Linear holds its weight
+            as a buffer: with both Linears int8 it has no parameter left and the call fails.
+            It runs on one [batch, 256] vector per step: keeping it float costs nothing.
     """
 
     task: str
     prediction: str
+    keep_float: tuple[str, ...] = ()
 
 
 PIPELINES: dict[str, PipelineSpec] = {
@@ -61,7 +68,7 @@ PIPELINES: dict[str, PipelineSpec] = {
     "FluxPipeline": PipelineSpec("t2i", "velocity"),
     "PixArtAlphaPipeline": PipelineSpec("t2i", "noise"),
     "PixArtSigmaPipeline": PipelineSpec("t2i", "noise"),
-    "WanPipeline": PipelineSpec("t2v", "velocity"),
+    "WanPipeline": PipelineSpec("t2v", "velocity", ("condition_embedder.time_embedder",)),
 }
 
 
@@ -157,6 +164,16 @@ class DiffusersDiTAdapter(DiffusersAdapter):
             out["clean_caption"] = False
             sample_size = self.pipe.transformer.config.sample_size
             out["use_resolution_binning"] = sample_size in PIXART_BINNED_SIZES
+        return out
+
+    def modalities(self) -> dict[str, Modality]:
+        """The shared ones, with the spec's ``keep_float`` submodules as ``other``."""
+        out = super().modalities()
+        names = {n for n, _ in self.model.named_modules()}
+        for denoiser in self.denoisers:
+            for sub in self.spec.keep_float:
+                if f"{denoiser}.{sub}" in names:
+                    out[f"{denoiser}.{sub}"] = Modality.OTHER
         return out
 
     def stages(self) -> dict[str, str]:
