@@ -38,9 +38,12 @@ COMPONENTS = (
     "transformer_2",
     "vae",
 )
-# PixArt's aspect-ratio bins exist for these latent sizes only (256/512/1024/2048 px
-# checkpoints); the pipeline refuses binning for any other.
-PIXART_BINNED_SIZES = (32, 64, 128, 256)
+# The latent sizes (transformer sample_size) PixArt's aspect-ratio bins exist for (256/512/1024
+# px checkpoints, Sigma also 2048); the pipeline refuses binning for any other.
+PIXART_BINNED_SIZES = {
+    "PixArtAlphaPipeline": (32, 64, 128),
+    "PixArtSigmaPipeline": (32, 64, 128, 256),
+}
 
 
 @dataclass(frozen=True)
@@ -86,13 +89,17 @@ def pipeline_spec(source: str, index: dict[str, Any]) -> tuple[str, PipelineSpec
             f"{source} is a {cls} whose denoiser is a UNet, not a transformer: "
             "use family diffusers-sd"
         )
+    return cls, _spec_of(source, cls)
+
+
+def _spec_of(source: str, cls: str) -> PipelineSpec:
     spec = PIPELINES.get(cls)
     if spec is None:
         raise ModelLoadError(
             f"{source} is a {cls}, which the diffusers-dit family does not support; "
             f"supported: {', '.join(sorted(PIPELINES))}"
         )
-    return cls, spec
+    return spec
 
 
 def _check_settings(source: str, cls: str, spec: PipelineSpec, settings: DiTSettings) -> None:
@@ -116,12 +123,7 @@ class DiffusersDiTAdapter(DiffusersAdapter):
     def __init__(self, pipe: Any, model_id: str, settings: DiTSettings | None = None) -> None:
         super().__init__(pipe, model_id, settings or DiTSettings())
         self.pipeline_class = type(pipe).__name__
-        spec = PIPELINES.get(self.pipeline_class)
-        if spec is None:
-            raise ModelLoadError(
-                f"{model_id} is a {self.pipeline_class}, which the diffusers-dit family does "
-                f"not support; supported: {', '.join(sorted(PIPELINES))}"
-            )
+        spec = _spec_of(model_id, self.pipeline_class)
         if spec.task != self.task:
             raise ModelLoadError(
                 f"{model_id} is a {spec.task} pipeline: build it with DiffusersDiTVideoAdapter "
@@ -131,6 +133,10 @@ class DiffusersDiTAdapter(DiffusersAdapter):
         _check_settings(model_id, self.pipeline_class, spec, self.settings)
         if "transformer" not in self.children():
             raise ModelLoadError(f"{model_id} has no transformer: not a diffusers-dit pipeline")
+        names = {n for n, _ in self.model.named_modules()}
+        self._keep_float = [
+            f"{d}.{sub}" for d in self.denoisers for sub in spec.keep_float if f"{d}.{sub}" in names
+        ]
 
     @classmethod
     def load(
@@ -158,22 +164,18 @@ class DiffusersDiTAdapter(DiffusersAdapter):
         out: dict[str, Any] = {}
         if self.settings.max_sequence_length is not None:
             out["max_sequence_length"] = self.settings.max_sequence_length
-        if self.pipeline_class.startswith("PixArt"):
+        if self.pipeline_class in PIXART_BINNED_SIZES:
             # Caption cleaning runs only where bs4 and ftfy are installed: the same recipe
             # would calibrate on different text from one host to the next.
             out["clean_caption"] = False
             sample_size = self.pipe.transformer.config.sample_size
-            out["use_resolution_binning"] = sample_size in PIXART_BINNED_SIZES
+            out["use_resolution_binning"] = sample_size in PIXART_BINNED_SIZES[self.pipeline_class]
         return out
 
     def modalities(self) -> dict[str, Modality]:
         """The shared ones, with the spec's ``keep_float`` submodules as ``other``."""
         out = super().modalities()
-        names = {n for n, _ in self.model.named_modules()}
-        for denoiser in self.denoisers:
-            for sub in self.spec.keep_float:
-                if f"{denoiser}.{sub}" in names:
-                    out[f"{denoiser}.{sub}"] = Modality.OTHER
+        out.update(dict.fromkeys(self._keep_float, Modality.OTHER))
         return out
 
     def stages(self) -> dict[str, str]:

@@ -276,3 +276,19 @@ def test_guess_family_of_zoo_names():
     assert guess_family("zoo:shapes-dit") == "diffusers-dit"
     assert guess_family("zoo:shapes-t2i") == "diffusers-sd"
     assert guess_family("zoo:whisper-tiny.en") == "whisper"
+
+
+def test_pixart_encodes_raw_captions_and_bins_only_where_the_checkpoint_has_bins(pipes):
+    # The real checkpoints' latent sizes: 128 (1024 px) has bins for alpha and sigma, 256
+    # (2048 px) for sigma only; the tiny pipeline's 8 has none (the pipeline would refuse).
+    for name, sizes in (
+        ("pixart", {8: False, 128: True, 256: False}),
+        ("pixart-sigma", {256: True}),
+    ):
+        adapter = _load(pipes, name, steps=1)
+        for sample_size, binned in sizes.items():
+            adapter.pipe.transformer.register_to_config(sample_size=sample_size)
+            kwargs = adapter.extra_call_kwargs()
+            assert kwargs["use_resolution_binning"] is binned, (name, sample_size)
+            assert kwargs["clean_caption"] is False and kwargs["max_sequence_length"] == 16
+    assert "clean_caption" not in _load(pipes, "sd3", steps=1).extra_call_kwargs()
