@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.io import read_text
-from opsnn_quant.models.settings import SDSettings, WhisperSettings
+from opsnn_quant.models.settings import DiTSettings, SDSettings, WhisperSettings
 from opsnn_quant.policy.budget import Budget
 from opsnn_quant.policy.export import FORMATS
 from opsnn_quant.policy.targets import TARGETS
@@ -50,6 +50,13 @@ class SDModel(_ModelBase):
     settings: SDSettings = Field(default_factory=SDSettings)
 
 
+class DiTModel(_ModelBase):
+    """A diffusers pipeline whose denoiser is a transformer (SD3, FLUX, PixArt, Wan)."""
+
+    family: Literal["diffusers-dit"]
+    settings: DiTSettings = Field(default_factory=DiTSettings)
+
+
 class WhisperModel(_ModelBase):
     """A transformers Whisper model and its decoding settings."""
 
@@ -58,8 +65,8 @@ class WhisperModel(_ModelBase):
 
 
 # Which model, loaded by which adapter, run with which (family-checked) settings.
-ModelSection = Annotated[SDModel | WhisperModel, Field(discriminator="family")]
-FAMILY_TAGS = frozenset({"diffusers-sd", "whisper"})
+ModelSection = Annotated[SDModel | DiTModel | WhisperModel, Field(discriminator="family")]
+FAMILY_TAGS = frozenset({"diffusers-sd", "diffusers-dit", "whisper"})
 # Families whose forward loop runs no sampling loop (no step clock): per-step scales mean nothing.
 STEPLESS_FAMILIES = frozenset({"whisper"})
 

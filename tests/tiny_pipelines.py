@@ -101,3 +101,233 @@ def save_tiny_sd(path: Path, seed: int = 0) -> Path:
     )
     pipe.save_pretrained(str(path))
     return path
+
+
+# --- transformer-denoiser (DiT) pipelines: SD3, FLUX, PixArt, Wan --------------------------------
+
+
+def _clip_tokenizer(d: Path, max_length: int = 16):
+    from transformers import CLIPTokenizer
+
+    _tokenizer_files(d)
+    return CLIPTokenizer(str(d / "vocab.json"), str(d / "merges.txt"), model_max_length=max_length)
+
+
+def _clip_text(tokenizer, hidden: int, with_projection: bool):
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    cfg = CLIPTextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        projection_dim=hidden,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=tokenizer.model_max_length,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
+    return (CLIPTextModelWithProjection if with_projection else CLIPTextModel)(cfg)
+
+
+def _t5_tokenizer(max_length: int = 16):
+    """A T5 unigram tokenizer over letters and the prompt words (built, not downloaded)."""
+    from transformers import T5Tokenizer
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
+    pieces += [(c, -3.0) for c in "abcdefghijklmnopqrstuvwxyz"]
+    pieces += [("▁" + w, -1.0) for w in WORDS]
+    return T5Tokenizer(vocab=pieces, extra_ids=0, model_max_length=max_length)
+
+
+def _t5_encoder(tokenizer, d_model: int, umt5: bool = False):
+    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
+
+    kwargs = dict(
+        vocab_size=len(tokenizer),
+        d_model=d_model,
+        d_kv=8,
+        d_ff=2 * d_model,
+        num_layers=2,
+        num_heads=2,
+        relative_attention_num_buckets=8,
+        feed_forward_proj="gated-gelu",
+        pad_token_id=0,
+        eos_token_id=1,
+    )
+    if umt5:
+        return UMT5EncoderModel(UMT5Config(**kwargs))
+    return T5EncoderModel(T5Config(**kwargs))
+
+
+def _vae(latent_channels: int, post_quant_conv: bool, shift_factor: float | None = None):
+    # SD3 and FLUX latents are shifted and scaled (shift_factor set); SD and PixArt only scaled.
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
+        block_out_channels=(16, 32),
+        latent_channels=latent_channels,
+        norm_num_groups=8,
+        sample_size=16,
+        use_quant_conv=post_quant_conv,
+        use_post_quant_conv=post_quant_conv,
+        shift_factor=shift_factor,
+        scaling_factor=1.5,
+    )
+
+
+def save_tiny_sd3(path: Path, seed: int = 0) -> Path:
+    """A tiny StableDiffusion3Pipeline: CLIP-L, CLIP-G and T5 text encoders, a 2-layer
+    SD3Transformer2DModel (MMDiT), a VAE without post_quant_conv, flow-matching Euler."""
+    from diffusers import (
+        FlowMatchEulerDiscreteScheduler,
+        SD3Transformer2DModel,
+        StableDiffusion3Pipeline,
+    )
+
+    torch.manual_seed(seed)
+    tok = _clip_tokenizer(path / "_tok")
+    t5_tok = _t5_tokenizer()
+    pipe = StableDiffusion3Pipeline(
+        transformer=SD3Transformer2DModel(
+            sample_size=8,
+            patch_size=2,
+            in_channels=4,
+            out_channels=4,
+            num_layers=2,
+            attention_head_dim=8,
+            num_attention_heads=4,
+            joint_attention_dim=64,  # T5 width >= the two CLIP widths side by side (32 + 32)
+            caption_projection_dim=32,
+            pooled_projection_dim=64,  # the two CLIP pooled projections side by side
+            pos_embed_max_size=16,
+        ),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        vae=_vae(4, post_quant_conv=False, shift_factor=0.06),
+        text_encoder=_clip_text(tok, 32, with_projection=True),
+        tokenizer=tok,
+        text_encoder_2=_clip_text(tok, 32, with_projection=True),
+        tokenizer_2=tok,
+        text_encoder_3=_t5_encoder(t5_tok, 64),
+        tokenizer_3=t5_tok,
+    )
+    pipe.save_pretrained(str(path))
+    return path
+
+
+def save_tiny_flux(path: Path, seed: int = 0) -> Path:
+    """A tiny FluxPipeline: CLIP + T5 text encoders, a FluxTransformer2DModel with one double-
+    and one single-stream block and the guidance embedding (as FLUX.1-dev), flow-matching Euler."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+
+    torch.manual_seed(seed)
+    tok = _clip_tokenizer(path / "_tok")
+    t5_tok = _t5_tokenizer()
+    pipe = FluxPipeline(
+        transformer=FluxTransformer2DModel(
+            patch_size=1,
+            in_channels=16,  # 2x2 packed latents of a 4-channel VAE
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=32,
+            pooled_projection_dim=32,
+            guidance_embeds=True,
+            axes_dims_rope=(4, 4, 8),
+        ),
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=_vae(4, post_quant_conv=False, shift_factor=0.1),
+        text_encoder=_clip_text(tok, 32, with_projection=False),
+        tokenizer=tok,
+        text_encoder_2=_t5_encoder(t5_tok, 32),
+        tokenizer_2=t5_tok,
+    )
+    pipe.save_pretrained(str(path))
+    return path
+
+
+def save_tiny_pixart(path: Path, seed: int = 0, sigma: bool = False) -> Path:
+    """A tiny PixArtAlphaPipeline (``sigma``: PixArtSigmaPipeline): T5 text encoder, a 2-layer
+    PixArtTransformer2DModel, a VAE, DPM-Solver++."""
+    from diffusers import (
+        DPMSolverMultistepScheduler,
+        PixArtAlphaPipeline,
+        PixArtSigmaPipeline,
+        PixArtTransformer2DModel,
+    )
+
+    torch.manual_seed(seed)
+    t5_tok = _t5_tokenizer()
+    cls = PixArtSigmaPipeline if sigma else PixArtAlphaPipeline
+    pipe = cls(
+        transformer=PixArtTransformer2DModel(
+            sample_size=8,
+            num_layers=2,
+            patch_size=2,
+            attention_head_dim=8,
+            num_attention_heads=2,
+            caption_channels=32,
+            in_channels=4,
+            out_channels=8,  # learned variance, as the real checkpoints
+            cross_attention_dim=16,
+            norm_num_groups=8,
+        ),
+        scheduler=DPMSolverMultistepScheduler(),
+        vae=_vae(4, post_quant_conv=True),
+        text_encoder=_t5_encoder(t5_tok, 32),
+        tokenizer=t5_tok,
+    )
+    pipe.save_pretrained(str(path))
+    return path
+
+
+def save_tiny_wan(path: Path, seed: int = 0) -> Path:
+    """A tiny WanPipeline (text to video): UMT5 text encoder, a 2-layer WanTransformer3DModel,
+    the causal 3-D Wan VAE, flow-matching UniPC."""
+    from diffusers import (
+        AutoencoderKLWan,
+        UniPCMultistepScheduler,
+        WanPipeline,
+        WanTransformer3DModel,
+    )
+
+    torch.manual_seed(seed)
+    t5_tok = _t5_tokenizer()
+    pipe = WanPipeline(
+        transformer=WanTransformer3DModel(
+            patch_size=(1, 2, 2),
+            num_attention_heads=2,
+            attention_head_dim=12,
+            in_channels=4,
+            out_channels=4,
+            text_dim=32,
+            freq_dim=32,
+            ffn_dim=32,
+            num_layers=2,
+            rope_max_seq_len=32,
+        ),
+        scheduler=UniPCMultistepScheduler(
+            prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0
+        ),
+        vae=AutoencoderKLWan(
+            base_dim=8,
+            z_dim=4,
+            dim_mult=[1, 1],
+            num_res_blocks=1,
+            temperal_downsample=[True],
+            latents_mean=[0.0] * 4,
+            latents_std=[1.0] * 4,
+            scale_factor_temporal=2,
+            scale_factor_spatial=2,
+        ),
+        text_encoder=_t5_encoder(t5_tok, 32, umt5=True),
+        tokenizer=t5_tok,
+    )
+    pipe.save_pretrained(str(path))
+    return path

@@ -6,9 +6,12 @@ from typing import Any
 
 from opsnn_quant.errors import ModelLoadError
 from opsnn_quant.models.base import ModelAdapter, modality_of
-from opsnn_quant.models.settings import SDSettings, WhisperSettings, settings_for
+from opsnn_quant.models.settings import DiTSettings, SDSettings, WhisperSettings, settings_for
 
-FAMILIES = ("diffusers-sd", "whisper")
+# diffusers-dit last: error messages list the families in this order.
+FAMILIES = ("diffusers-sd", "whisper", "diffusers-dit")
+# Zoo models whose family their name does not say.
+ZOO_FAMILIES = {"shapes-t2i": "diffusers-sd", "shapes-dit": "diffusers-dit"}
 
 
 def load_adapter(
@@ -17,8 +20,9 @@ def load_adapter(
     """Load ``source`` (``zoo:<name>`` or a directory) with the adapter of ``family``.
 
     Args:
-        family: ``diffusers-sd`` or ``whisper`` (``generic`` is Python-only: build a
-            :class:`~opsnn_quant.models.generic.GenericAdapter`).
+        family: ``diffusers-sd`` (UNet pipelines), ``diffusers-dit`` (transformer-denoiser
+            pipelines: SD3, FLUX, PixArt, Wan) or ``whisper`` (``generic`` is Python-only:
+            build a :class:`~opsnn_quant.models.generic.GenericAdapter`).
         source: model location.
         device: ``cpu``, ``npu``, ``npu:N``, ``cuda`` or ``cuda:N``: the model is placed there
             (every probe statistic, observer and quantized module then runs there).
@@ -43,6 +47,11 @@ def load_adapter(
 
         assert isinstance(checked, SDSettings)
         adapter = DiffusersSDAdapter.load(source, checked, dtype=torch_dtype)
+    elif family == "diffusers-dit":
+        from opsnn_quant.models.diffusers_dit import DiffusersDiTAdapter
+
+        assert isinstance(checked, DiTSettings)
+        adapter = DiffusersDiTAdapter.load(source, checked, dtype=torch_dtype)
     else:
         from opsnn_quant.models.whisper import WhisperAdapter
 
@@ -52,16 +61,35 @@ def load_adapter(
     return adapter
 
 
+def _pipeline_family(index_file: Any) -> str:
+    """``diffusers-dit`` for a pipeline whose denoiser is a transformer, else ``diffusers-sd``."""
+    import json
+
+    try:
+        index = json.loads(index_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{index_file} is not valid JSON") from exc
+    if not isinstance(index, dict):
+        raise ModelLoadError(f"{index_file} is not a JSON object")
+
+    def named(component: str) -> bool:  # [library, class], not [null, null]
+        v = index.get(component)
+        return isinstance(v, list) and len(v) == 2 and v[1] is not None
+
+    return "diffusers-dit" if named("transformer") and not named("unet") else "diffusers-sd"
+
+
 def guess_family(source: str) -> str:
     """Family from a zoo name or a model directory's files."""
     import json
     from pathlib import Path
 
     if source.startswith("zoo:"):
-        return "whisper" if "whisper" in source else "diffusers-sd"
+        name = source.removeprefix("zoo:")
+        return "whisper" if "whisper" in name else ZOO_FAMILIES.get(name, "diffusers-sd")
     path = Path(source)
     if (path / "model_index.json").is_file():
-        return "diffusers-sd"
+        return _pipeline_family(path / "model_index.json")
     cfg = path / "config.json"
     if cfg.is_file():
         try:

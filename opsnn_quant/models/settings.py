@@ -27,6 +27,33 @@ class SDSettings(_Settings):
     width: int | None = Field(default=None, gt=0, multiple_of=8, description="image width, px")
 
 
+class DiTSettings(_Settings):
+    """Sampling settings of a transformer-denoiser pipeline (SD3, FLUX, PixArt, Wan).
+
+    A field left None takes the pipeline's own default (``guidance_scale``: SD3 7.0, FLUX 3.5,
+    PixArt 4.5, Wan 5.0; ``max_sequence_length``: SD3 256, FLUX 512, PixArt-alpha 120, PixArt-Sigma
+    300, Wan 512; the size: the checkpoint's native one).
+    """
+
+    steps: int = Field(default=20, gt=0, description="denoising steps per sample")
+    guidance_scale: float | None = Field(
+        default=None,
+        ge=0.0,
+        description="classifier-free guidance (FLUX: the distilled guidance it embeds, no "
+        "unconditional pass); None: the pipeline's default",
+    )
+    batch_size: int = Field(default=2, gt=0, description="prompts per pipeline call")
+    # Every supported pipeline needs the size a multiple of VAE factor 8 x patch 2.
+    height: int | None = Field(default=None, gt=0, multiple_of=16, description="height, px")
+    width: int | None = Field(default=None, gt=0, multiple_of=16, description="width, px")
+    max_sequence_length: int | None = Field(
+        default=None, gt=0, description="T5 tokens per prompt; None: the pipeline's default"
+    )
+    num_frames: int | None = Field(
+        default=None, gt=0, description="frames per video (text-to-video pipelines only)"
+    )
+
+
 class WhisperSettings(_Settings):
     """Decoding settings of a Whisper model, used for calibration and generation."""
 
@@ -35,7 +62,11 @@ class WhisperSettings(_Settings):
     num_beams: int = Field(default=1, gt=0, description="beam width (1: greedy)")
 
 
-SETTINGS: dict[str, type[_Settings]] = {"diffusers-sd": SDSettings, "whisper": WhisperSettings}
+SETTINGS: dict[str, type[_Settings]] = {
+    "diffusers-sd": SDSettings,
+    "whisper": WhisperSettings,
+    "diffusers-dit": DiTSettings,
+}
 
 
 def settings_for(family: str, values: dict[str, Any]) -> _Settings:

@@ -65,8 +65,11 @@ def contribution_for(m: ModuleSensitivity, scheme: str) -> tuple[float, bool] | 
     return base * 10.0 ** ((ref.sqnr_db - new.sqnr_db) / 10.0), True
 
 
-def best_choice(m: ModuleSensitivity, allowed: set[Precision]) -> Choice | None:
-    """The best scheme among those whose precision is in ``allowed``.
+def best_choice(
+    m: ModuleSensitivity, allowed: set[Precision], per_step: bool = False
+) -> Choice | None:
+    """The best scheme among those whose precision is in ``allowed`` (per-step schemes only
+    where ``per_step``: the target switches static scales per denoising step).
 
     Best = smallest end-to-end contribution when the probe scored every scheme end to end (local
     SQNR can rank schemes wrongly for the output: SmoothQuant or MSE clipping may lower a layer's
@@ -78,6 +81,8 @@ def best_choice(m: ModuleSensitivity, allowed: set[Precision]) -> Choice | None:
     for order, (name, scheme) in enumerate(SCHEMES.items()):
         err = m.w8a8.get(name)
         if err is None or err.infeasible or scheme.precision not in allowed:
+            continue
+        if scheme.per_step and not per_step:
             continue
         est = contribution_for(m, name)
         if est is None:

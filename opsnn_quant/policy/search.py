@@ -74,7 +74,7 @@ def _plan_modality(
             _, why = target.can_run(m.type, Precision.W8A8, weight_shape=shape)
             plan.fallback[m.name] = f"stays float: {why}"
             continue
-        choice = best_choice(m, allowed)
+        choice = best_choice(m, allowed, per_step=target.timestep_scales)
         if choice is None:
             plan.fallback[m.name] = (
                 "stays float: the probe has no end-to-end estimate for a scheme "

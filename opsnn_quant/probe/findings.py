@@ -28,8 +28,15 @@ GELU_SAFE = 1e-3
 
 
 def attention_parts(module: nn.Module) -> tuple[str, str, int, float] | None:
-    """(q child name, k child name, heads, scale) for known attention classes, else None."""
+    """(q child name, k child name, heads, scale) for known attention classes, else None.
+
+    None too for an attention that normalises q and k after projecting them (``norm_q``:
+    SD3.5, FLUX, Wan): its softmax input is not computable from the projections' outputs, and
+    the raw projections would overstate the scores the normalised attention actually sees.
+    """
     if not is_attention(module):
+        return None
+    if getattr(module, "norm_q", None) is not None or getattr(module, "norm_k", None) is not None:
         return None
     if hasattr(module, "to_q"):  # diffusers
         heads = int(getattr(module, "heads"))  # noqa: B009 - typed access to a module attribute

@@ -15,11 +15,21 @@ NORMS = (nn.LayerNorm, nn.GroupNorm)
 # Blocks whose output is a residual sum (x + f(x)): watched for range only.
 RESIDUAL_BLOCKS = {
     "ResnetBlock2D",
-    "BasicTransformerBlock",
+    "BasicTransformerBlock",  # also PixArt's blocks
     "Transformer2DModel",
     "CLIPEncoderLayer",
     "WhisperEncoderLayer",
     "WhisperDecoderLayer",
+    # Transformer denoisers. The two-stream blocks return (context, image) states: the range
+    # read is their first output; their norms' inputs watch both streams.
+    "JointTransformerBlock",  # SD3 (MMDiT)
+    "SD3SingleTransformerBlock",
+    "FluxTransformerBlock",
+    "FluxSingleTransformerBlock",
+    "WanTransformerBlock",
+    # T5 / UMT5 encoder layers (SD3, FLUX, PixArt, Wan text encoders) end in neither suffix.
+    "T5Block",
+    "UMT5Block",
 }
 GELU_TYPES = {"GELU", "GELUActivation", "NewGELUActivation", "QuickGELUActivation"}
 

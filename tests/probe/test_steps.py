@@ -76,8 +76,11 @@ def test_the_probe_reports_per_step_ranges_and_scores_per_step_scales():
     rule = next(r for r in policy.rules if r.matches("fc1"))
     assert rule.precision == Precision.W8A8
     assert rule.quant_spec().timestep_bounds == tuple(fc1.timesteps.bounds)
-    # a compiled ATC graph keeps one scale: the scheme is not even measured for that target
+    # a compiled ATC graph keeps one scale: the scheme is not even measured for that target,
+    # and a report that measured it anyway gets the best scheme with one static scale
     assert "w8a8_timestep" not in get_target("ascend910b-atc").schemes()
+    atc = next(r for r in build_policy(report, target="ascend910b-atc").rules if r.matches("fc1"))
+    assert atc.quant_spec().timestep_bounds is None
     assert "w8a8_timestep" in get_target("ascend910b-eager").schemes()
 
 

@@ -1,0 +1,313 @@
+"""What the diffusers adapters share: loading a pipeline, naming its components, sampling.
+
+A diffusers pipeline is not an ``nn.Module``; :class:`PipelineModule` makes its components the
+children of one, so module names are the pipeline's own (``unet.down_blocks...``,
+``transformer.transformer_blocks...``, ``text_encoder_3.encoder...``). :class:`DiffusersAdapter`
+runs the pipeline's own ``__call__`` (its scheduler, guidance and VAE decoding) for calibration
+and generation; a family says which components it has and which denoises
+(:mod:`~opsnn_quant.models.diffusers_sd`: the UNet; :mod:`~opsnn_quant.models.diffusers_dit`: the
+transformer).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from opsnn_quant import progress, timesteps
+from opsnn_quant.errors import MissingDependencyError, ModelLoadError
+from opsnn_quant.hub import quiet_progress_bars, set_offline_env
+from opsnn_quant.models.base import ModelAdapter
+from opsnn_quant.models.data import batched, prompts_from
+from opsnn_quant.models.settings import DiTSettings, SDSettings
+from opsnn_quant.sources import model_path
+from opsnn_quant.types import ForwardLoop, Modality
+
+log = logging.getLogger(__name__)
+
+# Seeds of the calibration batches: apart from generate()'s (seed + i), so that calibration
+# never sees the exact latents an evaluation then measures.
+CALIBRATION_SEED = 10_000
+
+
+class PipelineModule(nn.Module):
+    """The pipeline's modules as children, so ``named_modules`` gives ``unet.down_blocks...``.
+
+    The pipeline itself (not an ``nn.Module``) stays reachable as ``.pipe``; both share the same
+    component objects, so quantizing this module quantizes the pipeline.
+
+    Args:
+        pipe: the diffusers pipeline.
+        components: the component names to adopt, in this order (absent ones are skipped).
+    """
+
+    def __init__(self, pipe: Any, components: Sequence[str]) -> None:
+        super().__init__()
+        for name in components:
+            component = getattr(pipe, name, None)
+            if isinstance(component, nn.Module):
+                self.add_module(name, component)
+        object.__setattr__(self, "pipe", pipe)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the whole pipeline (``pipe(*args, **kwargs)``)."""
+        return self.__dict__["pipe"](*args, **kwargs)
+
+
+def pipeline_index(source: str) -> tuple[Path, dict[str, Any]]:
+    """The directory of ``source`` and its ``model_index.json`` (read before any weight loads).
+
+    Raises:
+        ModelLoadError: not a diffusers pipeline directory, or an unreadable index.
+    """
+    path = model_path(source)
+    index_file = path / "model_index.json"
+    if not index_file.is_file() and (path / "config.json").is_file():
+        raise ModelLoadError(
+            f"{source} is a transformers model, not a diffusers pipeline; check the family"
+        )
+    if not index_file.is_file():
+        raise ModelLoadError(
+            f"{source} is not a diffusers pipeline directory (no model_index.json)"
+        )
+    try:
+        index = json.loads(index_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{index_file} is not valid JSON: {exc}") from exc
+    if not isinstance(index, dict):
+        raise ModelLoadError(f"{index_file} is not a JSON object")
+    return path, index
+
+
+def index_components(index: dict[str, Any]) -> set[str]:
+    """The components a ``model_index.json`` names with a class (``[library, class]``, not
+    ``[null, null]``)."""
+    return {
+        k
+        for k, v in index.items()
+        if not k.startswith("_") and isinstance(v, list) and len(v) == 2 and v[1] is not None
+    }
+
+
+def load_pipeline(
+    source: str, torch_dtype: torch.dtype = torch.float32, *, safety_checker_off: bool = True
+) -> Any:
+    """A diffusers pipeline from ``zoo:<name>`` or a local diffusers directory (offline).
+
+    Args:
+        source: the pipeline.
+        torch_dtype: the dtype its weights load in.
+        safety_checker_off: pass ``safety_checker=None`` (the SD pipelines' NSFW filter would
+            blank calibration images; pipelines without one would warn about the argument).
+    """
+    try:
+        import diffusers
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "diffusers is not installed: pip install 'opsnn-quant[models]'"
+        ) from exc
+    diffusers.utils.logging.disable_progress_bar()
+    path, _ = pipeline_index(source)
+    set_offline_env()
+    quiet_progress_bars()
+    try:
+        extra: dict[str, Any] = {"safety_checker": None} if safety_checker_off else {}
+        pipe = diffusers.DiffusionPipeline.from_pretrained(
+            str(path), dtype=torch_dtype, local_files_only=True, **extra
+        )
+    except (OSError, ValueError, TypeError) as exc:
+        raise ModelLoadError(
+            f"cannot load the pipeline in {source}: {str(exc).splitlines()[0]}"
+        ) from exc
+    return pipe
+
+
+class StepClock:
+    """Sets :mod:`opsnn_quant.timesteps` while the denoiser runs in a pipeline call.
+
+    The pipeline's end-of-step callback advances the step index; a pre-hook on each denoiser
+    (prepended, so the recorders' own pre-hooks already read it) sets the clock to it and a
+    forward hook clears it, so the text encoders and the VAE run with the clock at None and every
+    denoiser call of step ``i`` (both halves of classifier-free guidance included) reads ``i``.
+
+    Args:
+        denoisers: the denoiser modules of the pipeline.
+    """
+
+    def __init__(self, denoisers: Sequence[nn.Module]) -> None:
+        self.denoisers = list(denoisers)
+        self.step = 0
+        self.handles: list[Any] = []
+
+    def pipeline_kwargs(self, pipe: Any) -> dict[str, Any]:
+        """The callback arguments this pipeline's ``__call__`` takes: diffusers'
+        ``callback_on_step_end`` (most pipelines), or the older ``callback``/``callback_steps``
+        (PixArt)."""
+        params = inspect.signature(pipe.__call__).parameters
+        if "callback_on_step_end" in params:
+            return {"callback_on_step_end": self.on_step_end}
+        if "callback" in params:
+            return {"callback": self.on_legacy_step, "callback_steps": 1}
+        raise ModelLoadError(
+            f"{type(pipe).__name__} takes no step callback: its denoising steps cannot be counted"
+        )
+
+    def on_step_end(self, pipe: Any, i: int, t: Any, tensors: dict[str, Any]) -> dict[str, Any]:
+        """``callback_on_step_end``: step ``i`` is done."""
+        self.step = i + 1
+        return tensors
+
+    def on_legacy_step(self, i: int, t: Any, latents: Any) -> None:
+        """``callback(step, timestep, latents)`` with ``callback_steps=1``: step ``i`` is done."""
+        self.step = i + 1
+
+    def _enter(self, module: nn.Module, args: tuple) -> None:
+        timesteps.set_step(self.step)
+
+    def _leave(self, module: nn.Module, args: tuple, output: Any) -> None:
+        timesteps.set_step(None)
+
+    def __enter__(self) -> StepClock:
+        self.step = 0
+        for m in self.denoisers:
+            self.handles.append(m.register_forward_pre_hook(self._enter, prepend=True))
+            self.handles.append(m.register_forward_hook(self._leave))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        timesteps.set_step(None)
+
+
+class DiffusersAdapter(ModelAdapter):
+    """A loaded diffusers pipeline: modalities by component, the real sampling loop.
+
+    A family sets ``components`` (adopted in this order), ``text_encoders`` and ``denoisers``
+    (the components of those modalities, each one a root) and may add pipeline arguments
+    (:meth:`extra_call_kwargs`) or read another output field (:attr:`output_field`).
+    """
+
+    components: ClassVar[tuple[str, ...]] = ()
+    text_encoders: ClassVar[tuple[str, ...]] = ()
+    denoisers: ClassVar[tuple[str, ...]] = ()
+    # The pipeline output's field with the decoded result: images (t2i) or frames (t2v).
+    output_field: ClassVar[str] = "images"
+    settings: SDSettings | DiTSettings
+
+    def __init__(self, pipe: Any, model_id: str, settings: SDSettings | DiTSettings) -> None:
+        self.pipe = pipe
+        self.model = PipelineModule(pipe, self.components)
+        self.model_id = model_id
+        self.settings = settings
+        if hasattr(pipe, "set_progress_bar_config"):
+            pipe.set_progress_bar_config(disable=True)
+
+    def children(self) -> dict[str, nn.Module]:
+        """The adopted components by name."""
+        return dict(self.model.named_children())
+
+    def place(self, device: torch.device) -> None:
+        """Move the whole pipeline (its components and execution device)."""
+        self.pipe.to(device)
+
+    def modalities(self) -> dict[str, Modality]:
+        """text encoders, the denoiser(s), VAE decoder (+ post_quant_conv), VAE encoder as other
+        (text-to-image never runs it)."""
+        children = self.children()
+        out: dict[str, Modality] = {}
+        for name in self.text_encoders:
+            if name in children:
+                out[name] = Modality.TEXT_ENCODER
+        for name in self.denoisers:
+            if name in children:
+                out[name] = Modality.DENOISER
+        if "vae" in children:
+            out["vae"] = Modality.OTHER
+            vae_children = dict(children["vae"].named_children())
+            for sub in ("decoder", "post_quant_conv"):
+                if sub in vae_children:
+                    out[f"vae.{sub}"] = Modality.IMAGE_DECODER
+        return out
+
+    def roots(self) -> dict[str, Modality]:
+        """The denoiser prediction(s), the VAE decoder's output, each text encoder's states."""
+        children = self.children()
+        out = {name: Modality.DENOISER for name in self.denoisers if name in children}
+        if "vae" in children:
+            out["vae.decoder"] = Modality.IMAGE_DECODER
+        for name in self.text_encoders:
+            if name in children:
+                out[name] = Modality.TEXT_ENCODER
+        return out
+
+    def evaluation_inputs(self, records: Sequence[Any]) -> list[Any]:
+        """The prompts of the records."""
+        return list(prompts_from(records))
+
+    def primary_modality(self) -> Modality:
+        """The denoiser (it runs every step)."""
+        return Modality.DENOISER
+
+    def extra_call_kwargs(self) -> dict[str, Any]:
+        """Pipeline arguments of the family beyond the shared ones (none by default)."""
+        return {}
+
+    def _call(self, prompts: Sequence[str], seed: int) -> np.ndarray:
+        s = self.settings
+        generators = [torch.Generator().manual_seed(seed + i) for i in range(len(prompts))]
+        kwargs: dict[str, Any] = {
+            "prompt": list(prompts),
+            "num_inference_steps": s.steps,
+            "generator": generators,
+            "output_type": "np",
+        }
+        if s.guidance_scale is not None:  # None: the pipeline's own default
+            kwargs["guidance_scale"] = s.guidance_scale
+        if s.height:
+            kwargs["height"] = s.height
+        if s.width:
+            kwargs["width"] = s.width
+        kwargs.update(self.extra_call_kwargs())
+        clock = StepClock([self.pipe_component(n) for n in self.denoisers if n in self.children()])
+        kwargs.update(clock.pipeline_kwargs(self.pipe))
+        with torch.no_grad(), clock:
+            out = self.pipe(**kwargs)
+        return np.asarray(getattr(out, self.output_field))
+
+    def pipe_component(self, name: str) -> nn.Module:
+        """The pipeline's component ``name`` (one of :attr:`components`)."""
+        return self.children()[name]
+
+    def forward_loop(self, data: Sequence[Any], limit: int | None = None) -> ForwardLoop:
+        """Sample for the calibration prompts (batches of ``settings.batch_size``): every
+        denoising step of the pipeline's own scheduler runs, so every timestep is seen."""
+        prompts = prompts_from(data)[:limit] if limit else prompts_from(data)
+
+        def loop(model: nn.Module) -> None:
+            batches = batched(prompts, self.settings.batch_size)
+            for i, batch in enumerate(progress.iterate(batches, "batch")):
+                self._call(batch, seed=CALIBRATION_SEED + i * len(batch))
+
+        return loop
+
+    def generate(self, inputs: Sequence[Any], seed: int = 0) -> list[np.ndarray]:
+        """uint8 results, one per prompt (HxWx3 images; FxHxWx3 frames for video); prompt i
+        uses seed ``seed + i``."""
+        prompts = prompts_from(inputs)
+        outputs: list[np.ndarray] = []
+        starts = range(0, len(prompts), self.settings.batch_size)
+        for start in progress.iterate(starts, "batch"):
+            batch = prompts[start : start + self.settings.batch_size]
+            arr = self._call(batch, seed + start)
+            outputs.extend((np.clip(arr, 0, 1) * 255).round().astype(np.uint8))
+        return outputs
