@@ -281,8 +281,8 @@ def _check_calls(
         if scope in captured:
             out.append({scope: [captured[scope]]})
         else:
-            root = _smallest_root(fold.producer, roots)
-            out.append({} if root is None else {root: list(roots[root])})
+            holder = _smallest_root(fold.producer, roots)
+            out.append({} if holder is None else {holder: list(roots[holder])})
     return out
 
 
