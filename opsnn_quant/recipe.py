@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.io import read_text
 from opsnn_quant.models.settings import DiTSettings, SDSettings, WhisperSettings
+from opsnn_quant.policy.baselines import Strategy
 from opsnn_quant.policy.budget import Budget
 from opsnn_quant.policy.export import FORMATS
 from opsnn_quant.policy.targets import TARGETS
@@ -107,6 +108,11 @@ class ProbeSection(_Strict):
         description="groups of denoising steps with their own static scales (w8a8_timestep); "
         "left out: chosen per module from the measured per-step ranges",
     )  # fmt: skip
+    schemes: list[str] | None = Field(
+        default=None, min_length=1,
+        description="the candidate int8 schemes to measure and choose from (left out: every "
+        "scheme the target runs), e.g. to compare a search without w8a8_timestep",
+    )  # fmt: skip
     data_limit: int | None = Field(default=None, gt=0, description="use only the first N samples")
 
     @field_validator("estimator_batch")
@@ -132,7 +138,7 @@ class Recipe(_Strict):
     probe: ProbeSection = Field(default_factory=ProbeSection)
     budget: Budget = Field(default_factory=Budget)
     target: str = "cpu-reference"
-    strategy: Literal["search", "all-w8a8-minmax", "all-fp16"] = Field(
+    strategy: Strategy = Field(
         default="search", description="search the policy, or a reference baseline to compare with"
     )
     exports: list[str] = Field(default_factory=lambda: list(FORMATS))
@@ -143,6 +149,19 @@ class Recipe(_Strict):
         if self.probe.timestep_groups is not None and self.model.family in STEPLESS_FAMILIES:
             raise ValueError(
                 f"probe.timestep_groups: {self.model.family} models have no denoising steps"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _schemes_the_target_runs(self) -> Recipe:
+        if self.probe.schemes is None or self.target not in TARGETS:
+            return self
+        runs = TARGETS[self.target].schemes()
+        unknown = [s for s in self.probe.schemes if s not in runs]
+        if unknown:
+            raise ValueError(
+                f"probe.schemes: {self.target} cannot run {', '.join(unknown)} "
+                f"(it runs {', '.join(runs)})"
             )
         return self
 
@@ -171,8 +190,9 @@ class Recipe(_Strict):
             **overrides: ProbeConfig fields that win over the recipe (e.g. ``exhaustive=True``).
         """
         fields = self.probe.model_dump(exclude={"data_limit"}, exclude_none=True)
-        if "smoothquant_alphas" in fields:
-            fields["smoothquant_alphas"] = tuple(fields["smoothquant_alphas"])
+        for name in ("smoothquant_alphas", "schemes"):
+            if name in fields:
+                fields[name] = tuple(fields[name])
         return ProbeConfig(**{**fields, **overrides, "seed": self.seed if seed is None else seed})
 
     def settings_dict(self) -> dict[str, Any]:

@@ -192,8 +192,10 @@ def _probe_phase(
     say: Progress,
 ) -> SensitivityReport:
     t0 = time.perf_counter()
-    # Only the schemes the target runs: the others' errors and scores would never be used.
-    cfg = recipe.probe_config(seed, schemes=get_target(recipe.target).schemes())
+    # Only the schemes the target runs (or the recipe's choice among them): the others' errors
+    # and scores would never be used.
+    schemes = recipe.probe.schemes or get_target(recipe.target).schemes()
+    cfg = recipe.probe_config(seed, schemes=tuple(schemes))
     report = probe(adapter, adapter.forward_loop(data.probe), cfg, progress=say)
     report.save(tmp / "probe.json")
     times["probe"] = time.perf_counter() - t0

@@ -190,3 +190,15 @@ def test_dit_settings_are_checked_with_field_and_line(tmp_path):
     bad.write_text(text.replace("height: 480", "height: 472"))
     with pytest.raises(ConfigError, match=r"model\.settings\.height: Input should be a multiple"):
         load_recipe(str(bad))
+
+
+def test_probe_schemes_are_the_targets_and_reach_the_probe(tmp_path):
+    text = (ROOT / "calibrate" / "shapes-t2i.yaml").read_text()  # target ascend910b-atc
+    path = tmp_path / "r.yaml"
+    path.write_text(text.replace("probe:\n", "probe:\n  schemes: [w8a8, w8a8_timestep]\n"))
+    with pytest.raises(
+        ConfigError, match=r"probe\.schemes: ascend910b-atc cannot run w8a8_timestep"
+    ):
+        load_recipe(str(path))
+    path.write_text(text.replace("probe:\n", "probe:\n  schemes: [w8a8]\n"))
+    assert load_recipe(str(path)).probe_config().schemes == ("w8a8",)

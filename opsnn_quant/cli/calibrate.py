@@ -101,7 +101,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
         strategy: Annotated[
             str | None,
-            typer.Option(help="override the recipe: search | all-w8a8-minmax | all-fp16"),
+            typer.Option(
+                help="override the recipe: search | all-w8a8-minmax | all-w8a8-dynamic | all-fp16"
+            ),
         ] = None,
         latency: Annotated[
             str,

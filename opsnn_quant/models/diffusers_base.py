@@ -115,11 +115,16 @@ def load_pipeline(
             "diffusers is not installed: pip install 'opsnn-quant[models]'"
         ) from exc
     diffusers.utils.logging.disable_progress_bar()
-    path, _ = pipeline_index(source)
+    path, index = pipeline_index(source)
     set_offline_env()
     quiet_progress_bars()
     try:
         extra: dict[str, Any] = {"safety_checker": None} if safety_checker_off else {}
+        # A component saved as [null, null] (SD3 without its T5, as the zoo's shapes-dit) is
+        # absent on purpose: diffusers wants it passed as None.
+        extra.update(
+            {k: None for k, v in index.items() if not k.startswith("_") and v == [None, None]}
+        )
         pipe = diffusers.DiffusionPipeline.from_pretrained(
             str(path), dtype=torch_dtype, local_files_only=True, **extra
         )

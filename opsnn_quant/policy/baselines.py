@@ -3,18 +3,29 @@
 * ``all-w8a8-minmax``: every Linear/Conv2d that ran during probing and that the target can run in
   static W8A8 goes int8 with the
   plainest calibration (per-tensor min/max, no SmoothQuant), no fp32 pins, no fallbacks.
+* ``all-w8a8-dynamic``: every Linear/Conv2d that ran and that the target runs in W8A8_DYNAMIC
+  goes int8 with per-token dynamic activation scales (per-channel weights, no SmoothQuant); the
+  rest stays fp16 (on 910B eager every Conv2d: torch_npu has no int8 conv op).
 * ``all-fp16``: nothing int8; every modality in fp16 (on CPU, evaluate the float model cast to
   fp16 to see fp16's own error).
 """
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from opsnn_quant.policy.schema import PrecisionPolicy, Rule, derive_prefixes
 from opsnn_quant.policy.targets import get_target
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.types import Modality, Precision
 
-STRATEGIES = ("search", "all-w8a8-minmax", "all-fp16")
+Strategy = Literal["search", "all-w8a8-minmax", "all-w8a8-dynamic", "all-fp16"]
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
+# The one precision and the reason of each all-int8 baseline.
+NAIVE_INT8 = {
+    "all-w8a8-minmax": (Precision.W8A8, "naive baseline: all W8A8, min/max"),
+    "all-w8a8-dynamic": (Precision.W8A8_DYNAMIC, "naive baseline: all W8A8 dynamic (per token)"),
+}
 
 
 def naive_policy(report: SensitivityReport, target: str, strategy: str) -> PrecisionPolicy:
@@ -25,19 +36,13 @@ def naive_policy(report: SensitivityReport, target: str, strategy: str) -> Preci
         Modality(m): Precision.FP16 for m in sorted({e.modality.value for e in report.modules})
     }
     rules: list[Rule] = []
-    if strategy == "all-w8a8-minmax":
+    if strategy in NAIVE_INT8:
+        precision, reason = NAIVE_INT8[strategy]
         for e in report.modules:
             if not e.quantizable or e.calls == 0:  # never run (e.g. a t2i pipeline's VAE encoder)
                 continue
-            ok, _ = t.can_run(e.type, Precision.W8A8)
-            if ok:
-                rules.append(
-                    Rule(
-                        match=e.name,
-                        precision=Precision.W8A8,
-                        reason="naive baseline: all W8A8, min/max",
-                    )
-                )
+            if t.can_run(e.type, precision)[0]:
+                rules.append(Rule(match=e.name, precision=precision, reason=reason))
     elif strategy != "all-fp16":
         raise ValueError(f"unknown baseline strategy {strategy!r}")
     return PrecisionPolicy(

@@ -46,3 +46,16 @@ def test_summary_of_a_baseline_says_int8_where_its_rules_are():
     assert rows[Modality.OTHER].chosen == "fp16" and rows[Modality.OTHER].int8 == 0
     fp16 = {r.modality: r for r in summarize(naive_policy(rep, "cpu-reference", "all-fp16"), rep)}
     assert all(r.chosen == "fp16" for r in fp16.values())
+
+
+def test_all_w8a8_dynamic_takes_every_module_the_target_runs_per_token():
+    eager = naive_policy(_report(), "ascend910b-eager", "all-w8a8-dynamic")
+    assert [(r.match, r.precision) for r in eager.rules] == [
+        ("te.fc", Precision.W8A8_DYNAMIC),
+        ("unet.proj", Precision.W8A8_DYNAMIC),  # no int8 conv op in torch_npu: the conv stays
+    ]
+    assert all(r.quant is None or not r.quant.smoothquant_alpha for r in eager.rules)
+    ref = naive_policy(_report(), "cpu-reference", "all-w8a8-dynamic")
+    assert [r.match for r in ref.rules] == ["te.fc", "unet.conv", "unet.proj"]
+    # ATC's compiled graphs quantize with static scales only: nothing to take
+    assert naive_policy(_report(), "ascend910b-atc", "all-w8a8-dynamic").rules == []
