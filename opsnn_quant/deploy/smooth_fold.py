@@ -225,9 +225,11 @@ def effective_bias(module: QuantModule[Any]) -> torch.Tensor | None:
     if not module.spec.static_activations:
         return None if module.bias is None else module.bias.to(torch.float32)
     w_sum = module.weight.reshape(module.out_n, -1).to(torch.float64).sum(dim=1)
-    offset = float(module.input_quantizer.offset)
-    b = module.quant_bias.to(torch.float64) + offset * w_sum
-    return (b * module.deq_scale.to(torch.float64)).to(torch.float32)
+    offset, qbias, deq = module.input_quantizer.offset, module.quant_bias, module.deq_scale
+    if qbias.dim() == 2:  # w8a8_timestep: one row per group of steps, each the same float bias
+        offset, qbias, deq = offset.reshape(-1)[0], qbias[0], deq[0]
+    b = qbias.to(torch.float64) + float(offset) * w_sum
+    return (b * deq.to(torch.float64)).to(torch.float32)
 
 
 def _scope(fold: Fold) -> str:

@@ -60,6 +60,13 @@ class ComponentExport:
     params_dtype: str = "float16"
 
 
+# AscendV1 holds one static input_scale per Linear; a per-step-group table has no place there.
+TIMESTEP_REASON = (
+    "w8a8_timestep: AscendV1 has one static input_scale per Linear, no per-step table "
+    "(quant/model.safetensors holds it)"
+)
+
+
 def engine_input_scale(inv_scale: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """The fp32 ``input_scale`` [1] whose fp32 reciprocal (the engines' ``1 / input_scale``)
     equals our multiplier ``inv_scale`` [1]; ``(closest, False)`` when none does."""
@@ -209,6 +216,8 @@ def component_export(
             reason = (
                 CONV_REASON if name not in linears else f"{_precision(module)} has no AscendV1 form"
             )
+        elif getattr(module.spec, "timestep_bounds", None):
+            reason = TIMESTEP_REASON
         elif module.spec.output_dtype != params:
             reason = f"output dtype {module.spec.output_dtype}, but the component's is {params}"
         elif getattr(module.input_quantizer, "smooth", None) is not None and name not in folded:

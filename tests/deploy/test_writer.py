@@ -79,3 +79,32 @@ def test_the_same_model_gives_byte_identical_files(tmp_path):
                      "quant_model_weights.safetensors"]  # fmt: skip
     for name in files:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_a_per_step_module_is_written_float_with_the_reason():
+    # AscendV1 (msModelSlim ascendv1.md, vllm_ascend w8a8.py) has one [1] input_scale per
+    # Linear: a w8a8_timestep module's scale table cannot be written there.
+    from opsnn_quant.deploy.writer import TIMESTEP_REASON
+    from opsnn_quant.timesteps import at_step
+
+    torch.manual_seed(0)
+    holder = nn.Module()
+    holder.fc = nn.Linear(16, 8)
+    holder.plain = nn.Linear(8, 8)
+
+    def loop(m: nn.Module) -> None:
+        for step in range(4):
+            with at_step(step):
+                m.plain(m.fc(torch.randn(4, 16) * (4 - step)))
+
+    specs = {"fc": QuantSpec("w8a8", timestep_bounds=(0, 2)), "plain": QuantSpec("w8a8")}
+    bias = holder.fc.bias.detach().clone()
+    quantize(holder, specs, loop)
+    export = component_export(holder, folds=[], refused={}, source_keys=None)
+    assert export.exported_float == {"fc": TIMESTEP_REASON}
+    assert export.description["fc.weight"] == "FLOAT" and "fc.input_scale" not in export.tensors
+    # the float bias is the one the int32 bias of either group encodes (one rounding step)
+    deq = float(holder.fc.deq_scale[0].max())
+    assert torch.allclose(export.tensors["fc.bias"].float(), bias, atol=deq)
+    assert export.description["plain.weight"] == "W8A8"
+    assert tuple(export.tensors["plain.input_scale"].shape) == (1,)
