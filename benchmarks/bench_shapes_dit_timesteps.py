@@ -13,8 +13,9 @@ Configurations:
   runs, one scheme, no search);
 * ``static``: the searched policy with static activation scales only
   (w8a8, w8a8_mse, w8a8_smoothquant);
-* ``static+timestep``: the same plus ``w8a8_timestep`` (per-step-group static scales): equal
-  coverage rules, so the two rows isolate what per-step scales buy;
+* ``static+timestep``: the same plus ``w8a8_timestep`` and ``w8a8_timestep_smoothquant``
+  (per-step-group static scales, on raw or smoothed inputs): equal coverage rules, so the two
+  rows isolate what per-step scales buy;
 * ``search``: the built-in recipe as it ships (every scheme 910B eager runs, per-token dynamic
   included).
 
@@ -47,7 +48,11 @@ CONFIGS: dict[str, tuple[str, list[str] | None, str]] = {
     "all-w8a8-minmax": ("all-w8a8-minmax", None, "float32"),
     "all-w8a8-dynamic": ("all-w8a8-dynamic", None, "float32"),
     "static": ("search", STATIC, "float32"),
-    "static+timestep": ("search", [*STATIC, "w8a8_timestep"], "float32"),
+    "static+timestep": (
+        "search",
+        [*STATIC, "w8a8_timestep", "w8a8_timestep_smoothquant"],
+        "float32",
+    ),
     "search": ("search", None, "float32"),
 }
 

@@ -138,6 +138,10 @@ class LocalProbe:
     def __post_init__(self) -> None:
         if isinstance(self.module, nn.Linear):
             self.stats = ChannelStats(self.module.in_features)
+            # per-step scales on smoothed inputs need each step's per-channel maxima
+            self.steps.per_channel = self.only is None or any(
+                SCHEMES[s].per_step and SCHEMES[s].smoothquant for s in self.only
+            )
 
     @property
     def schemes(self) -> tuple[str, ...]:
@@ -199,7 +203,8 @@ class LocalProbe:
             iq.chosen_alpha = alpha
         if spec.timestep_bounds is not None:
             # Symmetric minmax per group of steps follows exactly from the per-step maxima.
-            iq.observers = [self._group_observer(i) for i in range(len(spec.timestep_bounds))]
+            groups = range(len(spec.timestep_bounds))
+            iq.observers = [self._group_observer(i, smooth) for i in groups]
         elif spec.static_activations:
             if smooth is not None:
                 # min/max of x / s_j follows exactly from the per-channel maxima (minmax observer).
@@ -243,11 +248,11 @@ class LocalProbe:
             self.energies.setdefault(scheme, _Energy()).add(y, yq, channel_dim)
             TRIM.add(4 * yq.numel() * yq.element_size())  # output + the reference's copies
 
-    def _group_observer(self, group: int) -> MinMaxObserver:
+    def _group_observer(self, group: int, smooth: torch.Tensor | None) -> MinMaxObserver:
         assert self.step_bounds is not None
         start = self.step_bounds[group]
         end = self.step_bounds[group + 1] if group + 1 < len(self.step_bounds) else math.inf
-        t = max(a for s, a in self.steps.absmax.items() if start <= s < end)
+        t = self.steps.group_absmax(start, end, smooth)
         obs = MinMaxObserver()
         obs.collect(torch.tensor([-t, t]))
         return obs

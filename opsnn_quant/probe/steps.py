@@ -28,6 +28,10 @@ class StepRanges:
 
     absmax: dict[int, float] = field(default_factory=dict)
     count: dict[int, int] = field(default_factory=dict)
+    # Per step, the absmax of each input channel (last dim; on the input's device): what the
+    # group scales of a smoothed input follow from (max_c absmax_c / s_c). Linear inputs only.
+    channels: dict[int, torch.Tensor] = field(default_factory=dict)
+    per_channel: bool = False
 
     @torch.no_grad()
     def collect(self, step: int, x: torch.Tensor) -> None:
@@ -35,6 +39,18 @@ class StepRanges:
         a = float(x.detach().abs().max()) if x.numel() else 0.0
         self.absmax[step] = max(self.absmax.get(step, 0.0), a)
         self.count[step] = self.count.get(step, 0) + x.numel()
+        if self.per_channel and x.numel():
+            c = x.detach().abs().reshape(-1, x.shape[-1]).amax(dim=0).float()
+            seen = self.channels.get(step)
+            self.channels[step] = c if seen is None else torch.maximum(seen, c)
+
+    def group_absmax(self, start: int, end: float, smooth: torch.Tensor | None = None) -> float:
+        """The input absmax over steps ``start <= t < end``; of ``x / smooth`` when given."""
+        members = [t for t in self.absmax if start <= t < end]
+        if smooth is None:
+            return max(self.absmax[t] for t in members)
+        s = smooth.reshape(-1).float()
+        return max(float((self.channels[t].to(s.device) / s).max()) for t in members)
 
     @property
     def steps(self) -> list[int]:

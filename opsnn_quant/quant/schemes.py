@@ -82,6 +82,15 @@ SCHEMES: dict[str, Scheme] = {
         Scheme("w4a16", QuantSpec(Precision.W4A16), False, ("Linear",), k_multiple=8),
         # Static per-tensor scales per group of denoising steps (groups chosen by the probe).
         Scheme("w8a8_timestep", QuantSpec(Precision.W8A8), False, ("Linear",), per_step=True),
+        # The same on SmoothQuant-smoothed inputs (the static search's alpha): on shapes-dit
+        # SmoothQuant wins every denoiser Linear, so per-step scales only compete smoothed.
+        Scheme(
+            "w8a8_timestep_smoothquant",
+            QuantSpec(Precision.W8A8),
+            True,
+            ("Linear",),
+            per_step=True,
+        ),
     )
 }
 

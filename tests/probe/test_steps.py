@@ -12,7 +12,7 @@ from opsnn_quant.policy.search import build_policy
 from opsnn_quant.policy.targets import get_target
 from opsnn_quant.probe.api import ProbeConfig, probe
 from opsnn_quant.probe.steps import StepRanges
-from opsnn_quant.timesteps import at_step
+from opsnn_quant.timesteps import at_step, current_step
 from opsnn_quant.types import Precision
 
 
@@ -94,3 +94,50 @@ def test_no_sampling_loop_no_per_step_scheme():
                    modalities={"": "denoiser"})  # fmt: skip
     assert report.module("fc1").timesteps is None
     assert "w8a8_timestep" not in report.module("fc1").w8a8
+
+
+def test_per_step_scales_on_smoothed_inputs_are_a_candidate_of_their_own():
+    model = Stepped()
+    cfg = ProbeConfig(max_root_calls=4, fp16=False,
+                      schemes=("w8a8", "w8a8_timestep", "w8a8_timestep_smoothquant"))  # fmt: skip
+    report = probe(model, _sampling_loop, cfg, modalities={"": "denoiser"})
+    fc1 = report.module("fc1")
+    both = fc1.w8a8["w8a8_timestep_smoothquant"]
+    assert both.timestep_bounds == fc1.timesteps.bounds and both.smoothquant_alpha is not None
+    assert both.sqnr_db > fc1.w8a8["w8a8"].sqnr_db
+    policy = build_policy(report, target="ascend910b-eager")
+    spec = next(r for r in policy.rules if r.matches("fc1")).quant_spec()
+    assert spec.timestep_bounds == tuple(fc1.timesteps.bounds)  # a per-step scheme won
+
+
+def test_the_smoothed_per_step_candidate_is_what_quantize_builds():
+    # The probe derives each group's scale from per-step per-channel maxima of x (max_c a_c/s_c);
+    # quantize() observes x / s per group directly: the same scales, so the same SQNR.
+    import copy
+
+    from opsnn_quant.quant.api import quantize
+    from opsnn_quant.quant.spec import QuantSpec
+
+    model = Stepped()
+    float_model = copy.deepcopy(model)
+    cfg = ProbeConfig(max_root_calls=4, fp16=False, attribution=False,
+                      schemes=("w8a8_timestep_smoothquant",))  # fmt: skip
+    err = probe(model, _sampling_loop, cfg, modalities={"": "denoiser"}).module("fc1")
+    err = err.w8a8["w8a8_timestep_smoothquant"]
+    spec = QuantSpec(Precision.W8A8, smoothquant_alpha=err.smoothquant_alpha,
+                     timestep_bounds=tuple(err.timestep_bounds))  # fmt: skip
+    q = quantize(copy.deepcopy(float_model), {"fc1": spec}, _sampling_loop)
+    inputs: list[tuple[int | None, torch.Tensor]] = []
+    handle = float_model.fc1.register_forward_pre_hook(
+        lambda m, a: inputs.append((current_step(), a[0]))
+    )
+    _sampling_loop(float_model)
+    handle.remove()
+    signal = noise = 0.0
+    for step, x in inputs:
+        ref = float_model.fc1(x).double()
+        with at_step(step):
+            got = q.fc1(x).double()
+        signal += float((ref**2).sum())
+        noise += float(((got - ref) ** 2).sum())
+    assert err.sqnr_db == pytest.approx(10 * math.log10(signal / noise), abs=0.05)

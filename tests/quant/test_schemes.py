@@ -19,10 +19,13 @@ def test_table_names_specs_and_preference_order():
         "w8a8_dynamic_smoothquant",
         "w4a16",
         "w8a8_timestep",
+        "w8a8_timestep_smoothquant",
     ]
     assert scheme_spec("w8a8") == QuantSpec(Precision.W8A8, observer="minmax")
     per_step = get_scheme("w8a8_timestep").spec(None, (0, 3))
     assert per_step == QuantSpec(Precision.W8A8, timestep_bounds=(0, 3))
+    both = get_scheme("w8a8_timestep_smoothquant").spec(0.5, (0, 3))
+    assert both == QuantSpec(Precision.W8A8, smoothquant_alpha=0.5, timestep_bounds=(0, 3))
     assert scheme_spec("w4a16") == QuantSpec(Precision.W4A16, group_size=128)
     assert scheme_spec("w8a8_mse") == QuantSpec(Precision.W8A8, observer="mse")
     assert scheme_spec("w8a8_smoothquant", 0.6) == QuantSpec(Precision.W8A8, smoothquant_alpha=0.6)
@@ -38,8 +41,9 @@ def test_module_types_drive_the_probe_candidates():
     assert schemes_for("LayerNorm") == ()
     # int4 packs eight values per word along K: measured only where K allows it
     # per-step scales only where a sampling loop set the step (none here)
-    assert LocalProbe("fc", nn.Linear(16, 4)).schemes == LINEAR_SCHEMES[:-1]
-    assert LocalProbe("fc", nn.Linear(12, 4)).schemes == LINEAR_SCHEMES[:-2]
+    stepless = ("w8a8", "w8a8_mse", "w8a8_smoothquant", "w8a8_dynamic", "w8a8_dynamic_smoothquant")
+    assert LocalProbe("fc", nn.Linear(16, 4)).schemes == (*stepless, "w4a16")
+    assert LocalProbe("fc", nn.Linear(12, 4)).schemes == stepless
     assert LocalProbe("conv", nn.Conv2d(2, 2, 1)).schemes == CONV_SCHEMES
 
 
