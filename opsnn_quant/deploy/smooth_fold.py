@@ -35,6 +35,10 @@ from opsnn_quant.recording import detached_copy, replay
 
 log = logging.getLogger(__name__)
 FOLD_TOLERANCE = 1e-4
+# The denoising step the structure trace and the fold captures run the quantized model at: it
+# picks the scales of per-step (w8a8_timestep) modules only, which neither depends on (and which
+# AscendV1 writes float); without a step those modules refuse to run.
+ANY_STEP = 0
 Call = tuple[tuple, dict]
 
 
@@ -110,7 +114,7 @@ def trace_producers(
         with torch.no_grad():
             for root, calls in roots.items():
                 if calls and root in named:
-                    replay(named[root], calls[0])
+                    replay(named[root], calls[0], ANY_STEP)
                 outputs.clear()
     finally:
         for h in handles:
@@ -273,7 +277,7 @@ def _check_calls(
                 and root in named
                 and any(not root or n.startswith(f"{root}.") for n in scopes)
             ):
-                replay(named[root], calls[0])
+                replay(named[root], calls[0], ANY_STEP)
     finally:
         for h in handles:
             h.remove()

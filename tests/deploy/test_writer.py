@@ -108,3 +108,27 @@ def test_a_per_step_module_is_written_float_with_the_reason():
     assert torch.allclose(export.tensors["fc.bias"].float(), bias, atol=deq)
     assert export.description["plain.weight"] == "W8A8"
     assert tuple(export.tensors["plain.input_scale"].shape) == (1,)
+
+
+def test_export_runs_with_a_per_step_module_in_the_model(tmp_path):
+    # The fold planning replays the quantized model: a per-step module there must not stop the
+    # export (it needs a step to run), and it is written FLOAT.
+    from opsnn_quant.deploy.writer import TIMESTEP_REASON
+    from opsnn_quant.timesteps import at_step
+
+    model = TinyAttention()
+    loop = forward_loop_for(model)
+
+    def stepped(m: nn.Module) -> None:
+        for step in (0, 1):
+            with at_step(step):
+                loop(m)
+
+    specs = {"ff2": QuantSpec("w8a8", timestep_bounds=(0, 1)),
+             "*": QuantSpec("w8a8", smoothquant_alpha=0.5)}  # fmt: skip
+    quantize(model, specs, stepped)
+    calls = {"": [(model.example_inputs(seed=9), {})]}
+    export_ascendv1(Stub(model), tmp_path / "out", calls=calls)  # type: ignore[arg-type]
+    description = json.loads((tmp_path / "out" / "quant_model_description.json").read_text())
+    assert description["ff2.weight"] == "FLOAT"
+    assert TIMESTEP_REASON in json.dumps(description)
