@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from opsnn_quant.errors import ModelLoadError
+from opsnn_quant.zoo import shapes_pipeline
 from opsnn_quant.zoo.shapes_pipeline import LATENT_SIZE
 
 if TYPE_CHECKING:
@@ -150,27 +151,10 @@ def generate(
     Returns:
         uint8 array ``[len(prompts), 32, 32, 3]``.
     """
-    import numpy as np
-
-    generator = torch.Generator("cpu").manual_seed(seed)
-    out = []
-    for i in range(0, len(prompts), batch_size):
-        chunk = prompts[i : i + batch_size]
-        # Latents drawn on CPU and moved, so the images do not depend on the device's RNG.
-        shape = (len(chunk), pipe.transformer.config.in_channels, LATENT_SIZE, LATENT_SIZE)
-        latents = torch.randn(shape, generator=generator, dtype=torch.float32)
-        latents = latents.to(device=pipe.device, dtype=pipe.transformer.dtype)
-        with torch.no_grad():
-            images = pipe(
-                chunk,
-                num_inference_steps=num_inference_steps,
-                guidance_scale=guidance_scale,
-                latents=latents,
-                max_sequence_length=max_sequence_length,
-                output_type="np",
-            ).images
-        out.append(np.clip(np.rint(images * 255.0), 0, 255).astype(np.uint8))
-    return np.concatenate(out, axis=0)
+    return shapes_pipeline.generate(
+        pipe, prompts, seed, num_inference_steps, guidance_scale, batch_size,
+        denoiser="transformer", max_sequence_length=max_sequence_length,
+    )  # fmt: skip
 
 
 def weights_dir() -> Path:

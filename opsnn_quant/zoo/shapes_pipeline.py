@@ -141,16 +141,21 @@ def generate(
     num_inference_steps: int = 20,
     guidance_scale: float = 5.0,
     batch_size: int = 64,
+    denoiser: str = "unet",
+    **pipe_kwargs: Any,
 ) -> np.ndarray:
     """Generate one image per prompt, reproducibly.
 
     Args:
-        pipe: A pipeline from :func:`load_shapes_t2i` (or a quantized copy of one).
+        pipe: A pipeline from :func:`load_shapes_t2i` (or a quantized copy of one; or the
+            shapes-dit pipeline, see :func:`opsnn_quant.zoo.shapes_dit.generate`).
         prompts: Captions.
         seed: Seed of the initial latents (one generator for the whole call).
         num_inference_steps: Scheduler steps.
         guidance_scale: Classifier-free guidance scale.
         batch_size: Prompts per pipeline call.
+        denoiser: The pipeline's denoiser component (its config and dtype shape the latents).
+        **pipe_kwargs: Further pipeline arguments.
 
     Returns:
         uint8 array ``[len(prompts), 32, 32, 3]``.
@@ -162,9 +167,10 @@ def generate(
     for i in range(0, len(prompts), batch_size):
         chunk = prompts[i : i + batch_size]
         # Latents drawn on CPU and moved, so the images do not depend on the device's RNG.
-        shape = (len(chunk), pipe.unet.config.in_channels, LATENT_SIZE, LATENT_SIZE)
+        model = getattr(pipe, denoiser)
+        shape = (len(chunk), model.config.in_channels, LATENT_SIZE, LATENT_SIZE)
         latents = torch.randn(shape, generator=generator, dtype=torch.float32)
-        latents = latents.to(device=pipe.device, dtype=pipe.unet.dtype)
+        latents = latents.to(device=pipe.device, dtype=model.dtype)
         with torch.no_grad():
             images = pipe(
                 chunk,
@@ -172,6 +178,7 @@ def generate(
                 guidance_scale=guidance_scale,
                 latents=latents,
                 output_type="np",
+                **pipe_kwargs,
             ).images
         out.append(np.clip(np.rint(images * 255.0), 0, 255).astype(np.uint8))
     return np.concatenate(out, axis=0)
