@@ -313,3 +313,12 @@ def test_pixart_encodes_raw_captions_and_bins_only_where_the_checkpoint_has_bins
             assert kwargs["use_resolution_binning"] is binned, (name, sample_size)
             assert kwargs["clean_caption"] is False and kwargs["max_sequence_length"] == 16
     assert "clean_caption" not in _load(pipes, "sd3", steps=1).extra_call_kwargs()
+
+
+def test_the_zoo_dit_loads_without_its_absent_t5():
+    # shapes-dit's model_index.json saves text_encoder_3/tokenizer_3 as [null, null]; diffusers
+    # refuses the directory unless they are passed as None.
+    adapter = load_adapter("diffusers-dit", "zoo:shapes-dit", steps=2)
+    assert adapter.pipe.text_encoder_3 is None
+    assert adapter.roots() == {"transformer": DEN, "vae.decoder": IMG,
+                               "text_encoder": TE, "text_encoder_2": TE}  # fmt: skip
