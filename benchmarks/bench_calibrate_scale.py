@@ -75,7 +75,9 @@ def build_sd15(root: Path) -> Path:
 
     torch.manual_seed(0)
     _char_tokenizer(root / "_tok")
-    tokenizer = CLIPTokenizer(str(root / "_tok" / "vocab.json"), str(root / "_tok" / "merges.txt"))
+    tokenizer = CLIPTokenizer(
+        str(root / "_tok" / "vocab.json"), str(root / "_tok" / "merges.txt"), model_max_length=77
+    )
     text = CLIPTextModel(CLIPTextConfig(vocab_size=54, hidden_size=768, intermediate_size=3072,
                                         num_hidden_layers=12, num_attention_heads=12,
                                         max_position_embeddings=77, bos_token_id=0,
