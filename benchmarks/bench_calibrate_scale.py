@@ -189,6 +189,8 @@ def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
 
     def say(msg: str) -> None:
         phases.append((msg, time.perf_counter() - t_start))
+        # streamed, so a row that runs for an hour shows where it is
+        print(f"[{row} {phases[-1][1]:8.1f} s] {msg}", file=sys.stderr, flush=True)
 
     result = run_calibrate(recipe, work / "out", progress=say, force=True)
     total_s = time.perf_counter() - t_start
@@ -239,10 +241,10 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--child", row, "--workdir", args.workdir,
                "--prompts", str(args.prompts), "--steps", str(args.steps),
                "--utterances", str(args.utterances), "--threads", str(args.threads)]  # fmt: skip
-        out = subprocess.run(cmd, capture_output=True, text=True)
+        out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # stderr: the phases
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
         if out.returncode != 0 or not lines:
-            print(f"{row}: failed (exit {out.returncode}): {out.stderr.strip().splitlines()[-1:]}")
+            print(f"{row}: failed (exit {out.returncode}); its error is above")
             continue
         rows.append(json.loads(lines[-1][7:]))
         _print([rows[-1]])
