@@ -77,16 +77,6 @@ def scheduler_config() -> dict[str, Any]:
     return {"num_train_timesteps": NUM_TRAIN_TIMESTEPS, "shift": SCHEDULER_SHIFT}
 
 
-def _dtype_kw() -> str:
-    try:
-        import diffusers.utils.deprecation_utils as dep
-
-        # diffusers renamed torch_dtype to dtype (0.36+); older releases only know torch_dtype.
-        return "dtype" if hasattr(dep, "_resolve_dtype") else "torch_dtype"
-    except ImportError:
-        return "torch_dtype"
-
-
 def load_shapes_dit(
     torch_dtype: torch.dtype = torch.float32, path: str | Path | None = None
 ) -> StableDiffusion3Pipeline:
@@ -115,7 +105,7 @@ def load_shapes_dit(
     try:
         pipe = StableDiffusion3Pipeline.from_pretrained(
             str(directory),
-            **{_dtype_kw(): torch_dtype},
+            **{shapes_pipeline.diffusers_dtype_kw(): torch_dtype},
             local_files_only=True,
             text_encoder_3=None,
             tokenizer_3=None,

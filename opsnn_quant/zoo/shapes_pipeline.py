@@ -85,6 +85,17 @@ def scheduler_config() -> dict[str, Any]:
     }
 
 
+def diffusers_dtype_kw() -> str:
+    """The dtype keyword of ``from_pretrained`` in the installed diffusers."""
+    try:
+        import diffusers.utils.deprecation_utils as dep
+
+        # diffusers renamed torch_dtype to dtype (0.36+); older releases only know torch_dtype.
+        return "dtype" if hasattr(dep, "_resolve_dtype") else "torch_dtype"
+    except ImportError:
+        return "torch_dtype"
+
+
 def load_shapes_t2i(
     torch_dtype: torch.dtype = torch.float32, path: str | Path | None = None
 ) -> StableDiffusionPipeline:
@@ -111,16 +122,9 @@ def load_shapes_t2i(
     verbosity = dlogging.get_verbosity()
     dlogging.set_verbosity_error()  # the per-component progress bar is noise for a 5 MB model
     try:
-        import diffusers.utils.deprecation_utils as dep
-
-        # diffusers renamed torch_dtype to dtype (0.36+); older releases only know torch_dtype.
-        dtype_kw = "dtype" if hasattr(dep, "_resolve_dtype") else "torch_dtype"
-    except ImportError:
-        dtype_kw = "torch_dtype"
-    try:
         pipe = StableDiffusionPipeline.from_pretrained(
             str(directory),
-            **{dtype_kw: torch_dtype},
+            **{diffusers_dtype_kw(): torch_dtype},
             local_files_only=True,
             safety_checker=None,
             feature_extractor=None,
