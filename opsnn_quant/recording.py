@@ -17,6 +17,8 @@ from opsnn_quant.tensors import first_tensor
 from opsnn_quant.timesteps import at_step, current_step
 from opsnn_quant.types import ForwardLoop, Modality
 
+Call = tuple[tuple, dict]  # one recorded call of a module: (args, kwargs)
+
 
 @dataclass
 class RootRecorder:

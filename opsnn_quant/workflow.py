@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,13 +37,13 @@ from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy
 from opsnn_quant.policy.summary import ModalitySummaryRow, summarize
 from opsnn_quant.policy.targets import get_target
-from opsnn_quant.probe.api import probe
+from opsnn_quant.probe.api import ProbeKeep, probe
 from opsnn_quant.probe.measure import measure_modalities
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.checkpoint import save_quantized
 from opsnn_quant.recipe import Recipe
-from opsnn_quant.recording import RecordedRoots, record_roots
+from opsnn_quant.recording import Call, RecordedRoots, record_roots
 from opsnn_quant.types import Modality
 
 log = logging.getLogger(__name__)
@@ -133,14 +133,16 @@ def run_calibrate(
     adapter = load_recipe_model(recipe)
     times: dict[str, float] = {}
     with atomic_dir(out, OUTPUT_KIND, force=force) as tmp:
-        report = _probe_phase(adapter, recipe, data, seed, tmp, times, say)
+        keep = ProbeKeep()
+        report = _probe_phase(adapter, recipe, data, seed, tmp, times, say, keep)
         policy = _policy_phase(report, recipe, tmp, say)
         recorded = _record_holdout(adapter, recipe, data, seed, say)
-        _quantize_phase(adapter, policy, data, engine, seed, tmp, times, say)
+        _quantize_phase(adapter, policy, data, engine, seed, tmp, times, say, keep)
         measured = _measure_phase(adapter, recorded, say) if engine == "opsnn" else {}
         notes = _export_phase(policy, report, recipe, tmp, say)
         if engine == "opsnn":
-            notes += _model_exports(adapter, policy, report, recipe, data, recorded, tmp, say)
+            calls = recorded.calls if recorded is not None else keep.root_calls
+            notes += _model_exports(adapter, policy, report, recipe, data, calls, tmp, say)
         rows = summarize(policy, report)
         verdict = None
         if acceptance is not None and engine == "opsnn":
@@ -190,13 +192,14 @@ def _probe_phase(
     tmp: Path,
     times: dict[str, float],
     say: Progress,
+    keep: ProbeKeep,
 ) -> SensitivityReport:
     t0 = time.perf_counter()
     # Only the schemes the target runs (or the recipe's choice among them): the others' errors
     # and scores would never be used.
     schemes = recipe.probe.schemes or get_target(recipe.target).schemes()
     cfg = recipe.probe_config(seed, schemes=tuple(schemes))
-    report = probe(adapter, adapter.forward_loop(data.probe), cfg, progress=say)
+    report = probe(adapter, adapter.forward_loop(data.probe), cfg, progress=say, keep=keep)
     report.save(tmp / "probe.json")
     times["probe"] = time.perf_counter() - t0
     return report
@@ -234,16 +237,21 @@ def _quantize_phase(
     tmp: Path,
     times: dict[str, float],
     say: Progress,
+    keep: ProbeKeep,
 ) -> None:
+    """Quantize with the calibration data: from the probe's pass-1 statistics when the probe
+    ran on all of it (the same float model on the same data: the same observers, no pass)."""
     t0 = time.perf_counter()
     loop = adapter.forward_loop(data.calibration)
+    same_data = data.probe is data.calibration
     if engine == "amct":
         say("handing the policy to AMCT")
         run_amct_roots(adapter, policy, loop, tmp / "amct")
     else:
         say("quantizing (calibration passes)")
         set_reproducible(seed=seed)
-        quantize(adapter.model, policy, loop, progress=say)
+        stats = keep.statistics if same_data else None
+        quantize(adapter.model, policy, loop, progress=say, statistics=stats)
         save_quantized(
             adapter.model,
             tmp / "quant",
@@ -251,6 +259,7 @@ def _quantize_phase(
             extra={"policy_model": policy.model},
             allow_empty=True,
         )
+    keep.statistics.clear()  # they hold the float modules quantize just replaced
     times["quantize"] = time.perf_counter() - t0
 
 
@@ -284,12 +293,14 @@ def _model_exports(
     report: SensitivityReport,
     recipe: Recipe,
     data: _Data,
-    recorded: RecordedRoots | None,
+    calls: Mapping[str, Sequence[Call]],
     tmp: Path,
     say: Progress,
 ) -> list[str]:
     """``export/ascendv1/`` and ``export/atc/`` from the quantized model (as ``recipe.exports``
-    asks), with their notes in ``<dir>.notes.txt``; returns the notes."""
+    asks), with their notes in ``<dir>.notes.txt``; returns the notes. ``calls``: recorded
+    calls per root (the held-out recording's, or the probe's; none: one calibration batch is
+    recorded)."""
     from opsnn_quant.deploy.workflow_exports import write_model_exports
     from opsnn_quant.policy.targets import get_target
 
@@ -304,8 +315,7 @@ def _model_exports(
         )
     if not wanted:
         return notes
-    calls = recorded.calls if recorded is not None else None
-    if calls is None:  # no held-out data: one calibration batch gives the roots' inputs
+    if not calls:  # neither held-out data nor a probe recording: one calibration batch
         say("recording one call per root for the exports")
         batch = data.calibration[: max(1, int(recipe.settings_dict().get("batch_size", 1)))]
         calls = record_roots(adapter, adapter.forward_loop(batch), 1, seed=recipe.seed).calls

@@ -33,10 +33,10 @@ from opsnn_quant.io import atomic_write_text, write_json_atomic
 from opsnn_quant.policy.export import export_policy, write_export
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.targets import get_target
+from opsnn_quant.recording import Call
 from opsnn_quant.tensors import first_tensor
 
 log = logging.getLogger(__name__)
-Call = tuple[tuple, dict]
 SOC_DEFAULTS = {"ascend310p": "Ascend310P3"}
 SOC_DEFAULT = "Ascend910B3"
 # ATC reads ONNX opsets 11-18 (atlasatcparam_16_0014, CANN community 9.1); 11-15 in the CANN

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from opsnn_quant.quant.modules import QuantConv2d, QuantModule, set_submodule
-from opsnn_quant.recording import detached_copy, replay
+from opsnn_quant.recording import Call, detached_copy, replay
 
 log = logging.getLogger(__name__)
 FOLD_TOLERANCE = 1e-4
@@ -39,7 +39,6 @@ FOLD_TOLERANCE = 1e-4
 # picks the scales of per-step (w8a8_timestep) modules only, which neither depends on (and which
 # AscendV1 writes float); without a step those modules refuse to run.
 ANY_STEP = 0
-Call = tuple[tuple, dict]
 
 
 @dataclass(frozen=True)

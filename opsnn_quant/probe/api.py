@@ -40,11 +40,27 @@ from opsnn_quant.probe.report import (
     SensitivityReport,
     summarize_modalities,
 )
+from opsnn_quant.recording import Call
 from opsnn_quant.types import ForwardLoop, Modality, match_prefix
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ProbeConfig", "probe"]
+__all__ = ["ProbeConfig", "ProbeKeep", "probe"]
+
+
+@dataclass
+class ProbeKeep:
+    """What a probe run hands on besides its report, for the phases after it (pass an empty
+    one as ``probe(..., keep=)``; it holds the float modules: drop it once they are swapped).
+
+    Attributes:
+        statistics: Linear/Conv2d name -> its pass-1 calibration statistics, for
+            ``quantize(..., statistics=)`` on the same data (no calibration pass there).
+        root_calls: root module -> one call recorded in pass 1 (inputs for the exports).
+    """
+
+    statistics: dict[str, LocalProbe] = field(default_factory=dict)
+    root_calls: dict[str, list[Call]] = field(default_factory=dict)
 
 
 @dataclass
@@ -67,6 +83,7 @@ def probe(
     *,
     modalities: dict[str, Modality | str] | None = None,
     progress: Callable[[str], None] | None = None,
+    keep: ProbeKeep | None = None,
 ) -> SensitivityReport:
     """Probe every module's fp16 overflow risk and int8 sensitivity.
 
@@ -78,6 +95,7 @@ def probe(
         config: what to probe.
         modalities: prefix -> modality for a plain module.
         progress: optional callback told about each phase.
+        keep: filled with what later phases can reuse instead of running the model again.
 
     Returns:
         The :class:`SensitivityReport` (``probe.json``).
@@ -101,6 +119,11 @@ def probe(
         say("probe pass 2/2: local int8 error of every candidate scheme")
         run.costs["pass2_seconds"] = local_error_pass(run.watches, adapter.model, forward_loop)
     e2e = _attribute_modalities(run, say)
+    if keep is not None:
+        keep.statistics.update(run.watches.local)
+        keep.root_calls.update(
+            {r: rec.calls[:1] for r, rec in run.watches.recorders.items() if rec.calls}
+        )
     return _assemble(run, e2e)
 
 

@@ -8,6 +8,8 @@ from typing import Literal
 
 from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID
 
+DEFAULT_ERROR_ROWS = 4096  # pass 2's measured input rows per module
+
 
 @dataclass(frozen=True)
 class ProbeConfig:
@@ -49,6 +51,9 @@ class ProbeConfig:
             on a CPU (fp16-rounded operands, fp32 accumulation, one output rounding) and runs
             the real fp16/bf16 module on npu/cuda; ``emulate`` / ``native`` force one
             (see :func:`opsnn_quant.probe.fp16.run_as`).
+        error_rows: input rows (tokens, conv output pixels) pass 2 measures per module, in
+            at least 3 calls spread over the loop and at most 32 (see
+            :meth:`opsnn_quant.probe.local.LocalProbe.error_calls`).
         seed: seed of reservoirs and random directions.
     """
 
@@ -66,4 +71,5 @@ class ProbeConfig:
     timestep_groups: int | None = None
     schemes: tuple[str, ...] | None = None
     fp16_rerun: Literal["auto", "emulate", "native"] = "auto"
+    error_rows: int = DEFAULT_ERROR_ROWS
     seed: int = 0

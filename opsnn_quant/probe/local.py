@@ -12,6 +12,7 @@ dynamic), a quarter of the fp32 weight each; no fp32 weight copies are kept.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from torch import nn
 
 from opsnn_quant.memory import TRIM
 from opsnn_quant.numerics import CHUNK, energies
+from opsnn_quant.probe.config import DEFAULT_ERROR_ROWS
 from opsnn_quant.probe.report import BF16_MAX, SchemeError, TimestepRanges
 from opsnn_quant.probe.steps import StepRanges
 from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, QuantModule
@@ -36,6 +38,9 @@ LINEAR_SCHEMES = schemes_for("Linear")
 CONV_SCHEMES = schemes_for("Conv2d")
 # The candidates run with QuantSpec's default output dtype (what fp16 deployments use).
 CANDIDATE_OUTPUT_DTYPE: str = QuantSpec.output_dtype
+
+
+MIN_ERROR_CALLS = 3
 
 
 @dataclass
@@ -107,6 +112,13 @@ class _Energy:
         return SchemeError(sqnr_db=sqnr, cosine=cos, smoothquant_alpha=alpha)
 
 
+def _symmetric_range(t: float) -> MinMaxObserver:
+    """A minmax observer of range [-t, t]: what a symmetric range needs of data of absmax t."""
+    obs = MinMaxObserver()
+    obs.collect(torch.tensor([-t, t]))
+    return obs
+
+
 def _alpha_key(scheme: str) -> str:
     """Which searched SmoothQuant alpha a scheme uses: static and dynamic are searched apart."""
     return "static" if SCHEMES[scheme].template.static_activations else "dynamic"
@@ -128,12 +140,14 @@ class LocalProbe:
     _variant: dict[str, str] = field(default_factory=dict)
     calls: int = 0
     max_error_calls: int = 32
+    error_rows: int = DEFAULT_ERROR_ROWS  # input rows pass 2 measures per module (see error_calls)
     alpha_grid: tuple[float, ...] = DEFAULT_ALPHA_GRID  # SmoothQuant strengths searched
     only: tuple[str, ...] | None = None  # the schemes to measure (None: every one that fits)
     timestep_groups: int | None = None  # groups of steps of w8a8_timestep (None: chosen)
     steps: StepRanges = field(default_factory=StepRanges)
     step_bounds: tuple[int, ...] | None = None  # chosen by decide() when steps were seen
     _pass2_calls: int = 0
+    _elements: int = 0  # input elements pass 1 saw (all calls, in a sampling loop or not)
 
     def __post_init__(self) -> None:
         if isinstance(self.module, nn.Linear):
@@ -150,7 +164,8 @@ class LocalProbe:
             fitting = schemes_for("Linear", self.module.in_features)
         else:
             fitting = CONV_SCHEMES
-        if len(self.steps.absmax) < 2:  # not a sampling loop: no groups of steps to keep scales per
+        if not self._all_stepped():
+            # not a sampling loop (or calls outside it): no groups of steps to keep scales per
             fitting = tuple(s for s in fitting if not SCHEMES[s].per_step)
         return fitting if self.only is None else tuple(s for s in fitting if s in self.only)
 
@@ -158,6 +173,7 @@ class LocalProbe:
     def collect(self, x: torch.Tensor) -> None:
         """Pass 1: one call's input."""
         self.calls += 1
+        self._elements += x.numel()
         self.minmax.collect(x)
         self.mse.collect(x)
         if self.stats is not None:
@@ -204,15 +220,12 @@ class LocalProbe:
         if spec.timestep_bounds is not None:
             # Symmetric minmax per group of steps follows exactly from the per-step maxima.
             groups = range(len(spec.timestep_bounds))
-            iq.observers = [self._group_observer(i, smooth) for i in groups]
+            iq.observers = [self._group_observer(spec.timestep_bounds, i, smooth) for i in groups]
         elif spec.static_activations:
             if smooth is not None:
                 # min/max of x / s_j follows exactly from the per-channel maxima (minmax observer).
                 assert self.stats is not None
-                t = float((self.stats.absmax / smooth).max())
-                obs = MinMaxObserver()
-                obs.collect(torch.tensor([-t, t]))
-                iq.observer = obs
+                iq.observer = _symmetric_range(float((self.stats.absmax / smooth).max()))
             else:
                 iq.observer = self.mse if spec.observer == "mse" else self.minmax
         q.freeze()
@@ -234,12 +247,12 @@ class LocalProbe:
     def measure(self, args: tuple, y: torch.Tensor) -> None:
         """Pass 2: every candidate's output on this call's input against the float output.
 
-        At most ``max_error_calls`` calls are measured, evenly spread over the ``calls`` pass 1
-        counted (e.g. every 3rd decoder step), so modules called per token stay affordable.
+        Only :meth:`error_calls` of the ``calls`` pass 1 counted are measured, evenly spread
+        over them (e.g. every 3rd decoder step, or denoising steps 0, 4 and 8 of 10).
         """
         index = self._pass2_calls
         self._pass2_calls += 1
-        stride = max(1, -(-self.calls // self.max_error_calls))
+        stride = max(1, -(-self.calls // self.error_calls()))
         if index % stride:
             return
         channel_dim = 1 if isinstance(self.module, nn.Conv2d) else -1
@@ -248,14 +261,77 @@ class LocalProbe:
             self.energies.setdefault(scheme, _Energy()).add(y, yq, channel_dim)
             TRIM.add(4 * yq.numel() * yq.element_size())  # output + the reference's copies
 
-    def _group_observer(self, group: int, smooth: torch.Tensor | None) -> MinMaxObserver:
-        assert self.step_bounds is not None
-        start = self.step_bounds[group]
-        end = self.step_bounds[group + 1] if group + 1 < len(self.step_bounds) else math.inf
-        t = self.steps.group_absmax(start, end, smooth)
-        obs = MinMaxObserver()
-        obs.collect(torch.tensor([-t, t]))
-        return obs
+    def error_calls(self) -> int:
+        """How many calls pass 2 measures: enough for ``error_rows`` input rows (tokens, or
+        output pixels of a conv), at least :data:`MIN_ERROR_CALLS` (spread over the loop) and
+        at most ``max_error_calls``. A big call (a UNet conv on 8 latents of 32x32: 8192 rows)
+        estimates its SQNR to a few hundredths of a dB; a decoder's per-token call (4 rows)
+        needs many; the cost of the candidates stays a few calls' worth, not the loop's."""
+        rows = self._elements / max(self._channels() * self.calls, 1)
+        wanted = max(MIN_ERROR_CALLS, math.ceil(self.error_rows / max(rows, 1.0)))
+        return min(self.max_error_calls, wanted)
+
+    def _channels(self) -> int:
+        if isinstance(self.module, nn.Linear):
+            return self.module.in_features
+        return int(getattr(self.module, "in_channels", 1))
+
+    def _group_observer(
+        self, bounds: tuple[int, ...], group: int, smooth: torch.Tensor | None
+    ) -> MinMaxObserver:
+        start = bounds[group]
+        end = bounds[group + 1] if group + 1 < len(bounds) else math.inf
+        return _symmetric_range(self.steps.group_absmax(start, end, smooth))
+
+    def _all_stepped(self) -> bool:
+        """Whether pass 1 saw two steps or more and every call inside the sampling loop."""
+        return len(self.steps.absmax) >= 2 and sum(self.steps.count.values()) == self._elements
+
+    def can_seed(self, spec: QuantSpec) -> bool:
+        """Whether pass 1's statistics give ``spec``'s calibration exactly (see :meth:`seed`).
+
+        They do for what they hold: plain minmax / MSE ranges of the input, SmoothQuant with a
+        fixed alpha (the per-channel maxima), and symmetric minmax ranges of smoothed inputs or
+        of groups of steps (which follow from the per-channel / per-step maxima). Not for
+        another observer, a searched (``"auto"``) alpha (the row reservoir is gone), asymmetric
+        smoothed ranges, or groups of steps of calls made outside a sampling loop.
+        """
+        if self.calls == 0:
+            return False
+        if spec.smoothquant and (self.stats is None or isinstance(spec.smoothquant_alpha, str)):
+            return False
+        if not spec.static_activations:
+            return True
+        derived = spec.smoothquant or spec.timestep_bounds is not None
+        if derived and not (spec.observer == "minmax" and spec.activation_symmetric):
+            return False
+        if spec.timestep_bounds is not None:
+            return self._all_stepped() and (not spec.smoothquant or self.steps.per_channel)
+        return spec.observer in ("minmax", "mse")
+
+    def seed(self, module: QuantModule[Any]) -> None:
+        """Calibrate an unfrozen quantized copy of this module from pass 1's statistics: the
+        observers (or the ranges they imply) that :func:`~opsnn_quant.quant.api.quantize`'s
+        own passes over the same data would fill, bit for bit (checked by
+        :meth:`can_seed`)."""
+        iq, spec = module.input_quantizer, module.spec
+        iq.calls = self.calls
+        if spec.smoothquant:
+            assert self.stats is not None and iq.stats is not None
+            iq.stats.absmax = self.stats.absmax.clone()
+            iq.stats.seen = self.stats.seen
+            module.decide_smoothing()
+        if not spec.static_activations:
+            return
+        smooth = iq.smooth
+        if spec.timestep_bounds is not None:
+            groups = range(len(spec.timestep_bounds))
+            iq.observers = [self._group_observer(spec.timestep_bounds, i, smooth) for i in groups]
+        elif smooth is not None:
+            assert self.stats is not None
+            iq.observer = _symmetric_range(float((self.stats.absmax / smooth).max()))
+        else:
+            iq.observer = copy.deepcopy(self.mse if spec.observer == "mse" else self.minmax)
 
     def timestep_ranges(self) -> TimestepRanges | None:
         """The per-step ranges for the report (None when no sampling loop set the step)."""

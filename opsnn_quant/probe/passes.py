@@ -92,6 +92,7 @@ def watches_for(
                 alpha_grid=tuple(cfg.smoothquant_alphas),
                 only=cfg.schemes,
                 timestep_groups=cfg.timestep_groups,
+                error_rows=cfg.error_rows,
             )
             for n, m in named.items()
             if n and type(m) in QUANTIZABLE

@@ -26,6 +26,20 @@ SpecLike = QuantSpec | Precision | str
 
 
 @runtime_checkable
+class SeedsCalibration(Protocol):
+    """Calibration statistics of one module collected elsewhere (the probe's pass 1 over the
+    same data): they can stand in for :func:`quantize`'s own calibration passes."""
+
+    def can_seed(self, spec: QuantSpec) -> bool:
+        """Whether :meth:`seed` gives ``spec`` exactly what calibrating would."""
+        ...
+
+    def seed(self, module: QuantModule[Any]) -> None:
+        """Put the statistics into an unfrozen quantized module (then ``freeze()`` it)."""
+        ...
+
+
+@runtime_checkable
 class ResolvesModules(Protocol):
     """Anything that maps a model's module names to precisions/specs (e.g. a PrecisionPolicy)."""
 
@@ -114,6 +128,7 @@ def quantize(
     forward_loop: ForwardLoop | None = None,
     *,
     progress: Callable[[str], None] | None = None,
+    statistics: Mapping[str, SeedsCalibration] | None = None,
 ) -> nn.Module:
     """Quantize ``model`` in place: swap modules, calibrate with ``forward_loop``, freeze.
 
@@ -126,6 +141,10 @@ def quantize(
             weight-only or dynamic without SmoothQuant. Runs twice when a static module uses
             SmoothQuant (statistics pass, then range pass on the smoothed activations).
         progress: optional callback told about each phase.
+        statistics: module name -> statistics of the same float model on the same data (the
+            probe's, see :func:`opsnn_quant.probe.probe`'s ``keep``). When every module that
+            needs data has statistics that can seed its spec exactly, no calibration pass runs
+            (the result is the same bits); otherwise ``forward_loop`` calibrates them all.
 
     Returns:
         The same model object, with quantized modules frozen.
@@ -146,8 +165,13 @@ def quantize(
         q.to(next(iter(modules[name].parameters())).device)
         set_submodule(model, name, q)
         swapped[name] = q
-    needs_data = any(s.static_activations or s.smoothquant for s in specs.values())
-    if needs_data:
+    needs_data = {
+        n: q for n, q in swapped.items() if q.spec.static_activations or q.spec.smoothquant
+    }
+    if needs_data and statistics is not None and _seed_all(needs_data, statistics):
+        if progress:
+            progress("calibration: the probe's statistics of the same data (no pass)")
+    elif needs_data:
         if forward_loop is None:
             raise ConfigError("static activation quantization and SmoothQuant need a forward_loop")
         two_pass = any(s.static_activations and s.smoothquant for s in specs.values())
@@ -165,3 +189,14 @@ def quantize(
         q.freeze()
     log.info("quantized %d modules", len(swapped))
     return model
+
+
+def _seed_all(
+    modules: Mapping[str, QuantModule[Any]], stats: Mapping[str, SeedsCalibration]
+) -> bool:
+    """Seed every module from ``stats`` if each can be (else touch none and return False)."""
+    if not all(n in stats and stats[n].can_seed(q.spec) for n, q in modules.items()):
+        return False
+    for name, q in modules.items():
+        stats[name].seed(q)
+    return True

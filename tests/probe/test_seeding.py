@@ -1,0 +1,141 @@
+"""quantize() from the probe's pass-1 statistics (``ProbeKeep``) instead of its own passes.
+
+The expectation is independent of the seeding code: quantize()'s own calibration passes over the
+same data, compared bit for bit on every frozen buffer. The model takes 2-D inputs so that
+quantize()'s calibration-mode Linear (``F.linear`` on rows) computes exactly the float model's
+activations (on 3-D inputs the two may differ in the last bit, and an MSE clip can follow).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from opsnn_quant.probe.api import ProbeConfig, ProbeKeep, probe
+from opsnn_quant.quant.api import quantize
+from opsnn_quant.quant.spec import QuantSpec
+from opsnn_quant.timesteps import at_step
+from opsnn_quant.types import Precision
+
+
+class Stepped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1 = nn.Linear(32, 64)
+        self.fc2 = nn.Linear(64, 16)
+        with torch.no_grad():
+            self.fc1.weight[:, 3] *= 8  # an outlier input channel: SmoothQuant has work
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _sampling_loop(model: nn.Module) -> None:
+    g = torch.Generator().manual_seed(1)
+    for step, scale in enumerate((30.0, 10.0, 3.0, 1.0)):
+        with at_step(step):
+            x = torch.randn(8, 32, generator=g) * scale
+            x[:, 5] *= 20
+            model(x)
+
+
+def _kept(model: nn.Module) -> ProbeKeep:
+    keep = ProbeKeep()
+    cfg = ProbeConfig(fp16=False, attribution=False)
+    probe(model, _sampling_loop, cfg, modalities={"": "denoiser"}, keep=keep)
+    return keep
+
+
+def _counting(calls: list[int]):
+    def loop(model: nn.Module) -> None:
+        calls.append(1)
+        _sampling_loop(model)
+
+    return loop
+
+
+SEEDABLE = [
+    QuantSpec(Precision.W8A8, observer="minmax"),
+    QuantSpec(Precision.W8A8, observer="mse"),
+    QuantSpec(Precision.W8A8, observer="minmax", activation_symmetric=False),
+    QuantSpec(Precision.W8A8, smoothquant_alpha=0.5),
+    QuantSpec(Precision.W8A8_DYNAMIC, smoothquant_alpha=0.75),
+    QuantSpec(Precision.W8A8, timestep_bounds=(0, 2)),
+    QuantSpec(Precision.W8A8, smoothquant_alpha=0.5, timestep_bounds=(0, 1, 3)),
+]
+
+
+@pytest.mark.parametrize(
+    "spec", SEEDABLE, ids=lambda s: s.short_name() if hasattr(s, "short_name") else None
+)
+def test_quantize_from_the_probe_statistics_is_its_own_calibration_bit_for_bit(spec):
+    model = Stepped()
+    float_model = copy.deepcopy(model)
+    keep = _kept(model)
+    assert all(keep.statistics[n].can_seed(spec) for n in ("fc1", "fc2"))
+    calls: list[int] = []
+    seeded = quantize(copy.deepcopy(float_model), {"fc*": spec}, _counting(calls),
+                      statistics=keep.statistics)  # fmt: skip
+    assert calls == []  # no calibration pass ran
+    own = quantize(copy.deepcopy(float_model), {"fc*": spec}, _counting(calls))
+    assert len(calls) == (2 if spec.smoothquant and spec.static_activations else 1)
+    a, b = seeded.state_dict(), own.state_dict()
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert different == []
+    assert any("inv_scale" in k or "smooth" in k for k in a)  # calibrated buffers were compared
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        QuantSpec(Precision.W8A8, smoothquant_alpha="auto"),  # the row reservoir is gone
+        QuantSpec(Precision.W8A8, observer="percentile"),  # pass 1 keeps no percentile histogram
+        QuantSpec(Precision.W8A8, smoothquant_alpha=0.5, activation_symmetric=False),
+        QuantSpec(Precision.W8A8, observer="mse", timestep_bounds=(0, 2)),
+    ],
+)
+def test_what_the_statistics_cannot_give_exactly_is_calibrated_by_the_loop(spec):
+    model = Stepped()
+    float_model = copy.deepcopy(model)
+    keep = _kept(model)
+    assert not keep.statistics["fc1"].can_seed(spec)
+    calls: list[int] = []
+    seeded = quantize(copy.deepcopy(float_model), {"fc*": spec}, _counting(calls),
+                      statistics=keep.statistics)  # fmt: skip
+    assert calls  # the loop calibrated
+    own = quantize(copy.deepcopy(float_model), {"fc*": spec}, _sampling_loop)
+    a, b = seeded.state_dict(), own.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_one_module_without_statistics_sends_every_module_through_the_loop():
+    model = Stepped()
+    float_model = copy.deepcopy(model)
+    keep = _kept(model)
+    del keep.statistics["fc2"]
+    calls: list[int] = []
+    spec = QuantSpec(Precision.W8A8, observer="mse")
+    quantize(
+        copy.deepcopy(float_model), {"fc*": spec}, _counting(calls), statistics=keep.statistics
+    )
+    assert calls == [1]
+
+
+def test_timestep_groups_need_every_call_in_the_sampling_loop():
+    model = Stepped()
+    keep = ProbeKeep()
+
+    def mixed(m: nn.Module) -> None:
+        _sampling_loop(m)
+        m(torch.randn(8, 32))  # a call outside the loop: quantize() would refuse it
+
+    probe(model, mixed, ProbeConfig(fp16=False, attribution=False), modalities={"": "denoiser"},
+          keep=keep)  # fmt: skip
+    stats = keep.statistics["fc1"]
+    assert stats.can_seed(QuantSpec(Precision.W8A8))
+    assert not stats.can_seed(QuantSpec(Precision.W8A8, timestep_bounds=(0, 2)))
