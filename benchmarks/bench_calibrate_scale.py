@@ -212,7 +212,8 @@ def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _phase_key(msg: str) -> str:
-    for key, needle in (("load", "loading"), ("pass 1", "pass 1/2"), ("alpha search", "SmoothQuant"),
+    for key, needle in (("export", "for the ATC graphs"), ("export", "for the exports"),
+                        ("load", "loading"), ("pass 1", "pass 1/2"), ("alpha search", "SmoothQuant"),
                         ("pass 2", "pass 2/2"), ("attribution", "end-to-end"),
                         ("holdout", "held-out data"), ("quantize", "quantiz"),
                         ("quantize", "calibration ("), ("measure", "measuring"),
@@ -253,7 +254,8 @@ def main() -> None:
 
 
 def _print(rows: list[dict[str, Any]]) -> None:
-    keys = ["pass 1", "alpha search", "pass 2", "attribution", "holdout", "quantize", "measure"]
+    keys = ["pass 1", "alpha search", "pass 2", "attribution", "holdout", "quantize", "measure",
+            "export"]  # fmt: skip
     head = f"{'row':16} {'float s':>8} {'total':>7} " + " ".join(f"{k[:7]:>7}" for k in keys)
     print(head + f" {'RSS x':>6} {'peak MB':>8}")
     for r in rows:

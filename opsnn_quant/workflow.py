@@ -248,7 +248,7 @@ def _quantize_phase(
         say("handing the policy to AMCT")
         run_amct_roots(adapter, policy, loop, tmp / "amct")
     else:
-        say("quantizing (calibration passes)")
+        say("quantizing")
         set_reproducible(seed=seed)
         stats = keep.statistics if same_data else None
         quantize(adapter.model, policy, loop, progress=say, statistics=stats)

@@ -112,6 +112,26 @@ class _Energy:
         return SchemeError(sqnr_db=sqnr, cosine=cos, smoothquant_alpha=alpha)
 
 
+def _sample_subset(
+    args: tuple, y: torch.Tensor, rows: int, channels: int
+) -> tuple[tuple, torch.Tensor]:
+    """``(args, y)`` on every ``k``-th sample (leading index) so that about ``rows`` input rows
+    remain (whole samples: a conv needs its neighbours); the whole call when it holds no more
+    rows or is not a single batched input."""
+    if len(args) != 1 or not isinstance(args[0], torch.Tensor) or args[0].dim() < 2:
+        return args, y
+    x = args[0]
+    lead = x.shape[0]
+    if y.dim() == 0 or y.shape[0] != lead:
+        return args, y
+    per_sample = x.numel() / max(lead * channels, 1)
+    keep = max(1, math.ceil(rows / max(per_sample, 1.0)))
+    if keep >= lead:
+        return args, y
+    step = lead // keep
+    return (x[::step],), y[::step]
+
+
 def _symmetric_range(t: float) -> MinMaxObserver:
     """A minmax observer of range [-t, t]: what a symmetric range needs of data of absmax t."""
     obs = MinMaxObserver()
@@ -248,7 +268,11 @@ class LocalProbe:
         """Pass 2: every candidate's output on this call's input against the float output.
 
         Only :meth:`error_calls` of the ``calls`` pass 1 counted are measured, evenly spread
-        over them (e.g. every 3rd decoder step, or denoising steps 0, 4 and 8 of 10).
+        over them (e.g. every 3rd decoder step, or denoising steps 0, 4 and 8 of 10), and of a
+        call bigger than its share of ``error_rows`` only an evenly strided subset of its
+        samples (a UNet call's guidance pair: some unconditional, some conditional ones): the
+        rows of a Linear/Conv2d are independent under every candidate (per-tensor, per-token
+        and per-channel scales), so the subset's error is exactly its own.
         """
         index = self._pass2_calls
         self._pass2_calls += 1
@@ -256,6 +280,8 @@ class LocalProbe:
         if index % stride:
             return
         channel_dim = 1 if isinstance(self.module, nn.Conv2d) else -1
+        rows = max(1, math.ceil(self.error_rows / self.error_calls()))
+        args, y = _sample_subset(args, y, rows, self._channels())
         for scheme in self.schemes:
             yq = self.candidate_output(scheme, args)
             self.energies.setdefault(scheme, _Energy()).add(y, yq, channel_dim)

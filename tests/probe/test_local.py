@@ -92,3 +92,46 @@ def test_the_alpha_grid_and_bf16_switches_are_honoured():
     assert alpha in (0.7, None)
     assert all(m.fp16 is None or m.fp16.rel_error_bf16 is None for m in report.modules)
     assert any(m.fp16 is not None and m.fp16.rel_error_fp16 is not None for m in report.modules)
+
+
+def test_pass_2_measures_a_few_spread_calls_of_a_big_module_and_many_of_a_small_one():
+    from opsnn_quant.probe.local import LocalProbe
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(4, 8, 3, padding=1)
+    big = LocalProbe("conv", conv, error_rows=4096)
+    for _ in range(10):  # 10 "denoising steps" of 8 samples x 32 x 32 = 8192 rows each
+        big.collect(torch.randn(8, 4, 32, 32))
+    assert big.error_calls() == 3  # at least three, spread: calls 0, 4 and 8 of 10
+    lin = nn.Linear(16, 16)
+    small = LocalProbe("lin", lin, error_rows=4096)
+    for _ in range(40):  # per-token decoder calls: 4 rows each
+        small.collect(torch.randn(4, 1, 16))
+    assert small.error_calls() == 32  # 4096 / 4 rows wanted, capped at 32 calls
+    small.decide()
+    with torch.no_grad():
+        for _ in range(40):
+            x = torch.randn(4, 1, 16)
+            small.measure((x,), lin(x))
+    e = small.energies["w8a8"]
+    assert e.channel_count == 20 * 4  # stride ceil(40 / 32) = 2: 20 calls of 4 rows
+
+
+def test_a_big_call_is_measured_on_strided_samples_exactly():
+    from opsnn_quant.probe.local import LocalProbe
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(4, 8, 3, padding=1)
+    lp = LocalProbe("conv", conv, error_rows=3 * 2048)  # 2048 rows per measured call
+    x = torch.randn(8, 4, 32, 32)  # 1024 rows per sample: 2 samples of 8, every 4th
+    lp.collect(x)
+    lp.decide()
+    with torch.no_grad():
+        y = conv(x)
+        lp.measure((x,), y)
+        sub = y[::4]
+        yq = lp.candidate_output("w8a8", (x[::4],))
+    e = lp.energies["w8a8"]
+    assert e.channel_count == 2 * 32 * 32
+    assert e.signal == pytest.approx(float(sub.double().pow(2).sum()), rel=1e-12)
+    assert e.noise == pytest.approx(float((yq.double() - sub.double()).pow(2).sum()), rel=1e-12)
