@@ -146,7 +146,7 @@ def recipe_for(row: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
                       "settings": {"steps": args.steps, "batch_size": args.prompts,
                                    "height": 256, "width": 256, "guidance_scale": 7.5}},
             "data": {"calibration": str(prompts)},
-            "probe": {"max_root_calls": 2, "estimator_batch": 1},
+            "probe": {"max_root_calls": 4, "estimator_batch": 1, "estimator_samples": 2},
             "target": "ascend910b-atc",
         }  # fmt: skip
     size = row.split("-")[1]

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.io import read_text
@@ -92,6 +100,11 @@ class ProbeSection(_Strict):
         description="samples per estimator replay, for every modality or per modality name "
         "(None / a modality left out: whole calls)",
     )
+    estimator_samples: int | dict[str, int] | None = Field(
+        default=None,
+        description="samples of each recorded call the estimator replays (evenly spread over "
+        "its batch), for every modality or per modality name (None / left out: all)",
+    )
     estimator: Literal["structured", "diagonal"] | None = Field(
         default=None,
         description="end-to-end estimator: structured (each candidate's real noise) or diagonal "
@@ -115,12 +128,14 @@ class ProbeSection(_Strict):
     )  # fmt: skip
     data_limit: int | None = Field(default=None, gt=0, description="use only the first N samples")
 
-    @field_validator("estimator_batch")
+    @field_validator("estimator_batch", "estimator_samples")
     @classmethod
-    def _check_estimator_batch(cls, v: int | dict[str, int] | None) -> int | dict[str, int] | None:
+    def _check_per_modality_count(
+        cls, v: int | dict[str, int] | None, info: ValidationInfo
+    ) -> int | dict[str, int] | None:
         values = v.values() if isinstance(v, dict) else [] if v is None else [v]
         if any(n <= 0 for n in values):
-            raise ValueError("estimator_batch must be positive")
+            raise ValueError(f"{info.field_name} must be positive")
         if isinstance(v, dict):
             known = {m.value for m in Modality}
             unknown = sorted(set(v) - known)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -96,7 +97,7 @@ def detached_copy(obj: Any) -> Any:
     return detach(obj)
 
 
-def split_batch(call: tuple[tuple, dict], max_batch: int | None) -> list[tuple[tuple, dict]]:
+def split_batch(call: Call, max_batch: int | None) -> list[Call]:
     """``call`` split into chunks of at most ``max_batch`` samples, or ``[call]`` when it cannot
     be split safely (or ``max_batch`` is None).
 
@@ -107,6 +108,28 @@ def split_batch(call: tuple[tuple, dict], max_batch: int | None) -> list[tuple[t
     """
     if max_batch is None:
         return [call]
+    batch = batch_size(call)
+    if batch is None or batch <= max_batch:
+        return [call]
+    return [
+        _map_tensors(call, partial(_rows, i, i + max_batch)) for i in range(0, batch, max_batch)
+    ]
+
+
+def sample_subset(call: Call, keep: int | None) -> Call:
+    """``call`` on ``keep`` samples evenly spread over its batch (indices ``i * B // keep``: a
+    guidance pair's unconditional and conditional halves both), or whole when it cannot be
+    split (see :func:`split_batch`), has no more samples, or ``keep`` is None."""
+    batch = batch_size(call)
+    if keep is None or batch is None or batch <= keep:
+        return call
+    index = torch.tensor([i * batch // keep for i in range(keep)])
+    return _map_tensors(call, partial(_pick, index))
+
+
+def batch_size(call: Call) -> int | None:
+    """The one leading size of every batched tensor in ``call``, or None when the call cannot be
+    sliced by samples safely (see :func:`split_batch`)."""
     leaves: list[Any] = []
 
     def collect(v: Any) -> None:
@@ -125,26 +148,30 @@ def split_batch(call: tuple[tuple, dict], max_batch: int | None) -> list[tuple[t
         isinstance(v, torch.Tensor) or v is None or isinstance(v, bool | int | float | str)
         for v in leaves
     )
-    if not plain or len(sizes) != 1:
-        return [call]
-    (batch,) = sizes
-    if batch <= max_batch:
-        return [call]
+    return next(iter(sizes)) if plain and len(sizes) == 1 else None
 
-    def take(v: Any, i: int) -> Any:
-        if isinstance(v, torch.Tensor):
-            return v[i : i + max_batch] if v.dim() > 0 else v
-        if isinstance(v, dict):
-            items = {k: take(x, i) for k, x in v.items()}
-            try:  # keep the mapping's own type (a ModelOutput is also indexed by position)
-                return type(v)(**items)
-            except TypeError:
-                return items
-        if isinstance(v, tuple | list) and not hasattr(v, "_fields"):
-            return type(v)(take(x, i) for x in v)
-        return v
 
-    return [take(call, i) for i in range(0, batch, max_batch)]
+def _rows(start: int, end: int, t: torch.Tensor) -> torch.Tensor:
+    return t[start:end]
+
+
+def _pick(index: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    return t.index_select(0, index.to(t.device))
+
+
+def _map_tensors(v: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``v`` with ``fn`` applied to every batched (non 0-d) tensor, containers kept."""
+    if isinstance(v, torch.Tensor):
+        return fn(v) if v.dim() > 0 else v
+    if isinstance(v, dict):
+        items = {k: _map_tensors(x, fn) for k, x in v.items()}
+        try:  # keep the mapping's own type (a ModelOutput is also indexed by position)
+            return type(v)(**items)
+        except TypeError:
+            return items
+    if isinstance(v, tuple | list) and not hasattr(v, "_fields"):
+        return type(v)(_map_tensors(x, fn) for x in v)
+    return v
 
 
 def replay(root: nn.Module, call: tuple[tuple, dict], step: int | None = None) -> torch.Tensor:

@@ -56,6 +56,16 @@ def test_estimator_batch_per_modality(tmp_path):
         )
         with pytest.raises(ConfigError, match=match):
             load_recipe(str(bad))
+        bad.write_text(
+            text.replace(
+                "estimator_batch: {audio_encoder: 1}",
+                f"estimator_batch: {{audio_encoder: 1}}\n  estimator_samples: {value}",
+            )
+        )
+        with pytest.raises(ConfigError, match=match.replace("positive", "estimator_samples")):
+            load_recipe(str(bad))
+    bad.write_text(text.replace("estimator_batch: {audio_encoder: 1}", "estimator_samples: 2"))
+    assert load_recipe(str(bad)).probe_config().estimator_samples == 2
 
 
 @pytest.mark.slow

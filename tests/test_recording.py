@@ -28,3 +28,19 @@ def test_batch_split_only_where_it_is_safe():
     assert isinstance(parts[1][1]["extra"], BaseModelOutput)
     assert torch.equal(parts[1][1]["extra"][0], enc[2:4]) and parts[0][1]["use_cache"] is False
     assert len(split_batch(((), {"encoder_outputs": (enc,), "ids": ids[:4]}), 1)) == 1
+
+
+def test_a_sample_subset_spreads_over_the_batch():
+    from opsnn_quant.recording import sample_subset
+
+    x = torch.arange(8.0).reshape(8, 1)  # a guidance pair: samples 0-3 unconditional, 4-7 not
+    ctx = torch.arange(16.0).reshape(8, 2)
+    t = torch.tensor(7)
+    (args, kwargs) = sample_subset(((x,), {"ctx": (ctx,), "t": t}), 2)
+    assert args[0].reshape(-1).tolist() == [0.0, 4.0]  # one of each half
+    assert kwargs["ctx"][0].tolist() == [[0.0, 1.0], [8.0, 9.0]] and kwargs["t"] is t
+    assert sample_subset(((x,), {}), 3)[0][0].reshape(-1).tolist() == [0.0, 2.0, 5.0]  # i*8//3
+    call = ((x,), {})
+    assert sample_subset(call, 8) is call and sample_subset(call, None) is call
+    mixed = ((x, torch.randn(2, 4)), {})
+    assert sample_subset(mixed, 1) is mixed  # no one batch size: kept whole

@@ -40,7 +40,7 @@ from opsnn_quant.probe.report import (
     SensitivityReport,
     summarize_modalities,
 )
-from opsnn_quant.recording import Call
+from opsnn_quant.recording import Call, sample_subset
 from opsnn_quant.types import ForwardLoop, Modality, match_prefix
 
 log = logging.getLogger(__name__)
@@ -232,15 +232,16 @@ def _estimate_root(
     modality: Modality,
 ) -> Attribution:
     local, cfg = run.watches.local, run.cfg
+    keep = _per_modality(cfg.estimator_samples, modality)
     return estimate(
         run.named[root_name],
-        replay,
+        [sample_subset(call, keep) for call in replay],
         members,
         lambda n, scheme, args, y: local[n].candidate_output(scheme, args),
         {n: _scored_schemes(local[n], best[n], cfg.e2e_schemes) for n in members},
         seed=cfg.seed,
         exhaustive=cfg.exhaustive,
-        max_batch=_estimator_batch(cfg, modality),
+        max_batch=_per_modality(cfg.estimator_batch, modality),
         steps=run.watches.recorders[root_name].steps,
         noise_power=(
             (lambda n, scheme: local[n].noise_power(scheme))
@@ -281,10 +282,11 @@ def _record_costs(costs: dict[str, float], modality: Modality, result: Attributi
         costs[f"{key}_exhaustive_forward_equivalents"] = exh / max(fwd, 1e-9)
 
 
-def _estimator_batch(cfg: ProbeConfig, modality: Modality) -> int | None:
-    if isinstance(cfg.estimator_batch, Mapping):
-        return cfg.estimator_batch.get(modality.value)
-    return cfg.estimator_batch
+def _per_modality(value: int | Mapping[str, int] | None, modality: Modality) -> int | None:
+    """A count given for every modality or per modality name (None: not given)."""
+    if isinstance(value, Mapping):
+        return value.get(modality.value)
+    return value
 
 
 def _scored_schemes(lp: LocalProbe, best: str, which: str) -> tuple[str, ...]:

@@ -31,6 +31,11 @@ class ProbeConfig:
             ``{"audio_encoder": 1}``: 1500-frame utterances one at a time, which is also faster
             there, while the short decoder calls stay whole). None / a modality left out
             replays whole calls.
+        estimator_samples: replay at most this many samples of each recorded call (indices
+            ``i * B // k``: both halves of a guidance pair), for every modality or per modality
+            name; None / a modality left out replays every sample. The estimator's cost is per
+            sample replayed: more recorded calls of fewer samples each cover more steps of a
+            sampling loop at the same cost.
         e2e_schemes: ``"all"`` scores every candidate scheme of a module end to end (same
             forward/backward, more int8 reference work at gradient time) so the policy can pick
             schemes by end-to-end effect; ``"best"`` scores only the locally best scheme.
@@ -65,6 +70,7 @@ class ProbeConfig:
     exhaustive: bool = False
     max_root_calls: int = 8
     estimator_batch: int | Mapping[str, int] | None = None
+    estimator_samples: int | Mapping[str, int] | None = None
     e2e_schemes: Literal["all", "best"] = "all"
     estimator: Literal["structured", "diagonal"] = "structured"
     smoothquant_alphas: tuple[float, ...] = DEFAULT_ALPHA_GRID

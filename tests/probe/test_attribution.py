@@ -202,3 +202,20 @@ def test_a_modality_with_two_roots_attributes_both_by_output_energy():
         assert cb.contribution == pytest.approx(4 * ca.contribution, rel=1e-5)
     ranks = sorted(report.module(n).e2e.rank for n in ("a.0", "a.2", "b.0", "b.2"))
     assert ranks == [1, 2, 3, 4]  # one ranking over the modality
+
+
+def test_estimator_samples_replays_that_many_samples_of_each_call():
+    from opsnn_quant.models.generic import GenericAdapter
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    data = [torch.randn(8, 16) for _ in range(3)]
+    adapter = GenericAdapter(model, {"": "denoiser"}, lambda m: [m(x) for x in data])
+    sizes: list[int] = []
+    model.register_forward_pre_hook(lambda m, a: sizes.append(a[0].shape[0]))
+    cfg = ProbeConfig(max_root_calls=3, fp16=False, estimator_samples={"denoiser": 2})
+    report = probe(adapter, adapter.forward_loop(), cfg)
+    # pass 1 and pass 2 run the loop (3 calls of 8); the estimator replays each recorded call
+    # on 2 samples: once for the output energy, once with gradients
+    assert sizes == [8] * 6 + [2] * 6
+    assert report.module("0").e2e is not None and report.module("0").e2e.contribution > 0
