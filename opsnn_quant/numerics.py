@@ -49,6 +49,33 @@ def energies(reference: torch.Tensor, approx: torch.Tensor, chunk: int = CHUNK) 
     return Energies(s, n, c, a)
 
 
+def noise_energy(reference: torch.Tensor, approx: torch.Tensor, chunk: int = CHUNK) -> float:
+    """``sum (approx - reference)^2`` alone (:class:`Energies`' ``noise``, the same sums)."""
+    import torch
+
+    ref = reference.detach().reshape(-1)
+    out = approx.detach().reshape(-1)
+    if ref.shape != out.shape:
+        raise ValueError(f"shape mismatch: {tuple(reference.shape)} vs {tuple(approx.shape)}")
+    total = 0.0
+    for i in range(0, ref.numel(), chunk):
+        d = out[i : i + chunk].to(torch.float64) - ref[i : i + chunk].to(torch.float64)
+        total += float(d.dot(d))
+    return total
+
+
+def signal_energy(t: torch.Tensor, chunk: int = CHUNK) -> float:
+    """``sum t^2`` (:class:`Energies`' ``signal`` of ``t``, the same sums)."""
+    import torch
+
+    flat = t.detach().reshape(-1)
+    total = 0.0
+    for i in range(0, flat.numel(), chunk):
+        r = flat[i : i + chunk].to(torch.float64)
+        total += float(r.dot(r))
+    return total
+
+
 def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
     """Signal-to-quantization-noise ratio ``10 log10(sum ref^2 / sum (ref - approx)^2)`` in dB.
 

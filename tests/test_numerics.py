@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from opsnn_quant.numerics import cosine, energies, sqnr_db
+from opsnn_quant.numerics import cosine, energies, noise_energy, signal_energy, sqnr_db
 
 
 def test_energies_hand_computed_any_chunking():
@@ -35,3 +35,14 @@ def test_sqnr_and_cosine_known_values():
     assert cosine(ref, torch.tensor([4.0, -3.0])) == pytest.approx(0.0)
     assert cosine(ref, 2 * ref) == pytest.approx(1.0)
     assert cosine(torch.zeros(2), torch.zeros(2)) == 1.0
+
+
+def test_noise_and_signal_alone_are_the_energies_sums_bit_for_bit():
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(3, 70000, generator=g)  # five chunks of 50000 elements
+    out = ref + 1e-3 * torch.randn(3, 70000, generator=g)
+    e = energies(ref, out, chunk=50000)
+    assert noise_energy(ref, out, chunk=50000) == e.noise
+    assert signal_energy(ref, chunk=50000) == e.signal
+    exact = float(((out.double() - ref.double()) ** 2).sum())
+    assert abs(noise_energy(ref, out) - exact) <= 1e-12 * exact

@@ -25,15 +25,9 @@ import torch
 from torch import nn
 
 from opsnn_quant.memory import TRIM
-from opsnn_quant.numerics import energies
+from opsnn_quant.numerics import noise_energy, signal_energy
 from opsnn_quant.probe.report import FP16_MAX, Fp16Stats
 from opsnn_quant.quant.observers import PercentileObserver
-
-
-def _rel_err(ref: torch.Tensor, out: torch.Tensor) -> tuple[float, float]:
-    """(squared error sum, squared reference sum) in float64."""
-    e = energies(ref, out)
-    return e.noise, e.signal
 
 
 def norm_mean_square_max(module: nn.Module, x: torch.Tensor) -> float | None:
@@ -87,14 +81,19 @@ class Fp16Accumulator:
         self, module: nn.Module, x: torch.Tensor | None, y: torch.Tensor | None, args: tuple
     ) -> None:
         """Record one call (``args`` are the call's positional inputs, for the re-runs)."""
+        x_max = y_max = 0.0
         if x is not None and x.numel():
-            self.in_absmax = max(self.in_absmax, float(x.detach().abs().max()))
+            x_abs = x.detach().abs()
+            x_max = float(x_abs.max())
+            self.in_absmax = max(self.in_absmax, x_max)
             if math.isfinite(self.in_absmax):
-                self.in_hist.collect(x.detach().abs())
+                self.in_hist.collect(x_abs)
         if y is not None and y.numel():
-            self.out_absmax = max(self.out_absmax, float(y.detach().abs().max()))
+            y_abs = y.detach().abs()
+            y_max = float(y_abs.max())
+            self.out_absmax = max(self.out_absmax, y_max)
             if math.isfinite(self.out_absmax):
-                self.out_hist.collect(y.detach().abs())
+                self.out_hist.collect(y_abs)
         if x is not None:
             ms = norm_mean_square_max(module, x)
             if ms is not None:
@@ -102,42 +101,41 @@ class Fp16Accumulator:
         self.calls += 1
         if not self.rerun or x is None or y is None:
             return
-        x_max = float(x.detach().abs().max()) if x.numel() else 0.0
-        y_max = float(y.detach().abs().max()) if y.numel() else 0.0
         sampled = self.calls & (self.calls - 1) == 0  # call 1, 2, 4, 8, ...
         if not sampled and max(x_max, y_max) < RISKY:
             return
+        self._rerun(module, args, y, x_max)
+        TRIM.add(4 * y.numel() * 4)  # the re-runs' outputs and casts
+
+    def _rerun(self, module: nn.Module, args: tuple, y: torch.Tensor, x_max: float) -> None:
+        """Re-run one call in fp16 (INF_NAN, and saturation where it can differ) and bf16, and
+        add up each one's error against the fp32 output ``y``."""
         y16 = run_as(module, args, torch.float16, saturate=False, mode=self.mode)
         if y16 is None:
             return
+        signal = signal_energy(y)  # shared by the three errors below
         finite = torch.isfinite(y16)
         all_finite = bool(finite.all())
         self.inf_nan += int((~finite).sum())
-        if all_finite:
-            a, b = _rel_err(y, y16)
-            self.err16[0] += a
-            self.err16[1] += b
+        noise16 = noise_energy(y, y16) if all_finite else None
+        if noise16 is not None:
+            self.err16[0] += noise16
+            self.err16[1] += signal
         else:
             self.err16_valid = False
-        ysat: torch.Tensor | None
-        if all_finite and x_max <= FP16_MAX:
-            ysat = y16  # nothing saturates: both modes compute the same
+        if noise16 is not None and x_max <= FP16_MAX:
+            noise_sat: float | None = noise16  # nothing saturates: both modes compute the same
         else:
             ysat = run_as(module, args, torch.float16, saturate=True, mode=self.mode)
-        if ysat is not None:
-            a, b = _rel_err(y, torch.nan_to_num(ysat, nan=0.0))
-            self.err_sat[0] += a
-            self.err_sat[1] += b
-        ybf = (
-            run_as(module, args, torch.bfloat16, saturate=False, mode=self.mode)
-            if self.bf16
-            else None
-        )
-        if ybf is not None:
-            a, b = _rel_err(y, ybf)
-            self.err_bf16[0] += a
-            self.err_bf16[1] += b
-        TRIM.add(4 * y.numel() * 4)  # the re-runs' outputs and casts
+            noise_sat = None if ysat is None else noise_energy(y, torch.nan_to_num(ysat, nan=0.0))
+        if noise_sat is not None:
+            self.err_sat[0] += noise_sat
+            self.err_sat[1] += signal
+        if self.bf16:
+            ybf = run_as(module, args, torch.bfloat16, saturate=False, mode=self.mode)
+            if ybf is not None:
+                self.err_bf16[0] += noise_energy(y, ybf)
+                self.err_bf16[1] += signal
 
     def result(self, min_headroom: float, is_norm: bool) -> Fp16Stats:
         """Fp16Stats with the overflow verdict and its evidence."""
