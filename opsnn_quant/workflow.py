@@ -259,7 +259,7 @@ def _quantize_phase(
             extra={"policy_model": policy.model},
             allow_empty=True,
         )
-    keep.statistics.clear()  # they hold the float modules quantize just replaced
+    keep.statistics.clear()
     times["quantize"] = time.perf_counter() - t0
 
 

@@ -40,6 +40,7 @@ from opsnn_quant.probe.report import (
     SensitivityReport,
     summarize_modalities,
 )
+from opsnn_quant.probe.seeding import PassOneStatistics
 from opsnn_quant.recording import Call, sample_subset
 from opsnn_quant.types import ForwardLoop, Modality, match_prefix
 
@@ -51,7 +52,7 @@ __all__ = ["ProbeConfig", "ProbeKeep", "probe"]
 @dataclass
 class ProbeKeep:
     """What a probe run hands on besides its report, for the phases after it (pass an empty
-    one as ``probe(..., keep=)``; it holds the float modules: drop it once they are swapped).
+    one as ``probe(..., keep=)``).
 
     Attributes:
         statistics: Linear/Conv2d name -> its pass-1 calibration statistics, for
@@ -59,7 +60,7 @@ class ProbeKeep:
         root_calls: root module -> one call recorded in pass 1 (inputs for the exports).
     """
 
-    statistics: dict[str, LocalProbe] = field(default_factory=dict)
+    statistics: dict[str, PassOneStatistics] = field(default_factory=dict)
     root_calls: dict[str, list[Call]] = field(default_factory=dict)
 
 
@@ -120,7 +121,7 @@ def probe(
         run.costs["pass2_seconds"] = local_error_pass(run.watches, adapter.model, forward_loop)
     e2e = _attribute_modalities(run, say)
     if keep is not None:
-        keep.statistics.update(run.watches.local)
+        keep.statistics.update({n: lp.pass_one() for n, lp in run.watches.local.items()})
         keep.root_calls.update(
             {r: rec.calls[:1] for r, rec in run.watches.recorders.items() if rec.calls}
         )

@@ -12,7 +12,6 @@ dynamic), a quarter of the fp32 weight each; no fp32 weight copies are kept.
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +23,7 @@ from opsnn_quant.memory import TRIM
 from opsnn_quant.numerics import CHUNK, energies
 from opsnn_quant.probe.config import DEFAULT_ERROR_ROWS
 from opsnn_quant.probe.report import BF16_MAX, SchemeError, TimestepRanges
+from opsnn_quant.probe.seeding import PassOneStatistics, all_stepped, group_range, symmetric_range
 from opsnn_quant.probe.steps import StepRanges
 from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, QuantModule
 from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver
@@ -132,13 +132,6 @@ def _sample_subset(
     return (x[::step],), y[::step]
 
 
-def _symmetric_range(t: float) -> MinMaxObserver:
-    """A minmax observer of range [-t, t]: what a symmetric range needs of data of absmax t."""
-    obs = MinMaxObserver()
-    obs.collect(torch.tensor([-t, t]))
-    return obs
-
-
 def _alpha_key(scheme: str) -> str:
     """Which searched SmoothQuant alpha a scheme uses: static and dynamic are searched apart."""
     return "static" if SCHEMES[scheme].template.static_activations else "dynamic"
@@ -184,7 +177,7 @@ class LocalProbe:
             fitting = schemes_for("Linear", self.module.in_features)
         else:
             fitting = CONV_SCHEMES
-        if not self._all_stepped():
+        if not all_stepped(self.steps, self._elements):
             # not a sampling loop (or calls outside it): no groups of steps to keep scales per
             fitting = tuple(s for s in fitting if not SCHEMES[s].per_step)
         return fitting if self.only is None else tuple(s for s in fitting if s in self.only)
@@ -240,12 +233,14 @@ class LocalProbe:
         if spec.timestep_bounds is not None:
             # Symmetric minmax per group of steps follows exactly from the per-step maxima.
             groups = range(len(spec.timestep_bounds))
-            iq.observers = [self._group_observer(spec.timestep_bounds, i, smooth) for i in groups]
+            iq.observers = [
+                group_range(self.steps, spec.timestep_bounds, i, smooth) for i in groups
+            ]
         elif spec.static_activations:
             if smooth is not None:
                 # min/max of x / s_j follows exactly from the per-channel maxima (minmax observer).
                 assert self.stats is not None
-                iq.observer = _symmetric_range(float((self.stats.absmax / smooth).max()))
+                iq.observer = symmetric_range(float((self.stats.absmax / smooth).max()))
             else:
                 iq.observer = self.mse if spec.observer == "mse" else self.minmax
         q.freeze()
@@ -302,62 +297,17 @@ class LocalProbe:
             return self.module.in_features
         return int(getattr(self.module, "in_channels", 1))
 
-    def _group_observer(
-        self, bounds: tuple[int, ...], group: int, smooth: torch.Tensor | None
-    ) -> MinMaxObserver:
-        start = bounds[group]
-        end = bounds[group + 1] if group + 1 < len(bounds) else math.inf
-        return _symmetric_range(self.steps.group_absmax(start, end, smooth))
-
-    def _all_stepped(self) -> bool:
-        """Whether pass 1 saw two steps or more and every call inside the sampling loop."""
-        return len(self.steps.absmax) >= 2 and sum(self.steps.count.values()) == self._elements
-
-    def can_seed(self, spec: QuantSpec) -> bool:
-        """Whether pass 1's statistics give ``spec``'s calibration exactly (see :meth:`seed`).
-
-        They do for what they hold: plain minmax / MSE ranges of the input, SmoothQuant with a
-        fixed alpha (the per-channel maxima), and symmetric minmax ranges of smoothed inputs or
-        of groups of steps (which follow from the per-channel / per-step maxima). Not for
-        another observer, a searched (``"auto"``) alpha (the row reservoir is gone), asymmetric
-        smoothed ranges, or groups of steps of calls made outside a sampling loop.
-        """
-        if self.calls == 0:
-            return False
-        if spec.smoothquant and (self.stats is None or isinstance(spec.smoothquant_alpha, str)):
-            return False
-        if not spec.static_activations:
-            return True
-        derived = spec.smoothquant or spec.timestep_bounds is not None
-        if derived and not (spec.observer == "minmax" and spec.activation_symmetric):
-            return False
-        if spec.timestep_bounds is not None:
-            return self._all_stepped() and (not spec.smoothquant or self.steps.per_channel)
-        return spec.observer in ("minmax", "mse")
-
-    def seed(self, module: QuantModule[Any]) -> None:
-        """Calibrate an unfrozen quantized copy of this module from pass 1's statistics: the
-        observers (or the ranges they imply) that :func:`~opsnn_quant.quant.api.quantize`'s
-        own passes over the same data would fill, bit for bit (checked by
-        :meth:`can_seed`)."""
-        iq, spec = module.input_quantizer, module.spec
-        iq.calls = self.calls
-        if spec.smoothquant:
-            assert self.stats is not None and iq.stats is not None
-            iq.stats.absmax = self.stats.absmax.clone()
-            iq.stats.seen = self.stats.seen
-            module.decide_smoothing()
-        if not spec.static_activations:
-            return
-        smooth = iq.smooth
-        if spec.timestep_bounds is not None:
-            groups = range(len(spec.timestep_bounds))
-            iq.observers = [self._group_observer(spec.timestep_bounds, i, smooth) for i in groups]
-        elif smooth is not None:
-            assert self.stats is not None
-            iq.observer = _symmetric_range(float((self.stats.absmax / smooth).max()))
-        else:
-            iq.observer = copy.deepcopy(self.mse if spec.observer == "mse" else self.minmax)
+    def pass_one(self) -> PassOneStatistics:
+        """Pass 1's statistics of this module, for ``quantize()`` (no reference to it)."""
+        return PassOneStatistics(
+            calls=self.calls,
+            elements=self._elements,
+            minmax=self.minmax,
+            mse=self.mse,
+            channel_absmax=None if self.stats is None else self.stats.absmax,
+            channel_seen=0 if self.stats is None else self.stats.seen,
+            steps=self.steps,
+        )
 
     def timestep_ranges(self) -> TimestepRanges | None:
         """The per-step ranges for the report (None when no sampling loop set the step)."""
