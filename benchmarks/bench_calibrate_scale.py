@@ -155,7 +155,8 @@ def recipe_for(row: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
         "model": {"family": "whisper", "source": str(build_whisper(work, size)),
                   "settings": {"batch_size": 4, "max_new_tokens": 40}},
         "data": {"calibration": "zoo:speech/eval", "limit": args.utterances},
-        "probe": {"max_root_calls": 4, "estimator_batch": {"audio_encoder": 1}},
+        "probe": {"max_root_calls": 4, "estimator_batch": {"audio_encoder": 1},
+                  "estimator_samples": {"audio_encoder": 2}},
         "target": "ascend910b-eager",
     }  # fmt: skip
 
@@ -215,8 +216,8 @@ def _phase_key(msg: str) -> str:
     for key, needle in (("export", "for the ATC graphs"), ("export", "for the exports"),
                         ("load", "loading"), ("pass 1", "pass 1/2"), ("alpha search", "SmoothQuant"),
                         ("pass 2", "pass 2/2"), ("attribution", "end-to-end"),
-                        ("holdout", "held-out data"), ("quantize", "quantiz"),
-                        ("quantize", "calibration ("), ("measure", "measuring"),
+                        ("measure", "measuring"), ("holdout", "held-out data"),
+                        ("quantize", "quantiz"), ("quantize", "calibration"),
                         ("export", "exporting"), ("policy", "policy")):  # fmt: skip
         if needle in msg:
             return key

@@ -38,16 +38,30 @@ class RootRecorder:
     seen: int = 0
     refused: int = 0
     failed: str | None = None
+    # With keep_outputs, outputs[i] is call i's first floating output (fp32 copy), taken by
+    # forward_hook as the call returns: what replaying it would give, without the replay.
+    keep_outputs: bool = False
+    outputs: list[torch.Tensor | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._gen = torch.Generator().manual_seed(self.seed)
+        self._slot: int | None = None  # where the call now running was kept (None: not kept)
 
     def forward_pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         """Offer each call of the root module (register with ``with_kwargs=True``)."""
         self.offer(args, kwargs)
 
+    def forward_hook(self, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+        """Keep the output of a call :meth:`offer` kept (register with ``with_kwargs=True``)."""
+        slot, self._slot = self._slot, None
+        if slot is None or not self.keep_outputs:
+            return
+        y = first_tensor(out)
+        self.outputs[slot] = None if y is None else y.detach().float().clone()
+
     def offer(self, args: tuple, kwargs: dict) -> None:
         """Consider one call for the reservoir."""
+        self._slot = None
         if self.accept is not None and not self.accept(args, kwargs):
             self.refused += 1
             return
@@ -66,14 +80,18 @@ class RootRecorder:
             self.failed = f"call arguments of '{self.name}' cannot be copied: {exc}"
             self.calls.clear()
             self.steps.clear()
+            self.outputs.clear()
             return
         step = current_step()
         if slot == len(self.calls):
             self.calls.append(snap)
             self.steps.append(step)
+            self.outputs.append(None)
         else:
             self.calls[slot] = snap
             self.steps[slot] = step
+            self.outputs[slot] = None
+        self._slot = slot
 
 
 def detached_copy(obj: Any) -> Any:
@@ -216,11 +234,14 @@ def record_roots(
     """Run ``loop`` on the float model, recording up to ``max_calls`` calls per root."""
     named = dict(adapter.model.named_modules())
     roots = {r: m for r, m in adapter.roots().items() if r in named}
-    recorders = {r: RootRecorder(r, max_calls, seed, adapter.record_filter(r)) for r in roots}
-    handles = [
-        named[r].register_forward_pre_hook(rec.forward_pre_hook, with_kwargs=True)
-        for r, rec in recorders.items()
-    ]
+    recorders = {
+        r: RootRecorder(r, max_calls, seed, adapter.record_filter(r), keep_outputs=True)
+        for r in roots
+    }
+    handles = []
+    for r, rec in recorders.items():
+        handles.append(named[r].register_forward_pre_hook(rec.forward_pre_hook, with_kwargs=True))
+        handles.append(named[r].register_forward_hook(rec.forward_hook, with_kwargs=True))
     try:
         loop(adapter.model)
     finally:
@@ -228,8 +249,14 @@ def record_roots(
             h.remove()
     calls = {r: rec.calls for r, rec in recorders.items() if rec.calls}
     steps = {r: recorders[r].steps for r in calls}
-    outputs = {
-        r: [replay(named[r], c, s).float() for c, s in zip(cs, steps[r], strict=True)]
-        for r, cs in calls.items()
-    }
+    outputs = {r: _outputs_of(named[r], recorders[r]) for r in calls}
     return RecordedRoots(calls, outputs, roots, steps)
+
+
+def _outputs_of(root: nn.Module, rec: RootRecorder) -> list[torch.Tensor]:
+    """The float output of each kept call: as it returned in the loop (a call whose output was
+    not seen, e.g. it raised inside the loop's own handling, is replayed)."""
+    return [
+        y if y is not None else replay(root, call, step).float()
+        for call, step, y in zip(rec.calls, rec.steps, rec.outputs, strict=True)
+    ]

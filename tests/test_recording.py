@@ -44,3 +44,25 @@ def test_a_sample_subset_spreads_over_the_batch():
     assert sample_subset(call, 8) is call and sample_subset(call, None) is call
     mixed = ((x, torch.randn(2, 4)), {})
     assert sample_subset(mixed, 1) is mixed  # no one batch size: kept whole
+
+
+def test_recorded_outputs_are_taken_in_the_loop_and_equal_a_replay():
+    from torch import nn
+
+    from opsnn_quant.models.generic import GenericAdapter
+    from opsnn_quant.recording import record_roots, replay
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    data = [torch.randn(3, 4) for _ in range(5)]
+    adapter = GenericAdapter(model, {"": "other"}, lambda m: [m(x) for x in data])
+    runs: list[int] = []
+    model.register_forward_pre_hook(lambda m, a: runs.append(1))
+    rec = record_roots(adapter, adapter.forward_loop(), max_calls=2, seed=3)
+    assert len(runs) == 5  # the loop's five calls, no replay
+    (root,) = rec.calls
+    assert len(rec.calls[root]) == 2 and len(rec.outputs[root]) == 2
+    for call, out in zip(rec.calls[root], rec.outputs[root], strict=True):
+        assert torch.equal(out, replay(model, call).float())
+        # and it is the output of that very input
+        assert any(torch.equal(call[0][0], x) for x in data)

@@ -9,6 +9,8 @@ op-plugin ``test/test_custom_ops/test_npu_quantize.py`` and ``test_npu_quant_mat
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from opsnn_quant.ascend._checks import require_dtype
@@ -50,11 +52,17 @@ def pack_int4(values: torch.Tensor) -> torch.Tensor:
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`pack_int4`: int32 (..., m) -> int8 (..., 8 * m) with values in [-8, 7]."""
     require_dtype("packed", packed, (torch.int32,), "unpack_int4")
-    word = packed.to(torch.int64) & 0xFFFFFFFF
-    parts = [(word >> shift) & 0xF for shift in _SHIFTS]
-    nibbles = torch.stack(parts, dim=-1)
-    signed = torch.where(nibbles >= 8, nibbles - 16, nibbles)
-    return signed.reshape(*packed.shape[:-1], -1).to(torch.int8)
+    if sys.byteorder != "little" or packed.dim() == 0:
+        word = packed.to(torch.int64) & 0xFFFFFFFF
+        parts = [(word >> shift) & 0xF for shift in _SHIFTS]
+        nibbles = torch.stack(parts, dim=-1)
+        signed = torch.where(nibbles >= 8, nibbles - 16, nibbles)
+        return signed.reshape(*packed.shape[:-1], -1).to(torch.int8)
+    # Little-endian bytes of each word: byte j holds values 2j (low nibble) and 2j + 1. Each
+    # nibble moved to the top of an int8 and shifted back arithmetically is its signed value.
+    raw = packed.contiguous().view(torch.uint8)
+    nibbles = torch.stack([raw << 4, raw & 0xF0], dim=-1).view(torch.int8) >> 4
+    return nibbles.reshape(*packed.shape[:-1], -1)
 
 
 @torch.no_grad()

@@ -49,13 +49,15 @@ RISKY = FP16_MAX / 8  # a call whose fp32 range comes this close to 65504 is alw
 class Fp16Accumulator:
     """Streaming fp16/bf16 statistics of one module.
 
-    Ranges are tracked on every call. The fp16/bf16 re-runs (the expensive part) run on calls
-    1, 2, 4, 8, ... (spread over the whole loop, e.g. early and late denoising steps, at a cost
-    that grows with the log of the calls) and on every call whose fp32 input or output range
-    exceeds ``65504 / 8``: the emulated re-run of a module can only overflow where its fp32
-    output nears 65504, so the calls left out only refine the fp16/bf16 error averages. The
-    saturation-mode re-run runs only where its result can differ from INF_NAN mode (an
-    out-of-range input, or a non-finite fp16 output).
+    Ranges (absmax) are tracked on every call. The expensive parts are sampled: the fp16 re-runs
+    run on calls 1, 2, 4, 8, ... (spread over the whole loop, e.g. early and late denoising
+    steps, at a cost that grows with the log of the calls) and on every call whose fp32 input
+    or output range exceeds ``65504 / 8``: the emulated re-run of a module can only overflow
+    where its fp32 output nears 65504, so the calls left out only refine the fp16 error average.
+    The bf16 re-run, which only decides whether an fp16-overflowing module may run in bf16,
+    runs on the first call and on those risky calls; the saturation-mode re-run only where its
+    result can differ from INF_NAN mode (an out-of-range input, or a non-finite fp16 output).
+    The p99.9 histograms (descriptive: the report's percentiles) are of calls 1, 2, 4, 8, ...
     """
 
     def __init__(self, rerun: bool, mode: str = "auto", bf16: bool = True) -> None:
@@ -81,35 +83,27 @@ class Fp16Accumulator:
         self, module: nn.Module, x: torch.Tensor | None, y: torch.Tensor | None, args: tuple
     ) -> None:
         """Record one call (``args`` are the call's positional inputs, for the re-runs)."""
-        x_max = y_max = 0.0
-        if x is not None and x.numel():
-            x_abs = x.detach().abs()
-            x_max = float(x_abs.max())
-            self.in_absmax = max(self.in_absmax, x_max)
-            if math.isfinite(self.in_absmax):
-                self.in_hist.collect(x_abs)
-        if y is not None and y.numel():
-            y_abs = y.detach().abs()
-            y_max = float(y_abs.max())
-            self.out_absmax = max(self.out_absmax, y_max)
-            if math.isfinite(self.out_absmax):
-                self.out_hist.collect(y_abs)
+        self.calls += 1
+        sampled = self.calls & (self.calls - 1) == 0  # call 1, 2, 4, 8, ...
+        x_max = _absmax(x, self.in_hist if sampled else None)
+        y_max = _absmax(y, self.out_hist if sampled else None)
+        self.in_absmax, self.out_absmax = max(self.in_absmax, x_max), max(self.out_absmax, y_max)
         if x is not None:
             ms = norm_mean_square_max(module, x)
             if ms is not None:
                 self.sumsq_max = ms if self.sumsq_max is None else max(self.sumsq_max, ms)
-        self.calls += 1
         if not self.rerun or x is None or y is None:
             return
-        sampled = self.calls & (self.calls - 1) == 0  # call 1, 2, 4, 8, ...
-        if not sampled and max(x_max, y_max) < RISKY:
-            return
-        self._rerun(module, args, y, x_max)
-        TRIM.add(4 * y.numel() * 4)  # the re-runs' outputs and casts
+        risky = max(x_max, y_max) >= RISKY
+        if sampled or risky:
+            self._rerun(module, args, y, x_max, bf16=self.bf16 and (risky or self.calls == 1))
+            TRIM.add(4 * y.numel() * 4)  # the re-runs' outputs and casts
 
-    def _rerun(self, module: nn.Module, args: tuple, y: torch.Tensor, x_max: float) -> None:
-        """Re-run one call in fp16 (INF_NAN, and saturation where it can differ) and bf16, and
-        add up each one's error against the fp32 output ``y``."""
+    def _rerun(
+        self, module: nn.Module, args: tuple, y: torch.Tensor, x_max: float, bf16: bool
+    ) -> None:
+        """Re-run one call in fp16 (INF_NAN, and saturation where it can differ) and, with
+        ``bf16``, in bf16; add up each one's error against the fp32 output ``y``."""
         y16 = run_as(module, args, torch.float16, saturate=False, mode=self.mode)
         if y16 is None:
             return
@@ -131,7 +125,7 @@ class Fp16Accumulator:
         if noise_sat is not None:
             self.err_sat[0] += noise_sat
             self.err_sat[1] += signal
-        if self.bf16:
+        if bf16:
             ybf = run_as(module, args, torch.bfloat16, saturate=False, mode=self.mode)
             if ybf is not None:
                 self.err_bf16[0] += noise_energy(y, ybf)
@@ -173,6 +167,17 @@ class Fp16Accumulator:
             overflow=bool(reasons),
             reasons=reasons,
         )
+
+
+def _absmax(t: torch.Tensor | None, hist: PercentileObserver | None) -> float:
+    """``|t|``'s max (0 for none or an empty tensor); into ``hist`` too when given (and finite)."""
+    if t is None or not t.numel():
+        return 0.0
+    t_abs = t.detach().abs()
+    t_max = float(t_abs.max())
+    if hist is not None and math.isfinite(t_max):
+        hist.collect(t_abs)
+    return t_max
 
 
 def _p999(obs: PercentileObserver) -> float:

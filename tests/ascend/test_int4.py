@@ -51,3 +51,19 @@ def test_pack_int4_hand_computed_word():
 def test_convert_weight_to_int4pack_rejects_what_torch_npu_rejects(weight, message):
     with pytest.raises(ShapeError, match=message):
         npu_convert_weight_to_int4pack(weight)
+
+
+def test_unpack_int4_every_nibble_in_every_position_and_views():
+    # Each of the 16 nibble values in each of the 8 positions (plus the extreme words), checked
+    # against the op-plugin packer's layout read back in Python integers.
+    words = [(v & 0xF) << (4 * j) for v in range(16) for j in range(8)] + [0xFFFFFFFF, 0x80000000]
+    packed = torch.tensor([w - 2**32 if w >= 2**31 else w for w in words], dtype=torch.int64)
+    packed = packed.to(torch.int32).reshape(-1, 1)
+    got = unpack_int4(packed)
+    for row, w in enumerate(words):
+        want = [((w >> (4 * j)) & 0xF) - (16 if (w >> (4 * j)) & 0x8 else 0) for j in range(8)]
+        assert got[row].tolist() == want
+    assert got.dtype == torch.int8
+    tall = packed.reshape(2, -1)  # several words per row, and a transposed (strided) view
+    assert torch.equal(unpack_int4(tall), got.reshape(2, -1))
+    assert torch.equal(unpack_int4(tall.t()), unpack_int4(tall.t().contiguous()))
