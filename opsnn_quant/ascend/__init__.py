@@ -8,7 +8,12 @@ raise :class:`~opsnn_quant.errors.ShapeError`.
 
 from opsnn_quant.ascend.dynamic import npu_dynamic_quant
 from opsnn_quant.ascend.int4 import npu_convert_weight_to_int4pack, pack_int4, unpack_int4
-from opsnn_quant.ascend.matmul import int8_matmul_exact, npu_quant_matmul, quant_matmul_cached
+from opsnn_quant.ascend.matmul import (
+    int8_matmul_exact,
+    npu_quant_matmul,
+    quant_matmul_cached,
+    quant_matmul_epilogue,
+)
 from opsnn_quant.ascend.params import (
     fp19,
     npu_trans_quant_param,
@@ -29,6 +34,7 @@ __all__ = [
     "npu_weight_quant_batchmatmul",
     "pack_int4",
     "quant_matmul_cached",
+    "quant_matmul_epilogue",
     "requant_int8",
     "unpack_int4",
     "unpack_quant_param",

@@ -152,8 +152,28 @@ def quant_matmul_cached(
         assert pertoken_scale is not None  # checked: G-B needs it
         return _group_gb(a, b, scale, pertoken_scale, bias, out)
     acc = int8_matmul_exact(a, b, None if plan.int4 else x2_float)
+    return quant_matmul_epilogue(
+        acc, scale, k=plan.k, offset=offset, pertoken_scale=pertoken_scale, bias=bias, output=out
+    )
+
+
+@torch.no_grad()
+def quant_matmul_epilogue(
+    acc: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    k: int,
+    offset: torch.Tensor | None = None,
+    pertoken_scale: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    output: torch.dtype = torch.int8,
+) -> torch.Tensor:
+    """What :func:`npu_quant_matmul` does after the int32 accumulation (checked arguments):
+    int32 bias, then the requant / dequant / per-token epilogue into ``output``. A reference
+    int8 conv (an im2col matmul) shares it: ``acc`` (M, N) with K = ``k`` products per sum."""
+    out = output
     if bias is not None and bias.dtype == torch.int32:
-        acc = _add_int32_bias(acc, bias, plan.k)
+        acc = _add_int32_bias(acc, bias, k)
     if out == torch.int32:
         return acc
     if pertoken_scale is None and out in (torch.int8, torch.float16):

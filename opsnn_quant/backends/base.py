@@ -1,4 +1,4 @@
-"""The backend interface: the four quantized operations a quantized module needs.
+"""The backend interface: the quantized operations a quantized module needs.
 
 Modules never test for a device themselves; they call :func:`get_backend` once per forward with
 their input's device, which is the single dispatch point of the package.
@@ -6,9 +6,21 @@ their input's device, which is the single dispatch point of the package.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """A Conv2d's geometry: stride, padding, dilation, and the int8 value its padding holds
+    (the quantized zero: an asymmetric input's offset, else 0)."""
+
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    pad_value: int = 0
 
 
 class QuantBackend(Protocol):
@@ -63,4 +75,19 @@ class QuantBackend(Protocol):
         ``w_q_t`` is int8 (K, N), or int32 (K // 8, N) holding int4 values (W4A16, with
         ``antiquant_scale`` (groups, N) and ``group_size`` > 0).
         """
+        ...
+
+    def quant_conv2d(
+        self,
+        x_q: torch.Tensor,
+        w_q: torch.Tensor,
+        conv: ConvGeometry,
+        scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        output_dtype: torch.dtype,
+    ) -> torch.Tensor | None:
+        """A quantized convolution straight from int8 (B, C, H, W) and int8 (N, C, kh, kw):
+        what :meth:`quant_matmul` gives on the im2col rows (M = B*OH*OW, N), bit for bit, or
+        None when the backend has no int8 convolution (the caller then runs im2col +
+        :meth:`quant_matmul`: torch_npu's eager API has no int8 conv)."""
         ...

@@ -12,6 +12,7 @@ from types import ModuleType
 
 import torch
 
+from opsnn_quant.backends.base import ConvGeometry
 from opsnn_quant.errors import BackendError
 
 
@@ -75,3 +76,15 @@ class NpuBackend:
         return _torch_npu().npu_weight_quant_batchmatmul(
             x, w_q_t, antiquant_scale.to(x.dtype), bias=bias, antiquant_group_size=group_size
         )
+
+    def quant_conv2d(
+        self,
+        x_q: torch.Tensor,
+        w_q: torch.Tensor,
+        conv: ConvGeometry,
+        scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        output_dtype: torch.dtype,
+    ) -> torch.Tensor | None:
+        """None: torch_npu's eager API has no int8 convolution (im2col + npu_quant_matmul)."""
+        return None

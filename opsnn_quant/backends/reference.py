@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from opsnn_quant import ascend
+from opsnn_quant.ascend.conv import int8_conv2d_exact
+from opsnn_quant.backends.base import ConvGeometry
 
 
 class ReferenceBackend:
@@ -59,3 +61,21 @@ class ReferenceBackend:
         return ascend.npu_weight_quant_batchmatmul(
             x, w_q_t, antiquant_scale, bias=bias, antiquant_group_size=group_size
         )
+
+    def quant_conv2d(
+        self,
+        x_q: torch.Tensor,
+        w_q: torch.Tensor,
+        conv: ConvGeometry,
+        scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        output_dtype: torch.dtype,
+    ) -> torch.Tensor | None:
+        """See :meth:`QuantBackend.quant_conv2d`: the exact int32 conv, then npu_quant_matmul's
+        epilogue on its rows."""
+        acc = int8_conv2d_exact(
+            x_q, w_q, conv.stride, conv.padding, conv.dilation, pad_value=conv.pad_value
+        )
+        rows = acc.permute(0, 2, 3, 1).reshape(-1, w_q.shape[0])
+        k = w_q[0].numel()
+        return ascend.quant_matmul_epilogue(rows, scale, k=k, bias=bias, output=output_dtype)

@@ -28,7 +28,7 @@ from torch import nn
 
 from opsnn_quant.ascend import npu_trans_quant_param
 from opsnn_quant.backends import get_backend
-from opsnn_quant.backends.base import QuantBackend
+from opsnn_quant.backends.base import ConvGeometry, QuantBackend
 from opsnn_quant.errors import CalibrationError, ConfigError
 from opsnn_quant.quant.functional import fold_bias_int32
 from opsnn_quant.quant.quantizers import InputQuantizer, WeightQuantizer
@@ -404,10 +404,37 @@ class QuantConv2d(QuantModule[nn.Conv2d]):
         kh, kw = self.kernel_size
         oh = (h + 2 * self.padding[0] - self.dilation[0] * (kh - 1) - 1) // self.stride[0] + 1
         ow = (w + 2 * self.padding[1] - self.dilation[1] * (kw - 1) - 1) // self.stride[1] + 1
-        cols = F.unfold(x, self.kernel_size, self.dilation, self.padding, self.stride)
-        rows = cols.transpose(1, 2).reshape(-1, self.in_k)
-        y = self.matmul_rows(rows)
+        y = self._direct_rows(x) if self.spec.precision == Precision.W8A8 else None
+        if y is None:
+            cols = F.unfold(x, self.kernel_size, self.dilation, self.padding, self.stride)
+            y = self.matmul_rows(cols.transpose(1, 2).reshape(-1, self.in_k))
         return y.reshape(b, oh * ow, self.out_channels).transpose(1, 2).reshape(b, -1, oh, ow)
+
+    def _direct_rows(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The im2col rows' output straight from the quantized feature map, where the backend
+        has an int8 convolution (the reference: its exact int32 sum, ~10x faster on a CPU than
+        im2col); static activations only (a per-token scale is one per im2col row). None: use
+        im2col."""
+        if not self.spec.static_activations:
+            return None
+        iq = self.input_quantizer
+        offset = None if self.spec.activation_symmetric else iq.offset.reshape(1).to(x.dtype)
+        backend = get_backend(x.device)
+        inv = iq.inv_scale.to(x.dtype)
+        # Every element is quantized on its own with the one per-tensor scale, so quantizing the
+        # map equals quantizing its im2col copies; the padding holds the quantized zero.
+        x_q = backend.quantize_static(x, inv, offset)
+        pad = int(backend.quantize_static(x.new_zeros(1), inv, offset).item())
+        geometry = ConvGeometry(
+            (self.stride[0], self.stride[1]),
+            (self.padding[0], self.padding[1]),
+            (self.dilation[0], self.dilation[1]),
+            pad,
+        )
+        out_dtype = _OUT_DTYPES[self.spec.output_dtype]
+        scale = self.deq_scale_packed if out_dtype == torch.float16 else self.deq_scale
+        y = backend.quant_conv2d(x_q, self.weight, geometry, scale, self.quant_bias, out_dtype)
+        return None if y is None else y.to(x.dtype)
 
     def extra_repr(self) -> str:
         state = "frozen" if self.frozen else "calibrating"

@@ -186,3 +186,27 @@ def test_reference_row_chunks_are_bit_identical(spec, monkeypatch):
     chunked = q(x)
     assert calls == [256, 256, 256, 232]
     assert torch.equal(whole, chunked)
+
+
+@pytest.mark.parametrize("output_dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_a_quantized_conv_from_its_int8_map_equals_its_im2col_rows(symmetric, output_dtype):
+    # The reference backend convolves the quantized feature map directly; the im2col rows
+    # through npu_quant_matmul are the independent expectation (the padding is the quantized
+    # zero in both: the offset of an asymmetric input).
+    from opsnn_quant.types import Precision
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(150, 12, 3, stride=2, padding=1)  # K = 1350: two channel blocks
+    x = torch.randn(2, 150, 9, 10) * 2 + (0.0 if symmetric else 1.0)
+    spec = QuantSpec(Precision.W8A8, activation_symmetric=symmetric, output_dtype=output_dtype)
+    q = QuantConv2d.from_float(conv, spec, "c")
+    q(x)
+    q.freeze()
+    direct = q(x)
+    rows = q._direct_rows(x)
+    assert rows is not None
+    cols = F.unfold(x, q.kernel_size, q.dilation, q.padding, q.stride)
+    via_rows = q.matmul_rows(cols.transpose(1, 2).reshape(-1, q.in_k))
+    assert torch.equal(rows, via_rows)
+    assert torch.equal(direct, via_rows.reshape(2, -1, 12).transpose(1, 2).reshape(direct.shape))
