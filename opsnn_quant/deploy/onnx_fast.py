@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from opsnn_quant.io import save_onnx_atomic
+from opsnn_quant.io import ONNX_EXTERNAL_DATA_BYTES, save_onnx_atomic
 from opsnn_quant.policy.export_atc import torch_scope
 from opsnn_quant.quant.modules import QuantConv2d, QuantModule, set_submodule
 from opsnn_quant.quant.onnx_markers import DOMAIN, MARKER_OP
@@ -68,11 +68,14 @@ def export_graph(
     path: Path,
     opset: int = 17,
     input_names: list[str] | None = None,
+    external_data_bytes: int = ONNX_EXTERNAL_DATA_BYTES,
 ) -> tuple[Any, dict[str, list[str]]]:
     """Export ``model`` (float, or holding frozen quantized modules written as QDQ) to ``path``.
 
     ``input_names`` name the graph inputs (ATC's ``--input_shape`` cannot take the exporter's
-    own ``onnx::Op_0`` names: ``:`` separates a name from its dims).
+    own ``onnx::Op_0`` names: ``:`` separates a name from its dims). A graph of
+    ``external_data_bytes`` or more (an SD 1.5 UNet in fp32: 3.4 GB, past protobuf's 2 GiB) is
+    written with its weights in ``<name>.data`` and checked from the file.
 
     Returns:
         ``(ModelProto, module -> node names of its quantized modules)``.
@@ -95,8 +98,12 @@ def export_graph(
         for name, m in qmods.items():
             set_submodule(model, name, m)
     quant_nodes, _ = _rewrite_markers(onnx, proto, qmods, False)
-    onnx.checker.check_model(proto)
-    save_onnx_atomic(proto, path)
+    large = proto.ByteSize() >= external_data_bytes
+    if not large:
+        onnx.checker.check_model(proto)
+    save_onnx_atomic(proto, path, external_data_bytes=external_data_bytes)
+    if large:  # beyond 2 GiB the checker reads the file (weights in <name>.data beside it)
+        onnx.checker.check_model(str(path))
     return proto, quant_nodes
 
 
