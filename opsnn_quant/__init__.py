@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from opsnn_quant.policy.schema import PrecisionPolicy
     from opsnn_quant.policy.search import build_policy
     from opsnn_quant.policy.targets import get_target
-    from opsnn_quant.probe.api import ProbeConfig, probe
+    from opsnn_quant.probe.api import ProbeConfig, ProbeKeep, probe
     from opsnn_quant.probe.report import SensitivityReport
     from opsnn_quant.quant.api import quantize
     from opsnn_quant.quant.checkpoint import load_quantized, save_quantized
@@ -47,6 +47,7 @@ _EXPORTS: dict[str, str] = {
     "load_quantized": "opsnn_quant.quant.checkpoint",
     "probe": "opsnn_quant.probe.api",
     "ProbeConfig": "opsnn_quant.probe.api",
+    "ProbeKeep": "opsnn_quant.probe.api",
     "SensitivityReport": "opsnn_quant.probe.report",
     "PrecisionPolicy": "opsnn_quant.policy.schema",
     "build_policy": "opsnn_quant.policy.search",
@@ -79,6 +80,7 @@ __all__ = [
     "Precision",
     "PrecisionPolicy",
     "ProbeConfig",
+    "ProbeKeep",
     "QuantModule",
     "QuantSpec",
     "SensitivityReport",
