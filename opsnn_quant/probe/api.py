@@ -233,10 +233,10 @@ def _estimate_root(
     modality: Modality,
 ) -> Attribution:
     local, cfg = run.watches.local, run.cfg
-    keep = _per_modality(cfg.estimator_samples, modality)
+    samples = _per_modality(cfg.estimator_samples, modality)
     return estimate(
         run.named[root_name],
-        [sample_subset(call, keep) for call in replay],
+        [sample_subset(call, samples) for call in replay],
         members,
         lambda n, scheme, args, y: local[n].candidate_output(scheme, args),
         {n: _scored_schemes(local[n], best[n], cfg.e2e_schemes) for n in members},
