@@ -185,13 +185,17 @@ def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
     del adapter
     release_memory()  # the float copy's pages go back before calibrate loads its own
     phases: list[tuple[str, float]] = []
+    peaks: list[int] = []
     _reset_hwm()
     t_start = time.perf_counter()
 
     def say(msg: str) -> None:
         phases.append((msg, time.perf_counter() - t_start))
+        if _phase_key(msg) == "export" and not peaks:
+            peaks.append(_hwm_kb())  # the peak of everything before the exports
         # streamed, so a row that runs for an hour shows where it is
-        print(f"[{row} {phases[-1][1]:8.1f} s] {msg}", file=sys.stderr, flush=True)
+        print(f"[{row} {phases[-1][1]:8.1f} s] {msg} (peak RSS {_hwm_kb() / 1024:.0f} MB)",
+              file=sys.stderr, flush=True)  # fmt: skip
 
     result = run_calibrate(recipe, work / "out", progress=say, force=True)
     total_s = time.perf_counter() - t_start
@@ -208,6 +212,7 @@ def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
         "rss_base_mb": base_kb / 1024,
         "rss_float_mb": float_kb / 1024,
         "rss_calibrate_mb": calib_kb / 1024,
+        "rss_before_export_mb": (peaks[0] if peaks else calib_kb) / 1024,
         "int8_mac_share": result.int8_mac_share,
     }
 
@@ -258,13 +263,14 @@ def _print(rows: list[dict[str, Any]]) -> None:
     keys = ["pass 1", "alpha search", "pass 2", "attribution", "holdout", "quantize", "measure",
             "export"]  # fmt: skip
     head = f"{'row':16} {'float s':>8} {'total':>7} " + " ".join(f"{k[:7]:>7}" for k in keys)
-    print(head + f" {'RSS x':>6} {'peak MB':>8}")
+    print(head + f" {'RSS x':>6} {'peak MB':>8} {'pre-exp x':>9}")
     for r in rows:
         eq = [r["phases"].get(k, 0.0) / r["float_s"] for k in keys]
         rss = (r["rss_calibrate_mb"]) / max(r["rss_float_mb"], 1e-9)
         print(f"{r['row']:16} {r['float_s']:8.1f} {r['total_s'] / r['float_s']:7.1f} "
               + " ".join(f"{e:7.1f}" for e in eq)
-              + f" {rss:6.2f} {r['rss_calibrate_mb']:8.0f}")  # fmt: skip
+              + f" {rss:6.2f} {r['rss_calibrate_mb']:8.0f}"
+              + f" {r['rss_before_export_mb'] / max(r['rss_float_mb'], 1e-9):9.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":
