@@ -6,7 +6,9 @@ Rows (each in a child process, so its peak RSS is its own):
   encoder, 83M VAE) with random weights, built and saved by this script, sampled at 256 px;
 * ``whisper-base`` / ``whisper-small``: Whisper base.en / small.en architectures with random
   weights (the zoo's tiny.en processor: same English tokenizer and features);
-* ``shapes-t2i``, ``whisper-tiny-en``: the zoo recipes as they ship.
+* ``shapes-t2i``, ``whisper-tiny-en``: the zoo recipes as they ship;
+* ``sd3-tiny``, ``flux-tiny``: the tests' 2-layer random SD3 / FLUX pipelines at 32 px (a float
+  pass is a fraction of a second there, so fixed costs dominate their ratios).
 
 Per row: the wall time of one float forward loop over the calibration set (the unit), then the
 whole ``run_calibrate`` with each phase timed from its progress messages (probe pass 1, the
@@ -34,7 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROWS = ("shapes-t2i", "whisper-tiny-en", "whisper-base", "whisper-small", "sd15-256")
+ROWS = ("shapes-t2i", "whisper-tiny-en", "whisper-base", "whisper-small", "sd15-256", "sd3-tiny",
+        "flux-tiny")  # fmt: skip
 
 
 def _hwm_kb() -> int:
@@ -149,6 +152,8 @@ def recipe_for(row: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
             "probe": {"max_root_calls": 4, "estimator_batch": 1, "estimator_samples": 2},
             "target": "ascend910b-atc",
         }  # fmt: skip
+    if row in ("sd3-tiny", "flux-tiny"):
+        return _tiny_dit_recipe(row, work, args)
     size = row.split("-")[1]
     return {
         "name": row,
@@ -157,6 +162,27 @@ def recipe_for(row: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
         "data": {"calibration": "zoo:speech/eval", "limit": args.utterances},
         "probe": {"max_root_calls": 4, "estimator_batch": {"audio_encoder": 1},
                   "estimator_samples": {"audio_encoder": 2}},
+        "target": "ascend910b-eager",
+    }  # fmt: skip
+
+
+def _tiny_dit_recipe(row: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The tests' 2-layer SD3 / FLUX pipelines (``tests/tiny_pipelines.py``) at 32 px."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests import tiny_pipelines
+
+    build = tiny_pipelines.save_tiny_sd3 if row == "sd3-tiny" else tiny_pipelines.save_tiny_flux
+    build(work / "pipe")
+    prompts = work / "prompts.txt"
+    words = ["a red circle", "a blue square", "a green circle at the top", "a small red square"]
+    prompts.write_text("\n".join((words * args.prompts)[: args.prompts]) + "\n")
+    return {
+        "name": row,
+        "model": {"family": "diffusers-dit", "source": str(work / "pipe"),
+                  "settings": {"steps": args.steps, "batch_size": 2, "height": 32, "width": 32,
+                               "max_sequence_length": 16}},
+        "data": {"calibration": str(prompts)},
+        "probe": {"max_root_calls": 4},
         "target": "ascend910b-eager",
     }  # fmt: skip
 
