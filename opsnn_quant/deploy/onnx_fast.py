@@ -85,23 +85,31 @@ def export_graph(
     from opsnn_quant.quant.onnx_export import _rewrite_markers
 
     qmods = {n: m for n, m in model.named_modules() if isinstance(m, QuantModule)}
-    try:
-        for name, m in qmods.items():
-            set_submodule(model, name, _Marker(name, m))
-        with torch.no_grad(), warnings.catch_warnings(), tempfile.TemporaryDirectory() as tmp:
-            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-            torch.onnx.export(model, inputs, f"{tmp}/graph.onnx", dynamo=False,
-                              opset_version=opset, input_names=input_names, output_names=["output"],
-                              custom_opsets={DOMAIN: 1} if qmods else None)  # fmt: skip
-            proto = onnx.load(f"{tmp}/graph.onnx")
-    finally:
-        for name, m in qmods.items():
-            set_submodule(model, name, m)
-    quant_nodes, _ = _rewrite_markers(onnx, proto, qmods, False)
-    large = proto.ByteSize() >= external_data_bytes
-    if not large:
-        onnx.checker.check_model(proto)
-    save_onnx_atomic(proto, path, external_data_bytes=external_data_bytes)
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            for name, m in qmods.items():
+                set_submodule(model, name, _Marker(name, m))
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+                torch.onnx.export(model, inputs, f"{tmp}/graph.onnx", dynamo=False,
+                                  opset_version=opset, input_names=input_names,
+                                  output_names=["output"],
+                                  custom_opsets={DOMAIN: 1} if qmods else None)  # fmt: skip
+        finally:
+            for name, m in qmods.items():
+                set_submodule(model, name, m)
+        # Past 2 GiB the exporter leaves each weight in a file of its own beside the graph:
+        # they are streamed into <name>.data, not loaded (a second copy of an SD UNet's 3.4 GB).
+        proto = onnx.load(f"{tmp}/graph.onnx", load_external_data=False)
+        external = any(
+            t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer
+        )
+        quant_nodes, _ = _rewrite_markers(onnx, proto, qmods, False)
+        large = external or proto.ByteSize() >= external_data_bytes
+        if not large:
+            onnx.checker.check_model(proto)
+        save_onnx_atomic(proto, path, external_data_bytes=external_data_bytes,
+                         external_from=Path(tmp) if external else None)  # fmt: skip
     if large:  # beyond 2 GiB the checker reads the file (weights in <name>.data beside it)
         onnx.checker.check_model(str(path))
     return proto, quant_nodes
