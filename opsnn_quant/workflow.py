@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.amct.handoff import run_amct_roots
 from opsnn_quant.amct.run import import_amct
@@ -45,6 +45,9 @@ from opsnn_quant.quant.checkpoint import save_quantized
 from opsnn_quant.recipe import Recipe
 from opsnn_quant.recording import Call, RecordedRoots, record_roots
 from opsnn_quant.types import Modality
+
+if TYPE_CHECKING:
+    from opsnn_quant.deploy.workflow_exports import StagedGraphs
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
@@ -137,12 +140,16 @@ def run_calibrate(
         report = _probe_phase(adapter, recipe, data, seed, tmp, times, say, keep)
         policy = _policy_phase(report, recipe, tmp, say)
         recorded = _record_holdout(adapter, recipe, data, seed, say)
+        notes = _export_phase(policy, report, recipe, tmp, say)
+        exports = _model_export_plan(policy, recipe) if engine == "opsnn" else _ExportPlan([], [])
+        calls = _export_calls(adapter, recipe, data, recorded, keep, exports, say)
+        staged = _stage_float_graphs(adapter, policy, report, calls, exports, tmp, say)
         _quantize_phase(adapter, policy, data, engine, seed, tmp, times, say, keep)
         measured = _measure_phase(adapter, recorded, say) if engine == "opsnn" else {}
-        notes = _export_phase(policy, report, recipe, tmp, say)
         if engine == "opsnn":
-            calls = recorded.calls if recorded is not None else keep.root_calls
-            notes += _model_exports(adapter, policy, report, recipe, data, calls, tmp, say)
+            notes += exports.notes + _model_exports(
+                adapter, policy, report, exports, calls, staged, tmp, say
+            )
         rows = summarize(policy, report)
         verdict = None
         if acceptance is not None and engine == "opsnn":
@@ -287,23 +294,15 @@ def _export_phase(
     return notes
 
 
-def _model_exports(
-    adapter: ModelAdapter,
-    policy: PrecisionPolicy,
-    report: SensitivityReport,
-    recipe: Recipe,
-    data: _Data,
-    calls: Mapping[str, Sequence[Call]],
-    tmp: Path,
-    say: Progress,
-) -> list[str]:
-    """``export/ascendv1/`` and ``export/atc/`` from the quantized model (as ``recipe.exports``
-    asks), with their notes in ``<dir>.notes.txt``; returns the notes. ``calls``: recorded
-    calls per root (the held-out recording's, or the probe's; none: one calibration batch is
-    recorded)."""
-    from opsnn_quant.deploy.workflow_exports import write_model_exports
-    from opsnn_quant.policy.targets import get_target
+@dataclass
+class _ExportPlan:
+    """The model exports ``recipe.exports`` asks of this target, and why others are left out."""
 
+    wanted: list[str]
+    notes: list[str]
+
+
+def _model_export_plan(policy: PrecisionPolicy, recipe: Recipe) -> _ExportPlan:
     wanted = [f for f in recipe.exports if f in MODEL_EXPORTS]
     notes = []
     if "atc" in wanted and get_target(policy.target).route != "atc":
@@ -313,19 +312,68 @@ def _model_exports(
             f"atc: {policy.target} does not deploy through ATC; no graphs written "
             "(opsnn-quant export-weights OUT -f atc --data SRC writes them)"
         )
-    if not wanted:
-        return notes
-    if not calls:  # neither held-out data nor a probe recording: one calibration batch
+    return _ExportPlan(wanted, notes)
+
+
+def _export_calls(
+    adapter: ModelAdapter,
+    recipe: Recipe,
+    data: _Data,
+    recorded: RecordedRoots | None,
+    keep: ProbeKeep,
+    plan: _ExportPlan,
+    say: Progress,
+) -> Mapping[str, Sequence[Call]]:
+    """The recorded root calls the exports trace (the held-out recording's, or the probe's;
+    none: one calibration batch is recorded, on the float model)."""
+    calls: Mapping[str, Sequence[Call]] = (
+        recorded.calls if recorded is not None else keep.root_calls
+    )
+    if plan.wanted and not calls:
         say("recording one call per root for the exports")
         batch = data.calibration[: max(1, int(recipe.settings_dict().get("batch_size", 1)))]
         calls = record_roots(adapter, adapter.forward_loop(batch), 1, seed=recipe.seed).calls
-    float_model = None
-    if "atc" in wanted:
-        say("loading the float model for the ATC graphs")
-        float_model = load_recipe_model(recipe).model
-    return notes + write_model_exports(
-        adapter, policy, modules_from_report(report), calls, tmp / "export", wanted,
-        float_model=float_model, say=say,
+    return calls
+
+
+def _stage_float_graphs(
+    adapter: ModelAdapter,
+    policy: PrecisionPolicy,
+    report: SensitivityReport,
+    calls: Mapping[str, Sequence[Call]],
+    plan: _ExportPlan,
+    tmp: Path,
+    say: Progress,
+) -> StagedGraphs | None:
+    """ATC's float graphs, while the model is still float (no second copy is loaded for them)."""
+    if "atc" not in plan.wanted:
+        return None
+    from opsnn_quant.deploy.workflow_exports import stage_float_graphs
+
+    modules = modules_from_report(report)
+    return stage_float_graphs(adapter, policy, modules, calls, tmp / "export", say=say)
+
+
+def _model_exports(
+    adapter: ModelAdapter,
+    policy: PrecisionPolicy,
+    report: SensitivityReport,
+    plan: _ExportPlan,
+    calls: Mapping[str, Sequence[Call]],
+    staged: StagedGraphs | None,
+    tmp: Path,
+    say: Progress,
+) -> list[str]:
+    """``export/ascendv1/`` and ``export/atc/`` from the quantized model (as ``recipe.exports``
+    asks; ATC's float graphs staged before quantizing), with their notes in
+    ``<dir>.notes.txt``; returns the notes."""
+    from opsnn_quant.deploy.workflow_exports import write_model_exports
+
+    if not plan.wanted:
+        return []
+    return write_model_exports(
+        adapter, policy, modules_from_report(report), calls, tmp / "export", plan.wanted,
+        float_graphs=staged, say=say,
     )  # fmt: skip
 
 

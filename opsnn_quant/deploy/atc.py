@@ -140,6 +140,35 @@ def _aoe(graph: str, shape: str, flags: Mapping[str, str], mixed: bool, job: int
     return args
 
 
+Graph = tuple[str, str, dict[str, str], str]  # (graph file, .om output, ATC flags, input shape)
+
+
+def write_float_graphs(
+    float_model: nn.Module,
+    roots: Sequence[str],
+    calls: Mapping[str, Sequence[Call]],
+    policy: PrecisionPolicy,
+    modules: Mapping[str, str],
+    out: Path,
+    *,
+    mixlist: str | None = None,
+    say: Callable[[str], None] = log.info,
+) -> tuple[dict[str, Graph], list[str]]:
+    """Write each root's float ``<root>.onnx`` (with its node map and precision files) into
+    ``out``; returns the graph entry of each root written and the notes. Run on the float
+    model before it is quantized, so no second float copy need be loaded for it."""
+    out.mkdir(parents=True, exist_ok=True)
+    graphs, notes = {}, []
+    for root in roots:
+        if calls.get(root):
+            entry = _export_root(float_model, root, calls, "", policy, modules, out, mixlist, say)
+            if isinstance(entry, str):
+                notes.append(entry)
+            else:
+                graphs[root] = entry
+    return graphs, notes
+
+
 def write_atc(
     quantized: nn.Module,
     float_model: nn.Module | None,
@@ -151,63 +180,82 @@ def write_atc(
     *,
     mixlist: str | None = None,
     say: Callable[[str], None] = log.info,
+    float_graphs: Mapping[str, Graph] | None = None,
 ) -> list[str]:
     """Write ``out/<root>.sh`` and the graphs it names for every root with a call; returns notes.
 
     Args:
         quantized: the model holding our frozen quantized modules (its QDQ graphs).
-        float_model: the same model in float (its ``<root>.onnx``); None: no float graphs.
+        float_model: the same model in float (its ``<root>.onnx``); None: no float graphs
+            (or those of ``float_graphs``).
         roots: the root module names.
         calls: recorded calls per root (the first one gives the graph's shapes).
         policy: the policy (target, fp32 pins).
         modules: the module inventory (name -> class).
         out: the ``atc/`` directory.
         mixlist: the ``--modify_mixlist`` file (relative to ``out``) when it adds OpTypes.
+        float_graphs: float graphs already in ``out`` (:func:`write_float_graphs`, run before
+            quantizing), instead of exporting ``float_model``'s.
     """
-    from opsnn_quant.deploy.onnx_fast import export_graph, node_map
-
     target = get_target(policy.target)
     soc = next((v for k, v in SOC_DEFAULTS.items() if policy.target.startswith(k)), SOC_DEFAULT)
     out.mkdir(parents=True, exist_ok=True)
-    notes = []
+    notes: list[str] = []
+    if float_graphs is None and float_model is not None:
+        float_graphs, notes = write_float_graphs(
+            float_model, roots, calls, policy, modules, out, mixlist=mixlist, say=say
+        )
     for root in roots:
         if not calls.get(root):
             notes.append(f"{root or 'model'}: no recorded call; no ATC graph")
             continue
-        stem = root or "model"
-        graphs: list[tuple[str, str, dict[str, str], str]] = []
-        sources: list[tuple[str, nn.Module | None]] = (
-            [("", float_model)] if float_model is not None else []
-        )
+        graphs: list[Graph] = [float_graphs[root]] if float_graphs and root in float_graphs else []
         if target.route == "atc":
-            sources.append((".qdq", quantized))
-        for suffix, model in sources:
-            assert model is not None
-            named = dict(model.named_modules())
-            wrapper, inputs, names = example_inputs(named[root], calls[root][0])
-            graph = f"{stem}{suffix}.onnx"
-            say(f"exporting {graph} for ATC")
-            try:
-                proto, quant_nodes = export_graph(wrapper, inputs, out / graph, OPSET, names)
-            except Exception as exc:  # an exporter limitation must not sink the calibrate run
-                notes.append(f"{graph}: ONNX export failed ({type(exc).__name__}: "
-                             f"{str(exc).splitlines()[0][:160]}); no ATC command")  # fmt: skip
-                continue
-            nodes = node_map(proto, modules, "root", root, quant_nodes)
-            write_json_atomic(out / f"{stem}{suffix}.nodes.json", {"nodes": nodes})
-            flags = _precision_files(policy, modules, out / graph, nodes)
-            if mixlist is not None:
-                flags["modify_mixlist"] = mixlist
-            output = f"{stem}_int8" if suffix else f"{stem}_fp16"
-            graphs.append((graph, output, flags, input_shape(out / graph, names, inputs)))
+            entry = _export_root(quantized, root, calls, ".qdq", policy, modules, out, mixlist, say)
+            if isinstance(entry, str):
+                notes.append(entry)
+            else:
+                graphs.append(entry)
         if graphs:
+            stem = root or "model"
             _write_script(out / f"{stem}.sh", stem, soc, graphs, mixlist is not None)
     return notes
 
 
-def _write_script(
-    path: Path, stem: str, soc: str, graphs: list[tuple[str, str, dict[str, str], str]], mixed: bool
-) -> None:
+def _export_root(
+    model: nn.Module,
+    root: str,
+    calls: Mapping[str, Sequence[Call]],
+    suffix: str,
+    policy: PrecisionPolicy,
+    modules: Mapping[str, str],
+    out: Path,
+    mixlist: str | None,
+    say: Callable[[str], None],
+) -> Graph | str:
+    """One root's graph ``<stem><suffix>.onnx`` with its node map and precision files: its
+    entry, or the note saying why the export failed."""
+    from opsnn_quant.deploy.onnx_fast import export_graph, node_map
+
+    stem = root or "model"
+    wrapper, inputs, names = example_inputs(dict(model.named_modules())[root], calls[root][0])
+    graph = f"{stem}{suffix}.onnx"
+    say(f"exporting {graph} for ATC")
+    try:
+        proto, quant_nodes = export_graph(wrapper, inputs, out / graph, OPSET, names)
+    except Exception as exc:  # an exporter limitation must not sink the calibrate run
+        return (f"{graph}: ONNX export failed ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:160]}); no ATC command")  # fmt: skip
+    nodes = node_map(proto, modules, "root", root, quant_nodes)
+    write_json_atomic(out / f"{stem}{suffix}.nodes.json", {"nodes": nodes})
+    flags = _precision_files(policy, modules, out / graph, nodes)
+    if mixlist is not None:
+        flags["modify_mixlist"] = mixlist
+    output = f"{stem}_int8" if suffix else f"{stem}_fp16"
+    return graph, output, flags, input_shape(out / graph, names, inputs)
+
+
+def _write_script(path: Path, stem: str, soc: str, graphs: list[Graph], mixed: bool) -> None:
     text = HEADER.format(title=f"ATC/AOE commands for {stem}", script=path.name, soc=soc)
     for graph, output, flags, shape in graphs:
         kind = "our int8 QDQ graph" if ".qdq." in graph else "the float graph"

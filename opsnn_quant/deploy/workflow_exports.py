@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
 
-from opsnn_quant.deploy.atc import write_atc
+from opsnn_quant.deploy.atc import Graph, write_atc, write_float_graphs
 from opsnn_quant.deploy.exporter import export_ascendv1
-from opsnn_quant.deploy.smooth_fold import Call
 from opsnn_quant.io import atomic_dir, atomic_write_text
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.policy.schema import PrecisionPolicy
+from opsnn_quant.recording import Call
 
 log = logging.getLogger(__name__)
 MIXLIST = "atc_modify_mixlist.json"
@@ -45,6 +47,7 @@ def write_model_exports(
     wanted: Sequence[str],
     *,
     float_model: nn.Module | None = None,
+    float_graphs: StagedGraphs | None = None,
     force: bool = False,
     say: Callable[[str], None] = log.info,
 ) -> list[str]:
@@ -57,7 +60,9 @@ def write_model_exports(
         calls: recorded calls per root (SmoothQuant folding, ONNX shapes).
         export_dir: the ``export/`` directory.
         wanted: which exports.
-        float_model: the float model (ATC's float graphs); None: only QDQ graphs.
+        float_model: the float model (ATC's float graphs); None: only QDQ graphs (or those of
+            ``float_graphs``).
+        float_graphs: ATC's float graphs written before quantizing (:func:`stage_float_graphs`).
         force: replace existing directories that are not ours.
         say: progress callback.
 
@@ -71,12 +76,56 @@ def write_model_exports(
         notes += _write_notes(export_dir, "ascendv1", result.notes)
     if "atc" in wanted:
         with atomic_dir(export_dir / "atc", "atc", force=force) as tmp:
+            staged = None
+            if float_graphs is not None:
+                for f in sorted(float_graphs.directory.iterdir()):
+                    os.replace(f, tmp / f.name)
+                float_graphs.directory.rmdir()
+                staged = float_graphs.graphs
             atc_notes = write_atc(
                 adapter.model, float_model, list(adapter.roots()), calls, policy, modules, tmp,
-                mixlist=_mixlist(export_dir), say=say,
+                mixlist=_mixlist(export_dir), say=say, float_graphs=staged,
             )  # fmt: skip
+        if float_graphs is not None:
+            atc_notes = float_graphs.notes + atc_notes
         notes += _write_notes(export_dir, "atc", atc_notes)
     return notes
+
+
+@dataclass(frozen=True)
+class StagedGraphs:
+    """ATC's float graphs, exported from the float model before it was quantized.
+
+    Attributes:
+        directory: where their files wait (moved into ``export/atc/`` with the QDQ graphs).
+        graphs: root -> its graph entry.
+        notes: the export's notes (graphs that failed).
+    """
+
+    directory: Path
+    graphs: dict[str, Graph]
+    notes: list[str]
+
+
+def stage_float_graphs(
+    adapter: ModelAdapter,
+    policy: PrecisionPolicy,
+    modules: Mapping[str, str],
+    calls: Mapping[str, Sequence[Call]],
+    export_dir: Path,
+    *,
+    say: Callable[[str], None] = log.info,
+) -> StagedGraphs:
+    """Export each root's float ATC graph from ``adapter.model`` while it is still float, into
+    ``export_dir/.atc-float/`` (calibrate's export phase moves them into ``export/atc/``): no
+    second float copy of the model is loaded for them. Needs the policy exports written (the
+    ``--modify_mixlist`` file)."""
+    directory = export_dir / ".atc-float"
+    graphs, notes = write_float_graphs(
+        adapter.model, list(adapter.roots()), calls, policy, modules, directory,
+        mixlist=_mixlist(export_dir), say=say,
+    )  # fmt: skip
+    return StagedGraphs(directory, graphs, notes)
 
 
 def _write_notes(export_dir: Path, name: str, lines: list[str]) -> list[str]:
