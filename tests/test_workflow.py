@@ -91,12 +91,19 @@ def test_calibrate_evaluate_prints_the_verdict_and_exits_3_on_fail(tmp_path, cap
     assert (out / "policy.yaml").is_file() and (out / "quant" / "model.safetensors").is_file()
 
 
-def test_run_calibrate_on_a_tiny_pipeline_writes_every_artifact(tmp_path):
+def test_run_calibrate_on_a_tiny_pipeline_writes_every_artifact(tmp_path, monkeypatch):
     # The library entry point itself (no CLI), kept small to stay fast: one prompt, one step.
+    from opsnn_quant import workflow
     from opsnn_quant.policy.export import EXPORT_FILES
     from opsnn_quant.recipe import load_recipe
     from opsnn_quant.workflow import run_calibrate
     from tests.tiny_pipelines import save_tiny_sd
+
+    loads: list[str] = []
+    real_load = workflow.load_recipe_model
+    monkeypatch.setattr(
+        workflow, "load_recipe_model", lambda r: loads.append(r.name) or real_load(r)
+    )
 
     save_tiny_sd(tmp_path / "pipe")
     (tmp_path / "prompts.txt").write_text("a red circle\n")
@@ -119,3 +126,9 @@ def test_run_calibrate_on_a_tiny_pipeline_writes_every_artifact(tmp_path):
     assert result.measured and all("sqnr_db" in v for v in result.measured.values())
     assert phases[0] == "loading the calibration data" and "quantizing" in phases
     assert result.verdict is None and result.seconds["total"] > 0
+    # ATC's float graphs came from the model before it was quantized: one load, no second copy
+    assert loads == ["tiny"]
+    atc = out / "export" / "atc"
+    assert {"unet.onnx", "unet.qdq.onnx"} <= {f.name for f in atc.iterdir()}
+    assert "unet.onnx" in (atc / "unet.sh").read_text()
+    assert not (out / "export" / ".atc-float").exists()
