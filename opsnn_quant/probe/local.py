@@ -41,6 +41,8 @@ CANDIDATE_OUTPUT_DTYPE: str = QuantSpec.output_dtype
 
 
 MIN_ERROR_CALLS = 3
+SMALL_CALL_ROWS = 64  # a Linear call of fewer rows is measured together with others
+PENDING_ROWS = 512  # ... in batches of about this many rows
 
 
 @dataclass
@@ -161,6 +163,7 @@ class LocalProbe:
     step_bounds: tuple[int, ...] | None = None  # chosen by decide() when steps were seen
     _pass2_calls: int = 0
     _elements: int = 0  # input elements pass 1 saw (all calls, in a sampling loop or not)
+    _pending: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.module, nn.Linear):
@@ -274,13 +277,44 @@ class LocalProbe:
         stride = max(1, -(-self.calls // self.error_calls()))
         if index % stride:
             return
-        channel_dim = 1 if isinstance(self.module, nn.Conv2d) else -1
+        if self._pend(args, y):
+            return
         rows = max(1, math.ceil(self.error_rows / self.error_calls()))
         args, y = _sample_subset(args, y, rows, self._channels())
+        self._measure_now(args, y)
+
+    def _measure_now(self, args: tuple, y: torch.Tensor) -> None:
+        channel_dim = 1 if isinstance(self.module, nn.Conv2d) else -1
         for scheme in self.schemes:
             yq = self.candidate_output(scheme, args)
             self.energies.setdefault(scheme, _Energy()).add(y, yq, channel_dim)
             TRIM.add(4 * yq.numel() * yq.element_size())  # output + the reference's copies
+
+    def _pend(self, args: tuple, y: torch.Tensor) -> bool:
+        """Keep a small Linear call (a decoder's per-token step) to measure with others at once:
+        its rows are independent under every candidate, and one int8 matmul of 512 rows costs
+        what one of 4 rows costs in per-call overhead. Not within a sampling loop (per-step
+        candidates read the step at call time)."""
+        x = args[0] if len(args) == 1 else None
+        if not isinstance(self.module, nn.Linear) or not isinstance(x, torch.Tensor):
+            return False
+        k = self.module.in_features
+        if x.numel() // max(k, 1) >= SMALL_CALL_ROWS or current_step() is not None:
+            return False
+        self._pending.append(
+            (x.detach().reshape(-1, k).clone(), y.detach().reshape(-1, y.shape[-1]).clone())
+        )
+        if sum(p[0].shape[0] for p in self._pending) >= PENDING_ROWS:
+            self.flush()
+        return True
+
+    def flush(self) -> None:
+        """Measure the small calls kept by :meth:`measure` (end of pass 2)."""
+        if self._pending:
+            x = torch.cat([p[0] for p in self._pending])
+            y = torch.cat([p[1] for p in self._pending])
+            self._pending.clear()
+            self._measure_now((x,), y)
 
     def error_calls(self) -> int:
         """How many calls pass 2 measures: enough for ``error_rows`` input rows (tokens, or

@@ -109,12 +109,22 @@ def test_pass_2_measures_a_few_spread_calls_of_a_big_module_and_many_of_a_small_
         small.collect(torch.randn(4, 1, 16))
     assert small.error_calls() == 32  # 4096 / 4 rows wanted, capped at 32 calls
     small.decide()
+    signal = noise = 0.0
     with torch.no_grad():
-        for _ in range(40):
+        for i in range(40):
             x = torch.randn(4, 1, 16)
-            small.measure((x,), lin(x))
+            y = lin(x)
+            small.measure((x,), y)
+            if i % 2 == 0:  # the call on its own: the independent expectation
+                signal += float(y.double().pow(2).sum())
+                yq = small.candidate_output("w8a8_dynamic", (x,))
+                noise += float((yq.double() - y.double()).pow(2).sum())
+    assert "w8a8" not in small.energies  # small calls wait to be measured together...
+    small.flush()  # ... at the end of pass 2
     e = small.energies["w8a8"]
     assert e.channel_count == 20 * 4  # stride ceil(40 / 32) = 2: 20 calls of 4 rows
+    assert e.signal == pytest.approx(signal, rel=1e-12)  # exactly the measured calls' outputs
+    assert small.energies["w8a8_dynamic"].noise == pytest.approx(noise, rel=1e-9)
 
 
 def test_a_big_call_is_measured_on_strided_samples_exactly():
