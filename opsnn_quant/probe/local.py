@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 from opsnn_quant.memory import TRIM
-from opsnn_quant.numerics import CHUNK, energies
 from opsnn_quant.probe.config import DEFAULT_ERROR_ROWS
-from opsnn_quant.probe.report import BF16_MAX, SchemeError, TimestepRanges
+from opsnn_quant.probe.energy import SchemeEnergy
+from opsnn_quant.probe.report import SchemeError, TimestepRanges
 from opsnn_quant.probe.seeding import PassOneStatistics, all_stepped, group_range, symmetric_range
 from opsnn_quant.probe.steps import StepRanges
 from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, QuantModule
@@ -43,75 +43,6 @@ CANDIDATE_OUTPUT_DTYPE: str = QuantSpec.output_dtype
 MIN_ERROR_CALLS = 3
 SMALL_CALL_ROWS = 64  # a Linear call of fewer rows is measured together with others
 PENDING_ROWS = 512  # ... in batches of about this many rows
-
-
-@dataclass
-class _Energy:
-    signal: float = 0.0
-    noise: float = 0.0
-    cross: float = 0.0
-    approx: float = 0.0
-    channel_noise: torch.Tensor | None = None  # float64 sum of squared error per output channel
-    channel_count: int = 0  # elements per channel summed so far
-    nonfinite: int = 0  # candidate outputs that were inf/nan (output dtype overflowed)
-    ref_absmax: float = 0.0  # largest |float output| seen on calls with a non-finite candidate
-
-    def add(self, ref: torch.Tensor, out: torch.Tensor, channel_dim: int) -> None:
-        bad = int((~torch.isfinite(out)).sum())
-        if bad:
-            # The int8 matmul's output dtype (fp16) cannot hold this module's output: the
-            # candidate is infeasible here, and its error is not a number to add up.
-            self.nonfinite += bad
-            self.ref_absmax = max(self.ref_absmax, float(ref.detach().abs().max()))
-            return
-        e = energies(ref, out)
-        self.signal += e.signal
-        self.noise += e.noise
-        self.cross += e.cross
-        self.approx += e.approx
-        o, r = out.detach(), ref.detach()
-        d = channel_dim % r.dim()
-        channels = r.shape[d]
-        sq = torch.zeros(channels, dtype=torch.float64)
-        if d == r.dim() - 1:  # channels last (Linear): blocks of rows
-            o2, r2 = o.reshape(-1, channels), r.reshape(-1, channels)
-            step = max(1, CHUNK // max(channels, 1))
-            for i in range(0, r2.shape[0], step):
-                sq += (o2[i : i + step].double() - r2[i : i + step].double()).pow(2).sum(dim=0)
-        else:  # (B, C, ...) (Conv2d): one sample at a time
-            dims = [k for k in range(r.dim() - 1) if k != d - 1]
-            for i in range(r.shape[0]):
-                sq += (o[i].double() - r[i].double()).pow(2).sum(dim=dims)
-        self.channel_noise = sq if self.channel_noise is None else self.channel_noise + sq
-        self.channel_count += r.numel() // max(channels, 1)
-
-    def channel_power(self) -> torch.Tensor | None:
-        """Mean squared error per element of each output channel."""
-        if self.channel_noise is None or self.channel_count == 0:
-            return None
-        return self.channel_noise / self.channel_count
-
-    def result(self, alpha: float | None, output_dtype: str) -> SchemeError:
-        if self.nonfinite:
-            return SchemeError(
-                sqnr_db=None,
-                cosine=0.0,
-                smoothquant_alpha=alpha,
-                infeasible=(
-                    f"{self.nonfinite} inf/nan outputs: the {output_dtype} output of the int8 "
-                    f"matmul overflows (float output absmax {self.ref_absmax:.3g} > 65504)"
-                ),
-                fits_output_dtype="bfloat16" if self.ref_absmax < BF16_MAX else None,
-            )
-        if self.noise == 0.0:
-            sqnr = math.inf
-        elif self.signal == 0.0:
-            sqnr = -math.inf
-        else:
-            sqnr = 10.0 * math.log10(self.signal / self.noise)
-        denom = math.sqrt(self.signal * self.approx)
-        cos = self.cross / denom if denom > 0 else (1.0 if self.noise == 0 else 0.0)
-        return SchemeError(sqnr_db=sqnr, cosine=cos, smoothquant_alpha=alpha)
 
 
 def _sample_subset(
@@ -150,7 +81,7 @@ class LocalProbe:
     stats: ChannelStats | None = None
     alphas: dict[str, float | None] = field(default_factory=dict)
     smooth: dict[str, torch.Tensor | None] = field(default_factory=dict)
-    energies: dict[str, _Energy] = field(default_factory=dict)
+    energies: dict[str, SchemeEnergy] = field(default_factory=dict)
     _shadows: dict[str, QuantModule[Any]] = field(default_factory=dict)
     _variant: dict[str, str] = field(default_factory=dict)
     calls: int = 0
@@ -287,7 +218,7 @@ class LocalProbe:
         channel_dim = 1 if isinstance(self.module, nn.Conv2d) else -1
         for scheme in self.schemes:
             yq = self.candidate_output(scheme, args)
-            self.energies.setdefault(scheme, _Energy()).add(y, yq, channel_dim)
+            self.energies.setdefault(scheme, SchemeEnergy()).add(y, yq, channel_dim)
             TRIM.add(4 * yq.numel() * yq.element_size())  # output + the reference's copies
 
     def _pend(self, args: tuple, y: torch.Tensor) -> bool:

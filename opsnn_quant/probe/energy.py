@@ -1,0 +1,88 @@
+"""The accumulated output error of one candidate scheme on one module (probe pass 2)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from opsnn_quant.numerics import CHUNK, energies
+from opsnn_quant.probe.report import BF16_MAX, SchemeError
+
+
+@dataclass
+class SchemeEnergy:
+    """One candidate scheme's output error on one module, summed over the calls measured:
+    signal, noise and cross energies (float64), per output channel noise, and the calls whose
+    int8 output overflowed its output dtype (the candidate is then infeasible)."""
+
+    signal: float = 0.0
+    noise: float = 0.0
+    cross: float = 0.0
+    approx: float = 0.0
+    channel_noise: torch.Tensor | None = None  # float64 sum of squared error per output channel
+    channel_count: int = 0  # elements per channel summed so far
+    nonfinite: int = 0  # candidate outputs that were inf/nan (output dtype overflowed)
+    ref_absmax: float = 0.0  # largest |float output| seen on calls with a non-finite candidate
+
+    def add(self, ref: torch.Tensor, out: torch.Tensor, channel_dim: int) -> None:
+        """Add one measured call: the float output ``ref`` and the candidate's ``out``, output
+        channels along ``channel_dim`` (-1 for a Linear, 1 for a Conv2d)."""
+        bad = int((~torch.isfinite(out)).sum())
+        if bad:
+            # The int8 matmul's output dtype (fp16) cannot hold this module's output: the
+            # candidate is infeasible here, and its error is not a number to add up.
+            self.nonfinite += bad
+            self.ref_absmax = max(self.ref_absmax, float(ref.detach().abs().max()))
+            return
+        e = energies(ref, out)
+        self.signal += e.signal
+        self.noise += e.noise
+        self.cross += e.cross
+        self.approx += e.approx
+        o, r = out.detach(), ref.detach()
+        d = channel_dim % r.dim()
+        channels = r.shape[d]
+        sq = torch.zeros(channels, dtype=torch.float64)
+        if d == r.dim() - 1:  # channels last (Linear): blocks of rows
+            o2, r2 = o.reshape(-1, channels), r.reshape(-1, channels)
+            step = max(1, CHUNK // max(channels, 1))
+            for i in range(0, r2.shape[0], step):
+                sq += (o2[i : i + step].double() - r2[i : i + step].double()).pow(2).sum(dim=0)
+        else:  # (B, C, ...) (Conv2d): one sample at a time
+            dims = [k for k in range(r.dim() - 1) if k != d - 1]
+            for i in range(r.shape[0]):
+                sq += (o[i].double() - r[i].double()).pow(2).sum(dim=dims)
+        self.channel_noise = sq if self.channel_noise is None else self.channel_noise + sq
+        self.channel_count += r.numel() // max(channels, 1)
+
+    def channel_power(self) -> torch.Tensor | None:
+        """Mean squared error per element of each output channel."""
+        if self.channel_noise is None or self.channel_count == 0:
+            return None
+        return self.channel_noise / self.channel_count
+
+    def result(self, alpha: float | None, output_dtype: str) -> SchemeError:
+        """The report's :class:`SchemeError` (with the SmoothQuant ``alpha`` the candidate used;
+        ``output_dtype`` names what overflowed when it is infeasible)."""
+        if self.nonfinite:
+            return SchemeError(
+                sqnr_db=None,
+                cosine=0.0,
+                smoothquant_alpha=alpha,
+                infeasible=(
+                    f"{self.nonfinite} inf/nan outputs: the {output_dtype} output of the int8 "
+                    f"matmul overflows (float output absmax {self.ref_absmax:.3g} > 65504)"
+                ),
+                fits_output_dtype="bfloat16" if self.ref_absmax < BF16_MAX else None,
+            )
+        if self.noise == 0.0:
+            sqnr = math.inf
+        elif self.signal == 0.0:
+            sqnr = -math.inf
+        else:
+            sqnr = 10.0 * math.log10(self.signal / self.noise)
+        denom = math.sqrt(self.signal * self.approx)
+        cos = self.cross / denom if denom > 0 else (1.0 if self.noise == 0 else 0.0)
+        return SchemeError(sqnr_db=sqnr, cosine=cos, smoothquant_alpha=alpha)
