@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -169,30 +170,109 @@ def _weight_map(index: Path) -> dict[str, str]:
     return weight_map
 
 
-def tensor_bytes(t: torch.Tensor) -> int:
+@dataclass(frozen=True)
+class LazyTensor:
+    """A tensor made only when it is written, and dropped right after.
+
+    The AscendV1 writer holds these for the float weights it derives (a dequantized Conv2d):
+    made all at once they were a second float copy of those layers (1.7 GB on an SD 1.5 UNet).
+
+    Attributes:
+        dtype: the tensor's dtype.
+        shape: its shape.
+        make: returns the tensor (called once per write).
+    """
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    make: Callable[[], torch.Tensor]
+
+    def materialize(self) -> torch.Tensor:
+        """The tensor, checked against the declared dtype and shape.
+
+        Raises:
+            AscendV1Error: ``make`` returned another dtype or shape.
+        """
+        t = self.make()
+        if t.dtype != self.dtype or tuple(t.shape) != self.shape:
+            raise AscendV1Error(
+                f"a lazy tensor declared {self.dtype} {list(self.shape)} made "
+                f"{t.dtype} {list(t.shape)}"
+            )
+        return t
+
+
+Tensorish = torch.Tensor | LazyTensor
+# safetensors' Rust writer (``prepare`` in ``safetensors/src/tensor.rs``) lays the data out by
+# descending ``Dtype`` (its enum order) and then by name, so every tensor stays aligned; these
+# ranks are that order for the dtypes we write (checked against ``save_file`` in the tests).
+_DATA_ORDER = {"BOOL": 0, "U8": 1, "I8": 2, "I16": 3, "F16": 4, "BF16": 5, "I32": 6, "F32": 7,
+               "F64": 8, "I64": 9}  # fmt: skip
+_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+def tensor_bytes(t: Tensorish) -> int:
     """Bytes of a tensor's data."""
-    return t.numel() * t.element_size()
+    return math.prod(t.shape) * torch.empty((), dtype=t.dtype).element_size()
+
+
+def _raw(t: torch.Tensor) -> memoryview:
+    flat = t.detach().cpu().contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().data
+
+
+def write_safetensors(
+    tensors: Mapping[str, Tensorish], path: Path, metadata: Mapping[str, str] | None = None
+) -> None:
+    """Write ``tensors`` to ``path`` one at a time, byte for byte as ``safetensors.torch.save_file``.
+
+    The header comes first from the dtypes and shapes alone; then each tensor's bytes are
+    written from its memory (a :class:`LazyTensor` is made, written and dropped), so the peak is
+    one tensor, not a serialized copy of the whole file.
+
+    Raises:
+        AscendV1Error: a dtype safetensors has no name for.
+    """
+    for name, t in tensors.items():
+        if t.dtype not in _NAMES:
+            raise AscendV1Error(f"tensor {name}: dtype {t.dtype} cannot be written to safetensors")
+    order = sorted(tensors, key=lambda n: (-_DATA_ORDER[_NAMES[tensors[n].dtype]], n))
+    header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
+    for name in order:
+        t = tensors[name]
+        size = tensor_bytes(t)
+        header[name] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + size]}  # fmt: skip
+        offset += size
+    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    raw += b" " * ((8 - len(raw) % 8) % 8)
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for name in order:
+            t = tensors[name]
+            f.write(_raw(t.materialize() if isinstance(t, LazyTensor) else t))
 
 
 def write_tensors(
-    tensors: Mapping[str, torch.Tensor], directory: Path, prefix: str, shard_bytes: int | None
+    tensors: Mapping[str, Tensorish], directory: Path, prefix: str, shard_bytes: int | None
 ) -> list[str]:
     """Write ``tensors`` as ``<prefix>.safetensors``, or in shards of at most ``shard_bytes``.
 
     With ``shard_bytes`` (msModelSlim's ``part_file_size``, in bytes) the shard files and the
     index are always written, even for one shard (as ``BufferedSafetensorsWriter`` does); a
     shard closes when the next tensor would reach the limit. ``None``: one file, no index.
-    Tensors are written in sorted name order, so equal inputs give equal bytes.
+    Shards take the tensors in sorted name order, and each file is written as
+    :func:`write_safetensors`, so equal inputs give equal bytes.
 
     Returns:
         The file names written.
     """
-    from safetensors.torch import save_file
-
     names = sorted(tensors)
+    meta = {"format": "pt"}
     if shard_bytes is None:
-        save_file({n: tensors[n].contiguous() for n in names}, str(directory / f"{prefix}.safetensors"),
-                  metadata={"format": "pt"})  # fmt: skip
+        write_safetensors(tensors, directory / f"{prefix}.safetensors", meta)
         return [f"{prefix}.safetensors"]
     groups: list[list[str]] = [[]]
     used = 0
@@ -209,8 +289,7 @@ def write_tensors(
     written = []
     for i, group in enumerate(groups, 1):
         shard = f"{prefix}-{i:0{width}d}-of-{total:0{width}d}.safetensors"
-        save_file({n: tensors[n].contiguous() for n in group}, str(directory / shard),
-                  metadata={"format": "pt"})  # fmt: skip
+        write_safetensors({n: tensors[n] for n in group}, directory / shard, meta)
         weight_map.update(dict.fromkeys(group, shard))
         written.append(shard)
     index = {

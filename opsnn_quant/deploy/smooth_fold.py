@@ -22,12 +22,14 @@ output with the fold applied (relative error below :data:`FOLD_TOLERANCE`).
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from opsnn_quant.quant.modules import QuantConv2d, QuantModule, set_submodule
@@ -75,12 +77,17 @@ def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
+def _same_tensor_alive(out: torch.Tensor | weakref.ref[torch.Tensor], x: torch.Tensor) -> bool:
+    t = out if isinstance(out, torch.Tensor) else out()
+    return t is not None and _same_tensor(t, x)
+
+
 def trace_producers(
     model: nn.Module, roots: Mapping[str, Sequence[Call]]
 ) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     """Run one call per root with hooks; returns (module -> producers of its input, producer ->
     modules fed by its output). Names are those of ``model``."""
-    outputs: list[tuple[str, torch.Tensor]] = []
+    outputs: list[tuple[str, torch.Tensor | weakref.ref[torch.Tensor]]] = []
     producers: dict[str, set[str]] = defaultdict(set)
     fed: dict[str, set[str]] = defaultdict(set)
 
@@ -89,7 +96,7 @@ def trace_producers(
             x = args[0] if args else next(iter(kwargs.values()), None)
             if not isinstance(x, torch.Tensor) or not x.is_floating_point():
                 return
-            found = [p for p, out in reversed(outputs) if _same_tensor(out, x)]
+            found = [p for p, out in reversed(outputs) if _same_tensor_alive(out, x)]
             producers[name].add(found[0] if found else "")
             if found:
                 fed[found[0]].add(name)
@@ -99,7 +106,11 @@ def trace_producers(
     def post(name: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
             if isinstance(output, torch.Tensor):
-                outputs.append((name, output))
+                # Only a norm's or float Linear's output can take a fold: those are kept; the
+                # others (a UNet's whole activations) are weakly referenced, to still be seen
+                # as the producer of the tensors they return while those live.
+                keep = is_norm(module) or type(module) is nn.Linear
+                outputs.append((name, output if keep else weakref.ref(output)))
 
         return hook
 
@@ -198,28 +209,55 @@ def _fold_problem(
     return None
 
 
-def _float_twin(module: QuantModule[Any]) -> nn.Module:
-    """A float module computing what ``module``'s int8 weights mean (no activation rounding)."""
+def _dequantized(module: QuantModule[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(float weight, bias) that ``module``'s int8 weights mean, SmoothQuant undone."""
     w = module.weight.to(torch.float32) * module.weight_quantizer.scale.reshape(
         -1, *[1] * (module.weight.dim() - 1)
     )
     smooth = getattr(module.input_quantizer, "smooth", None)
     if smooth is not None:
         w = w / smooth.reshape(1, -1)
-    bias = effective_bias(module)
+    return w, effective_bias(module)
+
+
+def _float_twin(module: QuantModule[Any]) -> nn.Module:
+    """A float module computing what ``module``'s int8 weights mean (no activation rounding)."""
+    w, bias = _dequantized(module)
     if isinstance(module, QuantConv2d):
-        conv = nn.Conv2d(module.in_channels, module.out_channels, 1, bias=bias is not None)
+        conv = nn.Conv2d(module.in_channels, module.out_channels, 1, bias=bias is not None,
+                         device="meta")  # fmt: skip
         conv.kernel_size, conv.stride = module.kernel_size, module.stride
         conv.padding, conv.dilation = module.padding, module.dilation
         conv.weight = nn.Parameter(w, requires_grad=False)
         if bias is not None:
             conv.bias = nn.Parameter(bias, requires_grad=False)
         return conv
-    lin = nn.Linear(module.in_k, module.out_n, bias=bias is not None)
-    lin.weight.data = w.reshape(module.out_n, module.in_k)
+    lin = nn.Linear(module.in_k, module.out_n, bias=bias is not None, device="meta")
+    lin.weight = nn.Parameter(w.reshape(module.out_n, module.in_k), requires_grad=False)
     if bias is not None:
-        lin.bias.data = bias
+        lin.bias = nn.Parameter(bias, requires_grad=False)
     return lin
+
+
+class DequantizedTwin(nn.Module):
+    """What :func:`_float_twin` computes, with the float weight made at each call and dropped.
+
+    The fold check swaps every quantized module of the model for its float twin; built all at
+    once they were a float copy of every quantized weight (4.4 GB for an SD 1.5 UNet, the
+    AscendV1 export's peak). Same ``F.linear`` / ``F.conv2d`` as the twin modules, same numbers.
+    """
+
+    def __init__(self, module: QuantModule[Any]) -> None:
+        super().__init__()
+        self.source = (module,)  # a tuple: not a submodule, so named_modules() stops here
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The float module's output on ``x``."""
+        module = self.source[0]
+        w, bias = _dequantized(module)
+        if isinstance(module, QuantConv2d):
+            return F.conv2d(x, w, bias, module.stride, module.padding, module.dilation)
+        return F.linear(x, w.reshape(module.out_n, module.in_k), bias)
 
 
 def effective_bias(module: QuantModule[Any]) -> torch.Tensor | None:
@@ -303,12 +341,23 @@ def fold_errors(
     named = dict(model.named_modules())
     quant = {n: m for n, m in named.items() if isinstance(m, QuantModule)}
     for n, m in quant.items():
-        set_submodule(model, n, _float_twin(m).to(m.weight.device))
+        set_submodule(model, n, DequantizedTwin(m))
     try:
         out: list[float | None] = []
         for fold, check in zip(folds, checks, strict=True):
             base = _run_roots(model, check)
-            out.append(_apply_and_compare(model, fold, check, base) if base else None)
+            if not base:
+                out.append(None)
+                continue
+            # the fold rescales its consumers' float weights: those few are real modules
+            rescaled = [n for n in fold.consumers if n in quant]
+            for n in rescaled:
+                set_submodule(model, n, _float_twin(quant[n]))
+            try:
+                out.append(_apply_and_compare(model, fold, check, base))
+            finally:
+                for n in rescaled:
+                    set_submodule(model, n, DequantizedTwin(quant[n]))
         return out
     finally:
         for n, q in quant.items():
@@ -357,4 +406,12 @@ def _run_roots(model: nn.Module, roots: Mapping[str, Sequence[Call]]) -> list[to
     ]
 
 
-__all__ = ["Fold", "effective_bias", "fold_errors", "is_norm", "plan_folds", "trace_producers"]
+__all__ = [
+    "DequantizedTwin",
+    "Fold",
+    "effective_bias",
+    "fold_errors",
+    "is_norm",
+    "plan_folds",
+    "trace_producers",
+]

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ from torch import nn
 
 import opsnn_quant
 from opsnn_quant.deploy.contract import VERSION, model_quant_type
+from opsnn_quant.deploy.safetensors_io import LazyTensor, Tensorish
 from opsnn_quant.deploy.smooth_fold import Fold, effective_bias
 from opsnn_quant.quant.modules import QuantLinear, QuantModule
 from opsnn_quant.types import Precision
@@ -46,14 +48,15 @@ class ComponentExport:
     """What :func:`component_export` produced.
 
     Attributes:
-        tensors: tensor name -> tensor (names relative to the component).
+        tensors: tensor name -> tensor (names relative to the component); derived float
+            weights are :class:`~opsnn_quant.deploy.safetensors_io.LazyTensor`.
         description: the ``quant_model_description.json`` object.
         exported_float: quantized module -> why it is written FLOAT.
         inexact_input_scale: W8A8 modules whose multiplier no fp32 ``input_scale`` reproduces.
         params_dtype: ``float16`` or ``bfloat16``.
     """
 
-    tensors: dict[str, torch.Tensor]
+    tensors: dict[str, Tensorish]
     description: dict[str, Any]
     exported_float: dict[str, str] = field(default_factory=dict)
     inexact_input_scale: list[str] = field(default_factory=list)
@@ -155,19 +158,33 @@ def _quant_tensors(
 
 def _float_tensors(
     module: QuantModule[Any], dtype: torch.dtype, had_bias: bool
-) -> dict[str, torch.Tensor]:
-    """FLOAT weight (dequantized, SmoothQuant undone) and bias of a module AscendV1 cannot hold."""
+) -> dict[str, Tensorish]:
+    """FLOAT weight (dequantized, SmoothQuant undone; made when written) and bias of a module
+    AscendV1 cannot hold."""
+    scale_shape = (-1, *[1] * (module.weight.dim() - 1))
+    shapes = [module.weight.shape, module.weight_quantizer.scale.reshape(scale_shape).shape]
+    smooth = getattr(module.input_quantizer, "smooth", None)
+    if smooth is not None:
+        shapes.append(smooth.reshape(1, -1).shape)
+    out: dict[str, Tensorish] = {
+        "weight": LazyTensor(dtype, tuple(torch.broadcast_shapes(*shapes)),
+                             partial(_float_weight, module, dtype))
+    }  # fmt: skip
+    bias = effective_bias(module)
+    if bias is not None and had_bias:
+        out["bias"] = bias.to(dtype)
+    return out
+
+
+@torch.no_grad()
+def _float_weight(module: QuantModule[Any], dtype: torch.dtype) -> torch.Tensor:
     w = module.weight.to(torch.float32) * module.weight_quantizer.scale.reshape(
         -1, *[1] * (module.weight.dim() - 1)
     )
     smooth = getattr(module.input_quantizer, "smooth", None)
     if smooth is not None:
         w = w / smooth.reshape(1, -1)
-    out = {"weight": w.to(dtype)}
-    bias = effective_bias(module)
-    if bias is not None and had_bias:
-        out["bias"] = bias.to(dtype)
-    return out
+    return w.to(dtype)
 
 
 def _params_dtype(linears: Mapping[str, QuantModule[Any]]) -> str:
@@ -204,14 +221,16 @@ def component_export(
     state = {k: v for k, v in component.state_dict().items()
              if not any(k.startswith(f"{q}.") for q in qmods)}  # fmt: skip
     model_dtype = _model_dtype(state)
-    tensors, types = _float_state(state)
-    _apply_folds(tensors, folds)
+    floats, types = _float_state(state)
+    _apply_folds(floats, folds)
+    tensors: dict[str, Tensorish] = dict(floats)
     prefix = checkpoint_prefix(set(component.state_dict()), source_keys)
     out = ComponentExport({}, {}, params_dtype=params)
     for name, module in qmods.items():
         had_bias = _had_bias(prefix + name, module, source_keys)
         qtype = "W4A16" if _precision(module) == "w4a16" else _QTYPES.get(module.spec.precision)
         reason = None
+        part: Mapping[str, Tensorish]
         if name not in linears or qtype is None:
             reason = (
                 CONV_REASON if name not in linears else f"{_precision(module)} has no AscendV1 form"
@@ -272,15 +291,9 @@ def _model_dtype(state: Mapping[str, torch.Tensor]) -> torch.dtype:
 def _float_state(
     state: Mapping[str, torch.Tensor],
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """FLOAT tensors, tied ones written twice (as msModelSlim does) since safetensors refuses
-    shared storage."""
-    seen: set[int] = set()
-    tensors: dict[str, torch.Tensor] = {}
-    for k, v in state.items():
-        t = v.detach().cpu()
-        ptr = t.untyped_storage().data_ptr()
-        tensors[k] = t.clone() if ptr in seen else t.contiguous()
-        seen.add(ptr)
+    """FLOAT tensors; tied ones are written twice (as msModelSlim does): the writer copies
+    bytes, so they need no copy here."""
+    tensors = {k: v.detach().cpu() for k, v in state.items()}
     return tensors, dict.fromkeys(tensors, "FLOAT")
 
 

@@ -46,18 +46,24 @@ def norm_mean_square_max(module: nn.Module, x: torch.Tensor) -> float | None:
 RISKY = FP16_MAX / 8  # a call whose fp32 range comes this close to 65504 is always re-run
 
 
+def is_sampled_call(n: int) -> bool:
+    """Whether call ``n`` (1-based) is one of the sampled calls 1, 4, 16, 64, ... (powers of 4)."""
+    return n > 0 and n & (n - 1) == 0 and (n.bit_length() - 1) % 2 == 0
+
+
 class Fp16Accumulator:
     """Streaming fp16/bf16 statistics of one module.
 
     Ranges (absmax) are tracked on every call. The expensive parts are sampled: the fp16 re-runs
-    run on calls 1, 2, 4, 8, ... (spread over the whole loop, e.g. early and late denoising
-    steps, at a cost that grows with the log of the calls) and on every call whose fp32 input
+    run on calls 1, 4, 16, 64, ... (spread over the whole loop, e.g. early and late denoising
+    steps, at a cost that grows with the log of the calls; an encoder called twice is re-run
+    once) and on every call whose fp32 input
     or output range exceeds ``65504 / 8``: the emulated re-run of a module can only overflow
     where its fp32 output nears 65504, so the calls left out only refine the fp16 error average.
     The bf16 re-run, which only decides whether an fp16-overflowing module may run in bf16,
     runs on the first call and on those risky calls; the saturation-mode re-run only where its
     result can differ from INF_NAN mode (an out-of-range input, or a non-finite fp16 output).
-    The p99.9 histograms (descriptive: the report's percentiles) are of calls 1, 2, 4, 8, ...
+    The p99.9 histograms (descriptive: the report's percentiles) are of calls 1, 4, 16, ...
     """
 
     def __init__(self, rerun: bool, mode: str = "auto", bf16: bool = True) -> None:
@@ -84,7 +90,7 @@ class Fp16Accumulator:
     ) -> None:
         """Record one call (``args`` are the call's positional inputs, for the re-runs)."""
         self.calls += 1
-        sampled = self.calls & (self.calls - 1) == 0  # call 1, 2, 4, 8, ...
+        sampled = is_sampled_call(self.calls)
         x_max = _absmax(x, self.in_hist if sampled else None)
         y_max = _absmax(y, self.out_hist if sampled else None)
         self.in_absmax, self.out_absmax = max(self.in_absmax, x_max), max(self.out_absmax, y_max)

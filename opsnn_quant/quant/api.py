@@ -159,12 +159,16 @@ def quantize(
     modules = dict(model.named_modules())
     swapped: dict[str, QuantModule[Any]] = {}
     for name, spec in specs.items():
-        qclass = quant_module_class(type(modules[name]))
+        # popped: once swapped out, the float module is freed (not held here beside its copy,
+        # which for a whole UNet was a second float copy of every quantized weight)
+        module = modules.pop(name)
+        qclass = quant_module_class(type(module))
         assert qclass is not None  # _int8_specs only keeps quantizable_modules
-        q = qclass.from_float(modules[name], spec, name)
-        q.to(next(iter(modules[name].parameters())).device)
+        q = qclass.from_float(module, spec, name)
+        q.to(next(iter(module.parameters())).device)
         set_submodule(model, name, q)
         swapped[name] = q
+        del module
     needs_data = {
         n: q for n, q in swapped.items() if q.spec.static_activations or q.spec.smoothquant
     }

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from opsnn_quant.ascend import npu_trans_quant_param
+from opsnn_quant.ascend.matmul import WEIGHT_CHUNK
 from opsnn_quant.backends import get_backend
 from opsnn_quant.backends.base import ConvGeometry, QuantBackend
 from opsnn_quant.errors import CalibrationError, ConfigError
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 
 # Rows of one reference-backend chunk: about this many elements of the wider operand (16 MB fp32).
 ROW_CHUNK_ELEMENTS = 1 << 22
+# A call of fewer rows keeps an fp32 copy of a small int8 weight (see _weight_float_t).
+CACHE_MAX_ROWS = 64
 
 _OUT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -70,7 +73,7 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
     @classmethod
     @abstractmethod
     def from_float(cls, module: FloatT, spec: QuantSpec, name: str = "") -> Self:
-        """A quantized copy of float ``module`` to calibrate (the module is left untouched).
+        """A quantized counterpart of float ``module`` to calibrate (the module is left untouched).
 
         Args:
             module: the float module, of :attr:`float_type`.
@@ -160,14 +163,28 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
             return (self.out_n, self.in_k // 8)
         return (self.out_n, self.in_k)
 
-    def _weight_float_t(self) -> torch.Tensor:
-        """fp32 copy of the int8 weight, transposed (reference-backend speed-up, not saved)."""
+    @property
+    def weight_cache_bytes(self) -> int:
+        """Bytes of the fp32 weight copy this module keeps for the reference backend (0: none)."""
+        c = self._w_cache
+        return 0 if c is None else c.numel() * c.element_size()
+
+    def _weight_float_t(self, rows: int) -> torch.Tensor | None:
+        """fp32 copy of the int8 weight, transposed, kept for calls of few rows (a decoder's
+        per-token steps, where converting it each call costs more than the matmul); None: the
+        matmul converts it per call (in column blocks when large). Reference-backend speed-up,
+        not saved; the products are exact either way.
+
+        Kept for every call, the copies made a quantized model grow a float copy of its
+        quantized weights as it ran (the AscendV1 export's fold trace, the held-out measure).
+        """
         w = self.weight.reshape(self.out_n, self.in_k)
-        if not self.cache_weight_float:
-            return w.t().to(torch.float32)
-        if self._w_cache is None or self._w_cache.device != w.device:
+        if self._w_cache is not None and self._w_cache.device == w.device:
+            return self._w_cache
+        if self.cache_weight_float and rows < CACHE_MAX_ROWS and w.numel() <= WEIGHT_CHUNK:
             self._w_cache = w.t().to(torch.float32)
-        return self._w_cache
+            return self._w_cache
+        return None
 
     def _float_rows(self, x2d: torch.Tensor) -> torch.Tensor:
         return F.linear(x2d, self._weight2d(), self.bias)
@@ -207,7 +224,7 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
         w_q_t = self.weight.reshape(self.out_n, self.in_k).t()
         if spec.precision == Precision.W8A16:
             return backend.weight_quant_matmul(x2d, w_q_t, self.weight_quantizer.scale, self.bias)
-        wf = self._weight_float_t() if backend.name == "reference" else None
+        wf = self._weight_float_t(x2d.shape[0]) if backend.name == "reference" else None
         out_dtype = _OUT_DTYPES[spec.output_dtype]
         iq = self.input_quantizer
         if spec.static_activations:
@@ -331,11 +348,16 @@ class QuantLinear(QuantModule[nn.Linear]):
 
     @classmethod
     def from_float(cls, module: nn.Linear, spec: QuantSpec, name: str = "") -> Self:
-        """Wrap a float ``nn.Linear`` (its weights are copied, the module is left untouched)."""
+        """Wrap a float ``nn.Linear``; the module is left untouched.
+
+        Its weights are shared, not copied: nothing writes them, and :meth:`freeze` replaces
+        them with new tensors. A copy made a second float model during quantize() (its weights
+        read from a memory-mapped checkpoint stay resident beside the copy).
+        """
         q = cls(module.in_features, module.out_features, module.bias is not None, spec, name)
-        q.weight = nn.Parameter(module.weight.detach().clone(), requires_grad=False)
+        q.weight = nn.Parameter(module.weight.detach(), requires_grad=False)
         if module.bias is not None:
-            q.bias = nn.Parameter(module.bias.detach().clone(), requires_grad=False)
+            q.bias = nn.Parameter(module.bias.detach(), requires_grad=False)
         return q
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -377,18 +399,18 @@ class QuantConv2d(QuantModule[nn.Conv2d]):
         self.kernel_size = tuple(conv.kernel_size)
         self.stride, self.padding = tuple(conv.stride), tuple(conv.padding)
         self.dilation = tuple(conv.dilation)
-        self.weight = nn.Parameter(conv.weight.detach().clone(), requires_grad=False)
+        # shared, never written (see QuantLinear.from_float)
+        self.weight = nn.Parameter(conv.weight.detach(), requires_grad=False)
         self.bias = (
-            None
-            if conv.bias is None
-            else nn.Parameter(conv.bias.detach().clone(), requires_grad=False)
+            None if conv.bias is None else nn.Parameter(conv.bias.detach(), requires_grad=False)
         )
         k = conv.in_channels * self.kernel_size[0] * self.kernel_size[1]
         self.init_quant(spec, conv.out_channels, k, name)
 
     @classmethod
     def from_float(cls, module: nn.Conv2d, spec: QuantSpec, name: str = "") -> Self:
-        """Wrap a float ``nn.Conv2d`` (its weights are copied)."""
+        """Wrap a float ``nn.Conv2d`` (its weights shared, never written; see
+        :meth:`QuantLinear.from_float`)."""
         return cls(module, spec, name)
 
     def int8_weight_shape(self) -> tuple[int, ...]:

@@ -182,3 +182,37 @@ def test_an_index_naming_a_missing_shard_is_refused(tmp_path):
         match=r"shard 'quant_model_weights-00009-of-00009\.safetensors' of 1\.bias not found",
     ):
         read_ascendv1(d)
+
+
+def test_the_streaming_writer_gives_save_files_bytes_and_makes_lazy_tensors_once(tmp_path):
+    # Byte-for-byte as safetensors.torch.save_file (the data laid out by descending dtype, then
+    # by name; the header padded with spaces to 8 bytes), for every dtype we write.
+    from safetensors.torch import save_file
+
+    from opsnn_quant.deploy.safetensors_io import LazyTensor, write_safetensors
+
+    g = torch.Generator().manual_seed(0)
+    t = {f"t{i}": (torch.randn(3, 5, generator=g) * 100).to(d)
+         for i, d in enumerate((torch.float64, torch.float32, torch.float16, torch.bfloat16,
+                                torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
+                                torch.bool))}  # fmt: skip
+    t["scalar"] = torch.tensor(2.5)
+    t["empty"] = torch.zeros(0, 4)
+    t["a.transposed"] = torch.arange(12.0).reshape(3, 4).t()  # not contiguous
+    save_file({k: v.contiguous() for k, v in t.items()}, str(tmp_path / "ref.safetensors"),
+              metadata={"format": "pt"})  # fmt: skip
+    made = []
+
+    def make() -> torch.Tensor:
+        made.append(1)
+        return t["t1"]
+
+    mine = {**t, "t1": LazyTensor(torch.float32, (3, 5), make)}
+    write_safetensors(mine, tmp_path / "ours.safetensors", {"format": "pt"})
+    assert (tmp_path / "ours.safetensors").read_bytes() == (
+        tmp_path / "ref.safetensors"
+    ).read_bytes()
+    assert made == [1]
+    bad = {"w": LazyTensor(torch.float32, (2, 2), lambda: torch.zeros(2, 3))}
+    with pytest.raises(AscendV1Error, match=r"declared torch.float32 \[2, 2\] made"):
+        write_safetensors(bad, tmp_path / "bad.safetensors")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import weakref
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from opsnn_quant.deploy import apply_ascendv1, export_ascendv1, read_ascendv1
+from opsnn_quant.deploy.smooth_fold import DequantizedTwin, effective_bias, trace_producers
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.recording import replay
@@ -118,3 +120,54 @@ def test_a_float_linear_sharing_the_norm_absorbs_the_factor_in_its_columns(tmp_p
     assert torch.equal(ckpt.load("side.weight"), want)
     consumer = apply_ascendv1(FloatSibling(), ckpt)
     assert _rel(replay(consumer, (x, {})), replay(model, (x, {}))) < 0.02
+
+
+class _Keeps(nn.Module):
+    """A module that is no fold target, remembering its last output weakly."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        self.ref = weakref.ref(y)
+        return y
+
+
+class _Passes(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x  # the norm's own tensor, handed on
+
+
+class TraceModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale, self.norm, self.passes = _Keeps(), nn.LayerNorm(8), _Passes()
+        self.fc, self.fc2 = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.alive: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.scale(x) + 1)
+        self.alive.append(self.scale.ref() is not None)
+        return self.fc(h) + self.fc2(self.passes(h))
+
+
+def test_the_trace_keeps_no_activation_that_cannot_take_a_fold():
+    model = TraceModel()
+    producers, fed = trace_producers(model, {"": [((torch.randn(2, 8),), {})]})
+    # scale's output was dropped by the model during the trace (a UNet's activations, held,
+    # were the AscendV1 export's peak); before, the trace kept every module's output
+    assert model.alive == [False]
+    assert producers["fc"] == {"norm"}
+    # a live tensor a non-foldable module returned is still seen as that module's output
+    assert producers["fc2"] == {"passes"} and fed["norm"] == {"fc", "passes"}
+
+
+def test_the_dequantized_twin_computes_what_the_int8_weights_mean():
+    model, (x,) = _quantized(FloatSibling)
+    fc = model.fc
+    h = model.norm(x)
+    w = fc.weight.double() * fc.weight_quantizer.scale.double().reshape(-1, 1)
+    w = w / fc.input_quantizer.smooth.double().reshape(1, -1)
+    want = h.double() @ w.t() + effective_bias(fc).double()
+    got = DequantizedTwin(fc)(h)
+    assert got.dtype == torch.float32
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5)
+    assert not list(DequantizedTwin(fc).named_modules())[1:]  # holds no submodule

@@ -132,3 +132,38 @@ def test_export_runs_with_a_per_step_module_in_the_model(tmp_path):
     description = json.loads((tmp_path / "out" / "quant_model_description.json").read_text())
     assert description["ff2.weight"] == "FLOAT"
     assert TIMESTEP_REASON in json.dumps(description)
+
+
+def test_a_float_conv_weight_is_made_only_when_written_and_holds_the_dequantized_weight(tmp_path):
+    from opsnn_quant.deploy.safetensors_io import LazyTensor
+
+    torch.manual_seed(3)
+    holder = nn.Module()
+    holder.conv = nn.Conv2d(3, 4, 3, padding=1)
+    holder.fc = nn.Linear(8, 4)
+    xs = [torch.randn(2, 3, 4, 4) for _ in range(2)]
+    quantize(holder, {"*": QuantSpec("w8a8")},
+             lambda m: [m.fc(m.conv(x).reshape(2, 4, 16)[..., :8]) for x in xs])  # fmt: skip
+    export = component_export(holder, folds=[], refused={}, source_keys=None)
+    lazy = export.tensors["conv.weight"]
+    assert isinstance(lazy, LazyTensor)  # a float copy of the conv is not held
+    assert (lazy.dtype, lazy.shape) == (torch.float32, (4, 3, 3, 3))
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    calls = {"": [((xs[0],), {})]}
+
+    class Root(nn.Module):  # the fold trace replays the component's root
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc = holder.conv, holder.fc
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(self.conv(x).reshape(2, 4, 16)[..., :8])
+
+    export_ascendv1(Stub(Root()), tmp_path / "av1", calls=calls, source_dir=src)  # type: ignore[arg-type]
+    ckpt = read_ascendv1(tmp_path / "av1")
+    # what our int8 weight means: int8 values x per-output-channel weight scale
+    want = holder.conv.weight.float() * holder.conv.weight_quantizer.scale.reshape(4, 1, 1, 1)
+    assert torch.equal(ckpt.load("conv.weight"), want)
+    assert ckpt.load("fc.weight").dtype == torch.int8

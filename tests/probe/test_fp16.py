@@ -153,3 +153,27 @@ def test_emulation_flags_exactly_what_the_real_fp16_run_flags(tmp_path):
         flagged[mode + " inf"] = infs
     assert flagged["native"] == flagged["emulate"] and len(flagged["emulate"]) >= 5
     assert flagged["native inf"] == flagged["emulate inf"] and flagged["emulate inf"]
+
+
+def test_fp16_reruns_sample_calls_1_4_16_and_every_call_near_65504(monkeypatch):
+    # The emulated re-run can only overflow where the fp32 range nears 65504, so the calls in
+    # between are skipped; a call past 65504 / 8 is always re-run (bf16 too), whatever its index.
+    import opsnn_quant.probe.fp16 as fp16
+
+    ran: list[tuple[int, str]] = []
+    real = fp16.run_as
+
+    def counting(module, args, dtype, **kw):
+        ran.append((acc.calls, "bf16" if dtype == torch.bfloat16 else "fp16"))
+        return real(module, args, dtype, **kw)
+
+    monkeypatch.setattr(fp16, "run_as", counting)
+    lin = nn.Linear(4, 4)
+    acc = fp16.Fp16Accumulator(rerun=True)
+    for call in range(1, 21):
+        x = torch.randn(2, 4) * (1e4 if call == 7 else 1.0)  # call 7: |x| > 65504 / 8
+        acc.update(lin, x, lin(x), (x,))
+    fp16_calls = sorted({c for c, kind in ran if kind == "fp16"})
+    assert fp16_calls == [1, 4, 7, 16]
+    assert sorted({c for c, kind in ran if kind == "bf16"}) == [1, 7]
+    assert [n for n in range(1, 300) if fp16.is_sampled_call(n)] == [1, 4, 16, 64, 256]

@@ -167,6 +167,28 @@ def test_from_float_keeps_float_module_untouched():
     assert q.weight.dtype == torch.int8
 
 
+def test_from_float_shares_the_float_weight_until_freeze_replaces_it():
+    # quantize() of a whole UNet held a second float copy while every module was swapped
+    lin = nn.Linear(8, 4)
+    q = QuantLinear.from_float(lin, QuantSpec("w8a8_dynamic"), "x")
+    assert q.weight.data_ptr() == lin.weight.data_ptr()
+    q.freeze()
+    assert q.weight.dtype == torch.int8 and lin.weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize("spec", ["w8a8", "w8a8_dynamic"])
+def test_only_few_row_calls_keep_an_fp32_weight_copy_and_results_are_the_same(spec):
+    # The copy speeds up a decoder's per-token calls; a model run on big calls (an encoder, a
+    # UNet) must not grow a float copy of its quantized weights.
+    _, q, _ = calibrated_linear(spec)
+    x = torch.randn(300, 48) * 3
+    big = q(x)
+    assert q.weight_cache_bytes == 0
+    small = torch.cat([q(x[i : i + 4]) for i in range(0, 300, 4)])
+    assert q.weight_cache_bytes == 48 * q.out_n * 4  # fp32 (K, N)
+    assert torch.equal(big, small)  # exact products: the copy changes speed only
+
+
 @pytest.mark.parametrize("spec", ["w8a8", "w8a8_dynamic", QuantSpec("w8a8", smoothquant_alpha=0.5)])
 def test_reference_row_chunks_are_bit_identical(spec, monkeypatch):
     import opsnn_quant.quant.modules as modules
