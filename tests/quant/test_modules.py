@@ -191,7 +191,7 @@ def test_only_few_row_calls_keep_an_fp32_weight_copy_and_results_are_the_same(sp
 
 @pytest.mark.parametrize("spec", ["w8a8", "w8a8_dynamic", QuantSpec("w8a8", smoothquant_alpha=0.5)])
 def test_reference_row_chunks_are_bit_identical(spec, monkeypatch):
-    import opsnn_quant.quant.modules as modules
+    import opsnn_quant.quant.qmodule as modules
 
     _, q, _ = calibrated_linear(spec)
     x = torch.randn(1000, 48) * 3
