@@ -309,10 +309,7 @@ def read_text(path: str | os.PathLike[str]) -> str:
         raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from exc
 
 
-# ---- ONNX files, JSON files and node maps ---------------------------------------------------
-
-ONNX_EXTERNAL_DATA_BYTES = 1_800_000_000
-"""Protobuf cannot serialize 2 GiB: from this size on a model's tensors go to a file beside it."""
+# ---- JSON files and node maps ----------------------------------------------------------------
 
 
 def write_json_atomic(
@@ -324,81 +321,6 @@ def write_json_atomic(
         OutputError: as :func:`atomic_write_bytes`.
     """
     return atomic_write_text(path, json.dumps(doc, indent=indent, sort_keys=sort_keys))
-
-
-def save_onnx_atomic(
-    proto: object,
-    path: str | os.PathLike[str],
-    *,
-    external_data_bytes: int = ONNX_EXTERNAL_DATA_BYTES,
-    external_from: Path | None = None,
-) -> Path:
-    """Write an ONNX ``ModelProto`` into a temporary sibling directory, then rename it into place.
-
-    A model of ``external_data_bytes`` or more is saved with all its tensors in one
-    ``<name>.data`` file beside it (renamed into place first, so the ``.onnx`` never points at a
-    missing file). A proto loaded without its external data (an exporter's output past 2 GiB)
-    names the directory its tensor files are in as ``external_from``: they are streamed into
-    ``<name>.data`` one at a time, with its larger inline tensors, never all in memory. Needs the
-    ``onnx`` package, imported here so that ``opsnn_quant.io`` stays light.
-
-    Returns:
-        The ``.onnx`` path.
-
-    Raises:
-        TypeError: ``proto`` is not an ``onnx.ModelProto``.
-    """
-    import onnx
-
-    if not isinstance(proto, onnx.ModelProto):
-        raise TypeError(f"save_onnx_atomic takes an onnx.ModelProto, not {type(proto).__name__}")
-    dest = Path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmpdir = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
-        if external_from is not None:
-            data = f"{dest.name}.data"
-            _stream_tensors(proto, external_from, tmpdir / data)
-            onnx.save_model(proto, tmpdir / dest.name)
-            os.replace(tmpdir / data, dest.parent / data)
-        elif proto.ByteSize() >= external_data_bytes:
-            data = f"{dest.name}.data"
-            onnx.save_model(proto, tmpdir / dest.name, save_as_external_data=True,
-                            all_tensors_to_one_file=True, location=data)  # fmt: skip
-            os.replace(tmpdir / data, dest.parent / data)
-        else:
-            onnx.save_model(proto, tmpdir / dest.name)
-        os.replace(tmpdir / dest.name, dest)
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
-    return dest
-
-
-def _stream_tensors(proto: object, source: Path, data: Path, min_inline: int = 1024) -> None:
-    """Move every initializer kept in a file under ``source``, and every inline one of
-    ``min_inline`` bytes or more, into the one file ``data``, pointing the proto at it."""
-    import onnx
-
-    assert isinstance(proto, onnx.ModelProto)
-    with open(data, "wb") as out:
-        for t in proto.graph.initializer:
-            if t.data_location == onnx.TensorProto.EXTERNAL:
-                info = {e.key: e.value for e in t.external_data}
-                with open(source / info["location"], "rb") as f:
-                    f.seek(int(info.get("offset", "0")))
-                    raw = f.read(int(info["length"])) if "length" in info else f.read()
-            elif len(t.raw_data) >= min_inline:
-                raw = t.raw_data
-                t.ClearField("raw_data")
-            else:
-                continue
-            offset = out.tell()
-            out.write(raw)
-            del t.external_data[:]
-            for key, value in (("location", data.name), ("offset", offset), ("length", len(raw))):
-                entry = t.external_data.add()
-                entry.key, entry.value = key, str(value)
-            t.data_location = onnx.TensorProto.EXTERNAL
 
 
 def load_node_map(path: str | os.PathLike[str]) -> dict[str, list[str]]:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from opsnn_quant.io import ONNX_EXTERNAL_DATA_BYTES, save_onnx_atomic
+from opsnn_quant.onnx_io import ONNX_EXTERNAL_DATA_BYTES, save_onnx_atomic
 from opsnn_quant.policy.export_atc import torch_scope
 from opsnn_quant.quant.modules import QuantConv2d, QuantModule, set_submodule
 from opsnn_quant.quant.onnx_markers import DOMAIN, MARKER_OP

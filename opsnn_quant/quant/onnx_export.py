@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.io import ONNX_EXTERNAL_DATA_BYTES, save_onnx_atomic
+from opsnn_quant.onnx_io import ONNX_EXTERNAL_DATA_BYTES, save_onnx_atomic
 from opsnn_quant.quant.modules import (
     QuantConv2d,
     QuantLinear,

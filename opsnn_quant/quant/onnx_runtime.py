@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from opsnn_quant.errors import ShapeError
-from opsnn_quant.io import save_onnx_atomic
+from opsnn_quant.onnx_io import save_onnx_atomic
 from opsnn_quant.quant.onnx_info import OnnxExportInfo, require_onnx, to_numpy
 
 log = logging.getLogger(__name__)

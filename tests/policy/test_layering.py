@@ -20,6 +20,7 @@ def _loaded_after(module: str) -> set[str]:
         ("opsnn_quant.policy._rules", "opsnn_quant.policy.search"),
         ("opsnn_quant.policy.export_atc", "opsnn_quant.policy.export"),
         ("opsnn_quant.io", "onnx"),
+        ("opsnn_quant.onnx_io", "onnx"),
         ("opsnn_quant.policy.export", "torch"),
     ],
 )
