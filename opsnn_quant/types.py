@@ -51,6 +51,9 @@ class Modality(StrEnum):
 ForwardLoop: TypeAlias = Callable[["nn.Module"], None]
 """Runs a model over calibration data; the single calibration contract (as in ModelOpt)."""
 
+Progress: TypeAlias = Callable[[str], None]
+"""Told about each phase of a long run (a CLI progress line, a log message)."""
+
 
 def match_prefix(name: str, prefixes: Iterable[str]) -> str | None:
     """The longest of ``prefixes`` that covers module ``name``; None when none does.

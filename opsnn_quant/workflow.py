@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opsnn_quant.amct.handoff import run_amct_roots
 from opsnn_quant.amct.run import import_amct
 from opsnn_quant.backends.devices import resolve_device
+from opsnn_quant.calibrate_exports import (  # the export phases, in their order
+    export_calls,
+    model_export_plan,
+    model_exports,
+    stage_atc_float_graphs,
+    write_policy_exports,
+)
 from opsnn_quant.determinism import set_reproducible
 from opsnn_quant.evaluation.evaluate import evaluate, policy_summary
 from opsnn_quant.evaluation.gate import check_latency_mode
@@ -26,13 +33,6 @@ from opsnn_quant.io import atomic_dir, check_output_dir
 from opsnn_quant.models import ModelAdapter, load_adapter
 from opsnn_quant.models.data import load_records
 from opsnn_quant.policy.baselines import naive_policy
-from opsnn_quant.policy.export import (
-    EXPORT_FILES,
-    MODEL_EXPORTS,
-    export_policy,
-    modules_from_report,
-    write_export,
-)
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy
 from opsnn_quant.policy.summary import ModalitySummaryRow, summarize
@@ -43,14 +43,10 @@ from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.checkpoint import save_quantized
 from opsnn_quant.recipe import Recipe
-from opsnn_quant.recording import Call, RecordedRoots, record_roots
-from opsnn_quant.types import Modality
-
-if TYPE_CHECKING:
-    from opsnn_quant.deploy.workflow_exports import StagedGraphs
+from opsnn_quant.recording import RecordedRoots, record_roots
+from opsnn_quant.types import Modality, Progress
 
 log = logging.getLogger(__name__)
-Progress = Callable[[str], None]
 OUTPUT_KIND = "calibrate"
 ENGINES = ("opsnn", "amct")
 
@@ -140,14 +136,14 @@ def run_calibrate(
         report = _probe_phase(adapter, recipe, data, seed, tmp, times, say, keep)
         policy = _policy_phase(report, recipe, tmp, say)
         recorded = _record_holdout(adapter, recipe, data, seed, say)
-        notes = _export_phase(policy, report, recipe, tmp, say)
-        exports = _model_export_plan(policy, recipe) if engine == "opsnn" else _ExportPlan([], [])
-        calls = _export_calls(adapter, recipe, data, recorded, keep, exports, say)
-        staged = _stage_float_graphs(adapter, policy, report, calls, exports, tmp, say)
+        notes = write_policy_exports(policy, report, recipe, tmp, say)
+        exports = model_export_plan(policy, recipe, engine)
+        calls = export_calls(adapter, recipe, data.calibration, recorded, keep, exports, say)
+        staged = stage_atc_float_graphs(adapter, policy, report, calls, exports, tmp, say)
         _quantize_phase(adapter, policy, data, engine, seed, tmp, times, say, keep)
         measured = _measure_phase(adapter, recorded, say) if engine == "opsnn" else {}
         if engine == "opsnn":
-            notes += exports.notes + _model_exports(
+            notes += exports.notes + model_exports(
                 adapter, policy, report, exports, calls, staged, tmp, say
             )
         rows = summarize(policy, report)
@@ -277,104 +273,6 @@ def _measure_phase(
         return {}
     say("measuring the quantized model on held-out data")
     return measure_modalities(adapter, recorded)
-
-
-def _export_phase(
-    policy: PrecisionPolicy, report: SensitivityReport, recipe: Recipe, tmp: Path, say: Progress
-) -> list[str]:
-    say("exporting AMCT/ATC configs")
-    modules = modules_from_report(report)
-    notes: list[str] = []
-    for fmt in recipe.exports:
-        if fmt in MODEL_EXPORTS:
-            continue  # written from the quantized model: _model_exports
-        result = export_policy(policy, fmt, modules)
-        write_export(result, tmp / "export" / EXPORT_FILES[fmt])
-        notes.extend(f"{fmt}: {n}" for n in result.notes)
-    return notes
-
-
-@dataclass
-class _ExportPlan:
-    """The model exports ``recipe.exports`` asks of this target, and why others are left out."""
-
-    wanted: list[str]
-    notes: list[str]
-
-
-def _model_export_plan(policy: PrecisionPolicy, recipe: Recipe) -> _ExportPlan:
-    wanted = [f for f in recipe.exports if f in MODEL_EXPORTS]
-    notes = []
-    if "atc" in wanted and get_target(policy.target).route != "atc":
-        # ONNX exports cost ~25 s per demo UNet graph: only where ATC is the deployment route
-        wanted.remove("atc")
-        notes.append(
-            f"atc: {policy.target} does not deploy through ATC; no graphs written "
-            "(opsnn-quant export-weights OUT -f atc --data SRC writes them)"
-        )
-    return _ExportPlan(wanted, notes)
-
-
-def _export_calls(
-    adapter: ModelAdapter,
-    recipe: Recipe,
-    data: _Data,
-    recorded: RecordedRoots | None,
-    keep: ProbeKeep,
-    plan: _ExportPlan,
-    say: Progress,
-) -> Mapping[str, Sequence[Call]]:
-    """The recorded root calls the exports trace (the held-out recording's, or the probe's;
-    none: one calibration batch is recorded, on the float model)."""
-    calls: Mapping[str, Sequence[Call]] = (
-        recorded.calls if recorded is not None else keep.root_calls
-    )
-    if plan.wanted and not calls:
-        say("recording one call per root for the exports")
-        batch = data.calibration[: max(1, int(recipe.settings_dict().get("batch_size", 1)))]
-        calls = record_roots(adapter, adapter.forward_loop(batch), 1, seed=recipe.seed).calls
-    return calls
-
-
-def _stage_float_graphs(
-    adapter: ModelAdapter,
-    policy: PrecisionPolicy,
-    report: SensitivityReport,
-    calls: Mapping[str, Sequence[Call]],
-    plan: _ExportPlan,
-    tmp: Path,
-    say: Progress,
-) -> StagedGraphs | None:
-    """ATC's float graphs, while the model is still float (no second copy is loaded for them)."""
-    if "atc" not in plan.wanted:
-        return None
-    from opsnn_quant.deploy.workflow_exports import stage_float_graphs
-
-    modules = modules_from_report(report)
-    return stage_float_graphs(adapter, policy, modules, calls, tmp / "export", say=say)
-
-
-def _model_exports(
-    adapter: ModelAdapter,
-    policy: PrecisionPolicy,
-    report: SensitivityReport,
-    plan: _ExportPlan,
-    calls: Mapping[str, Sequence[Call]],
-    staged: StagedGraphs | None,
-    tmp: Path,
-    say: Progress,
-) -> list[str]:
-    """``export/ascendv1/`` and ``export/atc/`` from the quantized model (as ``recipe.exports``
-    asks; ATC's float graphs staged before quantizing), with their notes in
-    ``<dir>.notes.txt``; returns the notes."""
-    from opsnn_quant.deploy.workflow_exports import write_model_exports
-
-    if not plan.wanted:
-        return []
-    return write_model_exports(
-        adapter, policy, modules_from_report(report), calls, tmp / "export", plan.wanted,
-        float_graphs=staged, say=say,
-    )  # fmt: skip
 
 
 def _evaluate_into(

@@ -28,13 +28,12 @@ from opsnn_quant.evaluation.report import AcceptanceReport
 from opsnn_quant.evaluation.suite import Suite
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.policy.targets import get_target
-from opsnn_quant.types import Modality
+from opsnn_quant.types import Modality, Progress
 
 if TYPE_CHECKING:
     from opsnn_quant.probe.report import SensitivityReport
 
 log = logging.getLogger(__name__)
-Progress = Callable[[str], None]
 
 
 def _records(suite: Suite) -> list[dict[str, Any]]:
