@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from opsnn_quant.quant.modules import QuantConv2d, QuantModule, set_submodule
+from opsnn_quant.quant.modules import QuantConv2d, QuantModule, no_weight_copies, set_submodule
 from opsnn_quant.recording import Call, detached_copy, replay
 
 log = logging.getLogger(__name__)
@@ -146,6 +146,16 @@ def plan_folds(
 ) -> tuple[list[Fold], dict[str, str]]:
     """Folds for the smoothed Linears ``smooth`` (name -> factor); returns (folds, refused name ->
     one-line reason). ``scope`` maps a module name to its component: a fold never crosses one."""
+    with no_weight_copies(model):
+        return _plan_folds(model, smooth, roots, scope)
+
+
+def _plan_folds(
+    model: nn.Module,
+    smooth: Mapping[str, torch.Tensor],
+    roots: Mapping[str, Sequence[Call]],
+    scope: Callable[[str], str],
+) -> tuple[list[Fold], dict[str, str]]:
     producers, fed = trace_producers(model, roots)
     named = dict(model.named_modules())
     refused: dict[str, str] = {}

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
 import torch
@@ -317,6 +318,21 @@ def quant_module_named(name: str) -> type[QuantModule[Any]] | None:
 def is_quant_module(module: nn.Module) -> bool:
     """True for quantized modules (any :class:`QuantModule`)."""
     return isinstance(module, QuantModule)
+
+
+@contextmanager
+def no_weight_copies(model: nn.Module) -> Iterator[None]:
+    """Inside: no quantized module of ``model`` makes an fp32 copy of its weight (a replay or
+    two of the model gains nothing from one, and they add up to its quantized weights in fp32)."""
+    modules = [m for m in model.modules() if isinstance(m, QuantModule)]
+    before = [m.cache_weight_float for m in modules]
+    for m in modules:
+        m.cache_weight_float = False
+    try:
+        yield
+    finally:
+        for m, flag in zip(modules, before, strict=True):
+            m.cache_weight_float = flag
 
 
 def set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:

@@ -189,6 +189,19 @@ def test_only_few_row_calls_keep_an_fp32_weight_copy_and_results_are_the_same(sp
     assert torch.equal(big, small)  # exact products: the copy changes speed only
 
 
+def test_no_weight_copies_holds_off_the_copy_and_restores_the_setting():
+    from opsnn_quant.quant.modules import no_weight_copies
+
+    _, q, _ = calibrated_linear("w8a8")
+    holder = nn.Sequential(q)
+    x = torch.randn(4, 48)
+    with no_weight_copies(holder):
+        inside = q(x)
+        assert q.weight_cache_bytes == 0
+    assert q.cache_weight_float
+    assert torch.equal(q(x), inside) and q.weight_cache_bytes > 0
+
+
 @pytest.mark.parametrize("spec", ["w8a8", "w8a8_dynamic", QuantSpec("w8a8", smoothquant_alpha=0.5)])
 def test_reference_row_chunks_are_bit_identical(spec, monkeypatch):
     import opsnn_quant.quant.qmodule as modules
