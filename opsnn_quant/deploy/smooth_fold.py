@@ -219,15 +219,19 @@ def _fold_problem(
     return None
 
 
-def _dequantized(module: QuantModule[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(float weight, bias) that ``module``'s int8 weights mean, SmoothQuant undone."""
+@torch.no_grad()
+def dequantized_weight(module: QuantModule[Any]) -> torch.Tensor:
+    """The fp32 weight a frozen module's int8 weight means (its layout), SmoothQuant undone."""
     w = module.weight.to(torch.float32) * module.weight_quantizer.scale.reshape(
         -1, *[1] * (module.weight.dim() - 1)
     )
     smooth = getattr(module.input_quantizer, "smooth", None)
-    if smooth is not None:
-        w = w / smooth.reshape(1, -1)
-    return w, effective_bias(module)
+    return w if smooth is None else w / smooth.reshape(1, -1)
+
+
+def _dequantized(module: QuantModule[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(float weight, bias) that ``module``'s int8 weights mean, SmoothQuant undone."""
+    return dequantized_weight(module), effective_bias(module)
 
 
 def _float_twin(module: QuantModule[Any]) -> nn.Module:
@@ -419,6 +423,7 @@ def _run_roots(model: nn.Module, roots: Mapping[str, Sequence[Call]]) -> list[to
 __all__ = [
     "DequantizedTwin",
     "Fold",
+    "dequantized_weight",
     "effective_bias",
     "fold_errors",
     "is_norm",

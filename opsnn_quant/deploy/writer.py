@@ -35,7 +35,7 @@ from torch import nn
 import opsnn_quant
 from opsnn_quant.deploy.contract import VERSION, model_quant_type
 from opsnn_quant.deploy.safetensors_io import LazyTensor, Tensorish
-from opsnn_quant.deploy.smooth_fold import Fold, effective_bias
+from opsnn_quant.deploy.smooth_fold import Fold, dequantized_weight, effective_bias
 from opsnn_quant.quant.modules import QuantLinear, QuantModule
 from opsnn_quant.types import Precision
 
@@ -176,15 +176,8 @@ def _float_tensors(
     return out
 
 
-@torch.no_grad()
 def _float_weight(module: QuantModule[Any], dtype: torch.dtype) -> torch.Tensor:
-    w = module.weight.to(torch.float32) * module.weight_quantizer.scale.reshape(
-        -1, *[1] * (module.weight.dim() - 1)
-    )
-    smooth = getattr(module.input_quantizer, "smooth", None)
-    if smooth is not None:
-        w = w / smooth.reshape(1, -1)
-    return w.to(dtype)
+    return dequantized_weight(module).to(dtype)
 
 
 def _params_dtype(linears: Mapping[str, QuantModule[Any]]) -> str:
