@@ -28,8 +28,9 @@ import torch
 from torch import nn
 
 from opsnn_quant.deploy.contract import DESCRIPTION_FILE, WEIGHTS_PREFIX
+from opsnn_quant.deploy.fold_check import Fold
 from opsnn_quant.deploy.safetensors_io import read_header, tensor_bytes, write_tensors
-from opsnn_quant.deploy.smooth_fold import Call, Fold, plan_folds
+from opsnn_quant.deploy.smooth_fold import Call, plan_folds
 from opsnn_quant.deploy.writer import CONV_REASON, ComponentExport, component_export
 from opsnn_quant.io import atomic_dir
 from opsnn_quant.models.base import ModelAdapter

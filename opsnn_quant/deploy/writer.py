@@ -34,8 +34,8 @@ from torch import nn
 
 import opsnn_quant
 from opsnn_quant.deploy.contract import VERSION, model_quant_type
+from opsnn_quant.deploy.fold_check import Fold, dequantized_weight, effective_bias
 from opsnn_quant.deploy.safetensors_io import LazyTensor, Tensorish
-from opsnn_quant.deploy.smooth_fold import Fold, dequantized_weight, effective_bias
 from opsnn_quant.quant.modules import QuantLinear, QuantModule
 from opsnn_quant.types import Precision
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from opsnn_quant.deploy import apply_ascendv1, export_ascendv1, read_ascendv1
-from opsnn_quant.deploy.smooth_fold import DequantizedTwin, effective_bias, trace_producers
+from opsnn_quant.deploy.smooth_fold import trace_producers
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.recording import replay
@@ -95,7 +95,8 @@ class FloatSibling(ResidualUse):
         return self.fc(h) + self.side(h)
 
 
-def _quantized(cls: type[nn.Module]) -> tuple[nn.Module, tuple]:
+def quantized_fc(cls: type[nn.Module]) -> tuple[nn.Module, tuple]:
+    """A ``cls`` model with its ``fc`` quantized W8A8 + SmoothQuant, and one of its inputs."""
     m = cls()
     xs = [(torch.randn(4, 16) * torch.linspace(0.1, 8, 16),) for _ in range(3)]
     quantize(m, {"fc": QuantSpec("w8a8", smoothquant_alpha=0.5)}, lambda mm: [mm(*x) for x in xs])
@@ -103,7 +104,7 @@ def _quantized(cls: type[nn.Module]) -> tuple[nn.Module, tuple]:
 
 
 def test_a_fold_that_changes_the_output_is_refused_by_the_numerical_check(tmp_path):
-    model, x = _quantized(ResidualUse)
+    model, x = quantized_fc(ResidualUse)
     desc, _ = _export(model, tmp_path, x)
     reason = desc["metadata"]["opsnn_quant"]["exported_float"]["fc"]
     assert "folding into norm changes the model's output" in reason
@@ -111,7 +112,7 @@ def test_a_fold_that_changes_the_output_is_refused_by_the_numerical_check(tmp_pa
 
 
 def test_a_float_linear_sharing_the_norm_absorbs_the_factor_in_its_columns(tmp_path):
-    model, x = _quantized(FloatSibling)
+    model, x = quantized_fc(FloatSibling)
     desc, out = _export(model, tmp_path, x)
     assert desc["metadata"]["opsnn_quant"]["smoothquant_folded_into"] == {"fc": "norm"}
     ckpt = read_ascendv1(out)
@@ -158,16 +159,3 @@ def test_the_trace_keeps_no_activation_that_cannot_take_a_fold():
     assert producers["fc"] == {"norm"}
     # a live tensor a non-foldable module returned is still seen as that module's output
     assert producers["fc2"] == {"passes"} and fed["norm"] == {"fc", "passes"}
-
-
-def test_the_dequantized_twin_computes_what_the_int8_weights_mean():
-    model, (x,) = _quantized(FloatSibling)
-    fc = model.fc
-    h = model.norm(x)
-    w = fc.weight.double() * fc.weight_quantizer.scale.double().reshape(-1, 1)
-    w = w / fc.input_quantizer.smooth.double().reshape(1, -1)
-    want = h.double() @ w.t() + effective_bias(fc).double()
-    got = DequantizedTwin(fc)(h)
-    assert got.dtype == torch.float32
-    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5)
-    assert not list(DequantizedTwin(fc).named_modules())[1:]  # holds no submodule
