@@ -87,7 +87,9 @@ def fake_npu(monkeypatch):
     fake = FakeTorchNpu()
     monkeypatch.setitem(sys.modules, "torch_npu", fake)
     # Route CPU tensors to the NPU backend: the stand-in plays the device.
-    monkeypatch.setattr("opsnn_quant.quant.modules.get_backend", lambda device: NpuBackend())
+    # (the row matmuls look the backend up in qmodule, QuantConv2d's direct path in modules)
+    for where in ("opsnn_quant.quant.qmodule", "opsnn_quant.quant.modules"):
+        monkeypatch.setattr(f"{where}.get_backend", lambda device: NpuBackend())
     return fake
 
 
