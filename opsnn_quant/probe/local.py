@@ -30,7 +30,7 @@ from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver
 from opsnn_quant.quant.schemes import SCHEMES, scheme_spec, schemes_for
 from opsnn_quant.quant.smoothquant import ChannelStats, search_alpha
 from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, QuantSpec
-from opsnn_quant.timesteps import current_step
+from opsnn_quant.timesteps import at_step, current_step, group_of
 from opsnn_quant.types import Precision
 
 # Candidates per module type, from the one scheme table (quant/schemes.py).
@@ -41,8 +41,8 @@ CANDIDATE_OUTPUT_DTYPE: str = QuantSpec.output_dtype
 
 
 MIN_ERROR_CALLS = 3
-SMALL_CALL_ROWS = 64  # a Linear call of fewer rows is measured together with others
-PENDING_ROWS = 512  # ... in batches of about this many rows
+PENDING_ROWS = 512  # a measured call of fewer rows waits to be measured with others, in batches
+PENDING_BYTES = 128 << 20  # ... of about this many rows, or of this many bytes of input + output
 
 
 def _sample_subset(
@@ -63,6 +63,32 @@ def _sample_subset(
         return args, y
     step = lead // keep
     return (x[::step],), y[::step]
+
+
+@dataclass
+class _Pending:
+    """Small measured calls of one module waiting to run as one batch (see LocalProbe._pend)."""
+
+    step: int | None  # the clock while the batch runs: its first call's step
+    xs: list[torch.Tensor] = field(default_factory=list)
+    ys: list[torch.Tensor] = field(default_factory=list)
+    elements: int = 0
+
+    def add(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Keep a copy of one call's input and float output (the model may reuse its buffers)."""
+        self.xs.append(x.detach().clone())
+        self.ys.append(y.detach().clone())
+        self.elements += x.numel() + y.numel()
+
+    def full(self, channels: int) -> bool:
+        """Whether the batch holds :data:`PENDING_ROWS` input rows or :data:`PENDING_BYTES`."""
+        rows = sum(x.numel() for x in self.xs) // max(channels, 1)
+        size = self.elements * self.xs[0].element_size()
+        return rows >= PENDING_ROWS or size >= PENDING_BYTES
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kept inputs and outputs, joined along the leading dim."""
+        return torch.cat(self.xs), torch.cat(self.ys)
 
 
 def _alpha_key(scheme: str) -> str:
@@ -94,7 +120,7 @@ class LocalProbe:
     step_bounds: tuple[int, ...] | None = None  # chosen by decide() when steps were seen
     _pass2_calls: int = 0
     _elements: int = 0  # input elements pass 1 saw (all calls, in a sampling loop or not)
-    _pending: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    _pending: dict[tuple[Any, ...], _Pending] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.module, nn.Linear):
@@ -208,11 +234,10 @@ class LocalProbe:
         stride = max(1, -(-self.calls // self.error_calls()))
         if index % stride:
             return
-        if self._pend(args, y):
-            return
         rows = max(1, math.ceil(self.error_rows / self.error_calls()))
         args, y = _sample_subset(args, y, rows, self._channels())
-        self._measure_now(args, y)
+        if not self._pend(args, y):
+            self._measure_now(args, y)
 
     def _measure_now(self, args: tuple, y: torch.Tensor) -> None:
         channel_dim = 1 if isinstance(self.module, nn.Conv2d) else -1
@@ -222,30 +247,49 @@ class LocalProbe:
             TRIM.add(4 * yq.numel() * yq.element_size())  # output + the reference's copies
 
     def _pend(self, args: tuple, y: torch.Tensor) -> bool:
-        """Keep a small Linear call (a decoder's per-token step) to measure with others at once:
-        its rows are independent under every candidate, and one int8 matmul of 512 rows costs
-        what one of 4 rows costs in per-call overhead. Not within a sampling loop (per-step
-        candidates read the step at call time)."""
+        """Keep a small call (a decoder's per-token step, a DiT's few tokens, a low-resolution
+        feature map) to measure with others at once: one candidate run of 512 rows costs what
+        one of 4 rows costs in per-call overhead. Exact: the rows of a Linear (the samples of a
+        Conv2d) are independent under every candidate, and calls join only calls of the same
+        group of denoising steps (per-step candidates read the step; the batch runs at the
+        first one's) and, for a Conv2d, of the same feature-map shape."""
         x = args[0] if len(args) == 1 else None
-        if not isinstance(self.module, nn.Linear) or not isinstance(x, torch.Tensor):
+        if not isinstance(x, torch.Tensor) or x.dim() < 2 or y.shape[0] != x.shape[0]:
             return False
-        k = self.module.in_features
-        if x.numel() // max(k, 1) >= SMALL_CALL_ROWS or current_step() is not None:
+        if x.numel() // max(self._channels(), 1) >= PENDING_ROWS:
             return False
-        self._pending.append(
-            (x.detach().reshape(-1, k).clone(), y.detach().reshape(-1, y.shape[-1]).clone())
-        )
-        if sum(p[0].shape[0] for p in self._pending) >= PENDING_ROWS:
-            self.flush()
+        step = current_step()
+        group = None if step is None else self._step_group(step)
+        if isinstance(self.module, nn.Linear):
+            k = self.module.in_features
+            x, y, key = x.reshape(-1, k), y.reshape(-1, y.shape[-1]), (group,)
+        else:
+            key = (group, *x.shape[1:], *y.shape[1:])
+        batch = self._pending.setdefault(key, _Pending(step))
+        batch.add(x, y)
+        if batch.full(self._channels()):
+            self._flush_one(key)
         return True
 
-    def flush(self) -> None:
-        """Measure the small calls kept by :meth:`measure` (end of pass 2)."""
-        if self._pending:
-            x = torch.cat([p[0] for p in self._pending])
-            y = torch.cat([p[1] for p in self._pending])
-            self._pending.clear()
+    @property
+    def pending_batches(self) -> int:
+        """How many batches of small calls wait for :meth:`flush`."""
+        return len(self._pending)
+
+    def _step_group(self, step: int) -> int:
+        return 0 if self.step_bounds is None else group_of(step, self.step_bounds)
+
+    def _flush_one(self, key: tuple[Any, ...]) -> None:
+        batch = self._pending.pop(key)
+        x, y = batch.tensors()
+        with at_step(batch.step):
             self._measure_now((x,), y)
+
+    def flush(self) -> None:
+        """Measure the small calls kept by :meth:`measure` (end of pass 2), in the order their
+        batches began."""
+        for key in list(self._pending):
+            self._flush_one(key)
 
     def error_calls(self) -> int:
         """How many calls pass 2 measures: enough for ``error_rows`` input rows (tokens, or

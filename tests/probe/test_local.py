@@ -145,3 +145,58 @@ def test_a_big_call_is_measured_on_strided_samples_exactly():
     assert e.channel_count == 2 * 32 * 32
     assert e.signal == pytest.approx(float(sub.double().pow(2).sum()), rel=1e-12)
     assert e.noise == pytest.approx(float((yq.double() - sub.double()).pow(2).sum()), rel=1e-12)
+
+
+def test_small_calls_in_a_sampling_loop_wait_in_batches_of_their_group_of_steps():
+    # A DiT's few tokens per denoiser call: the calls of one group of steps run as one batch at
+    # that group's scales; each batch's noise equals the calls' noise measured one by one.
+    from opsnn_quant.probe.local import LocalProbe
+    from opsnn_quant.timesteps import at_step
+
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 8)
+    lp = LocalProbe("lin", lin, error_rows=4096, only=("w8a8_timestep", "w8a8_dynamic"))
+    xs = [torch.randn(2, 3, 16) * (1 + 4 * (t >= 5)) for t in range(10)]  # range jumps at step 5
+    for t, x in enumerate(xs):
+        with at_step(t):
+            lp.collect(x)
+    lp.decide()
+    assert lp.step_bounds is not None and len(lp.step_bounds) >= 2
+    noise = dict.fromkeys(lp.schemes, 0.0)
+    with torch.no_grad():
+        for t, x in enumerate(xs):
+            with at_step(t):
+                y = lin(x)
+                lp.measure((x,), y)
+                for s in lp.schemes:  # the independent expectation: the call on its own
+                    noise[s] += float((lp.candidate_output(s, (x,)).double() - y.double()).pow(2).sum())  # fmt: skip
+    assert not lp.energies  # 60 rows so far: all waiting
+    assert lp.pending_batches == len(lp.step_bounds)  # one batch per group of steps
+    lp.flush()
+    for s in lp.schemes:
+        assert lp.energies[s].channel_count == 60
+        assert lp.energies[s].noise == pytest.approx(noise[s], rel=1e-9)
+
+
+def test_small_conv_calls_wait_with_calls_of_the_same_feature_map_shape():
+    from opsnn_quant.probe.local import PENDING_ROWS, LocalProbe
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(4, 8, 3, padding=1)
+    lp = LocalProbe("conv", conv, error_rows=4096, only=("w8a8",))
+    shapes = [(2, 4, 8, 8), (2, 4, 4, 4), (2, 4, 8, 8)]  # 128, 32 and 128 rows
+    xs = [torch.randn(s) for s in shapes]
+    for x in xs:
+        lp.collect(x)
+    lp.decide()
+    noise = 0.0
+    with torch.no_grad():
+        for x in xs:
+            y = conv(x)
+            lp.measure((x,), y)
+            noise += float((lp.candidate_output("w8a8", (x,)).double() - y.double()).pow(2).sum())
+    assert PENDING_ROWS > 128 and lp.pending_batches == 2  # 8x8 maps together, 4x4 on its own
+    lp.flush()
+    e = lp.energies["w8a8"]
+    assert e.channel_count == 2 * (64 + 16 + 64)
+    assert e.noise == pytest.approx(noise, rel=1e-9)
