@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
-from opsnn_quant.numerics import CHUNK, energies
+from opsnn_quant.numerics import CHUNK
 from opsnn_quant.probe.report import BF16_MAX, SchemeError
 
 
@@ -28,32 +29,33 @@ class SchemeEnergy:
 
     def add(self, ref: torch.Tensor, out: torch.Tensor, channel_dim: int) -> None:
         """Add one measured call: the float output ``ref`` and the candidate's ``out``, output
-        channels along ``channel_dim`` (-1 for a Linear, 1 for a Conv2d)."""
-        bad = int((~torch.isfinite(out)).sum())
-        if bad:
-            # The int8 matmul's output dtype (fp16) cannot hold this module's output: the
-            # candidate is infeasible here, and its error is not a number to add up.
-            self.nonfinite += bad
-            self.ref_absmax = max(self.ref_absmax, float(ref.detach().abs().max()))
-            return
-        e = energies(ref, out)
-        self.signal += e.signal
-        self.noise += e.noise
-        self.cross += e.cross
-        self.approx += e.approx
+        channels along ``channel_dim`` (-1 for a Linear, 1 for a Conv2d).
+
+        One float64 sweep gives the four energies and the per-channel noise together (blocks
+        of rows, or one sample of a feature map at a time, so the copies stay a few MB)."""
         o, r = out.detach(), ref.detach()
         d = channel_dim % r.dim()
         channels = r.shape[d]
+        sums = torch.zeros(3, dtype=torch.float64)  # signal, cross, approx
         sq = torch.zeros(channels, dtype=torch.float64)
-        if d == r.dim() - 1:  # channels last (Linear): blocks of rows
-            o2, r2 = o.reshape(-1, channels), r.reshape(-1, channels)
-            step = max(1, CHUNK // max(channels, 1))
-            for i in range(0, r2.shape[0], step):
-                sq += (o2[i : i + step].double() - r2[i : i + step].double()).pow(2).sum(dim=0)
-        else:  # (B, C, ...) (Conv2d): one sample at a time
-            dims = [k for k in range(r.dim() - 1) if k != d - 1]
-            for i in range(r.shape[0]):
-                sq += (o[i].double() - r[i].double()).pow(2).sum(dim=dims)
+        for rb, ob, dims in _blocks(r, o, d):
+            r64, o64 = rb.double(), ob.double()
+            sums[0] += r64.pow(2).sum()
+            sums[1] += (r64 * o64).sum()
+            sums[2] += o64.pow(2).sum()
+            sq += (o64 - r64).pow_(2).sum(dim=dims)
+        signal, cross, approx = sums.tolist()
+        noise = float(sq.sum())
+        if not math.isfinite(approx):  # an inf/nan in the candidate's output (fp16 squares fit)
+            # The int8 matmul's output dtype (fp16) cannot hold this module's output: the
+            # candidate is infeasible here, and its error is not a number to add up.
+            self.nonfinite += int((~torch.isfinite(o)).sum())
+            self.ref_absmax = max(self.ref_absmax, float(r.abs().max()))
+            return
+        self.signal += signal
+        self.noise += noise
+        self.cross += cross
+        self.approx += approx
         self.channel_noise = sq if self.channel_noise is None else self.channel_noise + sq
         self.channel_count += r.numel() // max(channels, 1)
 
@@ -86,3 +88,21 @@ class SchemeEnergy:
         denom = math.sqrt(self.signal * self.approx)
         cos = self.cross / denom if denom > 0 else (1.0 if self.noise == 0 else 0.0)
         return SchemeError(sqnr_db=sqnr, cosine=cos, smoothquant_alpha=alpha)
+
+
+def _blocks(
+    r: torch.Tensor, o: torch.Tensor, d: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, list[int]]]:
+    """``(ref block, out block, dims to sum for per-channel sums)`` over ``r``/``o`` with
+    channels along ``d``: blocks of about :data:`CHUNK` elements of rows when channels are
+    last (a Linear), one sample at a time otherwise (a Conv2d's ``(B, C, ...)``)."""
+    channels = r.shape[d]
+    if d == r.dim() - 1:
+        r2, o2 = r.reshape(-1, channels), o.reshape(-1, channels)
+        step = max(1, CHUNK // max(channels, 1))
+        for i in range(0, r2.shape[0], step):
+            yield r2[i : i + step], o2[i : i + step], [0]
+    else:
+        dims = [k for k in range(r.dim() - 1) if k != d - 1]
+        for i in range(r.shape[0]):
+            yield r[i], o[i], dims

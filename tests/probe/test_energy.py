@@ -27,3 +27,24 @@ def test_a_non_finite_candidate_output_is_infeasible_not_a_number():
     r = e.result(None, "float16")
     assert r.sqnr_db is None and "1 inf/nan outputs" in r.infeasible
     assert r.fits_output_dtype == "bfloat16"  # 70000 fits bf16's range
+
+
+def test_block_sums_equal_whole_tensor_sums_for_both_layouts():
+    # Linear rows spanning several blocks (CHUNK elements each) and a Conv2d map (channels at
+    # dim 1), against the float64 sums over the whole tensors.
+    from opsnn_quant.numerics import CHUNK
+
+    torch.manual_seed(0)
+    for ref, dim in ((torch.randn(3 * CHUNK // 64 + 5, 64), -1), (torch.randn(2, 3, 5, 7), 1)):
+        out = ref + 0.1 * torch.randn_like(ref)
+        e = SchemeEnergy()
+        e.add(ref, out, dim)
+        r64, o64 = ref.double(), out.double()
+        assert math.isclose(e.signal, float(r64.pow(2).sum()), rel_tol=1e-12)
+        assert math.isclose(e.noise, float((o64 - r64).pow(2).sum()), rel_tol=1e-12)
+        assert math.isclose(e.cross, float((r64 * o64).sum()), rel_tol=1e-12)
+        assert math.isclose(e.approx, float(o64.pow(2).sum()), rel_tol=1e-12)
+        other = [k for k in range(ref.dim()) if k != dim % ref.dim()]
+        per_channel = (o64 - r64).pow(2).sum(dim=other)
+        assert torch.allclose(e.channel_noise, per_channel, rtol=1e-12, atol=0)
+        assert e.channel_count == ref.numel() // ref.shape[dim]
