@@ -43,7 +43,7 @@ from torch import nn
 
 from opsnn_quant.errors import CalibrationError
 from opsnn_quant.memory import TRIM
-from opsnn_quant.numerics import energies
+from opsnn_quant.numerics import energies, signal_energy
 from opsnn_quant.recording import detached_copy, replay, split_batch
 from opsnn_quant.tensors import first_tensor
 from opsnn_quant.timesteps import at_step
@@ -62,6 +62,8 @@ class Attribution:
 
     ``contributions[name]`` is the contribution under the module's first scheme;
     ``per_scheme[name][scheme]`` those of every scheme it was scored under.
+    ``seconds_forward`` is the no-gradient replay that keeps the float outputs for the exhaustive
+    reference (0 without it: the output energy comes from the estimator's own forward).
     """
 
     contributions: dict[str, float]
@@ -112,18 +114,12 @@ def estimate(
     for p in params:
         p.requires_grad_(False)
     try:
-        t0 = time.perf_counter()
-        refs = []  # kept for the exhaustive reference only (Whisper logits: ~7 MB per utterance)
-        energy = 0.0
-        with torch.no_grad():
-            for call, step in zip(calls, steps, strict=True):
-                ref = replay(root, call, step)
-                energy += energies(ref, ref).signal
-                if exhaustive:
-                    refs.append(ref)
-        t_fwd = time.perf_counter() - t0
+        # The float outputs are kept for the exhaustive reference only (Whisper logits: ~7 MB
+        # per utterance); the output energy comes from the estimator's own forward.
+        refs, t_fwd = _float_outputs(root, calls, steps) if exhaustive else ([], 0.0)
 
         t0 = time.perf_counter()
+        energy = 0.0
         acc = {n: dict.fromkeys(schemes[n], 0.0) for n in modules}
         for call, step in zip(calls, steps, strict=True):
             # In chunks where asked: the backward keeps the whole forward graph (attention maps
@@ -131,9 +127,10 @@ def estimate(
             for part in split_batch(call, max_batch):
                 with at_step(step):
                     if noise_power is not None:
-                        _diagonal_call(root, part, modules, noise_power, schemes, acc, gen)
+                        state = _diagonal_call(root, part, modules, noise_power, schemes, acc, gen)
                     else:
-                        _estimator_call(root, part, modules, quantized_output, schemes, acc, gen)
+                        state = _estimator_call(root, part, modules, quantized_output, schemes, acc, gen)  # fmt: skip
+                energy += state.signal
         t_est = time.perf_counter() - t0
         per_scheme = {
             n: {s: a / energy if energy > 0 else 0.0 for s, a in by.items()}
@@ -157,6 +154,16 @@ def estimate(
     finally:
         for p, f in zip(params, flags, strict=True):
             p.requires_grad_(f)
+
+
+def _float_outputs(
+    root: nn.Module, calls: list[tuple[tuple, dict]], steps: list[int | None]
+) -> tuple[list[torch.Tensor], float]:
+    """The root's float output of every call (no gradients), and the seconds it took."""
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        refs = [replay(root, call, step) for call, step in zip(calls, steps, strict=True)]
+    return refs, time.perf_counter() - t0
 
 
 class _StructuredTap:
@@ -265,6 +272,7 @@ class _CallState:
     def __init__(self) -> None:
         self.zero = torch.zeros((), requires_grad=True)
         self.batch: int | None = None
+        self.signal = 0.0  # sum of the root output's squares (the float output: taps add zero)
 
     def watch(self, out: torch.Tensor) -> torch.Tensor:
         """``out`` in the graph even when the root's inputs are integers (token ids)."""
@@ -279,13 +287,14 @@ def _estimator_call(
     schemes: dict[str, tuple[str, ...]],
     acc: dict[str, dict[str, float]],
     gen: torch.Generator,
-) -> None:
+) -> _CallState:
     state = _CallState()
     taps = [
         (module, _StructuredTap(name, schemes[name], quantized_output, acc[name], state))
         for name, module in modules.items()
     ]
     _forward_backward(root, call, [(m, t.forward_hook) for m, t in taps], gen, state)
+    return state
 
 
 def _diagonal_call(
@@ -296,7 +305,7 @@ def _diagonal_call(
     schemes: dict[str, tuple[str, ...]],
     acc: dict[str, dict[str, float]],
     gen: torch.Generator,
-) -> None:
+) -> _CallState:
     state = _CallState()
     taps = [
         (
@@ -309,6 +318,7 @@ def _diagonal_call(
         for name, module in modules.items()
     ]  # fmt: skip
     _forward_backward(root, call, [(m, t.forward_hook) for m, t in taps], gen, state)
+    return state
 
 
 def _forward_backward(
@@ -320,13 +330,17 @@ def _forward_backward(
 ) -> None:
     """Replay ``call`` with gradients and the forward ``hooks`` installed, then backward a random
     direction ``v ~ N(0, I)`` of the root output; ``state.batch`` receives the output's batch
-    size before the backward (the structured taps split their projections by it)."""
+    size before the backward (the structured taps split their projections by it) and
+    ``state.signal`` the output's energy."""
     handles = [module.register_forward_hook(hook) for module, hook in hooks]
     try:
         with torch.enable_grad():
             args, kwargs = detached_copy(call)
             y = first_tensor(root(*args, **kwargs))
-            if y is None or not y.requires_grad:
+            if y is None:
+                return
+            state.signal = signal_energy(y)
+            if not y.requires_grad:
                 return
             state.batch = y.shape[0] if y.dim() > 0 else 1
             v = torch.randn(y.shape, generator=gen, dtype=torch.float32).to(y.dtype)

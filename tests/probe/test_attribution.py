@@ -216,6 +216,28 @@ def test_estimator_samples_replays_that_many_samples_of_each_call():
     cfg = ProbeConfig(max_root_calls=3, fp16=False, estimator_samples={"denoiser": 2})
     report = probe(adapter, adapter.forward_loop(), cfg)
     # pass 1 and pass 2 run the loop (3 calls of 8); the estimator replays each recorded call
-    # on 2 samples: once for the output energy, once with gradients
-    assert sizes == [8] * 6 + [2] * 6
+    # on 2 samples, once, with gradients (its forward gives the output energy too)
+    assert sizes == [8] * 6 + [2] * 3
     assert report.module("0").e2e is not None and report.module("0").e2e.contribution > 0
+
+
+@pytest.mark.parametrize("max_batch", [None, 3])
+def test_the_output_energy_is_the_float_outputs_from_the_estimators_forward(max_batch):
+    # No separate no-grad replay: the energy the contributions are divided by is the float
+    # output's, summed over the calls (and over the chunks of a call split for memory).
+    torch.manual_seed(0)
+    chain = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4))
+    calls = [((torch.randn(7, 8),), {}), ((torch.randn(5, 8),), {})]
+    with torch.no_grad():
+        want = sum(float(chain(*c[0]).double().pow(2).sum()) for c in calls)
+    result = estimate(
+        chain,
+        calls,
+        {"0": chain[0]},
+        lambda name, scheme, args, y: y * 1.01,
+        {"0": ("s",)},
+        max_batch=max_batch,
+    )
+    # fp32 outputs of the chunks against the whole batch's: equal to fp32 rounding
+    assert result.output_energy == pytest.approx(want, rel=1e-6)
+    assert result.seconds_forward == 0.0  # no exhaustive reference: no float replay
