@@ -9,11 +9,12 @@ garbage collector.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import gc
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 _TRIM: Callable[[int], int] | None = None
 _CHECKED = False
@@ -53,6 +54,27 @@ def release_memory() -> bool:
     """
     gc.collect()
     return _trim()
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Run the block with the objects alive at its start out of the garbage collector's sight.
+
+    A loaded pipeline with its tokenizers is ~500k tracked objects: every full collection (each
+    :func:`release_memory`, and Python's own) walked them all for ~0.3 s and found nothing, as
+    they outlive the block. ``gc.freeze()`` moves them to a generation no collection visits;
+    objects made inside the block are collected as usual. Restored at exit (untouched when a
+    caller already froze the heap: its freeze is not ours to undo).
+    """
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.collect()  # what is garbage already is freed now, not kept frozen
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 class TrimBudget:

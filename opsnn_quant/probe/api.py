@@ -17,7 +17,7 @@ from torch import nn
 
 from opsnn_quant.backends.devices import backend_label
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.memory import release_memory
+from opsnn_quant.memory import frozen_heap, release_memory
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.generic import GenericAdapter
 from opsnn_quant.probe.attribution import Attribution, estimate
@@ -108,8 +108,18 @@ def probe(
             "probe() needs a forward_loop: e.g. adapter.forward_loop(calibration_data)"
         )
     say = progress or (lambda msg: log.info("%s", msg))
-    run = _start(adapter, cfg)
+    with frozen_heap():
+        return _probe(adapter, forward_loop, cfg, say, keep)
 
+
+def _probe(
+    adapter: ModelAdapter,
+    forward_loop: ForwardLoop,
+    cfg: ProbeConfig,
+    say: Callable[[str], None],
+    keep: ProbeKeep | None,
+) -> SensitivityReport:
+    run = _start(adapter, cfg)
     say("probe pass 1/2: ranges, fp16/bf16 re-runs, calibration statistics")
     run.costs["pass1_seconds"] = statistics_pass(
         run.watches, adapter, run.named, run.watched, forward_loop
