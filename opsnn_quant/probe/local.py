@@ -26,7 +26,7 @@ from opsnn_quant.probe.report import SchemeError, TimestepRanges
 from opsnn_quant.probe.seeding import PassOneStatistics, all_stepped, group_range, symmetric_range
 from opsnn_quant.probe.steps import StepRanges
 from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, QuantModule
-from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver
+from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver, observed_span
 from opsnn_quant.quant.schemes import SCHEMES, scheme_spec, schemes_for
 from opsnn_quant.quant.smoothquant import ChannelStats, search_alpha
 from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, QuantSpec
@@ -147,13 +147,22 @@ class LocalProbe:
         """Pass 1: one call's input."""
         self.calls += 1
         self._elements += x.numel()
-        self.minmax.collect(x)
-        self.mse.collect(x)
-        if self.stats is not None:
-            self.stats.collect(x)
         step = current_step()
+        if not x.numel():
+            if step is not None:
+                self.steps.collect(step, x)
+            return
+        # One min/max and one per-channel reduction, shared by every statistic of this input.
+        xf = x.detach().to(torch.float32)
+        span = observed_span(xf)
+        self.minmax.collect(xf, span)
+        self.mse.collect(xf, span)
+        channels = None
+        if self.stats is not None:
+            channels = xf.reshape(-1, self.stats.channels).abs().amax(dim=0)
+            self.stats.collect(xf, channels)
         if step is not None:
-            self.steps.collect(step, x)
+            self.steps.collect(step, x, max(-span[0], span[1]), channels)
 
     def decide(self) -> None:
         """Between passes: the groups of steps (per-step ranges seen) and SmoothQuant alphas by

@@ -34,13 +34,23 @@ class StepRanges:
     per_channel: bool = False
 
     @torch.no_grad()
-    def collect(self, step: int, x: torch.Tensor) -> None:
-        """Add one call's input at ``step``."""
-        a = float(x.detach().abs().max()) if x.numel() else 0.0
-        self.absmax[step] = max(self.absmax.get(step, 0.0), a)
+    def collect(
+        self,
+        step: int,
+        x: torch.Tensor,
+        absmax: float | None = None,
+        channel_absmax: torch.Tensor | None = None,
+    ) -> None:
+        """Add one call's input at ``step`` (its absmax and per-channel absmax, last dim, when
+        the caller has them already)."""
+        if absmax is None:
+            absmax = float(x.detach().abs().max()) if x.numel() else 0.0
+        self.absmax[step] = max(self.absmax.get(step, 0.0), absmax)
         self.count[step] = self.count.get(step, 0) + x.numel()
         if self.per_channel and x.numel():
-            c = x.detach().abs().reshape(-1, x.shape[-1]).amax(dim=0).float()
+            c = channel_absmax
+            if c is None:
+                c = x.detach().abs().reshape(-1, x.shape[-1]).amax(dim=0).float()
             seen = self.channels.get(step)
             self.channels[step] = c if seen is None else torch.maximum(seen, c)
 

@@ -42,6 +42,20 @@ def qparams_from_range(lo: float, hi: float, symmetric: bool) -> QParams:
     return QParams(scale, offset)
 
 
+@torch.no_grad()
+def observed_span(x: torch.Tensor) -> tuple[float, float]:
+    """``(min, max)`` of a non-empty ``x``.
+
+    Raises:
+        CalibrationError: ``x`` holds NaN or Inf.
+    """
+    lo, hi = torch.aminmax(x.detach())
+    lo_f, hi_f = float(lo), float(hi)
+    if not (math.isfinite(lo_f) and math.isfinite(hi_f)):
+        raise CalibrationError("activations contain NaN or Inf")
+    return lo_f, hi_f
+
+
 class Observer(ABC):
     """Collects activation statistics and turns them into :class:`QParams`."""
 
@@ -55,8 +69,13 @@ class Observer(ABC):
         self.max = -math.inf
 
     @torch.no_grad()
-    def collect(self, x: torch.Tensor) -> None:
+    def collect(self, x: torch.Tensor, span: tuple[float, float] | None = None) -> None:
         """Add one batch of activations.
+
+        Args:
+            x: the batch.
+            span: its :func:`observed_span`, when the caller has it already (several
+                observers of one input share one reduction).
 
         Raises:
             CalibrationError: The batch holds NaN or Inf (the caller adds the module name).
@@ -64,10 +83,7 @@ class Observer(ABC):
         if x.numel() == 0:
             return
         xf = x.detach().to(torch.float32)
-        lo, hi = torch.aminmax(xf)
-        lo_f, hi_f = float(lo), float(hi)
-        if not (math.isfinite(lo_f) and math.isfinite(hi_f)):
-            raise CalibrationError("activations contain NaN or Inf")
+        lo_f, hi_f = observed_span(xf) if span is None else span
         self.count += x.numel()
         self.min, self.max = min(self.min, lo_f), max(self.max, hi_f)
         self._collect(xf, max(-lo_f, hi_f))

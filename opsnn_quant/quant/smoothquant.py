@@ -48,12 +48,15 @@ class ChannelStats:
         self._gen = torch.Generator().manual_seed(self.seed)
 
     @torch.no_grad()
-    def collect(self, x: torch.Tensor) -> None:
-        """Add a batch (..., channels)."""
+    def collect(self, x: torch.Tensor, channel_absmax: torch.Tensor | None = None) -> None:
+        """Add a batch (..., channels); ``channel_absmax``: its per-channel absmax (fp32), when
+        the caller computed it already."""
         rows = x.detach().reshape(-1, self.channels).to(torch.float32)
         if self.absmax.device != rows.device:
             self.absmax = self.absmax.to(rows.device)
-        self.absmax = torch.maximum(self.absmax, rows.abs().amax(dim=0))
+        if channel_absmax is None:
+            channel_absmax = rows.abs().amax(dim=0)
+        self.absmax = torch.maximum(self.absmax, channel_absmax)
         # Reservoir sampling keeps a uniform sample of all rows seen, in fixed memory.
         for start in range(0, rows.shape[0], 4096):
             chunk = rows[start : start + 4096]
