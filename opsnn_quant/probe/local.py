@@ -28,7 +28,7 @@ from opsnn_quant.probe.steps import StepRanges
 from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, QuantModule
 from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver, observed_span
 from opsnn_quant.quant.schemes import SCHEMES, scheme_spec, schemes_for
-from opsnn_quant.quant.smoothquant import ChannelStats, search_alpha
+from opsnn_quant.quant.smoothquant import ChannelStats, search_alphas
 from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, QuantSpec
 from opsnn_quant.timesteps import at_step, current_step, group_of
 from opsnn_quant.types import Precision
@@ -173,8 +173,8 @@ class LocalProbe:
             return
         weight: torch.Tensor = getattr(self.module, "weight")  # noqa: B009
         w = weight.detach().reshape(weight.shape[0], -1)
-        for key, dynamic in (("static", False), ("dynamic", True)):
-            alpha, s, _ = search_alpha(self.stats, w, dynamic, self.alpha_grid)
+        searched = search_alphas(self.stats, w, (False, True), self.alpha_grid)
+        for key, (alpha, s, _) in zip(("static", "dynamic"), searched, strict=True):
             self.alphas[key], self.smooth[key] = alpha, s
         self.stats.rows = None  # the reservoir is no longer needed
 

@@ -157,15 +157,30 @@ def layer_error(
         dynamic: per-token (True) or per-tensor static activations.
         ref: ``x @ w.T`` in fp32, when the caller computed it already (it does not depend on s).
     """
+    return layer_errors(x, w, s, (dynamic,), ref)[0]
+
+
+@torch.no_grad()
+def layer_errors(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    s: torch.Tensor | None,
+    modes: Sequence[bool],
+    ref: torch.Tensor | None = None,
+) -> list[float]:
+    """:func:`layer_error` for each activation mode of ``modes`` (True: dynamic), the smoothed
+    weight fake-quantized once for all of them (the same numbers as one call per mode)."""
     ref = x @ w.T if ref is None else ref
-    xq = fake_quant_activation(x if s is None else x / s, dynamic)
-    noise = 0.0
+    xqs = [fake_quant_activation(x if s is None else x / s, dynamic) for dynamic in modes]
+    noise = [0.0] * len(xqs)
     step = max(1, WEIGHT_BLOCK_ELEMENTS // max(w.shape[1], 1))
     for n0 in range(0, w.shape[0], step):
         block = w[n0 : n0 + step] if s is None else w[n0 : n0 + step] * s
-        out = xq @ fake_quant_weight(block).T
-        noise += _energy(out - ref[:, n0 : n0 + step])
-    return _sig(noise / max(_energy(ref), 1e-300))
+        wq_t = fake_quant_weight(block).T
+        for i, xq in enumerate(xqs):
+            noise[i] += _energy(xq @ wq_t - ref[:, n0 : n0 + step])
+    signal = max(_energy(ref), 1e-300)
+    return [_sig(n / signal) for n in noise]
 
 
 @torch.no_grad()
@@ -186,20 +201,31 @@ def search_alpha(
     Returns:
         ``(alpha, s, error)``: alpha None and s None when smoothing does not help.
     """
+    return search_alphas(stats, weight, (dynamic,), alphas)[0]
+
+
+@torch.no_grad()
+def search_alphas(
+    stats: ChannelStats,
+    weight: torch.Tensor,
+    modes: Sequence[bool],
+    alphas: Sequence[float],
+) -> list[tuple[float | None, torch.Tensor | None, float]]:
+    """:func:`search_alpha` for each activation mode of ``modes`` (True: dynamic) at once: the
+    float reference and each alpha's fake-quantized weight are computed once for all modes, and
+    each mode's choice is the one its own search would make."""
     w = weight.detach().to(torch.float32)
     x = stats.rows if stats.rows is not None else w.new_zeros(1, w.shape[1])
     x = x.to(w.device)
     ref = x @ w.T  # the float reference, once for every alpha
     w_absmax = w.abs().amax(dim=0)
     act_absmax = stats.absmax.to(w.device)
-    best: tuple[float | None, torch.Tensor | None, float] = (
-        None,
-        None,
-        layer_error(x, w, None, dynamic, ref),
-    )
+    best: list[tuple[float | None, torch.Tensor | None, float]] = [
+        (None, None, err) for err in layer_errors(x, w, None, modes, ref)
+    ]
     for alpha in alphas:
         s = smoothing_factors(act_absmax, w_absmax, alpha)
-        err = layer_error(x, w, s, dynamic, ref)
-        if err < best[2] and math.isfinite(err):
-            best = (float(alpha), s, err)
+        for i, err in enumerate(layer_errors(x, w, s, modes, ref)):
+            if err < best[i][2] and math.isfinite(err):
+                best[i] = (float(alpha), s, err)
     return best

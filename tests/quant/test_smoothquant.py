@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from opsnn_quant.quant.smoothquant import ChannelStats, layer_error, search_alpha, smoothing_factors
+from opsnn_quant.quant.smoothquant import (
+    ChannelStats,
+    layer_error,
+    search_alpha,
+    search_alphas,
+    smoothing_factors,
+)
 
 
 def test_smoothing_factor_formula():
@@ -129,9 +135,12 @@ def test_the_device_search_chooses_the_same_alphas_on_the_zoo_models():
         for k, m in linears.items():
             if stats[k].seen == 0:
                 continue
-            for dynamic in (False, True):
-                got, _, _ = search_alpha(stats[k], m.weight, dynamic, DEFAULT_ALPHA_GRID)
+            # both modes searched together (what pass 1 runs): each the same as its own search
+            both = search_alphas(stats[k], m.weight, (False, True), DEFAULT_ALPHA_GRID)
+            for dynamic, joint in zip((False, True), both, strict=True):
+                got, _, err = search_alpha(stats[k], m.weight, dynamic, DEFAULT_ALPHA_GRID)
                 want = _reference_alpha(stats[k], m.weight, dynamic, DEFAULT_ALPHA_GRID)
                 assert got == want, (source, k, dynamic)
+                assert (joint[0], joint[2]) == (got, err), (source, k, dynamic)
                 compared += 1
     assert compared > 200
