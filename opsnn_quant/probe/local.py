@@ -22,6 +22,7 @@ from torch import nn
 from opsnn_quant.memory import TRIM
 from opsnn_quant.probe.config import DEFAULT_ERROR_ROWS
 from opsnn_quant.probe.energy import SchemeEnergy
+from opsnn_quant.probe.pending import PENDING_ROWS, PendingBatch
 from opsnn_quant.probe.report import SchemeError, TimestepRanges
 from opsnn_quant.probe.seeding import PassOneStatistics, all_stepped, group_range, symmetric_range
 from opsnn_quant.probe.steps import StepRanges
@@ -41,8 +42,6 @@ CANDIDATE_OUTPUT_DTYPE: str = QuantSpec.output_dtype
 
 
 MIN_ERROR_CALLS = 3
-PENDING_ROWS = 512  # a measured call of fewer rows waits to be measured with others, in batches
-PENDING_BYTES = 128 << 20  # ... of about this many rows, or of this many bytes of input + output
 
 
 def _sample_subset(
@@ -63,32 +62,6 @@ def _sample_subset(
         return args, y
     step = lead // keep
     return (x[::step],), y[::step]
-
-
-@dataclass
-class _Pending:
-    """Small measured calls of one module waiting to run as one batch (see LocalProbe._pend)."""
-
-    step: int | None  # the clock while the batch runs: its first call's step
-    xs: list[torch.Tensor] = field(default_factory=list)
-    ys: list[torch.Tensor] = field(default_factory=list)
-    elements: int = 0
-
-    def add(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Keep a copy of one call's input and float output (the model may reuse its buffers)."""
-        self.xs.append(x.detach().clone())
-        self.ys.append(y.detach().clone())
-        self.elements += x.numel() + y.numel()
-
-    def full(self, channels: int) -> bool:
-        """Whether the batch holds :data:`PENDING_ROWS` input rows or :data:`PENDING_BYTES`."""
-        rows = sum(x.numel() for x in self.xs) // max(channels, 1)
-        size = self.elements * self.xs[0].element_size()
-        return rows >= PENDING_ROWS or size >= PENDING_BYTES
-
-    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The kept inputs and outputs, joined along the leading dim."""
-        return torch.cat(self.xs), torch.cat(self.ys)
 
 
 def _alpha_key(scheme: str) -> str:
@@ -120,7 +93,7 @@ class LocalProbe:
     step_bounds: tuple[int, ...] | None = None  # chosen by decide() when steps were seen
     _pass2_calls: int = 0
     _elements: int = 0  # input elements pass 1 saw (all calls, in a sampling loop or not)
-    _pending: dict[tuple[Any, ...], _Pending] = field(default_factory=dict)
+    _pending: dict[tuple[Any, ...], PendingBatch] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.module, nn.Linear):
@@ -274,7 +247,7 @@ class LocalProbe:
             x, y, key = x.reshape(-1, k), y.reshape(-1, y.shape[-1]), (group,)
         else:
             key = (group, *x.shape[1:], *y.shape[1:])
-        batch = self._pending.setdefault(key, _Pending(step))
+        batch = self._pending.setdefault(key, PendingBatch(step))
         batch.add(x, y)
         if batch.full(self._channels()):
             self._flush_one(key)

@@ -179,7 +179,8 @@ def test_small_calls_in_a_sampling_loop_wait_in_batches_of_their_group_of_steps(
 
 
 def test_small_conv_calls_wait_with_calls_of_the_same_feature_map_shape():
-    from opsnn_quant.probe.local import PENDING_ROWS, LocalProbe
+    from opsnn_quant.probe.local import LocalProbe
+    from opsnn_quant.probe.pending import PENDING_ROWS
 
     torch.manual_seed(0)
     conv = nn.Conv2d(4, 8, 3, padding=1)
