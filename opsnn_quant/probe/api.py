@@ -285,12 +285,14 @@ def _record_costs(costs: dict[str, float], modality: Modality, result: Attributi
     est = costs[f"{key}_estimator_seconds"] = (
         costs.get(f"{key}_estimator_seconds", 0.0) + result.seconds_estimator
     )
-    costs[f"{key}_estimator_forward_equivalents"] = est / max(fwd, 1e-9)
+    if fwd <= 0:
+        return  # no float replay timed (it runs for the exhaustive reference only): no unit
+    costs[f"{key}_estimator_forward_equivalents"] = est / fwd
     if result.seconds_exhaustive is not None:
         exh = costs[f"{key}_exhaustive_seconds"] = (
             costs.get(f"{key}_exhaustive_seconds", 0.0) + result.seconds_exhaustive
         )
-        costs[f"{key}_exhaustive_forward_equivalents"] = exh / max(fwd, 1e-9)
+        costs[f"{key}_exhaustive_forward_equivalents"] = exh / fwd
 
 
 def _per_modality(value: int | Mapping[str, int] | None, modality: Modality) -> int | None:

@@ -241,3 +241,20 @@ def test_the_output_energy_is_the_float_outputs_from_the_estimators_forward(max_
     # fp32 outputs of the chunks against the whole batch's: equal to fp32 rounding
     assert result.output_energy == pytest.approx(want, rel=1e-6)
     assert result.seconds_forward == 0.0  # no exhaustive reference: no float replay
+
+
+def test_costs_give_forward_equivalents_only_where_a_float_replay_was_timed():
+    model = TinyAttention(seed=1)
+    loop = forward_loop_for(model, batches=2)
+    plain = probe(
+        model, loop, ProbeConfig(max_root_calls=2, fp16=False), modalities={"": "denoiser"}
+    )
+    assert (
+        plain.costs["denoiser_forward_seconds"] == 0.0
+    )  # no replay: the energy is the estimator's
+    assert "denoiser_estimator_forward_equivalents" not in plain.costs  # not est / 0
+    cfg = ProbeConfig(max_root_calls=2, fp16=False, exhaustive=True)
+    c = probe(model, loop, cfg, modalities={"": "denoiser"}).costs
+    assert c["denoiser_forward_seconds"] > 0
+    want = c["denoiser_estimator_seconds"] / c["denoiser_forward_seconds"]
+    assert c["denoiser_estimator_forward_equivalents"] == pytest.approx(want, rel=1e-3)  # rounded
