@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from opsnn_quant.errors import CalibrationError
 from opsnn_quant.memory import release_memory
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.probe.config import ProbeConfig
@@ -191,7 +192,10 @@ def _collect_hook(lp: LocalProbe, macs: list[int], module: nn.Module, args: tupl
     x, y = first_tensor(args), first_tensor(out)
     if x is None or y is None:
         return
-    lp.collect(x)
+    try:
+        lp.collect(x)
+    except CalibrationError as e:  # NaN/Inf activations: say where they are
+        raise CalibrationError(f"module '{lp.name}': {e}") from None
     macs[0] += macs_of(module, y)
     macs[1] += 1
 

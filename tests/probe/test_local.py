@@ -201,3 +201,13 @@ def test_small_conv_calls_wait_with_calls_of_the_same_feature_map_shape():
     e = lp.energies["w8a8"]
     assert e.channel_count == 2 * (64 + 16 + 64)
     assert e.noise == pytest.approx(noise, rel=1e-9)
+
+
+def test_nan_activations_name_the_module_that_saw_them():
+    from opsnn_quant.errors import CalibrationError
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    x = torch.randn(3, 4)
+    x[0, 0] = float("nan")
+    with pytest.raises(CalibrationError, match=r"module '0': activations contain NaN or Inf"):
+        probe(model, lambda m: m(x), ProbeConfig(attribution=False))
