@@ -234,7 +234,8 @@ class LocalProbe:
         one of 4 rows costs in per-call overhead. Exact: the rows of a Linear (the samples of a
         Conv2d) are independent under every candidate, and calls join only calls of the same
         group of denoising steps (per-step candidates read the step; the batch runs at the
-        first one's) and, for a Conv2d, of the same feature-map shape."""
+        first one's) and, for a Conv2d, of the same feature-map shape; a call of another group
+        or shape measures the open batch first."""
         x = args[0] if len(args) == 1 else None
         if not isinstance(x, torch.Tensor) or x.dim() < 2 or y.shape[0] != x.shape[0]:
             return False
@@ -247,6 +248,11 @@ class LocalProbe:
             x, y, key = x.reshape(-1, k), y.reshape(-1, y.shape[-1]), (group,)
         else:
             key = (group, *x.shape[1:], *y.shape[1:])
+        for other in [k for k in self._pending if k != key]:
+            # One open batch per module: a loop that moves on to the next group of steps (or a
+            # new feature-map size) measures what it kept, so the probe holds one batch per
+            # module, not one per group (a UNet's low-resolution levels: hundreds of MB).
+            self._flush_one(other)
         batch = self._pending.setdefault(key, PendingBatch(step))
         batch.add(x, y)
         if batch.full(self._channels()):
