@@ -111,6 +111,12 @@ class ProbeSection(_Strict):
         "(measured per-channel noise power; cheapest)",
     )
     exhaustive: bool | None = None
+    local_errors: Literal["replayed", "forward_loop"] | None = Field(
+        default=None,
+        description="where the local int8 errors of modules inside recorded roots are measured: "
+        "replayed (from the attribution's own candidate outputs; no second pass over the "
+        "forward loop for them) or forward_loop (pass 2 over the forward loop)",
+    )
     fp16: bool | None = Field(default=None, description="the fp16/bf16 overflow probe")
     bf16: bool | None = Field(default=None, description="also re-run modules in bf16")
     smoothquant_alphas: list[Annotated[float, Field(ge=0.0, le=1.0)]] | None = Field(

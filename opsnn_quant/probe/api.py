@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -17,16 +18,15 @@ from torch import nn
 
 from opsnn_quant.backends.devices import backend_label
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.memory import frozen_heap, release_memory
+from opsnn_quant.memory import frozen_heap
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.generic import GenericAdapter
-from opsnn_quant.probe.attribution import Attribution, estimate
 from opsnn_quant.probe.config import ProbeConfig
+from opsnn_quant.probe.e2e import ProbeRun, attribute_modalities, replay_measured
 from opsnn_quant.probe.hooks import NORMS, count_params, watched_modules
-from opsnn_quant.probe.local import LocalProbe
 from opsnn_quant.probe.passes import (
-    Watches,
     local_error_pass,
+    measure_kept_inputs,
     smoothquant_search,
     statistics_pass,
     watches_for,
@@ -41,8 +41,8 @@ from opsnn_quant.probe.report import (
     summarize_modalities,
 )
 from opsnn_quant.probe.seeding import PassOneStatistics
-from opsnn_quant.recording import Call, sample_subset
-from opsnn_quant.types import ForwardLoop, Modality, match_prefix
+from opsnn_quant.recording import Call
+from opsnn_quant.types import ForwardLoop, Modality
 
 log = logging.getLogger(__name__)
 
@@ -62,19 +62,6 @@ class ProbeKeep:
 
     statistics: dict[str, PassOneStatistics] = field(default_factory=dict)
     root_calls: dict[str, list[Call]] = field(default_factory=dict)
-
-
-@dataclass
-class _Run:
-    """One probe run: the model's modules, what is watched, and the costs measured."""
-
-    adapter: ModelAdapter
-    cfg: ProbeConfig
-    named: dict[str, nn.Module]
-    watched: dict[str, tuple[nn.Module, str]]
-    roots: dict[str, Modality]  # root module -> modality (several roots per modality allowed)
-    watches: Watches
-    costs: dict[str, float] = field(default_factory=dict)
 
 
 def probe(
@@ -124,18 +111,42 @@ def _probe(
     run.costs["pass1_seconds"] = statistics_pass(
         run.watches, adapter, run.named, run.watched, forward_loop
     )
+    replayed: set[str] = set()
     if run.watches.local:
         say("SmoothQuant alpha search")
         run.costs["smoothquant_search_seconds"] = smoothquant_search(run.watches)
-        say("probe pass 2/2: local int8 error of every candidate scheme")
-        run.costs["pass2_seconds"] = local_error_pass(run.watches, adapter.model, forward_loop)
-    e2e = _attribute_modalities(run, say)
+        replayed = replay_measured(run)
+        if not replayed:
+            run.watches.inputs.clear()  # pass 2 measures every module over the forward loop
+            say("probe pass 2/2: local int8 error of every candidate scheme")
+            run.costs["pass2_seconds"] = local_error_pass(run.watches, adapter.model, forward_loop)
+    e2e = attribute_modalities(run, say, replayed)
+    if replayed:
+        _measure_rest(run, forward_loop, say)
     if keep is not None:
         keep.statistics.update({n: lp.pass_one() for n, lp in run.watches.local.items()})
         keep.root_calls.update(
             {r: rec.calls[:1] for r, rec in run.watches.recorders.items() if rec.calls}
         )
     return _assemble(run, e2e)
+
+
+def _measure_rest(run: ProbeRun, forward_loop: ForwardLoop, say: Callable[[str], None]) -> None:
+    """The local errors the attribution's replay did not measure: of modules outside every
+    root from the calls pass 1 kept of them, and pass 2 over the forward loop for any left (in
+    a root without recorded calls, or never called by a replayed call); none left: no pass."""
+    w = run.watches
+    rest = {n for n, lp in w.local.items() if lp.calls and lp.schemes and not lp.energies}
+    t0 = time.perf_counter()
+    rest -= measure_kept_inputs(w, rest)
+    run.costs["kept_inputs_seconds"] = time.perf_counter() - t0
+    run.costs["pass2_seconds"] = 0.0
+    if rest:
+        say(f"probe pass 2/2: local int8 error of the {len(rest)} modules the replay did not reach")
+        run.costs["pass2_seconds"] = local_error_pass(w, run.adapter.model, forward_loop, only=rest)
+    for lp in w.local.values():
+        lp.release()
+    w.inputs.clear()
 
 
 def _as_adapter(
@@ -152,168 +163,18 @@ def _as_adapter(
     return GenericAdapter(target, modalities or {"": Modality.OTHER}, forward_loop)
 
 
-def _start(adapter: ModelAdapter, cfg: ProbeConfig) -> _Run:
+def _start(adapter: ModelAdapter, cfg: ProbeConfig) -> ProbeRun:
     named = dict(adapter.model.named_modules())
     watched = watched_modules(adapter.model)
     roots = {r: mod for r, mod in adapter.roots().items() if r in named}
     watches = watches_for(adapter, cfg, named, watched, roots)
-    return _Run(adapter, cfg, named, watched, roots, watches)
-
-
-# ---- end-to-end attribution ------------------------------------------------------------------
-
-
-def _attribute_modalities(run: _Run, say: Callable[[str], None]) -> dict[str, EndToEnd]:
-    """Per module, its end-to-end contribution within its modality (recorded calls replayed).
-
-    A modality with several roots (SDXL's two text encoders) is attributed root by root, and
-    each root's contributions are weighted by its share of the modality's output energy, so they
-    add up to the relative noise of all its outputs together.
-    """
-    local = run.watches.local
-    # A module none of whose schemes stayed finite gets no end-to-end estimate: the policy pins it.
-    best = {n: lp.best_scheme() for n, lp in local.items() if lp.calls and lp.feasible_schemes()}
-    e2e: dict[str, EndToEnd] = {}
-    for modality in dict.fromkeys(run.roots.values()):
-        results = []
-        for root_name in (r for r, m in run.roots.items() if m == modality):
-            replay = _replayable_calls(run, modality, root_name)
-            members = {
-                n: run.named[n]
-                for n in best
-                if match_prefix(n, (root_name,)) is not None
-                and run.adapter.modality_of(n) == modality
-            }
-            if not replay or not members:
-                continue
-            say(
-                f"end-to-end attribution: {modality.value} ({len(members)} modules, {len(replay)} replayed calls)"
-            )
-            results.append(_estimate_root(run, root_name, replay, members, best, modality))
-            release_memory()
-        if results:
-            e2e.update(_ranked(_merged(results), best, run.cfg))
-            for result in results:
-                _record_costs(run.costs, modality, result)
-    for lp in local.values():
-        lp.release()
-    return e2e
-
-
-def _merged(results: list[Attribution]) -> Attribution:
-    """One modality's attribution from its roots' (each weighted by its output energy share)."""
-    if len(results) == 1:
-        return results[0]
-    total = sum(r.output_energy for r in results)
-    merged = Attribution({}, {}, total, 0.0, 0.0, exhaustive=None)
-    for r in results:
-        w = r.output_energy / total if total > 0 else 0.0
-        merged.contributions.update({n: c * w for n, c in r.contributions.items()})
-        merged.per_scheme.update(
-            {n: {s: c * w for s, c in by.items()} for n, by in r.per_scheme.items()}
-        )
-        if r.exhaustive is not None:
-            merged.exhaustive = merged.exhaustive or {}
-            merged.exhaustive.update({n: c * w for n, c in r.exhaustive.items()})
-    return merged
-
-
-def _replayable_calls(run: _Run, modality: Modality, root_name: str) -> list[tuple[tuple, dict]]:
-    rec = run.watches.recorders.get(root_name)
-    if rec is None:
-        return []
-    if not rec.calls:
-        if rec.failed:
-            log.warning("%s", rec.failed)
-        elif rec.refused:
-            log.warning(
-                "%s: no end-to-end attribution: the %s adapter refused all %d calls of its "
-                "root '%s' for replay (its own forward_loop makes the call it records)",
-                modality.value, run.adapter.family, rec.refused, root_name,
-            )  # fmt: skip
-    return rec.calls
-
-
-def _estimate_root(
-    run: _Run,
-    root_name: str,
-    replay: list[tuple[tuple, dict]],
-    members: dict[str, nn.Module],
-    best: dict[str, str],
-    modality: Modality,
-) -> Attribution:
-    local, cfg = run.watches.local, run.cfg
-    samples = _per_modality(cfg.estimator_samples, modality)
-    return estimate(
-        run.named[root_name],
-        [sample_subset(call, samples) for call in replay],
-        members,
-        lambda n, scheme, args, y: local[n].candidate_output(scheme, args),
-        {n: _scored_schemes(local[n], best[n], cfg.e2e_schemes) for n in members},
-        seed=cfg.seed,
-        exhaustive=cfg.exhaustive,
-        max_batch=_per_modality(cfg.estimator_batch, modality),
-        steps=run.watches.recorders[root_name].steps,
-        noise_power=(
-            (lambda n, scheme: local[n].noise_power(scheme))
-            if cfg.estimator == "diagonal"
-            else None
-        ),
-    )
-
-
-def _ranked(result: Attribution, best: dict[str, str], cfg: ProbeConfig) -> dict[str, EndToEnd]:
-    order = sorted(result.contributions, key=lambda n: (-result.contributions[n], n))
-    return {
-        n: EndToEnd(
-            scheme=best[n],
-            contribution=result.contributions[n],
-            rank=rank,
-            exhaustive=None if result.exhaustive is None else result.exhaustive[n],
-            schemes=result.per_scheme[n] if cfg.e2e_schemes == "all" else {},
-        )
-        for rank, n in enumerate(order, start=1)
-    }
-
-
-def _record_costs(costs: dict[str, float], modality: Modality, result: Attribution) -> None:
-    """Add one root's attribution costs to its modality's (summed over its roots)."""
-    key = modality.value
-    fwd = costs[f"{key}_forward_seconds"] = (
-        costs.get(f"{key}_forward_seconds", 0.0) + result.seconds_forward
-    )
-    est = costs[f"{key}_estimator_seconds"] = (
-        costs.get(f"{key}_estimator_seconds", 0.0) + result.seconds_estimator
-    )
-    if fwd <= 0:
-        return  # no float replay timed (it runs for the exhaustive reference only): no unit
-    costs[f"{key}_estimator_forward_equivalents"] = est / fwd
-    if result.seconds_exhaustive is not None:
-        exh = costs[f"{key}_exhaustive_seconds"] = (
-            costs.get(f"{key}_exhaustive_seconds", 0.0) + result.seconds_exhaustive
-        )
-        costs[f"{key}_exhaustive_forward_equivalents"] = exh / fwd
-
-
-def _per_modality(value: int | Mapping[str, int] | None, modality: Modality) -> int | None:
-    """A count given for every modality or per modality name (None: not given)."""
-    if isinstance(value, Mapping):
-        return value.get(modality.value)
-    return value
-
-
-def _scored_schemes(lp: LocalProbe, best: str, which: str) -> tuple[str, ...]:
-    """The local best first (the reference scheme of ranks and the exhaustive run), then, with
-    ``which == "all"``, every other scheme the local probe measured."""
-    if which != "all":
-        return (best,)
-    return (best, *(s for s in lp.feasible_schemes() if s != best))
+    return ProbeRun(adapter, cfg, named, watched, roots, watches)
 
 
 # ---- assembly ----------------------------------------------------------------------------------
 
 
-def _assemble(run: _Run, e2e: dict[str, EndToEnd]) -> SensitivityReport:
+def _assemble(run: ProbeRun, e2e: dict[str, EndToEnd]) -> SensitivityReport:
     """The report: one entry per watched or quantizable module, findings, modality summaries."""
     adapter, w = run.adapter, run.watches
     entries = [
@@ -339,7 +200,7 @@ def _assemble(run: _Run, e2e: dict[str, EndToEnd]) -> SensitivityReport:
     )
 
 
-def _module_entry(run: _Run, name: str, module: nn.Module, e2e: EndToEnd | None) -> ModuleSensitivity:  # fmt: skip
+def _module_entry(run: ProbeRun, name: str, module: nn.Module, e2e: EndToEnd | None) -> ModuleSensitivity:  # fmt: skip
     w = run.watches
     kind = run.watched.get(name, (module, "param"))[1]
     lp = w.local.get(name)
@@ -365,7 +226,7 @@ def _weight_shape(module: nn.Module) -> list[int] | None:
     return [int(d) for d in weight.shape] if isinstance(weight, torch.Tensor) else None
 
 
-def _fp16_stats(run: _Run, name: str, module: nn.Module, calls: int) -> Fp16Stats | None:
+def _fp16_stats(run: ProbeRun, name: str, module: nn.Module, calls: int) -> Fp16Stats | None:
     w = run.watches
     acc = w.fp16.get(name)
     if acc is None:

@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 NoiseFn = Callable[[str, str, tuple, torch.Tensor], torch.Tensor]
 # (name, scheme) -> float64 mean noise power per output channel, or None if not measured
 PowerFn = Callable[[str, str], "torch.Tensor | None"]
+# (name, args, y): a module ran in a replayed call but no gradient reached its output
+UnreachedFn = Callable[[str, tuple, torch.Tensor], None]
 
 
 @dataclass
@@ -86,6 +88,7 @@ def estimate(
     max_batch: int | None = None,
     noise_power: PowerFn | None = None,
     steps: list[int | None] | None = None,
+    unreached: UnreachedFn | None = None,
 ) -> Attribution:
     """Attribute the root's output noise to ``modules`` (see module docstring).
 
@@ -106,6 +109,9 @@ def estimate(
             (``quantized_output`` is not called). None: the structured estimator.
         steps: the denoising step each call was recorded at (the clock is set to it while the
             call replays, forward and backward, so per-step candidates use their step's scales).
+        unreached: structured estimator only: told of every call of a module that ran in a
+            replayed call but whose output no gradient reached (its contribution stays 0), with
+            the call's inputs and float output, once the call's backward is done.
     """
     steps = steps if steps is not None else [None] * len(calls)
     gen = torch.Generator().manual_seed(seed)
@@ -129,7 +135,9 @@ def estimate(
                     if noise_power is not None:
                         state = _diagonal_call(root, part, modules, noise_power, schemes, acc, gen)
                     else:
-                        state = _estimator_call(root, part, modules, quantized_output, schemes, acc, gen)  # fmt: skip
+                        state = _estimator_call(
+                            root, part, modules, quantized_output, schemes, acc, gen, unreached
+                        )
                 energy += state.signal
         t_est = time.perf_counter() - t0
         per_scheme = {
@@ -184,6 +192,8 @@ class _StructuredTap:
     ) -> None:
         self.name, self.schemes, self.quantized_output = name, schemes, quantized_output
         self.acc, self.call = acc, call
+        self.waiting: dict[int, tuple[tuple, torch.Tensor]] = {}  # calls no gradient reached yet
+        self.calls = 0
 
     def forward_hook(self, module: nn.Module, args: tuple, out: Any) -> Any:
         """Save this call's input/output and return the output wired into the graph."""
@@ -199,13 +209,28 @@ class _StructuredTap:
             y_ref._version,
         )
         y_out = self.call.watch(out)
-        y_out.register_hook(partial(self.on_gradient, saved, y_ref, versions))
+        key = self.calls = self.calls + 1
+        self.waiting[key] = (saved, y_ref)
+        y_out.register_hook(partial(self.on_gradient, saved, y_ref, versions, key))
         return y_out
 
+    def finish(self, unreached: UnreachedFn | None) -> None:
+        """After the call's backward: tell ``unreached`` of the calls no gradient reached."""
+        if unreached is not None:
+            for saved, y_ref in self.waiting.values():
+                unreached(self.name, saved, y_ref)
+        self.waiting.clear()
+
     def on_gradient(
-        self, saved: tuple, y_ref: torch.Tensor, versions: tuple[list[int], int], g: torch.Tensor
+        self,
+        saved: tuple,
+        y_ref: torch.Tensor,
+        versions: tuple[list[int], int],
+        key: int,
+        g: torch.Tensor,
     ) -> None:
         """Project each scheme's noise on the gradient ``g`` of ``v . y`` at this output."""
+        self.waiting.pop(key, None)
         now = ([a._version for a in saved if isinstance(a, torch.Tensor)], y_ref._version)
         if now != versions:
             raise CalibrationError(
@@ -287,6 +312,7 @@ def _estimator_call(
     schemes: dict[str, tuple[str, ...]],
     acc: dict[str, dict[str, float]],
     gen: torch.Generator,
+    unreached: UnreachedFn | None,
 ) -> _CallState:
     state = _CallState()
     taps = [
@@ -294,6 +320,8 @@ def _estimator_call(
         for name, module in modules.items()
     ]
     _forward_backward(root, call, [(m, t.forward_hook) for m, t in taps], gen, state)
+    for _, tap in taps:
+        tap.finish(unreached)
     return state
 
 

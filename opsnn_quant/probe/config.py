@@ -59,6 +59,13 @@ class ProbeConfig:
         error_rows: input rows (tokens, conv output pixels) pass 2 measures per module, in
             at least 3 calls spread over the loop and at most 32 (see
             :meth:`opsnn_quant.probe.local.LocalProbe.error_calls`).
+        local_errors: where the local int8 errors of the modules inside recorded roots are
+            measured. ``replayed`` (with the structured estimator scoring every scheme, the
+            default): from the candidate outputs the estimator computes at gradient time on the
+            replayed calls, so pass 2 over the forward loop runs only for the modules no replay
+            reaches. ``forward_loop``: pass 2 measures every module over the forward loop
+            first (``error_rows`` rows each), as the diagonal estimator, ``e2e_schemes: best``
+            and the exhaustive reference always do.
         seed: seed of reservoirs and random directions.
     """
 
@@ -78,4 +85,18 @@ class ProbeConfig:
     schemes: tuple[str, ...] | None = None
     fp16_rerun: Literal["auto", "emulate", "native"] = "auto"
     error_rows: int = DEFAULT_ERROR_ROWS
+    local_errors: Literal["replayed", "forward_loop"] = "replayed"
     seed: int = 0
+
+    @property
+    def replays_local_errors(self) -> bool:
+        """Whether the attribution's replay measures local errors (``local_errors``): it does
+        with the structured estimator scoring every scheme, without the exhaustive reference."""
+        return (
+            self.w8a8
+            and self.attribution
+            and self.local_errors == "replayed"
+            and self.estimator == "structured"
+            and self.e2e_schemes == "all"
+            and not self.exhaustive
+        )

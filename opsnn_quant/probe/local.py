@@ -26,6 +26,7 @@ from opsnn_quant.probe.pending import PENDING_ROWS, PendingBatch
 from opsnn_quant.probe.report import SchemeError, TimestepRanges
 from opsnn_quant.probe.seeding import PassOneStatistics, all_stepped, group_range, symmetric_range
 from opsnn_quant.probe.steps import StepRanges
+from opsnn_quant.probe.subsets import strided_rows, strided_samples
 from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, QuantModule
 from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver, observed_span
 from opsnn_quant.quant.schemes import SCHEMES, scheme_spec, schemes_for
@@ -42,26 +43,6 @@ CANDIDATE_OUTPUT_DTYPE: str = QuantSpec.output_dtype
 
 
 MIN_ERROR_CALLS = 3
-
-
-def _sample_subset(
-    args: tuple, y: torch.Tensor, rows: int, channels: int
-) -> tuple[tuple, torch.Tensor]:
-    """``(args, y)`` on every ``k``-th sample (leading index) so that about ``rows`` input rows
-    remain (whole samples: a conv needs its neighbours); the whole call when it holds no more
-    rows or is not a single batched input."""
-    if len(args) != 1 or not isinstance(args[0], torch.Tensor) or args[0].dim() < 2:
-        return args, y
-    x = args[0]
-    lead = x.shape[0]
-    if y.dim() == 0 or y.shape[0] != lead:
-        return args, y
-    per_sample = x.numel() / max(lead * channels, 1)
-    keep = max(1, math.ceil(rows / max(per_sample, 1.0)))
-    if keep >= lead:
-        return args, y
-    step = lead // keep
-    return (x[::step],), y[::step]
 
 
 def _alpha_key(scheme: str) -> str:
@@ -94,6 +75,7 @@ class LocalProbe:
     _pass2_calls: int = 0
     _elements: int = 0  # input elements pass 1 saw (all calls, in a sampling loop or not)
     _pending: dict[tuple[Any, ...], PendingBatch] = field(default_factory=dict)
+    _replay_share: float | None = None  # rows per replayed call measured (plan_replay)
 
     def __post_init__(self) -> None:
         if isinstance(self.module, nn.Linear):
@@ -217,16 +199,52 @@ class LocalProbe:
         if index % stride:
             return
         rows = max(1, math.ceil(self.error_rows / self.error_calls()))
-        args, y = _sample_subset(args, y, rows, self._channels())
+        args, y = strided_samples(args, y, rows, self._channels())
+        if not self._pend(args, y):
+            self._measure_now(args, y)
+
+    @torch.no_grad()
+    def measure_kept(self, args: tuple, y: torch.Tensor, calls: int) -> None:
+        """Like :meth:`measure`, on one of ``calls`` calls kept in pass 1 (a module outside
+        every recorded root): each measured on an evenly strided subset of its samples, about
+        ``error_rows / calls`` rows."""
+        rows = max(1, math.ceil(self.error_rows / max(calls, 1)))
+        args, y = strided_samples(args, y, rows, self._channels())
         if not self._pend(args, y):
             self._measure_now(args, y)
 
     def _measure_now(self, args: tuple, y: torch.Tensor) -> None:
-        channel_dim = 1 if isinstance(self.module, nn.Conv2d) else -1
         for scheme in self.schemes:
-            yq = self.candidate_output(scheme, args)
-            self.energies.setdefault(scheme, SchemeEnergy()).add(y, yq, channel_dim)
-            TRIM.add(4 * yq.numel() * yq.element_size())  # output + the reference's copies
+            self._add_error(scheme, y, self.candidate_output(scheme, args))
+
+    def _add_error(self, scheme: str, y: torch.Tensor, yq: torch.Tensor) -> None:
+        channel_dim = 1 if isinstance(self.module, nn.Conv2d) else -1
+        self.energies.setdefault(scheme, SchemeEnergy()).add(y, yq, channel_dim)
+        TRIM.add(4 * yq.numel() * yq.element_size())  # output + the reference's copies
+
+    def plan_replay(self, parts: int) -> None:
+        """Before the attribution's replay measures this module's local errors: it will see
+        ``parts`` calls (recorded calls, or their chunks), of which about ``error_rows`` rows
+        in all are measured (see :meth:`replayed_output`)."""
+        self._replay_share = self.error_rows / max(parts, 1)
+
+    @torch.no_grad()
+    def replayed_output(self, scheme: str, args: tuple, y: torch.Tensor) -> torch.Tensor:
+        """:meth:`candidate_output` on one replayed call, with its local error against the float
+        output ``y`` added on an evenly strided subset of the call's rows (tokens; output
+        pixels of a conv) of about ``error_rows / parts`` (:meth:`plan_replay`): the error sums
+        cost a sweep of their own, the estimator needs the whole output, the SQNR does not."""
+        yq = self.candidate_output(scheme, args)
+        self._add_error(scheme, *self._strided(y, yq))
+        return yq
+
+    def _strided(self, y: torch.Tensor, yq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._replay_share is None:
+            return y, yq
+        conv = isinstance(self.module, nn.Conv2d)
+        return strided_rows(y, 1 if conv else -1, self._replay_share), strided_rows(
+            yq, 1 if conv else -1, self._replay_share
+        )
 
     def _pend(self, args: tuple, y: torch.Tensor) -> bool:
         """Keep a small call (a decoder's per-token step, a DiT's few tokens, a low-resolution

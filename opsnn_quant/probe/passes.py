@@ -30,7 +30,8 @@ from opsnn_quant.probe.hooks import QUANTIZABLE, in_rerun, macs_of
 from opsnn_quant.probe.local import LocalProbe
 from opsnn_quant.recording import RootRecorder
 from opsnn_quant.tensors import first_tensor
-from opsnn_quant.types import ForwardLoop, Modality
+from opsnn_quant.timesteps import at_step
+from opsnn_quant.types import ForwardLoop, Modality, match_prefix
 
 
 @dataclass
@@ -42,6 +43,9 @@ class Watches:
         local: Linear/Conv2d -> its candidate schemes' statistics and errors.
         macs: Linear/Conv2d -> [MACs summed over calls, calls].
         recorders: root module -> its call reservoir (for the attribution replay).
+        inputs: Linear/Conv2d outside every root -> a reservoir of its own calls, when the
+            replay measures local errors (:attr:`ProbeConfig.replays_local_errors`): their
+            local errors are then measured on these, without a pass over the forward loop.
         softmax: attention module -> its largest softmax input.
         gelu: modality -> exact-vs-tanh GELU error of its GELUs.
     """
@@ -50,6 +54,7 @@ class Watches:
     local: dict[str, LocalProbe] = field(default_factory=dict)
     macs: dict[str, list[int]] = field(default_factory=dict)
     recorders: dict[str, RootRecorder] = field(default_factory=dict)
+    inputs: dict[str, RootRecorder] = field(default_factory=dict)
     softmax: dict[str, SoftmaxWatch] = field(default_factory=dict)
     gelu: dict[Modality, GeluWatch] = field(default_factory=dict)
 
@@ -104,6 +109,12 @@ def watches_for(
                 r: RootRecorder(r, cfg.max_root_calls, cfg.seed, adapter.record_filter(r))
                 for r in roots
             }
+        if cfg.replays_local_errors:
+            w.inputs = {
+                n: RootRecorder(n, cfg.max_root_calls, cfg.seed)
+                for n in w.local
+                if not any(_inside(adapter, n, r, m) for r, m in roots.items())
+            }
     for name, (_, kind) in watched.items():
         if kind == "act":
             w.gelu.setdefault(adapter.modality_of(name), GeluWatch()).modules.append(name)
@@ -140,10 +151,36 @@ def statistics_pass(
         hooks.add(getattr(module, q_name).register_forward_hook(partial(_keep_output, sw, "q")))
         hooks.add(getattr(module, k_name).register_forward_hook(partial(_keep_output, sw, "k")))
         hooks.add(module.register_forward_hook(partial(_close_attention, sw)))
-    for root_name, recorder in w.recorders.items():
+    for root_name, recorder in [*w.recorders.items(), *w.inputs.items()]:
         pre_hook = recorder.forward_pre_hook
         hooks.add(named[root_name].register_forward_pre_hook(pre_hook, with_kwargs=True))
     return _run(forward_loop, adapter.model, hooks)
+
+
+def _inside(adapter: ModelAdapter, name: str, root: str, modality: Modality) -> bool:
+    """Whether module ``name`` is inside root ``root`` and of its modality."""
+    return match_prefix(name, (root,)) is not None and adapter.modality_of(name) == modality
+
+
+def measure_kept_inputs(w: Watches, names: set[str]) -> set[str]:
+    """The local errors of the modules in ``names`` that pass 1 kept calls of (``w.inputs``),
+    from those calls: the float output by the module itself, at the call's step. Returns the
+    names measured so."""
+    measured = set()
+    for name in sorted(names):
+        rec = w.inputs.get(name)
+        if rec is None or not rec.calls:
+            continue
+        lp = w.local[name]
+        with torch.no_grad():
+            for (args, kwargs), step in zip(rec.calls, rec.steps, strict=True):
+                with at_step(step):
+                    y = first_tensor(lp.module(*args, **kwargs))
+                    if y is not None:
+                        lp.measure_kept(args, y, len(rec.calls))
+        lp.flush()
+        measured.add(name)
+    return measured
 
 
 def smoothquant_search(w: Watches) -> float:
@@ -154,16 +191,19 @@ def smoothquant_search(w: Watches) -> float:
     return time.perf_counter() - t0
 
 
-def local_error_pass(w: Watches, model: nn.Module, forward_loop: ForwardLoop) -> float:
+def local_error_pass(
+    w: Watches, model: nn.Module, forward_loop: ForwardLoop, only: set[str] | None = None
+) -> float:
     """Pass 2: every candidate's output error on the module's real inputs (after
-    :func:`smoothquant_search`). Returns the pass's seconds."""
+    :func:`smoothquant_search`), for every called module or those in ``only``. Returns the
+    pass's seconds."""
     hooks = HookSet()
-    for lp in w.local.values():
-        if lp.calls:
-            hooks.add(lp.module.register_forward_hook(partial(_measure_hook, lp)))
+    measured = [lp for n, lp in w.local.items() if lp.calls and (only is None or n in only)]
+    for lp in measured:
+        hooks.add(lp.module.register_forward_hook(partial(_measure_hook, lp)))
     t0 = time.perf_counter()
     _run(forward_loop, model, hooks)
-    for lp in w.local.values():
+    for lp in measured:
         lp.flush()  # the small calls kept to measure together
     return time.perf_counter() - t0
 

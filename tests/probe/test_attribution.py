@@ -215,9 +215,10 @@ def test_estimator_samples_replays_that_many_samples_of_each_call():
     model.register_forward_pre_hook(lambda m, a: sizes.append(a[0].shape[0]))
     cfg = ProbeConfig(max_root_calls=3, fp16=False, estimator_samples={"denoiser": 2})
     report = probe(adapter, adapter.forward_loop(), cfg)
-    # pass 1 and pass 2 run the loop (3 calls of 8); the estimator replays each recorded call
-    # on 2 samples, once, with gradients (its forward gives the output energy too)
-    assert sizes == [8] * 6 + [2] * 3
+    # pass 1 runs the loop (3 calls of 8); the estimator replays each recorded call on 2 samples,
+    # once, with gradients (its forward gives the output energy, and its candidates the local
+    # errors: no pass 2 over the loop)
+    assert sizes == [8] * 3 + [2] * 3
     assert report.module("0").e2e is not None and report.module("0").e2e.contribution > 0
 
 

@@ -34,11 +34,11 @@ def test_local_errors_and_smoothquant_on_an_outlier_channel():
 
 
 def test_local_probe_measures_noise_power_per_output_channel(monkeypatch):
-    import opsnn_quant.probe.api as api
+    from opsnn_quant.probe.local import LocalProbe
 
     model = TinyMLP()
     kept = {}
-    monkeypatch.setattr(api.LocalProbe, "release", lambda self: kept.setdefault(self.name, self))
+    monkeypatch.setattr(LocalProbe, "release", lambda self: kept.setdefault(self.name, self))
     probe(
         model, forward_loop_for(model), ProbeConfig(attribution=False), modalities={"": "denoiser"}
     )

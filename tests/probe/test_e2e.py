@@ -1,0 +1,144 @@
+"""The end-to-end phase's local errors: measured on the replayed calls (no pass 2 over the loop),
+on the calls pass 1 kept of modules outside every root, and on modules no gradient reaches."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from opsnn_quant.models.generic import GenericAdapter
+from opsnn_quant.probe.api import ProbeConfig, probe
+from opsnn_quant.probe.local import LocalProbe
+
+# The candidates of a Linear outside a sampling loop (no per-step schemes).
+LINEAR = {
+    "w8a8",
+    "w8a8_mse",
+    "w8a8_smoothquant",
+    "w8a8_dynamic",
+    "w8a8_dynamic_smoothquant",
+    "w4a16",
+}
+
+
+class _Branches(nn.Module):
+    """``b`` runs on the input but the output does not use it: no gradient reaches it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 8)
+        self.b = nn.Linear(16, 8)
+        self.unused: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.unused = self.b(x)
+        return self.a(x)
+
+
+def _data() -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(8, 16, generator=gen) for _ in range(3)]
+
+
+def _probe_counting(model: nn.Module, cfg: ProbeConfig, roots: dict | None = None):
+    """The report and how many times the forward loop called the model."""
+    calls = []
+    data = _data()
+
+    def loop(m: nn.Module) -> None:
+        calls.append(1)
+        for x in data:
+            m(x)
+
+    adapter = GenericAdapter(model, {"": "denoiser"}, loop, roots=roots)
+    return probe(adapter, adapter.forward_loop(), cfg), len(calls)
+
+
+def _sqnr(report, name: str) -> dict[str, float]:
+    return {s: e.sqnr_db for s, e in report.module(name).w8a8.items()}
+
+
+def test_local_errors_come_from_the_replay_without_a_second_pass():
+    # Every call is recorded (3 <= max_root_calls) and every call holds fewer rows than
+    # error_rows, so the replay measures the same rows pass 2 would: the same local errors
+    # as the forward-loop pass, with the loop run once (pass 1) instead of twice.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    cfg = ProbeConfig(fp16=False)
+    replayed, loops = _probe_counting(model, cfg)
+    reference, loops_ref = _probe_counting(model, ProbeConfig(fp16=False, local_errors="forward_loop"))  # fmt: skip
+    assert (loops, loops_ref) == (1, 2)
+    for name in ("0", "2"):
+        got, want = _sqnr(replayed, name), _sqnr(reference, name)
+        assert set(got) == LINEAR
+        assert got == pytest.approx(want, rel=1e-9)
+        e2e, e2e_ref = replayed.module(name).e2e, reference.module(name).e2e
+        assert e2e is not None and e2e_ref is not None
+        assert e2e.scheme == e2e_ref.scheme  # the local best, known after the replay
+        assert e2e.contribution == pytest.approx(e2e_ref.contribution, rel=1e-9)
+        assert next(iter(e2e.schemes)) == e2e.scheme
+        assert e2e.schemes == pytest.approx(e2e_ref.schemes, rel=1e-9)
+    assert replayed.costs["pass2_seconds"] == 0.0
+
+
+def test_a_module_outside_every_root_is_measured_on_the_calls_pass_one_kept():
+    # The root is the last Linear: the first one is outside it, so pass 1 kept its calls and
+    # its local errors come from them (the float output by the module itself): no pass 2.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    roots = {"denoiser": "2"}
+    kept, loops = _probe_counting(model, ProbeConfig(fp16=False), roots)
+    reference, _ = _probe_counting(model, ProbeConfig(fp16=False, local_errors="forward_loop"), roots)  # fmt: skip
+    assert loops == 1
+    assert _sqnr(kept, "0") == pytest.approx(_sqnr(reference, "0"), rel=1e-9)
+    assert kept.module("0").e2e is None  # outside the root: no end-to-end estimate, as before
+    assert kept.module("2").e2e is not None
+
+
+def test_a_module_no_gradient_reaches_keeps_its_local_errors_and_contributes_nothing():
+    torch.manual_seed(0)
+    model = _Branches()
+    report, loops = _probe_counting(model, ProbeConfig(fp16=False))
+    reference, _ = _probe_counting(model, ProbeConfig(fp16=False, local_errors="forward_loop"))
+    assert loops == 1
+    assert _sqnr(report, "b") == pytest.approx(_sqnr(reference, "b"), rel=1e-9)
+    e2e = report.module("b").e2e
+    assert e2e is not None and e2e.contribution == 0.0
+    assert set(e2e.schemes.values()) == {0.0}
+    assert report.module("a").e2e is not None and report.module("a").e2e.contribution > 0
+
+
+def test_the_replay_measures_an_evenly_strided_subset_of_about_error_rows_rows(monkeypatch):
+    # error_rows 6 over 3 replayed calls: 2 rows per call; calls of 8 rows -> every 4th row.
+    kept: dict[str, LocalProbe] = {}
+    monkeypatch.setattr(LocalProbe, "release", lambda self: kept.setdefault(self.name, self))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    _probe_counting(model, ProbeConfig(fp16=False, error_rows=6))
+    with torch.no_grad():
+        outputs = [model[0](x) for x in _data()]
+    signal = sum(float(y[::4].double().pow(2).sum()) for y in outputs)
+    energy = kept["0"].energies["w8a8"]
+    assert energy.channel_count == 3 * 2
+    assert math.isclose(energy.signal, signal, rel_tol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"estimator": "diagonal"},  # needs pass 2's per-channel noise powers first
+        {"e2e_schemes": "best"},  # needs the local best first
+        {"exhaustive": True},
+        {"local_errors": "forward_loop"},
+        {"attribution": False},
+    ],
+)
+def test_configurations_that_need_pass_two_first_run_it_over_the_loop(overrides):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    cfg = ProbeConfig(fp16=False, **overrides)
+    report, loops = _probe_counting(model, cfg)
+    assert not cfg.replays_local_errors and loops == 2
+    assert report.costs["pass2_seconds"] > 0
+    assert set(report.module("0").w8a8) == LINEAR
