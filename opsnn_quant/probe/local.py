@@ -167,17 +167,13 @@ class LocalProbe:
                 iq.observer = symmetric_range(float((self.stats.absmax / smooth).max()))
             else:
                 iq.observer = self.mse if spec.observer == "mse" else self.minmax
-        q.freeze()
-        q.cache_weight_float = False
         # Candidates with the same (un)smoothed weight share one int8 tensor.
         variant = "plain" if smooth is None else key
         if spec.precision == Precision.W4A16:
             variant = "int4"  # packed int4 words and per-group scales: a weight of its own
-        for other_scheme, other in self._shadows.items():
-            if self._variant.get(other_scheme) == variant:
-                q.weight = other.weight
-                q.weight_quantizer.scale = other.weight_quantizer.scale
-                break
+        sibling = next((o for n, o in self._shadows.items() if self._variant[n] == variant), None)
+        q.freeze(None if sibling is None else (sibling.weight, sibling.weight_quantizer.scale))
+        q.cache_weight_float = False
         self._variant[scheme] = variant
         self._shadows[scheme] = q
         return q

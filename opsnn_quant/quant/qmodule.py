@@ -100,8 +100,14 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
         return self.input_quantizer.calls
 
     @torch.no_grad()
-    def freeze(self) -> None:
-        """Replace the float weight/bias with the int8 weight, biases and (packed) deq scales."""
+    def freeze(self, quantized: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Replace the float weight/bias with the int8 weight, biases and (packed) deq scales.
+
+        Args:
+            quantized: the integer weight (in :meth:`int8_weight_shape`) and weight scales this
+                module's own quantization would give, when a sibling with the same (smoothed)
+                weight and precision made them already: they are shared, not recomputed.
+        """
         if self.frozen:
             return
         iq = self.input_quantizer
@@ -113,16 +119,21 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
             raise CalibrationError(
                 f"module '{self.qname}' was never called by the forward_loop; it cannot be calibrated"
             )
-        w = self._weight2d().detach().to(torch.float32)
-        if iq.smooth is not None:
-            w = w * iq.smooth.to(w.device).unsqueeze(0)
         bias = None if self.bias is None else self.bias.detach().to(torch.float32)
-        x_params = iq.freeze()  # (scale, offset) per group of steps (one group without them)
-        if self.spec.precision == Precision.W4A16:
-            assert self.spec.group_size is not None
-            w_q = self.weight_quantizer.quantize_int4(w, self.spec.group_size)
+        if quantized is not None:
+            x_params = iq.freeze()  # (scale, offset) per group of steps (one group without them)
+            w_q, self.weight_quantizer.scale = quantized
+            w_q = w_q.reshape(self.out_n, -1)
         else:
-            w_q = self.weight_quantizer.quantize(w)
+            w = self._weight2d().detach().to(torch.float32)
+            if iq.smooth is not None:
+                w = w * iq.smooth.to(w.device).unsqueeze(0)
+            x_params = iq.freeze()
+            if self.spec.precision == Precision.W4A16:
+                assert self.spec.group_size is not None
+                w_q = self.weight_quantizer.quantize_int4(w, self.spec.group_size)
+            else:
+                w_q = self.weight_quantizer.quantize(w)
         del self.weight
         self.register_buffer("weight", w_q.reshape(self.int8_weight_shape()))
         del self.bias

@@ -245,3 +245,25 @@ def test_a_quantized_conv_from_its_int8_map_equals_its_im2col_rows(symmetric, ou
     via_rows = q.matmul_rows(cols.transpose(1, 2).reshape(-1, q.in_k))
     assert torch.equal(rows, via_rows)
     assert torch.equal(direct, via_rows.reshape(2, -1, 12).transpose(1, 2).reshape(direct.shape))
+
+
+@pytest.mark.parametrize("spec", ["w8a8", "w8a8_dynamic"])
+def test_freeze_with_a_siblings_int8_weight_equals_its_own(spec):
+    # The probe shares one int8 weight between candidates of the same (un)smoothed weight
+    # (LocalProbe.shadow): freezing with it must give exactly the buffers of a module that
+    # quantized its own weight (int8 weight, scales, folded int32 bias, packed deq scale).
+    torch.manual_seed(0)
+    lin = nn.Linear(48, 24)
+    calib = [torch.randn(5, 48) * (1 + i) for i in range(3)]
+    own, shared = (QuantLinear.from_float(lin, QuantSpec.coerce(spec)) for _ in range(2))
+    for q in (own, shared):
+        for x in calib:
+            q(x)
+    own.freeze()
+    shared.freeze((own.weight.clone(), own.weight_quantizer.scale.clone()))
+    own_state, shared_state = own.state_dict(), shared.state_dict()
+    assert own_state.keys() == shared_state.keys()
+    for key, value in own_state.items():
+        assert torch.equal(value, shared_state[key]), key
+    x = torch.randn(7, 48)
+    assert torch.equal(own(x), shared(x))
