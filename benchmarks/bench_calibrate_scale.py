@@ -13,8 +13,9 @@ Rows (each in a child process, so its peak RSS is its own):
 Per row: the wall time of one float forward loop over the calibration set, then the whole
 ``run_calibrate`` with each phase timed from its progress messages (probe pass 1, the SmoothQuant
 search, pass 2, attribution, held-out recording, quantize, ...), then one more float loop on a
-fresh load. The unit is the mean of the two float loops (this machine's speed drifts by up to 2x
-over minutes, so one loop at the start can misstate every ratio; both are printed). Phases are
+fresh load. Each of the two is the median of up to three loops (as many as fit in 10 s), and
+the unit is their mean (this machine's speed drifts by up to 2x over minutes, so one loop at the
+start can misstate every ratio; both are printed). Phases are
 printed as forward-equivalents of that unit; and peak RSS (VmHWM) of loading + the first float
 pass against loading + calibrate.
 Goals (issue 14): the whole calibrate <= 15 float forward-equivalents and peak memory <= 2x a
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -234,8 +236,8 @@ def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
         spans[key] = spans.get(key, 0.0) + (t_next - t)
     return {
         "row": row,
-        # The unit: the mean of a float pass before and one after the calibrate (this VM's
-        # speed drifts by up to 2x over minutes; one pass at the start misstated ratios).
+        # The unit: the mean of the float loop's median before and after the calibrate (this
+        # VM's speed drifts by up to 2x over minutes; one pass at the start misstated ratios).
         "float_s": (float_s + float_after_s) / 2,
         "float_before_s": float_s,
         "float_after_s": float_after_s,
@@ -250,9 +252,14 @@ def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _timed_loop(adapter: Any, data: Any) -> float:
-    t0 = time.perf_counter()
-    adapter.forward_loop(data)(adapter.model)
-    return time.perf_counter() - t0
+    """The median of up to 3 float loops (more only while they stay under 10 s together: a
+    sub-second loop measured once misstates the unit by tens of percent on this VM)."""
+    times: list[float] = []
+    while not times or (len(times) < 3 and sum(times) < 10.0):
+        t0 = time.perf_counter()
+        adapter.forward_loop(data)(adapter.model)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def _float_pass_seconds(recipe: Any, data: Any) -> float:

@@ -39,11 +39,14 @@ class SchemeEnergy:
         sums = torch.zeros(3, dtype=torch.float64)  # signal, cross, approx
         sq = torch.zeros(channels, dtype=torch.float64)
         for rb, ob, dims in _blocks(r, o, d):
-            r64, o64 = rb.double(), ob.double()
-            sums[0] += r64.pow(2).sum()
-            sums[1] += (r64 * o64).sum()
-            sums[2] += o64.pow(2).sum()
-            sq += (o64 - r64).pow_(2).sum(dim=dims)
+            # float64 dot products (no squared copies) for the three sums; one difference,
+            # squared in place, for the per-channel noise.
+            r64, o64 = rb.double(), ob.to(torch.float64, copy=True)  # o64: changed in place
+            rf, of = r64.reshape(-1), o64.reshape(-1)
+            sums[0] += rf.dot(rf)
+            sums[1] += rf.dot(of)
+            sums[2] += of.dot(of)
+            sq += o64.sub_(r64).square_().sum(dim=dims)
         signal, cross, approx = sums.tolist()
         noise = float(sq.sum())
         if not math.isfinite(approx):  # an inf/nan in the candidate's output (fp16 squares fit)

@@ -48,3 +48,12 @@ def test_block_sums_equal_whole_tensor_sums_for_both_layouts():
         per_channel = (o64 - r64).pow(2).sum(dim=other)
         assert torch.allclose(e.channel_noise, per_channel, rtol=1e-12, atol=0)
         assert e.channel_count == ref.numel() // ref.shape[dim]
+
+
+def test_add_leaves_float64_inputs_untouched():
+    ref = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64)
+    out = torch.tensor([[1.0, 2.5], [2.0, 4.0]], dtype=torch.float64)
+    before = out.clone()
+    e = SchemeEnergy()
+    e.add(ref, out, -1)
+    assert torch.equal(out, before) and e.noise == 1.25
