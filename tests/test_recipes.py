@@ -212,3 +212,16 @@ def test_probe_schemes_are_the_targets_and_reach_the_probe(tmp_path):
         load_recipe(str(path))
     path.write_text(text.replace("probe:\n", "probe:\n  schemes: [w8a8]\n"))
     assert load_recipe(str(path)).probe_config().schemes == ("w8a8",)
+
+
+def test_probe_local_errors_reaches_the_probe_config(tmp_path):
+    assert load_recipe("shapes-t2i").probe_config().local_errors == "replayed"  # the default
+    text = (ROOT / "calibrate" / "whisper-tiny-en.yaml").read_text()
+    path = tmp_path / "r.yaml"
+    anchor = "  estimator_batch: {audio_encoder: 1}"
+    path.write_text(text.replace(anchor, anchor + "\n  local_errors: forward_loop"))
+    cfg = load_recipe(str(path)).probe_config()
+    assert cfg.local_errors == "forward_loop" and not cfg.replays_local_errors
+    path.write_text(text.replace(anchor, anchor + "\n  local_errors: pass2"))
+    with pytest.raises(ConfigError, match=r"probe\.local_errors"):
+        load_recipe(str(path))

@@ -1,8 +1,12 @@
 """``probe(model_or_adapter, forward_loop, config) -> SensitivityReport``.
 
-Reads as its phases: the statistics pass and the local-error pass over the forward loop
-(:mod:`opsnn_quant.probe.passes`), the end-to-end attribution of each modality from its recorded
-root calls (:mod:`opsnn_quant.probe.attribution`), and the assembly of the report.
+Reads as its phases: the statistics pass over the forward loop (:mod:`opsnn_quant.probe.passes`),
+the SmoothQuant search, the end-to-end attribution of each modality from its recorded root calls
+(:mod:`opsnn_quant.probe.e2e`), whose candidates also give the local errors of the modules they
+reach, the local errors of the rest (the calls pass 1 kept of modules outside every root; pass 2
+over the forward loop only for what is left, or before the attribution when the configuration
+needs it first: see :func:`~opsnn_quant.probe.e2e.replay_measured`), and the assembly of the
+report.
 """
 
 from __future__ import annotations

@@ -2,9 +2,11 @@
 
 Pass 1 collects, per Linear/Conv2d, the activation statistics every candidate scheme needs
 (min/max, an MSE-clip histogram, per-channel maxima and a row reservoir for SmoothQuant). Between
-passes the SmoothQuant alpha is searched once per module. Pass 2 runs the frozen candidates (the
-real Ascend arithmetic of :mod:`opsnn_quant.quant.modules`) on each call's input and accumulates
-signal, noise and cross energies: nothing beyond the current batch is kept.
+passes the SmoothQuant alpha is searched once per module. The frozen candidates (the real Ascend
+arithmetic of :mod:`opsnn_quant.quant.modules`) then run on calls' inputs and accumulate signal,
+noise and cross energies, nothing beyond the current batch kept: on the attribution's replayed
+calls (:meth:`LocalProbe.replayed_output`), on calls pass 1 kept (:meth:`LocalProbe.measure_kept`)
+or in pass 2 over the forward loop (:meth:`LocalProbe.measure`).
 
 Memory: int8 weights are cached per *weight variant* (plain, smoothed for static, smoothed for
 dynamic), a quarter of the fp32 weight each; no fp32 weight copies are kept.
@@ -228,7 +230,7 @@ class LocalProbe:
     def replayed_output(self, scheme: str, args: tuple, y: torch.Tensor) -> torch.Tensor:
         """:meth:`candidate_output` on one replayed call, with its local error against the float
         output ``y`` added on an evenly strided subset of the call's rows (tokens; output
-        pixels of a conv) of about ``error_rows / parts`` (:meth:`plan_replay`): the error sums
+        pixels of a conv) of at most about ``error_rows / parts`` (:meth:`plan_replay`): the error sums
         cost a sweep of their own, the estimator needs the whole output, the SQNR does not."""
         yq = self.candidate_output(scheme, args)
         self._add_error(scheme, *self._strided(y, yq))

@@ -30,12 +30,12 @@ def strided_samples(
 
 
 def strided_rows(y: torch.Tensor, channel_dim: int, rows: float) -> torch.Tensor:
-    """Every ``k``-th row of an output, ``k`` the largest stride that keeps at least ``rows``
-    rows: along the flattened leading dims of a Linear's ``(..., C)`` (``channel_dim`` -1),
-    along the flattened pixels of each sample of a conv's ``(B, C, H, W)`` (``channel_dim``
-    1); ``y`` itself when nothing would be left out."""
+    """Every ``k``-th row of an output, ``k = ceil(rows of y / rows)`` (so about ``rows`` rows,
+    at most that many): along the flattened leading dims of a Linear's ``(..., C)``
+    (``channel_dim`` -1), along the flattened pixels of each sample of a conv's
+    ``(B, C, H, W)`` (``channel_dim`` 1); ``y`` itself when nothing would be left out."""
     channels = y.shape[channel_dim] if y.dim() else 1
-    stride = int((y.numel() // max(channels, 1)) // max(rows, 1.0))
+    stride = math.ceil((y.numel() // max(channels, 1)) / max(rows, 1.0))
     if stride <= 1 or y.dim() < 2:
         return y
     if channel_dim % y.dim() == 1 and y.dim() > 2:
