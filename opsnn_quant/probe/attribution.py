@@ -43,15 +43,14 @@ from torch import nn
 
 from opsnn_quant.errors import CalibrationError
 from opsnn_quant.memory import TRIM
-from opsnn_quant.numerics import energies, signal_energy
-from opsnn_quant.recording import detached_copy, replay, split_batch
+from opsnn_quant.numerics import signal_energy
+from opsnn_quant.probe.exhaustive import NoiseFn, float_outputs, one_at_a_time
+from opsnn_quant.recording import detached_copy, split_batch
 from opsnn_quant.tensors import first_tensor
 from opsnn_quant.timesteps import at_step
 
 log = logging.getLogger(__name__)
 
-# (name, scheme, args, y) -> the module's output under ``scheme``
-NoiseFn = Callable[[str, str, tuple, torch.Tensor], torch.Tensor]
 # (name, scheme) -> float64 mean noise power per output channel, or None if not measured
 PowerFn = Callable[[str, str], "torch.Tensor | None"]
 # (name, args, y): a module ran in a replayed call but no gradient reached its output
@@ -122,7 +121,7 @@ def estimate(
     try:
         # The float outputs are kept for the exhaustive reference only (Whisper logits: ~7 MB
         # per utterance); the output energy comes from the estimator's own forward.
-        refs, t_fwd = _float_outputs(root, calls, steps) if exhaustive else ([], 0.0)
+        refs, t_fwd = float_outputs(root, calls, steps) if exhaustive else ([], 0.0)
 
         t0 = time.perf_counter()
         energy = 0.0
@@ -149,29 +148,14 @@ def estimate(
         result = Attribution(contributions, per_scheme, energy, t_fwd, t_est)
         if exhaustive:
             t0 = time.perf_counter()
-            result.exhaustive = {}
-            for name, module in modules.items():
-                noise = 0.0
-                swap = _swap_output(module, name, schemes[name][0], quantized_output)
-                with torch.no_grad(), swap:
-                    for call, ref, step in zip(calls, refs, steps, strict=True):
-                        noise += energies(ref, replay(root, call, step)).noise
-                result.exhaustive[name] = noise / energy if energy > 0 else 0.0
+            first = {n: schemes[n][0] for n in modules}
+            noise = one_at_a_time(root, calls, steps, refs, modules, first, quantized_output)
+            result.exhaustive = {n: e / energy if energy > 0 else 0.0 for n, e in noise.items()}
             result.seconds_exhaustive = time.perf_counter() - t0
         return result
     finally:
         for p, f in zip(params, flags, strict=True):
             p.requires_grad_(f)
-
-
-def _float_outputs(
-    root: nn.Module, calls: list[tuple[tuple, dict]], steps: list[int | None]
-) -> tuple[list[torch.Tensor], float]:
-    """The root's float output of every call (no gradients), and the seconds it took."""
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        refs = [replay(root, call, step) for call, step in zip(calls, steps, strict=True)]
-    return refs, time.perf_counter() - t0
 
 
 class _StructuredTap:
@@ -192,7 +176,8 @@ class _StructuredTap:
     ) -> None:
         self.name, self.schemes, self.quantized_output = name, schemes, quantized_output
         self.acc, self.call = acc, call
-        self.waiting: dict[int, tuple[tuple, torch.Tensor]] = {}  # calls no gradient reached yet
+        # calls no gradient reached yet: inputs, float output, their version counters
+        self.waiting: dict[int, tuple[tuple, torch.Tensor, tuple[list[int], int]]] = {}
         self.calls = 0
 
     def forward_hook(self, module: nn.Module, args: tuple, out: Any) -> Any:
@@ -210,16 +195,27 @@ class _StructuredTap:
         )
         y_out = self.call.watch(out)
         key = self.calls = self.calls + 1
-        self.waiting[key] = (saved, y_ref)
+        self.waiting[key] = (saved, y_ref, versions)
         y_out.register_hook(partial(self.on_gradient, saved, y_ref, versions, key))
         return y_out
 
     def finish(self, unreached: UnreachedFn | None) -> None:
         """After the call's backward: tell ``unreached`` of the calls no gradient reached."""
         if unreached is not None:
-            for saved, y_ref in self.waiting.values():
+            for saved, y_ref, versions in self.waiting.values():
+                self._check_versions(saved, y_ref, versions)
                 unreached(self.name, saved, y_ref)
         self.waiting.clear()
+
+    def _check_versions(
+        self, saved: tuple, y_ref: torch.Tensor, versions: tuple[list[int], int]
+    ) -> None:
+        now = ([a._version for a in saved if isinstance(a, torch.Tensor)], y_ref._version)
+        if now != versions:
+            raise CalibrationError(
+                f"the input or output of '{self.name}' was modified in place before its "
+                "gradient arrived; its end-to-end contribution cannot be estimated"
+            )
 
     def on_gradient(
         self,
@@ -231,12 +227,7 @@ class _StructuredTap:
     ) -> None:
         """Project each scheme's noise on the gradient ``g`` of ``v . y`` at this output."""
         self.waiting.pop(key, None)
-        now = ([a._version for a in saved if isinstance(a, torch.Tensor)], y_ref._version)
-        if now != versions:
-            raise CalibrationError(
-                f"the input or output of '{self.name}' was modified in place before its "
-                "gradient arrived; its end-to-end contribution cannot be estimated"
-            )
+        self._check_versions(saved, y_ref, versions)
         gf = g.detach().float()
         yf = y_ref.float()
         batch = self.call.batch
@@ -376,24 +367,3 @@ def _forward_backward(
     finally:
         for h in handles:
             h.remove()
-
-
-class _swap_output:
-    """Context: replace one module's output with its output under ``scheme`` (forward hook)."""
-
-    def __init__(
-        self, module: nn.Module, name: str, scheme: str, quantized_output: NoiseFn
-    ) -> None:
-        self.module, self.name, self.scheme, self.fn = module, name, scheme, quantized_output
-        self.handle: Any = None
-
-    def __enter__(self) -> None:
-        def hook(module: nn.Module, args: tuple, out: Any) -> Any:
-            if isinstance(out, torch.Tensor):
-                return self.fn(self.name, self.scheme, args, out)
-            return None
-
-        self.handle = self.module.register_forward_hook(hook)
-
-    def __exit__(self, *exc: object) -> None:
-        self.handle.remove()

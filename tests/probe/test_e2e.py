@@ -142,3 +142,26 @@ def test_configurations_that_need_pass_two_first_run_it_over_the_loop(overrides)
     assert not cfg.replays_local_errors and loops == 2
     assert report.costs["pass2_seconds"] > 0
     assert set(report.module("0").w8a8) == LINEAR
+
+
+class _ChangedAfterUse(nn.Module):
+    """``b``'s input is changed in place after ``b`` ran, and no gradient reaches ``b``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 8)
+        self.b = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.clone()
+        self.b(h)
+        h.add_(1.0)
+        return self.a(h)
+
+
+def test_an_unreached_module_whose_input_changed_in_place_is_refused():
+    from opsnn_quant.errors import CalibrationError
+
+    torch.manual_seed(0)
+    with pytest.raises(CalibrationError, match="'b' was modified in place"):
+        _probe_counting(_ChangedAfterUse(), ProbeConfig(fp16=False))
