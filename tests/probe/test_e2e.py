@@ -10,16 +10,7 @@ from torch import nn
 from opsnn_quant.models.generic import GenericAdapter
 from opsnn_quant.probe.api import ProbeConfig, probe
 from opsnn_quant.probe.local import LocalProbe
-
-# The candidates of a Linear outside a sampling loop (no per-step schemes).
-LINEAR = {
-    "w8a8",
-    "w8a8_mse",
-    "w8a8_smoothquant",
-    "w8a8_dynamic",
-    "w8a8_dynamic_smoothquant",
-    "w4a16",
-}
+from tests.tiny_models import LINEAR_CANDIDATES
 
 
 class _Branches(nn.Module):
@@ -71,7 +62,7 @@ def test_local_errors_come_from_the_replay_without_a_second_pass():
     assert (loops, loops_ref) == (1, 2)
     for name in ("0", "2"):
         got, want = _sqnr(replayed, name), _sqnr(reference, name)
-        assert set(got) == LINEAR
+        assert set(got) == LINEAR_CANDIDATES
         assert got == pytest.approx(want, rel=1e-9)
         e2e, e2e_ref = replayed.module(name).e2e, reference.module(name).e2e
         assert e2e is not None and e2e_ref is not None
@@ -141,7 +132,7 @@ def test_configurations_that_need_pass_two_first_run_it_over_the_loop(overrides)
     report, loops = _probe_counting(model, cfg)
     assert not cfg.replays_local_errors and loops == 2
     assert report.costs["pass2_seconds"] > 0
-    assert set(report.module("0").w8a8) == LINEAR
+    assert set(report.module("0").w8a8) == LINEAR_CANDIDATES
 
 
 class _ChangedAfterUse(nn.Module):

@@ -8,7 +8,7 @@ from torch import nn
 
 from opsnn_quant.probe.api import ProbeConfig, probe
 from opsnn_quant.probe.report import SensitivityReport
-from tests.tiny_models import TinyMLP, forward_loop_for
+from tests.tiny_models import LINEAR_CANDIDATES, TinyMLP, forward_loop_for
 
 
 def test_local_errors_and_smoothquant_on_an_outlier_channel():
@@ -17,14 +17,7 @@ def test_local_errors_and_smoothquant_on_an_outlier_channel():
         model, forward_loop_for(model), ProbeConfig(attribution=False), modalities={"": "denoiser"}
     )
     fc1 = report.module("fc1")
-    assert set(fc1.w8a8) == {
-        "w8a8",
-        "w8a8_mse",
-        "w8a8_smoothquant",
-        "w8a8_dynamic",
-        "w8a8_dynamic_smoothquant",
-        "w4a16",
-    }
+    assert set(fc1.w8a8) == LINEAR_CANDIDATES
     # the outlier input channel (x20) hurts per-tensor static quantization; SmoothQuant fixes it
     assert fc1.w8a8["w8a8_smoothquant"].sqnr_db > fc1.w8a8["w8a8"].sqnr_db + 3
     assert fc1.w8a8["w8a8_smoothquant"].smoothquant_alpha is not None
@@ -68,8 +61,7 @@ def test_an_int8_output_past_fp16_is_an_infeasible_scheme_not_a_crash():
     report = probe(model, loop, modalities={"": "denoiser"})
     first = report.module("0")
     assert first.fp16 is not None and first.fp16.overflow
-    assert set(first.w8a8) == {"w8a8", "w8a8_mse", "w8a8_smoothquant", "w8a8_dynamic",
-                               "w8a8_dynamic_smoothquant", "w4a16"}  # fmt: skip
+    assert set(first.w8a8) == LINEAR_CANDIDATES
     for err in first.w8a8.values():
         assert err.infeasible is not None and "float16 output" in err.infeasible
         assert err.fits_output_dtype == "bfloat16" and err.sqnr_db is None
