@@ -29,10 +29,10 @@ from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.probe.attribution import Attribution, NoiseFn, estimate
 from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.probe.local import LocalProbe
-from opsnn_quant.probe.passes import Watches
+from opsnn_quant.probe.passes import Watches, inside_root
 from opsnn_quant.probe.report import EndToEnd
 from opsnn_quant.recording import sample_subset, split_batch
-from opsnn_quant.types import Modality, match_prefix
+from opsnn_quant.types import Modality
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +52,7 @@ class ProbeRun:
     def root_members(self, root_name: str, names: Iterable[str]) -> list[str]:
         """The names among ``names`` inside root ``root_name`` and of its modality."""
         modality = self.roots[root_name]
-        return [
-            n
-            for n in names
-            if match_prefix(n, (root_name,)) is not None and self.adapter.modality_of(n) == modality
-        ]
+        return [n for n in names if inside_root(self.adapter, n, root_name, modality)]
 
 
 def replay_measured(run: ProbeRun) -> set[str]:

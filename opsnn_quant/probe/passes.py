@@ -113,7 +113,7 @@ def watches_for(
             w.inputs = {
                 n: RootRecorder(n, cfg.max_root_calls, cfg.seed)
                 for n in w.local
-                if not any(_inside(adapter, n, r, m) for r, m in roots.items())
+                if not any(inside_root(adapter, n, r, m) for r, m in roots.items())
             }
     for name, (_, kind) in watched.items():
         if kind == "act":
@@ -157,8 +157,9 @@ def statistics_pass(
     return _run(forward_loop, adapter.model, hooks)
 
 
-def _inside(adapter: ModelAdapter, name: str, root: str, modality: Modality) -> bool:
-    """Whether module ``name`` is inside root ``root`` and of its modality."""
+def inside_root(adapter: ModelAdapter, name: str, root: str, modality: Modality) -> bool:
+    """Whether module ``name`` is inside root ``root`` and of the root's ``modality`` (what the
+    root's attribution covers)."""
     return match_prefix(name, (root,)) is not None and adapter.modality_of(name) == modality
 
 
