@@ -42,9 +42,9 @@ import torch
 from torch import nn
 
 from opsnn_quant.errors import CalibrationError
-from opsnn_quant.memory import TRIM
 from opsnn_quant.numerics import signal_energy
-from opsnn_quant.probe.exhaustive import NoiseFn, float_outputs, one_at_a_time
+from opsnn_quant.probe.exhaustive import float_outputs, one_at_a_time
+from opsnn_quant.probe.projections import NoiseFn, Projector, StepKey
 from opsnn_quant.recording import detached_copy, split_batch
 from opsnn_quant.tensors import first_tensor
 from opsnn_quant.timesteps import at_step
@@ -88,6 +88,7 @@ def estimate(
     noise_power: PowerFn | None = None,
     steps: list[int | None] | None = None,
     unreached: UnreachedFn | None = None,
+    step_key: StepKey | None = None,
 ) -> Attribution:
     """Attribute the root's output noise to ``modules`` (see module docstring).
 
@@ -111,6 +112,10 @@ def estimate(
         unreached: structured estimator only: told of every call of a module that ran in a
             replayed call but whose output no gradient reached (its contribution stays 0), with
             the call's inputs and float output, once the call's backward is done.
+        step_key: structured estimator only: which calls' rows may run through one candidate
+            of ``(name, scheme)`` at once, by the step each was recorded at (the same key: the
+            candidate reads the same clock); None: calls of the same step only (see
+            :mod:`~opsnn_quant.probe.projections`).
     """
     steps = steps if steps is not None else [None] * len(calls)
     gen = torch.Generator().manual_seed(seed)
@@ -126,6 +131,10 @@ def estimate(
         t0 = time.perf_counter()
         energy = 0.0
         acc = {n: dict.fromkeys(schemes[n], 0.0) for n in modules}
+        projectors = {
+            n: Projector(n, m, schemes[n], quantized_output, acc[n], step_key)
+            for n, m in modules.items()
+        }
         for call, step in zip(calls, steps, strict=True):
             # In chunks where asked: the backward keeps the whole forward graph (attention maps
             # included), several times an inference's memory; a chunk of the batch keeps less.
@@ -134,10 +143,10 @@ def estimate(
                     if noise_power is not None:
                         state = _diagonal_call(root, part, modules, noise_power, schemes, acc, gen)
                     else:
-                        state = _estimator_call(
-                            root, part, modules, quantized_output, schemes, acc, gen, unreached
-                        )
+                        state = _estimator_call(root, part, modules, projectors, gen, unreached)
                 energy += state.signal
+        for projector in projectors.values():
+            projector.flush()
         t_est = time.perf_counter() - t0
         per_scheme = {
             n: {s: a / energy if energy > 0 else 0.0 for s, a in by.items()}
@@ -162,20 +171,13 @@ class _StructuredTap:
     """The structured estimator's view of one module during one recorded call.
 
     Its forward hook saves the call's input and float output (detached views) and puts the
-    output in the graph; the gradient hook then projects every candidate scheme's noise
-    ``(y_q - y)`` on the arriving gradient and accumulates the squared per-sample projections.
+    output in the graph; the gradient hook hands them and the arriving gradient to the module's
+    :class:`~opsnn_quant.probe.projections.Projector`, which projects every candidate scheme's
+    noise ``(y_q - y)`` on it (small calls batched over the replay).
     """
 
-    def __init__(
-        self,
-        name: str,
-        schemes: tuple[str, ...],
-        quantized_output: NoiseFn,
-        acc: dict[str, float],
-        call: _CallState,
-    ) -> None:
-        self.name, self.schemes, self.quantized_output = name, schemes, quantized_output
-        self.acc, self.call = acc, call
+    def __init__(self, name: str, projector: Projector, call: _CallState) -> None:
+        self.name, self.projector, self.call = name, projector, call
         # calls no gradient reached yet: inputs, float output, their version counters
         self.waiting: dict[int, tuple[tuple, torch.Tensor, tuple[list[int], int]]] = {}
         self.calls = 0
@@ -225,23 +227,10 @@ class _StructuredTap:
         key: int,
         g: torch.Tensor,
     ) -> None:
-        """Project each scheme's noise on the gradient ``g`` of ``v . y`` at this output."""
+        """Hand the call and the gradient ``g`` of ``v . y`` at this output to the projector."""
         self.waiting.pop(key, None)
         self._check_versions(saved, y_ref, versions)
-        gf = g.detach().float()
-        yf = y_ref.float()
-        batch = self.call.batch
-        with torch.no_grad():
-            for scheme in self.schemes:
-                # fp32 products and sums (fp64 over whole activations doubled the pass's cost);
-                # only the per-sample projections are squared in float64.
-                prod = (self.quantized_output(self.name, scheme, saved, y_ref).float() - yf) * gf
-                if batch is not None and prod.dim() > 0 and prod.shape[0] == batch:
-                    s = prod.reshape(prod.shape[0], -1).sum(dim=1)
-                else:
-                    s = prod.sum().reshape(1)
-                self.acc[scheme] += float(s.double().pow(2).sum())
-                TRIM.add(3 * y_ref.numel() * 4)  # the candidate's output and product
+        self.projector.add(saved, y_ref, g, self.call.batch)
 
 
 class _DiagonalTap:
@@ -299,16 +288,13 @@ def _estimator_call(
     root: nn.Module,
     call: tuple[tuple, dict],
     modules: dict[str, nn.Module],
-    quantized_output: NoiseFn,
-    schemes: dict[str, tuple[str, ...]],
-    acc: dict[str, dict[str, float]],
+    projectors: dict[str, Projector],
     gen: torch.Generator,
     unreached: UnreachedFn | None,
 ) -> _CallState:
     state = _CallState()
     taps = [
-        (module, _StructuredTap(name, schemes[name], quantized_output, acc[name], state))
-        for name, module in modules.items()
+        (module, _StructuredTap(name, projectors[name], state)) for name, module in modules.items()
     ]
     _forward_backward(root, call, [(m, t.forward_hook) for m, t in taps], gen, state)
     for _, tap in taps:

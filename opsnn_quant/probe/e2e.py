@@ -26,12 +26,15 @@ from torch import nn
 
 from opsnn_quant.memory import release_memory
 from opsnn_quant.models.base import ModelAdapter
-from opsnn_quant.probe.attribution import Attribution, NoiseFn, estimate
+from opsnn_quant.probe.attribution import Attribution, estimate
 from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.probe.local import LocalProbe
 from opsnn_quant.probe.passes import Watches, inside_root
+from opsnn_quant.probe.projections import NoiseFn, StepKey
 from opsnn_quant.probe.report import EndToEnd
+from opsnn_quant.quant.schemes import SCHEMES
 from opsnn_quant.recording import sample_subset, split_batch
+from opsnn_quant.timesteps import group_of
 from opsnn_quant.types import Modality
 
 log = logging.getLogger(__name__)
@@ -210,6 +213,7 @@ def _estimate_root(
         max_batch=max_batch,
         steps=run.watches.recorders[root_name].steps,
         unreached=_measure_unreached(local, replayed),
+        step_key=_step_key(local),
         noise_power=(
             (lambda n, scheme: local[n].noise_power(scheme))
             if cfg.estimator == "diagonal"
@@ -222,12 +226,27 @@ def _candidates(local: Mapping[str, LocalProbe], replayed: set[str]) -> NoiseFn:
     """The estimator's candidate outputs; those of ``replayed`` modules also add their local
     error (:meth:`LocalProbe.replayed_output`)."""
 
-    def output(name: str, scheme: str, args: tuple, y: torch.Tensor) -> torch.Tensor:
+    def output(
+        name: str, scheme: str, args: tuple, y: torch.Tensor, calls: int = 1
+    ) -> torch.Tensor:
         if name in replayed:
-            return local[name].replayed_output(scheme, args, y)
+            return local[name].replayed_output(scheme, args, y, calls)
         return local[name].candidate_output(scheme, args)
 
     return output
+
+
+def _step_key(local: Mapping[str, LocalProbe]) -> StepKey:
+    """Which replayed calls a candidate may run on at once: a per-step scheme's calls of one
+    group of denoising steps (it reads the clock); any calls for the other schemes."""
+
+    def key(name: str, scheme: str, step: int | None) -> int | None:
+        if step is None or not SCHEMES[scheme].per_step:
+            return None
+        bounds = local[name].step_bounds
+        return 0 if bounds is None else group_of(step, bounds)
+
+    return key
 
 
 def _measure_unreached(

@@ -4,17 +4,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from opsnn_quant.numerics import energies
+from opsnn_quant.probe.projections import NoiseFn
 from opsnn_quant.recording import replay
-
-# (name, scheme, args, y) -> the module's output under ``scheme``
-NoiseFn = Callable[[str, str, tuple, torch.Tensor], torch.Tensor]
 
 
 def float_outputs(

@@ -227,22 +227,25 @@ class LocalProbe:
         self._replay_share = self.error_rows / max(parts, 1)
 
     @torch.no_grad()
-    def replayed_output(self, scheme: str, args: tuple, y: torch.Tensor) -> torch.Tensor:
-        """:meth:`candidate_output` on one replayed call, with its local error against the float
-        output ``y`` added on an evenly strided subset of the call's rows (tokens; output
-        pixels of a conv) of at most about ``error_rows / parts`` (:meth:`plan_replay`): the error sums
-        cost a sweep of their own, the estimator needs the whole output, the SQNR does not."""
+    def replayed_output(
+        self, scheme: str, args: tuple, y: torch.Tensor, calls: int = 1
+    ) -> torch.Tensor:
+        """:meth:`candidate_output` on ``calls`` replayed calls (small ones run as one batch),
+        with its local error against the float output ``y`` added on an evenly strided subset
+        of the rows (tokens; output pixels of a conv) of at most about ``calls * error_rows /
+        parts`` (:meth:`plan_replay`): the error sums cost a sweep of their own, the estimator
+        needs the whole output, the SQNR does not."""
         yq = self.candidate_output(scheme, args)
-        self._add_error(scheme, *self._strided(y, yq))
+        self._add_error(scheme, *self._strided(y, yq, calls))
         return yq
 
-    def _strided(self, y: torch.Tensor, yq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _strided(
+        self, y: torch.Tensor, yq: torch.Tensor, calls: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self._replay_share is None:
             return y, yq
-        conv = isinstance(self.module, nn.Conv2d)
-        return strided_rows(y, 1 if conv else -1, self._replay_share), strided_rows(
-            yq, 1 if conv else -1, self._replay_share
-        )
+        dim, rows = 1 if isinstance(self.module, nn.Conv2d) else -1, calls * self._replay_share
+        return strided_rows(y, dim, rows), strided_rows(yq, dim, rows)
 
     def _pend(self, args: tuple, y: torch.Tensor) -> bool:
         """Keep a small call (a decoder's per-token step, a DiT's few tokens, a low-resolution

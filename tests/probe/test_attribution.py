@@ -49,7 +49,7 @@ def test_estimator_is_unbiased_for_a_linear_chain():
 
     # Structured noise that is a function of the module's output (as quantization noise is), so
     # it is the same whether the estimator replays the batch whole or one sample at a time.
-    def quantized_output(name, scheme, args, y):
+    def quantized_output(name, scheme, args, y, calls=1):
         return y + 0.01 * torch.sin(freq[name] * y)
 
     result = estimate(
@@ -102,7 +102,7 @@ def test_estimator_scores_every_scheme_on_the_same_gradient():
     first = torch.cat([torch.ones(16), torch.zeros(16)])
     mask = {"blind": first, "seen": 1 - first, "seen3": 3 * (1 - first)}
 
-    def quantized_output(name, scheme, args, y):
+    def quantized_output(name, scheme, args, y, calls=1):
         return y + 0.01 * torch.sin(1000.0 * y) * mask[scheme]
 
     result = estimate(
@@ -123,7 +123,7 @@ def test_estimate_in_chunks_matches_whole_calls_for_linear_noise():
     chain = nn.Sequential(nn.Linear(16, 16, bias=False), nn.Linear(16, 16, bias=False))
     x = torch.randn(128, 16)
 
-    def quantized_output(name, scheme, args, y):
+    def quantized_output(name, scheme, args, y, calls=1):
         return y + 0.01 * torch.sin(1000.0 * y)
 
     for max_batch in (None, 1, 32):
@@ -155,7 +155,7 @@ def test_estimator_refuses_an_input_changed_in_place_before_its_gradient():
 
     model = InPlaceResidual()
 
-    def quantized_output(name, scheme, args, y):
+    def quantized_output(name, scheme, args, y, calls=1):
         return y
 
     with pytest.raises(CalibrationError, match="'fc' was modified in place"):
@@ -235,7 +235,7 @@ def test_the_output_energy_is_the_float_outputs_from_the_estimators_forward(max_
         chain,
         calls,
         {"0": chain[0]},
-        lambda name, scheme, args, y: y * 1.01,
+        lambda name, scheme, args, y, calls=1: y * 1.01,
         {"0": ("s",)},
         max_batch=max_batch,
     )

@@ -100,18 +100,23 @@ def test_a_module_no_gradient_reaches_keeps_its_local_errors_and_contributes_not
     assert report.module("a").e2e is not None and report.module("a").e2e.contribution > 0
 
 
-def test_the_replay_measures_an_evenly_strided_subset_of_about_error_rows_rows(monkeypatch):
-    # error_rows 6 over 3 replayed calls: 2 rows per call; calls of 8 rows -> every 4th row.
+@pytest.mark.parametrize(("error_rows", "stride"), [(6, 4), (3, 8)])
+def test_the_replay_measures_an_evenly_strided_subset_of_about_error_rows_rows(
+    monkeypatch, error_rows, stride
+):
+    # error_rows 6 over 3 replayed calls: 2 rows per call; calls of 8 rows -> every 4th row
+    # (error_rows 3: every 8th). The three small calls run as one batch of 24 rows
+    # (probe/projections.py), which measures the three calls' share: the same rows.
     kept: dict[str, LocalProbe] = {}
     monkeypatch.setattr(LocalProbe, "release", lambda self: kept.setdefault(self.name, self))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
-    _probe_counting(model, ProbeConfig(fp16=False, error_rows=6))
+    _probe_counting(model, ProbeConfig(fp16=False, error_rows=error_rows))
     with torch.no_grad():
         outputs = [model[0](x) for x in _data()]
-    signal = sum(float(y[::4].double().pow(2).sum()) for y in outputs)
+    signal = sum(float(y[::stride].double().pow(2).sum()) for y in outputs)
     energy = kept["0"].energies["w8a8"]
-    assert energy.channel_count == 3 * 2
+    assert energy.channel_count == 3 * (8 // stride)
     assert math.isclose(energy.signal, signal, rel_tol=1e-12)
 
 

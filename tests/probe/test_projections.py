@@ -1,0 +1,134 @@
+"""The structured estimator's projections (probe/projections.py): small calls batched give the
+projections each call gives alone, computed here by hand from the estimator's formula
+(per-sample sums of (y_q - y) * g, squared, summed; fp32 products as the estimator takes
+them, so agreement to 1e-4)."""
+
+import pytest
+import torch
+from torch import nn
+
+from opsnn_quant.probe.pending import PENDING_ROWS
+from opsnn_quant.probe.projections import Projector
+from opsnn_quant.timesteps import at_step, current_step
+
+
+class Recorder:
+    """A row-wise candidate (noise a function of each row of the output) that records its runs."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[str, int, int, int | None]] = []  # scheme, rows, calls, clock
+
+    def __call__(self, name, scheme, args, y, calls=1):
+        self.runs.append((scheme, args[0].shape[0], calls, current_step()))
+        gain = {"a": 0.01, "b": 0.03}.get(scheme, 0.02)
+        return y + gain * torch.sin(1000.0 * y)
+
+
+def by_hand(calls, scheme_gain):
+    """sum over calls and samples of (sum over the sample of (y_q - y) * g)^2."""
+    total = 0.0
+    for y, g, samples in calls:
+        prod = (scheme_gain * torch.sin(1000.0 * y)).double() * g.double()
+        s = prod.reshape(samples, -1).sum(dim=1) if samples else prod.sum().reshape(1)
+        total += float(s.pow(2).sum())
+    return total
+
+
+def test_small_linear_calls_run_once_and_project_as_each_alone():
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 6)
+    fn, acc = Recorder(), {"a": 0.0, "b": 0.0}
+    proj = Projector("lin", lin, ("a", "b"), fn, acc)
+    calls = []
+    for batch, tokens in ((2, 5), (3, 4), (2, 7)):
+        x = torch.randn(batch, tokens, 8)
+        y = lin(x).detach()
+        g = torch.randn_like(y)
+        proj.add((x,), y, g, batch)
+        calls.append((y, g, batch))
+    assert fn.runs == []  # 10 + 12 + 14 rows: all kept
+    proj.flush()
+    assert fn.runs == [("a", 36, 3, None), ("b", 36, 3, None)]  # one run per scheme
+    assert acc["a"] == pytest.approx(by_hand(calls, 0.01), rel=1e-4)
+    assert acc["b"] == pytest.approx(by_hand(calls, 0.03), rel=1e-4)
+
+
+def test_an_output_not_leading_with_the_batch_is_one_sum():
+    torch.manual_seed(1)
+    lin = nn.Linear(4, 4)
+    fn, acc = Recorder(), {"a": 0.0}
+    proj = Projector("lin", lin, ("a",), fn, acc)
+    x = torch.randn(5, 3, 4)  # (tokens, batch, channels): the root's batch is 3
+    y = lin(x).detach()
+    g = torch.randn_like(y)
+    proj.add((x,), y, g, 3)
+    proj.flush()
+    assert acc["a"] == pytest.approx(by_hand([(y, g, None)], 0.01), rel=1e-4)
+
+
+def test_per_step_calls_join_only_their_group_and_run_at_its_first_step():
+    torch.manual_seed(2)
+    lin = nn.Linear(4, 4)
+    fn, acc = Recorder(), {"a": 0.0, "per": 0.0}
+    # "per" reads the clock: steps 0-4 and 5+ are two groups; "a" does not
+    key = lambda name, scheme, step: (step >= 5) if scheme == "per" else None  # noqa: E731
+    proj = Projector("lin", lin, ("a", "per"), fn, acc, step_key=key)
+    calls = []
+    for step in (0, 6, 3, 9):
+        x = torch.randn(2, 3, 4)
+        y = lin(x).detach()
+        g = torch.randn_like(y)
+        with at_step(step):
+            proj.add((x,), y, g, 2)
+        calls.append((y, g, 2))
+    proj.flush()
+    assert fn.runs == [("a", 24, 4, 0), ("per", 12, 2, 0), ("per", 12, 2, 6)]
+    assert acc["per"] == pytest.approx(by_hand(calls, 0.02), rel=1e-4)
+
+
+def test_a_big_call_runs_at_once_and_a_full_batch_before_the_flush():
+    torch.manual_seed(3)
+    lin = nn.Linear(4, 4)
+    fn, acc = Recorder(), {"a": 0.0}
+    proj = Projector("lin", lin, ("a",), fn, acc)
+    x = torch.randn(1, PENDING_ROWS, 4)
+    proj.add((x,), lin(x).detach(), torch.randn(1, PENDING_ROWS, 4), 1)
+    assert fn.runs == [("a", 1, 1, None)]  # the whole call, not its rows
+    for _ in range(2):
+        x = torch.randn(1, PENDING_ROWS // 2, 4)
+        proj.add((x,), lin(x).detach(), torch.randn(1, PENDING_ROWS // 2, 4), 1)
+    assert fn.runs[-1] == ("a", PENDING_ROWS, 2, None)  # full: run without waiting for flush
+
+
+def test_conv_calls_join_by_feature_map_shape():
+    torch.manual_seed(4)
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    fn, acc = Recorder(), {"a": 0.0}
+    proj = Projector("conv", conv, ("a",), fn, acc)
+    calls = []
+    for size in (4, 6, 4):
+        x = torch.randn(2, 3, size, size)
+        y = conv(x).detach()
+        g = torch.randn_like(y)
+        proj.add((x,), y, g, 2)
+        calls.append((y, g, 2))
+    proj.flush()
+    assert sorted(r[1:3] for r in fn.runs) == [(2, 1), (4, 2)]  # 4x4 maps together, 6x6 alone
+    assert acc["a"] == pytest.approx(by_hand(calls, 0.01), rel=1e-4)
+
+
+def test_kept_calls_are_copies():
+    # the model may reuse an activation buffer before the batch runs
+    torch.manual_seed(5)
+    lin = nn.Linear(4, 4)
+    fn, acc = Recorder(), {"a": 0.0}
+    proj = Projector("lin", lin, ("a",), fn, acc)
+    x = torch.randn(2, 3, 4)
+    y = lin(x).detach()
+    g = torch.randn_like(y)
+    want = by_hand([(y.clone(), g.clone(), 2)], 0.01)
+    proj.add((x,), y, g, 2)
+    y.zero_()
+    g.zero_()
+    proj.flush()
+    assert acc["a"] == pytest.approx(want, rel=1e-4)
