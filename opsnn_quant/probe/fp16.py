@@ -179,13 +179,11 @@ def _absmax(t: torch.Tensor | None, hist: PercentileObserver | None) -> float:
     """``|t|``'s max (0 for none or an empty tensor); into ``hist`` too when given (and finite)."""
     if t is None or not t.numel():
         return 0.0
-    if hist is None:  # min and max in one sweep, no |t| copy (NaN stays NaN, as |t|'s max)
-        lo, hi = torch.aminmax(t.detach())
-        return float(torch.maximum(-lo, hi))
-    t_abs = t.detach().abs()
-    t_max = float(t_abs.max())
-    if math.isfinite(t_max):
-        hist.collect(t_abs)
+    # min and max in one sweep, no |t| copy (NaN stays NaN, as |t|'s max)
+    lo, hi = torch.aminmax(t.detach())
+    t_max = float(torch.maximum(-lo, hi))
+    if hist is not None and math.isfinite(t_max):
+        hist.collect_abs(t, t_max)
     return t_max
 
 

@@ -131,7 +131,18 @@ class HistogramObserver(Observer):
         self.radius = 0.0
         self.hist = np.zeros(self.bins, dtype=np.float64)
 
-    def _collect(self, x: torch.Tensor, absmax: float) -> None:
+    @torch.no_grad()
+    def collect_abs(self, x: torch.Tensor, absmax: float) -> None:
+        """:meth:`collect` of ``|x|`` (``absmax``: its finite max, known to the caller) without
+        an ``|x|`` copy of the whole batch: the histogram is of the same strided subset, made
+        absolute. The observed minimum is taken as 0 (a symmetric range does not read it)."""
+        if x.numel() == 0:
+            return
+        self.count += x.numel()
+        self.min, self.max = min(self.min, 0.0), max(self.max, absmax)
+        self._collect(x.detach().to(torch.float32), absmax, absolute=True)
+
+    def _collect(self, x: torch.Tensor, absmax: float, absolute: bool = False) -> None:
         if self.radius == 0.0:
             self.radius = absmax if absmax > 0 else 1e-8
         while absmax > self.radius:
@@ -148,6 +159,8 @@ class HistogramObserver(Observer):
             weight = float(x.numel()) / flat.numel()
         else:
             weight = 1.0
+        if absolute:
+            flat = flat.abs()
         h = torch.histc(flat, bins=self.bins, min=-self.radius, max=self.radius)
         if weight != 1.0:
             h = h * weight  # keep counts in units of elements seen

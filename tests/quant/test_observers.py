@@ -64,6 +64,19 @@ def test_percentile_clips_a_rare_outlier():
     assert MinMaxObserver().compute.__self__ is not None
 
 
+@pytest.mark.parametrize("n", [1000, 200_003])  # whole, and over max_samples (strided subset)
+def test_collect_abs_is_collect_of_the_absolute_values(n):
+    g = torch.Generator().manual_seed(1)
+    calls = [torch.randn(n, generator=g) * s for s in (1.0, 7.0, 0.5)]
+    whole, direct = PercentileObserver(99.9), PercentileObserver(99.9)
+    for x in calls:
+        whole.collect(x.abs())
+        direct.collect_abs(x, float(x.abs().max()))
+    assert np.array_equal(whole.hist, direct.hist) and whole.radius == direct.radius
+    assert whole.count == direct.count and whole.max == direct.max
+    assert whole.compute(True) == direct.compute(True)
+
+
 def _quant_mse(x: torch.Tensor, name: str) -> tuple[float, float]:
     obs = make_observer(name)
     obs.collect(x)
