@@ -236,16 +236,12 @@ class LocalProbe:
         parts`` (:meth:`plan_replay`): the error sums cost a sweep of their own, the estimator
         needs the whole output, the SQNR does not."""
         yq = self.candidate_output(scheme, args)
-        self._add_error(scheme, *self._strided(y, yq, calls))
-        return yq
-
-    def _strided(
-        self, y: torch.Tensor, yq: torch.Tensor, calls: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self._replay_share is None:
-            return y, yq
+            self._add_error(scheme, y, yq)
+            return yq
         dim, rows = 1 if isinstance(self.module, nn.Conv2d) else -1, calls * self._replay_share
-        return strided_rows(y, dim, rows), strided_rows(yq, dim, rows)
+        self._add_error(scheme, strided_rows(y, dim, rows), strided_rows(yq, dim, rows))
+        return yq
 
     def _pend(self, args: tuple, y: torch.Tensor) -> bool:
         """Keep a small call (a decoder's per-token step, a DiT's few tokens, a low-resolution
