@@ -220,12 +220,50 @@ def search_alphas(
     ref = x @ w.T  # the float reference, once for every alpha
     w_absmax = w.abs().amax(dim=0)
     act_absmax = stats.absmax.to(w.device)
+    factors = [smoothing_factors(act_absmax, w_absmax, alpha) for alpha in alphas]
+    if (len(factors) + 1) * max(w.numel(), x.numel()) <= WEIGHT_BLOCK_ELEMENTS:
+        errors = _stacked_errors(x, w, factors, modes, ref)
+    else:
+        errors = [layer_errors(x, w, s, modes, ref) for s in (None, *factors)]
     best: list[tuple[float | None, torch.Tensor | None, float]] = [
-        (None, None, err) for err in layer_errors(x, w, None, modes, ref)
+        (None, None, err) for err in errors[0]
     ]
-    for alpha in alphas:
-        s = smoothing_factors(act_absmax, w_absmax, alpha)
-        for i, err in enumerate(layer_errors(x, w, s, modes, ref)):
+    for alpha, s, errs in zip(alphas, factors, errors[1:], strict=True):
+        for i, err in enumerate(errs):
             if err < best[i][2] and math.isfinite(err):
                 best[i] = (float(alpha), s, err)
     return best
+
+
+@torch.no_grad()
+def _stacked_errors(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    factors: list[torch.Tensor],
+    modes: Sequence[bool],
+    ref: torch.Tensor,
+) -> list[list[float]]:
+    """:func:`layer_errors` of no smoothing and of each of ``factors``, as one batch (a small
+    layer: per-call overhead, not arithmetic, is its search's cost). The same fp32 steps per
+    candidate; the batched matmul may round its last bits otherwise, which the significant
+    digits compared (``_sig``) absorb."""
+    s = torch.stack([torch.ones_like(factors[0]), *factors])  # (A, K); x / 1 is x exactly
+    xs = x.unsqueeze(0) / s.unsqueeze(1)  # (A, M, K)
+    wq_t = _fake_quant_weights(w.unsqueeze(0) * s.unsqueeze(1)).transpose(1, 2)  # (A, K, N)
+    signal = max(_energy(ref), 1e-300)
+    by_mode = []
+    for dynamic in modes:
+        if dynamic:
+            scale = (xs.abs().amax(dim=2, keepdim=True) / 127.0).clamp_min(1e-12)
+        else:
+            scale = (xs.abs().amax(dim=(1, 2), keepdim=True) / 127.0).clamp_min(MIN_SCALE)
+        xq = torch.round(xs / scale).clamp(-128, 127) * scale
+        noise = (torch.bmm(xq, wq_t) - ref).pow(2).sum(dim=-1).double().sum(dim=-1)
+        by_mode.append([_sig(float(n) / signal) for n in noise])
+    return [list(errs) for errs in zip(*by_mode, strict=True)]
+
+
+def _fake_quant_weights(w: torch.Tensor) -> torch.Tensor:
+    """:func:`fake_quant_weight` of each (N, K) weight of a stack (A, N, K)."""
+    s = (w.abs().amax(dim=2, keepdim=True) / 127.0).clamp_min(1e-12)
+    return torch.round(w / s).clamp(-128, 127) * s

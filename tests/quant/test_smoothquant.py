@@ -144,3 +144,23 @@ def test_the_device_search_chooses_the_same_alphas_on_the_zoo_models():
                 assert (joint[0], joint[2]) == (got, err), (source, k, dynamic)
                 compared += 1
     assert compared > 200
+
+
+def test_a_small_layer_s_stacked_search_chooses_as_one_search_per_candidate(monkeypatch):
+    # A small layer's alphas are searched as one batch; with the batch ruled out (a block size
+    # of 1 element) every candidate runs alone through layer_errors. Same choices and errors,
+    # static and dynamic, on a layer with an outlier channel (so smoothing is chosen).
+    import opsnn_quant.quant.smoothquant as sq
+    from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(96, 32, generator=g)
+    x[:, 5] *= 40.0
+    w = torch.randn(24, 32, generator=g)
+    st = ChannelStats(32, reservoir=96)
+    st.collect(x)
+    stacked = search_alphas(st, w, (False, True), DEFAULT_ALPHA_GRID)
+    monkeypatch.setattr(sq, "WEIGHT_BLOCK_ELEMENTS", 1)
+    alone = search_alphas(st, w, (False, True), DEFAULT_ALPHA_GRID)
+    for (a1, s1, e1), (a2, s2, e2) in zip(stacked, alone, strict=True):
+        assert a1 is not None and a1 == a2 and e1 == e2 and torch.equal(s1, s2)
