@@ -98,7 +98,8 @@ def _blocks(
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, list[int]]]:
     """``(ref block, out block, dims to sum for per-channel sums)`` over ``r``/``o`` with
     channels along ``d``: blocks of about :data:`CHUNK` elements of rows when channels are
-    last (a Linear), one sample at a time otherwise (a Conv2d's ``(B, C, ...)``)."""
+    last (a Linear), of whole samples otherwise (a Conv2d's ``(B, C, ...)``: as many samples
+    as fit, one at least; one at a time made a small feature map's sums a loop of tiny ops)."""
     channels = r.shape[d]
     if d == r.dim() - 1:
         r2, o2 = r.reshape(-1, channels), o.reshape(-1, channels)
@@ -106,6 +107,7 @@ def _blocks(
         for i in range(0, r2.shape[0], step):
             yield r2[i : i + step], o2[i : i + step], [0]
     else:
-        dims = [k for k in range(r.dim() - 1) if k != d - 1]
-        for i in range(r.shape[0]):
-            yield r[i], o[i], dims
+        dims = [k for k in range(r.dim()) if k != d]
+        step = max(1, CHUNK // max(r[0].numel(), 1))
+        for i in range(0, r.shape[0], step):
+            yield r[i : i + step], o[i : i + step], dims

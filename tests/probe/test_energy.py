@@ -30,12 +30,19 @@ def test_a_non_finite_candidate_output_is_infeasible_not_a_number():
 
 
 def test_block_sums_equal_whole_tensor_sums_for_both_layouts():
-    # Linear rows spanning several blocks (CHUNK elements each) and a Conv2d map (channels at
-    # dim 1), against the float64 sums over the whole tensors.
+    # Linear rows spanning several blocks (CHUNK elements each), a small Conv2d map (channels
+    # at dim 1: one block) and a batch of maps in blocks of whole samples (4 of 64x32x32 per
+    # CHUNK: 9 samples make blocks of 4, 4 and 1), against the float64 sums over the whole
+    # tensors.
     from opsnn_quant.numerics import CHUNK
 
     torch.manual_seed(0)
-    for ref, dim in ((torch.randn(3 * CHUNK // 64 + 5, 64), -1), (torch.randn(2, 3, 5, 7), 1)):
+    cases = (
+        (torch.randn(3 * CHUNK // 64 + 5, 64), -1),
+        (torch.randn(2, 3, 5, 7), 1),
+        (torch.randn(9, 64, 32, 32), 1),
+    )
+    for ref, dim in cases:
         out = ref + 0.1 * torch.randn_like(ref)
         e = SchemeEnergy()
         e.add(ref, out, dim)
