@@ -44,7 +44,7 @@ from torch import nn
 from opsnn_quant.errors import CalibrationError
 from opsnn_quant.numerics import signal_energy
 from opsnn_quant.probe.exhaustive import float_outputs, one_at_a_time
-from opsnn_quant.probe.projections import NoiseFn, Projector, StepKey
+from opsnn_quant.probe.projections import KeptCalls, NoiseFn, Projector, StepKey
 from opsnn_quant.recording import detached_copy, split_batch
 from opsnn_quant.tensors import first_tensor
 from opsnn_quant.timesteps import at_step
@@ -131,8 +131,9 @@ def estimate(
         t0 = time.perf_counter()
         energy = 0.0
         acc = {n: dict.fromkeys(schemes[n], 0.0) for n in modules}
+        kept = KeptCalls()  # the small calls all modules keep to project in batches
         projectors = {
-            n: Projector(n, m, schemes[n], quantized_output, acc[n], step_key)
+            n: Projector(n, m, schemes[n], quantized_output, acc[n], step_key, kept)
             for n, m in modules.items()
         }
         for call, step in zip(calls, steps, strict=True):

@@ -11,6 +11,11 @@ the root's replay or when the batch is full. The projections are the same: the r
 per-channel scales), and each call's per-sample sums are taken from its own rows of the batch.
 Calls join a batch only where the candidate would see the same clock: a per-step scheme's calls
 of one group of denoising steps (``StepKey``), the batch running at its first call's step.
+
+Memory: the copies of every module's kept calls together stay under :data:`KEPT_BYTES`
+(:class:`KeptCalls`: past it every module's batch runs), and a call bigger than an eighth of
+it is projected at once (a decoder's logits: batching saves per-call overhead, which such a call
+does not have).
 """
 
 from __future__ import annotations
@@ -23,11 +28,12 @@ import torch
 from torch import nn
 
 from opsnn_quant.memory import TRIM
-from opsnn_quant.probe.pending import PENDING_BYTES, PENDING_ROWS
+from opsnn_quant.probe.pending import PENDING_ROWS
 from opsnn_quant.timesteps import at_step, current_step
 
 # (name, scheme, step) -> which calls may share a candidate run (the same key: the same clock)
 StepKey = Callable[[str, str, "int | None"], Hashable]
+KEPT_BYTES = 64 << 20  # copies of kept calls, all modules of one attribution together
 
 
 class NoiseFn(Protocol):
@@ -42,6 +48,22 @@ class NoiseFn(Protocol):
     ) -> torch.Tensor: ...
 
 
+class KeptCalls:
+    """The bytes every module's :class:`Projector` keeps, together: past ``limit`` every
+    projector runs what it kept (the same projections, sooner)."""
+
+    def __init__(self, limit: int = KEPT_BYTES) -> None:
+        self.limit = limit
+        self.bytes = 0
+        self.projectors: list[Projector] = []
+
+    def grew(self) -> None:
+        """Called after a projector kept a call: run every batch when over the limit."""
+        if self.bytes > self.limit:
+            for projector in self.projectors:
+                projector.flush()
+
+
 @dataclass
 class _Kept:
     """One small call waiting: its rows (Linear: ``(rows, K)``; Conv2d: whole samples), the
@@ -53,6 +75,10 @@ class _Kept:
     step: int | None
     units: int  # leading rows of x/y/g (Linear: tokens; Conv2d: samples)
     samples: int | None  # the root's batch when the output leads with it (else one sum)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.x, self.y, self.g))
 
 
 class Projector:
@@ -67,9 +93,12 @@ class Projector:
         quantized_output: NoiseFn,
         acc: dict[str, float],
         step_key: StepKey | None = None,
+        kept: KeptCalls | None = None,
     ) -> None:
         self.name, self.schemes, self.quantized_output = name, schemes, quantized_output
         self.acc = acc
+        self.kept = KeptCalls() if kept is None else kept
+        self.kept.projectors.append(self)
         self.conv = isinstance(module, nn.Conv2d)
         self.batchable = isinstance(module, nn.Linear | nn.Conv2d)
         # no key given: only calls at the same step share a run
@@ -87,10 +116,10 @@ class Projector:
         key = tuple(kept.x.shape[1:]) + tuple(kept.y.shape[1:])
         batch_ = self._open.setdefault(key, [])
         batch_.append(kept)
-        rows = sum(k.x.numel() for k in batch_) // self._channels(kept.x)
-        size = sum(k.x.numel() + k.y.numel() + k.g.numel() for k in batch_) * 4
-        if rows >= PENDING_ROWS or size >= PENDING_BYTES:
+        self.kept.bytes += kept.nbytes
+        if sum(k.x.numel() for k in batch_) // self._channels(kept.x) >= PENDING_ROWS:
             self._project_batch(self._open.pop(key))
+        self.kept.grew()
 
     def flush(self) -> None:
         """Project the calls still kept (end of the root's replay)."""
@@ -112,6 +141,7 @@ class Projector:
             or y.dim() < 2
             or y.shape[0] != x.shape[0]
             or x.numel() // self._channels(x) >= PENDING_ROWS
+            or (x.numel() + 2 * y.numel()) * 4 > self.kept.limit // 8
         ):
             return None
         if not self.conv:
@@ -135,6 +165,7 @@ class Projector:
             TRIM.add(3 * y.numel() * 4)  # the candidate's output and product
 
     def _project_batch(self, kept: list[_Kept]) -> None:
+        self.kept.bytes -= sum(k.nbytes for k in kept)
         for scheme in self.schemes:
             groups: dict[Hashable, list[_Kept]] = {}
             for k in kept:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from opsnn_quant.probe.pending import PENDING_ROWS
-from opsnn_quant.probe.projections import Projector
+from opsnn_quant.probe.projections import KeptCalls, Projector
 from opsnn_quant.timesteps import at_step, current_step
 
 
@@ -132,3 +132,41 @@ def test_kept_calls_are_copies():
     g.zero_()
     proj.flush()
     assert acc["a"] == pytest.approx(want, rel=1e-4)
+
+
+def test_kept_calls_of_all_modules_stay_under_their_budget():
+    # Two modules share a budget of 8 kept calls' bytes (a call is kept when it is at most an
+    # eighth of it): the ninth call kept makes both run what they kept; the tenth waits for
+    # the flush. The projections are those of each call alone.
+    torch.manual_seed(6)
+    lins = [nn.Linear(4, 4), nn.Linear(4, 4)]
+    one_call = (2 * 3 * 4) * 3 * 4  # x, y and g of a (2, 3, 4) call, fp32
+    kept = KeptCalls(limit=8 * one_call)
+    fns = [Recorder(), Recorder()]
+    accs = [{"a": 0.0}, {"a": 0.0}]
+    projs = [Projector(str(i), lins[i], ("a",), fns[i], accs[i], kept=kept) for i in range(2)]
+    calls: list[list] = [[], []]
+    for n in range(10):
+        i = n % 2
+        x = torch.randn(2, 3, 4)
+        y = lins[i](x).detach()
+        g = torch.randn_like(y)
+        projs[i].add((x,), y, g, 2)
+        calls[i].append((y, g, 2))
+    assert [r[1:3] for r in fns[0].runs] == [(30, 5)]  # its five calls, at the ninth
+    assert [r[1:3] for r in fns[1].runs] == [(24, 4)]
+    assert kept.bytes == one_call  # the tenth
+    for i in range(2):
+        projs[i].flush()
+        assert accs[i]["a"] == pytest.approx(by_hand(calls[i], 0.01), rel=1e-4)
+    assert [r[1:3] for r in fns[1].runs] == [(24, 4), (6, 1)] and kept.bytes == 0
+
+
+def test_a_call_too_big_to_keep_is_projected_at_once():
+    # a few rows but many channels (a decoder's logits): no per-call overhead to save
+    lin = nn.Linear(4, 1000)
+    fn, acc = Recorder(), {"a": 0.0}
+    proj = Projector("head", lin, ("a",), fn, acc, kept=KeptCalls(limit=8 * 4 * 2 * 1000 * 3))
+    x = torch.randn(1, 3, 4)
+    proj.add((x,), lin(x).detach(), torch.randn(1, 3, 1000), 1)
+    assert fn.runs == [("a", 1, 1, None)]
