@@ -34,6 +34,16 @@ def by_hand(calls, scheme_gain):
     return total
 
 
+def add_call(proj, module, shape, batch, samples="batch"):
+    """One random call of ``module`` on an input of ``shape`` handed to ``proj``; returns what
+    :func:`by_hand` takes for it (``samples``: the per-sample split, the batch by default)."""
+    x = torch.randn(*shape)
+    y = module(x).detach()
+    g = torch.randn_like(y)
+    proj.add((x,), y, g, batch)
+    return y, g, batch if samples == "batch" else samples
+
+
 def test_small_linear_calls_run_once_and_project_as_each_alone():
     torch.manual_seed(0)
     lin = nn.Linear(8, 6)
@@ -41,11 +51,7 @@ def test_small_linear_calls_run_once_and_project_as_each_alone():
     proj = Projector("lin", lin, ("a", "b"), fn, acc)
     calls = []
     for batch, tokens in ((2, 5), (3, 4), (2, 7)):
-        x = torch.randn(batch, tokens, 8)
-        y = lin(x).detach()
-        g = torch.randn_like(y)
-        proj.add((x,), y, g, batch)
-        calls.append((y, g, batch))
+        calls.append(add_call(proj, lin, (batch, tokens, 8), batch))
     assert fn.runs == []  # 10 + 12 + 14 rows: all kept
     proj.flush()
     assert fn.runs == [("a", 36, 3, None), ("b", 36, 3, None)]  # one run per scheme
@@ -58,12 +64,10 @@ def test_an_output_not_leading_with_the_batch_is_one_sum():
     lin = nn.Linear(4, 4)
     fn, acc = Recorder(), {"a": 0.0}
     proj = Projector("lin", lin, ("a",), fn, acc)
-    x = torch.randn(5, 3, 4)  # (tokens, batch, channels): the root's batch is 3
-    y = lin(x).detach()
-    g = torch.randn_like(y)
-    proj.add((x,), y, g, 3)
+    # (tokens, batch, channels): the root's batch is 3
+    call = add_call(proj, lin, (5, 3, 4), 3, samples=None)
     proj.flush()
-    assert acc["a"] == pytest.approx(by_hand([(y, g, None)], 0.01), rel=1e-4)
+    assert acc["a"] == pytest.approx(by_hand([call], 0.01), rel=1e-4)
 
 
 def test_per_step_calls_join_only_their_group_and_run_at_its_first_step():
@@ -75,12 +79,8 @@ def test_per_step_calls_join_only_their_group_and_run_at_its_first_step():
     proj = Projector("lin", lin, ("a", "per"), fn, acc, step_key=key)
     calls = []
     for step in (0, 6, 3, 9):
-        x = torch.randn(2, 3, 4)
-        y = lin(x).detach()
-        g = torch.randn_like(y)
         with at_step(step):
-            proj.add((x,), y, g, 2)
-        calls.append((y, g, 2))
+            calls.append(add_call(proj, lin, (2, 3, 4), 2))
     proj.flush()
     assert fn.runs == [("a", 24, 4, 0), ("per", 12, 2, 0), ("per", 12, 2, 6)]
     assert acc["per"] == pytest.approx(by_hand(calls, 0.02), rel=1e-4)
@@ -107,11 +107,7 @@ def test_conv_calls_join_by_feature_map_shape():
     proj = Projector("conv", conv, ("a",), fn, acc)
     calls = []
     for size in (4, 6, 4):
-        x = torch.randn(2, 3, size, size)
-        y = conv(x).detach()
-        g = torch.randn_like(y)
-        proj.add((x,), y, g, 2)
-        calls.append((y, g, 2))
+        calls.append(add_call(proj, conv, (2, 3, size, size), 2))
     proj.flush()
     assert sorted(r[1:3] for r in fn.runs) == [(2, 1), (4, 2)]  # 4x4 maps together, 6x6 alone
     assert acc["a"] == pytest.approx(by_hand(calls, 0.01), rel=1e-4)
@@ -148,11 +144,7 @@ def test_kept_calls_of_all_modules_stay_under_their_budget():
     calls: list[list] = [[], []]
     for n in range(10):
         i = n % 2
-        x = torch.randn(2, 3, 4)
-        y = lins[i](x).detach()
-        g = torch.randn_like(y)
-        projs[i].add((x,), y, g, 2)
-        calls[i].append((y, g, 2))
+        calls[i].append(add_call(projs[i], lins[i], (2, 3, 4), 2))
     assert [r[1:3] for r in fns[0].runs] == [(30, 5)]  # its five calls, at the ninth
     assert [r[1:3] for r in fns[1].runs] == [(24, 4)]
     assert kept.bytes == one_call  # the tenth
