@@ -44,6 +44,14 @@ def add_call(proj, module, shape, batch, samples="batch"):
     return y, g, batch if samples == "batch" else samples
 
 
+def linear_projector(seed, schemes=("a",), **kwargs):
+    """A seeded 4 -> 4 Linear, a recording candidate, its accumulator and a Projector."""
+    torch.manual_seed(seed)
+    lin = nn.Linear(4, 4)
+    fn, acc = Recorder(), dict.fromkeys(schemes, 0.0)
+    return lin, fn, acc, Projector("lin", lin, schemes, fn, acc, **kwargs)
+
+
 def test_small_linear_calls_run_once_and_project_as_each_alone():
     torch.manual_seed(0)
     lin = nn.Linear(8, 6)
@@ -60,10 +68,7 @@ def test_small_linear_calls_run_once_and_project_as_each_alone():
 
 
 def test_an_output_not_leading_with_the_batch_is_one_sum():
-    torch.manual_seed(1)
-    lin = nn.Linear(4, 4)
-    fn, acc = Recorder(), {"a": 0.0}
-    proj = Projector("lin", lin, ("a",), fn, acc)
+    lin, _, acc, proj = linear_projector(1)
     # (tokens, batch, channels): the root's batch is 3
     call = add_call(proj, lin, (5, 3, 4), 3, samples=None)
     proj.flush()
@@ -71,12 +76,9 @@ def test_an_output_not_leading_with_the_batch_is_one_sum():
 
 
 def test_per_step_calls_join_only_their_group_and_run_at_its_first_step():
-    torch.manual_seed(2)
-    lin = nn.Linear(4, 4)
-    fn, acc = Recorder(), {"a": 0.0, "per": 0.0}
     # "per" reads the clock: steps 0-4 and 5+ are two groups; "a" does not
     key = lambda name, scheme, step: (step >= 5) if scheme == "per" else None  # noqa: E731
-    proj = Projector("lin", lin, ("a", "per"), fn, acc, step_key=key)
+    lin, fn, acc, proj = linear_projector(2, ("a", "per"), step_key=key)
     calls = []
     for step in (0, 6, 3, 9):
         with at_step(step):
@@ -87,10 +89,7 @@ def test_per_step_calls_join_only_their_group_and_run_at_its_first_step():
 
 
 def test_a_big_call_runs_at_once_and_a_full_batch_before_the_flush():
-    torch.manual_seed(3)
-    lin = nn.Linear(4, 4)
-    fn, acc = Recorder(), {"a": 0.0}
-    proj = Projector("lin", lin, ("a",), fn, acc)
+    lin, fn, _, proj = linear_projector(3)
     x = torch.randn(1, PENDING_ROWS, 4)
     proj.add((x,), lin(x).detach(), torch.randn(1, PENDING_ROWS, 4), 1)
     assert fn.runs == [("a", 1, 1, None)]  # the whole call, not its rows
@@ -115,10 +114,7 @@ def test_conv_calls_join_by_feature_map_shape():
 
 def test_kept_calls_are_copies():
     # the model may reuse an activation buffer before the batch runs
-    torch.manual_seed(5)
-    lin = nn.Linear(4, 4)
-    fn, acc = Recorder(), {"a": 0.0}
-    proj = Projector("lin", lin, ("a",), fn, acc)
+    lin, _, acc, proj = linear_projector(5)
     x = torch.randn(2, 3, 4)
     y = lin(x).detach()
     g = torch.randn_like(y)
