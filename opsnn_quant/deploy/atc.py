@@ -21,7 +21,8 @@ targets, ``Ascend310P3`` for 310P): the manual says it must be the chip the mode
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,12 @@ import torch
 from torch import nn
 
 from opsnn_quant.deploy.atc_commands import check_aoe, check_atc, shell_line
+from opsnn_quant.deploy.onnx_fast import markable
 from opsnn_quant.io import atomic_write_text, write_json_atomic
 from opsnn_quant.policy.export import export_policy, write_export
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.targets import get_target
+from opsnn_quant.quant.modules import QuantModule
 from opsnn_quant.recording import Call
 from opsnn_quant.tensors import first_tensor
 
@@ -143,6 +146,30 @@ def _aoe(graph: str, shape: str, flags: Mapping[str, str], mixed: bool, job: int
 Graph = tuple[str, str, dict[str, str], str]  # (graph file, .om output, ATC flags, input shape)
 
 
+@dataclass(frozen=True)
+class FloatGraphs:
+    """What :func:`write_float_graphs` wrote.
+
+    Attributes:
+        graphs: root -> its float graph's entry.
+        notes: the graphs that failed, and why.
+        traces: root -> its kept trace, with markers where ``int8`` named modules: the QDQ
+            graph is written from it (:func:`write_atc`) without tracing the root again.
+    """
+
+    graphs: dict[str, Graph]
+    notes: list[str]
+    traces: dict[str, Markers]
+
+
+@dataclass(frozen=True)
+class Markers:
+    """A root's kept trace (a ModelProto with markers) and the wrapper names it marked."""
+
+    proto: Any
+    names: frozenset[str]
+
+
 def write_float_graphs(
     float_model: nn.Module,
     roots: Sequence[str],
@@ -153,20 +180,47 @@ def write_float_graphs(
     *,
     mixlist: str | None = None,
     say: Callable[[str], None] = log.info,
-) -> tuple[dict[str, Graph], list[str]]:
+    int8: Collection[str] = (),
+) -> FloatGraphs:
     """Write each root's float ``<root>.onnx`` (with its node map and precision files) into
-    ``out``; returns the graph entry of each root written and the notes. Run on the float
-    model before it is quantized, so no second float copy need be loaded for it."""
+    ``out``. Run on the float model before it is quantized, so no second float copy need be
+    loaded for it. ``int8`` names the modules the policy quantizes: traced as markers (written
+    as their float ops), so that the trace, kept, gives the QDQ graph too."""
     out.mkdir(parents=True, exist_ok=True)
-    graphs, notes = {}, []
+    done = FloatGraphs({}, [], {})
     for root in roots:
-        if calls.get(root):
-            entry = _export_root(float_model, root, calls, "", policy, modules, out, mixlist, say)
-            if isinstance(entry, str):
-                notes.append(entry)
-            else:
-                graphs[root] = entry
-    return graphs, notes
+        if not calls.get(root):
+            continue
+        wrapper = _wrapper(float_model, root, calls)[0]
+        marked = _float_marked(wrapper, root, int8)
+        entry, markers = _export_root(
+            float_model, root, calls, "", policy, modules, out, mixlist, say, marked=marked
+        )
+        if isinstance(entry, str):
+            done.notes.append(entry)
+            continue
+        done.graphs[root] = entry
+        if markers is not None:
+            done.traces[root] = Markers(markers, frozenset(marked))
+    return done
+
+
+def _wrapper(
+    model: nn.Module, root: str, calls: Mapping[str, Sequence[Call]]
+) -> tuple[RootCall, tuple[torch.Tensor, ...], list[str]]:
+    return example_inputs(dict(model.named_modules())[root], calls[root][0])
+
+
+def _float_marked(wrapper: RootCall, root: str, int8: Collection[str]) -> dict[str, nn.Module]:
+    """Wrapper name -> float module for the ``int8`` modules under ``root``; none when one of
+    them cannot be marked (that root's QDQ graph is then traced on its own)."""
+    prefix = f"{root}." if root else ""
+    inner = {n[len(prefix) :] for n in int8 if n.startswith(prefix) and n != root}
+    named = dict(wrapper.named_modules())
+    marked = {f"root.{n}": named[f"root.{n}"] for n in sorted(inner) if f"root.{n}" in named}
+    if len(marked) < len(inner) or not all(markable(m) for m in marked.values()):
+        return {}
+    return marked
 
 
 def write_atc(
@@ -180,7 +234,7 @@ def write_atc(
     *,
     mixlist: str | None = None,
     say: Callable[[str], None] = log.info,
-    float_graphs: Mapping[str, Graph] | None = None,
+    float_graphs: FloatGraphs | None = None,
 ) -> list[str]:
     """Write ``out/<root>.sh`` and the graphs it names for every root with a call; returns notes.
 
@@ -195,23 +249,27 @@ def write_atc(
         out: the ``atc/`` directory.
         mixlist: the ``--modify_mixlist`` file (relative to ``out``) when it adds OpTypes.
         float_graphs: float graphs already in ``out`` (:func:`write_float_graphs`, run before
-            quantizing), instead of exporting ``float_model``'s.
+            quantizing), instead of exporting ``float_model``'s; their kept traces give the
+            QDQ graphs where they marked exactly the modules that are quantized.
     """
     target = get_target(policy.target)
     soc = next((v for k, v in SOC_DEFAULTS.items() if policy.target.startswith(k)), SOC_DEFAULT)
     out.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     if float_graphs is None and float_model is not None:
-        float_graphs, notes = write_float_graphs(
-            float_model, roots, calls, policy, modules, out, mixlist=mixlist, say=say
-        )
+        int8 = [n for n, m in quantized.named_modules() if isinstance(m, QuantModule)]
+        float_graphs = write_float_graphs(float_model, roots, calls, policy, modules, out,
+                                          mixlist=mixlist, say=say, int8=int8)  # fmt: skip
+        notes = list(float_graphs.notes)
+    done = float_graphs or FloatGraphs({}, [], {})
     for root in roots:
         if not calls.get(root):
             notes.append(f"{root or 'model'}: no recorded call; no ATC graph")
             continue
-        graphs: list[Graph] = [float_graphs[root]] if float_graphs and root in float_graphs else []
+        graphs: list[Graph] = [done.graphs[root]] if root in done.graphs else []
         if target.route == "atc":
-            entry = _export_root(quantized, root, calls, ".qdq", policy, modules, out, mixlist, say)
+            entry = _qdq_graph(quantized, root, calls, policy, modules, out, mixlist, say,
+                               done.traces.get(root))  # fmt: skip
             if isinstance(entry, str):
                 notes.append(entry)
             else:
@@ -220,6 +278,26 @@ def write_atc(
             stem = root or "model"
             _write_script(out / f"{stem}.sh", stem, soc, graphs, mixlist is not None)
     return notes
+
+
+def _qdq_graph(
+    quantized: nn.Module,
+    root: str,
+    calls: Mapping[str, Sequence[Call]],
+    policy: PrecisionPolicy,
+    modules: Mapping[str, str],
+    out: Path,
+    mixlist: str | None,
+    say: Callable[[str], None],
+    trace: Markers | None,
+) -> Graph | str:
+    """``<root>.qdq.onnx``: from the float graph's kept trace when it marked exactly the
+    quantized modules, else traced."""
+    wrapper = _wrapper(quantized, root, calls)[0]
+    qmods = {n: m for n, m in wrapper.named_modules() if isinstance(m, QuantModule)}
+    source = trace.proto if trace is not None and trace.names == frozenset(qmods) else None
+    return _export_root(quantized, root, calls, ".qdq", policy, modules, out, mixlist, say,
+                        marked=qmods, source=source)[0]  # fmt: skip
 
 
 def _export_root(
@@ -232,27 +310,37 @@ def _export_root(
     out: Path,
     mixlist: str | None,
     say: Callable[[str], None],
-) -> Graph | str:
-    """One root's graph ``<stem><suffix>.onnx`` with its node map and precision files: its
-    entry, or the note saying why the export failed."""
-    from opsnn_quant.deploy.onnx_fast import export_graph, node_map
+    *,
+    marked: Mapping[str, nn.Module],
+    source: Any | None = None,
+) -> tuple[Graph | str, Any | None]:
+    """One root's graph ``<stem><suffix>.onnx`` with its node map and precision files, traced
+    with ``marked`` as markers (or written from the kept trace ``source``): its entry (or the
+    note saying why the export failed), and its trace when it marked modules (kept for the
+    QDQ graph)."""
+    from opsnn_quant.deploy.onnx_fast import export_graph, node_map, write_from_markers
 
     stem = root or "model"
-    wrapper, inputs, names = example_inputs(dict(model.named_modules())[root], calls[root][0])
+    wrapper, inputs, names = _wrapper(model, root, calls)
     graph = f"{stem}{suffix}.onnx"
     say(f"exporting {graph} for ATC")
     try:
-        proto, quant_nodes = export_graph(wrapper, inputs, out / graph, OPSET, names)
+        if source is not None:
+            exported = write_from_markers(source, marked, out / graph)
+        else:
+            keep = bool(marked) and not suffix
+            exported = export_graph(wrapper, inputs, out / graph, OPSET, names, marked=marked,
+                                    keep_markers=keep)  # fmt: skip
     except Exception as exc:  # an exporter limitation must not sink the calibrate run
         return (f"{graph}: ONNX export failed ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0][:160]}); no ATC command")  # fmt: skip
-    nodes = node_map(proto, modules, "root", root, quant_nodes)
+                f"{str(exc).splitlines()[0][:160]}); no ATC command"), None  # fmt: skip
+    nodes = node_map(exported.proto, modules, "root", root, exported.nodes)
     write_json_atomic(out / f"{stem}{suffix}.nodes.json", {"nodes": nodes})
     flags = _precision_files(policy, modules, out / graph, nodes)
     if mixlist is not None:
         flags["modify_mixlist"] = mixlist
     output = f"{stem}_int8" if suffix else f"{stem}_fp16"
-    return graph, output, flags, input_shape(out / graph, names, inputs)
+    return (graph, output, flags, input_shape(out / graph, names, inputs)), exported.markers
 
 
 def _write_script(path: Path, stem: str, soc: str, graphs: list[Graph], mixed: bool) -> None:

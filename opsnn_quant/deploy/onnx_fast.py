@@ -2,11 +2,15 @@
 minutes.
 
 The dynamo exporter behind :func:`opsnn_quant.quant.onnx_export.export_onnx` takes ~40 s for
-the demo UNet; the TorchScript one ~4 s. For ATC we export each root twice (float and QDQ), so
-here each frozen quantized module becomes the same one-node marker (``QuantModule(x, module,
-rank)`` of :data:`~opsnn_quant.quant.onnx_markers.DOMAIN`) through an autograd function's
-``symbolic``, and :mod:`opsnn_quant.quant.onnx_export`'s own rewrite turns every marker into its
-standard QDQ nodes: the QDQ part is the same bytes as ``export_onnx`` writes.
+the demo UNet; the TorchScript one ~4 s. Here each marked module (a frozen quantized one, or
+the float module a policy will quantize) becomes the same one-node marker (``QuantModule(x,
+module, rank)`` of :data:`~opsnn_quant.quant.onnx_markers.DOMAIN`) through an autograd
+function's ``symbolic``, and :mod:`opsnn_quant.quant.onnx_export`'s own rewrite turns every
+marker into its standard QDQ nodes (the same bytes as ``export_onnx`` writes) or into the float
+module's own op. ATC gets each root twice, float and QDQ: the float graph is traced with markers
+where the policy quantizes, and its trace, kept (:attr:`ExportedGraph.markers`), gives the QDQ
+graph once the modules are quantized (:func:`write_from_markers`): one trace per root, not two
+(the trace and the exporter's passes were 85 % of the export; the graphs come out the same).
 
 Node names are the TorchScript exporter's: ``/<scope>/.../<OpType>``, a scope per module
 (:func:`opsnn_quant.policy.export_atc.torch_scope`); :func:`node_map` maps them back to modules
@@ -17,9 +21,11 @@ from __future__ import annotations
 
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -28,6 +34,10 @@ from opsnn_quant.onnx_io import ONNX_EXTERNAL_DATA_BYTES, save_onnx_atomic
 from opsnn_quant.policy.export_atc import torch_scope
 from opsnn_quant.quant.modules import QuantConv2d, QuantModule, set_submodule
 from opsnn_quant.quant.onnx_markers import DOMAIN, MARKER_OP
+
+KEEP_MARKERS_BYTES = 256 * 2**20
+"""A trace kept for a second graph (:attr:`ExportedGraph.markers`) holds at most this much: it
+carries the weights of every module not marked, in memory until the second graph is written."""
 
 
 class _Mark(torch.autograd.Function):
@@ -42,24 +52,60 @@ class _Mark(torch.autograd.Function):
         return out
 
 
+def markable(module: nn.Module) -> bool:
+    """Whether a module can stand in a trace as a marker: a frozen quantized module, or a float
+    Linear / Conv2d of the kinds QuantLinear / QuantConv2d take (groups 1, zero padding)."""
+    if isinstance(module, QuantModule) or type(module) is nn.Linear:
+        return True
+    return (
+        type(module) is nn.Conv2d
+        and module.groups == 1
+        and module.padding_mode == "zeros"
+        and not isinstance(module.padding, str)
+    )
+
+
 class _Marker(nn.Module):
-    def __init__(self, name: str, module: QuantModule[Any]) -> None:
+    def __init__(self, name: str, module: nn.Module) -> None:
         super().__init__()
-        self.qname, self.module = name, module
+        # geometry only: the module itself (its weights) stays out of the traced graph
+        self.qname = name
+        self.n_out = (
+            module.out_n
+            if isinstance(module, QuantModule)
+            else int(module.get_parameter("weight").shape[0])
+        )
+        self.conv: tuple[tuple[int, int], ...] | None = None
+        if isinstance(module, QuantConv2d | nn.Conv2d):
+            geometry = (module.kernel_size, module.stride, module.padding, module.dilation)
+            self.conv = cast(tuple[tuple[int, int], ...], geometry)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        m = self.module
-        if isinstance(m, QuantConv2d):
-            oh, ow = (
-                (x.shape[-2 + i] + 2 * m.padding[i] - m.dilation[i] * (m.kernel_size[i] - 1) - 1)
-                // m.stride[i]
-                + 1
-                for i in range(2)
-            )
-            shape = [x.shape[0], m.out_n, oh, ow]
+        if self.conv is not None:
+            (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.conv
+            oh = (x.shape[-2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+            ow = (x.shape[-1] + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+            shape = [x.shape[0], self.n_out, oh, ow]
         else:
-            shape = [*x.shape[:-1], m.out_n]
+            shape = [*x.shape[:-1], self.n_out]
         return _Mark.apply(x, self.qname, x.dim(), [int(d) for d in shape])
+
+
+@dataclass(frozen=True)
+class ExportedGraph:
+    """One written graph.
+
+    Attributes:
+        proto: its ModelProto (weights past 2 GiB left in ``<name>.data``).
+        nodes: marked module -> the names of its nodes.
+        markers: the trace before its markers were rewritten (``keep_markers``; None when not
+            asked, or over :data:`KEEP_MARKERS_BYTES`): :func:`write_from_markers` writes another
+            graph of the same model from it without tracing again.
+    """
+
+    proto: Any
+    nodes: dict[str, list[str]]
+    markers: Any | None = None
 
 
 def export_graph(
@@ -69,7 +115,10 @@ def export_graph(
     opset: int = 17,
     input_names: list[str] | None = None,
     external_data_bytes: int = ONNX_EXTERNAL_DATA_BYTES,
-) -> tuple[Any, dict[str, list[str]]]:
+    *,
+    marked: Mapping[str, nn.Module] | None = None,
+    keep_markers: bool = False,
+) -> ExportedGraph:
     """Export ``model`` (float, or holding frozen quantized modules written as QDQ) to ``path``.
 
     ``input_names`` name the graph inputs (ATC's ``--input_shape`` cannot take the exporter's
@@ -77,26 +126,61 @@ def export_graph(
     ``external_data_bytes`` or more (an SD 1.5 UNet in fp32: 3.4 GB, past protobuf's 2 GiB) is
     written with its weights in ``<name>.data`` and checked from the file.
 
-    Returns:
-        ``(ModelProto, module -> node names of its quantized modules)``.
+    Args:
+        marked: the modules (names in ``model``) traced as markers and written by
+            :func:`~opsnn_quant.quant.onnx_export.rewrite_markers` (each :func:`markable`):
+            quantized ones as QDQ, float ones as their own op. Default: the quantized modules.
+        keep_markers: keep the trace with its markers (:attr:`ExportedGraph.markers`).
     """
+    if marked is None:
+        marked = {n: m for n, m in model.named_modules() if isinstance(m, QuantModule)}
+    with _traced(model, inputs, opset, input_names, marked) as (proto, external_from):
+        markers = None
+        if keep_markers and external_from is None and proto.ByteSize() < KEEP_MARKERS_BYTES:
+            markers = type(proto)()
+            markers.CopyFrom(proto)
+        nodes = _finish(proto, marked, path, external_data_bytes, external_from)
+    return ExportedGraph(proto, nodes, markers)
+
+
+def write_from_markers(
+    markers: Any,
+    marked: Mapping[str, nn.Module],
+    path: Path,
+    external_data_bytes: int = ONNX_EXTERNAL_DATA_BYTES,
+) -> ExportedGraph:
+    """Another graph of a kept trace (:attr:`ExportedGraph.markers`), its markers written from
+    ``marked`` (the same names as traced; e.g. the quantized modules that replaced the float
+    ones). The same bytes as :func:`export_graph` of that model, without tracing it again."""
+    proto = type(markers)()
+    proto.CopyFrom(markers)
+    return ExportedGraph(proto, _finish(proto, marked, path, external_data_bytes, None))
+
+
+@contextmanager
+def _traced(
+    model: nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    opset: int,
+    input_names: list[str] | None,
+    marked: Mapping[str, nn.Module],
+) -> Iterator[tuple[Any, Path | None]]:
+    """The TorchScript exporter's graph of ``model`` with markers for ``marked``, and the
+    directory of its weight files when it wrote them apart (past 2 GiB)."""
     import onnx
 
-    from opsnn_quant.quant.onnx_export import _rewrite_markers
-
-    qmods = {n: m for n, m in model.named_modules() if isinstance(m, QuantModule)}
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            for name, m in qmods.items():
+            for name, m in marked.items():
                 set_submodule(model, name, _Marker(name, m))
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
                 torch.onnx.export(model, inputs, f"{tmp}/graph.onnx", dynamo=False,
                                   opset_version=opset, input_names=input_names,
                                   output_names=["output"],
-                                  custom_opsets={DOMAIN: 1} if qmods else None)  # fmt: skip
+                                  custom_opsets={DOMAIN: 1} if marked else None)  # fmt: skip
         finally:
-            for name, m in qmods.items():
+            for name, m in marked.items():
                 set_submodule(model, name, m)
         # Past 2 GiB the exporter leaves each weight in a file of its own beside the graph:
         # they are streamed into <name>.data, not loaded (a second copy of an SD UNet's 3.4 GB).
@@ -104,15 +188,30 @@ def export_graph(
         external = any(
             t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer
         )
-        quant_nodes, _ = _rewrite_markers(onnx, proto, qmods, False)
-        large = external or proto.ByteSize() >= external_data_bytes
-        if not large:
-            onnx.checker.check_model(proto)
-        save_onnx_atomic(proto, path, external_data_bytes=external_data_bytes,
-                         external_from=Path(tmp) if external else None)  # fmt: skip
+        yield proto, Path(tmp) if external else None
+
+
+def _finish(
+    proto: Any,
+    marked: Mapping[str, nn.Module],
+    path: Path,
+    external_data_bytes: int,
+    external_from: Path | None,
+) -> dict[str, list[str]]:
+    """Rewrite the markers, check and save; returns module -> its nodes."""
+    import onnx
+
+    from opsnn_quant.quant.onnx_export import rewrite_markers
+
+    nodes, _ = rewrite_markers(onnx, proto, marked)
+    large = external_from is not None or proto.ByteSize() >= external_data_bytes
+    if not large:
+        onnx.checker.check_model(proto)
+    save_onnx_atomic(proto, path, external_data_bytes=external_data_bytes,
+                     external_from=external_from)  # fmt: skip
     if large:  # beyond 2 GiB the checker reads the file (weights in <name>.data beside it)
         onnx.checker.check_model(str(path))
-    return proto, quant_nodes
+    return nodes
 
 
 def node_map(

@@ -16,11 +16,12 @@ from pathlib import Path
 
 from torch import nn
 
-from opsnn_quant.deploy.atc import Graph, write_atc, write_float_graphs
+from opsnn_quant.deploy.atc import FloatGraphs, write_atc, write_float_graphs
 from opsnn_quant.deploy.exporter import export_ascendv1
 from opsnn_quant.io import atomic_dir, atomic_write_text
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.policy.schema import PrecisionPolicy
+from opsnn_quant.quant.api import int8_specs
 from opsnn_quant.recording import Call
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def write_model_exports(
                 mixlist=_mixlist(export_dir), say=say, float_graphs=staged,
             )  # fmt: skip
         if float_graphs is not None:
-            atc_notes = float_graphs.notes + atc_notes
+            atc_notes = float_graphs.graphs.notes + atc_notes
         notes += _write_notes(export_dir, "atc", atc_notes)
     return notes
 
@@ -98,13 +99,11 @@ class StagedGraphs:
 
     Attributes:
         directory: where their files wait (moved into ``export/atc/`` with the QDQ graphs).
-        graphs: root -> its graph entry.
-        notes: the export's notes (graphs that failed).
+        graphs: what was written (graph entries, notes, the traces the QDQ graphs reuse).
     """
 
     directory: Path
-    graphs: dict[str, Graph]
-    notes: list[str]
+    graphs: FloatGraphs
 
 
 def stage_float_graphs(
@@ -121,11 +120,12 @@ def stage_float_graphs(
     second float copy of the model is loaded for them. Needs the policy exports written (the
     ``--modify_mixlist`` file)."""
     directory = export_dir / ".atc-float"
-    graphs, notes = write_float_graphs(
+    int8 = int8_specs(adapter.model, policy)
+    graphs = write_float_graphs(
         adapter.model, list(adapter.roots()), calls, policy, modules, directory,
-        mixlist=_mixlist(export_dir), say=say,
+        mixlist=_mixlist(export_dir), say=say, int8=list(int8),
     )  # fmt: skip
-    return StagedGraphs(directory, graphs, notes)
+    return StagedGraphs(directory, graphs)
 
 
 def _write_notes(export_dir: Path, name: str, lines: list[str]) -> list[str]:

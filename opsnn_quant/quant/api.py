@@ -86,8 +86,11 @@ def _precision(value: SpecLike) -> Precision:
         raise ConfigError(f"unknown precision {value!r}; choose one of {names}") from exc
 
 
-def _int8_specs(model: nn.Module, config: Any) -> dict[str, QuantSpec]:
-    """Module name -> QuantSpec for the Linear/Conv2d modules the config makes int8."""
+def int8_specs(
+    model: nn.Module, config: Mapping[str, SpecLike] | ResolvesModules
+) -> dict[str, QuantSpec]:
+    """Module name -> QuantSpec for the Linear/Conv2d modules ``config`` makes int8: those
+    :func:`quantize` swaps, in model order (validated as it does)."""
     swappable = quantizable_modules(model)
     if isinstance(config, ResolvesModules):
         assigned = dict(config.module_specs(model))
@@ -153,7 +156,7 @@ def quantize(
         ConfigError: a pattern matches nothing, or names a module that cannot be int8.
         CalibrationError: NaN/Inf activations, or a module the forward_loop never reached.
     """
-    specs = _int8_specs(model, config)
+    specs = int8_specs(model, config)
     if any(is_quant_module(m) for m in model.modules()):
         raise ConfigError("the model already holds quantized modules; quantize the float model")
     modules = dict(model.named_modules())
@@ -163,7 +166,7 @@ def quantize(
         # which for a whole UNet was a second float copy of every quantized weight)
         module = modules.pop(name)
         qclass = quant_module_class(type(module))
-        assert qclass is not None  # _int8_specs only keeps quantizable_modules
+        assert qclass is not None  # int8_specs only keeps quantizable_modules
         q = qclass.from_float(module, spec, name)
         q.to(next(iter(module.parameters())).device)
         set_submodule(model, name, q)

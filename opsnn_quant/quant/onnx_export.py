@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -121,7 +122,7 @@ def export_onnx(
         except Exception as exc:
             msg = f"export_onnx: cannot convert the graph to opset {opset} ({exc}); use >= 18"
             raise ConfigError(msg) from exc
-    quant_nodes, schemes = _rewrite_markers(onnx, proto, qmods, fp32_baseline)
+    quant_nodes, schemes = rewrite_markers(onnx, proto, qmods, fp32_baseline)
     remaining = {n.name for n in proto.graph.node}
     nodes = {m: [n for n in ns if n in remaining] for m, ns in nodes.items()}
     nodes = {m: ns for m, ns in (nodes | quant_nodes).items() if ns}
@@ -256,11 +257,35 @@ def _emit(e: _Emitter, mod: QuantModule[Any], x: str, y: str, rank: int, fp32: b
             bias = None if mod.bias is None else e.init("bias", mod.bias.float())
             scheme = "weight_only_dq" if prec == Precision.W8A16 else "weight_only_dq_dynamic_conv"
     ins = [h, weight, *([bias] if bias is not None else [])]
-    if isinstance(mod, QuantConv2d):
-        (ph, pw), (sh, sw) = mod.padding, mod.stride
+    _emit_op(e, mod, mod.out_n, ins, x, y, reshape)
+    return scheme
+
+
+def _emit_float(e: _Emitter, mod: nn.Linear | nn.Conv2d, x: str, y: str, rank: int) -> str:
+    """A float module's own op with its float weights (Conv, or Gemm reshaped around as in the
+    QDQ form): the float graph that shares its trace with the QDQ one."""
+    linear = isinstance(mod, nn.Linear)
+    reshape, h = linear and rank != 2, x
+    if reshape:
+        rows = e.init("rows_shape", np.array([-1, mod.weight.shape[1]], np.int64))
+        h = e.node("Reshape", [x, rows], "reshape_in")
+    ins = [h, e.init("weight", mod.weight.detach())]
+    if mod.bias is not None:
+        ins.append(e.init("bias", mod.bias.detach()))
+    _emit_op(e, mod, mod.weight.shape[0], ins, x, y, reshape)
+    return "float"
+
+
+def _emit_op(
+    e: _Emitter, mod: nn.Module, n_out: int, ins: list[str], x: str, y: str, reshape: bool
+) -> None:
+    """The Conv, or the Gemm (``transB=1``, reshaped back to ``(*x.shape[:-1], N)`` when its
+    input was reshaped to rows), that computes ``y`` from ``ins``."""
+    if isinstance(mod, QuantConv2d | nn.Conv2d):
+        (ph, pw), (sh, sw) = cast(tuple[int, int], mod.padding), mod.stride
         e.node("Conv", ins, "conv", out=y, kernel_shape=list(mod.kernel_size), strides=[sh, sw],
                pads=[ph, pw, ph, pw], dilations=list(mod.dilation), group=1)  # fmt: skip
-        return scheme
+        return
     out = e.node("Gemm", ins, "gemm", out=None if reshape else y, transB=1)
     if reshape:  # back to (*x.shape[:-1], N), whatever the batch dims are at run time
         ends = (
@@ -268,16 +293,26 @@ def _emit(e: _Emitter, mod: QuantModule[Any], x: str, y: str, rank: int, fp32: b
             e.init("lead_end", np.array([-1], np.int64)),
         )
         lead = e.node("Slice", [e.node("Shape", [x], "input_shape"), *ends], "lead_shape")
-        n = e.init("out_features", np.array([mod.out_n], np.int64))
+        n = e.init("out_features", np.array([n_out], np.int64))
         shape = e.node("Concat", [lead, n], "output_shape", axis=0)
         e.node("Reshape", [out, shape], "reshape_out", out=y)
-    return scheme
 
 
-def _rewrite_markers(
-    onnx: Any, proto: Any, qmods: dict[str, QuantModule[Any]], fp32: bool
+def rewrite_markers(
+    onnx: Any, proto: Any, modules: Mapping[str, nn.Module], fp32: bool = False
 ) -> tuple[dict[str, list[str]], dict[str, str]]:
-    """Replace the markers in place; returns module -> node names, and module -> scheme."""
+    """Replace the markers of ``proto`` in place by their modules' standard ONNX nodes.
+
+    Args:
+        onnx: the ``onnx`` package.
+        proto: a ModelProto exported with markers (one ``QuantModule`` node per marked call).
+        modules: marker name -> module: a frozen QuantLinear/QuantConv2d becomes its QDQ form
+            (see the module docstring), a float ``nn.Linear``/``nn.Conv2d`` its own float op.
+        fp32: quantized modules as float ops with their dequantized weights (``fp32``).
+
+    Returns:
+        Module -> the names of its nodes, and module -> its scheme (``float`` for a float one).
+    """
     graph = proto.graph
     opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
     taken = {i.name for i in graph.initializer} | {n.name for n in graph.node}
@@ -294,7 +329,11 @@ def _rewrite_markers(
         name = attrs["module"].decode()
         i = calls[name] = calls.get(name, -1) + 1  # a module called twice: "<name>#1/..."
         e.module, e.prefix, e.nodes = name, name if i == 0 else f"{name}#{i}", []
-        schemes[name] = _emit(e, qmods[name], node.input[0], node.output[0], attrs["rank"], fp32)
+        mod, x, y, rank = modules[name], node.input[0], node.output[0], attrs["rank"]
+        if isinstance(mod, nn.Linear | nn.Conv2d):
+            schemes[name] = _emit_float(e, mod, x, y, rank)
+        else:
+            schemes[name] = _emit(e, cast(QuantModule[Any], mod), x, y, rank, fp32)
         mapping.setdefault(name, []).extend(n.name for n in e.nodes)
         new_nodes.extend(e.nodes)
     if any(n.domain == DOMAIN for f in proto.functions for n in f.node):
@@ -308,4 +347,4 @@ def _rewrite_markers(
     return mapping, schemes
 
 
-__all__ = ["export_onnx"]
+__all__ = ["export_onnx", "rewrite_markers"]
