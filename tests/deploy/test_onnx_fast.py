@@ -6,7 +6,7 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
-from opsnn_quant.deploy.onnx_fast import export_graph
+from opsnn_quant.deploy.onnx_fast import export_graph, write_from_markers
 
 
 def test_a_graph_past_the_threshold_keeps_its_weights_beside_it(tmp_path):
@@ -45,3 +45,33 @@ def test_an_exporter_output_in_many_weight_files_is_streamed_into_one(tmp_path, 
     onnx.checker.check_model(str(out / "g.onnx"))
     got = ort.InferenceSession(str(out / "g.onnx")).run(None, {"x": x.numpy()})[0]
     np.testing.assert_allclose(got, model(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_kept_float_trace_writes_the_qdq_graph_a_fresh_trace_writes(tmp_path):
+    # One trace per root (deploy/onnx_fast.py write_from_markers): the float graph is traced
+    # with markers where the model is quantized, and that trace, rewritten from the quantized
+    # modules, must be the same file as tracing the quantized model itself.
+    import copy
+
+    from opsnn_quant.quant.api import quantize
+    from opsnn_quant.quant.modules import QuantModule
+    from tests.tiny_models import TinyConvBlock, forward_loop_for
+
+    float_model = TinyConvBlock().eval()
+    x = float_model.example_inputs(seed=3)
+    quantized = copy.deepcopy(float_model)
+    quantize(quantized, {"*": "w8a8"}, forward_loop_for(quantized))
+    qmods = {n: m for n, m in quantized.named_modules() if isinstance(m, QuantModule)}
+    assert qmods
+    floats = dict(float_model.named_modules())
+    marked = {n: floats[n] for n in qmods}
+    kept = export_graph(float_model, x, tmp_path / "f.onnx", input_names=["x"], marked=marked,
+                        keep_markers=True)  # fmt: skip
+    assert kept.markers is not None and set(kept.nodes) == set(qmods)
+    with torch.no_grad():
+        want = float_model(*x).numpy()
+    got = ort.InferenceSession(str(tmp_path / "f.onnx")).run(None, {"x": x[0].numpy()})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    write_from_markers(kept.markers, qmods, tmp_path / "from_kept.onnx")
+    export_graph(quantized, x, tmp_path / "fresh.onnx", input_names=["x"])
+    assert (tmp_path / "from_kept.onnx").read_bytes() == (tmp_path / "fresh.onnx").read_bytes()
