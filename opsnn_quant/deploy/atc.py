@@ -184,10 +184,13 @@ def write_float_graphs(
 ) -> FloatGraphs:
     """Write each root's float ``<root>.onnx`` (with its node map and precision files) into
     ``out``. Run on the float model before it is quantized, so no second float copy need be
-    loaded for it. ``int8`` names the modules the policy quantizes: traced as markers (written
-    as their float ops), so that the trace, kept, gives the QDQ graph too."""
+    loaded for it. ``int8`` names the modules the policy quantizes (used when its target deploys
+    through ATC): traced as markers (written as their float ops), so that the trace, kept,
+    gives the QDQ graph too."""
     out.mkdir(parents=True, exist_ok=True)
     done = FloatGraphs({}, [], {})
+    if get_target(policy.target).route != "atc":
+        int8 = ()  # no QDQ graph follows: nothing to share, the float graph stays the exporter's
     for root in roots:
         if not calls.get(root):
             continue
