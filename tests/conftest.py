@@ -2,9 +2,22 @@
 
 import os
 
+import pytest
+
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 # Idle OpenMP threads spin by default; on a shared 2-core machine that slows every other process.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+@pytest.fixture
+def fp32_int8_gemm(monkeypatch):
+    """The reference's int8 matmuls on fp32 GEMMs (the path of a CPU whose ``torch._int_mm``
+    is missing or inexact), whatever this machine's CPU."""
+    import opsnn_quant.ascend.matmul as matmul
+    import opsnn_quant.quant.qmodule as qmodule
+
+    monkeypatch.setattr(matmul, "native_int8_matmul", lambda device: False)
+    monkeypatch.setattr(qmodule, "native_int8_matmul", lambda device: False)

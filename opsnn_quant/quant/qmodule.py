@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from opsnn_quant.ascend import npu_trans_quant_param
-from opsnn_quant.ascend.matmul import WEIGHT_CHUNK
+from opsnn_quant.ascend.matmul import WEIGHT_CHUNK, native_int8_matmul
 from opsnn_quant.backends import get_backend
 from opsnn_quant.backends.base import QuantBackend
 from opsnn_quant.errors import CalibrationError
@@ -175,13 +175,16 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
     def _weight_float_t(self, rows: int) -> torch.Tensor | None:
         """fp32 copy of the int8 weight, transposed, kept for calls of few rows (a decoder's
         per-token steps, where converting it each call costs more than the matmul); None: the
-        matmul converts it per call (in column blocks when large). Reference-backend speed-up,
-        not saved; the products are exact either way.
+        matmul converts it per call (in column blocks when large), or runs the int8 weight
+        itself (a CPU's native int8 GEMM). Reference-backend speed-up, not saved; the products
+        are exact either way.
 
         Kept for every call, the copies made a quantized model grow a float copy of its
         quantized weights as it ran (the AscendV1 export's fold trace, the held-out measure).
         """
         w = self.weight.reshape(self.out_n, self.in_k)
+        if native_int8_matmul(w.device):
+            return None  # the int8 GEMM takes the int8 weight itself
         if self._w_cache is not None and self._w_cache.device == w.device:
             return self._w_cache
         if self.cache_weight_float and rows < CACHE_MAX_ROWS and w.numel() <= WEIGHT_CHUNK:

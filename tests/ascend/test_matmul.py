@@ -188,3 +188,74 @@ def test_large_weight_converted_in_column_blocks_is_exact(monkeypatch):
     monkeypatch.setattr(mm, "WEIGHT_CHUNK", 96 * 16)  # 16 columns per block: 5 blocks, last short
     got = mm.int8_matmul_exact(x1, x2)
     assert got.dtype == torch.int32 and torch.equal(got.to(torch.int64), want)
+
+
+SHAPES = [((1, 2048), (2048, 16)), ((2, 5, 96), (96, 70)), ((300, 1500), (1500, 24)),
+          ((7, 3), (3, 1)), ((0, 8), (8, 4))]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", ["this machine", "fp32 chunks"])
+@pytest.mark.parametrize(("a_shape", "b_shape"), SHAPES)
+def test_int8_matmul_exact_gives_int64_products_on_both_paths(path, a_shape, b_shape, request):
+    # K = 1500 > 1024 takes the fp32 path's K chunks; a transposed (N, K) weight view is the
+    # layout QuantLinear passes; the extremes are where a saturating int8 kernel goes wrong.
+    import opsnn_quant.ascend.matmul as mm
+
+    if path == "fp32 chunks":
+        request.getfixturevalue("fp32_int8_gemm")
+    g = torch.Generator().manual_seed(5)
+    x1 = torch.randint(-128, 128, a_shape, generator=g, dtype=torch.int8)
+    x1.view(-1)[::3] = -128
+    x2 = torch.randint(-128, 128, b_shape[::-1], generator=g, dtype=torch.int8)
+    x2.view(-1)[::2] = 127
+    x2 = x2.t()
+    got = mm.int8_matmul_exact(x1, x2)
+    assert got.dtype == torch.int32 and got.shape == (*a_shape[:-1], b_shape[1])
+    assert torch.equal(got.to(torch.int64), x1.to(torch.int64) @ x2.to(torch.int64))
+
+
+def _saturating_int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """An int8 GEMM as AVX2/AVX-512 kernels without VNNI compute it: a + 128 as u8, u8 * s8
+    products summed in pairs into int16 with saturation (vpmaddubsw), then int32 sums, less
+    the 128 * sum(b) compensation."""
+    prod = (a.to(torch.int64) + 128).unsqueeze(-1) * b.to(torch.int64).unsqueeze(0)
+    pairs = (prod[:, 0::2] + prod[:, 1::2]).clamp(-(2**15), 2**15 - 1)
+    return (pairs.sum(dim=1) - 128 * b.to(torch.int64).sum(dim=0)).to(torch.int32)
+
+
+@pytest.mark.parametrize(
+    ("int_mm", "exact"),
+    [
+        (lambda a, b: (a.to(torch.int64) @ b.to(torch.int64)).to(torch.int32), True),
+        (_saturating_int_mm, False),
+        (lambda a, b: (a.to(torch.int64) @ b.to(torch.int64)).to(torch.int32) + 1, False),
+    ],
+)
+def test_the_native_int8_gemm_is_used_only_where_it_proves_exact(int_mm, exact, monkeypatch):
+    import opsnn_quant.ascend.matmul as mm
+
+    mm.int8_gemm_is_exact.cache_clear()
+    monkeypatch.setattr(torch, "_int_mm", int_mm)
+    try:
+        assert mm.int8_gemm_is_exact() is exact
+        assert mm.native_int8_matmul(torch.device("cpu")) is exact
+        assert mm.native_int8_matmul(torch.device("meta")) is False
+    finally:
+        mm.int8_gemm_is_exact.cache_clear()  # the next caller checks this machine's again
+
+
+def test_a_gemm_kernel_missing_from_the_build_falls_back(monkeypatch):
+    import opsnn_quant.ascend.matmul as mm
+
+    def missing(a, b):
+        raise RuntimeError("_int_mm: no CPU kernel")
+
+    mm.int8_gemm_is_exact.cache_clear()
+    monkeypatch.setattr(torch, "_int_mm", missing)
+    try:
+        assert mm.int8_gemm_is_exact() is False
+        x1 = torch.tensor([[127, -128]], dtype=torch.int8)
+        x2 = torch.tensor([[127], [-128]], dtype=torch.int8)
+        assert mm.int8_matmul_exact(x1, x2).tolist() == [[127 * 127 + 128 * 128]]
+    finally:
+        mm.int8_gemm_is_exact.cache_clear()

@@ -177,9 +177,9 @@ def test_from_float_shares_the_float_weight_until_freeze_replaces_it():
 
 
 @pytest.mark.parametrize("spec", ["w8a8", "w8a8_dynamic"])
-def test_only_few_row_calls_keep_an_fp32_weight_copy_and_results_are_the_same(spec):
-    # The copy speeds up a decoder's per-token calls; a model run on big calls (an encoder, a
-    # UNet) must not grow a float copy of its quantized weights.
+def test_only_few_row_calls_keep_an_fp32_weight_copy_and_results_are_the_same(spec, fp32_int8_gemm):
+    # The copy speeds up a decoder's per-token calls on fp32 GEMMs; a model run on big calls
+    # (an encoder, a UNet) must not grow a float copy of its quantized weights.
     _, q, _ = calibrated_linear(spec)
     x = torch.randn(300, 48) * 3
     big = q(x)
@@ -189,7 +189,36 @@ def test_only_few_row_calls_keep_an_fp32_weight_copy_and_results_are_the_same(sp
     assert torch.equal(big, small)  # exact products: the copy changes speed only
 
 
-def test_no_weight_copies_holds_off_the_copy_and_restores_the_setting():
+@pytest.mark.parametrize("spec", ["w8a8", "w8a8_dynamic"])
+def test_a_native_int8_gemm_keeps_no_weight_copy_and_gives_the_fp32_path_results(spec, monkeypatch):
+    import opsnn_quant.ascend.matmul as matmul
+    import opsnn_quant.quant.qmodule as qmodule
+
+    _, q, _ = calibrated_linear(spec)
+    x = torch.randn(300, 48) * 3
+
+    def use_native(native: bool) -> None:
+        monkeypatch.setattr(matmul, "native_int8_matmul", lambda device: native)
+        monkeypatch.setattr(qmodule, "native_int8_matmul", lambda device: native)
+
+    # a stand-in for an exact native GEMM wherever this runs: int64 products, cast to int32
+    calls = []
+
+    def int_mm(a, b):
+        calls.append(a.shape)
+        return (a.to(torch.int64) @ b.to(torch.int64)).to(torch.int32)
+
+    monkeypatch.setattr(torch, "_int_mm", int_mm)
+    use_native(True)
+    native = torch.cat([q(x[i : i + 4]) for i in range(0, 300, 4)])
+    assert len(calls) == 75 and q.weight_cache_bytes == 0
+    use_native(False)
+    fp32_path = torch.cat([q(x[i : i + 4]) for i in range(0, 300, 4)])
+    assert len(calls) == 75 and q.weight_cache_bytes > 0
+    assert torch.equal(native, fp32_path)
+
+
+def test_no_weight_copies_holds_off_the_copy_and_restores_the_setting(fp32_int8_gemm):
     from opsnn_quant.quant.modules import no_weight_copies
 
     _, q, _ = calibrated_linear("w8a8")
