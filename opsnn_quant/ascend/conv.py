@@ -8,6 +8,12 @@ exact), the blocks added in int64. Each block's result is checked to be integer-
 convolution algorithm that is not a plain sum of products (Winograd, FFT) cannot slip through:
 such a block falls back to im2col and the exact matmul. The result equals
 ``int8_matmul_exact(im2col(x_q), w_q)`` bit for bit (tested).
+
+On a CPU whose int8 GEMM is exact (:func:`~opsnn_quant.ascend.matmul.native_int8_matmul`), a
+1x1 convolution or one of more than 1024 products per output (where the fp32 path needs several
+channel blocks) is an int8 im2col (channels last) through that GEMM instead: the same int32
+sums, 2-10x faster on a UNet's wide 3x3 convs. Narrow 3x3 convs stay on the fp32 path, where
+the im2col copy costs more than it saves.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from opsnn_quant.ascend.matmul import EXACT_FP32_CHUNK, int8_matmul_exact
+from opsnn_quant.ascend.matmul import EXACT_FP32_CHUNK, int8_matmul_exact, native_int8_matmul
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +54,12 @@ def int8_conv2d_exact(
         x_q = F.pad(x_q, (pw, pw, ph, ph), value=pad_value)
         padding = (0, 0)
     kh, kw = w_q.shape[2], w_q.shape[3]
+    if (
+        native_int8_matmul(x_q.device)
+        and tuple(dilation) == (1, 1)
+        and (kh * kw == 1 or x_q.shape[1] * kh * kw > EXACT_FP32_CHUNK)
+    ):
+        return _native_im2col_conv(x_q, w_q, stride, padding)
     block = max(1, EXACT_FP32_CHUNK // (kh * kw))
     a, b = x_q.to(torch.float32), w_q.to(torch.float32)
     acc: torch.Tensor | None = None
@@ -62,6 +74,24 @@ def int8_conv2d_exact(
         acc = part_i if acc is None else acc.add_(part_i)
     assert acc is not None
     return acc.to(torch.int32)
+
+
+def _native_im2col_conv(
+    x_q: torch.Tensor, w_q: torch.Tensor, stride: tuple[int, int], padding: tuple[int, int]
+) -> torch.Tensor:
+    """Undilated conv as int8 patches (B*OH*OW, C*kh*kw) times the int8 weight in the CPU's
+    int8 GEMM. The patches are taken channels last, so the result is a (B, N, OH, OW) view of
+    (B, OH, OW, N) rows: the layout the epilogue reshapes to anyway."""
+    (ph, pw), (sh, sw) = padding, stride
+    if ph or pw:
+        x_q = F.pad(x_q, (pw, pw, ph, ph))
+    b, c = x_q.shape[:2]
+    n, _, kh, kw = w_q.shape
+    patches = x_q.permute(0, 2, 3, 1).unfold(1, kh, sh).unfold(2, kw, sw)  # B OH OW C kh kw
+    oh, ow = patches.shape[1], patches.shape[2]
+    rows = patches.reshape(b * oh * ow, c * kh * kw)  # (C, kh, kw): the weight's own order
+    acc = int8_matmul_exact(rows, w_q.reshape(n, -1).t())
+    return acc.reshape(b, oh, ow, n).permute(0, 3, 1, 2)
 
 
 def _im2col_conv(

@@ -192,14 +192,12 @@ def test_only_few_row_calls_keep_an_fp32_weight_copy_and_results_are_the_same(sp
 @pytest.mark.parametrize("spec", ["w8a8", "w8a8_dynamic"])
 def test_a_native_int8_gemm_keeps_no_weight_copy_and_gives_the_fp32_path_results(spec, monkeypatch):
     import opsnn_quant.ascend.matmul as matmul
-    import opsnn_quant.quant.qmodule as qmodule
 
     _, q, _ = calibrated_linear(spec)
     x = torch.randn(300, 48) * 3
 
     def use_native(native: bool) -> None:
-        monkeypatch.setattr(matmul, "native_int8_matmul", lambda device: native)
-        monkeypatch.setattr(qmodule, "native_int8_matmul", lambda device: native)
+        monkeypatch.setattr(matmul, "int8_gemm_is_exact", lambda: native)
 
     # a stand-in for an exact native GEMM wherever this runs: int64 products, cast to int32
     calls = []
