@@ -35,19 +35,21 @@ class SchemeEnergy:
         of rows, or one sample of a feature map at a time, so the copies stay a few MB)."""
         o, r = out.detach(), ref.detach()
         d = channel_dim % r.dim()
-        channels = r.shape[d]
-        sums = torch.zeros(3, dtype=torch.float64)  # signal, cross, approx
-        sq = torch.zeros(channels, dtype=torch.float64)
+        signal = cross = approx = 0.0  # Python floats: the same float64 additions, fewer ops
+        sq: torch.Tensor | None = None
         for rb, ob, dims in _blocks(r, o, d):
             # float64 dot products (no squared copies) for the three sums; one difference,
             # squared in place, for the per-channel noise.
             r64, o64 = rb.double(), ob.to(torch.float64, copy=True)  # o64: changed in place
             rf, of = r64.reshape(-1), o64.reshape(-1)
-            sums[0] += rf.dot(rf)
-            sums[1] += rf.dot(of)
-            sums[2] += of.dot(of)
-            sq += o64.sub_(r64).square_().sum(dim=dims)
-        signal, cross, approx = sums.tolist()
+            signal += float(rf.dot(rf))
+            cross += float(rf.dot(of))
+            approx += float(of.dot(of))
+            part = o64.sub_(r64).square_().sum(dim=dims)
+            sq = part if sq is None else sq.add_(part)
+        channels = r.shape[d]
+        if sq is None:  # no rows
+            sq = torch.zeros(channels, dtype=torch.float64)
         noise = float(sq.sum())
         if not math.isfinite(approx):  # an inf/nan in the candidate's output (fp16 squares fit)
             # The int8 matmul's output dtype (fp16) cannot hold this module's output: the
