@@ -5,7 +5,10 @@ candidate alike) after a warm-up, and prints medians:
 
 * ``fp32``: ``torch.matmul`` of fp32 (M, K) @ (K, N);
 * ``ref``: :func:`opsnn_quant.ascend.npu_quant_matmul`, int8 in, fp16 out, packed int64 scale,
-  int32 bias, with the fp32 weight cache (``x2_float``) that QuantLinear passes; goal <= 3x fp32;
+  int32 bias, as this machine runs it: on a CPU whose ``torch._int_mm`` proves exact, the int8
+  GEMM (``native`` in the header), else fp32 GEMMs on K chunks; goal <= 3x fp32;
+* ``ref fp32``: the same on the fp32 K-chunk path with the fp32 weight cache (``x2_float``)
+  QuantLinear passes there (what a CPU without an exact int8 GEMM runs);
 * ``ORT fp32`` / ``ORT QDQ``: a one-layer Linear (w8a8, static) exported by
   :func:`opsnn_quant.quant.onnx_export.export_onnx` as QDQ, and with ``fp32_baseline=True``,
   run by ORT's CPU EP; goal: QDQ faster. The QDQ model is checked to have been fused by ORT into
@@ -26,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import onnx
 import torch
@@ -33,7 +37,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import opsnn_quant.ascend.matmul as matmul
 from opsnn_quant.ascend import npu_quant_matmul, npu_trans_quant_param
+from opsnn_quant.ascend.matmul import quant_matmul_cached
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.onnx_export import export_onnx
 from opsnn_quant.quant.onnx_runtime import (
@@ -89,6 +95,12 @@ def ort_models(
     return sess_q, onnxruntime_session(fp32), "+".join(fused) or "none (float)", x
 
 
+def _fp32_path(*args: object, **kwargs: object) -> torch.Tensor:
+    """The reference on its fp32 K-chunk path, whatever this CPU's int8 GEMM."""
+    with mock.patch.object(matmul, "int8_gemm_is_exact", lambda: False):
+        return quant_matmul_cached(*args, **kwargs)  # type: ignore[arg-type]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=50)
@@ -111,23 +123,30 @@ def main() -> None:
             feed = {sess_q.get_inputs()[0].name: x.numpy()}  # type: ignore[attr-defined]
             feed_f = {sess_f.get_inputs()[0].name: x.numpy()}  # type: ignore[attr-defined]
             ref = functools.partial(
-                npu_quant_matmul, x1, x2, scale, bias=bias, output_dtype=torch.float16, x2_float=x2f
+                npu_quant_matmul, x1, x2, scale, bias=bias, output_dtype=torch.float16
+            )
+            ref_fp32 = functools.partial(
+                _fp32_path, x1, x2, scale, bias=bias, output_dtype=torch.float16, x2_float=x2f
             )
             fns: dict[str, Callable[[], object]] = {
                 "fp32": functools.partial(torch.matmul, a, b),
                 "ref": ref,
+                "ref_fp32": ref_fp32,
                 "ort_fp32": functools.partial(sess_f.run, None, feed_f),  # type: ignore[attr-defined]
                 "ort_qdq": functools.partial(sess_q.run, None, feed),  # type: ignore[attr-defined]
             }
             t = time_interleaved(fns, args.runs, args.warmup)
             rows.append((f"{m}x{k}x{n}", t, fused))
+    native = matmul.native_int8_matmul(torch.device("cpu"))
     print(f"threads={args.threads}, median of {args.runs} interleaved runs after {args.warmup} warm-up; "
-          f"ORT weights: {'uint8 (x86 without VNNI)' if u8 else 'int8'}")  # fmt: skip
+          f"ORT weights: {'uint8 (x86 without VNNI)' if u8 else 'int8'}; "
+          f"ref int8 GEMM: {'native (torch._int_mm)' if native else 'fp32 K chunks'}")  # fmt: skip
     head = (
         "M x K x N",
         "fp32 ms",
         "ref ms",
         "ref/fp32",
+        "ref fp32 ms",
         "ORT fp32 ms",
         "ORT QDQ ms",
         "fp32/QDQ",
@@ -136,6 +155,7 @@ def main() -> None:
     print(" | ".join(f"{h:>12}" for h in head))
     for shape, t, fused in rows:
         vals = (shape, f"{t['fp32']:.3f}", f"{t['ref']:.3f}", f"{t['ref'] / t['fp32']:.2f}x",
+                f"{t['ref_fp32']:.3f}",
                 f"{t['ort_fp32']:.3f}", f"{t['ort_qdq']:.3f}", f"{t['ort_fp32'] / t['ort_qdq']:.2f}x", fused)  # fmt: skip
         print(" | ".join(f"{v:>12}" for v in vals))
     if hasattr(os, "getloadavg"):
