@@ -63,7 +63,13 @@ def int8_matmul_exact(
         int32 (..., M, N).
     """
     k = x1.shape[-1]
-    if x2.dim() == 2 and k <= MAX_K and native_int8_matmul(x1.device) and x2.device == x1.device:
+    if (
+        x1.dtype == x2.dtype == torch.int8
+        and x2.dim() == 2
+        and k <= MAX_K
+        and x2.device == x1.device
+        and native_int8_matmul(x1.device)
+    ):
         # int8 x int8 -> int32 in the CPU's own integer GEMM: exact (checked once per process
         # by native_int8_matmul), no fp32 copies of either operand.
         rows = torch._int_mm(x1.reshape(-1, k), x2)
