@@ -177,3 +177,36 @@ def test_fp16_reruns_sample_calls_1_4_16_and_every_call_near_65504(monkeypatch):
     assert fp16_calls == [1, 4, 7, 16]
     assert sorted({c for c, kind in ran if kind == "bf16"}) == [1, 7]
     assert [n for n in range(1, 300) if fp16.is_sampled_call(n)] == [1, 4, 16, 64, 256]
+
+
+def test_a_sampled_call_far_from_65504_reruns_on_a_strided_subset_of_samples(monkeypatch):
+    # Call 1 (sampled, |x| ~ 1) re-runs on every 4th sample of 8 (RERUN_ROWS = 1024 rows, 512
+    # rows per sample: 2 samples); call 4 (sampled, |x| past 65504 / 8) re-runs whole.
+    import opsnn_quant.probe.fp16 as fp16
+
+    ran: list[tuple[int, torch.Size]] = []
+    real = fp16.run_as
+
+    def recording(module, args, dtype, **kw):
+        ran.append((acc.calls, args[0].shape))
+        return real(module, args, dtype, **kw)
+
+    monkeypatch.setattr(fp16, "run_as", recording)
+    g = torch.Generator().manual_seed(0)
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    acc = fp16.Fp16Accumulator(rerun=True)
+    xs = [torch.randn(8, 3, 16, 32, generator=g) for _ in range(4)]
+    xs[3] = xs[3] * 1e4
+    for x in xs:
+        with torch.no_grad():
+            acc.update(conv, x, conv(x), (x,))
+    assert ran[0] == (1, torch.Size([2, 3, 16, 32]))  # samples 0 and 4
+    assert {shape for call, shape in ran if call == 4} == {torch.Size([8, 3, 16, 32])}
+    assert {call for call, _ in ran} == {1, 4}
+    # the subset's error is exactly the error of those samples re-run alone
+    whole, alone = fp16.Fp16Accumulator(rerun=True), fp16.Fp16Accumulator(rerun=True)
+    with torch.no_grad():
+        whole.update(conv, xs[0], conv(xs[0]), (xs[0],))
+        sub = xs[0][::4]
+        alone.update(conv, sub, conv(sub), (sub,))
+    assert whole.err16[1] > 0 and (whole.err16, whole.err_bf16) == (alone.err16, alone.err_bf16)
