@@ -41,12 +41,15 @@ def pack_int4(values: torch.Tensor) -> torch.Tensor:
         lo, hi = torch.aminmax(values)
         if int(lo) < INT4_MIN or int(hi) > INT4_MAX:
             raise ShapeError("pack_int4: values must lie in the int4 range [-8, 7]")
+    if not values.numel():
+        words = (*values.shape[:-1], values.shape[-1] // INT4_PER_INT32)
+        return torch.zeros(words, dtype=torch.int32, device=values.device)
     if sys.byteorder == "little":
         # Byte j of a little-endian word holds values 2j (low nibble) and 2j + 1 (high): pack
         # bytes and view them as int32. The int64 words below took 4 copies of 8 bytes per
         # value at once (850 MB for Whisper's 512 x 51864 LM head, the probe's peak).
         v8 = values.to(torch.int8)
-        pairs = v8.reshape(*v8.shape[:-1], -1, 2).view(torch.uint8) & 0xF
+        pairs = v8.reshape(*v8.shape[:-1], v8.shape[-1] // 2, 2).view(torch.uint8) & 0xF
         packed = pairs[..., 0] | (pairs[..., 1] << 4)
         return packed.contiguous().view(torch.int32)
     v = values.to(torch.int64)
