@@ -67,3 +67,21 @@ def test_unpack_int4_every_nibble_in_every_position_and_views():
     tall = packed.reshape(2, -1)  # several words per row, and a transposed (strided) view
     assert torch.equal(unpack_int4(tall), got.reshape(2, -1))
     assert torch.equal(unpack_int4(tall.t()), unpack_int4(tall.t().contiguous()))
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.int64])
+def test_pack_int4_words_are_the_nibble_sums_written_out(dtype):
+    # Independent expectation: word = sum_j (v_j & 0xF) << 4j over int64, as two's complement
+    # int32 (op-plugin test_npu_quantize.py int4s_to_int32 order: first value lowest).
+    g = torch.Generator().manual_seed(3)
+    v = torch.randint(-8, 8, (5, 7, 64), generator=g).to(dtype)
+    nib = (v.to(torch.int64) & 0xF).reshape(5, 7, 8, 8)
+    word = sum(nib[..., j] << (4 * j) for j in range(8))
+    want = torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+    assert torch.equal(pack_int4(v), want)
+    assert torch.equal(pack_int4(v[:, ::2]), want[:, ::2])  # a non-contiguous input
+
+
+def test_pack_int4_of_nothing_is_no_words():
+    assert pack_int4(torch.zeros(3, 0, dtype=torch.int8)).shape == (3, 0)
+    assert pack_int4(torch.zeros(0, 16, dtype=torch.int8)).shape == (0, 2)
