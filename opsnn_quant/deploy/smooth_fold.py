@@ -31,11 +31,16 @@ import torch
 from torch import nn
 
 from opsnn_quant.deploy.fold_check import ANY_STEP, Fold, check_calls, fold_errors
+from opsnn_quant.memory import release_memory
 from opsnn_quant.quant.modules import no_weight_copies
-from opsnn_quant.recording import Call, replay
+from opsnn_quant.recording import Call, replay, sample_subset
 
 log = logging.getLogger(__name__)
 FOLD_TOLERANCE = 1e-4
+# Samples of each root's first call that the trace and the fold checks run: a fold is an identity
+# or it is not, on any sample. A whole batch of a Whisper model (its encoder's attention scores at
+# batch 4) was the AscendV1 export's and the whole calibrate's peak memory.
+FOLD_CHECK_SAMPLES = 1
 
 
 def is_norm(module: nn.Module) -> bool:
@@ -128,9 +133,16 @@ def plan_folds(
     scope: Callable[[str], str],
 ) -> tuple[list[Fold], dict[str, str]]:
     """Folds for the smoothed Linears ``smooth`` (name -> factor); returns (folds, refused name ->
-    one-line reason). ``scope`` maps a module name to its component: a fold never crosses one."""
+    one-line reason). ``scope`` maps a module name to its component: a fold never crosses one.
+
+    The trace and the checks run :data:`FOLD_CHECK_SAMPLES` samples of each root's first call
+    (the whole call when it cannot be split by samples)."""
+    roots = {
+        r: [sample_subset(calls[0], FOLD_CHECK_SAMPLES)] for r, calls in roots.items() if calls
+    }
     with no_weight_copies(model):  # one replay per root gains nothing from fp32 weight copies
         producers, fed = trace_producers(model, roots)
+    release_memory()  # the trace's freed activations, before the checks replay the model again
     named = dict(model.named_modules())
     refused: dict[str, str] = {}
     by_producer: dict[str, list[str]] = defaultdict(list)

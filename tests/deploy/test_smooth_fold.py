@@ -123,6 +123,20 @@ def test_a_float_linear_sharing_the_norm_absorbs_the_factor_in_its_columns(tmp_p
     assert _rel(replay(consumer, (x, {})), replay(model, (x, {}))) < 0.02
 
 
+def test_the_trace_and_the_fold_checks_run_one_sample_of_the_first_call(tmp_path):
+    # smooth_fold.FOLD_CHECK_SAMPLES: a fold is an identity or not on any sample; the whole batch
+    # of a Whisper model's call was the export's peak memory.
+    for cls, folded in ((FloatSibling, {"fc": "norm"}), (ResidualUse, {})):
+        model, x = quantized_fc(cls)
+        assert x[0].shape[0] == 4
+        seen: list[int] = []
+        model.register_forward_pre_hook(lambda _m, a, seen=seen: seen.append(a[0].shape[0]))
+        (tmp_path / cls.__name__).mkdir()
+        desc, _ = _export(model, tmp_path / cls.__name__, x)
+        assert seen and set(seen) == {1}  # the trace, the check's two replays: one sample each
+        assert desc["metadata"]["opsnn_quant"]["smoothquant_folded_into"] == folded
+
+
 class _Keeps(nn.Module):
     """A module that is no fold target, remembering its last output weakly."""
 
