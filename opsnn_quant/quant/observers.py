@@ -222,19 +222,23 @@ class MSEObserver(HistogramObserver):
         keep = c > 0
         v, c = v[keep], c[keep]
         lo0, hi0 = min(self.min, 0.0), max(self.max, 0.0)
-        best, best_err = (lo0, hi0), math.inf
-        for r in self.ratios:
-            lo, hi = lo0 * r, hi0 * r
-            if symmetric:
-                t = max(-lo, hi)
-                lo, hi = -t, t
-            scale, offset = qparams_from_range(lo, hi, symmetric)
-            qlo, qhi = (QMIN - offset) * scale, (QMAX - offset) * scale
-            clip = np.clip(v, qlo, qhi)
-            err = float(np.sum(c * ((v - clip) ** 2 + scale**2 / 12.0)))
-            if err < best_err:
-                best, best_err = (lo, hi), err
-        return best
+        # Every candidate ratio at once (one row each): the same float64 operations, in the same
+        # order, as qparams_from_range and a per-ratio sum (a row's sum is numpy's pairwise sum of
+        # that row, as of a 1-D array); the first smallest error wins, as a strict ``<`` scan.
+        lo, hi = lo0 * self.ratios, hi0 * self.ratios
+        if symmetric:
+            hi = np.maximum(-lo, hi)
+            lo = -hi
+            scale = np.maximum(hi / QMAX, MIN_SCALE)
+            offset = np.zeros_like(scale)
+        else:
+            scale = np.maximum((hi - lo) / (QMAX - QMIN), MIN_SCALE)
+            offset = np.clip(np.rint(QMIN - lo / scale), QMIN, QMAX)
+        qlo, qhi = (QMIN - offset) * scale, (QMAX - offset) * scale
+        clip = np.clip(v[None, :], qlo[:, None], qhi[:, None])
+        err = np.sum(c[None, :] * ((v[None, :] - clip) ** 2 + (scale**2 / 12.0)[:, None]), axis=1)
+        best = int(np.argmin(err))
+        return float(lo[best]), float(hi[best])
 
 
 class KLObserver(HistogramObserver):

@@ -1,5 +1,7 @@
 """Observers: streaming statistics and their int8 parameters against known formulas."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -105,6 +107,43 @@ def test_mse_symmetric_range_is_a_ratio_of_absmax():
     scale, offset = obs.compute(True)
     assert offset == 0.0
     assert 0.3 / 127 <= scale <= 1.0 / 127 + 1e-9
+
+
+def _mse_range_one_ratio_at_a_time(obs: MSEObserver, symmetric: bool) -> tuple[float, float]:
+    """The MSE search written out ratio by ratio (qparams_from_range, then the modelled error of
+    the histogram: clipped values' squared distance plus scale^2 / 12), the first best kept."""
+    v, c = obs.centers(), obs.hist
+    v, c = v[c > 0], c[c > 0]
+    lo0, hi0 = min(obs.min, 0.0), max(obs.max, 0.0)
+    best, best_err = (lo0, hi0), math.inf
+    for r in obs.ratios:
+        lo, hi = lo0 * r, hi0 * r
+        if symmetric:
+            lo, hi = -max(-lo, hi), max(-lo, hi)
+        scale, offset = qparams_from_range(lo, hi, symmetric)
+        clip = np.clip(v, (-128 - offset) * scale, (127 - offset) * scale)
+        err = float(np.sum(c * ((v - clip) ** 2 + scale**2 / 12.0)))
+        if err < best_err:
+            best, best_err = (lo, hi), err
+    return best
+
+
+def test_mse_search_of_all_ratios_at_once_equals_the_search_ratio_by_ratio():
+    gen = torch.Generator().manual_seed(3)
+    batches = [
+        torch.randn(5000, generator=gen),
+        ((torch.rand(20_000, generator=gen) - 0.5) * 3.1).tan(),  # Cauchy-like tails
+        torch.rand(3000, generator=gen) * 7 + 0.5,  # all positive
+        torch.randn(4000, generator=gen) * 0.01 - 2.0,  # all negative, narrow
+        torch.cat([torch.randn(100_000, generator=gen), torch.tensor([900.0])]),  # one outlier
+        torch.zeros(64),
+    ]
+    for x in batches:
+        obs = MSEObserver()
+        for part in x.chunk(3):
+            obs.collect(part)
+        for symmetric in (True, False):
+            assert obs._range(symmetric) == _mse_range_one_ratio_at_a_time(obs, symmetric)
 
 
 def test_kl_asymmetric_stays_inside_observed_range():
