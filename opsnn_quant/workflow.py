@@ -36,7 +36,7 @@ from opsnn_quant.policy.baselines import naive_policy
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy
 from opsnn_quant.policy.summary import ModalitySummaryRow, summarize
-from opsnn_quant.policy.targets import get_target
+from opsnn_quant.policy.targets import INT8_MODULE_TYPES, get_target
 from opsnn_quant.probe.api import ProbeKeep, probe
 from opsnn_quant.probe.measure import measure_modalities
 from opsnn_quant.probe.report import SensitivityReport
@@ -198,10 +198,12 @@ def _probe_phase(
     keep: ProbeKeep,
 ) -> SensitivityReport:
     t0 = time.perf_counter()
-    # Only the schemes the target runs (or the recipe's choice among them): the others' errors
-    # and scores would never be used.
-    schemes = recipe.probe.schemes or get_target(recipe.target).schemes()
-    cfg = recipe.probe_config(seed, schemes=tuple(schemes))
+    # Only the schemes the target runs (or the recipe's choice among them), on the module types
+    # it runs them on: the others' errors and scores would never be used.
+    target = get_target(recipe.target)
+    schemes = recipe.probe.schemes or target.schemes()
+    type_schemes = {t: target.schemes(t) for t in sorted(INT8_MODULE_TYPES)}
+    cfg = recipe.probe_config(seed, schemes=tuple(schemes), type_schemes=type_schemes)
     report = probe(adapter, adapter.forward_loop(data.probe), cfg, progress=say, keep=keep)
     report.save(tmp / "probe.json")
     times["probe"] = time.perf_counter() - t0

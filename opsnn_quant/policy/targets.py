@@ -137,15 +137,24 @@ class Target:
                 )
         return True, ""
 
-    def schemes(self) -> tuple[str, ...]:
-        """The probe's candidate schemes this target can run on some module type (in the
-        scheme table's order): what a probe for this target needs to measure."""
+    def schemes(self, module_type: str | None = None) -> tuple[str, ...]:
+        """The probe's candidate schemes this target can run (in the scheme table's order):
+        what a probe for this target needs to measure.
+
+        Args:
+            module_type: only the schemes it runs on modules of this class (``Linear``,
+                ``Conv2d``); None: those it runs on some module type.
+        """
         from opsnn_quant.quant.schemes import SCHEMES
 
         return tuple(
             name
             for name, s in SCHEMES.items()
-            if any(self.can_run(t, s.precision)[0] for t in s.module_types)
+            if any(
+                self.can_run(t, s.precision)[0]
+                for t in s.module_types
+                if module_type is None or t == module_type
+            )
             and (self.timestep_scales or not s.per_step)
         )
 

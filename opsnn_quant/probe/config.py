@@ -52,6 +52,12 @@ class ProbeConfig:
         schemes: the candidate schemes measured (names of :data:`opsnn_quant.quant.schemes.
             SCHEMES`); None measures every one. ``calibrate`` passes those its target can run:
             the others' local errors and end-to-end scores would never be used.
+        type_schemes: per module class name (``Linear``, ``Conv2d``), the schemes measured on
+            its modules, within ``schemes``; a class left out gets none (its modules keep their
+            MACs and fp16 ranges, and no int8 statistics are gathered for them). None: every
+            scheme of ``schemes`` that fits. ``calibrate`` passes its target's
+            (:meth:`~opsnn_quant.policy.targets.Target.schemes` of each type): an eager
+            ``torch_npu`` target runs no int8 conv, so its convs' candidates were wasted work.
         fp16_rerun: how the fp16/bf16 re-runs run: ``auto`` emulates the Ascend Cube in fp32
             on a CPU (fp16-rounded operands, fp32 accumulation, one output rounding) and runs
             the real fp16/bf16 module on npu/cuda; ``emulate`` / ``native`` force one
@@ -83,10 +89,19 @@ class ProbeConfig:
     smoothquant_alphas: tuple[float, ...] = DEFAULT_ALPHA_GRID
     timestep_groups: int | None = None
     schemes: tuple[str, ...] | None = None
+    type_schemes: Mapping[str, tuple[str, ...]] | None = None
     fp16_rerun: Literal["auto", "emulate", "native"] = "auto"
     error_rows: int = DEFAULT_ERROR_ROWS
     local_errors: Literal["replayed", "forward_loop"] = "replayed"
     seed: int = 0
+
+    def schemes_of(self, module_type: str) -> tuple[str, ...] | None:
+        """The schemes measured on modules of class ``module_type`` (None: every one that fits
+        the module; see ``schemes`` and ``type_schemes``)."""
+        if self.type_schemes is None:
+            return self.schemes
+        typed = tuple(self.type_schemes.get(module_type, ()))
+        return typed if self.schemes is None else tuple(s for s in typed if s in self.schemes)
 
     @property
     def replays_local_errors(self) -> bool:

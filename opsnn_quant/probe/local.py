@@ -101,9 +101,11 @@ class LocalProbe:
 
     @torch.no_grad()
     def collect(self, x: torch.Tensor) -> None:
-        """Pass 1: one call's input."""
+        """Pass 1: one call's input (counted only, when no scheme is measured on it)."""
         self.calls += 1
         self._elements += x.numel()
+        if self.only == ():
+            return  # the target runs no int8 scheme on this module type: nothing to calibrate
         step = current_step()
         if not x.numel():
             if step is not None:

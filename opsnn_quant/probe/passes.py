@@ -96,7 +96,7 @@ def watches_for(
                 n,
                 m,
                 alpha_grid=tuple(cfg.smoothquant_alphas),
-                only=cfg.schemes,
+                only=cfg.schemes_of(type(m).__name__),
                 timestep_groups=cfg.timestep_groups,
                 error_rows=cfg.error_rows,
             )

@@ -61,3 +61,13 @@ def test_cpu_reference_runs_everything_on_linear_and_conv():
     assert t.int8_precisions("Conv2d") == [Precision.W8A8, Precision.W8A8_DYNAMIC, Precision.W8A16]
     assert t.int8_precisions("LayerNorm") == []
     assert t.can_run("Conv2d", "w8a8_dynamic", weight_shape=(8, 4, 3, 3))[0]
+
+
+def test_the_schemes_of_a_module_type_are_those_the_target_runs_on_it():
+    eager, atc = get_target("ascend910b-eager"), get_target("ascend910b-atc")
+    assert eager.schemes("Conv2d") == ()  # no int8 conv among the torch_npu ops we rely on
+    assert eager.schemes("Linear") == eager.schemes()
+    # ATC: AMCT's static PTQ of Gemm and Conv; SmoothQuant's factors only on a Linear's input
+    assert atc.schemes("Conv2d") == ("w8a8", "w8a8_mse")
+    assert atc.schemes("Linear") == atc.schemes() == ("w8a8", "w8a8_mse", "w8a8_smoothquant")
+    assert get_target("cpu-reference").schemes("Conv2d") == ("w8a8", "w8a8_mse", "w8a8_dynamic")

@@ -161,3 +161,46 @@ def test_an_unreached_module_whose_input_changed_in_place_is_refused():
     torch.manual_seed(0)
     with pytest.raises(CalibrationError, match="'b' was modified in place"):
         _probe_counting(_ChangedAfterUse(), ProbeConfig(fp16=False))
+
+
+class _ConvThenLinear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(4, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(x).flatten(2).transpose(1, 2))
+
+
+def test_a_module_type_the_target_runs_no_scheme_on_is_counted_but_not_measured():
+    gen = torch.Generator().manual_seed(0)
+    data = [torch.randn(2, 4, 4, 4, generator=gen) for _ in range(3)]
+
+    def run(cfg: ProbeConfig):
+        model = _ConvThenLinear()
+        adapter = GenericAdapter(model, {"": "denoiser"}, lambda m: [m(x) for x in data])
+        return probe(adapter, adapter.forward_loop(), cfg)
+
+    everything = run(ProbeConfig())
+    # ascend910b-eager's: no int8 conv (Target.schemes("Conv2d") is empty)
+    linear_only = run(ProbeConfig(type_schemes={"Linear": tuple(sorted(LINEAR_CANDIDATES))}))
+    conv, conv_all = linear_only.module("conv"), everything.module("conv")
+    assert set(conv_all.w8a8) == {"w8a8", "w8a8_mse", "w8a8_dynamic"} and conv_all.e2e is not None
+    assert conv.w8a8 == {} and conv.e2e is None
+    assert (conv.calls, conv.macs) == (conv_all.calls, conv_all.macs) == (3, 2 * 16 * 8 * 4 * 9)
+    assert conv.fp16 == conv_all.fp16  # overflow matters in float too
+    # the Linear's own measurements do not depend on the conv being measured
+    fc, fc_all = linear_only.module("fc"), everything.module("fc")
+    assert fc.w8a8 == fc_all.w8a8
+    assert fc.e2e is not None and fc_all.e2e is not None
+    assert fc.e2e.contribution == fc_all.e2e.contribution and fc.e2e.schemes == fc_all.e2e.schemes
+
+
+def test_probe_config_narrows_the_schemes_per_module_type():
+    cfg = ProbeConfig(schemes=("w8a8", "w4a16"), type_schemes={"Linear": ("w8a8", "w8a8_mse")})
+    assert cfg.schemes_of("Linear") == ("w8a8",)
+    assert cfg.schemes_of("Conv2d") == ()
+    assert ProbeConfig(schemes=("w8a8",)).schemes_of("Conv2d") == ("w8a8",)
+    assert ProbeConfig().schemes_of("Linear") is None
