@@ -46,6 +46,17 @@ def _trim() -> bool:
     return True
 
 
+def trim_heap() -> bool:
+    """Return free heap pages to the OS (glibc's ``malloc_trim``) without a garbage collection:
+    after a phase whose tensors are already freed (a collection walks every live object: ~0.3 s
+    with a pipeline loaded).
+
+    Returns:
+        True if ``malloc_trim`` ran.
+    """
+    return _trim()
+
+
 def release_memory() -> bool:
     """Collect garbage and, on glibc, return free heap pages to the OS.
 

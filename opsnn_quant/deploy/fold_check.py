@@ -210,11 +210,12 @@ def _apply_and_compare(
             if isinstance(p, torch.Tensor):
                 saved.append((p, p.data.clone()))
                 factor = s.reshape(-1, *[1] * (p.dim() - 1))  # norms: (k,); Linear rows: (k, in)
-                p.data = (p.data.double() / factor).to(p.dtype)
+                p.data = p.data.double().div_(factor).to(p.dtype)
         for name in (*fold.consumers, *fold.compensated):
             w = twin_named[name].weight
             saved.append((w, w.data.clone()))
-            w.data = (w.data.double() * s.reshape(1, -1)).to(w.dtype)
+            # one float64 copy at a time (an LM head's 51864 x 512 weight: 212 MB each)
+            w.data = w.data.double().mul_(s.reshape(1, -1)).to(w.dtype)
         after = _run_roots(model, roots)
     finally:
         for p, data in saved:

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from opsnn_quant.deploy.fold_check import ANY_STEP, Fold, check_calls, fold_errors
-from opsnn_quant.memory import release_memory
+from opsnn_quant.memory import trim_heap
 from opsnn_quant.quant.modules import no_weight_copies
 from opsnn_quant.recording import Call, replay, sample_subset
 
@@ -142,7 +142,7 @@ def plan_folds(
     }
     with no_weight_copies(model):  # one replay per root gains nothing from fp32 weight copies
         producers, fed = trace_producers(model, roots)
-    release_memory()  # the trace's freed activations, before the checks replay the model again
+    trim_heap()  # the trace's freed activations, before the checks replay the model again
     named = dict(model.named_modules())
     refused: dict[str, str] = {}
     by_producer: dict[str, list[str]] = defaultdict(list)
