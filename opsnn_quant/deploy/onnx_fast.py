@@ -198,17 +198,27 @@ def _finish(
     external_data_bytes: int,
     external_from: Path | None,
 ) -> dict[str, list[str]]:
-    """Rewrite the markers, check and save; returns module -> its nodes."""
+    """Rewrite the markers, check and save; returns module -> its nodes.
+
+    The weights the rewrite adds go to files first (``rewrite_markers(spill=...)``): a graph of
+    ``external_data_bytes`` or more streams them into ``<name>.data`` (an SD 1.5 UNet's float
+    graph held its 3.4 GB of weights in the proto, then wrote them: calibrate's peak memory);
+    a smaller one takes them back, the same proto as a rewrite in memory.
+    """
     import onnx
 
-    from opsnn_quant.quant.onnx_export import rewrite_markers
+    from opsnn_quant.quant.onnx_export import rewrite_markers, unspill
 
-    nodes, _ = rewrite_markers(onnx, proto, marked)
-    large = external_from is not None or proto.ByteSize() >= external_data_bytes
-    if not large:
-        onnx.checker.check_model(proto)
-    save_onnx_atomic(proto, path, external_data_bytes=external_data_bytes,
-                     external_from=external_from)  # fmt: skip
+    with tempfile.TemporaryDirectory() as own:
+        spill = external_from or Path(own)
+        nodes, _ = rewrite_markers(onnx, proto, marked, spill=spill)
+        spilled = sum(f.stat().st_size for f in spill.glob("opsnn-init-*.bin"))
+        large = external_from is not None or proto.ByteSize() + spilled >= external_data_bytes
+        if not large:
+            unspill(onnx, proto, spill)
+            onnx.checker.check_model(proto)
+        save_onnx_atomic(proto, path, external_data_bytes=external_data_bytes,
+                         external_from=spill if large else None)  # fmt: skip
     if large:  # beyond 2 GiB the checker reads the file (weights in <name>.data beside it)
         onnx.checker.check_model(str(path))
     return nodes

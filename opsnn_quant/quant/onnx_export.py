@@ -145,9 +145,10 @@ def _buf(module: nn.Module, name: str) -> torch.Tensor:
 class _Emitter:
     """Creates the nodes and initializers that replace the markers, with unique names."""
 
-    def __init__(self, onnx: Any, opset: int, taken: set[str]) -> None:
+    def __init__(self, onnx: Any, opset: int, taken: set[str], spill: Path | None = None) -> None:
         self.onnx, self.opset, self.taken = onnx, opset, taken
         self.inits: dict[tuple[str, str], Any] = {}  # (module, role) -> TensorProto
+        self.spill = spill  # where initializers of SPILL_BYTES or more go (None: in the proto)
         self.nodes: list[Any] = []
         self.module = self.prefix = ""
 
@@ -164,7 +165,12 @@ class _Emitter:
         key = (self.module, role)
         if key not in self.inits:
             name = self._fresh(f"{self.module}.{role}")
-            self.inits[key] = self.onnx.numpy_helper.from_array(to_numpy(value), name)
+            arr = to_numpy(value)
+            if self.spill is not None and arr.nbytes >= SPILL_BYTES and arr.dtype in _SPILLED:
+                path = self.spill / f"opsnn-init-{len(self.inits)}.bin"
+                self.inits[key] = _spilled(self.onnx, arr, name, path)
+            else:
+                self.inits[key] = self.onnx.numpy_helper.from_array(arr, name)
         return str(self.inits[key].name)
 
     def node(self, op: str, ins: list[str], role: str, out: str | None = None, **attrs: Any) -> str:
@@ -172,6 +178,44 @@ class _Emitter:
         name = self._fresh(f"{self.prefix}/{role}")
         self.nodes.append(self.onnx.helper.make_node(op, ins, [out or name], name=name, **attrs))
         return out or name
+
+
+# Initializers of at least this many bytes are spilled to files by rewrite_markers(spill=...)
+# (the size from which onnx_io's streaming moves inline tensors into the external data file too).
+SPILL_BYTES = 1024
+
+
+# dtypes whose raw data is the array's bytes (little endian); others (packed int4) stay inline
+_SPILLED = {np.dtype(t) for t in ("float32", "float16", "int8", "uint8", "int32", "int64")}
+
+
+def _spilled(onnx: Any, arr: np.ndarray, name: str, path: Path) -> Any:
+    """The initializer ``name`` of ``arr`` with its data in the file ``path``: the proto never
+    holds the bytes (protobuf keeps a cleared field's bytes in its arena until the whole model
+    goes, so a tensor made inline and moved out would still cost its memory)."""
+    np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tofile(path)
+    tensor = onnx.TensorProto()
+    tensor.dims.extend(arr.shape)
+    tensor.name = name
+    tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(arr.dtype)
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", path.name
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    return tensor
+
+
+def unspill(onnx: Any, proto: Any, spill: Path) -> None:
+    """Load the initializers :func:`rewrite_markers` spilled into ``spill`` back into ``proto``:
+    the same ModelProto, byte for byte, as a rewrite that never spilled."""
+    for tensor in proto.graph.initializer:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in tensor.external_data}
+        if not info.get("location", "").startswith("opsnn-init-"):
+            continue
+        tensor.raw_data = (spill / info["location"]).read_bytes()
+        del tensor.external_data[:]
+        tensor.ClearField("data_location")  # proto2: a field set to its default is still written
 
 
 def _static_bias_int32(mod: QuantModule[Any]) -> torch.Tensor:
@@ -299,7 +343,11 @@ def _emit_op(
 
 
 def rewrite_markers(
-    onnx: Any, proto: Any, modules: Mapping[str, nn.Module], fp32: bool = False
+    onnx: Any,
+    proto: Any,
+    modules: Mapping[str, nn.Module],
+    fp32: bool = False,
+    spill: Path | None = None,
 ) -> tuple[dict[str, list[str]], dict[str, str]]:
     """Replace the markers of ``proto`` in place by their modules' standard ONNX nodes.
 
@@ -309,6 +357,10 @@ def rewrite_markers(
         modules: marker name -> module: a frozen QuantLinear/QuantConv2d becomes its QDQ form
             (see the module docstring), a float ``nn.Linear``/``nn.Conv2d`` its own float op.
         fp32: quantized modules as float ops with their dequantized weights (``fp32``).
+        spill: a directory: each new initializer of :data:`SPILL_BYTES` or more is written to a
+            file there (``opsnn-init-*.bin``) and left in ``proto`` as an external tensor, so an
+            SD 1.5 UNet's 3.4 GB of float weights are never in memory at once (see
+            :func:`unspill` and :func:`opsnn_quant.onnx_io.save_onnx_atomic`).
 
     Returns:
         Module -> the names of its nodes, and module -> its scheme (``float`` for a float one).
@@ -316,7 +368,7 @@ def rewrite_markers(
     graph = proto.graph
     opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
     taken = {i.name for i in graph.initializer} | {n.name for n in graph.node}
-    e = _Emitter(onnx, opset, taken | {t for n in graph.node for t in [*n.input, *n.output]})
+    e = _Emitter(onnx, opset, taken | {t for n in graph.node for t in [*n.input, *n.output]}, spill)
     new_nodes: list[Any] = []
     mapping: dict[str, list[str]] = {}
     schemes: dict[str, str] = {}
@@ -347,4 +399,4 @@ def rewrite_markers(
     return mapping, schemes
 
 
-__all__ = ["export_onnx", "rewrite_markers"]
+__all__ = ["export_onnx", "rewrite_markers", "unspill"]

@@ -75,3 +75,42 @@ def test_a_kept_float_trace_writes_the_qdq_graph_a_fresh_trace_writes(tmp_path):
     write_from_markers(kept.markers, qmods, tmp_path / "from_kept.onnx")
     export_graph(quantized, x, tmp_path / "fresh.onnx", input_names=["x"])
     assert (tmp_path / "from_kept.onnx").read_bytes() == (tmp_path / "fresh.onnx").read_bytes()
+
+
+def test_the_weights_a_rewrite_adds_never_sit_in_the_proto_of_a_large_graph(tmp_path, monkeypatch):
+    # deploy/onnx_fast.py _finish: the float weights of the marked modules go straight to files
+    # (quant/onnx_export.py _spilled) and are streamed into <name>.data; protobuf kept a cleared
+    # field's bytes in its arena, so a 3.4 GB UNet held them all at once. A small graph takes them
+    # back: the same proto, byte for byte, as a rewrite in memory.
+    from opsnn_quant.quant.onnx_export import SPILL_BYTES, rewrite_markers
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).eval()
+    x = torch.randn(2, 64)
+    marked = {"0": model[0], "2": model[2]}
+    small = export_graph(model, (x,), tmp_path / "s" / "g.onnx", input_names=["x"], marked=marked,
+                         keep_markers=True)  # fmt: skip
+    assert small.markers is not None
+    in_memory = onnx.ModelProto()
+    in_memory.CopyFrom(small.markers)
+    rewrite_markers(onnx, in_memory, marked)
+    assert small.proto.SerializeToString() == in_memory.SerializeToString()
+    assert (tmp_path / "s" / "g.onnx").read_bytes() == in_memory.SerializeToString()
+
+    inline: list[int] = []
+    real = onnx.numpy_helper.from_array
+
+    def counting(arr, name=None):
+        inline.append(arr.nbytes)
+        return real(arr, name)
+
+    monkeypatch.setattr(onnx.numpy_helper, "from_array", counting)
+    path = tmp_path / "l" / "g.onnx"
+    export_graph(model, (x,), path, input_names=["x"], marked=marked, external_data_bytes=1000)
+    assert inline and max(inline) < SPILL_BYTES  # only the small shape constants were inline
+    assert (tmp_path / "l" / "g.onnx.data").stat().st_size == 4 * (
+        64 * 64 + 64 * 8
+    )  # biases inline
+    assert sorted(p.name for p in (tmp_path / "l").iterdir()) == ["g.onnx", "g.onnx.data"]
+    got = ort.InferenceSession(str(path)).run(None, {"x": x.numpy()})[0]
+    np.testing.assert_allclose(got, model(x).detach().numpy(), rtol=1e-5, atol=1e-6)
