@@ -9,9 +9,55 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 ONNX_EXTERNAL_DATA_BYTES = 1_800_000_000
 """Protobuf cannot serialize 2 GiB: from this size on a model's tensors go to a file beside it."""
+
+
+SPILL_BYTES = 1024
+"""Initializers of at least this many bytes are spilled to files by a marker rewrite (the size
+from which :func:`save_onnx_atomic`'s streaming moves inline tensors into the data file too)."""
+SPILL_PREFIX = "opsnn-init-"
+"""The file names of spilled initializers begin so (:func:`unspill` takes back only those)."""
+# dtypes whose raw data is the array's bytes (little endian); others (packed int4) stay inline
+_SPILLED = {np.dtype(t) for t in ("float32", "float16", "int8", "uint8", "int32", "int64")}
+
+
+def spillable(arr: np.ndarray) -> bool:
+    """Whether :func:`spilled_tensor` can write ``arr`` (its raw data is its own bytes)."""
+    return arr.dtype in _SPILLED
+
+
+def spilled_tensor(onnx: Any, arr: np.ndarray, name: str, path: Path) -> Any:
+    """The initializer ``name`` of ``arr`` with its data in the file ``path``: the proto never
+    holds the bytes (protobuf keeps a cleared field's bytes in its arena until the whole model
+    goes, so a tensor made inline and moved out would still cost its memory)."""
+    np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tofile(path)
+    tensor = onnx.TensorProto()
+    tensor.dims.extend(arr.shape)
+    tensor.name = name
+    tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(arr.dtype)
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", path.name
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    return tensor
+
+
+def unspill(onnx: Any, proto: Any, spill: Path) -> None:
+    """Load the initializers spilled into ``spill`` (:func:`spilled_tensor`) back into
+    ``proto``: the same ModelProto, byte for byte, as one made in memory."""
+    for tensor in proto.graph.initializer:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in tensor.external_data}
+        if not info.get("location", "").startswith(SPILL_PREFIX):
+            continue
+        tensor.raw_data = (spill / info["location"]).read_bytes()
+        del tensor.external_data[:]
+        tensor.ClearField("data_location")  # proto2: a field set to its default is still written
 
 
 def save_onnx_atomic(

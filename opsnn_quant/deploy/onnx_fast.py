@@ -30,7 +30,12 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from opsnn_quant.onnx_io import ONNX_EXTERNAL_DATA_BYTES, save_onnx_atomic
+from opsnn_quant.onnx_io import (
+    ONNX_EXTERNAL_DATA_BYTES,
+    SPILL_PREFIX,
+    save_onnx_atomic,
+    unspill,
+)
 from opsnn_quant.policy.export_atc import torch_scope
 from opsnn_quant.quant.modules import QuantConv2d, QuantModule, set_submodule
 from opsnn_quant.quant.onnx_markers import DOMAIN, MARKER_OP
@@ -207,12 +212,12 @@ def _finish(
     """
     import onnx
 
-    from opsnn_quant.quant.onnx_export import rewrite_markers, unspill
+    from opsnn_quant.quant.onnx_export import rewrite_markers
 
     with tempfile.TemporaryDirectory() as own:
         spill = external_from or Path(own)
         nodes, _ = rewrite_markers(onnx, proto, marked, spill=spill)
-        spilled = sum(f.stat().st_size for f in spill.glob("opsnn-init-*.bin"))
+        spilled = sum(f.stat().st_size for f in spill.glob(f"{SPILL_PREFIX}*.bin"))
         large = external_from is not None or proto.ByteSize() + spilled >= external_data_bytes
         if not large:
             unspill(onnx, proto, spill)

@@ -39,7 +39,14 @@ import torch
 from torch import nn
 
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.onnx_io import ONNX_EXTERNAL_DATA_BYTES, save_onnx_atomic
+from opsnn_quant.onnx_io import (
+    ONNX_EXTERNAL_DATA_BYTES,
+    SPILL_BYTES,
+    SPILL_PREFIX,
+    save_onnx_atomic,
+    spillable,
+    spilled_tensor,
+)
 from opsnn_quant.quant.modules import (
     QuantConv2d,
     QuantLinear,
@@ -166,9 +173,9 @@ class _Emitter:
         if key not in self.inits:
             name = self._fresh(f"{self.module}.{role}")
             arr = to_numpy(value)
-            if self.spill is not None and arr.nbytes >= SPILL_BYTES and arr.dtype in _SPILLED:
-                path = self.spill / f"opsnn-init-{len(self.inits)}.bin"
-                self.inits[key] = _spilled(self.onnx, arr, name, path)
+            if self.spill is not None and arr.nbytes >= SPILL_BYTES and spillable(arr):
+                path = self.spill / f"{SPILL_PREFIX}{len(self.inits)}.bin"
+                self.inits[key] = spilled_tensor(self.onnx, arr, name, path)
             else:
                 self.inits[key] = self.onnx.numpy_helper.from_array(arr, name)
         return str(self.inits[key].name)
@@ -178,44 +185,6 @@ class _Emitter:
         name = self._fresh(f"{self.prefix}/{role}")
         self.nodes.append(self.onnx.helper.make_node(op, ins, [out or name], name=name, **attrs))
         return out or name
-
-
-# Initializers of at least this many bytes are spilled to files by rewrite_markers(spill=...)
-# (the size from which onnx_io's streaming moves inline tensors into the external data file too).
-SPILL_BYTES = 1024
-
-
-# dtypes whose raw data is the array's bytes (little endian); others (packed int4) stay inline
-_SPILLED = {np.dtype(t) for t in ("float32", "float16", "int8", "uint8", "int32", "int64")}
-
-
-def _spilled(onnx: Any, arr: np.ndarray, name: str, path: Path) -> Any:
-    """The initializer ``name`` of ``arr`` with its data in the file ``path``: the proto never
-    holds the bytes (protobuf keeps a cleared field's bytes in its arena until the whole model
-    goes, so a tensor made inline and moved out would still cost its memory)."""
-    np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tofile(path)
-    tensor = onnx.TensorProto()
-    tensor.dims.extend(arr.shape)
-    tensor.name = name
-    tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(arr.dtype)
-    entry = tensor.external_data.add()
-    entry.key, entry.value = "location", path.name
-    tensor.data_location = onnx.TensorProto.EXTERNAL
-    return tensor
-
-
-def unspill(onnx: Any, proto: Any, spill: Path) -> None:
-    """Load the initializers :func:`rewrite_markers` spilled into ``spill`` back into ``proto``:
-    the same ModelProto, byte for byte, as a rewrite that never spilled."""
-    for tensor in proto.graph.initializer:
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        info = {e.key: e.value for e in tensor.external_data}
-        if not info.get("location", "").startswith("opsnn-init-"):
-            continue
-        tensor.raw_data = (spill / info["location"]).read_bytes()
-        del tensor.external_data[:]
-        tensor.ClearField("data_location")  # proto2: a field set to its default is still written
 
 
 def _static_bias_int32(mod: QuantModule[Any]) -> torch.Tensor:
@@ -360,7 +329,7 @@ def rewrite_markers(
         spill: a directory: each new initializer of :data:`SPILL_BYTES` or more is written to a
             file there (``opsnn-init-*.bin``) and left in ``proto`` as an external tensor, so an
             SD 1.5 UNet's 3.4 GB of float weights are never in memory at once (see
-            :func:`unspill` and :func:`opsnn_quant.onnx_io.save_onnx_atomic`).
+            :func:`opsnn_quant.onnx_io.unspill` and :func:`opsnn_quant.onnx_io.save_onnx_atomic`).
 
     Returns:
         Module -> the names of its nodes, and module -> its scheme (``float`` for a float one).
@@ -399,4 +368,4 @@ def rewrite_markers(
     return mapping, schemes
 
 
-__all__ = ["export_onnx", "rewrite_markers", "unspill"]
+__all__ = ["export_onnx", "rewrite_markers"]

@@ -79,10 +79,11 @@ def test_a_kept_float_trace_writes_the_qdq_graph_a_fresh_trace_writes(tmp_path):
 
 def test_the_weights_a_rewrite_adds_never_sit_in_the_proto_of_a_large_graph(tmp_path, monkeypatch):
     # deploy/onnx_fast.py _finish: the float weights of the marked modules go straight to files
-    # (quant/onnx_export.py _spilled) and are streamed into <name>.data; protobuf kept a cleared
+    # (onnx_io.py spilled_tensor) and are streamed into <name>.data; protobuf kept a cleared
     # field's bytes in its arena, so a 3.4 GB UNet held them all at once. A small graph takes them
     # back: the same proto, byte for byte, as a rewrite in memory.
-    from opsnn_quant.quant.onnx_export import SPILL_BYTES, rewrite_markers
+    from opsnn_quant.onnx_io import SPILL_BYTES
+    from opsnn_quant.quant.onnx_export import rewrite_markers
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).eval()
