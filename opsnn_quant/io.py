@@ -1,11 +1,14 @@
-"""Safe outputs: atomic writes, output directories we own, and JSON configs read strictly.
+"""Safe outputs: atomic writes, outputs we own, and JSON configs read strictly.
 
 Every output directory opsnn-quant writes carries a marker file (:data:`MARKER`) naming the kind
-of output (``calibrate``, ``probe``, ``quant``, ``report``...). A directory is replaced only when
-it is empty or carries the marker of the same kind, unless the caller forces it; anything else is
-refused with one line naming the path. Directories are built in a ``<name>.tmp-*`` sibling and
-swapped in by two renames (the old one aside to ``<name>.old-*``, the new one into place); a run
-killed between the two is repaired by the next one, which restores or removes what we left.
+of output (``calibrate``, ``probe``, ``quant``, ``report``...) and listing what it holds. A
+directory is replaced only when it is empty or, entry by entry, an output of the same kind
+(:mod:`opsnn_quant.ownership`), unless the caller forces it; a loose output file only when it
+holds what we wrote there. Anything else is refused with one line naming the path, and an input
+of the command (resolved: a ``zoo:`` model's directory, the package itself) never is replaced,
+``--force`` or not. Directories are built in a ``<name>.tmp-<token>`` sibling and swapped in by
+two renames (the old one aside to ``<name>.old-<token>``, the new one into place); a run killed
+between the two is repaired by the next one, which restores or removes what that run left.
 """
 
 from __future__ import annotations
@@ -19,18 +22,30 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import IO, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from opsnn_quant.errors import ConfigError, InputError
+from opsnn_quant.ownership import (
+    LEDGER,
+    MARKER,
+    Marker,
+    first_foreign_entry,
+    hold,
+    is_live,
+    is_token,
+    ledger_text,
+    manifest_of,
+    new_token,
+    owned_file,
+    read_marker,
+)
 
 log = logging.getLogger(__name__)
 
 _M = TypeVar("_M", bound=BaseModel)
 
-MARKER = ".opsnn-quant.json"
-MARKER_SCHEMA = 1
 # errno values that mean "this output location cannot be written" (a user's problem, exit 2).
 WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.ENOTDIR}
 
@@ -88,60 +103,131 @@ def write_error(path: Path, exc: OSError) -> OutputError:
     return OutputError(f"cannot write {path}: {reason}")
 
 
-def _marker_kind(directory: Path) -> str | None:
-    """The kind recorded in ``directory``'s marker (None: no readable marker)."""
-    try:
-        data = json.loads((directory / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("tool") != "opsnn-quant":
-        return None
-    kind = data.get("kind")
-    return kind if isinstance(kind, str) else None
-
-
-def _write_marker(directory: Path, kind: str) -> None:
-    doc = {"tool": "opsnn-quant", "kind": kind, "schema_version": MARKER_SCHEMA}
-    (directory / MARKER).write_text(json.dumps(doc, sort_keys=True) + "\n", encoding="utf-8")
-
-
 def _is_within(path: Path, ancestor: Path) -> bool:
     return path == ancestor or ancestor in path.parents
 
 
-def _ours(path: Path) -> bool:
-    return path.is_dir() and _marker_kind(path) is not None
+PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-def repair_siblings(path: str | os.PathLike[str]) -> list[str]:
-    """Finish or undo what an interrupted run left beside ``path``; returns what was done.
+def _siblings(target: Path) -> tuple[dict[str, Path], dict[str, Path], list[Path]]:
+    """``<name>.tmp-<token>`` and ``<name>.old-<token>`` beside ``target`` by token, and the
+    other ``<name>.tmp-*`` / ``<name>.old-*`` entries (never a glob: the name may hold ``[``)."""
+    tmps: dict[str, Path] = {}
+    olds: dict[str, Path] = {}
+    odd: list[Path] = []
+    for entry in sorted(target.parent.iterdir()):
+        for tag, found in ((".tmp-", tmps), (".old-", olds)):
+            prefix = target.name + tag
+            if entry.name.startswith(prefix):
+                token = entry.name[len(prefix) :]
+                if is_token(token) and entry.is_dir() and not entry.is_symlink():
+                    found[token] = entry
+                else:
+                    odd.append(entry)
+    return tmps, olds, odd
 
-    Only entries carrying our marker are touched: a ``<name>.old-*`` directory is the previous
-    output renamed aside by a swap that did not finish: it is put back when ``path`` is missing,
-    removed when ``path`` is there; a ``<name>.tmp-*`` directory is an unfinished output and is
-    removed.
+
+def repair_siblings(path: str | os.PathLike[str], kind: str) -> list[str]:
+    """Finish or undo what an interrupted ``kind`` run into ``path`` left; returns what was done.
+
+    Only this tool's own debris is touched (see :mod:`opsnn_quant.ownership`): a
+    ``<name>.tmp-<token>`` directory whose marker holds that token and ``kind`` is an unfinished
+    output and is removed; a ``<name>.old-<token>`` directory is the previous output renamed
+    aside by the swap of run ``<token>``: put back when that run's output never arrived, removed
+    when ``path`` is that run's output. Anything else named like debris is left alone with one
+    warning line.
+
+    Raises:
+        OutputError: another run is building ``path`` right now (its temporary directory is
+            locked).
     """
     target = Path(path)
-    parent = target.parent
-    if not parent.is_dir():
+    if not target.parent.is_dir():
         return []
-    done = []
-    for old in sorted(parent.glob(f"{target.name}.old-*")):
-        if not _ours(old):
+    tmps, olds, odd = _siblings(target)
+    done: list[str] = []
+    for token, tmp in tmps.items():
+        marker = read_marker(tmp).marker
+        if marker is None or marker.kind != kind or marker.token != token:
+            odd.append(tmp)
             continue
-        if not target.exists():
+        if is_live(tmp):
+            raise OutputError(
+                f"output {target} is being written by another opsnn-quant run ({tmp.name}); "
+                "wait for it to finish or choose another output"
+            )
+        old = olds.pop(token, None)
+        if old is not None and not (target.exists() or target.is_symlink()):
             os.replace(old, target)
             done.append(f"restored {target} from {old.name} (a previous run stopped mid-swap)")
-        else:
+        elif old is not None:
+            odd.append(old)
+        shutil.rmtree(tmp, ignore_errors=True)
+        done.append(f"removed {tmp} (unfinished output of a previous run)")
+    current = read_marker(target).marker if target.is_dir() else None
+    for token, old in olds.items():
+        if current is not None and current.token == token and current.kind == kind:
             shutil.rmtree(old, ignore_errors=True)
-            done.append(f"removed {old} (left by a previous run)")
-    for tmp in sorted(parent.glob(f"{target.name}.tmp-*")):
-        if _ours(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
-            done.append(f"removed {tmp} (unfinished output of a previous run)")
+            done.append(f"removed {old} (the output it replaced, left by a previous run)")
+        else:
+            odd.append(old)
     for line in done:
         log.warning("%s", line)
+    for entry in odd:
+        log.warning(
+            "left %s alone: it is not what an interrupted opsnn-quant %s run into %s left",
+            entry, kind, target.name,
+        )  # fmt: skip
     return done
+
+
+def _check_not_an_input(target: Path, inputs: Iterable[str | os.PathLike[str]]) -> None:
+    resolved = target.resolve()
+    if _is_within(Path.cwd().resolve(), resolved):
+        raise OutputError(
+            f"output {target} is the working directory or contains it; choose a new directory"
+        )
+    named = [(str(item), Path(item).resolve()) for item in inputs]
+    named.append(("the opsnn-quant package (its built-in models, recipes and suites)", PACKAGE_DIR))
+    for item, src in named:
+        if _is_within(src, resolved):
+            raise OutputError(f"output {target} would replace the input {item}; choose another")
+        if _is_within(resolved, src):
+            raise OutputError(f"output {target} is inside the input {item}; choose another")
+
+
+def _check_parents(target: Path) -> None:
+    for parent in target.resolve().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputError(f"output {target}: {parent} is a file, not a directory")
+            return
+
+
+def _why_not_replaceable(target: Path, kind: str) -> str | None:
+    """Why ``target`` (an existing, non-empty directory) is not ours to replace, or None."""
+    found = read_marker(target)
+    if found.kind is None:
+        return "exists and is not an opsnn-quant output"
+    if found.kind != kind:
+        return f"exists and is a '{found.kind}' output"
+    if found.marker is None:
+        return "exists and its marker lists no contents (an older opsnn-quant wrote it)"
+    foreign = first_foreign_entry(target, found.marker)
+    if foreign is not None:
+        return (
+            f"holds {foreign}, which is not part of the {kind} output opsnn-quant wrote there "
+            "(added or changed since)"
+        )
+    return None
+
+
+def _link_text(target: Path) -> str:
+    try:
+        return f"a symbolic link to {os.readlink(target)}"
+    except OSError:
+        return "a symbolic link"
 
 
 def check_output_dir(
@@ -157,44 +243,35 @@ def check_output_dir(
         path: the output directory.
         kind: the kind of output the command writes (its marker).
         force: replace an existing directory or file that is not an output of this kind.
-        inputs: paths the command reads (recipe, model directory, data): the output may not be
-            one of them or contain one.
+        inputs: paths the command reads (recipe, resolved model directory, data, suite...):
+            the output may not be one of them, contain one or lie inside one, ``force`` or not.
+            The opsnn-quant package itself is always an input.
 
     Returns:
         ``path`` as a Path.
 
     Raises:
-        OutputError: ``path`` is the working directory or contains it, is or contains an input,
-            has a file as parent, exists and is not ours (without ``force``), or its parent
-            cannot be written.
+        OutputError: ``path`` is the working directory or contains it, is, contains or lies in
+            an input, has a file as parent, is being written by another run, exists and is
+            not ours entry by entry (without ``force``), or its parent cannot be written.
     """
     target = Path(path)
-    resolved = target.resolve()
-    cwd = Path.cwd().resolve()
-    if _is_within(cwd, resolved):
-        raise OutputError(
-            f"output {target} is the working directory or contains it; choose a new directory"
-        )
-    for item in inputs:
-        src = Path(item).resolve()
-        if _is_within(src, resolved):
-            raise OutputError(f"output {target} would replace the input {item}; choose another")
-    for parent in resolved.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise OutputError(f"output {target}: {parent} is a file, not a directory")
-            break
-    repair_siblings(target)
-    if target.is_file() or target.is_symlink():
+    _check_not_an_input(target, inputs)
+    _check_parents(target)
+    repair_siblings(target, kind)
+    if target.is_symlink():
+        if not force:
+            raise OutputError(
+                f"output {target} is {_link_text(target)}; give the directory itself, remove "
+                "the link or pass --force (the link is replaced, not what it points to)"
+            )
+    elif target.exists() and not target.is_dir():
         if not force:
             raise OutputError(f"output {target} is an existing file; remove it or pass --force")
-    elif target.is_dir() and any(target.iterdir()):
-        found = _marker_kind(target)
-        if found != kind and not force:
-            what = "not an opsnn-quant output" if found is None else f"a '{found}' output"
-            raise OutputError(
-                f"output {target} exists and is {what}; choose another or pass --force"
-            )
+    elif target.is_dir() and any(target.iterdir()) and not force:
+        reason = _why_not_replaceable(target, kind)
+        if reason is not None:
+            raise OutputError(f"output {target} {reason}; choose another or pass --force")
     _check_writable(target)
     return target
 
@@ -203,7 +280,7 @@ def _check_writable(target: Path) -> None:
     parent = target.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        probe = tempfile.mkdtemp(prefix=f"{target.name}.tmp-", dir=parent)
+        probe = tempfile.mkdtemp(prefix=f".{target.name}.probe-", dir=parent)
         os.rmdir(probe)
     except OSError as exc:
         raise write_error(target, exc) from exc
@@ -213,17 +290,18 @@ def _check_writable(target: Path) -> None:
 def atomic_dir(
     path: str | os.PathLike[str], kind: str = "output", *, force: bool = False
 ) -> Iterator[Path]:
-    """Build a directory in ``<path>.tmp-*`` and swap it into place when the block succeeds.
+    """Build a directory in ``<path>.tmp-<token>`` and swap it into place when the block succeeds.
 
     On an exception (Ctrl-C and SIGTERM included) the temporary directory is removed and
-    ``path`` keeps its previous contents. The swap renames the old directory aside first, so at
-    no point is a half-written ``path`` visible; a crash between the two renames is repaired by
-    :func:`repair_siblings` on the next run.
+    ``path`` keeps its previous contents. The swap renames the old directory aside to
+    ``<path>.old-<token>`` first, so at no point is a half-written ``path`` visible; a crash
+    between the two renames is repaired by :func:`repair_siblings` on the next run. The new
+    marker records the run's token and the manifest of what was written.
 
     Args:
         path: the output directory.
         kind: the kind of output, recorded in its marker; an existing ``path`` is replaced only
-            when it is empty or an output of this kind.
+            when it is empty or, entry by entry, an output of this kind.
         force: replace ``path`` whatever it is.
 
     Raises:
@@ -232,44 +310,125 @@ def atomic_dir(
     """
     target = Path(path)
     check_output_dir(target, kind, force=force)
+    token = new_token()
+    tmp = target.parent / f"{target.name}.tmp-{token}"
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f"{target.name}.tmp-", dir=target.parent))
-        _follow_umask(tmp, 0o777)
-        _write_marker(tmp, kind)
+        tmp.mkdir()  # the umask applies: outputs are ordinary directories
+        (tmp / MARKER).write_text(Marker(kind, token).to_json(), encoding="utf-8")
+        lock = hold(tmp / MARKER)
     except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise write_error(target, exc) from exc
     try:
         yield tmp
+        _swap(tmp, target, Marker(kind, token, manifest_of(tmp)), lock)
     except OutputError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _discard(tmp, lock)
         # A nested output (OUT/quant) failed: name it where the user will look for it.
         raise OutputError(str(exc).replace(str(tmp), str(target))) from exc
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _discard(tmp, lock)
         if exc.errno in WRITE_ERRNOS:
             raise write_error(target, exc) from exc
         raise
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _discard(tmp, lock)
         raise
-    _swap(tmp, target)
 
 
-def _swap(tmp: Path, target: Path) -> None:
+def _discard(tmp: Path, lock: IO[str]) -> None:
+    lock.close()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _swap(tmp: Path, target: Path, marker: Marker, lock: IO[str]) -> None:
+    # The marker is rewritten through the locked handle: the lock stays on the same file.
+    lock.seek(0)
+    lock.truncate()
+    lock.write(marker.to_json())
+    lock.flush()
     old = None
     if target.is_dir() and not target.is_symlink():
-        old = Path(tempfile.mkdtemp(prefix=f"{target.name}.old-", dir=target.parent))
-        old.rmdir()
+        old = target.parent / f"{target.name}.old-{marker.token}"
         os.replace(target, old)
-        if not _ours(old):
-            # A forced replacement of a foreign directory: mark the aside copy as ours so that a
-            # crash right here is repaired like any other swap.
-            _write_marker(old, "replaced")
     elif target.exists() or target.is_symlink():
-        target.unlink()  # a file, replaced with --force (check_output_dir refused it otherwise)
-    os.replace(tmp, target)
+        target.unlink()  # a file or a link, replaced with --force (refused otherwise)
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        # Interrupted (or failed) between the renames: the previous output goes back now; only
+        # a kill -9 leaves the pair for the next run's repair.
+        if old is not None and not (target.exists() or target.is_symlink()):
+            os.replace(old, target)
+        raise
+    lock.close()
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+# ---- single files -------------------------------------------------------------------------
+
+
+def check_output_file(
+    path: str | os.PathLike[str],
+    kind: str,
+    *,
+    force: bool = False,
+    inputs: Iterable[str | os.PathLike[str]] = (),
+) -> Path:
+    """Refuse an output file we must not replace, before any work is done.
+
+    An existing file is replaced only when it holds exactly what opsnn-quant wrote there as a
+    ``kind`` file (the ledger beside it, :mod:`opsnn_quant.ownership`), or with ``force``.
+
+    Raises:
+        OutputError: ``path`` is a directory, is an input (``force`` or not), has a file as
+            parent, exists and is not ours (without ``force``), or cannot be written.
+    """
+    target = Path(path)
+    if target.is_dir() and not target.is_symlink():
+        raise OutputError(f"{target} is a directory; give a file path")
+    _check_not_an_input(target, inputs)
+    _check_parents(target)
+    if not force:
+        if target.is_symlink():
+            raise OutputError(f"output {target} is {_link_text(target)}; remove it or pass --force")
+        if target.exists() and not owned_file(target, kind):
+            raise OutputError(
+                f"output {target} exists and is not a {kind} file opsnn-quant wrote (or was "
+                "changed since); remove it or pass --force"
+            )
+    _check_writable(target)
+    return target
+
+
+def write_output_file(
+    path: str | os.PathLike[str], data: str | bytes, kind: str, *, force: bool = False
+) -> Path:
+    """Write a loose output file atomically (after :func:`check_output_file`) and record it in
+    its directory's ledger, so that the next run may replace it.
+
+    Raises:
+        OutputError: as :func:`check_output_file` and :func:`atomic_write_bytes`.
+    """
+    target = check_output_file(path, kind, force=force)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    atomic_write_bytes(target, raw)
+    atomic_write_text(target.parent / LEDGER, ledger_text(target.parent, target.name, kind, raw))
+    return target
+
+
+def remove_output_file(path: str | os.PathLike[str], kind: str) -> bool:
+    """Remove ``path`` when it is a ``kind`` file opsnn-quant wrote, unchanged; True if removed.
+
+    A user's file of that name is left as it is.
+    """
+    target = Path(path)
+    if not owned_file(target, kind):
+        return False
+    target.unlink()
+    atomic_write_text(target.parent / LEDGER, ledger_text(target.parent, target.name, kind, None))
+    return True
 
 
 def load_json_model(cls: type[_M], path: str | os.PathLike[str]) -> _M:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,24 +19,42 @@ from opsnn_quant.io import (
     atomic_dir,
     atomic_write_text,
     check_output_dir,
+    check_output_file,
+    remove_output_file,
     repair_siblings,
+    write_output_file,
 )
 
 
-def _ours(path, kind="calibrate"):
-    path.mkdir(parents=True)
-    (path / MARKER).write_text(json.dumps({"tool": "opsnn-quant", "kind": kind}))
-    (path / "policy.yaml").write_text("old\n")
+def _ours(path, kind="calibrate", text="old\n"):
+    """A finished output of ``kind`` holding policy.yaml, written the way every run writes one."""
+    with atomic_dir(path, kind) as tmp:
+        (tmp / "policy.yaml").write_text(text)
     return path
+
+
+def _marker(path):
+    return json.loads((path / MARKER).read_text())
 
 
 def test_a_directory_of_the_same_kind_is_replaced_and_marked(tmp_path):
     out = _ours(tmp_path / "out")
+    first = _marker(out)
     with atomic_dir(out, "calibrate") as tmp:
-        (tmp / "policy.yaml").write_text("new\n")
-    assert (out / "policy.yaml").read_text() == "new\n"
-    marker = json.loads((out / MARKER).read_text())
-    assert marker == {"tool": "opsnn-quant", "kind": "calibrate", "schema_version": 1}
+        (tmp / "policy.yaml").write_text("new!\n")
+        (tmp / "quant").mkdir()
+        (tmp / "quant" / "w.bin").write_bytes(b"12345")
+    assert (out / "policy.yaml").read_text() == "new!\n"
+    marker = _marker(out)
+    assert set(marker) == {"tool", "kind", "schema_version", "token", "manifest"}
+    assert (marker["tool"], marker["kind"], marker["schema_version"]) == (
+        "opsnn-quant",
+        "calibrate",
+        2,
+    )
+    assert re.fullmatch(r"[0-9a-f]{32}", marker["token"]) and marker["token"] != first["token"]
+    # the manifest: every file with its size (5 bytes of "new!\n", 5 of w.bin), marker excluded
+    assert marker["manifest"] == {"policy.yaml": 5, "quant/w.bin": 5}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
@@ -81,23 +104,205 @@ def test_outputs_that_would_eat_the_inputs_or_the_cwd_are_refused(tmp_path, monk
         check_output_dir(tmp_path / "file.txt" / "out", "calibrate")
 
 
+_KILLED_MID_SWAP = """
+import os, sys
+from pathlib import Path
+import opsnn_quant.io as io
+
+real, count = os.replace, []
+
+def dying(src, dst):  # kill -9 right after rename number N: no handler, no cleanup runs
+    real(src, dst)
+    count.append(1)
+    if len(count) == int(sys.argv[2]):
+        os._exit(9)
+
+io.os.replace = dying
+with io.atomic_dir(sys.argv[1], "calibrate") as tmp:
+    (tmp / "policy.yaml").write_text("new\\n")
+"""
+
+
+def _crash_mid_swap(tmp_path, after):
+    """A swap of ``out`` killed (-9) right after rename number ``after`` (1 or 2)."""
+    out = _ours(tmp_path / "out")
+    proc = subprocess.run([sys.executable, "-c", _KILLED_MID_SWAP, str(out), str(after)])
+    assert proc.returncode == 9
+    return out
+
+
+def _leave_unlocked_tmp(tmp_path, name="out", kind="calibrate"):
+    """What a run killed with -9 while building leaves: a marked tmp-<token>, no lock held."""
+    token = "ab" * 16
+    tmp = tmp_path / f"{name}.tmp-{token}"
+    tmp.mkdir()
+    from opsnn_quant.ownership import Marker
+
+    (tmp / MARKER).write_text(Marker(kind, token).to_json())
+    (tmp / "half.bin").write_bytes(b"x")
+    return tmp
+
+
 def test_a_crash_between_the_two_renames_is_repaired_next_time(tmp_path):
-    # The swap renamed the old output aside and died before renaming the new one in: OUT is
-    # missing, the old output is under .old-*, the finished new one under .tmp-*.
-    out = tmp_path / "out"
-    old = _ours(tmp_path / "out.old-abc123")
-    _ours(tmp_path / "out.tmp-def456")
-    foreign = tmp_path / "out.tmp-notours"
-    foreign.mkdir()
-    done = repair_siblings(out)
-    assert (out / "policy.yaml").read_text() == "old\n" and not old.exists()
-    assert not (tmp_path / "out.tmp-def456").exists()
-    assert foreign.is_dir()  # not ours: left alone
+    # The swap renamed the old output aside (out.old-<token>) and died before renaming the new
+    # one in (out.tmp-<same token>): OUT is missing; the next run puts the old one back.
+    out = _crash_mid_swap(tmp_path, after=1)
+    assert not out.exists()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert [n.split("-")[0] for n in names] == ["out.old", "out.tmp"]
+    assert names[0].split("-")[1] == names[1].split("-")[1]  # one token: one run's swap
+    done = repair_siblings(out, "calibrate")
+    assert (out / "policy.yaml").read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert any("restored" in line for line in done) and any("removed" in line for line in done)
-    # the swap completed but the old copy was not deleted: it goes
-    _ours(tmp_path / "out.old-zzz")
-    repair_siblings(out)
-    assert not (tmp_path / "out.old-zzz").exists() and out.is_dir()
+
+
+def test_a_crash_after_the_second_rename_is_finished_next_time(tmp_path):
+    out = _crash_mid_swap(tmp_path, after=2)
+    assert (out / "policy.yaml").read_text() == "new\n"
+    (old,) = [p for p in tmp_path.iterdir() if p.name.startswith("out.old-")]
+    assert old.name == f"out.old-{_marker(out)['token']}"
+    repair_siblings(out, "calibrate")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_an_unfinished_output_of_a_killed_run_is_removed(tmp_path):
+    _ours(tmp_path / "out")
+    tmp = _leave_unlocked_tmp(tmp_path)
+    assert repair_siblings(tmp_path / "out", "calibrate") == [
+        f"removed {tmp} (unfinished output of a previous run)"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_only_our_own_debris_is_touched(tmp_path, caplog):
+    # issue 28 §1: a user's backups and look-alikes are left alone, each with one warning.
+    out = _ours(tmp_path / "run", text="current\n")
+    keep = _ours(tmp_path / "keep", text="my backup\n")
+    keep.rename(tmp_path / "run.old-keep")  # mv run run.old-keep (then a new run)
+    (tmp_path / "run.old-keep" / "added.txt").write_text("mine\n")
+    shutil.copytree(out, tmp_path / "run.old-2025")  # cp -r OUT run.old-2025
+    other = _ours(tmp_path / "x", kind="quant")
+    other.rename(tmp_path / f"run.old-{_marker(other)['token']}")  # a token, but not this run's
+    wrong_kind = _leave_unlocked_tmp(tmp_path, "run", kind="probe")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with caplog.at_level("WARNING", logger="opsnn_quant.io"):
+        assert repair_siblings(out, "calibrate") == []
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    left = [r.getMessage() for r in caplog.records]
+    assert len(left) == 4 and all("left " in m and "alone" in m for m in left)
+    assert any(str(wrong_kind) in m for m in left)
+
+
+def test_the_output_name_is_not_a_glob(tmp_path):
+    out = tmp_path / "x[ab]"
+    stray = _leave_unlocked_tmp(tmp_path, "xa")  # xa.tmp-<token>: matches the glob x[ab].tmp-*
+    with atomic_dir(out, "calibrate") as tmp:
+        (tmp / "f").write_text("1")
+    assert stray.is_dir() and (out / "f").is_file()
+
+
+def test_a_live_run_is_not_disturbed(tmp_path):
+    # Two runs to the same -o: the second sees the first's locked temporary directory and stops.
+    out = tmp_path / "out"
+    with atomic_dir(out, "calibrate") as tmp:
+        (tmp / "f").write_text("1")
+        code = (
+            "import sys; from opsnn_quant.io import check_output_dir\n"
+            f"check_output_dir({str(out)!r}, 'calibrate')"
+        )
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert proc.returncode != 0 and "being written by another opsnn-quant run" in proc.stderr
+        assert (tmp / "f").is_file()
+    assert (out / "f").read_text() == "1"
+
+
+def test_a_copied_marker_does_not_make_a_folder_ours(tmp_path):
+    # issue 28 §1: cp OUT/.opsnn-quant.json u/; a run to u must not delete u/thesis.tex.
+    done = _ours(tmp_path / "done", kind="quant")
+    user = tmp_path / "u"
+    user.mkdir()
+    (user / "thesis.tex").write_text("years of work\n")
+    shutil.copy(done / MARKER, user / MARKER)
+    with pytest.raises(
+        OutputError, match=r"holds thesis.tex, which is not part of the quant output"
+    ):
+        check_output_dir(user, "quant")
+    # the same for a file added to a real output, or one whose size changed
+    (done / "notes.txt").write_text("mine\n")
+    with pytest.raises(OutputError, match=r"holds notes\.txt"):
+        check_output_dir(done, "quant")
+    (done / "notes.txt").unlink()
+    (done / "policy.yaml").write_text("edited by hand\n")
+    with pytest.raises(OutputError, match=r"holds policy\.yaml"):
+        check_output_dir(done, "quant")
+    assert (user / "thesis.tex").read_text() == "years of work\n"
+
+
+def test_an_older_marker_without_a_manifest_vouches_for_nothing(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / MARKER).write_text(json.dumps({"tool": "opsnn-quant", "kind": "calibrate"}))
+    (out / "policy.yaml").write_text("x\n")
+    with pytest.raises(OutputError, match="marker lists no contents"):
+        check_output_dir(out, "calibrate")
+    check_output_dir(out, "calibrate", force=True)
+
+
+def test_a_nested_output_replaced_later_stays_ours(tmp_path):
+    # export-weights redoes OUT/export/ascendv1 (its own marker) and writes a notes file beside
+    # it (the ledger): OUT stays replaceable by the next calibrate.
+    out = tmp_path / "out"
+    with atomic_dir(out, "calibrate") as tmp:
+        with atomic_dir(tmp / "export" / "ascendv1", "ascendv1") as inner:
+            (inner / "w.safetensors").write_bytes(b"a")
+    with atomic_dir(out / "export" / "ascendv1", "ascendv1") as inner:
+        (inner / "w.safetensors").write_bytes(b"bigger")
+    write_output_file(out / "export" / "ascendv1.notes.txt", "note\n", "ascendv1.notes")
+    assert check_output_dir(out, "calibrate") == out
+
+
+def test_symlinked_output_says_what_it_is(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(OutputError, match=f"is a symbolic link to {real}"):
+        check_output_dir(tmp_path / "link", "probe")
+
+
+def test_outputs_inside_an_input_are_refused_even_forced(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cand = tmp_path / "cand"
+    (cand / "quant").mkdir(parents=True)
+    with pytest.raises(OutputError, match="is inside the input"):
+        check_output_dir(cand / "quant" / "report", "report", force=True, inputs=[cand / "quant"])
+    import opsnn_quant
+
+    inside = Path(opsnn_quant.__file__).parent / "zoo" / "weights" / "shapes-t2i"
+    with pytest.raises(OutputError, match="the opsnn-quant package"):
+        check_output_dir(inside, "calibrate", force=True)
+
+
+def test_loose_files_are_replaced_only_when_ours(tmp_path):
+    # issue 28 §1: policy export and export-weights' notes overwrote users' files.
+    path = tmp_path / "amct.cfg"
+    path.write_text("a user's config\n")
+    with pytest.raises(OutputError, match="exists and is not a amct-cfg file opsnn-quant wrote"):
+        write_output_file(path, "ours\n", "amct-cfg")
+    assert path.read_text() == "a user's config\n"
+    write_output_file(path, "ours\n", "amct-cfg", force=True)
+    write_output_file(path, "ours, again\n", "amct-cfg")  # ours, unchanged: replaced
+    with pytest.raises(OutputError, match="not a amct-eager file"):
+        check_output_file(path, "amct-eager")
+    assert not remove_output_file(path, "amct-eager")
+    path.write_text("edited\n")  # changed by the user: no longer ours
+    assert not remove_output_file(path, "amct-cfg") and path.read_text() == "edited\n"
+    with pytest.raises(OutputError, match="amct-cfg file opsnn-quant wrote"):
+        check_output_file(path, "amct-cfg")
+    with pytest.raises(OutputError, match="would replace the input"):
+        check_output_file(path, "amct-cfg", force=True, inputs=[path])
+    write_output_file(tmp_path / "n.txt", "x\n", "notes")
+    assert remove_output_file(tmp_path / "n.txt", "notes") and not (tmp_path / "n.txt").exists()
 
 
 def test_an_exception_leaves_the_previous_output_and_no_temporary(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 from opsnn_quant.evaluation.render import render_html, render_markdown, write_report
 from opsnn_quant.evaluation.report import AcceptanceReport
-from opsnn_quant.io import MARKER
+from opsnn_quant.io import MARKER, atomic_dir
 from tests.evaluation.sample_report import asr_report, t2i_report
 
 CHROMIUM_FLAGS = [
@@ -25,9 +25,8 @@ CHROMIUM_FLAGS = [
 def t2i_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     report, base, cand = t2i_report()
     out = tmp_path_factory.mktemp("r") / "report"
-    out.mkdir()
-    (out / MARKER).write_text('{"tool": "opsnn-quant", "kind": "report"}')  # an earlier report
-    (out / "stale.txt").write_text("previous run")  # replaced atomically, not merged
+    with atomic_dir(out, "report") as earlier:  # an earlier report
+        (earlier / "stale.txt").write_text("previous run")  # replaced atomically, not merged
     return write_report(report, out, baseline_images=base, candidate_images=cand, max_pairs=3)
 
 
