@@ -253,9 +253,11 @@ def test_a_nested_output_replaced_later_stays_ours(tmp_path):
     # export-weights redoes OUT/export/ascendv1 (its own marker) and writes a notes file beside
     # it (the ledger): OUT stays replaceable by the next calibrate.
     out = tmp_path / "out"
-    with atomic_dir(out, "calibrate") as tmp:
-        with atomic_dir(tmp / "export" / "ascendv1", "ascendv1") as inner:
-            (inner / "w.safetensors").write_bytes(b"a")
+    with (
+        atomic_dir(out, "calibrate") as tmp,
+        atomic_dir(tmp / "export" / "ascendv1", "ascendv1") as inner,
+    ):
+        (inner / "w.safetensors").write_bytes(b"a")
     with atomic_dir(out / "export" / "ascendv1", "ascendv1") as inner:
         (inner / "w.safetensors").write_bytes(b"bigger")
     write_output_file(out / "export" / "ascendv1.notes.txt", "note\n", "ascendv1.notes")
