@@ -395,8 +395,8 @@ def check_output_file(
             raise OutputError(f"output {target} is {_link_text(target)}; remove it or pass --force")
         if target.exists() and not owned_file(target, kind):
             raise OutputError(
-                f"output {target} exists and is not a {kind} file opsnn-quant wrote (or was "
-                "changed since); remove it or pass --force"
+                f"output {target} exists and is not an opsnn-quant {kind} file (or was changed "
+                "since); remove it or pass --force"
             )
     _check_writable(target)
     return target

@@ -97,3 +97,24 @@ def named_records(source: str, limit: int | None) -> list[dict[str, Any]] | None
         return None
     scheme, name = named
     return provider_for(scheme).records(name, limit)
+
+
+def local_paths(source: str) -> list[Path]:
+    """The local paths a model or data source reads, for the rule that no output replaces an
+    input: a path is itself; a named model is its provider's directory (resolved, as the
+    adapters load it); a named data source is what its provider's optional
+    ``data_paths(name)`` lists (none otherwise: the data is generated).
+
+    Raises:
+        ConfigError: an unknown scheme.
+        ModelLoadError: the provider cannot prepare the named model.
+    """
+    named = split_source(source)
+    if named is None:
+        return [Path(source)]
+    scheme, name = named
+    provider = provider_for(scheme)
+    if name in provider.model_names():
+        return [provider.model_dir(name)]
+    data_paths = getattr(provider, "data_paths", None)
+    return [Path(p) for p in data_paths(name)] if callable(data_paths) else []

@@ -28,7 +28,7 @@ from opsnn_quant.determinism import set_reproducible
 from opsnn_quant.evaluation.evaluate import evaluate, policy_summary
 from opsnn_quant.evaluation.gate import check_latency_mode
 from opsnn_quant.evaluation.render import write_report
-from opsnn_quant.evaluation.suite import Suite, load_suite
+from opsnn_quant.evaluation.suite import Suite, load_suite, suite_inputs
 from opsnn_quant.io import atomic_dir, check_output_dir
 from opsnn_quant.models import ModelAdapter, load_adapter
 from opsnn_quant.models.data import load_records
@@ -44,6 +44,7 @@ from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.checkpoint import save_quantized
 from opsnn_quant.recipe import Recipe
 from opsnn_quant.recording import RecordedRoots, record_roots
+from opsnn_quant.sources import local_paths
 from opsnn_quant.types import Modality, Progress
 
 log = logging.getLogger(__name__)
@@ -80,17 +81,25 @@ def load_recipe_model(recipe: Recipe) -> ModelAdapter:
 
 
 def recipe_inputs(recipe: Recipe) -> list[str]:
-    """The local paths a recipe reads (model directory, data): an output may not replace them."""
-    paths = [recipe.model.source, recipe.data.calibration, recipe.data.holdout]
-    return [p for p in paths if p is not None and not p.startswith("zoo:")]
+    """The local paths a recipe reads (the model's directory, resolved for a named source, and
+    the data): an output may not replace them, contain them or lie inside them."""
+    sources = [recipe.model.source, recipe.data.calibration, recipe.data.holdout]
+    return [str(p) for s in sources if s is not None for p in local_paths(s)]
 
 
 def check_calibrate_output(
-    recipe: Recipe, out: Path, *, force: bool = False, inputs: Iterable[str] = ()
+    recipe: Recipe,
+    out: Path,
+    *,
+    force: bool = False,
+    suite: str | None = None,
+    inputs: Iterable[str] = (),
 ) -> None:
     """Refuse an output ``calibrate`` must not replace, before any work (see
-    :func:`opsnn_quant.io.check_output_dir`); ``inputs`` adds paths such as the recipe file."""
-    check_output_dir(out, OUTPUT_KIND, force=force, inputs=[*recipe_inputs(recipe), *inputs])
+    :func:`opsnn_quant.io.check_output_dir`): the recipe's inputs, the ``suite``'s and
+    ``inputs`` (such as the recipe file) are never replaced."""
+    read = [*recipe_inputs(recipe), *(suite_inputs(suite) if suite else []), *inputs]
+    check_output_dir(out, OUTPUT_KIND, force=force, inputs=read)
 
 
 def run_calibrate(
@@ -162,7 +171,7 @@ def _check_before_work(
     recipe: Recipe, out: Path, engine: str, suite: str | None, latency: str, force: bool
 ) -> Suite | None:
     """Everything checkable before data and model load; returns the loaded suite."""
-    check_calibrate_output(recipe, out, force=force)
+    check_calibrate_output(recipe, out, force=force, suite=suite)
     resolve_device(recipe.model.device)  # an npu recipe on a machine without torch_npu: now
     loaded = None
     if suite is not None:

@@ -117,6 +117,42 @@ def _corrupt_wav(d: Path) -> str:
     return str(d / "wavs")
 
 
+def _zoo_dir(name: str) -> str:
+    from opsnn_quant.sources import model_path
+
+    return str(model_path(f"zoo:{name}"))
+
+
+def _suite_with_folder(d: Path) -> str:
+    (d / "prompts").mkdir()
+    (d / "prompts" / "prompts.txt").write_text("a red circle\na blue square\n")
+    suite = d / "suite.yaml"
+    suite.write_text(
+        "schema_version: 1\nname: s\ntask: t2i\ndata: {folder: prompts, samples: 2}\n"
+        "metrics: {thresholds: {psnr_min: 10.0}}\n"
+    )
+    return str(suite)
+
+
+def _user_notes(d: Path) -> str:
+    (d / "exp").mkdir()
+    (d / "exp" / "ascendv1.notes.txt").write_text("my notes\n")
+    return str(d / "exp")
+
+
+def _copied_marker(done: Path, d: Path) -> str:
+    (d / "u").mkdir()
+    (d / "u" / "thesis.tex").write_text("years of work\n")
+    shutil.copy(done / "quant" / MARKER, d / "u" / MARKER)  # a 'quant' output's marker
+    return str(d / "u")
+
+
+def _link(d: Path) -> str:
+    (d / "real").mkdir()
+    (d / "link").symlink_to(d / "real")
+    return str(d / "link")
+
+
 def _errors(stderr: str) -> list[str]:
     """stderr without the progress lines ('[  1.2 s] phase', printed when not a terminal)."""
     return [
@@ -144,6 +180,29 @@ CASES = [
          2, "would replace the input"),
     Case("-o under a file", lambda d, r, rec, done: ["calibrate", str(rec), "-o", str(_bytes(d, "f", b"x") / "o")],
          2, "is a file, not a directory"),
+    # issue 28 §1: inputs resolved, inputs contained, files that are not ours
+    Case("-o is the built-in model's directory", lambda d, r, rec, done: ["calibrate", "shapes-t2i", "-o", _zoo_dir("shapes-t2i"), "--force"],
+         2, "would replace the input"),
+    Case("-o inside the package", lambda d, r, rec, done: ["probe", "shapes-t2i", "-o", _zoo_dir("shapes-t2i") + "/unet/out", "--force"],
+         2, "is inside the input"),
+    Case("evaluate over the candidate's checkpoint", lambda d, r, rec, done: ["evaluate", "--candidate", str(done), "--suite", "shapes-t2i", "-o", str(done / "quant"), "--force"],
+         2, "would replace the input"),
+    Case("evaluate inside the candidate's checkpoint", lambda d, r, rec, done: ["evaluate", "--candidate", str(done), "--suite", "shapes-t2i", "-o", str(done / "quant" / "rep"), "--force"],
+         2, "is inside the input"),
+    Case("evaluate over the suite's folder", lambda d, r, rec, done: ["evaluate", "--candidate", str(done), "--suite", _suite_with_folder(d), "-o", str(d / "prompts"), "--force"],
+         2, "would replace the input"),
+    Case("policy export over its own policy", lambda d, r, rec, done: ["policy", "export", str(done / "policy.yaml"), "-f", "amct-cfg", "-o", str(done / "policy.yaml"), "--force"],
+         2, "would replace the input"),
+    Case("policy export over its probe", lambda d, r, rec, done: ["policy", "export", str(done / "policy.yaml"), "-f", "amct-cfg", "-o", str(done / "probe.json")],
+         2, "would replace the input"),
+    Case("policy export over a user's file", lambda d, r, rec, done: ["policy", "export", str(done / "policy.yaml"), "-f", "amct-cfg", "-o", str(_bytes(d, "amct.cfg", b"mine\n"))],
+         2, "exists and is not an opsnn-quant amct-cfg file"),
+    Case("export-weights over a user's notes file", lambda d, r, rec, done: ["export-weights", str(done), "-o", _user_notes(d), "--data", str(r / "prompts.txt")],
+         2, "ascendv1.notes.txt exists and is not an opsnn-quant ascendv1.notes file"),
+    Case("a copied marker", lambda d, r, rec, done: ["engine-demo", "-o", _copied_marker(done, d)],
+         2, "holds thesis.tex, which is not part of the quant output"),
+    Case("-o is a symbolic link", lambda d, r, rec, done: ["probe", str(rec), "-o", _link(d)],
+         2, "is a symbolic link to"),
     # §2 inputs
     Case("settings typo", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, "steps: 2", "stepz: 2"), "-o", str(d / "o")],
          2, "line 5: model.settings.stepz: Extra inputs are not permitted"),
@@ -176,7 +235,7 @@ CASES = [
     Case("policy export onto a directory", lambda d, r, rec, done: ["policy", "export", str(done / "policy.yaml"), "-f", "amct-cfg", "-o", str(done)],
          2, "is a directory; give a file path"),
     Case("policy export under a file", lambda d, r, rec, done: ["policy", "export", str(done / "policy.yaml"), "-f", "amct-cfg", "-o", str(_bytes(d, "f", b"x") / "amct.cfg")],
-         2, "cannot write"),
+         2, "is a file, not a directory"),
     Case("policy not UTF-8", lambda d, r, rec, done: ["policy", "show", str(_bytes(d, "policy.yaml", b"model: caf\xe9\n")), "--probe", str(done / "probe.json")],
          2, "is not UTF-8 text"),
     Case("policy show: a rule matching nothing", lambda d, r, rec, done: ["policy", "show", _policy_with(done, d, lambda t: t.replace("rules:\n", "rules:\n- match: unet.nothing.here\n  precision: fp32\n  reason: x\n"))],

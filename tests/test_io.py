@@ -289,17 +289,17 @@ def test_loose_files_are_replaced_only_when_ours(tmp_path):
     # issue 28 §1: policy export and export-weights' notes overwrote users' files.
     path = tmp_path / "amct.cfg"
     path.write_text("a user's config\n")
-    with pytest.raises(OutputError, match="exists and is not a amct-cfg file opsnn-quant wrote"):
+    with pytest.raises(OutputError, match="exists and is not an opsnn-quant amct-cfg file"):
         write_output_file(path, "ours\n", "amct-cfg")
     assert path.read_text() == "a user's config\n"
     write_output_file(path, "ours\n", "amct-cfg", force=True)
     write_output_file(path, "ours, again\n", "amct-cfg")  # ours, unchanged: replaced
-    with pytest.raises(OutputError, match="not a amct-eager file"):
+    with pytest.raises(OutputError, match="not an opsnn-quant amct-eager file"):
         check_output_file(path, "amct-eager")
     assert not remove_output_file(path, "amct-eager")
     path.write_text("edited\n")  # changed by the user: no longer ours
     assert not remove_output_file(path, "amct-cfg") and path.read_text() == "edited\n"
-    with pytest.raises(OutputError, match="amct-cfg file opsnn-quant wrote"):
+    with pytest.raises(OutputError, match="not an opsnn-quant amct-cfg file"):
         check_output_file(path, "amct-cfg")
     with pytest.raises(OutputError, match="would replace the input"):
         check_output_file(path, "amct-cfg", force=True, inputs=[path])

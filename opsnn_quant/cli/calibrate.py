@@ -129,7 +129,9 @@ def register(app: typer.Typer) -> None:
         if strategy is not None:
             r = r.model_copy(update={"strategy": strategy})
         out = out if out is not None else Path("out") / r.name
-        check_calibrate_output(r, out, force=force, inputs=[str(resolve_recipe(recipe))])
+        check_calibrate_output(
+            r, out, force=force, suite=evaluate, inputs=[str(resolve_recipe(recipe))]
+        )
         with _ui.reporter(quiet) as rep:
             result = run_calibrate(
                 r, out, seed=seed, progress=rep.phase, engine=engine, suite=evaluate,
@@ -182,12 +184,14 @@ def register(app: typer.Typer) -> None:
         from opsnn_quant.models.data import load_records
         from opsnn_quant.probe.api import ProbeConfig, probe
         from opsnn_quant.recipe import builtin_recipes, load_recipe, resolve_recipe
+        from opsnn_quant.sources import local_paths
         from opsnn_quant.workflow import recipe_inputs
 
         is_recipe = target.endswith((".yaml", ".yml")) or target in builtin_recipes()
         if is_recipe:
             r = load_recipe(target).with_placement(device, dtype)
             inputs = [*recipe_inputs(r), str(resolve_recipe(target))]
+            inputs += [str(p) for p in (local_paths(data) if data else [])]
             family, source, settings = r.model.family, r.model.source, r.settings_dict()
             device, dtype = r.model.device, r.model.dtype
             source_data = data or r.data.calibration
@@ -200,7 +204,7 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError(f"--family must be one of {', '.join(FAMILIES)}, got {family!r}")
             family, source, settings = family or guess_family(target), target, {}
             source_data, n = data, limit
-            inputs = [p for p in (target, data) if not p.startswith("zoo:")]
+            inputs = [str(p) for s in (target, data) for p in local_paths(s)]
             cfg = ProbeConfig(exhaustive=exhaustive)
         check_output_dir(out, PROBE_KIND, force=force, inputs=inputs)
         set_reproducible(seed=cfg.seed)

@@ -66,6 +66,7 @@ def register(app: typer.Typer) -> None:
         )
         from opsnn_quant.errors import ConfigError
         from opsnn_quant.evaluation.evaluate import (
+            candidate_inputs,
             cast_adapter,
             evaluate,
             load_candidate,
@@ -74,11 +75,12 @@ def register(app: typer.Typer) -> None:
         from opsnn_quant.evaluation.gate import check_latency_mode
         from opsnn_quant.evaluation.render import OUTPUT_KIND, write_report
         from opsnn_quant.evaluation.report import fmt
-        from opsnn_quant.evaluation.suite import load_suite
+        from opsnn_quant.evaluation.suite import load_suite, suite_inputs
         from opsnn_quant.io import check_output_dir
         from opsnn_quant.models import guess_family, load_adapter
         from opsnn_quant.policy.targets import get_target
         from opsnn_quant.quant.checkpoint import read_description
+        from opsnn_quant.sources import local_paths
 
         if candidate_dtype not in ("float32", "float16"):
             raise ConfigError(
@@ -104,7 +106,8 @@ def register(app: typer.Typer) -> None:
             source = baseline or read_description(candidate / "quant").get("source_model")
         else:
             source = baseline or str(candidate)
-        inputs = [str(candidate)] + ([str(source)] if not str(source).startswith("zoo:") else [])
+        inputs = [*candidate_inputs(candidate), *suite_inputs(suite)]
+        inputs += [str(p) for p in local_paths(str(source))]
         check_output_dir(out, OUTPUT_KIND, force=force, inputs=inputs)
         with _ui.phases(quiet) as say:
             say("loading models")

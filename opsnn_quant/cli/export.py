@@ -45,9 +45,11 @@ def register(app: typer.Typer) -> None:
         quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
     ) -> None:
         """Write AscendV1 weights and/or ATC/AOE commands from a calibrate output."""
+        from opsnn_quant.deploy.workflow_exports import notes_file
         from opsnn_quant.errors import ConfigError
-        from opsnn_quant.io import check_output_dir
+        from opsnn_quant.io import check_output_dir, check_output_file
         from opsnn_quant.quant.checkpoint import read_description
+        from opsnn_quant.sources import local_paths
 
         formats = list(dict.fromkeys(fmt or ["ascendv1"]))
         bad = [f for f in formats if f not in FORMATS]
@@ -61,8 +63,13 @@ def register(app: typer.Typer) -> None:
             why = "the ATC graphs" if "atc" in formats else "folding its SmoothQuant factors"
             raise ConfigError(f"{why} need one call per root: pass --data (e.g. the recipe's data)")
         export_dir = dest or out / "export"
+        read = [out / "quant", out / "policy.yaml", out / "probe.json"]
+        read += local_paths(str(desc.get("source_model") or "")) if desc.get("source_model") else []
+        read += local_paths(data) if data is not None else []
         for f in formats:
-            check_output_dir(export_dir / f, f, force=force, inputs=[str(out / "quant")])
+            check_output_dir(export_dir / f, f, force=force, inputs=read)
+            path, kind = notes_file(export_dir, f)
+            check_output_file(path, kind, force=force, inputs=read)
         with _ui.phases(quiet) as say:
             notes = _run(out, export_dir, formats, data, limit, force, say)
         if not quiet:

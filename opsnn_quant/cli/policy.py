@@ -57,7 +57,10 @@ def register(app: typer.Typer) -> None:
                 help="amct-cfg | amct-eager | atc-keep-dtype | atc-customize-dtypes | atc-modify-mixlist",
             ),
         ],
-        out: Annotated[Path, typer.Option("-o", "--out", help="output file (replaced)")],
+        out: Annotated[
+            Path,
+            typer.Option("-o", "--out", help="output file (an earlier export of it is replaced)"),
+        ],
         nodes: Annotated[
             Path | None, typer.Option(help="<model>.nodes.json: module -> ONNX node names")
         ] = None,
@@ -74,8 +77,12 @@ def register(app: typer.Typer) -> None:
             typer.Option(help="CLASS=OPTYPE (Ascend IR) for the mixlist; repeatable"),
         ] = None,
         batch_num: Annotated[int, typer.Option(min=1, help="AMCT calibration batches")] = 1,
+        force: Annotated[
+            bool,
+            typer.Option("--force", help="replace FILE even if it is not this format's output"),
+        ] = False,
     ) -> None:
-        """Write POLICY in a format AMCT or ATC reads."""
+        """Write POLICY in a format AMCT or ATC reads (never over one of its inputs)."""
         from opsnn_quant.io import load_node_map
         from opsnn_quant.policy.export import export_policy, write_export
         from opsnn_quant.policy.export_atc import onnx_node_io
@@ -91,7 +98,8 @@ def register(app: typer.Typer) -> None:
             op_types=_op_types(optype or []),
             batch_num=batch_num,
         )
-        written = write_export(result, out)
+        read = [policy, probe or policy.parent / "probe.json", nodes, onnx]
+        written = write_export(result, out, force=force, inputs=[p for p in read if p is not None])
         for note in result.notes:
             typer.echo(f"note: {note}", err=True)
         typer.echo(", ".join(str(p) for p in written))

@@ -18,7 +18,7 @@ from torch import nn
 
 from opsnn_quant.deploy.atc import FloatGraphs, write_atc, write_float_graphs
 from opsnn_quant.deploy.exporter import export_ascendv1
-from opsnn_quant.io import atomic_dir, atomic_write_text
+from opsnn_quant.io import atomic_dir, remove_output_file, write_output_file
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.quant.api import int8_specs
@@ -74,7 +74,7 @@ def write_model_exports(
     if "ascendv1" in wanted:
         say("exporting AscendV1 weights (MindIE / vLLM-Ascend / SGLang)")
         result = export_ascendv1(adapter, export_dir / "ascendv1", calls=calls, force=force)
-        notes += _write_notes(export_dir, "ascendv1", result.notes)
+        notes += _write_notes(export_dir, "ascendv1", result.notes, force)
     if "atc" in wanted:
         with atomic_dir(export_dir / "atc", "atc", force=force) as tmp:
             staged = None
@@ -89,7 +89,7 @@ def write_model_exports(
             )  # fmt: skip
         if float_graphs is not None:
             atc_notes = float_graphs.graphs.notes + atc_notes
-        notes += _write_notes(export_dir, "atc", atc_notes)
+        notes += _write_notes(export_dir, "atc", atc_notes, force)
     return notes
 
 
@@ -128,12 +128,17 @@ def stage_float_graphs(
     return StagedGraphs(directory, graphs)
 
 
-def _write_notes(export_dir: Path, name: str, lines: list[str]) -> list[str]:
-    path = export_dir / f"{name}.notes.txt"
+def notes_file(export_dir: Path, name: str) -> tuple[Path, str]:
+    """The notes file of export ``name`` in ``export_dir`` and its output kind."""
+    return export_dir / f"{name}.notes.txt", f"{name}.notes"
+
+
+def _write_notes(export_dir: Path, name: str, lines: list[str], force: bool) -> list[str]:
+    path, kind = notes_file(export_dir, name)
     if lines:
-        atomic_write_text(path, "\n".join(lines) + "\n")
-    elif path.exists():
-        path.unlink()
+        write_output_file(path, "\n".join(lines) + "\n", kind, force=force)
+    else:
+        remove_output_file(path, kind)  # an earlier run's notes; a user's file stays
     for line in lines:
         log.info("%s: %s", name, line)
     return [f"{name}: {line}" for line in lines]

@@ -385,6 +385,19 @@ def load_candidate(
     return adapter, sensitivity
 
 
+def candidate_inputs(candidate: Path) -> list[str]:
+    """The paths evaluating ``candidate`` reads (as :func:`load_candidate` and
+    :func:`policy_summary` do): of a calibrate output its ``quant/``, ``probe.json`` and
+    ``policy.yaml``, so that a report may go beside them; otherwise the directory itself."""
+    from opsnn_quant.deploy.candidate import looks_ascendv1
+
+    if looks_ascendv1(candidate):  # ours sits in OUT/export/ascendv1, beside OUT's policy
+        return [str(candidate), str(candidate.parent.parent / "policy.yaml")]
+    if (candidate / "quant").is_dir():
+        return [str(candidate / name) for name in ("quant", "probe.json", "policy.yaml")]
+    return [str(candidate)]
+
+
 def cast_adapter(adapter: ModelAdapter, dtype: torch.dtype) -> None:
     """Run the adapter's float modules in ``dtype`` (int8 buffers of quantized modules stay)."""
     from opsnn_quant.quant.modules import is_quant_module

@@ -268,3 +268,32 @@ def builtin_suites() -> list[str]:
     if not SUITES_DIR.is_dir():
         return []
     return sorted(p.stem for p in SUITES_DIR.glob("*.yaml") if not p.stem.endswith("-template"))
+
+
+def suite_file(path_or_name: str | Path) -> Path:
+    """The file of a suite path or built-in name (as :func:`load_suite` finds it).
+
+    Raises:
+        ConfigError: no such file or built-in suite.
+    """
+    path = Path(path_or_name)
+    if not path.is_file() and not path.suffix and (SUITES_DIR / f"{path}.yaml").is_file():
+        path = SUITES_DIR / f"{path}.yaml"
+    if not path.is_file():
+        known = ", ".join(builtin_suites()) or "none"
+        raise ConfigError(f"suite {path_or_name} not found (built-in suites: {known})")
+    return path
+
+
+def suite_inputs(path_or_name: str | Path) -> list[str]:
+    """The local paths a suite reads (its file, data folder, reference images): an output may
+    not replace them.
+
+    Raises:
+        ConfigError: as :func:`load_suite`.
+    """
+    suite = load_suite(path_or_name)
+    paths = [suite_file(path_or_name), suite.data.folder]
+    if suite.data.reference not in (None, "dataset"):
+        paths.append(Path(str(suite.data.reference)))
+    return [str(p) for p in paths if p is not None]

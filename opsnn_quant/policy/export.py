@@ -28,12 +28,12 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.io import atomic_write_text
+from opsnn_quant.io import check_output_file, remove_output_file, write_output_file
 from opsnn_quant.policy import export_atc
 from opsnn_quant.policy.export_result import ExportResult
 from opsnn_quant.policy.schema import PrecisionPolicy, Resolved
@@ -300,11 +300,31 @@ def export_policy(
     raise ConfigError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
 
 
-def write_export(result: ExportResult, path: str | Path) -> list[Path]:
-    """Write the file atomically; notes of comment-less formats go to ``<path>.notes.txt``."""
-    out = [atomic_write_text(path, result.text)]
+def write_export(
+    result: ExportResult,
+    path: str | Path,
+    *,
+    force: bool = False,
+    inputs: Iterable[str | Path] = (),
+) -> list[Path]:
+    """Write the file atomically; notes of comment-less formats go to ``<path>.notes.txt``.
+
+    Both files follow the output rules of :func:`opsnn_quant.io.check_output_file`, checked
+    before either is written: an existing file is replaced only when it is this format's file
+    as we wrote it (or with ``force``), and never when it is one of ``inputs``.
+
+    Raises:
+        OutputError: a file that must not be replaced, or a location that cannot be written.
+    """
+    notes_path, notes_kind = Path(f"{path}.notes.txt"), f"{result.format}.notes"
+    files = {Path(path): (result.text, result.format)}
     if result.notes and not result.comments:
-        out.append(atomic_write_text(f"{path}.notes.txt", "\n".join(result.notes) + "\n"))
+        files[notes_path] = ("\n".join(result.notes) + "\n", notes_kind)
+    for target, (_, kind) in files.items():
+        check_output_file(target, kind, force=force, inputs=inputs)
+    out = [write_output_file(p, text, kind, force=force) for p, (text, kind) in files.items()]
+    if notes_path not in files:
+        remove_output_file(notes_path, notes_kind)  # ours from an earlier run, now stale
     for note in result.notes:
         log.info("%s: %s", result.format, note)
     return out
