@@ -34,12 +34,14 @@ from opsnn_quant.deploy.smooth_fold import Call, plan_folds
 from opsnn_quant.deploy.writer import CONV_REASON, ComponentExport, component_export
 from opsnn_quant.io import atomic_dir
 from opsnn_quant.models.base import ModelAdapter
+from opsnn_quant.ownership import LEDGER, MARKER
 from opsnn_quant.quant.modules import QuantModule
 
 log = logging.getLogger(__name__)
 OUTPUT_KIND = "ascendv1"
 DEFAULT_SHARD_BYTES = 4 * 2**30  # msModelSlim's part_file_size default, 4 GB
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack", ".h5", ".onnx")
+OURS = (MARKER, LEDGER)  # our bookkeeping in a source directory is not the model's
 
 
 @dataclass
@@ -97,7 +99,7 @@ def _copy_helpers(src: Path, dst: Path) -> None:
             or path.name.endswith(".index.json")
         ):
             continue
-        if path.name.startswith("quant_model_") or path.name == ".opsnn-quant.json":
+        if path.name.startswith("quant_model_") or path.name in OURS:
             continue
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
         if rel == Path("config.json"):
@@ -124,7 +126,7 @@ def _strip_quant_config(text: str) -> str:
 
 def _copy_tree(src: Path, dst: Path) -> None:
     for path in sorted(src.rglob("*")):
-        if path.is_file() and path.name != ".opsnn-quant.json":
+        if path.is_file() and path.name not in OURS:
             (dst / path.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, dst / path.relative_to(src))
 
