@@ -108,6 +108,7 @@ def _is_within(path: Path, ancestor: Path) -> bool:
 
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+_LEFT_ALONE: set[Path] = set()  # look-alike siblings already warned about in this process
 
 
 def _siblings(target: Path) -> tuple[dict[str, Path], dict[str, Path], list[Path]]:
@@ -175,10 +176,12 @@ def repair_siblings(path: str | os.PathLike[str], kind: str) -> list[str]:
     for line in done:
         log.warning("%s", line)
     for entry in odd:
-        log.warning(
-            "left %s alone: it is not what an interrupted opsnn-quant %s run into %s left",
-            entry, kind, target.name,
-        )  # fmt: skip
+        if entry not in _LEFT_ALONE:  # a command checks its output more than once: say it once
+            _LEFT_ALONE.add(entry)
+            log.warning(
+                "left %s alone: it is not what an interrupted opsnn-quant %s run into %s left",
+                entry, kind, target.name,
+            )  # fmt: skip
     return done
 
 

@@ -192,6 +192,10 @@ def test_only_our_own_debris_is_touched(tmp_path, caplog):
     left = [r.getMessage() for r in caplog.records]
     assert len(left) == 4 and all("left " in m and "alone" in m for m in left)
     assert any(str(wrong_kind) in m for m in left)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="opsnn_quant.io"):
+        check_output_dir(out, "calibrate")  # a command checks its output more than once
+    assert not caplog.records  # one warning line each, per process
 
 
 def test_the_output_name_is_not_a_glob(tmp_path):
