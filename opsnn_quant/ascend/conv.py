@@ -9,7 +9,8 @@ convolution algorithm that is not a plain sum of products (Winograd, FFT) cannot
 such a block falls back to im2col and the exact matmul. The result equals
 ``int8_matmul_exact(im2col(x_q), w_q)`` bit for bit (tested).
 
-On a CPU whose int8 GEMM is exact (:func:`~opsnn_quant.ascend.matmul.native_int8_matmul`), a
+Where the CPU's int8 GEMM is exact and won the race for products of this many rows
+(:func:`~opsnn_quant.ascend.matmul.native_int8_matmul`: a CPU with VNNI or AMX), a
 1x1 convolution or one of more than 1024 products per output (where the fp32 path needs several
 channel blocks) is an int8 im2col (channels last) through that GEMM instead: the same int32
 sums, 2-10x faster on a UNet's wide 3x3 convs. Narrow 3x3 convs stay on the fp32 path, where
@@ -54,8 +55,10 @@ def int8_conv2d_exact(
         x_q = F.pad(x_q, (pw, pw, ph, ph), value=pad_value)
         padding = (0, 0)
     kh, kw = w_q.shape[2], w_q.shape[3]
+    oh = (x_q.shape[2] + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (x_q.shape[3] + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
     if (
-        native_int8_matmul(x_q.device)
+        native_int8_matmul(x_q.device, rows=x_q.shape[0] * oh * ow)
         and tuple(dilation) == (1, 1)
         and (kh * kw == 1 or x_q.shape[1] * kh * kw > EXACT_FP32_CHUNK)
     ):

@@ -12,14 +12,15 @@ before the kernel runs); ops-nn ``matmul/quant_batch_matmul_v3/tests/assets/qbmm
     fp16 out:             fp16(fp32(acc + bias) * fp19(scale))
     bf16 / pertoken:      fp32(acc + bias_int32) * scale [* pertoken_scale] [+ bias_float]
 
-``x1@x2`` is an exact int32 accumulation. On a CPU whose int8 GEMM (``torch._int_mm``, oneDNN)
-passes a self-check of exactness, the reference runs it there: int8 operands, int32 sums, as the
-Cube does (4-10x faster than an fp32 GEMM with AMX/VNNI). Elsewhere, or where that check fails
-(int8 kernels without VNNI may saturate int16 pair sums), it computes the products with float32
+``x1@x2`` is an exact int32 accumulation, by one of two paths that give the same integers: the
+CPU's int8 GEMM (``torch._int_mm``, oneDNN: int8 operands, int32 sums, as the Cube does), where a
+self-check proves it exact (int8 kernels without VNNI may saturate int16 pair sums); or float32
 GEMMs on chunks of K small enough that every partial sum is an integer below 2**24 (so any
-summation order is exact), and adds the chunks in int64. The two give the same integers. int4
-operands (int32 words of eight values) are unpacked to int8 first; ``|int4 * int4| <= 64`` keeps
-the same chunks exact.
+summation order is exact), the chunks added in int64. Which one runs is chosen per size of
+product by a short measured race at first use (:mod:`opsnn_quant.ascend.gemm_path`): the native
+kernel is 4-10x faster than fp32 with VNNI/AMX and 40-65x slower without. int4 operands (int32
+words of eight values) are unpacked to int8 first; ``|int4 * int4| <= 64`` keeps the same
+chunks exact.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from opsnn_quant.ascend._qmm_checks import (
     check_quant_matmul,
     is_transposed_view,
 )
+from opsnn_quant.ascend.gemm_path import Gemm, GemmChoice, choose, forced_path, gemm_is_exact
 from opsnn_quant.ascend.int4 import unpack_int4
 from opsnn_quant.ascend.params import npu_trans_quant_param, requant_int8, unpack_quant_param
 from opsnn_quant.errors import ShapeError
@@ -54,6 +56,9 @@ def int8_matmul_exact(
 ) -> torch.Tensor:
     """Exact ``x1 @ x2`` of int8 tensors as int32 (no overflow is possible for K <= 65535).
 
+    Runs the path :func:`gemm_choice` chose for this size of product: the CPU's own int8 GEMM
+    or fp32 K chunks; both give the same integers.
+
     Args:
         x1: int8 (..., M, K).
         x2: int8 (..., K, N).
@@ -68,12 +73,22 @@ def int8_matmul_exact(
         and x2.dim() == 2
         and k <= MAX_K
         and x2.device == x1.device
-        and native_int8_matmul(x1.device)
+        and native_int8_matmul(x1.device, rows=x1.numel() // max(k, 1))
     ):
         # int8 x int8 -> int32 in the CPU's own integer GEMM: exact (checked once per process
-        # by native_int8_matmul), no fp32 copies of either operand.
+        # by int8_gemm_is_exact), no fp32 copies of either operand.
         rows = torch._int_mm(x1.reshape(-1, k), x2)
         return rows.reshape(*x1.shape[:-1], x2.shape[1])
+    return fp32_chunk_matmul(x1, x2, x2_float)
+
+
+@torch.no_grad()
+def fp32_chunk_matmul(
+    x1: torch.Tensor, x2: torch.Tensor, x2_float: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Exact ``x1 @ x2`` of int8-valued tensors as int32 through fp32 GEMMs on chunks of K of at
+    most :data:`EXACT_FP32_CHUNK` (every partial sum an integer below 2**24), added in int64."""
+    k = x1.shape[-1]
     a = x1.to(torch.float32)
     if x2_float is None and x2.dim() == 2 and x2.numel() > WEIGHT_CHUNK and k <= EXACT_FP32_CHUNK:
         # A large int8 weight (an LM head) is converted to fp32 a column block at a time: a
@@ -101,36 +116,51 @@ def int8_matmul_exact(
 
 @functools.cache
 def int8_gemm_is_exact() -> bool:
-    """Whether ``torch._int_mm`` on this CPU returns the exact int32 products: on operands at
-    the int8 extremes (where a kernel that sums u8*s8 pairs in int16 saturates) and random ones,
-    in shapes that take its small-M and blocked paths."""
+    """Whether ``torch._int_mm`` on this CPU returns the exact int32 products
+    (:func:`~opsnn_quant.ascend.gemm_path.gemm_is_exact`)."""
     if not hasattr(torch, "_int_mm"):
         return False
-    g = torch.Generator().manual_seed(0)
-    cases = []
-    for m, k, n in ((1, 2048, 16), (33, 520, 48), (300, 128, 260)):
-        for lo, hi in ((127, 127), (-128, -128), (-128, 127), (127, -128)):
-            a = torch.full((m, k), lo, dtype=torch.int8)
-            a[:, 1::2] = hi  # alternate pairs: both extremes meet inside one pair sum
-            cases.append((a, torch.full((k, n), hi, dtype=torch.int8)))
-        rand = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8)
-        cases.append((rand, torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8).t()))
-    try:
-        for a, b in cases:
-            want = (a.to(torch.int64) @ b.to(torch.int64)).to(torch.int32)
-            if not torch.equal(torch._int_mm(a, b), want):
-                log.info("torch._int_mm is not exact on this CPU: fp32-chunk int8 matmuls")
-                return False
-    except RuntimeError as e:  # no int8 GEMM kernel in this build
-        log.info("torch._int_mm unavailable (%s): fp32-chunk int8 matmuls", e)
-        return False
-    return True
+    exact = gemm_is_exact(torch._int_mm)
+    if not exact:
+        log.info("torch._int_mm is not exact on this CPU: fp32-chunk int8 matmuls")
+    return exact
 
 
-def native_int8_matmul(device: torch.device) -> bool:
-    """Whether :func:`int8_matmul_exact` runs int8 GEMMs natively on ``device`` (a CPU whose
-    ``torch._int_mm`` passed the exactness check); fp32 weight copies are then of no use."""
-    return device.type == "cpu" and int8_gemm_is_exact()
+def _candidates() -> dict[str, Gemm]:
+    return {"native": lambda a, b: torch._int_mm(a, b), "fp32-chunk": fp32_chunk_matmul}
+
+
+def gemm_choice() -> GemmChoice:
+    """The exact int8 GEMM path of each size class on this CPU: a short race among the exact
+    ones at first use (:mod:`opsnn_quant.ascend.gemm_path`), logged once.
+
+    Raises:
+        ConfigError: ``OPSNN_QUANT_INT8_GEMM`` names an unknown or inexact path.
+    """
+    return _gemm_choice(int8_gemm_is_exact(), forced_path())
+
+
+@functools.cache
+def _gemm_choice(native_exact: bool, forced: str) -> GemmChoice:
+    # Keyed by what it depends on: a test that makes the native kernel inexact, or a benchmark
+    # that forces a path, gets its own choice; the race runs once per key and process.
+    exact = {"native": native_exact, "fp32-chunk": True}
+    choice = choose(_candidates(), exact, forced=forced)
+    log.info(
+        "int8 GEMM: %s (%s; exact: %s)",
+        ", ".join(f"{cls} products {path}" for cls, path in choice.paths.items()),
+        choice.how, ", ".join(choice.exact),
+    )  # fmt: skip
+    return choice
+
+
+def native_int8_matmul(device: torch.device, rows: int | None = None) -> bool:
+    """Whether :func:`int8_matmul_exact` runs a product of ``rows`` rows (None: a large one) in
+    the CPU's native int8 GEMM on ``device``: exact there, and what the race chose; fp32
+    weight copies are then of no use."""
+    return (
+        device.type == "cpu" and int8_gemm_is_exact() and gemm_choice().path_for(rows) == "native"
+    )
 
 
 def _operands(x1: torch.Tensor, x2: torch.Tensor, plan: Plan) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,7 +12,7 @@ from opsnn_quant.ascend import (
     npu_trans_quant_param,
     npu_weight_quant_batchmatmul,
 )
-from opsnn_quant.errors import ShapeError
+from opsnn_quant.errors import ConfigError, ShapeError
 from opsnn_quant.quant.functional import fold_bias_int32
 
 X1 = torch.tensor([[1, 2], [3, 4]], dtype=torch.int8)
@@ -194,15 +194,29 @@ SHAPES = [((1, 2048), (2048, 16)), ((2, 5, 96), (96, 70)), ((300, 1500), (1500, 
           ((7, 3), (3, 1)), ((0, 8), (8, 4))]  # fmt: skip
 
 
-@pytest.mark.parametrize("path", ["this machine", "fp32 chunks"])
+@pytest.mark.parametrize("path", ["auto", "native", "fp32-chunk", "no native kernel"])
 @pytest.mark.parametrize(("a_shape", "b_shape"), SHAPES)
-def test_int8_matmul_exact_gives_int64_products_on_both_paths(path, a_shape, b_shape, request):
+def test_int8_matmul_exact_gives_int64_products_on_every_path(
+    path, a_shape, b_shape, request, monkeypatch
+):
     # K = 1500 > 1024 takes the fp32 path's K chunks; a transposed (N, K) weight view is the
     # layout QuantLinear passes; the extremes are where a saturating int8 kernel goes wrong.
+    # Every path the dispatcher can choose (ascend/gemm_path.py), forced, gives the same bits.
     import opsnn_quant.ascend.matmul as mm
+    from opsnn_quant.ascend.gemm_path import ENV
 
-    if path == "fp32 chunks":
+    if path == "no native kernel":
         request.getfixturevalue("fp32_int8_gemm")
+    else:
+        monkeypatch.setenv(ENV, path)
+    if path == "native" and not mm.int8_gemm_is_exact():  # this CPU's kernel is not exact:
+        with pytest.raises(ConfigError, match="not exact on this CPU"):  # forcing it is refused
+            mm.int8_matmul_exact(
+                torch.zeros(1, 2, dtype=torch.int8), torch.zeros(2, 1, dtype=torch.int8)
+            )
+        return
+    if path in ("native", "fp32-chunk"):
+        assert set(mm.gemm_choice().paths.values()) == {path}
     g = torch.Generator().manual_seed(5)
     x1 = torch.randint(-128, 128, a_shape, generator=g, dtype=torch.int8)
     x1.view(-1)[::3] = -128
@@ -233,9 +247,12 @@ def _saturating_int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 )
 def test_the_native_int8_gemm_is_used_only_where_it_proves_exact(int_mm, exact, monkeypatch):
     import opsnn_quant.ascend.matmul as mm
+    from opsnn_quant.ascend.gemm_path import ENV
 
     mm.int8_gemm_is_exact.cache_clear()
     monkeypatch.setattr(torch, "_int_mm", int_mm)
+    # auto: the race may prefer either exact path; an inexact kernel never enters it
+    monkeypatch.setenv(ENV, "native" if exact else "auto")
     try:
         assert mm.int8_gemm_is_exact() is exact
         assert mm.native_int8_matmul(torch.device("cpu")) is exact
