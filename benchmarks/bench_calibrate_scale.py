@@ -25,8 +25,14 @@ Random weights make a real architecture's cost, not its accuracy: the quality fi
 calibrate for the random rows mean nothing. Backend: cpu (PyTorch eager fp32 and the exact
 Ascend int8 reference).
 
+Each row runs once per ``--gemm`` path (``auto``: the race of ``opsnn_quant/ascend/gemm_path.py``;
+``native``: ``torch._int_mm``; ``fp32-chunk``: fp32 K-chunk GEMMs), side by side in one run, and
+prints the int8 GEMM path each size class took with the CPU's flags, so that a table from one
+CPU kind is never read as another's (issue 29: without VNNI the native kernel is 40-65x slower
+than fp32; with it, 4-10x faster).
+
 Run: ``python benchmarks/bench_calibrate_scale.py [--rows sd15-256,whisper-base,...]
-[--prompts 4] [--steps 10] [--utterances 8] [--workdir DIR]``.
+[--gemm auto,native,fp32-chunk] [--prompts 4] [--steps 10] [--utterances 8] [--workdir DIR]``.
 """
 
 from __future__ import annotations
@@ -194,15 +200,21 @@ def _tiny_dit_recipe(row: str, work: Path, args: argparse.Namespace) -> dict[str
 
 def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
     """Run one row (in this process): float pass, then calibrate, with times and peak RSS."""
+    import os
+
+    from opsnn_quant.ascend.gemm_path import ENV, describe
+    from opsnn_quant.ascend.matmul import gemm_choice
     from opsnn_quant.determinism import set_reproducible
 
+    os.environ[ENV] = args.gemm
     set_reproducible(seed=0, threads=args.threads)
+    gemm = describe(gemm_choice())  # the race (or the forced path), before anything is timed
     from opsnn_quant.memory import release_memory
     from opsnn_quant.models.data import load_records
     from opsnn_quant.recipe import Recipe
     from opsnn_quant.workflow import load_recipe_model, run_calibrate
 
-    work = Path(args.workdir) / row
+    work = Path(args.workdir) / f"{row}-{args.gemm}"
     work.mkdir(parents=True, exist_ok=True)
     recipe = Recipe.model_validate(recipe_for(row, work, args))
     data = load_records(recipe.data.calibration, recipe.data.limit)
@@ -248,6 +260,8 @@ def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
         "rss_calibrate_mb": calib_kb / 1024,
         "rss_before_export_mb": (peaks[0] if peaks else calib_kb) / 1024,
         "int8_mac_share": result.int8_mac_share,
+        "gemm_mode": args.gemm,
+        "gemm": gemm,
     }
 
 
@@ -291,6 +305,7 @@ def main() -> None:
     p.add_argument("--utterances", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--workdir", default=None)
+    p.add_argument("--gemm", default="auto", help="comma list of auto, native, fp32-chunk")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -299,29 +314,37 @@ def main() -> None:
     args.workdir = args.workdir or tempfile.mkdtemp(prefix="bench-scale-")
     rows = []
     for row in args.rows.split(","):
-        cmd = [sys.executable, __file__, "--child", row, "--workdir", args.workdir,
-               "--prompts", str(args.prompts), "--steps", str(args.steps),
-               "--utterances", str(args.utterances), "--threads", str(args.threads)]  # fmt: skip
-        out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # stderr: the phases
-        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-        if out.returncode != 0 or not lines:
-            print(f"{row}: failed (exit {out.returncode}); its error is above")
-            continue
-        rows.append(json.loads(lines[-1][7:]))
-        _print([rows[-1]])
+        for gemm in args.gemm.split(","):
+            cmd = [sys.executable, __file__, "--child", row, "--workdir", args.workdir,
+                   "--prompts", str(args.prompts), "--steps", str(args.steps), "--gemm", gemm,
+                   "--utterances", str(args.utterances), "--threads", str(args.threads)]  # fmt: skip
+            out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # stderr: the phases
+            lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+            if out.returncode != 0 or not lines:
+                print(f"{row} ({gemm}): failed (exit {out.returncode}); its error is above")
+                continue
+            rows.append(json.loads(lines[-1][7:]))
+            _print([rows[-1]])
     print("\nall rows (cpu backend; forward-equivalents = seconds / one float pass of the data):")
     _print(rows)
+    if rows:
+        flags = rows[0]["gemm"]["cpu_flags"]
+        print("CPU flags: " + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in flags.items())
+              + f"; torch CPU capability {rows[0]['gemm']['cpu_capability']}")  # fmt: skip
 
 
 def _print(rows: list[dict[str, Any]]) -> None:
     keys = ["pass 1", "alpha search", "pass 2", "attribution", "holdout", "quantize", "measure",
             "export"]  # fmt: skip
-    head = f"{'row':16} {'float s':>8} {'total':>7} " + " ".join(f"{k[:7]:>7}" for k in keys)
+    head = f"{'row':16} {'gemm':22} {'float s':>8} {'total':>7} "
+    head += " ".join(f"{k[:7]:>7}" for k in keys)
     print(head + f" {'RSS x':>6} {'peak MB':>8} {'pre-exp x':>9} {'float before/after s':>20}")
     for r in rows:
         eq = [r["phases"].get(k, 0.0) / r["float_s"] for k in keys]
         rss = (r["rss_calibrate_mb"]) / max(r["rss_float_mb"], 1e-9)
-        print(f"{r['row']:16} {r['float_s']:8.1f} {r['total_s'] / r['float_s']:7.1f} "
+        paths = r["gemm"]["int8_gemm"]  # what each size class ran: small/large products
+        gemm = f"{r['gemm_mode']}:{paths['small'][:6]}/{paths['large'][:6]}"
+        print(f"{r['row']:16} {gemm:22} {r['float_s']:8.1f} {r['total_s'] / r['float_s']:7.1f} "
               + " ".join(f"{e:7.1f}" for e in eq)
               + f" {rss:6.2f} {r['rss_calibrate_mb']:8.0f}"
               + f" {r['rss_before_export_mb'] / max(r['rss_float_mb'], 1e-9):9.2f}"

@@ -183,7 +183,7 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
         quantized weights as it ran (the AscendV1 export's fold trace, the held-out measure).
         """
         w = self.weight.reshape(self.out_n, self.in_k)
-        if native_int8_matmul(w.device):
+        if native_int8_matmul(w.device, rows):
             return None  # the int8 GEMM takes the int8 weight itself
         if self._w_cache is not None and self._w_cache.device == w.device:
             return self._w_cache
