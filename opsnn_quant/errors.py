@@ -38,6 +38,11 @@ class ModelLoadError(InputError):
     """A model directory, family or zoo entry that cannot be loaded."""
 
 
+class DeviceUnavailableError(InputError):
+    """A device this machine does not have (no torch_npu, no CUDA, no such index): the user
+    names another one, so it is bad input, not a failure of a backend."""
+
+
 class BackendError(OpsnnQuantError):
     """A backend (e.g. torch_npu) that is unavailable or rejected an operation."""
 

@@ -14,8 +14,6 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -33,16 +31,13 @@ from opsnn_quant.policy.targets import TARGETS
 from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.resources import builtin_files
 from opsnn_quant.types import DEVICE_PATTERN, Modality
+from opsnn_quant.user_config import SampleLimit, Seed, StrictModel, yaml_error
 
 # A recipe name becomes the default output folder out/<name>: a plain identifier, never a path.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class _ModelBase(_Strict):
+class _ModelBase(StrictModel):
     source: str = Field(description="zoo:<name> or a local model directory")
     device: str = Field(
         default="cpu", pattern=DEVICE_PATTERN, description="cpu, npu, npu:N, cuda or cuda:N"
@@ -80,16 +75,16 @@ FAMILY_TAGS = frozenset({"diffusers-sd", "diffusers-dit", "whisper"})
 STEPLESS_FAMILIES = frozenset({"whisper"})
 
 
-class DataSection(_Strict):
+class DataSection(StrictModel):
     """Calibration data (see :mod:`opsnn_quant.models.data` for the source forms)."""
 
     calibration: str
-    limit: int | None = Field(default=None, gt=0)
+    limit: SampleLimit | None = None
     holdout: str | None = Field(default=None, description="held-out data to measure the result on")
-    holdout_limit: int | None = Field(default=None, gt=0)
+    holdout_limit: SampleLimit | None = None
 
 
-class ProbeSection(_Strict):
+class ProbeSection(StrictModel):
     """Probe settings: fields of :class:`opsnn_quant.probe.config.ProbeConfig` (a field left out
     takes ProbeConfig's default; see :meth:`Recipe.probe_config`), plus ``data_limit``."""
 
@@ -132,7 +127,7 @@ class ProbeSection(_Strict):
         description="the candidate int8 schemes to measure and choose from (left out: every "
         "scheme the target runs), e.g. to compare a search without w8a8_timestep",
     )  # fmt: skip
-    data_limit: int | None = Field(default=None, gt=0, description="use only the first N samples")
+    data_limit: SampleLimit | None = Field(default=None, description="use only the first N samples")
 
     @field_validator("estimator_batch", "estimator_samples")
     @classmethod
@@ -150,7 +145,7 @@ class ProbeSection(_Strict):
         return v
 
 
-class Recipe(_Strict):
+class Recipe(StrictModel):
     """A calibration recipe."""
 
     name: str = Field(pattern=NAME_PATTERN, description="plain identifier; default out/<name>")
@@ -163,7 +158,7 @@ class Recipe(_Strict):
         default="search", description="search the policy, or a reference baseline to compare with"
     )
     exports: list[str] = Field(default_factory=lambda: list(FORMATS))
-    seed: int = 0
+    seed: Seed = 0
 
     @model_validator(mode="after")
     def _timesteps_need_a_sampling_loop(self) -> Recipe:
@@ -266,7 +261,7 @@ def load_recipe(name_or_path: str) -> Recipe:
         node = yaml.compose(text)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {_first_line(exc)}") from exc
+        raise yaml_error(path, exc) from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a recipe is a YAML mapping")
     data.setdefault("name", path.stem)
@@ -287,10 +282,6 @@ def load_recipe(name_or_path: str) -> Recipe:
         line = _line_of(node, loc)
         where = f"line {line}: " if line else ""
         raise ConfigError(f"{path}: {where}{'.'.join(loc)}: {msg}") from exc
-
-
-def _first_line(exc: yaml.YAMLError) -> str:
-    return " ".join(str(exc).split())
 
 
 def _line_of(node: Any, loc: list[str]) -> int | None:

@@ -32,6 +32,7 @@ from opsnn_quant.evaluation.suite import Suite, load_suite, suite_inputs
 from opsnn_quant.io import atomic_dir, check_output_dir
 from opsnn_quant.models import ModelAdapter, load_adapter
 from opsnn_quant.models.data import load_records
+from opsnn_quant.models.settings import check_source_fits
 from opsnn_quant.policy.baselines import naive_policy
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy
@@ -46,6 +47,7 @@ from opsnn_quant.recipe import Recipe
 from opsnn_quant.recording import RecordedRoots, record_roots
 from opsnn_quant.sources import local_paths
 from opsnn_quant.types import Modality, Progress
+from opsnn_quant.user_config import check_seed
 
 log = logging.getLogger(__name__)
 OUTPUT_KIND = "calibrate"
@@ -129,9 +131,11 @@ def run_calibrate(
 
     Raises:
         OpsnnQuantError: bad input (checked before the model loads where it can be: output
-            path, suite, AMCT, data), or a failure of a phase.
+            path, seed, device, settings against the model's config files, latency mode,
+            suite, AMCT, data), or a failure of a phase.
     """
     say = progress or (lambda m: log.info("%s", m))
+    check_seed(seed, "seed")  # the recipe's is checked by its schema
     acceptance = _check_before_work(recipe, out, engine, suite, latency, force)
     seed = recipe.seed if seed is None else seed
     set_reproducible(seed=seed)
@@ -173,10 +177,11 @@ def _check_before_work(
     """Everything checkable before data and model load; returns the loaded suite."""
     check_calibrate_output(recipe, out, force=force, suite=suite)
     resolve_device(recipe.model.device)  # an npu recipe on a machine without torch_npu: now
+    check_source_fits(recipe.model.source, recipe.model.settings)  # e.g. steps vs the scheduler
+    check_latency_mode(latency)  # with or without a suite: a typo is never silently ignored
     loaded = None
     if suite is not None:
         loaded = load_suite(suite)
-        check_latency_mode(latency)
     if engine not in ENGINES:
         from opsnn_quant.errors import ConfigError
 

@@ -24,7 +24,7 @@ import pytest
 
 from opsnn_quant.cli import main
 from opsnn_quant.io import MARKER
-from tests.tiny_pipelines import save_tiny_sd
+from tests.tiny_pipelines import save_tiny_sd, save_tiny_sd3, save_tiny_whisper
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +58,7 @@ class Case:
     code: int
     line: str
     may_load: bool = False
+    needs_no_cuda: bool = False  # the case names a CUDA device this machine must not have
 
 
 def _recipe_with(recipe: Path, d: Path, old: str, new: str) -> str:
@@ -153,6 +154,21 @@ def _link(d: Path) -> str:
     return str(d / "link")
 
 
+def _with_seed(recipe: Path, d: Path, seed: str) -> str:
+    path = d / "r.yaml"
+    path.write_text(recipe.read_text() + f"seed: {seed}\n")
+    return str(path)
+
+
+def _suite(d: Path, text: str) -> str:
+    path = d / "suite.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+SUITE = "name: s\ntask: t2i\ndata: {dataset: shapes, samples: 2}\nmetrics: {fid_features: null}\n"
+
+
 def _errors(stderr: str) -> list[str]:
     """stderr without the progress lines ('[  1.2 s] phase', printed when not a terminal)."""
     return [
@@ -223,19 +239,84 @@ CASES = [
     Case("unknown device", lambda d, r, rec, done: ["calibrate", str(rec), "-o", str(d / "o"), "--device", "gpu"],
          2, "--device: String should match pattern"),
     Case("npu without torch_npu", lambda d, r, rec, done: ["calibrate", str(rec), "-o", str(d / "o"), "--device", "npu"],
-         1, "device npu needs torch_npu"),
+         2, "device npu needs torch_npu"),
+    Case("cuda without CUDA", lambda d, r, rec, done: ["calibrate", str(rec), "-o", str(d / "o"), "--device", "cuda"],
+         2, "device cuda is not available here (0 cuda device(s))", needs_no_cuda=True),
+    Case("probe: cuda:0 without CUDA", lambda d, r, rec, done: ["probe", str(rec), "-o", str(d / "o"), "--device", "cuda:0"],
+         2, "device cuda:0 is not available here (0 cuda device(s))", needs_no_cuda=True),
+    Case("evaluate: npu without torch_npu", lambda d, r, rec, done: ["evaluate", "--candidate", str(done), "--suite", "shapes-t2i", "-o", str(d / "rep"), "--device", "npu"],
+         2, "device npu needs torch_npu"),
+    Case("suite YAML syntax error", lambda d, r, rec, done: ["calibrate", str(rec), "-o", str(d / "o"), "--evaluate", _suite(d, "name: s\ndata: {dataset: shapes\nseeds: [0]\n")],
+         2, "suite.yaml:3: not valid YAML: expected ',' or '}', but got ':' (while parsing a flow mapping at line 2)"),
+    Case("recipe YAML syntax error", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, "target: ascend910b-atc", "target: [ascend910b-atc"), "-o", str(d / "o")],
+         2, "r.yaml:9: not valid YAML: expected ',' or ']', but got '<stream end>' (while parsing a flow sequence at line 8)"),
+    Case("suite threshold NaN", lambda d, r, rec, done: ["calibrate", str(rec), "-o", str(d / "o"), "--evaluate", _suite(d, SUITE.replace("null}", "null, thresholds: {psnr_min: .nan}}"))],
+         2, "metrics.thresholds.psnr_min: Input should be a finite number"),
+    Case("suite seed out of range", lambda d, r, rec, done: ["calibrate", str(rec), "-o", str(d / "o"), "--evaluate", _suite(d, SUITE + "seeds: [0, 4294967296]\n")],
+         2, "seeds.1: must be between 0 and 4294967295"),
+    Case("--latency without --evaluate", lambda d, r, rec, done: ["calibrate", str(rec), "-o", str(d / "o"), "--latency", "sometimes"],
+         2, "--latency must be one of none, target, all, got 'sometimes'"),
     Case("unknown suite", lambda d, r, rec, done: ["calibrate", str(rec), "-o", str(d / "o"), "--evaluate", "no-such-suite"],
          2, "no-such-suite"),
     Case("unknown family", lambda d, r, rec, done: ["probe", str(r / "pipe"), "--data", str(r / "prompts.txt"), "--family", "llama", "-o", str(d / "o")],
          2, "--family must be one of diffusers-sd, whisper"),
     Case("wrong family for the model", lambda d, r, rec, done: ["probe", "zoo:shapes-t2i", "--family", "whisper", "--data", str(r / "prompts.txt"), "-o", str(d / "o")],
          2, "zoo:shapes-t2i is a diffusers pipeline, not a Whisper model; check the family", may_load=True),
+    # seeds: what numpy's and torch's seeding take
+    Case("--seed negative", lambda d, r, rec, done: ["calibrate", str(rec), "-o", str(d / "o"), "--seed", "-3"],
+         2, "--seed must be between 0 and 4294967295 (2**32-1, the seeds numpy accepts), got -3"),
+    Case("--seed 2**32", lambda d, r, rec, done: ["calibrate", str(rec), "-o", str(d / "o"), "--seed", "4294967296"],
+         2, "--seed must be between 0 and 4294967295 (2**32-1, the seeds numpy accepts), got 4294967296"),
+    Case("recipe seed negative", lambda d, r, rec, done: ["calibrate", _with_seed(rec, d, "-1"), "-o", str(d / "o")],
+         2, "line 9: seed: must be between 0 and 4294967295 (2**32-1, the seeds numpy accepts), got -1"),
+    Case("engine-demo --seed past int64", lambda d, r, rec, done: ["engine-demo", "-o", str(d / "o"), "--seed", "99999999999999999999"],
+         2, "--seed must be between 0 and 4294967295 (2**32-1, the seeds numpy accepts), got 99999999999999999999"),
+    # counts: bounded by the data and the model, from the recipe
+    Case("recipe limit past any data", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, "prompts.txt}", "prompts.txt, limit: 99999999999999999999999}"), "-o", str(d / "o")],
+         2, "line 6: data.limit: must be between 1 and 1000000 samples, got 99999999999999999999999"),
+    Case("probe --limit past any data", lambda d, r, rec, done: ["probe", "zoo:shapes-t2i", "--data", "zoo:shapes/calibration", "--limit", "100000000000", "-o", str(d / "o")],
+         2, "--limit must be between 1 and 1000000 samples, got 100000000000"),
+    Case("export-weights --limit 0", lambda d, r, rec, done: ["export-weights", str(done), "--limit", "0", "-o", str(d / "o")],
+         2, "--limit must be between 1 and 1000000 samples, got 0"),
+    Case("steps past the scheduler's timesteps", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, "steps: 2", "steps: 1000000000"), "-o", str(d / "o")],
+         2, "model.settings.steps: 1000000000 is more than the 1000 timesteps the scheduler of"),
+    Case("probe: --set steps past the scheduler's timesteps", lambda d, r, rec, done: ["probe", str(r / "pipe"), "--data", str(r / "prompts.txt"), "--set", "steps=1001", "-o", str(d / "o")],
+         2, "--set steps: 1001 is more than the 1000 timesteps the scheduler of"),
+    Case("absurd image height", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, "steps: 2", "steps: 2, height: 1000000"), "-o", str(d / "o")],
+         2, "line 5: model.settings.height: Input should be less than or equal to 8192"),
+    Case("SD3 image past its position embeddings", lambda d, r, rec, done: ["probe", str(save_tiny_sd3(d / "sd3")), "--data", str(r / "prompts.txt"), "--set", "height=80", "-o", str(d / "o")],
+         2, "--set height: 80 px is more than the transformer of"),
+    Case("whisper max_new_tokens past max_target_positions", lambda d, r, rec, done: ["probe", str(save_tiny_whisper(d / "w")), "--data", "zoo:speech/eval", "--set", "max_new_tokens=15", "-o", str(d / "o")],
+         2, "--set max_new_tokens: 15 does not fit"),
+    Case("whisper default max_new_tokens past max_target_positions", lambda d, r, rec, done: ["probe", str(save_tiny_whisper(d / "w")), "--data", "zoo:speech/eval", "-o", str(d / "o")],
+         2, "its decoder takes 16 positions (config.json max_target_positions), 2 of them the prompt; use at most 14"),
+    Case("probe: --set typo", lambda d, r, rec, done: ["probe", str(r / "pipe"), "--data", str(r / "prompts.txt"), "--set", "stepz=2", "-o", str(d / "o")],
+         2, "diffusers-sd settings: stepz: Extra inputs are not permitted"),
+    Case("probe: --set wrong type", lambda d, r, rec, done: ["probe", str(r / "pipe"), "--data", str(r / "prompts.txt"), "--set", "steps=ten", "-o", str(d / "o")],
+         2, "diffusers-sd settings: steps: Input should be a valid integer"),
+    Case("probe: --set without =", lambda d, r, rec, done: ["probe", str(r / "pipe"), "--data", str(r / "prompts.txt"), "--set", "steps", "-o", str(d / "o")],
+         2, "--set takes KEY=VALUE (e.g. max_new_tokens=32), got 'steps'"),
+    # NaN and infinities in a recipe
+    Case("min_sqnr_db NaN", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, "target: ascend910b-atc", "target: ascend910b-atc\nbudget: {default: {min_sqnr_db: .nan}}"), "-o", str(d / "o")],
+         2, "line 9: budget.default.min_sqnr_db: Input should be a finite number"),
+    Case("min_headroom inf", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, "max_root_calls: 2", "max_root_calls: 2, min_headroom: .inf"), "-o", str(d / "o")],
+         2, "line 7: probe.min_headroom: Input should be a finite number"),
+    Case("guidance_scale NaN", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, "steps: 2", "steps: 2, guidance_scale: .nan"), "-o", str(d / "o")],
+         2, "line 5: model.settings.guidance_scale: Input should be a finite number"),
     Case("description.json lacks a key", lambda d, r, rec, done: ["evaluate", "--candidate", _candidate_missing_key(done, d), "--suite", "shapes-t2i", "-o", str(d / "rep")],
          2, "lacks weight_shape"),
     Case("policy export onto a directory", lambda d, r, rec, done: ["policy", "export", str(done / "policy.yaml"), "-f", "amct-cfg", "-o", str(done)],
          2, "is a directory; give a file path"),
     Case("policy export under a file", lambda d, r, rec, done: ["policy", "export", str(done / "policy.yaml"), "-f", "amct-cfg", "-o", str(_bytes(d, "f", b"x") / "amct.cfg")],
          2, "is a file, not a directory"),
+    Case("policy export --onnx missing", lambda d, r, rec, done: ["policy", "export", str(done / "policy.yaml"), "-f", "atc-customize-dtypes", "-o", str(d / "c.cfg"), "--onnx", str(d / "no.onnx")],
+         2, "no.onnx: No such file or directory"),
+    Case("policy export --onnx not ONNX", lambda d, r, rec, done: ["policy", "export", str(done / "policy.yaml"), "-f", "atc-customize-dtypes", "-o", str(d / "c.cfg"), "--onnx", str(_bytes(d, "m.onnx", b"hello"))],
+         2, "m.onnx is not an ONNX model: Error parsing message"),
+    Case("policy export --onnx empty", lambda d, r, rec, done: ["policy", "export", str(done / "policy.yaml"), "-f", "atc-customize-dtypes", "-o", str(d / "c.cfg"), "--onnx", str(_bytes(d, "m.onnx", b""))],
+         2, "m.onnx is empty (0 bytes)"),
+    Case("policy export --onnx a directory", lambda d, r, rec, done: ["policy", "export", str(done / "policy.yaml"), "-f", "atc-customize-dtypes", "-o", str(d / "c.cfg"), "--onnx", str(d)],
+         2, "Is a directory"),
     Case("policy not UTF-8", lambda d, r, rec, done: ["policy", "show", str(_bytes(d, "policy.yaml", b"model: caf\xe9\n")), "--probe", str(done / "probe.json")],
          2, "is not UTF-8 text"),
     Case("policy show: a rule matching nothing", lambda d, r, rec, done: ["policy", "show", _policy_with(done, d, lambda t: t.replace("rules:\n", "rules:\n- match: unet.nothing.here\n  precision: fp32\n  reason: x\n"))],
@@ -248,6 +329,11 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_bad_input(case, tiny, tmp_path, monkeypatch, capsys):
     root, recipe, done = tiny
+    if case.needs_no_cuda:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
     before = {p: p.read_bytes() for p in done.rglob("*") if p.is_file()}
     if not case.may_load:
         import opsnn_quant.models
@@ -358,3 +444,13 @@ def test_ctrl_c_prints_one_interrupted_line_and_removes_the_partial_output(
     assert _errors(capsys.readouterr().err) == ["interrupted"]
     assert (out / "policy.yaml").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_probe_of_a_model_dir_runs_at_the_models_own_limit(tmp_path):
+    # 14 new tokens + the 2-token prompt fill the 16 decoder positions exactly: transformers
+    # refuses 15 (the case above refuses it before loading), so the bound is the model's own.
+    w = save_tiny_whisper(tmp_path / "w")
+    argv = ["probe", str(w), "--data", "zoo:speech/eval", "--limit", "2", "--quiet"]
+    argv += ["--set", "max_new_tokens=14", "--set", "batch_size=2", "-o", str(tmp_path / "o")]
+    assert main(argv) == 0  # the default max_new_tokens (64) would have been refused
+    assert json.loads((tmp_path / "o" / "probe.json").read_text())["modules"]

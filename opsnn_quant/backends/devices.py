@@ -11,7 +11,7 @@ import re
 
 import torch
 
-from opsnn_quant.errors import BackendError, ConfigError
+from opsnn_quant.errors import ConfigError, DeviceUnavailableError
 from opsnn_quant.types import DEVICE_PATTERN
 
 DTYPES: dict[str, torch.dtype] = {
@@ -26,7 +26,8 @@ def resolve_device(name: str) -> torch.device:
 
     Raises:
         ConfigError: not a device name this toolkit knows.
-        BackendError: the device is not available here (no torch_npu, no CUDA, no such index).
+        DeviceUnavailableError: the device is not available here (no torch_npu, no CUDA, no
+            such index).
     """
     if not re.match(DEVICE_PATTERN, name):
         raise ConfigError(f"device must be cpu, npu, npu:N, cuda or cuda:N, got {name!r}")
@@ -35,7 +36,7 @@ def resolve_device(name: str) -> torch.device:
         try:
             importlib.import_module("torch_npu")
         except ImportError as exc:
-            raise BackendError(
+            raise DeviceUnavailableError(
                 f"device {name} needs torch_npu: install the torch_npu release that matches "
                 "your CANN and torch"
             ) from exc
@@ -45,7 +46,9 @@ def resolve_device(name: str) -> torch.device:
     else:
         return torch.device("cpu")
     if available == 0 or (index and int(index) >= available):
-        raise BackendError(f"device {name} is not available here ({available} {kind} device(s))")
+        raise DeviceUnavailableError(
+            f"device {name} is not available here ({available} {kind} device(s))"
+        )
     return torch.device(name)
 
 

@@ -117,8 +117,10 @@ def register(app: typer.Typer) -> None:
         from opsnn_quant.errors import ConfigError
         from opsnn_quant.policy.baselines import STRATEGIES
         from opsnn_quant.recipe import load_recipe, resolve_recipe
+        from opsnn_quant.user_config import check_seed
         from opsnn_quant.workflow import check_calibrate_output, run_calibrate
 
+        check_seed(seed)
         if engine not in ("opsnn", "amct"):
             raise ConfigError(f"--engine must be opsnn or amct, got {engine!r}")
         if strategy is not None and strategy not in STRATEGIES:
@@ -166,7 +168,15 @@ def register(app: typer.Typer) -> None:
             typer.Option(help="model family when TARGET is a model (default: guessed)"),
         ] = None,
         limit: Annotated[
-            int | None, typer.Option(min=1, help="use the first N calibration samples")
+            int | None, typer.Option(help="use the first N calibration samples")
+        ] = None,
+        set_: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--set",
+                help="KEY=VALUE model setting (e.g. max_new_tokens=32), checked like a recipe's "
+                "model.settings; repeatable",
+            ),
         ] = None,
         exhaustive: Annotated[
             bool, typer.Option(help="also run the one-module-at-a-time attribution (slow)")
@@ -177,16 +187,20 @@ def register(app: typer.Typer) -> None:
         dtype: Annotated[str | None, typer.Option(help=DTYPE_HELP)] = None,
     ) -> None:
         """Write OUT/probe.json: fp16 overflow, int8 sensitivity, end-to-end attribution."""
+        from opsnn_quant.backends.devices import resolve_device
         from opsnn_quant.determinism import set_reproducible
         from opsnn_quant.errors import ConfigError
         from opsnn_quant.io import atomic_dir, check_output_dir
         from opsnn_quant.models import FAMILIES, guess_family, load_adapter
         from opsnn_quant.models.data import load_records
+        from opsnn_quant.models.settings import check_source_fits, parse_set_options, settings_for
         from opsnn_quant.probe.api import ProbeConfig, probe
         from opsnn_quant.recipe import builtin_recipes, load_recipe, resolve_recipe
         from opsnn_quant.sources import local_paths
+        from opsnn_quant.user_config import check_limit
         from opsnn_quant.workflow import recipe_inputs
 
+        check_limit(limit)
         is_recipe = target.endswith((".yaml", ".yml")) or target in builtin_recipes()
         if is_recipe:
             r = load_recipe(target).with_placement(device, dtype)
@@ -206,6 +220,10 @@ def register(app: typer.Typer) -> None:
             source_data, n = data, limit
             inputs = [str(p) for s in (target, data) for p in local_paths(s)]
             cfg = ProbeConfig(exhaustive=exhaustive)
+        checked = settings_for(family, {**settings, **parse_set_options(set_ or [])})
+        settings = checked.model_dump()
+        check_source_fits(source, checked, "--set " if set_ or not is_recipe else "model.settings.")
+        resolve_device(device or "cpu")
         check_output_dir(out, PROBE_KIND, force=force, inputs=inputs)
         set_reproducible(seed=cfg.seed)
         with _ui.reporter(quiet) as rep:

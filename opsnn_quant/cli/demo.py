@@ -51,8 +51,10 @@ def register(app: typer.Typer) -> None:
         from opsnn_quant.quant.checkpoint import OUTPUT_KIND, save_quantized
         from opsnn_quant.quant.spec import QuantSpec
         from opsnn_quant.types import Precision
+        from opsnn_quant.user_config import check_seed
         from opsnn_quant.zoo.demo_block import DemoBlock
 
+        check_seed(seed)
         check_output_dir(out, OUTPUT_KIND, force=force)
         torch.manual_seed(seed)
         model = DemoBlock(seed=seed).eval()

@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
                 "-f atc and to fold SmoothQuant factors"
             ),
         ] = None,
-        limit: Annotated[int, typer.Option(min=1, help="records of --data to use")] = 1,
+        limit: Annotated[int, typer.Option(help="records of --data to use")] = 1,
         force: Annotated[
             bool, typer.Option("--force", help="replace outputs that are not ours")
         ] = False,
@@ -50,7 +50,9 @@ def register(app: typer.Typer) -> None:
         from opsnn_quant.io import check_output_dir, check_output_file
         from opsnn_quant.quant.checkpoint import read_description
         from opsnn_quant.sources import local_paths
+        from opsnn_quant.user_config import check_limit
 
+        check_limit(limit)
         formats = list(dict.fromkeys(fmt or ["ascendv1"]))
         bad = [f for f in formats if f not in FORMATS]
         if bad:

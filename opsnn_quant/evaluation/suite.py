@@ -32,11 +32,12 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.io import read_text
 from opsnn_quant.resources import builtin_dir
+from opsnn_quant.user_config import MAX_SAMPLES, Seed, StrictModel, yaml_error
 
 SCHEMA_VERSION = 1
 SUITES_DIR = builtin_dir("suites")  # shipped in the package; the repository's evaluate/ points here
@@ -50,11 +51,7 @@ ASR_THRESHOLDS = frozenset(
 SHARED_THRESHOLDS = frozenset({"latency_p99_ratio_max", "memory_ratio_max"})
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class DataSpec(_Strict):
+class DataSpec(StrictModel):
     """Where the evaluation inputs come from: a zoo dataset split or a folder.
 
     Attributes:
@@ -71,7 +68,7 @@ class DataSpec(_Strict):
     dataset: str | None = None
     split: str = "eval"
     folder: Path | None = None
-    samples: int = Field(default=64, ge=2)
+    samples: int = Field(default=64, ge=2, le=MAX_SAMPLES)
     reference: str | None = None
 
     @model_validator(mode="after")
@@ -81,7 +78,7 @@ class DataSpec(_Strict):
         return self
 
 
-class GenerationSpec(_Strict):
+class GenerationSpec(StrictModel):
     """Generation settings shared by baseline and candidate.
 
     Attributes:
@@ -102,7 +99,7 @@ class GenerationSpec(_Strict):
     batch_size: int = Field(default=8, ge=1)
 
 
-class Thresholds(_Strict):
+class Thresholds(StrictModel):
     """Acceptance thresholds (see the module docstring for each one's meaning)."""
 
     fid_vs_baseline_max: float | None = Field(default=None, ge=0.0)
@@ -121,7 +118,7 @@ class Thresholds(_Strict):
         return {k for k, v in self.model_dump().items() if v is not None}
 
 
-class MetricsSpec(_Strict):
+class MetricsSpec(StrictModel):
     """What to measure and the thresholds.
 
     Attributes:
@@ -143,7 +140,7 @@ class MetricsSpec(_Strict):
         return self
 
 
-class LatencySpec(_Strict):
+class LatencySpec(StrictModel):
     """Latency settings.
 
     Attributes:
@@ -175,7 +172,7 @@ class LatencySpec(_Strict):
         return self
 
 
-class Suite(_Strict):
+class Suite(StrictModel):
     """An acceptance suite (one YAML file in ``evaluate/``)."""
 
     schema_version: int = SCHEMA_VERSION
@@ -183,7 +180,7 @@ class Suite(_Strict):
     task: Literal["t2i", "asr"]
     description: str = ""
     data: DataSpec
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1)
     generation: GenerationSpec = GenerationSpec()
     metrics: MetricsSpec = MetricsSpec()
     latency: LatencySpec = LatencySpec()
@@ -241,16 +238,11 @@ def load_suite(path_or_name: str | Path) -> Suite:
     Raises:
         ConfigError: Missing file, bad YAML or a schema violation naming the field.
     """
-    path = Path(path_or_name)
-    if not path.is_file() and not path.suffix and (SUITES_DIR / f"{path}.yaml").is_file():
-        path = SUITES_DIR / f"{path}.yaml"
-    if not path.is_file():
-        known = ", ".join(builtin_suites()) or "none"
-        raise ConfigError(f"suite {path_or_name} not found (built-in suites: {known})")
+    path = suite_file(path_or_name)
     try:
         data = yaml.safe_load(read_text(path))
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        raise yaml_error(path, err) from err
     suite = parse_suite(data, str(path))
     update: dict[str, object] = {}
     if suite.data.folder is not None and not suite.data.folder.is_absolute():

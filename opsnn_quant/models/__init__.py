@@ -6,7 +6,13 @@ from typing import Any
 
 from opsnn_quant.errors import ModelLoadError
 from opsnn_quant.models.base import ModelAdapter, modality_of
-from opsnn_quant.models.settings import DiTSettings, SDSettings, WhisperSettings, settings_for
+from opsnn_quant.models.settings import (
+    DiTSettings,
+    SDSettings,
+    WhisperSettings,
+    check_source_fits,
+    settings_for,
+)
 
 # diffusers-dit last: error messages list the families in this order.
 FAMILIES = ("diffusers-sd", "whisper", "diffusers-dit")
@@ -31,14 +37,16 @@ def load_adapter(
 
     Raises:
         ModelLoadError: unknown family or a model that cannot be loaded.
-        ConfigError: bad settings, device or dtype names.
-        BackendError: the device is not available here.
+        ConfigError: bad settings (a value beyond what the model's config files allow
+            included), device or dtype names.
+        DeviceUnavailableError: the device is not available here.
     """
     from opsnn_quant.backends.devices import resolve_device, resolve_dtype
 
     if family not in FAMILIES:
         raise ModelLoadError(f"unknown model family {family!r}; known: {', '.join(FAMILIES)}")
     checked = settings_for(family, settings)
+    check_source_fits(source, checked, where="settings.")
     place = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
     adapter: ModelAdapter

@@ -6,15 +6,34 @@ Kept free of torch so that recipes validate before any model library loads.
 
 from __future__ import annotations
 
+import json
+import logging
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from opsnn_quant.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
+
+# Bounds of the counts no model file states. Each is far above what any supported pipeline or
+# model is run with, and each refuses a typo before it reaches an allocation of its size (a
+# batch, an image side, a frame count, a beam width multiply the tensors a call allocates).
+MAX_BATCH = 1024
+MAX_SIDE = 8192  # px: four times the largest native size of a supported pipeline (FLUX, 2048)
+MAX_FRAMES = 1024  # Wan 2.1 generates 81
+MAX_BEAMS = 64  # transformers keeps batch x beams sequences and their KV caches
+# SD3's and FLUX's pipelines refuse more than 512 T5 tokens; Wan's umT5 takes 512, PixArt's T5
+# 300 (Sigma) or 120 (alpha) by default.
+MAX_SEQUENCE_LENGTH = 512
+
 
 class _Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class SDSettings(_Settings):
@@ -22,9 +41,13 @@ class SDSettings(_Settings):
 
     steps: int = Field(default=20, gt=0, description="denoising steps per image")
     guidance_scale: float = Field(default=5.0, ge=0.0, description="classifier-free guidance")
-    batch_size: int = Field(default=8, gt=0, description="prompts per pipeline call")
-    height: int | None = Field(default=None, gt=0, multiple_of=8, description="image height, px")
-    width: int | None = Field(default=None, gt=0, multiple_of=8, description="image width, px")
+    batch_size: int = Field(default=8, gt=0, le=MAX_BATCH, description="prompts per pipeline call")
+    height: int | None = Field(
+        default=None, gt=0, le=MAX_SIDE, multiple_of=8, description="image height, px"
+    )
+    width: int | None = Field(
+        default=None, gt=0, le=MAX_SIDE, multiple_of=8, description="image width, px"
+    )
 
 
 class DiTSettings(_Settings):
@@ -42,24 +65,37 @@ class DiTSettings(_Settings):
         description="classifier-free guidance (FLUX: the distilled guidance it embeds, no "
         "unconditional pass); None: the pipeline's default",
     )
-    batch_size: int = Field(default=2, gt=0, description="prompts per pipeline call")
+    batch_size: int = Field(default=2, gt=0, le=MAX_BATCH, description="prompts per pipeline call")
     # Every supported pipeline needs the size a multiple of VAE factor 8 x patch 2.
-    height: int | None = Field(default=None, gt=0, multiple_of=16, description="height, px")
-    width: int | None = Field(default=None, gt=0, multiple_of=16, description="width, px")
+    height: int | None = Field(
+        default=None, gt=0, le=MAX_SIDE, multiple_of=16, description="height, px"
+    )
+    width: int | None = Field(
+        default=None, gt=0, le=MAX_SIDE, multiple_of=16, description="width, px"
+    )
     max_sequence_length: int | None = Field(
-        default=None, gt=0, description="T5 tokens per prompt; None: the pipeline's default"
+        default=None,
+        gt=0,
+        le=MAX_SEQUENCE_LENGTH,
+        description="T5 tokens per prompt; None: the pipeline's default",
     )
     num_frames: int | None = Field(
-        default=None, gt=0, description="frames per video (text-to-video pipelines only)"
+        default=None,
+        gt=0,
+        le=MAX_FRAMES,
+        description="frames per video (text-to-video pipelines only)",
     )
 
 
 class WhisperSettings(_Settings):
     """Decoding settings of a Whisper model, used for calibration and generation."""
 
-    batch_size: int = Field(default=8, gt=0, description="utterances per generate call")
+    batch_size: int = Field(
+        default=8, gt=0, le=MAX_BATCH, description="utterances per generate call"
+    )
+    # Bounded by the model's max_target_positions: see check_fits.
     max_new_tokens: int = Field(default=64, gt=0, description="tokens decoded per utterance")
-    num_beams: int = Field(default=1, gt=0, description="beam width (1: greedy)")
+    num_beams: int = Field(default=1, gt=0, le=MAX_BEAMS, description="beam width (1: greedy)")
 
 
 SETTINGS: dict[str, type[_Settings]] = {
@@ -84,3 +120,122 @@ def settings_for(family: str, values: dict[str, Any]) -> _Settings:
         err = exc.errors()[0]
         where = ".".join(str(x) for x in err["loc"])
         raise ConfigError(f"{family} settings: {where}: {err['msg']}") from exc
+
+
+def parse_set_options(items: Iterable[str], option: str = "--set") -> dict[str, Any]:
+    """``KEY=VALUE`` strings as settings, each value read as a YAML scalar (``32`` an int,
+    ``7.5`` a float, ``true`` a bool, anything else a string), as a recipe would give it.
+
+    Raises:
+        ConfigError: an item without ``KEY=``, or a value that is not a YAML scalar.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"{option} takes KEY=VALUE (e.g. max_new_tokens=32), got {item!r}")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{option} {key}: {text!r} is not a YAML scalar") from exc
+        if isinstance(value, dict | list) or value is None:
+            raise ConfigError(f"{option} {key}: {text!r} is not a single value")
+        out[key] = value
+    return out
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    """A JSON object file's contents; None when it is missing or not one (the loader says why)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def whisper_prompt_tokens(generation_config: dict[str, Any] | None) -> int:
+    """Tokens transformers' Whisper ``generate`` puts before the first decoded one.
+
+    ``<|startoftranscript|>``, then for a multilingual model the language and the task, then
+    ``<|notimestamps|>`` when the model has that token (timestamps are never asked for here).
+    """
+    cfg = generation_config or {}
+    multilingual = 2 if cfg.get("is_multilingual") else 0
+    return 1 + multilingual + (1 if cfg.get("no_timestamps_token_id") is not None else 0)
+
+
+def check_fits(model_dir: Path, settings: _Settings, where: str = "model.settings.") -> None:
+    """Refuse settings that the model's own config files say it cannot run, before it loads.
+
+    Reads JSON only: a diffusion pipeline's ``scheduler/scheduler_config.json`` (``steps`` up to
+    its ``num_train_timesteps``), an SD3 transformer's ``pos_embed_max_size`` (the largest
+    image), a Whisper model's ``config.json`` and ``generation_config.json`` (``max_new_tokens``
+    plus the decoder prompt up to ``max_target_positions``). Files that are missing or not JSON
+    are skipped: loading the model then says what is wrong with it.
+
+    Args:
+        model_dir: the model's local directory.
+        settings: the validated settings of ``family``.
+        where: what the message puts before a setting's name (``model.settings.``, ``--set ``).
+
+    Raises:
+        ConfigError: a setting beyond the model's limit, named with the limit and its file.
+    """
+    if isinstance(settings, SDSettings | DiTSettings):
+        _check_diffusion(model_dir, settings, where)
+    elif isinstance(settings, WhisperSettings):
+        config = _json(model_dir / "config.json")
+        limit = (config or {}).get("max_target_positions")
+        if not isinstance(limit, int):
+            return
+        prompt = whisper_prompt_tokens(_json(model_dir / "generation_config.json"))
+        if settings.max_new_tokens + prompt > limit:
+            raise ConfigError(
+                f"{where}max_new_tokens: {settings.max_new_tokens} does not fit {model_dir}: "
+                f"its decoder takes {limit} positions (config.json max_target_positions), "
+                f"{prompt} of them the prompt; use at most {limit - prompt}"
+            )
+
+
+def _check_diffusion(model_dir: Path, settings: SDSettings | DiTSettings, where: str) -> None:
+    scheduler = _json(model_dir / "scheduler" / "scheduler_config.json")
+    trained = (scheduler or {}).get("num_train_timesteps")
+    if isinstance(trained, int) and settings.steps > trained:
+        raise ConfigError(
+            f"{where}steps: {settings.steps} is more than the {trained} timesteps the scheduler "
+            f"of {model_dir} was trained with (scheduler/scheduler_config.json "
+            "num_train_timesteps)"
+        )
+    # SD3 crops a fixed grid of position embeddings: a larger image has no embedding.
+    transformer = _json(model_dir / "transformer" / "config.json") or {}
+    vae = _json(model_dir / "vae" / "config.json") or {}
+    grid, patch = transformer.get("pos_embed_max_size"), transformer.get("patch_size")
+    blocks = vae.get("block_out_channels")
+    if not (isinstance(grid, int) and isinstance(patch, int) and isinstance(blocks, list)):
+        return
+    scale = 2 ** (len(blocks) - 1)
+    largest = grid * patch * scale
+    for name in ("height", "width"):
+        side = getattr(settings, name)
+        if side is not None and side > largest:
+            raise ConfigError(
+                f"{where}{name}: {side} px is more than the transformer of {model_dir} has "
+                f"position embeddings for: at most {largest} px (transformer/config.json "
+                f"pos_embed_max_size {grid} x patch_size {patch} x the VAE's scale {scale})"
+            )
+
+
+def check_source_fits(source: str, settings: _Settings, where: str = "model.settings.") -> None:
+    """:func:`check_fits` on a model source (``zoo:<name>`` or a directory), before it loads.
+
+    A source that does not resolve to a local directory is left to the loader to refuse.
+
+    Raises:
+        ConfigError: a setting beyond the model's limit.
+    """
+    from opsnn_quant.sources import model_path
+
+    path = model_path(source)
+    if path.is_dir():
+        check_fits(path, settings, where)

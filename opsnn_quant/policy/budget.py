@@ -11,13 +11,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from opsnn_quant.types import Modality
+from opsnn_quant.user_config import StrictModel
 
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+# No NaN or infinity in a limit: a NaN floor compares false with everything and passes every
+# check; "no limit" is a field left out.
+_Frozen = StrictModel
 
 
 class ModalityLimit(_Frozen):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from opsnn_quant.policy.export_result import ExportResult
 from opsnn_quant.policy.schema import PrecisionPolicy, Resolved
@@ -208,16 +209,35 @@ def _mixlist(
 
 
 def onnx_node_io(path: str) -> dict[str, tuple[str, int, int]]:
-    """ONNX node name -> (op type, non-empty inputs, outputs) of a model file (needs ``onnx``)."""
-    from opsnn_quant.errors import MissingDependencyError
+    """ONNX node name -> (op type, non-empty inputs, outputs) of a model file (needs ``onnx``).
+
+    Raises:
+        MissingDependencyError: onnx is not installed.
+        ConfigError: ``path`` is missing, unreadable, empty or not an ONNX model with a graph.
+    """
+    from opsnn_quant.errors import ConfigError, MissingDependencyError
 
     try:
         import onnx
+        from google.protobuf.message import DecodeError  # onnx's own dependency
     except ImportError as exc:
         raise MissingDependencyError(
             "reading an ONNX model needs onnx: pip install 'opsnn-quant[onnx]'"
         ) from exc
-    model = onnx.load(path, load_external_data=False)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read ONNX model {path}: {exc.strerror or exc}") from exc
+    # protobuf parses zero bytes as an empty message: an empty file would give no node counts
+    # and silently fall back to the op table it was meant to replace.
+    if not data:
+        raise ConfigError(f"ONNX model {path} is empty (0 bytes)")
+    try:
+        model = onnx.load_model_from_string(data)
+    except (DecodeError, ValueError) as exc:  # protobuf: DecodeError; onnx's own checks: ValueError
+        raise ConfigError(f"{path} is not an ONNX model: {exc}") from exc
+    if not model.graph.node:
+        raise ConfigError(f"{path} is not an ONNX model: it has no graph nodes")
     return {
         n.name: (n.op_type, sum(1 for i in n.input if i), sum(1 for o in n.output if o))
         for n in model.graph.node

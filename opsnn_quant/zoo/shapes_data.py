@@ -268,7 +268,8 @@ def load_split(split: str, limit: int | None = None, seed: int = 0) -> datasets.
 
     Args:
         split: ``train`` (20000), ``calibration`` (512) or ``eval`` (1024 samples).
-        limit: Generate only the first ``limit`` samples.
+        limit: Generate only the first ``limit`` samples (a larger one gives the whole split,
+            as a file source gives all its lines).
         seed: Dataset seed; the same seed gives byte-identical images.
 
     Returns:
@@ -283,7 +284,9 @@ def load_split(split: str, limit: int | None = None, seed: int = 0) -> datasets.
     _split_id(split)
     if limit is not None and limit < 0:
         raise InputError(f"limit must be >= 0, got {limit}")
-    n = DEFAULT_SIZES[split] if limit is None else limit
+    # Bounded by the split's size: the generator would make any number of samples, and a
+    # limit is "at most", not "this many" (10**11 asked numpy for 279 TiB).
+    n = DEFAULT_SIZES[split] if limit is None else min(limit, DEFAULT_SIZES[split])
     images, captions, labels = generate(split, n, seed)
     features = datasets.Features(
         {

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from opsnn_quant.backends.devices import backend_label, resolve_device, resolve_dtype
-from opsnn_quant.errors import BackendError, ConfigError
+from opsnn_quant.errors import ConfigError, DeviceUnavailableError, InputError
 
 
 def test_cpu_and_dtypes_resolve():
@@ -31,13 +31,16 @@ def test_an_npu_without_torch_npu_says_what_to_install(monkeypatch):
         return real_import(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", no_torch_npu)
-    with pytest.raises(BackendError, match="device npu:1 needs torch_npu"):
+    with pytest.raises(DeviceUnavailableError, match="device npu:1 needs torch_npu") as err:
         resolve_device("npu:1")
+    assert isinstance(err.value, InputError)  # bad input: the CLI exits 2
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
-def test_cuda_missing_is_a_backend_error():
-    with pytest.raises(BackendError, match=r"device cuda:0 is not available here \(0 cuda"):
+def test_cuda_missing_is_bad_input():
+    with pytest.raises(
+        DeviceUnavailableError, match=r"device cuda:0 is not available here \(0 cuda"
+    ):
         resolve_device("cuda:0")
 
 

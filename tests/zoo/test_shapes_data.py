@@ -125,6 +125,9 @@ def test_load_split_default_size_and_zoo_entry():
     from opsnn_quant import zoo
 
     assert sd.DEFAULT_SIZES["calibration"] == len(zoo.dataset("shapes", "calibration"))
+    # a limit past the split is the whole split, not a generator run of that length (10**11
+    # samples asked numpy for 279 TiB)
+    assert len(zoo.dataset("shapes", "calibration", limit=10**11)) == 512
     with pytest.raises(InputError):
         sd.load_split("eval", limit=-1)
 

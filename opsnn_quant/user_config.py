@@ -1,0 +1,113 @@
+"""What every user-written configuration shares: recipes, suites, model settings, CLI counts.
+
+One place for the checks that recipes (:mod:`opsnn_quant.recipe`), suites
+(:mod:`opsnn_quant.evaluation.suite`) and the CLI options that override them apply alike, so
+that a value refused in a YAML file is refused with the same words on the command line:
+
+* :class:`StrictModel`: no unknown key, frozen, and no NaN or infinity in a number (``.nan``
+  and ``.inf`` are valid YAML floats; no threshold, limit or scale of ours means anything
+  with them, and a NaN compares false with everything, so a NaN floor would pass every check).
+* :data:`Seed` / :func:`check_seed`: 0..2**32-1, what ``numpy.random.seed`` accepts (torch
+  takes more, numpy is the narrower one and both are seeded from the same value).
+* :data:`SampleLimit` / :func:`check_limit`: how many samples a run may use.
+* :func:`yaml_error`: a YAML syntax error as one ``file:line: message`` line.
+
+Kept free of torch: configs validate before any model library loads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict
+
+from opsnn_quant.errors import ConfigError
+
+SEED_MAX = 2**32 - 1
+# More samples than any calibration or evaluation run uses by orders of magnitude, and few
+# enough that a generated zoo split or a list of records of that length still fits in memory:
+# a larger number is a typo (the issue: 10**11 asked numpy for 279 TiB).
+MAX_SAMPLES = 1_000_000
+
+
+class StrictModel(BaseModel):
+    """Base of the user-written config schemas: unknown keys, NaN and infinities refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def seed_problem(value: int) -> str | None:
+    """Why ``value`` is not a seed, or None if it is one."""
+    if 0 <= value <= SEED_MAX:
+        return None
+    return f"must be between 0 and {SEED_MAX} (2**32-1, the seeds numpy accepts), got {value}"
+
+
+def limit_problem(value: int) -> str | None:
+    """Why ``value`` is not a sample count, or None if it is one."""
+    if 1 <= value <= MAX_SAMPLES:
+        return None
+    return f"must be between 1 and {MAX_SAMPLES} samples, got {value}"
+
+
+def _seed(value: int) -> int:
+    problem = seed_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _limit(value: int) -> int:
+    problem = limit_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+Seed = Annotated[int, AfterValidator(_seed)]
+SampleLimit = Annotated[int, AfterValidator(_limit)]
+
+
+def check_seed(value: int | None, option: str = "--seed") -> int | None:
+    """``value`` (None passes) if it is a seed: the CLI's form of :data:`Seed`.
+
+    Raises:
+        ConfigError: out of 0..2**32-1; the message names ``option``.
+    """
+    problem = None if value is None else seed_problem(value)
+    if problem:
+        raise ConfigError(f"{option} {problem}")
+    return value
+
+
+def check_limit(value: int | None, option: str = "--limit") -> int | None:
+    """``value`` (None passes) if it is a sample count: the CLI's form of :data:`SampleLimit`.
+
+    Raises:
+        ConfigError: out of 1..:data:`MAX_SAMPLES`; the message names ``option``.
+    """
+    problem = None if value is None else limit_problem(value)
+    if problem:
+        raise ConfigError(f"{option} {problem}")
+    return value
+
+
+def yaml_error(path: Path | str, exc: yaml.YAMLError) -> ConfigError:
+    """``exc`` as one line, ``<path>:<line>: not valid YAML: <problem> (<context>)``.
+
+    PyYAML's own text spans several lines (each mark with the offending source line and a caret)
+    and names the stream ``<unicode string>``, not the file.
+    """
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None or not problem:
+        return ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}")
+    context = getattr(exc, "context", None)
+    context_mark = getattr(exc, "context_mark", None)
+    if context and context_mark is not None:
+        problem += f" ({context} at line {context_mark.line + 1})"
+    elif context:
+        problem += f" ({context})"
+    return ConfigError(f"{path}:{mark.line + 1}: not valid YAML: {problem}")
