@@ -1,0 +1,42 @@
+"""``timings.json``: the wall-clock seconds of one run, apart from the files that describe the model.
+
+Every other file ``calibrate`` and ``probe`` write is a function of the inputs (recipe, model,
+data, seed) and the platform: rerun, it is the same bytes. Wall-clock times are not, so they
+live here alone (and in the log), never in ``probe.json`` or the policy.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from opsnn_quant.io import atomic_write_text
+
+TIMINGS_FILE = "timings.json"
+SCHEMA_VERSION = 1
+
+
+def timings_json(*, probe: Mapping[str, float], phases: Mapping[str, float] | None = None) -> str:
+    """The text of ``timings.json`` (sorted keys, seconds to the microsecond).
+
+    Args:
+        probe: the probe's costs (:attr:`~opsnn_quant.probe.report.SensitivityReport.costs`:
+            ``pass1_seconds``, ``<modality>_estimator_seconds``, ... and the
+            ``*_forward_equivalents`` ratios of those times).
+        phases: seconds per phase of the command (``probe``, ``quantize``, ``total``), if any.
+    """
+    doc: dict[str, object] = {
+        "schema_version": SCHEMA_VERSION,
+        "probe": {k: round(float(v), 6) for k, v in probe.items()},
+    }
+    if phases is not None:
+        doc["phases_seconds"] = {k: round(float(v), 6) for k, v in phases.items()}
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def write_timings(
+    directory: Path, *, probe: Mapping[str, float], phases: Mapping[str, float] | None = None
+) -> Path:
+    """Write ``directory/timings.json`` atomically (see :func:`timings_json`); returns its path."""
+    return atomic_write_text(directory / TIMINGS_FILE, timings_json(probe=probe, phases=phases))
