@@ -43,10 +43,14 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option("--force", help="replace outputs that are not ours")
         ] = False,
         quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+        allow_pickle: Annotated[
+            bool, typer.Option("--allow-pickle", help=_ui.ALLOW_PICKLE_HELP)
+        ] = False,
     ) -> None:
         """Write AscendV1 weights and/or ATC/AOE commands from a calibrate output."""
         from opsnn_quant.errors import ConfigError
         from opsnn_quant.io import check_output_dir
+        from opsnn_quant.models import check_weights
         from opsnn_quant.quant.checkpoint import read_description
 
         formats = list(dict.fromkeys(fmt or ["ascendv1"]))
@@ -60,11 +64,12 @@ def register(app: typer.Typer) -> None:
         if data is None and ("atc" in formats or smoothed):
             why = "the ATC graphs" if "atc" in formats else "folding its SmoothQuant factors"
             raise ConfigError(f"{why} need one call per root: pass --data (e.g. the recipe's data)")
+        check_weights(str(desc.get("source_model") or ""), allow_pickle=allow_pickle)
         export_dir = dest or out / "export"
         for f in formats:
             check_output_dir(export_dir / f, f, force=force, inputs=[str(out / "quant")])
         with _ui.phases(quiet) as say:
-            notes = _run(out, export_dir, formats, data, limit, force, say)
+            notes = _run(out, export_dir, formats, data, limit, force, say, allow_pickle)
         if not quiet:
             for note in notes:
                 typer.echo(f"note: {note}", err=True)
@@ -79,6 +84,7 @@ def _run(
     limit: int,
     force: bool,
     say: Callable[[str], None],
+    allow_pickle: bool = False,
 ) -> list[str]:
     from opsnn_quant.deploy.workflow_exports import write_model_exports
     from opsnn_quant.errors import ConfigError
@@ -91,7 +97,7 @@ def _run(
 
     records = load_records(data, limit) if data is not None else []
     say("loading the quantized model")
-    adapter, report = load_candidate(out)
+    adapter, report = load_candidate(out, allow_pickle=allow_pickle)
     if report is None:
         raise ConfigError(
             f"{out} has no probe.json (the module inventory); give a calibrate output"
@@ -104,7 +110,7 @@ def _run(
     if "atc" in formats:
         say("loading the float model for the ATC graphs")
         source = adapter.model_id
-        float_model = load_adapter(guess_family(source), source).model
+        float_model = load_adapter(guess_family(source), source, allow_pickle=allow_pickle).model
     policy = PrecisionPolicy.load(out / "policy.yaml")
     return write_model_exports(
         adapter, policy, modules_from_report(report), calls, export_dir, formats,
