@@ -32,37 +32,42 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.slow
-def test_calibrate_writes_the_design_layout_byte_identically_on_a_rerun(tiny, tmp_path, capsys):
+def test_calibrate_writes_the_design_layout_byte_identically_on_a_rerun(
+    tiny, tmp_path, capsys, monkeypatch
+):
     # Two runs into two different directories: the same files, every byte the same (the ONNX
-    # graphs and ATC scripts of ascend910b-atc, the AscendV1 export, the markers included),
-    # except timings.json, where the run's wall-clock times are kept.
+    # graphs and ATC scripts of ascend910b-atc, the AscendV1 export, the acceptance report and
+    # its plots, the markers included), except timings.json, where the run's wall-clock times
+    # are kept. The report's date is SOURCE_DATE_EPOCH's (the reproducible-builds convention);
+    # on this CPU nothing is timed for an NPU target's latency criteria.
     root, recipe = tiny
-    assert main(["calibrate", str(recipe), "-o", str(tmp_path / "a"), "--quiet"]) == 0
-    assert (
-        main(
-            [
-                "calibrate",
-                str(recipe),
-                "-o",
-                str(
-                    tmp_path / "b",
-                ),
-                "--quiet",
-            ]
-        )
-        == 0
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "prompts.txt").write_text("a red circle\na blue square\n")
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(
+        "schema_version: 1\nname: tiny\ntask: t2i\ndata: {folder: eval, samples: 2}\n"
+        "generation: {steps: 2, guidance_scale: 5.0, batch_size: 2}\n"
+        "metrics: {fid_features: null, thresholds: {psnr_min: 5.0}}\n"
     )
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    for out in ("a", "b"):
+        argv = ["calibrate", str(recipe), "-o", str(tmp_path / out), "--evaluate", str(suite)]
+        assert main([*argv, "--quiet"]) == 0, capsys.readouterr()
     a, b = _tree(tmp_path / "a"), _tree(tmp_path / "b")
     for rel in ("probe.json", "policy.yaml", "quant/model.safetensors", "quant/description.json",
                 "export/amct.cfg", "export/atc_keep_dtype.cfg", "export/atc_customize_dtypes.cfg",
                 "export/atc_modify_mixlist.json", "export/amct_eager.json", "export/atc/unet.sh",
                 "export/atc/unet.onnx", "export/atc/unet.qdq.onnx",
-                "export/ascendv1/unet/quant_model_weights.safetensors", "timings.json"):  # fmt: skip
+                "export/ascendv1/unet/quant_model_weights.safetensors", "report/report.json",
+                "report/report.html", "report/plots/pair-0000.png", "timings.json"):  # fmt: skip
         assert rel in a, rel
     timings = [json.loads(t.pop("timings.json")) for t in (a, b)]
     assert sorted(a) == sorted(b)
     assert [rel for rel in a if a[rel] != b[rel]] == []
-    assert not [rel for rel, data in a.items() if str(tmp_path).encode() in data]
+    # no output path in any file (the suite's path is an input, named in the report)
+    outputs = [str(tmp_path / d).encode() for d in ("a", "b")]
+    assert not [rel for rel, data in a.items() if any(o in data for o in outputs)]
+    assert json.loads(a["report/report.json"])["created"] == "2023-11-14T22:13:20+00:00"
     # the wall-clock figures are in timings.json only
     assert timings[0]["probe"]["pass1_seconds"] > 0 and timings[0]["phases_seconds"]["total"] > 0
     assert set(timings[0]["probe"]) == set(timings[1]["probe"])
