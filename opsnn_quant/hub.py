@@ -6,11 +6,14 @@ A neutral place (models, the zoo and evaluation all load Hugging Face objects).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 def set_offline_env() -> None:
@@ -99,9 +102,15 @@ def check_pickle_weights(
     from opsnn_quant.errors import ModelLoadError
 
     pickled = [f for d in directories for f in pickle_only_files(d)]
-    if not pickled or allow_pickle:
-        return bool(pickled)
     names = ", ".join(str(_relative(f, root)) for f in pickled)
+    if not pickled or allow_pickle:
+        if pickled:
+            log.warning(
+                "%s: reading pickle weights (%s) with torch.load(weights_only=True), as allowed",
+                source,
+                names,
+            )
+        return bool(pickled)
     raise ModelLoadError(
         f"{source} has pickle weights only ({names}), no safetensors: convert it once, e.g. "
         f"{convert}, or pass --allow-pickle (recipe: model.allow_pickle: true) to read them "
@@ -120,7 +129,12 @@ def _relative(path: Path, root: Path) -> Path:
 def weights_only_torch_load() -> Iterator[None]:
     """Every ``torch.load`` inside reads tensors only (``weights_only=True``), whatever its caller
     asked: a pickle weight file never runs code of its own (the libraries ask for it already;
-    this holds for every version of them)."""
+    this holds for every version of them).
+
+    The libraries' messages about falling back to the pickles ("Defaulting to unsafe
+    serialization") are silenced meanwhile: they would say otherwise, and
+    :func:`check_pickle_weights` has said which files are read.
+    """
     import torch
 
     original = torch.load
@@ -129,8 +143,14 @@ def weights_only_torch_load() -> Iterator[None]:
         kwargs["weights_only"] = True
         return original(*args, **kwargs)
 
+    loggers = [logging.getLogger(name) for name in ("diffusers", "transformers")]
+    levels = [lg.level for lg in loggers]
     torch.load = load
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
         torch.load = original
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)

@@ -87,8 +87,8 @@ def check_weights(source: str, *, allow_pickle: bool = False) -> None:
     from pathlib import Path
 
     path = Path(source)
-    if source.startswith("zoo:") or not path.is_dir():
-        return
+    if allow_pickle or source.startswith("zoo:") or not path.is_dir():
+        return  # allowed: the loader says which pickles it reads
     if (path / "model_index.json").is_file():
         from opsnn_quant.models.diffusers_base import check_pipeline_weights, pipeline_index
 

@@ -104,7 +104,6 @@ def test_the_suggested_conversion_makes_it_load_without_the_flag(pickled, tmp_pa
     assert "unet" in dict(adapter.model.named_children())
 
 
-@pytest.mark.slow
 def test_allow_pickle_calibrates_and_the_commands_after_it_need_it_too(pickled, tmp_path, capsys):
     # calibrate --allow-pickle reads the pickles (weights_only) and writes the whole output;
     # export-weights and evaluate re-load the float model from the same directory: refused
@@ -129,7 +128,7 @@ def test_allow_pickle_calibrates_and_the_commands_after_it_need_it_too(pickled, 
     assert report is not None and adapter.model_id == str(root / "pipe")
 
 
-def test_recipe_allow_pickle_loads_the_pickles_with_weights_only(pickled, monkeypatch):
+def test_recipe_allow_pickle_loads_the_pickles_with_weights_only(pickled, monkeypatch, caplog):
     from opsnn_quant.recipe import load_recipe
     from opsnn_quant.workflow import load_recipe_model
 
@@ -150,9 +149,12 @@ def test_recipe_allow_pickle_loads_the_pickles_with_weights_only(pickled, monkey
         return original(*args, **kwargs)
 
     monkeypatch.setattr(torch, "load", spy)  # under the guard, which wraps whatever is there
-    adapter = load_recipe_model(r)
+    with caplog.at_level("WARNING", logger="opsnn_quant"):
+        adapter = load_recipe_model(r)
     assert seen and all(wo is True for wo in seen), seen  # one per pickle file, weights only
     assert len(seen) == 3
+    said = [rec.getMessage() for rec in caplog.records if "reading pickle weights" in rec.message]
+    assert len(said) == 1 and "unet/diffusion_pytorch_model.bin" in said[0]
     state = torch.load(root / "pipe" / "unet" / "diffusion_pytorch_model.bin", weights_only=True)
     unet = adapter.model.get_submodule("unet")
     for name, tensor in state.items():
@@ -196,10 +198,13 @@ def test_weights_only_guard_overrides_a_caller_asking_for_a_full_unpickle(tmp_pa
     evil, marker = tmp_path / "evil.bin", tmp_path / "pwned"
     torch.save({"w": torch.ones(2), "x": _RunsCode(marker)}, evil)
     original = torch.load
+    import logging
+
+    level = logging.getLogger("diffusers").level
     with weights_only_torch_load(), pytest.raises(pickle.UnpicklingError):
         torch.load(evil, weights_only=False)
     assert not marker.exists()
-    assert torch.load is original  # restored
+    assert torch.load is original and logging.getLogger("diffusers").level == level  # restored
     torch.save({"w": torch.ones(2)}, tmp_path / "ok.bin")
     with weights_only_torch_load():
         assert torch.equal(torch.load(tmp_path / "ok.bin", weights_only=False)["w"], torch.ones(2))
