@@ -45,6 +45,11 @@ class _ModelBase(StrictModel):
     dtype: Literal["float32", "float16", "bfloat16"] = Field(
         default="float32", description="dtype the model is loaded in"
     )
+    allow_pickle: bool = Field(
+        default=False,
+        description="read weights that exist as pickles only (*.bin, *.pt, *.pth, *.ckpt) with "
+        "torch.load(weights_only=True); false: safetensors only, such a model is refused",
+    )
 
 
 class SDModel(_ModelBase):

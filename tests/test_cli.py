@@ -1,12 +1,12 @@
 """The ``opsnn-quant`` command: calibrate end to end on a tiny pipeline, and bad input."""
 
-import hashlib
 import json
 from pathlib import Path
 
 import pytest
 
 from opsnn_quant.cli import main
+from opsnn_quant.io import MARKER
 from tests.tiny_pipelines import save_tiny_sd
 
 
@@ -27,27 +27,60 @@ def tiny(tmp_path_factory):
     return root, recipe
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (hidden ones included), by relative path."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
 @pytest.mark.slow
-def test_calibrate_writes_the_design_layout_deterministically(tiny, tmp_path, capsys):
+def test_calibrate_writes_the_design_layout_byte_identically_on_a_rerun(
+    tiny, tmp_path, capsys, monkeypatch
+):
+    # Two runs into two different directories: the same files, every byte the same (the ONNX
+    # graphs and ATC scripts of ascend910b-atc, the AscendV1 export, the acceptance report and
+    # its plots), except timings.json (the run's wall-clock times) and the run token in each
+    # output's marker. The report's date is SOURCE_DATE_EPOCH's (the reproducible-builds convention);
+    # on this CPU nothing is timed for an NPU target's latency criteria.
     root, recipe = tiny
-    assert main(["calibrate", str(recipe), "-o", str(tmp_path / "a"), "--quiet"]) == 0
-    assert main(["calibrate", str(recipe), "-o", str(tmp_path / "b"), "--quiet"]) == 0
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "prompts.txt").write_text("a red circle\na blue square\n")
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(
+        "schema_version: 1\nname: tiny\ntask: t2i\ndata: {folder: eval, samples: 2}\n"
+        "generation: {steps: 2, guidance_scale: 5.0, batch_size: 2}\n"
+        "metrics: {fid_features: null, thresholds: {psnr_min: 5.0}}\n"
+    )
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    for out in ("a", "b"):
+        argv = ["calibrate", str(recipe), "-o", str(tmp_path / out), "--evaluate", str(suite)]
+        assert main([*argv, "--quiet"]) == 0, capsys.readouterr()
+    a, b = _tree(tmp_path / "a"), _tree(tmp_path / "b")
     for rel in ("probe.json", "policy.yaml", "quant/model.safetensors", "quant/description.json",
                 "export/amct.cfg", "export/atc_keep_dtype.cfg", "export/atc_customize_dtypes.cfg",
-                "export/atc_modify_mixlist.json", "export/amct_eager.json"):  # fmt: skip
-        assert (tmp_path / "a" / rel).is_file(), rel
-    for rel in ("policy.yaml", "quant/model.safetensors", "quant/description.json"):
-        assert _digest(tmp_path / "a" / rel) == _digest(tmp_path / "b" / rel), rel
-    # probe.json records wall times under "costs"; everything else must match exactly
-    probes = [json.loads((tmp_path / d / "probe.json").read_text()) for d in ("a", "b")]
-    for p in probes:
-        p.pop("costs")
-    assert probes[0] == probes[1]
-    desc = json.loads((tmp_path / "a" / "quant" / "description.json").read_text())
+                "export/atc_modify_mixlist.json", "export/amct_eager.json", "export/atc/unet.sh",
+                "export/atc/unet.onnx", "export/atc/unet.qdq.onnx",
+                "export/ascendv1/unet/quant_model_weights.safetensors", "report/report.json",
+                "report/report.html", "report/plots/pair-0000.png", "timings.json"):  # fmt: skip
+        assert rel in a, rel
+    timings = [json.loads(t.pop("timings.json")) for t in (a, b)]
+    assert sorted(a) == sorted(b)
+    # Markers name their run (a random token, opsnn_quant/ownership.py): what they list is equal.
+    markers = [rel for rel in a if rel.endswith(MARKER)]
+    assert {"quant/" + MARKER, "export/ascendv1/" + MARKER, MARKER} <= set(markers)
+    for rel in markers:
+        ma, mb = json.loads(a.pop(rel)), json.loads(b.pop(rel))
+        assert ma["token"] != mb["token"] and ma["manifest"] == mb["manifest"], rel
+    assert [rel for rel in a if a[rel] != b[rel]] == []
+    # no output path in any file (the suite's path is an input, named in the report)
+    outputs = [str(tmp_path / d).encode() for d in ("a", "b")]
+    assert not [rel for rel, data in a.items() if any(o in data for o in outputs)]
+    assert json.loads(a["report/report.json"])["created"] == "2023-11-14T22:13:20+00:00"
+    # the wall-clock figures are in timings.json only
+    assert timings[0]["probe"]["pass1_seconds"] > 0 and timings[0]["phases_seconds"]["total"] > 0
+    assert set(timings[0]["probe"]) == set(timings[1]["probe"])
+    probe_doc = json.loads(a["probe.json"])
+    assert "costs" not in probe_doc
+    desc = json.loads(a["quant/description.json"])
     assert desc["source_model"] == str(root / "pipe")
     assert any(m["precision"].startswith("w8a8") for m in desc["modules"].values())
     assert not list(tmp_path.glob("*.tmp-*"))
@@ -104,7 +137,9 @@ def test_probe_command_writes_probe_json(tiny, tmp_path, capsys):
     )
     assert rc == 0
     report = json.loads((tmp_path / "p" / "probe.json").read_text())
-    assert report["schema_version"] == 1
+    assert report["schema_version"] == 1 and "costs" not in report
+    timings = json.loads((tmp_path / "p" / "timings.json").read_text())
+    assert timings["probe"]["pass1_seconds"] > 0
     assert {"text_encoder", "denoiser", "image_decoder"} <= set(report["modalities"])
     assert any(m["e2e"] for m in report["modules"])
     assert "riskiest modules" in capsys.readouterr().out

@@ -38,8 +38,9 @@ def _tokenizer_files(d: Path) -> None:
     (d / "merges.txt").write_text("#version: 0.2\n")
 
 
-def save_tiny_sd(path: Path, seed: int = 0) -> Path:
-    """A tiny StableDiffusionPipeline (CLIP text encoder, cross-attention UNet, VAE) in ``path``."""
+def save_tiny_sd(path: Path, seed: int = 0, *, safe_serialization: bool = True) -> Path:
+    """A tiny StableDiffusionPipeline (CLIP text encoder, cross-attention UNet, VAE) in ``path``
+    (``safe_serialization=False``: pickle weights, ``*.bin``, as older checkpoints have)."""
     from diffusers import (
         AutoencoderKL,
         DDIMScheduler,
@@ -100,7 +101,28 @@ def save_tiny_sd(path: Path, seed: int = 0) -> Path:
         requires_safety_checker=False,
     )
     pipe.save_pretrained(str(path))
+    if not safe_serialization:
+        for component in ("text_encoder", "unet", "vae"):
+            to_pickle_weights(path / component)
     return path
+
+
+def to_pickle_weights(directory: Path) -> list[Path]:
+    """Replace each ``*.safetensors`` of ``directory`` by the pickle file ``save_pretrained``
+    wrote before safetensors (``model.safetensors`` -> ``pytorch_model.bin``,
+    ``diffusion_pytorch_model.safetensors`` -> ``diffusion_pytorch_model.bin``), the same
+    tensors; returns the pickle files. (transformers 5 writes safetensors whatever
+    ``safe_serialization`` says, so older checkpoints are made so.)"""
+    from safetensors.torch import load_file
+
+    written = []
+    for st in sorted(directory.glob("*.safetensors")):
+        name = "pytorch_model" if st.stem == "model" else st.stem
+        target = directory / f"{name}.bin"
+        torch.save(load_file(str(st)), target)
+        st.unlink()
+        written.append(target)
+    return written
 
 
 # --- transformer-denoiser (DiT) pipelines: SD3, FLUX, PixArt, Wan --------------------------------

@@ -197,3 +197,10 @@ def wrap_name(name: str, width: int = NAME_WIDTH) -> str:
 def print_table(t: Any) -> None:
     """Print a table on stdout."""
     console.print(t)
+
+
+ALLOW_PICKLE_HELP = (
+    "read model weights that exist as pickles only (*.bin, *.pt, *.pth, *.ckpt), with "
+    "torch.load(weights_only=True), never a full unpickle; without it such a model is refused "
+    "(convert it to safetensors)"
+)

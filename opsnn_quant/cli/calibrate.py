@@ -111,10 +111,14 @@ def register(app: typer.Typer) -> None:
         ] = "target",
         device: Annotated[str | None, typer.Option(help=DEVICE_HELP)] = None,
         dtype: Annotated[str | None, typer.Option(help=DTYPE_HELP)] = None,
+        allow_pickle: Annotated[
+            bool, typer.Option("--allow-pickle", help=_ui.ALLOW_PICKLE_HELP)
+        ] = False,
     ) -> None:
         """Probe, decide the policy, quantize, save and export: OUT/probe.json, policy.yaml,
-        quant/, export/ (and report/ with --evaluate)."""
+        quant/, export/ (and report/ with --evaluate); wall-clock times in OUT/timings.json."""
         from opsnn_quant.errors import ConfigError
+        from opsnn_quant.models import check_weights
         from opsnn_quant.policy.baselines import STRATEGIES
         from opsnn_quant.recipe import load_recipe, resolve_recipe
         from opsnn_quant.user_config import check_seed
@@ -130,7 +134,10 @@ def register(app: typer.Typer) -> None:
         r = load_recipe(recipe).with_placement(device, dtype)
         if strategy is not None:
             r = r.model_copy(update={"strategy": strategy})
+        if allow_pickle:  # as the recipe's model.allow_pickle: true
+            r = r.model_copy(update={"model": r.model.model_copy(update={"allow_pickle": True})})
         out = out if out is not None else Path("out") / r.name
+        check_weights(r.model.source, allow_pickle=r.model.allow_pickle)
         check_calibrate_output(
             r, out, force=force, suite=evaluate, inputs=[str(resolve_recipe(recipe))]
         )
@@ -185,18 +192,23 @@ def register(app: typer.Typer) -> None:
         quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
         device: Annotated[str | None, typer.Option(help=DEVICE_HELP)] = None,
         dtype: Annotated[str | None, typer.Option(help=DTYPE_HELP)] = None,
+        allow_pickle: Annotated[
+            bool, typer.Option("--allow-pickle", help=_ui.ALLOW_PICKLE_HELP)
+        ] = False,
     ) -> None:
-        """Write OUT/probe.json: fp16 overflow, int8 sensitivity, end-to-end attribution."""
+        """Write OUT/probe.json: fp16 overflow, int8 sensitivity, end-to-end attribution (and
+        OUT/timings.json: wall-clock times)."""
         from opsnn_quant.backends.devices import resolve_device
         from opsnn_quant.determinism import set_reproducible
         from opsnn_quant.errors import ConfigError
         from opsnn_quant.io import atomic_dir, check_output_dir
-        from opsnn_quant.models import FAMILIES, guess_family, load_adapter
+        from opsnn_quant.models import FAMILIES, check_weights, guess_family, load_adapter
         from opsnn_quant.models.data import load_records
         from opsnn_quant.models.settings import check_source_fits, parse_set_options, settings_for
         from opsnn_quant.probe.api import ProbeConfig, probe
         from opsnn_quant.recipe import builtin_recipes, load_recipe, resolve_recipe
         from opsnn_quant.sources import local_paths
+        from opsnn_quant.timings import write_timings
         from opsnn_quant.user_config import check_limit
         from opsnn_quant.workflow import recipe_inputs
 
@@ -211,6 +223,7 @@ def register(app: typer.Typer) -> None:
             source_data = data or r.data.calibration
             n = limit or r.probe.data_limit or r.data.limit
             cfg = r.probe_config(**({"exhaustive": True} if exhaustive else {}))
+            allow_pickle = allow_pickle or r.model.allow_pickle
         else:
             if data is None:
                 raise ConfigError("probing a model needs --data (e.g. zoo:shapes/calibration)")
@@ -224,6 +237,7 @@ def register(app: typer.Typer) -> None:
         settings = checked.model_dump()
         check_source_fits(source, checked, "--set " if set_ or not is_recipe else "model.settings.")
         resolve_device(device or "cpu")
+        check_weights(source, allow_pickle=allow_pickle)
         check_output_dir(out, PROBE_KIND, force=force, inputs=inputs)
         set_reproducible(seed=cfg.seed)
         with _ui.reporter(quiet) as rep:
@@ -231,11 +245,13 @@ def register(app: typer.Typer) -> None:
             records = load_records(source_data, n)
             rep.phase(f"loading {source}")
             adapter = load_adapter(
-                family, source, device=device or "cpu", dtype=dtype or "float32", **settings
-            )
+                family, source, device=device or "cpu", dtype=dtype or "float32",
+                allow_pickle=allow_pickle, **settings,
+            )  # fmt: skip
             with atomic_dir(out, PROBE_KIND, force=force) as tmp:
                 report = probe(adapter, adapter.forward_loop(records), cfg, progress=rep.phase)
                 report.save(tmp / "probe.json")
+                write_timings(tmp, probe=report.costs)
         if not quiet:
             _ui.print_table(_probe_table(report))
-            _ui.console.print(f"wrote {out}/probe.json")
+            _ui.console.print(f"wrote {out}/probe.json, {out}/timings.json")

@@ -54,6 +54,10 @@ def register(app: typer.Typer) -> None:
                 "policy.yaml); latency on any other backend is reported, not judged"
             ),
         ] = None,
+        allow_pickle: Annotated[
+            bool,
+            typer.Option("--allow-pickle", help=_ui.ALLOW_PICKLE_HELP + " (also a suite's CLIP)"),
+        ] = False,
     ) -> None:
         """Run baseline and candidate on the suite; write report.{json,md,html}. Exit 0 PASS, 3 FAIL."""
         import torch
@@ -77,7 +81,7 @@ def register(app: typer.Typer) -> None:
         from opsnn_quant.evaluation.report import fmt
         from opsnn_quant.evaluation.suite import load_suite, suite_inputs
         from opsnn_quant.io import check_output_dir
-        from opsnn_quant.models import guess_family, load_adapter
+        from opsnn_quant.models import check_weights, guess_family, load_adapter
         from opsnn_quant.policy.targets import get_target
         from opsnn_quant.quant.checkpoint import read_description
         from opsnn_quant.sources import local_paths
@@ -108,15 +112,20 @@ def register(app: typer.Typer) -> None:
             source = baseline or str(candidate)
         inputs = [*candidate_inputs(candidate), *suite_inputs(suite)]
         inputs += [str(p) for p in local_paths(str(source))]
+        check_weights(str(source), allow_pickle=allow_pickle)
         check_output_dir(out, OUTPUT_KIND, force=force, inputs=inputs)
         with _ui.phases(quiet) as say:
             say("loading models")
             cand, sensitivity = load_candidate(
-                candidate, device=device, dtype=dtype, baseline=str(source) if ascendv1 else None
-            )
+                candidate, device=device, dtype=dtype, baseline=str(source) if ascendv1 else None,
+                allow_pickle=allow_pickle,
+            )  # fmt: skip
             if candidate_dtype == "float16":
                 cast_adapter(cand, torch.float16)
-            base = load_adapter(guess_family(str(source)), str(source), device=device, dtype=dtype)
+            base = load_adapter(
+                guess_family(str(source)), str(source), device=device, dtype=dtype,
+                allow_pickle=allow_pickle,
+            )  # fmt: skip
             report = evaluate(
                 base,
                 cand,
@@ -133,6 +142,7 @@ def register(app: typer.Typer) -> None:
                 target=target,
                 # an AscendV1 model runs the engines' int8 arithmetic, not plain eager float
                 candidate_backend=f"{resolve_device(device).type}-reference" if ascendv1 else None,
+                allow_pickle=allow_pickle,
             )
             write_report(
                 report,

@@ -43,11 +43,15 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option("--force", help="replace outputs that are not ours")
         ] = False,
         quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+        allow_pickle: Annotated[
+            bool, typer.Option("--allow-pickle", help=_ui.ALLOW_PICKLE_HELP)
+        ] = False,
     ) -> None:
         """Write AscendV1 weights and/or ATC/AOE commands from a calibrate output."""
         from opsnn_quant.deploy.workflow_exports import notes_file
         from opsnn_quant.errors import ConfigError
         from opsnn_quant.io import check_output_dir, check_output_file
+        from opsnn_quant.models import check_weights
         from opsnn_quant.quant.checkpoint import read_description
         from opsnn_quant.sources import local_paths
         from opsnn_quant.user_config import check_limit
@@ -64,6 +68,7 @@ def register(app: typer.Typer) -> None:
         if data is None and ("atc" in formats or smoothed):
             why = "the ATC graphs" if "atc" in formats else "folding its SmoothQuant factors"
             raise ConfigError(f"{why} need one call per root: pass --data (e.g. the recipe's data)")
+        check_weights(str(desc.get("source_model") or ""), allow_pickle=allow_pickle)
         export_dir = dest or out / "export"
         read = [out / "quant", out / "policy.yaml", out / "probe.json"]
         read += local_paths(str(desc.get("source_model") or "")) if desc.get("source_model") else []
@@ -73,7 +78,7 @@ def register(app: typer.Typer) -> None:
             path, kind = notes_file(export_dir, f)
             check_output_file(path, kind, force=force, inputs=read)
         with _ui.phases(quiet) as say:
-            notes = _run(out, export_dir, formats, data, limit, force, say)
+            notes = _run(out, export_dir, formats, data, limit, force, say, allow_pickle)
         if not quiet:
             for note in notes:
                 typer.echo(f"note: {note}", err=True)
@@ -88,6 +93,7 @@ def _run(
     limit: int,
     force: bool,
     say: Callable[[str], None],
+    allow_pickle: bool = False,
 ) -> list[str]:
     from opsnn_quant.deploy.workflow_exports import write_model_exports
     from opsnn_quant.errors import ConfigError
@@ -100,7 +106,7 @@ def _run(
 
     records = load_records(data, limit) if data is not None else []
     say("loading the quantized model")
-    adapter, report = load_candidate(out)
+    adapter, report = load_candidate(out, allow_pickle=allow_pickle)
     if report is None:
         raise ConfigError(
             f"{out} has no probe.json (the module inventory); give a calibrate output"
@@ -113,7 +119,7 @@ def _run(
     if "atc" in formats:
         say("loading the float model for the ATC graphs")
         source = adapter.model_id
-        float_model = load_adapter(guess_family(source), source).model
+        float_model = load_adapter(guess_family(source), source, allow_pickle=allow_pickle).model
     policy = PrecisionPolicy.load(out / "policy.yaml")
     return write_model_exports(
         adapter, policy, modules_from_report(report), calls, export_dir, formats,

@@ -156,11 +156,19 @@ def load_ascendv1_candidate(
     *,
     device: str = "cpu",
     dtype: str = "float32",
+    allow_pickle: bool = False,
 ) -> ModelAdapter:
-    """The float ``baseline`` loaded by its adapter, then the AscendV1 ``directory`` on top."""
+    """The float ``baseline`` loaded by its adapter (``allow_pickle``: see
+    :func:`~opsnn_quant.models.load_adapter`), then the AscendV1 ``directory`` on top."""
     from opsnn_quant.models import guess_family, load_adapter
 
-    adapter = load_adapter(family or guess_family(baseline), baseline, device=device, dtype=dtype)
+    adapter = load_adapter(
+        family or guess_family(baseline),
+        baseline,
+        device=device,
+        dtype=dtype,
+        allow_pickle=allow_pickle,
+    )
     apply_ascendv1_dir(adapter.model, directory)
     adapter.model_id = str(directory)
     return adapter

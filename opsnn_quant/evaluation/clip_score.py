@@ -66,24 +66,43 @@ class TensorCLIP(nn.Module):
         return _as_tensor(out).float()
 
 
-def load_local_clip(path: str | Path) -> tuple[nn.Module, Any]:
+def load_local_clip(path: str | Path, *, allow_pickle: bool = False) -> tuple[nn.Module, Any]:
     """Load a transformers ``CLIPModel`` and ``CLIPProcessor`` from a local directory, offline.
 
+    The weights load from safetensors only; pickle-only weights (``pytorch_model.bin``, ...)
+    are refused before anything loads unless ``allow_pickle`` (then read with
+    ``torch.load(weights_only=True)``).
+
     Raises:
-        ModelLoadError: The directory does not hold a loadable CLIP model and processor.
+        ModelLoadError: The directory does not hold a loadable CLIP model and processor, or
+            holds pickle weights only and ``allow_pickle`` is False.
     """
+    import contextlib
+
     import torch
     from transformers import CLIPModel, CLIPProcessor
 
-    from opsnn_quant.hub import transformers_dtype
+    from opsnn_quant.hub import check_pickle_weights, transformers_dtype, weights_only_torch_load
 
     directory = Path(path)
     if not (directory / "config.json").is_file():
         raise ModelLoadError(f"{directory} is not a Hugging Face CLIP directory (no config.json)")
+    pickled = check_pickle_weights(
+        str(directory),
+        directory,
+        [directory],
+        allow_pickle=allow_pickle,
+        convert=f'python -c "from transformers import CLIPModel as M; '
+        f"M.from_pretrained('{directory}').save_pretrained('{directory}')\"",
+    )
     try:
-        model = CLIPModel.from_pretrained(
-            str(directory), local_files_only=True, **transformers_dtype(torch.float32)
-        )
+        with weights_only_torch_load() if pickled else contextlib.nullcontext():
+            model = CLIPModel.from_pretrained(
+                str(directory),
+                local_files_only=True,
+                use_safetensors=None if pickled else True,
+                **transformers_dtype(torch.float32),
+            )
         processor = CLIPProcessor.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"cannot load a CLIP model from {directory}: {err}") from err
@@ -130,9 +149,11 @@ class ClipScorer:
         self.label = label
 
     @classmethod
-    def from_dir(cls, path: str | Path, label: str | None = None) -> ClipScorer:
-        """A scorer on a local Hugging Face CLIP directory."""
-        model, processor = load_local_clip(path)
+    def from_dir(
+        cls, path: str | Path, label: str | None = None, *, allow_pickle: bool = False
+    ) -> ClipScorer:
+        """A scorer on a local Hugging Face CLIP directory (see :func:`load_local_clip`)."""
+        model, processor = load_local_clip(path, allow_pickle=allow_pickle)
         return cls(model, processor, label or Path(path).name)
 
     def score(self, images: ImageBatch, prompts: Sequence[str]) -> ClipScoreResult:

@@ -61,13 +61,13 @@ def _apply_generation(adapter: ModelAdapter, suite: Suite) -> None:
     adapter.settings = type(settings).model_validate({**settings.model_dump(), **wanted})  # type: ignore[attr-defined]
 
 
-def _clip(name: str | None) -> tuple[Any, Any, str] | None:
+def _clip(name: str | None, allow_pickle: bool = False) -> tuple[Any, Any, str] | None:
     if name is None:
         return None
     if Path(name).is_dir():
         from opsnn_quant.evaluation.clip_score import load_local_clip
 
-        model, processor = load_local_clip(name)
+        model, processor = load_local_clip(name, allow_pickle=allow_pickle)
         return model, processor, Path(name).name
     from opsnn_quant.evaluation.clip_score import load_local_clip
     from opsnn_quant.sources import model_path
@@ -102,6 +102,7 @@ def evaluate(
     latency: str = "target",
     target: str | None = None,
     baseline_backend: str | None = None,
+    allow_pickle: bool = False,
 ) -> AcceptanceReport:
     """Evaluate ``candidate`` against ``baseline`` with ``suite``.
 
@@ -128,6 +129,8 @@ def evaluate(
         target: The deployment target latency is judged for (default ``policy["target"]``;
             None: unknown, so no latency criterion is judged).
         baseline_backend: Label of the baseline's eager timing (default: its device, ``cpu``).
+        allow_pickle: Read a suite CLIP directory that has pickle weights only (with
+            ``torch.load(weights_only=True)``); False: refused before anything is generated.
 
     Returns:
         The :class:`AcceptanceReport`; the outputs of both models (images or transcripts, in
@@ -136,6 +139,7 @@ def evaluate(
     Raises:
         ConfigError: ``latency`` is not none/target/all, ``target`` is unknown, or the suite's
             task is not the models' task.
+        ModelLoadError: the suite's CLIP has pickle weights only and ``allow_pickle`` is False.
     """
     from opsnn_quant.evaluation.ort_figure import onnx_speed
     from opsnn_quant.evaluation.runner import build_report
@@ -155,8 +159,11 @@ def evaluate(
         baseline_backend = baseline.device.type
     for adapter in (baseline, candidate):
         _apply_generation(adapter, suite)
+    _check_clip_weights(suite, allow_pickle)
     records = _records(suite)
-    generate = _generate_t2i if suite.task == "t2i" else _generate_asr
+    generate = (
+        partial(_generate_t2i, allow_pickle=allow_pickle) if suite.task == "t2i" else _generate_asr
+    )
     out = generate(baseline, candidate, suite, records, say)
     notes: list[str] = []
     plan = plan_latency(
@@ -213,6 +220,8 @@ def _generate_t2i(
     suite: Suite,
     records: list[dict[str, Any]],
     say: Progress,
+    *,
+    allow_pickle: bool = False,
 ) -> _Generated:
     from opsnn_quant.evaluation.runner import t2i_quality
 
@@ -225,7 +234,7 @@ def _generate_t2i(
         base_out += baseline.generate(prompts, seed=seed)
         cand_out += candidate.generate(prompts, seed=seed)
         seeds += [seed + i for i in range(len(prompts))]
-    scorer, features = _clip_metrics(suite)
+    scorer, features = _clip_metrics(suite, allow_pickle)
     say("quality metrics")
     quality = t2i_quality(
         base_out,
@@ -277,9 +286,27 @@ def _reference_images(suite: Suite, records: list[dict[str, Any]]) -> list[np.nd
     ]
 
 
-def _clip_metrics(suite: Suite) -> tuple[Any, Any]:
+def _check_clip_weights(suite: Suite, allow_pickle: bool) -> None:
+    """Refuse a suite's local CLIP directory with pickle weights only before any generation
+    (:func:`~opsnn_quant.hub.check_pickle_weights`; the zoo's CLIP is safetensors)."""
+    name = suite.metrics.clip
+    if name is None or not Path(name).is_dir():
+        return
+    from opsnn_quant.hub import check_pickle_weights
+
+    check_pickle_weights(
+        name,
+        Path(name),
+        [Path(name)],
+        allow_pickle=allow_pickle,
+        convert=f'python -c "from transformers import CLIPModel as M; '
+        f"M.from_pretrained('{name}').save_pretrained('{name}')\"",
+    )
+
+
+def _clip_metrics(suite: Suite, allow_pickle: bool = False) -> tuple[Any, Any]:
     """(CLIP scorer or None, FD features: ``"inception"``, CLIP features or None)."""
-    clip = _clip(suite.metrics.clip)
+    clip = _clip(suite.metrics.clip, allow_pickle)
     scorer = None
     if clip is not None:
         from opsnn_quant.evaluation.clip_score import ClipScorer
@@ -338,6 +365,7 @@ def load_candidate(
     device: str = "cpu",
     dtype: str = "float32",
     baseline: str | None = None,
+    allow_pickle: bool = False,
 ) -> tuple[ModelAdapter, SensitivityReport | None]:
     """The candidate: a calibrate output directory (float source + ``quant/``), an AscendV1
     directory (ours or msModelSlim's: :mod:`opsnn_quant.deploy.candidate`), or a model source.
@@ -345,11 +373,14 @@ def load_candidate(
     A model source (``zoo:<name>`` or a model directory without ``quant/``) is loaded as is,
     e.g. to evaluate the float model cast to fp16. An AscendV1 directory is loaded into the float
     ``baseline`` (default: the source our export recorded), its quantized Linears running the
-    engines' arithmetic.
+    engines' arithmetic. ``allow_pickle``: the float model may have pickle weights only (see
+    :func:`~opsnn_quant.models.load_adapter`).
 
     Raises:
         ConfigError: an AscendV1 directory without a known float model (pass ``baseline``).
         AscendV1Error: an AscendV1 directory that breaks the format's contract.
+        ModelLoadError: a float model that cannot be loaded (pickle-only weights without
+            ``allow_pickle`` included).
     """
     from opsnn_quant.deploy.candidate import (
         load_ascendv1_candidate,
@@ -367,18 +398,30 @@ def load_candidate(
                 f"{out_dir} is an AscendV1 directory: pass --baseline, the float model it was "
                 "quantized from"
             )
-        loaded = load_ascendv1_candidate(out_dir, float_source, family, device=device, dtype=dtype)
+        loaded = load_ascendv1_candidate(
+            out_dir, float_source, family, device=device, dtype=dtype, allow_pickle=allow_pickle
+        )
         return loaded, None
     if not (out_dir / "quant").is_dir():
         source = str(out_dir)
         return load_adapter(
-            family or guess_family(source), source, device=device, dtype=dtype
+            family or guess_family(source),
+            source,
+            device=device,
+            dtype=dtype,
+            allow_pickle=allow_pickle,
         ), None
     desc = read_description(out_dir / "quant")
     source = str(desc.get("source_model") or "")
     if not source:
         raise ConfigError(f"{out_dir}/quant/description.json names no source model")
-    adapter = load_adapter(family or guess_family(source), source, device=device, dtype=dtype)
+    adapter = load_adapter(
+        family or guess_family(source),
+        source,
+        device=device,
+        dtype=dtype,
+        allow_pickle=allow_pickle,
+    )
     load_quantized(adapter.model, out_dir / "quant")
     probe_path = out_dir / "probe.json"
     sensitivity = SensitivityReport.load(probe_path) if probe_path.is_file() else None

@@ -21,7 +21,13 @@ ZOO_FAMILIES = {"shapes-t2i": "diffusers-sd", "shapes-dit": "diffusers-dit"}
 
 
 def load_adapter(
-    family: str, source: str, *, device: str = "cpu", dtype: str = "float32", **settings: Any
+    family: str,
+    source: str,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    allow_pickle: bool = False,
+    **settings: Any,
 ) -> ModelAdapter:
     """Load ``source`` (``zoo:<name>`` or a directory) with the adapter of ``family``.
 
@@ -33,10 +39,14 @@ def load_adapter(
         device: ``cpu``, ``npu``, ``npu:N``, ``cuda`` or ``cuda:N``: the model is placed there
             (every probe statistic, observer and quantized module then runs there).
         dtype: ``float32``, ``float16`` or ``bfloat16``: the model is loaded in it.
+        allow_pickle: read weights that exist as pickles only (``*.bin``, ``*.pt``, ``*.pth``,
+            ``*.ckpt``), with ``torch.load(weights_only=True)``; False (default): safetensors
+            only, a model with pickle weights only is refused before anything loads.
         **settings: the family's settings fields (steps, guidance_scale, batch_size, ...).
 
     Raises:
-        ModelLoadError: unknown family or a model that cannot be loaded.
+        ModelLoadError: unknown family, a model that cannot be loaded, or pickle-only weights
+            without ``allow_pickle``.
         ConfigError: bad settings (a value beyond what the model's config files allow
             included), device or dtype names.
         DeviceUnavailableError: the device is not available here.
@@ -54,19 +64,47 @@ def load_adapter(
         from opsnn_quant.models.diffusers_sd import DiffusersSDAdapter
 
         assert isinstance(checked, SDSettings)
-        adapter = DiffusersSDAdapter.load(source, checked, dtype=torch_dtype)
+        adapter = DiffusersSDAdapter.load(
+            source, checked, dtype=torch_dtype, allow_pickle=allow_pickle
+        )
     elif family == "diffusers-dit":
         from opsnn_quant.models.diffusers_dit import DiffusersDiTAdapter
 
         assert isinstance(checked, DiTSettings)
-        adapter = DiffusersDiTAdapter.load(source, checked, dtype=torch_dtype)
+        adapter = DiffusersDiTAdapter.load(
+            source, checked, dtype=torch_dtype, allow_pickle=allow_pickle
+        )
     else:
         from opsnn_quant.models.whisper import WhisperAdapter
 
         assert isinstance(checked, WhisperSettings)
-        adapter = WhisperAdapter.load(source, checked, dtype=torch_dtype)
+        adapter = WhisperAdapter.load(source, checked, dtype=torch_dtype, allow_pickle=allow_pickle)
     adapter.place(place)
     return adapter
+
+
+def check_weights(source: str, *, allow_pickle: bool = False) -> None:
+    """Refuse a model directory whose weights are pickles only (unless ``allow_pickle``) from
+    its file names, before a command reads data or prepares an output; the loaders check the
+    same again. Zoo models (safetensors) and paths that are no model directory pass: loading
+    says what is wrong with those.
+
+    Raises:
+        ModelLoadError: pickle-only weights and ``allow_pickle`` is False.
+    """
+    from pathlib import Path
+
+    path = Path(source)
+    if allow_pickle or source.startswith("zoo:") or not path.is_dir():
+        return  # allowed: the loader says which pickles it reads
+    if (path / "model_index.json").is_file():
+        from opsnn_quant.models.diffusers_base import check_pipeline_weights, pipeline_index
+
+        check_pipeline_weights(source, *pipeline_index(source), allow_pickle=allow_pickle)
+    elif (path / "config.json").is_file():
+        from opsnn_quant.models.whisper import check_whisper_weights
+
+        check_whisper_weights(source, path, allow_pickle=allow_pickle)
 
 
 def _pipeline_family(index_file: Any) -> str:
@@ -110,4 +148,11 @@ def guess_family(source: str) -> str:
     raise ModelLoadError(f"cannot tell the model family of {source}; pass --family")
 
 
-__all__ = ["FAMILIES", "ModelAdapter", "guess_family", "load_adapter", "modality_of"]
+__all__ = [
+    "FAMILIES",
+    "ModelAdapter",
+    "check_weights",
+    "guess_family",
+    "load_adapter",
+    "modality_of",
+]

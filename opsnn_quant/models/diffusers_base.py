@@ -11,6 +11,7 @@ transformer).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import logging
@@ -24,7 +25,12 @@ from torch import nn
 
 from opsnn_quant import progress, timesteps
 from opsnn_quant.errors import MissingDependencyError, ModelLoadError
-from opsnn_quant.hub import quiet_progress_bars, set_offline_env
+from opsnn_quant.hub import (
+    check_pickle_weights,
+    quiet_progress_bars,
+    set_offline_env,
+    weights_only_torch_load,
+)
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.data import batched, prompts_from
 from opsnn_quant.models.settings import DiTSettings, SDSettings
@@ -97,16 +103,43 @@ def index_components(index: dict[str, Any]) -> set[str]:
     }
 
 
+def check_pipeline_weights(
+    source: str, path: Path, index: dict[str, Any], *, allow_pickle: bool = False
+) -> bool:
+    """Refuse a pipeline a component of which has pickle weights only, unless ``allow_pickle``
+    (:func:`~opsnn_quant.hub.check_pickle_weights`); True when pickles will be read."""
+    return check_pickle_weights(
+        source,
+        path,
+        [path / c for c in sorted(index_components(index))],
+        allow_pickle=allow_pickle,
+        convert=f'python -c "from diffusers import DiffusionPipeline as P; '
+        f"P.from_pretrained('{path}').save_pretrained('{path}')\"",
+    )
+
+
 def load_pipeline(
-    source: str, torch_dtype: torch.dtype = torch.float32, *, safety_checker_off: bool = True
+    source: str,
+    torch_dtype: torch.dtype = torch.float32,
+    *,
+    safety_checker_off: bool = True,
+    allow_pickle: bool = False,
 ) -> Any:
     """A diffusers pipeline from ``zoo:<name>`` or a local diffusers directory (offline).
+
+    Weights load from safetensors only; a component with pickle weights only (``*.bin``,
+    ``*.pt``, ...) is refused before anything loads unless ``allow_pickle``, and then read with
+    ``torch.load(weights_only=True)`` (the other components still from their safetensors).
 
     Args:
         source: the pipeline.
         torch_dtype: the dtype its weights load in.
         safety_checker_off: pass ``safety_checker=None`` (the SD pipelines' NSFW filter would
             blank calibration images; pipelines without one would warn about the argument).
+        allow_pickle: read the components that have pickle weights only.
+
+    Raises:
+        ModelLoadError: not a loadable pipeline, or pickle-only weights without ``allow_pickle``.
     """
     try:
         import diffusers
@@ -116,6 +149,7 @@ def load_pipeline(
         ) from exc
     diffusers.utils.logging.disable_progress_bar()
     path, index = pipeline_index(source)
+    pickled = check_pipeline_weights(source, path, index, allow_pickle=allow_pickle)
     set_offline_env()
     quiet_progress_bars()
     try:
@@ -125,9 +159,16 @@ def load_pipeline(
         extra.update(
             {k: None for k, v in index.items() if not k.startswith("_") and v == [None, None]}
         )
-        pipe = diffusers.DiffusionPipeline.from_pretrained(
-            str(path), dtype=torch_dtype, local_files_only=True, **extra
-        )
+        # use_safetensors=None: each component's safetensors where it has them, else (allowed
+        # above) its pickle, read with weights_only=True.
+        with weights_only_torch_load() if pickled else contextlib.nullcontext():
+            pipe = diffusers.DiffusionPipeline.from_pretrained(
+                str(path),
+                dtype=torch_dtype,
+                local_files_only=True,
+                use_safetensors=None if pickled else True,
+                **extra,
+            )
     except (OSError, ValueError, TypeError) as exc:
         raise ModelLoadError(
             f"cannot load the pipeline in {source}: {str(exc).splitlines()[0]}"

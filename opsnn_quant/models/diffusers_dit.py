@@ -140,14 +140,20 @@ class DiffusersDiTAdapter(DiffusersAdapter):
 
     @classmethod
     def load(
-        cls, source: str, settings: DiTSettings | None = None, dtype: torch.dtype = torch.float32
+        cls,
+        source: str,
+        settings: DiTSettings | None = None,
+        dtype: torch.dtype = torch.float32,
+        *,
+        allow_pickle: bool = False,
     ) -> DiffusersDiTAdapter:
         """Load from ``zoo:<name>`` or a diffusers directory, in ``dtype``; a video pipeline
-        comes back as a :class:`DiffusersDiTVideoAdapter`.
+        comes back as a :class:`DiffusersDiTVideoAdapter`. Safetensors only unless
+        ``allow_pickle`` (see :func:`~opsnn_quant.models.diffusers_base.load_pipeline`).
 
         Raises:
-            ModelLoadError: not a supported transformer-denoiser pipeline (said before any
-                weight loads).
+            ModelLoadError: not a supported transformer-denoiser pipeline, or pickle-only
+                weights (said before any weight loads).
             ConfigError: a setting the pipeline does not take.
         """
         _, index = pipeline_index(source)
@@ -155,7 +161,8 @@ class DiffusersDiTAdapter(DiffusersAdapter):
         if settings is not None:  # before the weights load (minutes for a real checkpoint)
             _check_settings(source, cls_name, spec, settings)
         adapter_cls = DiffusersDiTVideoAdapter if spec.task == "t2v" else DiffusersDiTAdapter
-        pipe = load_pipeline(source, dtype, safety_checker_off=False)  # none to turn off
+        # safety_checker: none to turn off
+        pipe = load_pipeline(source, dtype, safety_checker_off=False, allow_pickle=allow_pickle)
         return adapter_cls(pipe, source, settings)
 
     def extra_call_kwargs(self) -> dict[str, Any]:

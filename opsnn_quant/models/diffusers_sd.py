@@ -45,13 +45,20 @@ class DiffusersSDAdapter(DiffusersAdapter):
 
     @classmethod
     def load(
-        cls, source: str, settings: SDSettings | None = None, dtype: torch.dtype = torch.float32
+        cls,
+        source: str,
+        settings: SDSettings | None = None,
+        dtype: torch.dtype = torch.float32,
+        *,
+        allow_pickle: bool = False,
     ) -> DiffusersSDAdapter:
-        """Load from ``zoo:<name>`` or a diffusers directory, in ``dtype``.
+        """Load from ``zoo:<name>`` or a diffusers directory, in ``dtype`` (safetensors only
+        unless ``allow_pickle``: see :func:`~opsnn_quant.models.diffusers_base.load_pipeline`).
 
         Raises:
-            ModelLoadError: not a diffusers pipeline, or one whose denoiser is a transformer
-                (the ``diffusers-dit`` family), said before any weight loads.
+            ModelLoadError: not a diffusers pipeline, one whose denoiser is a transformer
+                (the ``diffusers-dit`` family), or pickle-only weights, said before any weight
+                loads.
         """
         _, index = pipeline_index(source)
         if "unet" not in index_components(index) and "transformer" in index_components(index):
@@ -59,7 +66,7 @@ class DiffusersSDAdapter(DiffusersAdapter):
                 f"{source} is a {index.get('_class_name', 'diffusers pipeline')} whose denoiser "
                 "is a transformer, not a UNet: use family diffusers-dit"
             )
-        return cls(load_pipeline(source, dtype), source, settings)
+        return cls(load_pipeline(source, dtype, allow_pickle=allow_pickle), source, settings)
 
     def stages(self) -> dict[str, str]:
         """Text encoding, one denoising step, VAE decoding."""

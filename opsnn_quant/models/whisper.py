@@ -6,7 +6,9 @@ The forward loop extracts log-mel features and runs ``generate`` over calibratio
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,7 +16,13 @@ from torch import nn
 
 from opsnn_quant import progress
 from opsnn_quant.errors import MissingDependencyError, ModelLoadError
-from opsnn_quant.hub import quiet_progress_bars, set_offline_env, transformers_dtype
+from opsnn_quant.hub import (
+    check_pickle_weights,
+    quiet_progress_bars,
+    set_offline_env,
+    transformers_dtype,
+    weights_only_torch_load,
+)
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.data import audio_from, batched
 from opsnn_quant.models.settings import WhisperSettings
@@ -22,8 +30,32 @@ from opsnn_quant.sources import model_path
 from opsnn_quant.types import ForwardLoop, Modality
 
 
-def load_whisper(source: str, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
-    """(model, processor) from ``zoo:whisper-tiny.en`` or a local transformers directory."""
+def check_whisper_weights(source: str, path: Path, *, allow_pickle: bool = False) -> bool:
+    """Refuse a Whisper directory with pickle weights only, unless ``allow_pickle``
+    (:func:`~opsnn_quant.hub.check_pickle_weights`); True when pickles will be read."""
+    return check_pickle_weights(
+        source,
+        path,
+        [path],
+        allow_pickle=allow_pickle,
+        convert=f'python -c "from transformers import WhisperForConditionalGeneration as M; '
+        f"M.from_pretrained('{path}').save_pretrained('{path}')\"",
+    )
+
+
+def load_whisper(
+    source: str, dtype: torch.dtype = torch.float32, *, allow_pickle: bool = False
+) -> tuple[nn.Module, Any]:
+    """(model, processor) from ``zoo:whisper-tiny.en`` or a local transformers directory.
+
+    The weights load from safetensors only; a directory with pickle weights only
+    (``pytorch_model.bin``, ...) is refused before anything loads unless ``allow_pickle``, and
+    then read with ``torch.load(weights_only=True)``.
+
+    Raises:
+        ModelLoadError: not a Whisper directory, or pickle-only weights without
+            ``allow_pickle``.
+    """
     try:
         import transformers
     except ImportError as exc:
@@ -37,14 +69,19 @@ def load_whisper(source: str, dtype: torch.dtype = torch.float32) -> tuple[nn.Mo
         )
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{source} is not a transformers model directory (no config.json)")
+    pickled = check_whisper_weights(source, path, allow_pickle=allow_pickle)
     set_offline_env()
     quiet_progress_bars()
     try:
         # The dtype explicitly (fp32 by default): transformers 5 would keep a checkpoint's
         # stored dtype (the zoo's converted weights are fp16).
-        model = transformers.WhisperForConditionalGeneration.from_pretrained(
-            str(path), local_files_only=True, **transformers_dtype(dtype)
-        )
+        with weights_only_torch_load() if pickled else contextlib.nullcontext():
+            model = transformers.WhisperForConditionalGeneration.from_pretrained(
+                str(path),
+                local_files_only=True,
+                use_safetensors=None if pickled else True,
+                **transformers_dtype(dtype),
+            )
         processor = transformers.WhisperProcessor.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, TypeError) as exc:
         raise ModelLoadError(
@@ -83,9 +120,12 @@ class WhisperAdapter(ModelAdapter):
         source: str,
         settings: WhisperSettings | None = None,
         dtype: torch.dtype = torch.float32,
+        *,
+        allow_pickle: bool = False,
     ) -> WhisperAdapter:
-        """Load from ``zoo:whisper-tiny.en`` or a transformers directory, in ``dtype``."""
-        model, processor = load_whisper(source, dtype)
+        """Load from ``zoo:whisper-tiny.en`` or a transformers directory, in ``dtype`` (safetensors
+        only unless ``allow_pickle``: see :func:`load_whisper`)."""
+        model, processor = load_whisper(source, dtype, allow_pickle=allow_pickle)
         return cls(model, processor, source, settings)
 
     def modalities(self) -> dict[str, Modality]:

@@ -190,7 +190,10 @@ class SensitivityReport(_Frozen):
     modules: list[ModuleSensitivity]
     modalities: dict[str, ModalitySummary] = Field(default_factory=dict)
     findings: list[Finding] = Field(default_factory=list)
-    costs: dict[str, float] = Field(default_factory=dict)  # wall time / forward-equivalents
+    # Wall-clock seconds of this run and their ratios (forward-equivalents): they differ on
+    # every run, so they are not written to probe.json (whose bytes depend on the inputs only)
+    # but to timings.json (opsnn_quant.timings). Read from an older probe.json that has them.
+    costs: dict[str, float] = Field(default_factory=dict, exclude=True)
 
     @field_validator("schema_version")
     @classmethod
@@ -213,7 +216,7 @@ class SensitivityReport(_Frozen):
         return [m for m in self.modules if m.modality == Modality(modality)]
 
     def to_json(self) -> str:
-        """Deterministic JSON text (sorted keys, fixed indentation)."""
+        """Deterministic JSON text (sorted keys, fixed indentation), without :attr:`costs`."""
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
 
     def save(self, path: str | Path) -> Path:
