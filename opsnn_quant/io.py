@@ -280,9 +280,10 @@ def check_output_dir(
 
 
 def _check_writable(target: Path) -> None:
-    parent = target.parent
+    # Probe the nearest existing ancestor: a refusal after this check (the next output of the
+    # same command) must not leave directories behind, so nothing is created here.
+    parent = next(p for p in (target.absolute().parent, *target.absolute().parents) if p.exists())
     try:
-        parent.mkdir(parents=True, exist_ok=True)
         probe = tempfile.mkdtemp(prefix=f".{target.name}.probe-", dir=parent)
         os.rmdir(probe)
     except OSError as exc:
@@ -316,6 +317,7 @@ def atomic_dir(
     token = new_token()
     tmp = target.parent / f"{target.name}.tmp-{token}"
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()  # the umask applies: outputs are ordinary directories
         (tmp / MARKER).write_text(Marker(kind, token).to_json(), encoding="utf-8")
         lock = hold(tmp / MARKER)

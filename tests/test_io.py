@@ -339,3 +339,13 @@ def test_permissions_follow_the_umask(tmp_path):
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o750
     assert stat.S_IMODE((tmp_path / "policy.yaml").stat().st_mode) == 0o640
+
+
+def test_checks_create_nothing(tmp_path):
+    # A refusal after a passed check (the second output of one command) leaves no directory.
+    check_output_dir(tmp_path / "a" / "b" / "out", "calibrate")
+    check_output_file(tmp_path / "c" / "amct.cfg", "amct-cfg")
+    assert list(tmp_path.iterdir()) == []
+    with atomic_dir(tmp_path / "a" / "b" / "out", "calibrate") as tmp:
+        (tmp / "f").write_text("1")
+    assert (tmp_path / "a" / "b" / "out" / "f").is_file()

@@ -27,7 +27,7 @@ WORDS = [
 ]
 
 
-def _tokenizer_files(d: Path) -> None:
+def tokenizer_files(d: Path) -> None:
     # Character-level BPE without merges: every word splits into letters, the last one with </w>.
     vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
     for c in "abcdefghijklmnopqrstuvwxyz":
@@ -51,7 +51,7 @@ def save_tiny_sd(path: Path, seed: int = 0, *, safe_serialization: bool = True) 
 
     torch.manual_seed(seed)
     tok_dir = path / "_tok"
-    _tokenizer_files(tok_dir)
+    tokenizer_files(tok_dir)
     tokenizer = CLIPTokenizer(
         str(tok_dir / "vocab.json"), str(tok_dir / "merges.txt"), model_max_length=16
     )
@@ -131,7 +131,7 @@ def to_pickle_weights(directory: Path) -> list[Path]:
 def _clip_tokenizer(d: Path, max_length: int = 16):
     from transformers import CLIPTokenizer
 
-    _tokenizer_files(d)
+    tokenizer_files(d)
     return CLIPTokenizer(str(d / "vocab.json"), str(d / "merges.txt"), model_max_length=max_length)
 
 

