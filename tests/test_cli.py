@@ -7,23 +7,18 @@ import pytest
 
 from opsnn_quant.cli import main
 from opsnn_quant.io import MARKER
-from tests.tiny_pipelines import save_tiny_sd
+from tests.tiny_pipelines import save_tiny_sd, tiny_sd_recipe, tiny_t2i_suite
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     save_tiny_sd(root / "pipe")
-    (root / "prompts.txt").write_text("a red circle\na blue square\n")
-    recipe = root / "recipe.yaml"
-    recipe.write_text(
-        f"name: tiny\n"
-        f"model: {{family: diffusers-sd, source: {root / 'pipe'}, settings: {{steps: 2, batch_size: 2}}}}\n"
-        f"data: {{calibration: {root / 'prompts.txt'}, holdout: {root / 'prompts.txt'}}}\n"
-        f"probe: {{max_root_calls: 2}}\n"
-        f"budget: {{limits: {{denoiser: {{min_sqnr_db: 20}}}}}}\n"
-        f"target: ascend910b-atc\n"
-    )
+    prompts = root / "prompts.txt"
+    recipe = tiny_sd_recipe(
+        root, "tiny", data=f"{{calibration: {prompts}, holdout: {prompts}}}",
+        extra="budget: {limits: {denoiser: {min_sqnr_db: 20}}}\n",
+    )  # fmt: skip
     return root, recipe
 
 
@@ -42,14 +37,7 @@ def test_calibrate_writes_the_design_layout_byte_identically_on_a_rerun(
     # output's marker. The report's date is SOURCE_DATE_EPOCH's (the reproducible-builds convention);
     # on this CPU nothing is timed for an NPU target's latency criteria.
     root, recipe = tiny
-    (tmp_path / "eval").mkdir()
-    (tmp_path / "eval" / "prompts.txt").write_text("a red circle\na blue square\n")
-    suite = tmp_path / "suite.yaml"
-    suite.write_text(
-        "schema_version: 1\nname: tiny\ntask: t2i\ndata: {folder: eval, samples: 2}\n"
-        "generation: {steps: 2, guidance_scale: 5.0, batch_size: 2}\n"
-        "metrics: {fid_features: null, thresholds: {psnr_min: 5.0}}\n"
-    )
+    suite = tiny_t2i_suite(tmp_path)
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     for out in ("a", "b"):
         argv = ["calibrate", str(recipe), "-o", str(tmp_path / out), "--evaluate", str(suite)]

@@ -24,7 +24,7 @@ import pytest
 
 from opsnn_quant.cli import main
 from opsnn_quant.io import MARKER
-from tests.tiny_pipelines import save_tiny_sd, save_tiny_sd3, save_tiny_whisper
+from tests.tiny_pipelines import save_tiny_sd, save_tiny_sd3, save_tiny_whisper, tiny_t2i_suite
 
 
 @pytest.fixture(scope="module")
@@ -125,14 +125,7 @@ def _zoo_dir(name: str) -> str:
 
 
 def _suite_with_folder(d: Path) -> str:
-    (d / "prompts").mkdir()
-    (d / "prompts" / "prompts.txt").write_text("a red circle\na blue square\n")
-    suite = d / "suite.yaml"
-    suite.write_text(
-        "schema_version: 1\nname: s\ntask: t2i\ndata: {folder: prompts, samples: 2}\n"
-        "metrics: {thresholds: {psnr_min: 10.0}}\n"
-    )
-    return str(suite)
+    return str(tiny_t2i_suite(d, psnr_min=10.0))  # its data folder: d / "eval"
 
 
 def _user_notes(d: Path) -> str:
@@ -205,7 +198,7 @@ CASES = [
          2, "would replace the input"),
     Case("evaluate inside the candidate's checkpoint", lambda d, r, rec, done: ["evaluate", "--candidate", str(done), "--suite", "shapes-t2i", "-o", str(done / "quant" / "rep"), "--force"],
          2, "is inside the input"),
-    Case("evaluate over the suite's folder", lambda d, r, rec, done: ["evaluate", "--candidate", str(done), "--suite", _suite_with_folder(d), "-o", str(d / "prompts"), "--force"],
+    Case("evaluate over the suite's folder", lambda d, r, rec, done: ["evaluate", "--candidate", str(done), "--suite", _suite_with_folder(d), "-o", str(d / "eval"), "--force"],
          2, "would replace the input"),
     Case("policy export over its own policy", lambda d, r, rec, done: ["policy", "export", str(done / "policy.yaml"), "-f", "amct-cfg", "-o", str(done / "policy.yaml"), "--force"],
          2, "would replace the input"),

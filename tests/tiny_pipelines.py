@@ -381,3 +381,36 @@ def save_tiny_whisper(path: Path, max_target_positions: int = 16, seed: int = 0)
                  "tokenizer_config.json"):  # fmt: skip
         shutil.copy(zoo / name, path / name)
     return path
+
+
+def tiny_t2i_suite(directory: Path, *, psnr_min: float = 5.0, extra: str = "") -> Path:
+    """A two-prompt t2i acceptance suite over ``directory/eval/prompts.txt`` (both written);
+    ``extra``: more top-level YAML (e.g. ``latency: {warmup: 0, runs: 1}``)."""
+    (directory / "eval").mkdir(parents=True, exist_ok=True)
+    (directory / "eval" / "prompts.txt").write_text("a red circle\na blue square\n")
+    suite = directory / "suite.yaml"
+    suite.write_text(
+        "schema_version: 1\nname: tiny\ntask: t2i\ndata: {folder: eval, samples: 2}\n"
+        "generation: {steps: 2, guidance_scale: 5.0, batch_size: 2}\n"
+        f"metrics: {{fid_features: null, thresholds: {{psnr_min: {psnr_min}}}}}\n{extra}"
+    )
+    return suite
+
+
+def tiny_sd_recipe(
+    root: Path, name: str, *, target: str = "ascend910b-atc", data: str = "", extra: str = ""
+) -> Path:
+    """``root/recipe.yaml`` calibrating the pipeline in ``root/pipe`` on two prompts
+    (``root/prompts.txt``, written) for ``target``; ``data``: another ``data:`` mapping,
+    ``extra``: more top-level YAML before the target line."""
+    prompts = root / "prompts.txt"
+    prompts.write_text("a red circle\na blue square\n")
+    recipe = root / "recipe.yaml"
+    recipe.write_text(
+        f"name: {name}\n"
+        f"model: {{family: diffusers-sd, source: {root / 'pipe'}, settings: {{steps: 2, batch_size: 2}}}}\n"
+        f"data: {data or f'{{calibration: {prompts}}}'}\n"
+        f"probe: {{max_root_calls: 2}}\n"
+        f"{extra}target: {target}\n"
+    )
+    return recipe

@@ -19,7 +19,7 @@ from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.modules import QuantModule
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.recording import record_roots, replay
-from tests.tiny_pipelines import save_tiny_sd
+from tests.tiny_pipelines import save_tiny_sd, tiny_t2i_suite
 
 
 def _msmodelslim_tensors(unet: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -83,14 +83,7 @@ def test_an_msmodelslim_directory_is_evaluated_with_the_engines_arithmetic(tmp_p
         y_cand = replay(adapter.model.unet, held.calls["unet"][0])
     # msModelSlim stores s, the engines take 1 / s: one ulp from our multiplier at most
     assert float((y_ours - y_cand).norm() / y_ours.norm()) < 1e-3
-    (tmp_path / "eval").mkdir()
-    (tmp_path / "eval" / "prompts.txt").write_text("a red circle\na blue square\n")
-    suite = tmp_path / "suite.yaml"
-    suite.write_text(
-        "schema_version: 1\nname: tiny\ntask: t2i\ndata: {folder: eval, samples: 2}\n"
-        "generation: {steps: 2, guidance_scale: 5.0, batch_size: 2}\n"
-        "metrics: {fid_features: null, thresholds: {psnr_min: 1.0}}\nlatency: {warmup: 0, runs: 1}\n"
-    )
+    suite = tiny_t2i_suite(tmp_path, psnr_min=1.0, extra="latency: {warmup: 0, runs: 1}\n")
     report = tmp_path / "report"
     rc = main(["evaluate", "--candidate", str(cand), "--baseline", str(tmp_path / "pipe"),
                "--suite", str(suite), "-o", str(report), "--latency", "none", "--quiet"])  # fmt: skip

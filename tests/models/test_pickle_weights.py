@@ -18,7 +18,13 @@ import torch
 from opsnn_quant.cli import main
 from opsnn_quant.errors import ModelLoadError
 from opsnn_quant.hub import pickle_only_files, weights_only_torch_load
-from tests.tiny_pipelines import save_tiny_sd, save_tiny_whisper, to_pickle_weights, tokenizer_files
+from tests.tiny_pipelines import (
+    save_tiny_sd,
+    save_tiny_whisper,
+    tiny_sd_recipe,
+    to_pickle_weights,
+    tokenizer_files,
+)
 
 
 @pytest.fixture(scope="module")
@@ -26,15 +32,7 @@ def pickled(tmp_path_factory):
     """A pickle-only tiny SD pipeline, its prompts and a recipe for it."""
     root = tmp_path_factory.mktemp("pickled")
     save_tiny_sd(root / "pipe", safe_serialization=False)
-    (root / "prompts.txt").write_text("a red circle\na blue square\n")
-    recipe = root / "recipe.yaml"
-    recipe.write_text(
-        f"name: pickled\n"
-        f"model: {{family: diffusers-sd, source: {root / 'pipe'}, settings: {{steps: 2, batch_size: 2}}}}\n"
-        f"data: {{calibration: {root / 'prompts.txt'}}}\n"
-        f"probe: {{max_root_calls: 2}}\n"
-        f"target: ascend910b-atc\n"
-    )
+    recipe = tiny_sd_recipe(root, "pickled")
     return root, recipe
 
 
