@@ -31,8 +31,11 @@ prints the int8 GEMM path each size class took with the CPU's flags, so that a t
 CPU kind is never read as another's (issue 29: without VNNI the native kernel is 40-65x slower
 than fp32; with it, 4-10x faster).
 
+``--slow-native`` stands in an exact but slow ``torch._int_mm`` (an int64 GEMM) for the CPU kind
+issue 29 met, to show what ``auto`` chooses there; its rows say ``/slow``.
+
 Run: ``python benchmarks/bench_calibrate_scale.py [--rows sd15-256,whisper-base,...]
-[--gemm auto,native,fp32-chunk] [--prompts 4] [--steps 10] [--utterances 8] [--workdir DIR]``.
+[--gemm auto,native,fp32-chunk] [--slow-native] [--prompts 4] [--steps 10] [--utterances 8] [--workdir DIR]``.
 """
 
 from __future__ import annotations
@@ -208,6 +211,8 @@ def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
 
     os.environ[ENV] = args.gemm
     set_reproducible(seed=0, threads=args.threads)
+    if args.slow_native:
+        _slow_native_int_mm()
     gemm = describe(gemm_choice())  # the race (or the forced path), before anything is timed
     from opsnn_quant.memory import release_memory
     from opsnn_quant.models.data import load_records
@@ -260,9 +265,21 @@ def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
         "rss_calibrate_mb": calib_kb / 1024,
         "rss_before_export_mb": (peaks[0] if peaks else calib_kb) / 1024,
         "int8_mac_share": result.int8_mac_share,
-        "gemm_mode": args.gemm,
+        "gemm_mode": args.gemm + ("/slow" if args.slow_native else ""),
         "gemm": gemm,
     }
+
+
+def _slow_native_int_mm() -> None:
+    """Stand in for a CPU whose ``torch._int_mm`` is exact but slow (AVX2 without VNNI, where
+    issue 29 measured it 40-65x slower than fp32): an exact int64 GEMM in its place (~7x slower
+    than fp32 on the AVX-512 machine of the closing note). A simulation, named in the table."""
+    import torch
+
+    def exact_but_slow(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (a.to(torch.int64) @ b.to(torch.int64)).to(torch.int32)
+
+    torch._int_mm = exact_but_slow
 
 
 def _timed_loop(adapter: Any, data: Any) -> float:
@@ -306,6 +323,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--workdir", default=None)
     p.add_argument("--gemm", default="auto", help="comma list of auto, native, fp32-chunk")
+    p.add_argument("--slow-native", action="store_true",
+                   help="simulate an exact but slow torch._int_mm (a CPU without VNNI)")  # fmt: skip
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -317,7 +336,8 @@ def main() -> None:
         for gemm in args.gemm.split(","):
             cmd = [sys.executable, __file__, "--child", row, "--workdir", args.workdir,
                    "--prompts", str(args.prompts), "--steps", str(args.steps), "--gemm", gemm,
-                   "--utterances", str(args.utterances), "--threads", str(args.threads)]  # fmt: skip
+                   "--utterances", str(args.utterances), "--threads", str(args.threads),
+                   *(["--slow-native"] if args.slow_native else [])]  # fmt: skip
             out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # stderr: the phases
             lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
             if out.returncode != 0 or not lines:
@@ -336,7 +356,7 @@ def main() -> None:
 def _print(rows: list[dict[str, Any]]) -> None:
     keys = ["pass 1", "alpha search", "pass 2", "attribution", "holdout", "quantize", "measure",
             "export"]  # fmt: skip
-    head = f"{'row':16} {'gemm':22} {'float s':>8} {'total':>7} "
+    head = f"{'row':16} {'gemm':27} {'float s':>8} {'calib s':>8} {'total':>7} "
     head += " ".join(f"{k[:7]:>7}" for k in keys)
     print(head + f" {'RSS x':>6} {'peak MB':>8} {'pre-exp x':>9} {'float before/after s':>20}")
     for r in rows:
@@ -344,7 +364,8 @@ def _print(rows: list[dict[str, Any]]) -> None:
         rss = (r["rss_calibrate_mb"]) / max(r["rss_float_mb"], 1e-9)
         paths = r["gemm"]["int8_gemm"]  # what each size class ran: small/large products
         gemm = f"{r['gemm_mode']}:{paths['small'][:6]}/{paths['large'][:6]}"
-        print(f"{r['row']:16} {gemm:22} {r['float_s']:8.1f} {r['total_s'] / r['float_s']:7.1f} "
+        print(f"{r['row']:16} {gemm:27} {r['float_s']:8.1f} {r['total_s']:8.1f} "
+              f"{r['total_s'] / r['float_s']:7.1f} "
               + " ".join(f"{e:7.1f}" for e in eq)
               + f" {rss:6.2f} {r['rss_calibrate_mb']:8.0f}"
               + f" {r['rss_before_export_mb'] / max(r['rss_float_mb'], 1e-9):9.2f}"
