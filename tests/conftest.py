@@ -20,3 +20,16 @@ def fp32_int8_gemm(monkeypatch):
 
     # every caller asks native_int8_matmul, which asks this
     monkeypatch.setattr(matmul, "int8_gemm_is_exact", lambda: False)
+
+
+@pytest.fixture
+def native_int8_gemm(monkeypatch):
+    """The reference's int8 matmuls forced onto this CPU's native int8 GEMM (``torch._int_mm``),
+    whatever the race would choose; skipped where that kernel is not exact (forcing it is then
+    refused: tests/ascend/test_matmul.py checks that)."""
+    import opsnn_quant.ascend.matmul as matmul
+    from opsnn_quant.ascend.gemm_path import ENV
+
+    if not matmul.int8_gemm_is_exact():
+        pytest.skip("this CPU's torch._int_mm is not exact")
+    monkeypatch.setenv(ENV, "native")

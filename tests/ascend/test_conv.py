@@ -30,14 +30,16 @@ def _im2col_reference(x_q, w_q, stride, padding, dilation, pad_value):
         (64, 8, 1, (1, 1), (0, 0), (1, 1), 0),  # 1x1
     ],
 )
-@pytest.mark.parametrize("path", ["this machine", "fp32 chunks"])
+@pytest.mark.parametrize("path", ["this machine", "native", "fp32 chunks"])
 def test_int8_conv_equals_im2col_and_the_exact_matmul(
     c, n, k, stride, padding, dilation, pad_value, path, request
 ):
-    # On a CPU with an exact int8 GEMM, K > 1024 and 1x1 take the int8 im2col; the dilated
-    # case always the fp32 channel blocks.
-    if path == "fp32 chunks":
-        request.getfixturevalue("fp32_int8_gemm")
+    # Where the native int8 GEMM runs (forced, or chosen by the race), K > 1024 and 1x1 take the
+    # int8 im2col; the dilated case always the fp32 channel blocks.
+    if path != "this machine":
+        request.getfixturevalue(
+            {"native": "native_int8_gemm", "fp32 chunks": "fp32_int8_gemm"}[path]
+        )
     g = torch.Generator().manual_seed(c)
     x_q = torch.randint(-128, 128, (2, c, 11, 13), generator=g, dtype=torch.int8)
     w_q = torch.randint(-127, 128, (n, c, k, k), generator=g, dtype=torch.int8)
@@ -46,10 +48,12 @@ def test_int8_conv_equals_im2col_and_the_exact_matmul(
     assert torch.equal(got, _im2col_reference(x_q, w_q, stride, padding, dilation, pad_value))
 
 
-@pytest.mark.parametrize("path", ["this machine", "fp32 chunks"])
+@pytest.mark.parametrize("path", ["this machine", "native", "fp32 chunks"])
 def test_the_largest_sums_stay_exact(path, request):
-    if path == "fp32 chunks":
-        request.getfixturevalue("fp32_int8_gemm")
+    if path != "this machine":
+        request.getfixturevalue(
+            {"native": "native_int8_gemm", "fp32 chunks": "fp32_int8_gemm"}[path]
+        )
     # Every product -128 * 127 = -16256: one output sums 9 * 1152 of them = -168 554 496, far
     # past fp32's 2**24 integer range, exact only because each block stays below it.
     x_q = torch.full((1, 1152, 3, 3), -128, dtype=torch.int8)
