@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.models import ModelAdapter
+from opsnn_quant.outputs import CalibrateOutput
 from opsnn_quant.policy.export import (
     EXPORT_FILES,
     MODEL_EXPORTS,
@@ -44,7 +45,7 @@ def write_policy_exports(
         if fmt in MODEL_EXPORTS:
             continue  # written from the quantized model: model_exports
         result = export_policy(policy, fmt, modules)
-        write_export(result, tmp / "export" / EXPORT_FILES[fmt])
+        write_export(result, CalibrateOutput(tmp).export / EXPORT_FILES[fmt])
         notes.extend(f"{fmt}: {n}" for n in result.notes)
     return notes
 
@@ -110,7 +111,7 @@ def stage_atc_float_graphs(
     from opsnn_quant.deploy.workflow_exports import stage_float_graphs
 
     modules = modules_from_report(report)
-    return stage_float_graphs(adapter, policy, modules, calls, tmp / "export", say=say)
+    return stage_float_graphs(adapter, policy, modules, calls, CalibrateOutput(tmp).export, say=say)
 
 
 def model_exports(
@@ -131,6 +132,6 @@ def model_exports(
     if not plan.wanted:
         return []
     return write_model_exports(
-        adapter, policy, modules_from_report(report), calls, tmp / "export", plan.wanted,
+        adapter, policy, modules_from_report(report), calls, CalibrateOutput(tmp).export, plan.wanted,
         float_graphs=staged, say=say,
     )  # fmt: skip

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from opsnn_quant.io import atomic_write_text
+from opsnn_quant.outputs import TIMINGS_FILE
 
-TIMINGS_FILE = "timings.json"
 SCHEMA_VERSION = 1
 
 

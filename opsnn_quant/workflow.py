@@ -33,6 +33,7 @@ from opsnn_quant.io import atomic_dir, check_output_dir
 from opsnn_quant.models import ModelAdapter, check_weights, load_adapter
 from opsnn_quant.models.data import load_records
 from opsnn_quant.models.settings import check_source_fits
+from opsnn_quant.outputs import CalibrateOutput
 from opsnn_quant.policy.baselines import naive_policy
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy
@@ -169,7 +170,7 @@ def run_calibrate(
         verdict = None
         if acceptance is not None and engine == "opsnn":
             verdict = _evaluate_into(
-                tmp / "report", recipe, adapter, acceptance, report, say, latency
+                CalibrateOutput(tmp).report, recipe, adapter, acceptance, report, say, latency
             )
         # The run's wall-clock times, apart: every other file is the same bytes on a rerun.
         times["total"] = time.perf_counter() - t_all
@@ -228,7 +229,7 @@ def _probe_phase(
     type_schemes = {t: target.schemes(t) for t in sorted(INT8_MODULE_TYPES)}
     cfg = recipe.probe_config(seed, schemes=tuple(schemes), type_schemes=type_schemes)
     report = probe(adapter, adapter.forward_loop(data.probe), cfg, progress=say, keep=keep)
-    report.save(tmp / "probe.json")
+    report.save(CalibrateOutput(tmp).probe)
     times["probe"] = time.perf_counter() - t0
     return report
 
@@ -241,7 +242,7 @@ def _policy_phase(
         policy = build_policy(report, recipe.budget, recipe.target)
     else:
         policy = naive_policy(report, recipe.target, recipe.strategy)
-    policy.save(tmp / "policy.yaml")
+    policy.save(CalibrateOutput(tmp).policy)
     return policy
 
 
@@ -282,7 +283,7 @@ def _quantize_phase(
         quantize(adapter.model, policy, loop, progress=say, statistics=stats)
         save_quantized(
             adapter.model,
-            tmp / "quant",
+            CalibrateOutput(tmp).quant,
             source_model=adapter.model_id,
             extra={"policy_model": policy.model},
             allow_empty=True,

@@ -14,6 +14,7 @@ import typer
 
 from opsnn_quant.cli import _ui
 from opsnn_quant.numerics import fmt_db
+from opsnn_quant.outputs import PROBE_FILE, TIMINGS_FILE
 
 if TYPE_CHECKING:
     from opsnn_quant.probe.report import SensitivityReport
@@ -250,8 +251,8 @@ def register(app: typer.Typer) -> None:
             )  # fmt: skip
             with atomic_dir(out, PROBE_KIND, force=force) as tmp:
                 report = probe(adapter, adapter.forward_loop(records), cfg, progress=rep.phase)
-                report.save(tmp / "probe.json")
+                report.save(tmp / PROBE_FILE)
                 write_timings(tmp, probe=report.costs)
         if not quiet:
             _ui.print_table(_probe_table(report))
-            _ui.console.print(f"wrote {out}/probe.json, {out}/timings.json")
+            _ui.console.print(f"wrote {out / PROBE_FILE}, {out / TIMINGS_FILE}")

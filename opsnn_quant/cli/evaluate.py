@@ -8,15 +8,18 @@ from typing import Annotated
 import typer
 
 from opsnn_quant.cli import _ui
+from opsnn_quant.outputs import CalibrateOutput, DirectoryKind, classify
 
 
-def _float_source(candidate: Path, baseline: str | None, ascendv1: bool) -> str:
+def _float_source(candidate: Path, baseline: str | None, kind: DirectoryKind) -> str:
     """The float model the candidate is compared with (and, for AscendV1, loaded into)."""
     from opsnn_quant.deploy.candidate import check_ascendv1_candidate, recorded_source
     from opsnn_quant.errors import ConfigError
     from opsnn_quant.quant.checkpoint import read_description
 
-    if ascendv1:  # checked whole (every header, every tensor's contract) before any output
+    if (
+        kind is DirectoryKind.ASCENDV1
+    ):  # checked whole (every header, every tensor's contract) before any output
         check_ascendv1_candidate(candidate)
         source = baseline or recorded_source(candidate)
         if not source:
@@ -25,8 +28,10 @@ def _float_source(candidate: Path, baseline: str | None, ascendv1: bool) -> str:
                 "it was quantized from"
             )
         return str(source)
-    if (candidate / "quant").is_dir():
-        return str(baseline or read_description(candidate / "quant").get("source_model"))
+    if kind is DirectoryKind.CALIBRATE_OUTPUT:
+        return str(
+            baseline or read_description(CalibrateOutput(candidate).quant).get("source_model")
+        )
     return baseline or str(candidate)
 
 
@@ -83,7 +88,6 @@ def register(app: typer.Typer) -> None:
         import torch
 
         from opsnn_quant.backends.devices import resolve_device, resolve_dtype
-        from opsnn_quant.deploy.candidate import looks_ascendv1
         from opsnn_quant.errors import ConfigError
         from opsnn_quant.evaluation.evaluate import (
             candidate_inputs,
@@ -112,8 +116,10 @@ def register(app: typer.Typer) -> None:
         if target is not None:
             get_target(target)
         s = load_suite(suite)
-        ascendv1 = looks_ascendv1(candidate)
-        source = _float_source(candidate, baseline, ascendv1)
+        kind = classify(candidate)
+        ascendv1 = kind is DirectoryKind.ASCENDV1
+        source = _float_source(candidate, baseline, kind)
+        holder = CalibrateOutput.holding(candidate) if ascendv1 else None
         inputs = [*candidate_inputs(candidate), *suite_inputs(suite)]
         inputs += [str(p) for p in local_paths(str(source))]
         check_weights(str(source), allow_pickle=allow_pickle)
@@ -135,11 +141,7 @@ def register(app: typer.Typer) -> None:
                 cand,
                 s,
                 # our export sits in OUT/export/ascendv1: its policy (target) is OUT's
-                policy=policy_summary(
-                    candidate.parent.parent
-                    if ascendv1 and candidate.parent.name == "export"
-                    else candidate
-                ),
+                policy=policy_summary(holder.root if holder is not None else candidate),
                 sensitivity=sensitivity,
                 progress=say,
                 latency=latency,

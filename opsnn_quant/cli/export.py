@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from opsnn_quant.cli import _ui
+from opsnn_quant.outputs import CalibrateOutput
 
 FORMATS = ("ascendv1", "atc")
 
@@ -61,16 +62,17 @@ def register(app: typer.Typer) -> None:
         bad = [f for f in formats if f not in FORMATS]
         if bad:
             raise ConfigError(f"--format must be ascendv1 or atc, got {bad[0]!r}")
-        desc = read_description(out / "quant")  # a calibrate output, before any model loads
-        if not (out / "policy.yaml").is_file():
+        calib = CalibrateOutput(out)
+        desc = read_description(calib.quant)  # a calibrate output, before any model loads
+        if not calib.policy.is_file():
             raise ConfigError(f"{out} has no policy.yaml; give a calibrate output directory")
         smoothed = any(m.get("smoothquant_alpha") is not None for m in desc["modules"].values())
         if data is None and ("atc" in formats or smoothed):
             why = "the ATC graphs" if "atc" in formats else "folding its SmoothQuant factors"
             raise ConfigError(f"{why} need one call per root: pass --data (e.g. the recipe's data)")
         check_weights(str(desc.get("source_model") or ""), allow_pickle=allow_pickle)
-        export_dir = dest or out / "export"
-        read = [out / "quant", out / "policy.yaml", out / "probe.json"]
+        export_dir = dest or calib.export
+        read = calib.read_by_consumers()
         read += local_paths(str(desc.get("source_model") or "")) if desc.get("source_model") else []
         read += local_paths(data) if data is not None else []
         for f in formats:
@@ -120,7 +122,7 @@ def _run(
         say("loading the float model for the ATC graphs")
         source = adapter.model_id
         float_model = load_adapter(guess_family(source), source, allow_pickle=allow_pickle).model
-    policy = PrecisionPolicy.load(out / "policy.yaml")
+    policy = PrecisionPolicy.load(CalibrateOutput(out).policy)
     return write_model_exports(
         adapter, policy, modules_from_report(report), calls, export_dir, formats,
         float_model=float_model, force=force, say=say,

@@ -8,10 +8,11 @@ from typing import Annotated
 import typer
 
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.outputs import PROBE_FILE
 
 
 def _probe_path(policy_path: Path, probe: Path | None) -> Path:
-    path = probe if probe is not None else policy_path.parent / "probe.json"
+    path = probe if probe is not None else policy_path.parent / PROBE_FILE
     if not path.is_file():
         raise ConfigError(
             f"{path} not found: the policy's module list comes from the probe report; "
@@ -98,7 +99,7 @@ def register(app: typer.Typer) -> None:
             op_types=_op_types(optype or []),
             batch_num=batch_num,
         )
-        read = [policy, probe or policy.parent / "probe.json", nodes, onnx]
+        read = [policy, probe or policy.parent / PROBE_FILE, nodes, onnx]
         written = write_export(result, out, force=force, inputs=[p for p in read if p is not None])
         for note in result.notes:
             typer.echo(f"note: {note}", err=True)

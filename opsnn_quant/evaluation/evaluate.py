@@ -27,6 +27,7 @@ from opsnn_quant.evaluation.gate import check_latency_mode, plan_latency
 from opsnn_quant.evaluation.report import AcceptanceReport
 from opsnn_quant.evaluation.suite import Suite
 from opsnn_quant.models.base import ModelAdapter
+from opsnn_quant.outputs import CalibrateOutput, DirectoryKind, classify
 from opsnn_quant.policy.targets import get_target
 from opsnn_quant.types import Modality, Progress
 
@@ -336,7 +337,7 @@ def _timing_note(has_int8: bool, baseline_backend: str, candidate_backend: str) 
 
 def policy_summary(out_dir: Path) -> dict[str, Any] | None:
     """A compact policy summary from a calibrate output directory (for the report)."""
-    path = out_dir / "policy.yaml"
+    path = CalibrateOutput(out_dir).policy
     if not path.is_file():
         return None
     from opsnn_quant.policy.schema import PrecisionPolicy
@@ -382,16 +383,13 @@ def load_candidate(
         ModelLoadError: a float model that cannot be loaded (pickle-only weights without
             ``allow_pickle`` included).
     """
-    from opsnn_quant.deploy.candidate import (
-        load_ascendv1_candidate,
-        looks_ascendv1,
-        recorded_source,
-    )
+    from opsnn_quant.deploy.candidate import load_ascendv1_candidate, recorded_source
     from opsnn_quant.models import guess_family, load_adapter
     from opsnn_quant.probe.report import SensitivityReport
     from opsnn_quant.quant.checkpoint import load_quantized, read_description
 
-    if looks_ascendv1(out_dir):
+    kind = classify(out_dir)
+    if kind is DirectoryKind.ASCENDV1:
         float_source = baseline or recorded_source(out_dir)
         if not float_source:
             raise ConfigError(
@@ -402,7 +400,7 @@ def load_candidate(
             out_dir, float_source, family, device=device, dtype=dtype, allow_pickle=allow_pickle
         )
         return loaded, None
-    if not (out_dir / "quant").is_dir():
+    if kind is DirectoryKind.MODEL:
         source = str(out_dir)
         return load_adapter(
             family or guess_family(source),
@@ -411,10 +409,11 @@ def load_candidate(
             dtype=dtype,
             allow_pickle=allow_pickle,
         ), None
-    desc = read_description(out_dir / "quant")
+    calib = CalibrateOutput(out_dir)
+    desc = read_description(calib.quant)
     source = str(desc.get("source_model") or "")
     if not source:
-        raise ConfigError(f"{out_dir}/quant/description.json names no source model")
+        raise ConfigError(f"{calib.quant}/description.json names no source model")
     adapter = load_adapter(
         family or guess_family(source),
         source,
@@ -422,9 +421,8 @@ def load_candidate(
         dtype=dtype,
         allow_pickle=allow_pickle,
     )
-    load_quantized(adapter.model, out_dir / "quant")
-    probe_path = out_dir / "probe.json"
-    sensitivity = SensitivityReport.load(probe_path) if probe_path.is_file() else None
+    load_quantized(adapter.model, calib.quant)
+    sensitivity = SensitivityReport.load(calib.probe) if calib.probe.is_file() else None
     return adapter, sensitivity
 
 
@@ -432,12 +430,12 @@ def candidate_inputs(candidate: Path) -> list[str]:
     """The paths evaluating ``candidate`` reads (as :func:`load_candidate` and
     :func:`policy_summary` do): of a calibrate output its ``quant/``, ``probe.json`` and
     ``policy.yaml``, so that a report may go beside them; otherwise the directory itself."""
-    from opsnn_quant.deploy.candidate import looks_ascendv1
-
-    if looks_ascendv1(candidate):  # ours sits in OUT/export/ascendv1, beside OUT's policy
-        return [str(candidate), str(candidate.parent.parent / "policy.yaml")]
-    if (candidate / "quant").is_dir():
-        return [str(candidate / name) for name in ("quant", "probe.json", "policy.yaml")]
+    kind = classify(candidate)
+    if kind is DirectoryKind.ASCENDV1:  # ours sits in OUT/export/ascendv1, beside OUT's policy
+        holder = CalibrateOutput.holding(candidate)
+        return [str(candidate), *([str(holder.policy)] if holder else [])]
+    if kind is DirectoryKind.CALIBRATE_OUTPUT:
+        return [str(p) for p in CalibrateOutput(candidate).read_by_consumers()]
     return [str(candidate)]
 
 

@@ -1,0 +1,94 @@
+"""The layout of a calibrate output directory, and what a directory a user passes is.
+
+One owner for the names every command reads and writes (``probe.json``, ``policy.yaml``,
+``quant/``, ``export/``, ``report/``, ``timings.json``), instead of the literals spread over the
+commands, and one classification of a path given as ``--candidate``, ``export-weights OUT`` or
+a policy's folder: our calibrate output, an AscendV1 (engine) directory, or a model source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+PROBE_FILE = "probe.json"
+POLICY_FILE = "policy.yaml"
+TIMINGS_FILE = "timings.json"
+QUANT_DIR = "quant"
+EXPORT_DIR = "export"
+REPORT_DIR = "report"
+
+
+class DirectoryKind(StrEnum):
+    """What a directory passed by a user holds."""
+
+    CALIBRATE_OUTPUT = "calibrate-output"  # ours: quant/ (+ probe.json, policy.yaml)
+    ASCENDV1 = "ascendv1"  # quant_model_* files: ours under export/, or msModelSlim's
+    MODEL = "model"  # anything else: a model source (directory or named)
+
+
+@dataclass(frozen=True)
+class CalibrateOutput:
+    """A calibrate output directory's paths (it need not exist yet: the run builds it).
+
+    Attributes:
+        root: the directory.
+    """
+
+    root: Path
+
+    @property
+    def probe(self) -> Path:
+        """The probe report."""
+        return self.root / PROBE_FILE
+
+    @property
+    def policy(self) -> Path:
+        """The precision policy."""
+        return self.root / POLICY_FILE
+
+    @property
+    def timings(self) -> Path:
+        """The run's wall-clock times and environment."""
+        return self.root / TIMINGS_FILE
+
+    @property
+    def quant(self) -> Path:
+        """The quantized checkpoint directory."""
+        return self.root / QUANT_DIR
+
+    @property
+    def export(self) -> Path:
+        """The deployment exports directory."""
+        return self.root / EXPORT_DIR
+
+    @property
+    def report(self) -> Path:
+        """The acceptance report directory (``calibrate --evaluate``)."""
+        return self.root / REPORT_DIR
+
+    def read_by_consumers(self) -> list[Path]:
+        """What ``evaluate`` and ``export-weights`` read of it: its ``quant/``, ``probe.json``
+        and ``policy.yaml`` (so a report or an export may go beside them, never over them)."""
+        return [self.quant, self.probe, self.policy]
+
+    @classmethod
+    def holding(cls, ascendv1_dir: Path) -> CalibrateOutput | None:
+        """The calibrate output an AscendV1 directory was exported into (``OUT/export/<fmt>``),
+        or None when it stands elsewhere."""
+        if ascendv1_dir.parent.name == EXPORT_DIR:
+            return cls(ascendv1_dir.parent.parent)
+        return None
+
+
+def classify(path: Path) -> DirectoryKind:
+    """What ``path`` is: an AscendV1 directory (``quant_model_*`` files in it or a subfolder),
+    our calibrate output (a ``quant/`` folder), or else a model source."""
+    from opsnn_quant.deploy.candidate import looks_ascendv1
+
+    if looks_ascendv1(path):
+        return DirectoryKind.ASCENDV1
+    if CalibrateOutput(path).quant.is_dir():
+        return DirectoryKind.CALIBRATE_OUTPUT
+    return DirectoryKind.MODEL
