@@ -14,13 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.models import ModelAdapter
 from opsnn_quant.outputs import CalibrateOutput
-from opsnn_quant.policy.export import (
-    EXPORT_FILES,
-    MODEL_EXPORTS,
-    export_policy,
-    modules_from_report,
-    write_export,
-)
+from opsnn_quant.policy.export import export_policy, modules_from_report, write_export
+from opsnn_quant.policy.exporters import exporter
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.targets import get_target
 from opsnn_quant.probe.api import ProbeKeep
@@ -42,10 +37,11 @@ def write_policy_exports(
     modules = modules_from_report(report)
     notes: list[str] = []
     for fmt in recipe.exports:
-        if fmt in MODEL_EXPORTS:
+        entry = exporter(fmt)
+        if entry.kind == "model":
             continue  # written from the quantized model: model_exports
         result = export_policy(policy, fmt, modules)
-        write_export(result, CalibrateOutput(tmp).export / EXPORT_FILES[fmt])
+        write_export(result, CalibrateOutput(tmp).export / entry.output)
         notes.extend(f"{fmt}: {n}" for n in result.notes)
     return notes
 
@@ -63,7 +59,7 @@ def model_export_plan(policy: PrecisionPolicy, recipe: Recipe, engine: str) -> E
     our engine: AMCT writes its own model)."""
     if engine != "opsnn":
         return ExportPlan([], [])
-    wanted = [f for f in recipe.exports if f in MODEL_EXPORTS]
+    wanted = [f for f in recipe.exports if exporter(f).kind == "model"]
     notes = []
     if "atc" in wanted and get_target(policy.target).route != "atc":
         # ONNX exports cost ~25 s per demo UNet graph: only where ATC is the deployment route

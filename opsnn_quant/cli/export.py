@@ -16,8 +16,6 @@ import typer
 from opsnn_quant.cli import _ui
 from opsnn_quant.outputs import CalibrateOutput
 
-FORMATS = ("ascendv1", "atc")
-
 
 def register(app: typer.Typer) -> None:
     """Add ``export-weights`` to ``app``."""
@@ -53,15 +51,17 @@ def register(app: typer.Typer) -> None:
         from opsnn_quant.errors import ConfigError
         from opsnn_quant.io import check_output_dir, check_output_file
         from opsnn_quant.models import check_weights
+        from opsnn_quant.policy.exporters import exporters
         from opsnn_quant.quant.checkpoint import read_description
         from opsnn_quant.sources import local_paths
         from opsnn_quant.user_config import check_limit
 
         check_limit(limit)
+        model_formats = [e.name for e in exporters("model")]
         formats = list(dict.fromkeys(fmt or ["ascendv1"]))
-        bad = [f for f in formats if f not in FORMATS]
+        bad = [f for f in formats if f not in model_formats]
         if bad:
-            raise ConfigError(f"--format must be ascendv1 or atc, got {bad[0]!r}")
+            raise ConfigError(f"--format must be {' or '.join(model_formats)}, got {bad[0]!r}")
         calib = CalibrateOutput(out)
         desc = read_description(calib.quant)  # a calibrate output, before any model loads
         if not calib.policy.is_file():

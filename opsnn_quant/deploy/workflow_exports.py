@@ -20,6 +20,7 @@ from opsnn_quant.deploy.atc import FloatGraphs, write_atc, write_float_graphs
 from opsnn_quant.deploy.exporter import export_ascendv1
 from opsnn_quant.io import atomic_dir, remove_output_file, write_output_file
 from opsnn_quant.models.base import ModelAdapter
+from opsnn_quant.policy.exporters import exporters
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.quant.api import int8_specs
 from opsnn_quant.recording import Call
@@ -70,27 +71,54 @@ def write_model_exports(
     Returns:
         The notes, each prefixed by its export's name.
     """
+    ctx = ModelExportContext(
+        adapter, policy, modules, calls, export_dir, float_model, float_graphs, force, say
+    )
     notes: list[str] = []
-    if "ascendv1" in wanted:
-        say("exporting AscendV1 weights (MindIE / vLLM-Ascend / SGLang)")
-        result = export_ascendv1(adapter, export_dir / "ascendv1", calls=calls, force=force)
-        notes += _write_notes(export_dir, "ascendv1", result.notes, force)
-    if "atc" in wanted:
-        with atomic_dir(export_dir / "atc", "atc", force=force) as tmp:
-            staged = None
-            if float_graphs is not None:
-                for f in sorted(float_graphs.directory.iterdir()):
-                    os.replace(f, tmp / f.name)
-                float_graphs.directory.rmdir()
-                staged = float_graphs.graphs
-            atc_notes = write_atc(
-                adapter.model, float_model, list(adapter.roots()), calls, policy, modules, tmp,
-                mixlist=_mixlist(export_dir), say=say, float_graphs=staged,
-            )  # fmt: skip
-        if float_graphs is not None:
-            atc_notes = float_graphs.graphs.notes + atc_notes
-        notes += _write_notes(export_dir, "atc", atc_notes, force)
+    for entry in exporters("model"):  # in the table's order: ascendv1, then atc
+        if entry.name in wanted:
+            lines = entry.load()(ctx, export_dir / entry.output)
+            notes += _write_notes(export_dir, entry.name, lines, force)
     return notes
+
+
+@dataclass(frozen=True)
+class ModelExportContext:
+    """What a model export's handler (``(ctx, directory) -> notes``, the exporter table's
+    ``model`` kind) takes: see :func:`write_model_exports`' arguments."""
+
+    adapter: ModelAdapter
+    policy: PrecisionPolicy
+    modules: Mapping[str, str]
+    calls: Mapping[str, Sequence[Call]]
+    export_dir: Path
+    float_model: nn.Module | None
+    float_graphs: StagedGraphs | None
+    force: bool
+    say: Callable[[str], None]
+
+
+def ascendv1(ctx: ModelExportContext, directory: Path) -> list[str]:
+    """``export/ascendv1/``: AscendV1 weights (MindIE / vLLM-Ascend / SGLang); its notes."""
+    ctx.say("exporting AscendV1 weights (MindIE / vLLM-Ascend / SGLang)")
+    return export_ascendv1(ctx.adapter, directory, calls=ctx.calls, force=ctx.force).notes
+
+
+def atc_graphs(ctx: ModelExportContext, directory: Path) -> list[str]:
+    """``export/atc/``: ONNX graphs and ATC/AOE commands (the float graphs staged before
+    quantizing moved in); its notes."""
+    with atomic_dir(directory, "atc", force=ctx.force) as tmp:
+        staged = None
+        if ctx.float_graphs is not None:
+            for f in sorted(ctx.float_graphs.directory.iterdir()):
+                os.replace(f, tmp / f.name)
+            ctx.float_graphs.directory.rmdir()
+            staged = ctx.float_graphs.graphs
+        notes = write_atc(
+            ctx.adapter.model, ctx.float_model, list(ctx.adapter.roots()), ctx.calls, ctx.policy,
+            ctx.modules, tmp, mixlist=_mixlist(ctx.export_dir), say=ctx.say, float_graphs=staged,
+        )  # fmt: skip
+    return notes if ctx.float_graphs is None else ctx.float_graphs.graphs.notes + notes
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ Formats and the manuals they follow:
 * ``msmodelslim-v1``: msModelSlim's one-click ``modelslim_v1`` YAML, see
   :mod:`opsnn_quant.policy.export_msmodelslim`.
 
-:data:`MODEL_EXPORTS` (``ascendv1``, ``atc``) are written from the quantized model, not from a
-policy (:mod:`opsnn_quant.deploy`): ``calibrate`` writes them into ``export/`` as a recipe's
+The model exports of the same table (``ascendv1``, ``atc``) are written from the quantized model,
+not from a policy (:mod:`opsnn_quant.deploy`): ``calibrate`` writes them into ``export/`` as a recipe's
 ``exports`` asks, ``opsnn-quant export-weights`` from a calibrate output.
 """
 
@@ -29,6 +29,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ from opsnn_quant.errors import ConfigError
 from opsnn_quant.io import check_output_file, remove_output_file, write_output_file
 from opsnn_quant.policy import export_atc
 from opsnn_quant.policy.export_result import ExportResult
+from opsnn_quant.policy.exporters import exporter, exporters
 from opsnn_quant.policy.schema import PrecisionPolicy, Resolved
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Precision
@@ -47,18 +49,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Every export format and the file it is written to in a calibrate output's export/ folder.
-EXPORT_FILES: dict[str, str] = {
-    "amct-cfg": "amct.cfg",
-    "amct-eager": "amct_eager.json",
-    "atc-keep-dtype": "atc_keep_dtype.cfg",
-    "atc-customize-dtypes": "atc_customize_dtypes.cfg",
-    "atc-modify-mixlist": "atc_modify_mixlist.json",
-    "msmodelslim-v1": "msmodelslim_v1.yaml",
-}
-# Exports of the quantized model (directories under export/), by opsnn_quant.deploy.
-MODEL_EXPORTS: dict[str, str] = {"ascendv1": "ascendv1", "atc": "atc"}
-FORMATS: tuple[str, ...] = (*EXPORT_FILES, *MODEL_EXPORTS)
+# Views of the exporter table (opsnn_quant/policy/exporters.py), for the recipe's checks and
+# the docs: every format, and the file each policy export takes in a calibrate output's export/.
+FORMATS: tuple[str, ...] = tuple(e.name for e in exporters())
+EXPORT_FILES: dict[str, str] = {e.name: e.output for e in exporters("policy")}
 # Layer types AMCT's PyTorch PTQ can quantize (Linear, Conv2d, Conv3d, ConvTranspose2d per the
 # AMCT manual's quantizable-layer tables); every one the policy keeps float goes to skip_layers.
 AMCT_QUANT_TYPES = frozenset({"Linear", "Conv2d", "Conv3d", "ConvTranspose2d"})
@@ -266,7 +260,8 @@ def export_policy(
     op_types: Mapping[str, str] | None = None,
     batch_num: int = 1,
 ) -> ExportResult:
-    """Export ``policy`` in format ``fmt`` (one of :data:`FORMATS`).
+    """Export ``policy`` in format ``fmt``, a policy format of the exporter table
+    (:mod:`opsnn_quant.policy.exporters`).
 
     Args:
         policy: the policy.
@@ -281,23 +276,62 @@ def export_policy(
     Raises:
         ConfigError: unknown format, empty inventory, or a rule that matches no module.
     """
-    if fmt == "amct-cfg":
-        return export_amct_cfg(policy, modules, batch_num=batch_num)
-    if fmt == "amct-eager":
-        return export_amct_eager(policy, modules, batch_num=batch_num)
-    if fmt in export_atc.ATC_FORMATS:
-        resolved = _resolve(policy, modules)
-        return export_atc.export_atc(fmt, policy, resolved, modules, node_map, node_io, op_types)
-    if fmt == "msmodelslim-v1":
-        from opsnn_quant.policy.export_msmodelslim import export_msmodelslim
-
-        return export_msmodelslim(policy, _resolve(policy, modules), modules)
-    if fmt in MODEL_EXPORTS:
+    entry = exporter(fmt)
+    if entry.kind == "model":
         raise ConfigError(
             f"{fmt} is written from the quantized model, not a policy: "
             f"opsnn-quant export-weights OUT -f {fmt}"
         )
-    raise ConfigError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    options = PolicyExportOptions(node_map, node_io, op_types, batch_num)
+    result: ExportResult = entry.load()(fmt, policy, modules, options)
+    return result
+
+
+@dataclass(frozen=True)
+class PolicyExportOptions:
+    """What some policy exports take beyond the policy and the inventory (see
+    :func:`export_policy`'s arguments)."""
+
+    node_map: Mapping[str, Sequence[str]] | None = None
+    node_io: Mapping[str, tuple[str, int, int]] | None = None
+    op_types: Mapping[str, str] | None = None
+    batch_num: int = 1
+
+
+# The handlers of the policy formats in the exporter table: (fmt, policy, modules, options).
+
+
+def amct_cfg(
+    fmt: str, policy: PrecisionPolicy, modules: Mapping[str, str], options: PolicyExportOptions
+) -> ExportResult:
+    """``amct-cfg`` (:func:`export_amct_cfg`)."""
+    return export_amct_cfg(policy, modules, batch_num=options.batch_num)
+
+
+def amct_eager(
+    fmt: str, policy: PrecisionPolicy, modules: Mapping[str, str], options: PolicyExportOptions
+) -> ExportResult:
+    """``amct-eager`` (:func:`export_amct_eager`)."""
+    return export_amct_eager(policy, modules, batch_num=options.batch_num)
+
+
+def atc_config(
+    fmt: str, policy: PrecisionPolicy, modules: Mapping[str, str], options: PolicyExportOptions
+) -> ExportResult:
+    """The ATC precision files (:func:`opsnn_quant.policy.export_atc.export_atc`)."""
+    resolved = _resolve(policy, modules)
+    return export_atc.export_atc(
+        fmt, policy, resolved, modules, options.node_map, options.node_io, options.op_types
+    )
+
+
+def msmodelslim_v1(
+    fmt: str, policy: PrecisionPolicy, modules: Mapping[str, str], options: PolicyExportOptions
+) -> ExportResult:
+    """``msmodelslim-v1`` (:mod:`opsnn_quant.policy.export_msmodelslim`)."""
+    from opsnn_quant.policy.export_msmodelslim import export_msmodelslim
+
+    return export_msmodelslim(policy, _resolve(policy, modules), modules)
 
 
 def write_export(
