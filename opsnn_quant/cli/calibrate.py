@@ -7,8 +7,9 @@ loaded; the work itself is :func:`opsnn_quant.workflow.run_calibrate` and
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -17,6 +18,7 @@ from opsnn_quant.numerics import fmt_db
 from opsnn_quant.outputs import PROBE_FILE, TIMINGS_FILE
 
 if TYPE_CHECKING:
+    from opsnn_quant.probe.api import ProbeConfig
     from opsnn_quant.probe.report import SensitivityReport
     from opsnn_quant.workflow import CalibrateResult
 
@@ -79,180 +81,213 @@ def _probe_table(report: SensitivityReport) -> _ui.Table:
     return t
 
 
+def calibrate(
+    recipe: Annotated[str, typer.Argument(help="recipe YAML path or built-in name")] = "shapes-t2i",
+    out: Annotated[
+        Path | None, typer.Option("-o", "--out", help="output directory [default: out/NAME]")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    seed: Annotated[int | None, typer.Option(help="override the recipe's seed")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress display")] = False,
+    engine: Annotated[
+        str, typer.Option(help="opsnn (exact Ascend arithmetic) or amct (needs CANN's AMCT)")
+    ] = "opsnn",
+    evaluate: Annotated[
+        str | None,
+        typer.Option("--evaluate", help="acceptance suite to run after (exit 3 on FAIL)"),
+    ] = None,
+    strategy: Annotated[
+        str | None,
+        typer.Option(
+            help="override the recipe: search | all-w8a8-minmax | all-w8a8-dynamic | all-fp16"
+        ),
+    ] = None,
+    latency: Annotated[
+        str,
+        typer.Option(help="with --evaluate, what to time: target | all | none (see evaluate)"),
+    ] = "target",
+    device: Annotated[str | None, typer.Option(help=DEVICE_HELP)] = None,
+    dtype: Annotated[str | None, typer.Option(help=DTYPE_HELP)] = None,
+    allow_pickle: Annotated[
+        bool, typer.Option("--allow-pickle", help=_ui.ALLOW_PICKLE_HELP)
+    ] = False,
+) -> None:
+    """Probe, decide the policy, quantize, save and export: OUT/probe.json, policy.yaml,
+    quant/, export/ (and report/ with --evaluate); wall-clock times in OUT/timings.json."""
+    from opsnn_quant.errors import ConfigError
+    from opsnn_quant.models import check_weights
+    from opsnn_quant.policy.baselines import STRATEGIES
+    from opsnn_quant.recipe import load_recipe, resolve_recipe
+    from opsnn_quant.user_config import check_seed
+    from opsnn_quant.workflow import check_calibrate_output, run_calibrate
+
+    check_seed(seed)
+    if engine not in ("opsnn", "amct"):
+        raise ConfigError(f"--engine must be opsnn or amct, got {engine!r}")
+    if strategy is not None and strategy not in STRATEGIES:
+        raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    r = load_recipe(recipe).with_placement(device, dtype)
+    if strategy is not None:
+        r = r.model_copy(update={"strategy": strategy})
+    if allow_pickle:  # as the recipe's model.allow_pickle: true
+        r = r.model_copy(update={"model": r.model.model_copy(update={"allow_pickle": True})})
+    out = out if out is not None else Path("out") / r.name
+    check_weights(r.model.source, allow_pickle=r.model.allow_pickle)
+    check_calibrate_output(
+        r, out, force=force, suite=evaluate, inputs=[str(resolve_recipe(recipe))]
+    )
+    with _ui.reporter(quiet) as rep:
+        result = run_calibrate(
+            r, out, seed=seed, progress=rep.phase, engine=engine, suite=evaluate,
+            force=force, latency=latency,
+        )  # fmt: skip
+    if not quiet:
+        _ui.print_table(_summary_table(r.name, r.target, result))
+        share = "-" if result.int8_mac_share is None else f"{result.int8_mac_share:.0%}"
+        _ui.console.print(
+            f"int8 MAC share overall: {share}; wall time {result.seconds['total']:.0f} s; "
+            f"wrote {out}/"
+        )
+    if result.verdict is not None:
+        typer.echo(f"acceptance ({evaluate}): {result.verdict}; report in {out}/report/")
+        if result.verdict != "PASS":
+            raise typer.Exit(FAIL_EXIT)
+
+
+def probe_cmd(
+    target: Annotated[
+        str,
+        typer.Argument(help="recipe (path or built-in name) or a model (zoo:<name> or directory)"),
+    ],
+    out: Annotated[Path, typer.Option("-o", "--out", help="output directory for probe.json")],
+    data: Annotated[
+        str | None, typer.Option(help="calibration data source (needed when TARGET is a model)")
+    ] = None,
+    family: Annotated[
+        str | None,
+        typer.Option(help="model family when TARGET is a model (default: guessed)"),
+    ] = None,
+    limit: Annotated[int | None, typer.Option(help="use the first N calibration samples")] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="KEY=VALUE model setting (e.g. max_new_tokens=32), checked like a recipe's "
+            "model.settings; repeatable",
+        ),
+    ] = None,
+    exhaustive: Annotated[
+        bool, typer.Option(help="also run the one-module-at-a-time attribution (slow)")
+    ] = False,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    device: Annotated[str | None, typer.Option(help=DEVICE_HELP)] = None,
+    dtype: Annotated[str | None, typer.Option(help=DTYPE_HELP)] = None,
+    allow_pickle: Annotated[
+        bool, typer.Option("--allow-pickle", help=_ui.ALLOW_PICKLE_HELP)
+    ] = False,
+) -> None:
+    """Write OUT/probe.json: fp16 overflow, int8 sensitivity, end-to-end attribution (and
+    OUT/timings.json: wall-clock times)."""
+    from opsnn_quant.determinism import set_reproducible
+    from opsnn_quant.io import atomic_dir, check_output_dir
+    from opsnn_quant.models import load_adapter
+    from opsnn_quant.models.data import load_records
+    from opsnn_quant.probe.api import probe
+    from opsnn_quant.timings import write_timings
+
+    job = _probe_job(target, data, family, limit, set_ or [], exhaustive, device, dtype,
+                     allow_pickle)  # fmt: skip
+    check_output_dir(out, PROBE_KIND, force=force, inputs=job.inputs)
+    set_reproducible(seed=job.config.seed)
+    with _ui.reporter(quiet) as rep:
+        rep.phase("loading the calibration data")
+        records = load_records(job.data, job.limit)
+        rep.phase(f"loading {job.source}")
+        adapter = load_adapter(
+            job.family, job.source, device=job.device, dtype=job.dtype,
+            allow_pickle=job.allow_pickle, **job.settings,
+        )  # fmt: skip
+        with atomic_dir(out, PROBE_KIND, force=force) as tmp:
+            report = probe(adapter, adapter.forward_loop(records), job.config, progress=rep.phase)
+            report.save(tmp / PROBE_FILE)
+            write_timings(tmp, probe=report.costs)
+    if not quiet:
+        _ui.print_table(_probe_table(report))
+        _ui.console.print(f"wrote {out / PROBE_FILE}, {out / TIMINGS_FILE}")
+
+
+@dataclass(frozen=True)
+class _ProbeJob:
+    """What ``probe`` runs, resolved from a recipe or a model and checked before any load."""
+
+    family: str
+    source: str
+    settings: dict[str, Any]
+    data: str
+    limit: int | None
+    config: ProbeConfig
+    device: str
+    dtype: str
+    allow_pickle: bool
+    inputs: list[str]
+
+
+def _probe_job(
+    target: str,
+    data: str | None,
+    family: str | None,
+    limit: int | None,
+    sets: list[str],
+    exhaustive: bool,
+    device: str | None,
+    dtype: str | None,
+    allow_pickle: bool,
+) -> _ProbeJob:
+    """Resolve ``probe TARGET``'s options (a recipe's fields, or a model with ``--data``) and
+    check them: limit, family, settings against the model's own config files, device, weights."""
+    from opsnn_quant.backends.devices import resolve_device
+    from opsnn_quant.errors import ConfigError
+    from opsnn_quant.models import FAMILIES, check_weights, guess_family
+    from opsnn_quant.models.settings import check_source_fits, parse_set_options, settings_for
+    from opsnn_quant.probe.api import ProbeConfig
+    from opsnn_quant.recipe import builtin_recipes, load_recipe, resolve_recipe
+    from opsnn_quant.sources import local_paths
+    from opsnn_quant.user_config import check_limit
+    from opsnn_quant.workflow import recipe_inputs
+
+    check_limit(limit)
+    is_recipe = target.endswith((".yaml", ".yml")) or target in builtin_recipes()
+    if is_recipe:
+        r = load_recipe(target).with_placement(device, dtype)
+        inputs = [*recipe_inputs(r), str(resolve_recipe(target))]
+        inputs += [str(p) for p in (local_paths(data) if data else [])]
+        family, source, settings = r.model.family, r.model.source, r.settings_dict()
+        device, dtype = r.model.device, r.model.dtype
+        source_data = data or r.data.calibration
+        n = limit or r.probe.data_limit or r.data.limit
+        cfg = r.probe_config(**({"exhaustive": True} if exhaustive else {}))
+        allow_pickle = allow_pickle or r.model.allow_pickle
+    else:
+        if data is None:
+            raise ConfigError("probing a model needs --data (e.g. zoo:shapes/calibration)")
+        if family is not None and family not in FAMILIES:
+            raise ConfigError(f"--family must be one of {', '.join(FAMILIES)}, got {family!r}")
+        family, source, settings = family or guess_family(target), target, {}
+        source_data, n = data, limit
+        inputs = [str(p) for s in (target, data) for p in local_paths(s)]
+        cfg = ProbeConfig(exhaustive=exhaustive)
+    checked = settings_for(family, {**settings, **parse_set_options(sets)})
+    check_source_fits(source, checked, "--set " if sets or not is_recipe else "model.settings.")
+    resolve_device(device or "cpu")
+    check_weights(source, allow_pickle=allow_pickle)
+    return _ProbeJob(
+        family, source, checked.model_dump(), source_data, n, cfg, device or "cpu",
+        dtype or "float32", allow_pickle, inputs,
+    )  # fmt: skip
+
+
 def register(app: typer.Typer) -> None:
     """Add ``calibrate`` and ``probe`` to ``app``."""
-
-    @app.command("calibrate")
-    def calibrate(
-        recipe: Annotated[
-            str, typer.Argument(help="recipe YAML path or built-in name")
-        ] = "shapes-t2i",
-        out: Annotated[
-            Path | None, typer.Option("-o", "--out", help="output directory [default: out/NAME]")
-        ] = None,
-        force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
-        seed: Annotated[int | None, typer.Option(help="override the recipe's seed")] = None,
-        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress display")] = False,
-        engine: Annotated[
-            str, typer.Option(help="opsnn (exact Ascend arithmetic) or amct (needs CANN's AMCT)")
-        ] = "opsnn",
-        evaluate: Annotated[
-            str | None,
-            typer.Option("--evaluate", help="acceptance suite to run after (exit 3 on FAIL)"),
-        ] = None,
-        strategy: Annotated[
-            str | None,
-            typer.Option(
-                help="override the recipe: search | all-w8a8-minmax | all-w8a8-dynamic | all-fp16"
-            ),
-        ] = None,
-        latency: Annotated[
-            str,
-            typer.Option(help="with --evaluate, what to time: target | all | none (see evaluate)"),
-        ] = "target",
-        device: Annotated[str | None, typer.Option(help=DEVICE_HELP)] = None,
-        dtype: Annotated[str | None, typer.Option(help=DTYPE_HELP)] = None,
-        allow_pickle: Annotated[
-            bool, typer.Option("--allow-pickle", help=_ui.ALLOW_PICKLE_HELP)
-        ] = False,
-    ) -> None:
-        """Probe, decide the policy, quantize, save and export: OUT/probe.json, policy.yaml,
-        quant/, export/ (and report/ with --evaluate); wall-clock times in OUT/timings.json."""
-        from opsnn_quant.errors import ConfigError
-        from opsnn_quant.models import check_weights
-        from opsnn_quant.policy.baselines import STRATEGIES
-        from opsnn_quant.recipe import load_recipe, resolve_recipe
-        from opsnn_quant.user_config import check_seed
-        from opsnn_quant.workflow import check_calibrate_output, run_calibrate
-
-        check_seed(seed)
-        if engine not in ("opsnn", "amct"):
-            raise ConfigError(f"--engine must be opsnn or amct, got {engine!r}")
-        if strategy is not None and strategy not in STRATEGIES:
-            raise ConfigError(
-                f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}"
-            )
-        r = load_recipe(recipe).with_placement(device, dtype)
-        if strategy is not None:
-            r = r.model_copy(update={"strategy": strategy})
-        if allow_pickle:  # as the recipe's model.allow_pickle: true
-            r = r.model_copy(update={"model": r.model.model_copy(update={"allow_pickle": True})})
-        out = out if out is not None else Path("out") / r.name
-        check_weights(r.model.source, allow_pickle=r.model.allow_pickle)
-        check_calibrate_output(
-            r, out, force=force, suite=evaluate, inputs=[str(resolve_recipe(recipe))]
-        )
-        with _ui.reporter(quiet) as rep:
-            result = run_calibrate(
-                r, out, seed=seed, progress=rep.phase, engine=engine, suite=evaluate,
-                force=force, latency=latency,
-            )  # fmt: skip
-        if not quiet:
-            _ui.print_table(_summary_table(r.name, r.target, result))
-            share = "-" if result.int8_mac_share is None else f"{result.int8_mac_share:.0%}"
-            _ui.console.print(
-                f"int8 MAC share overall: {share}; wall time {result.seconds['total']:.0f} s; "
-                f"wrote {out}/"
-            )
-        if result.verdict is not None:
-            typer.echo(f"acceptance ({evaluate}): {result.verdict}; report in {out}/report/")
-            if result.verdict != "PASS":
-                raise typer.Exit(FAIL_EXIT)
-
-    @app.command("probe")
-    def probe_cmd(
-        target: Annotated[
-            str,
-            typer.Argument(
-                help="recipe (path or built-in name) or a model (zoo:<name> or directory)"
-            ),
-        ],
-        out: Annotated[Path, typer.Option("-o", "--out", help="output directory for probe.json")],
-        data: Annotated[
-            str | None, typer.Option(help="calibration data source (needed when TARGET is a model)")
-        ] = None,
-        family: Annotated[
-            str | None,
-            typer.Option(help="model family when TARGET is a model (default: guessed)"),
-        ] = None,
-        limit: Annotated[
-            int | None, typer.Option(help="use the first N calibration samples")
-        ] = None,
-        set_: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--set",
-                help="KEY=VALUE model setting (e.g. max_new_tokens=32), checked like a recipe's "
-                "model.settings; repeatable",
-            ),
-        ] = None,
-        exhaustive: Annotated[
-            bool, typer.Option(help="also run the one-module-at-a-time attribution (slow)")
-        ] = False,
-        force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
-        quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
-        device: Annotated[str | None, typer.Option(help=DEVICE_HELP)] = None,
-        dtype: Annotated[str | None, typer.Option(help=DTYPE_HELP)] = None,
-        allow_pickle: Annotated[
-            bool, typer.Option("--allow-pickle", help=_ui.ALLOW_PICKLE_HELP)
-        ] = False,
-    ) -> None:
-        """Write OUT/probe.json: fp16 overflow, int8 sensitivity, end-to-end attribution (and
-        OUT/timings.json: wall-clock times)."""
-        from opsnn_quant.backends.devices import resolve_device
-        from opsnn_quant.determinism import set_reproducible
-        from opsnn_quant.errors import ConfigError
-        from opsnn_quant.io import atomic_dir, check_output_dir
-        from opsnn_quant.models import FAMILIES, check_weights, guess_family, load_adapter
-        from opsnn_quant.models.data import load_records
-        from opsnn_quant.models.settings import check_source_fits, parse_set_options, settings_for
-        from opsnn_quant.probe.api import ProbeConfig, probe
-        from opsnn_quant.recipe import builtin_recipes, load_recipe, resolve_recipe
-        from opsnn_quant.sources import local_paths
-        from opsnn_quant.timings import write_timings
-        from opsnn_quant.user_config import check_limit
-        from opsnn_quant.workflow import recipe_inputs
-
-        check_limit(limit)
-        is_recipe = target.endswith((".yaml", ".yml")) or target in builtin_recipes()
-        if is_recipe:
-            r = load_recipe(target).with_placement(device, dtype)
-            inputs = [*recipe_inputs(r), str(resolve_recipe(target))]
-            inputs += [str(p) for p in (local_paths(data) if data else [])]
-            family, source, settings = r.model.family, r.model.source, r.settings_dict()
-            device, dtype = r.model.device, r.model.dtype
-            source_data = data or r.data.calibration
-            n = limit or r.probe.data_limit or r.data.limit
-            cfg = r.probe_config(**({"exhaustive": True} if exhaustive else {}))
-            allow_pickle = allow_pickle or r.model.allow_pickle
-        else:
-            if data is None:
-                raise ConfigError("probing a model needs --data (e.g. zoo:shapes/calibration)")
-            if family is not None and family not in FAMILIES:
-                raise ConfigError(f"--family must be one of {', '.join(FAMILIES)}, got {family!r}")
-            family, source, settings = family or guess_family(target), target, {}
-            source_data, n = data, limit
-            inputs = [str(p) for s in (target, data) for p in local_paths(s)]
-            cfg = ProbeConfig(exhaustive=exhaustive)
-        checked = settings_for(family, {**settings, **parse_set_options(set_ or [])})
-        settings = checked.model_dump()
-        check_source_fits(source, checked, "--set " if set_ or not is_recipe else "model.settings.")
-        resolve_device(device or "cpu")
-        check_weights(source, allow_pickle=allow_pickle)
-        check_output_dir(out, PROBE_KIND, force=force, inputs=inputs)
-        set_reproducible(seed=cfg.seed)
-        with _ui.reporter(quiet) as rep:
-            rep.phase("loading the calibration data")
-            records = load_records(source_data, n)
-            rep.phase(f"loading {source}")
-            adapter = load_adapter(
-                family, source, device=device or "cpu", dtype=dtype or "float32",
-                allow_pickle=allow_pickle, **settings,
-            )  # fmt: skip
-            with atomic_dir(out, PROBE_KIND, force=force) as tmp:
-                report = probe(adapter, adapter.forward_loop(records), cfg, progress=rep.phase)
-                report.save(tmp / PROBE_FILE)
-                write_timings(tmp, probe=report.costs)
-        if not quiet:
-            _ui.print_table(_probe_table(report))
-            _ui.console.print(f"wrote {out / PROBE_FILE}, {out / TIMINGS_FILE}")
+    app.command("calibrate")(calibrate)
+    app.command("probe")(probe_cmd)
