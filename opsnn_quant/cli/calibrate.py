@@ -26,6 +26,10 @@ FORCE_HELP = "replace OUT even if it is not an output of this command"
 DEVICE_HELP = "place the model on cpu | npu | npu:N | cuda:N [default: the recipe's, else cpu]"
 DTYPE_HELP = "load the model in float32 | float16 | bfloat16 [default: the recipe's, else float32]"
 PROBE_KIND = "probe"
+# The placement options calibrate and probe share.
+DeviceOpt = Annotated[str | None, typer.Option(help=DEVICE_HELP)]
+DtypeOpt = Annotated[str | None, typer.Option(help=DTYPE_HELP)]
+AllowPickleOpt = Annotated[bool, typer.Option("--allow-pickle", help=_ui.ALLOW_PICKLE_HELP)]
 FAIL_EXIT = 3
 
 
@@ -106,11 +110,9 @@ def calibrate(
         str,
         typer.Option(help="with --evaluate, what to time: target | all | none (see evaluate)"),
     ] = "target",
-    device: Annotated[str | None, typer.Option(help=DEVICE_HELP)] = None,
-    dtype: Annotated[str | None, typer.Option(help=DTYPE_HELP)] = None,
-    allow_pickle: Annotated[
-        bool, typer.Option("--allow-pickle", help=_ui.ALLOW_PICKLE_HELP)
-    ] = False,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    allow_pickle: AllowPickleOpt = False,
 ) -> None:
     """Probe, decide the policy, quantize, save and export: OUT/probe.json, policy.yaml,
     quant/, export/ (and report/ with --evaluate); wall-clock times in OUT/timings.json."""
@@ -181,11 +183,9 @@ def probe_cmd(
     ] = False,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
-    device: Annotated[str | None, typer.Option(help=DEVICE_HELP)] = None,
-    dtype: Annotated[str | None, typer.Option(help=DTYPE_HELP)] = None,
-    allow_pickle: Annotated[
-        bool, typer.Option("--allow-pickle", help=_ui.ALLOW_PICKLE_HELP)
-    ] = False,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    allow_pickle: AllowPickleOpt = False,
 ) -> None:
     """Write OUT/probe.json: fp16 overflow, int8 sensitivity, end-to-end attribution (and
     OUT/timings.json: wall-clock times)."""

@@ -40,102 +40,101 @@ def _op_types(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+def export(
+    policy: Annotated[Path, typer.Argument(help="policy.yaml")],
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            "-f",
+            help="amct-cfg | amct-eager | atc-keep-dtype | atc-customize-dtypes | atc-modify-mixlist",
+        ),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option("-o", "--out", help="output file (an earlier export of it is replaced)"),
+    ],
+    nodes: Annotated[
+        Path | None, typer.Option(help="<model>.nodes.json: module -> ONNX node names")
+    ] = None,
+    probe: Annotated[
+        Path | None,
+        typer.Option(help="probe.json with the module list (default: beside POLICY)"),
+    ] = None,
+    onnx: Annotated[
+        Path | None,
+        typer.Option(help="ONNX model: exact input/output counts for customize_dtypes"),
+    ] = None,
+    optype: Annotated[
+        list[str] | None,
+        typer.Option(help="CLASS=OPTYPE (Ascend IR) for the mixlist; repeatable"),
+    ] = None,
+    batch_num: Annotated[int, typer.Option(min=1, help="AMCT calibration batches")] = 1,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="replace FILE even if it is not this format's output"),
+    ] = False,
+) -> None:
+    """Write POLICY in a format AMCT or ATC reads (never over one of its inputs)."""
+    from opsnn_quant.io import load_node_map
+    from opsnn_quant.policy.export import export_policy, write_export
+    from opsnn_quant.policy.export_atc import onnx_node_io
+    from opsnn_quant.policy.schema import PrecisionPolicy
+
+    pol = PrecisionPolicy.load(policy)
+    result = export_policy(
+        pol,
+        fmt,
+        _inventory(policy, probe),
+        node_map=load_node_map(nodes) if nodes is not None else None,
+        node_io=onnx_node_io(str(onnx)) if onnx is not None else None,
+        op_types=_op_types(optype or []),
+        batch_num=batch_num,
+    )
+    read = [policy, probe or policy.parent / PROBE_FILE, nodes, onnx]
+    written = write_export(result, out, force=force, inputs=[p for p in read if p is not None])
+    for note in result.notes:
+        typer.echo(f"note: {note}", err=True)
+    typer.echo(", ".join(str(p) for p in written))
+
+
+def show(
+    policy: Annotated[Path, typer.Argument(help="policy.yaml")],
+    probe: Annotated[Path | None, typer.Option(help="probe.json (default: beside POLICY)")] = None,
+) -> None:
+    """Print per-modality precisions, module counts and predicted SQNR."""
+    from opsnn_quant.cli import _ui
+    from opsnn_quant.numerics import fmt_db
+    from opsnn_quant.policy.export import modules_from_report
+    from opsnn_quant.policy.schema import PrecisionPolicy
+    from opsnn_quant.policy.summary import summarize
+    from opsnn_quant.probe.report import SensitivityReport
+
+    pol = PrecisionPolicy.load(policy)
+    report = SensitivityReport.load(_probe_path(policy, probe))
+    pol.validate_inventory(modules_from_report(report))  # as strict as policy export
+    columns = [("modality", "left"), ("chosen", "left")]
+    columns += [(c, "right") for c in ("fp32", "bf16", "fp16", "int8", "pred", "MAC%")]
+    table = _ui.table(
+        f"{pol.model} on {pol.target}",
+        columns,
+        caption="module counts per precision; pred: predicted SQNR of the modality's "
+        "output, dB; MAC%: share of MACs in int8",
+    )
+    for row in summarize(pol, report):
+        table.add_row(
+            row.modality.value, row.chosen, str(row.fp32), str(row.bf16), str(row.fp16),
+            str(row.int8), fmt_db(row.predicted_sqnr_db, unit="", none="-"), f"{row.int8_mac_share:.0%}",
+        )  # fmt: skip
+    _ui.print_table(table)
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``policy`` command group to ``app``."""
     group = typer.Typer(
         help="Precision policies: export for AMCT/ATC, summaries (both read probe.json).",
         no_args_is_help=True,
     )
-
-    @group.command("export")
-    def export(
-        policy: Annotated[Path, typer.Argument(help="policy.yaml")],
-        fmt: Annotated[
-            str,
-            typer.Option(
-                "--format",
-                "-f",
-                help="amct-cfg | amct-eager | atc-keep-dtype | atc-customize-dtypes | atc-modify-mixlist",
-            ),
-        ],
-        out: Annotated[
-            Path,
-            typer.Option("-o", "--out", help="output file (an earlier export of it is replaced)"),
-        ],
-        nodes: Annotated[
-            Path | None, typer.Option(help="<model>.nodes.json: module -> ONNX node names")
-        ] = None,
-        probe: Annotated[
-            Path | None,
-            typer.Option(help="probe.json with the module list (default: beside POLICY)"),
-        ] = None,
-        onnx: Annotated[
-            Path | None,
-            typer.Option(help="ONNX model: exact input/output counts for customize_dtypes"),
-        ] = None,
-        optype: Annotated[
-            list[str] | None,
-            typer.Option(help="CLASS=OPTYPE (Ascend IR) for the mixlist; repeatable"),
-        ] = None,
-        batch_num: Annotated[int, typer.Option(min=1, help="AMCT calibration batches")] = 1,
-        force: Annotated[
-            bool,
-            typer.Option("--force", help="replace FILE even if it is not this format's output"),
-        ] = False,
-    ) -> None:
-        """Write POLICY in a format AMCT or ATC reads (never over one of its inputs)."""
-        from opsnn_quant.io import load_node_map
-        from opsnn_quant.policy.export import export_policy, write_export
-        from opsnn_quant.policy.export_atc import onnx_node_io
-        from opsnn_quant.policy.schema import PrecisionPolicy
-
-        pol = PrecisionPolicy.load(policy)
-        result = export_policy(
-            pol,
-            fmt,
-            _inventory(policy, probe),
-            node_map=load_node_map(nodes) if nodes is not None else None,
-            node_io=onnx_node_io(str(onnx)) if onnx is not None else None,
-            op_types=_op_types(optype or []),
-            batch_num=batch_num,
-        )
-        read = [policy, probe or policy.parent / PROBE_FILE, nodes, onnx]
-        written = write_export(result, out, force=force, inputs=[p for p in read if p is not None])
-        for note in result.notes:
-            typer.echo(f"note: {note}", err=True)
-        typer.echo(", ".join(str(p) for p in written))
-
-    @group.command("show")
-    def show(
-        policy: Annotated[Path, typer.Argument(help="policy.yaml")],
-        probe: Annotated[
-            Path | None, typer.Option(help="probe.json (default: beside POLICY)")
-        ] = None,
-    ) -> None:
-        """Print per-modality precisions, module counts and predicted SQNR."""
-        from opsnn_quant.cli import _ui
-        from opsnn_quant.numerics import fmt_db
-        from opsnn_quant.policy.export import modules_from_report
-        from opsnn_quant.policy.schema import PrecisionPolicy
-        from opsnn_quant.policy.summary import summarize
-        from opsnn_quant.probe.report import SensitivityReport
-
-        pol = PrecisionPolicy.load(policy)
-        report = SensitivityReport.load(_probe_path(policy, probe))
-        pol.validate_inventory(modules_from_report(report))  # as strict as policy export
-        columns = [("modality", "left"), ("chosen", "left")]
-        columns += [(c, "right") for c in ("fp32", "bf16", "fp16", "int8", "pred", "MAC%")]
-        table = _ui.table(
-            f"{pol.model} on {pol.target}",
-            columns,
-            caption="module counts per precision; pred: predicted SQNR of the modality's "
-            "output, dB; MAC%: share of MACs in int8",
-        )
-        for row in summarize(pol, report):
-            table.add_row(
-                row.modality.value, row.chosen, str(row.fp32), str(row.bf16), str(row.fp16),
-                str(row.int8), fmt_db(row.predicted_sqnr_db, unit="", none="-"), f"{row.int8_mac_share:.0%}",
-            )  # fmt: skip
-        _ui.print_table(table)
-
+    group.command("export")(export)
+    group.command("show")(show)
     app.add_typer(group, name="policy")
