@@ -5,7 +5,7 @@ model) that has a recorded call:
 
 * ``<root>.onnx``: the float model (fp32 weights), for ATC's fp16 / mixed-precision compile or
   for AMCT's own quantization before ATC;
-* ``<root>.qdq.onnx``: our quantized graph as standard QDQ (:mod:`opsnn_quant.quant.onnx_export`),
+* ``<root>.qdq.onnx``: our quantized graph as standard QDQ (:mod:`opsnn_quant.deploy.onnx.export`),
   when the policy's target deploys through ATC (``route: atc``);
 * per graph ``<graph>.keep_dtype.cfg`` / ``<graph>.customize_dtypes.cfg``: the policy's fp32
   pins (and bf16 modules) with that graph's own node names (from ``<graph>.nodes.json``, the
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from opsnn_quant.deploy.atc_commands import check_aoe, check_atc, shell_line
-from opsnn_quant.deploy.onnx_fast import markable
+from opsnn_quant.deploy.onnx.fast import markable
 from opsnn_quant.io import atomic_write_text, write_json_atomic
 from opsnn_quant.policy.export import export_policy, write_export
 from opsnn_quant.policy.schema import PrecisionPolicy
@@ -321,7 +321,7 @@ def _export_root(
     with ``marked`` as markers (or written from the kept trace ``source``): its entry (or the
     note saying why the export failed), and its trace when it marked modules (kept for the
     QDQ graph)."""
-    from opsnn_quant.deploy.onnx_fast import export_graph, node_map, write_from_markers
+    from opsnn_quant.deploy.onnx.fast import export_graph, node_map, write_from_markers
 
     stem = root or "model"
     wrapper, inputs, names = _wrapper(model, root, calls)

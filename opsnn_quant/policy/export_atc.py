@@ -15,7 +15,7 @@ The line files carry no comments: GraphEngine's keep_dtype parser (``keep_dtype_
 ``DealKeepDtypeOption``) treats every non-empty line as an op name and fails the build (E10042)
 on a name that is not in the graph. Provenance notes go to ``<file>.notes.txt`` instead.
 
-Node names. With a node map (``<model>.nodes.json`` from ``opsnn_quant.quant.onnx_export``) the
+Node names. With a node map (``<model>.nodes.json`` from ``opsnn_quant.deploy.onnx.export``) the
 exact names are used. Without one, the names of ``torch.onnx.export(..., dynamo=False)`` are
 derived. Checked on torch 2.13 (opset 17): a node is ``/<scope>/.../<OpType>`` where each scope
 is the last part of a module's name, or the last two when that part is a ModuleList/Sequential

@@ -12,11 +12,11 @@ import torch
 
 from opsnn_quant.deploy.atc import write_atc
 from opsnn_quant.deploy.atc_commands import check_aoe, check_atc
+from opsnn_quant.deploy.onnx.runtime import onnxruntime_session
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.policy.export import modules_from_model
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.quant.api import quantize
-from opsnn_quant.quant.onnx_runtime import onnxruntime_session
 from tests.tiny_models import TinyAttention, forward_loop_for
 
 GOOD = ["atc", "--framework=5", "--model=m.onnx", "--output=m", "--soc_version=Ascend910B3",

@@ -6,7 +6,7 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
-from opsnn_quant.deploy.onnx_fast import export_graph, write_from_markers
+from opsnn_quant.deploy.onnx.fast import export_graph, write_from_markers
 
 
 def test_a_graph_past_the_threshold_keeps_its_weights_beside_it(tmp_path):
@@ -48,7 +48,7 @@ def test_an_exporter_output_in_many_weight_files_is_streamed_into_one(tmp_path, 
 
 
 def test_a_kept_float_trace_writes_the_qdq_graph_a_fresh_trace_writes(tmp_path):
-    # One trace per root (deploy/onnx_fast.py write_from_markers): the float graph is traced
+    # One trace per root (deploy/onnx/fast.py write_from_markers): the float graph is traced
     # with markers where the model is quantized, and that trace, rewritten from the quantized
     # modules, must be the same file as tracing the quantized model itself.
     import copy
@@ -78,12 +78,12 @@ def test_a_kept_float_trace_writes_the_qdq_graph_a_fresh_trace_writes(tmp_path):
 
 
 def test_the_weights_a_rewrite_adds_never_sit_in_the_proto_of_a_large_graph(tmp_path, monkeypatch):
-    # deploy/onnx_fast.py _finish: the float weights of the marked modules go straight to files
+    # deploy/onnx/fast.py _finish: the float weights of the marked modules go straight to files
     # (onnx_io.py spilled_tensor) and are streamed into <name>.data; protobuf kept a cleared
     # field's bytes in its arena, so a 3.4 GB UNet held them all at once. A small graph takes them
     # back: the same proto, byte for byte, as a rewrite in memory.
+    from opsnn_quant.deploy.onnx.export import rewrite_markers
     from opsnn_quant.onnx_io import SPILL_BYTES
-    from opsnn_quant.quant.onnx_export import rewrite_markers
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).eval()

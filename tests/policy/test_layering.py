@@ -30,7 +30,8 @@ def test_module_does_not_pull_in(module, must_not_load):
 
 def test_onnx_helpers_have_one_home_each():
     pytest.importorskip("onnx")
-    from opsnn_quant.quant import onnx_export, onnx_runtime
+    from opsnn_quant.deploy.onnx import export as onnx_export
+    from opsnn_quant.deploy.onnx import runtime as onnx_runtime
 
     assert callable(onnx_runtime.to_uint8_weights) and callable(onnx_runtime.onnxruntime_session)
     for moved in ("to_uint8_weights", "onnxruntime_session", "load_node_map"):

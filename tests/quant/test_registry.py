@@ -129,7 +129,7 @@ def test_registry_lookups_and_misuse():
 
 
 def test_the_onnx_export_refuses_a_type_it_has_no_form_for(tmp_path):
-    from opsnn_quant.quant.onnx_export import export_onnx
+    from opsnn_quant.deploy.onnx.export import export_onnx
 
     model = PointwiseNet().eval()
     quantize(model, {"*": "w8a8"}, _loop)

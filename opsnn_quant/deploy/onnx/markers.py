@@ -1,9 +1,9 @@
-"""Markers: how :func:`~opsnn_quant.quant.onnx_export.export_onnx` gets one ONNX node per module.
+"""Markers: how :func:`~opsnn_quant.deploy.onnx.export.export_onnx` gets one ONNX node per module.
 
 While ``torch.onnx.export`` runs, each frozen quantized module is swapped for a :class:`_Marker`
 whose custom op (``opsnn_quant_export::module_marker``, only its output shape matters) the
 exporter translates into one ``QuantModule(x, module, rank)`` node of the private
-:data:`DOMAIN`; :mod:`onnx_export` then rewrites each such node into standard ONNX nodes.
+:data:`DOMAIN`; :mod:`opsnn_quant.deploy.onnx.export` then rewrites each such node into standard ONNX nodes.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from opsnn_quant.deploy.onnx.info import require_onnx
 from opsnn_quant.errors import ShapeError
 from opsnn_quant.quant.modules import QuantConv2d, QuantModule, set_submodule
-from opsnn_quant.quant.onnx_info import require_onnx
 
 DOMAIN, MARKER_OP = "opsnn_quant.export", "QuantModule"
 

@@ -38,6 +38,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from opsnn_quant.deploy.onnx.info import OnnxExportInfo, require_onnx, to_numpy
+from opsnn_quant.deploy.onnx.markers import DOMAIN, export_with_markers, float_module_nodes
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.onnx_io import (
     ONNX_EXTERNAL_DATA_BYTES,
@@ -53,8 +55,6 @@ from opsnn_quant.quant.modules import (
     QuantModule,
     is_quant_module,
 )
-from opsnn_quant.quant.onnx_info import OnnxExportInfo, require_onnx, to_numpy
-from opsnn_quant.quant.onnx_markers import DOMAIN, export_with_markers, float_module_nodes
 from opsnn_quant.types import Precision
 
 log = logging.getLogger(__name__)

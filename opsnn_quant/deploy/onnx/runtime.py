@@ -19,9 +19,9 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from opsnn_quant.deploy.onnx.info import OnnxExportInfo, require_onnx, to_numpy
 from opsnn_quant.errors import ShapeError
 from opsnn_quant.onnx_io import save_onnx_atomic
-from opsnn_quant.quant.onnx_info import OnnxExportInfo, require_onnx, to_numpy
 
 log = logging.getLogger(__name__)
 

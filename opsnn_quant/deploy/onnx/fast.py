@@ -1,11 +1,11 @@
 """ONNX graphs for ATC through torch's TorchScript exporter (``dynamo=False``): seconds, not
 minutes.
 
-The dynamo exporter behind :func:`opsnn_quant.quant.onnx_export.export_onnx` takes ~40 s for
+The dynamo exporter behind :func:`opsnn_quant.deploy.onnx.export.export_onnx` takes ~40 s for
 the demo UNet; the TorchScript one ~4 s. Here each marked module (a frozen quantized one, or
 the float module a policy will quantize) becomes the same one-node marker (``QuantModule(x,
-module, rank)`` of :data:`~opsnn_quant.quant.onnx_markers.DOMAIN`) through an autograd
-function's ``symbolic``, and :mod:`opsnn_quant.quant.onnx_export`'s own rewrite turns every
+module, rank)`` of :data:`~opsnn_quant.deploy.onnx.markers.DOMAIN`) through an autograd
+function's ``symbolic``, and :mod:`opsnn_quant.deploy.onnx.export`'s own rewrite turns every
 marker into its standard QDQ nodes (the same bytes as ``export_onnx`` writes) or into the float
 module's own op. ATC gets each root twice, float and QDQ: the float graph is traced with markers
 where the policy quantizes, and its trace, kept (:attr:`ExportedGraph.markers`), gives the QDQ
@@ -30,6 +30,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from opsnn_quant.deploy.onnx.markers import DOMAIN, MARKER_OP
 from opsnn_quant.onnx_io import (
     ONNX_EXTERNAL_DATA_BYTES,
     SPILL_PREFIX,
@@ -38,7 +39,6 @@ from opsnn_quant.onnx_io import (
 )
 from opsnn_quant.policy.export_atc import torch_scope
 from opsnn_quant.quant.modules import QuantConv2d, QuantModule, set_submodule
-from opsnn_quant.quant.onnx_markers import DOMAIN, MARKER_OP
 
 KEEP_MARKERS_BYTES = 256 * 2**20
 """A trace kept for a second graph (:attr:`ExportedGraph.markers`) holds at most this much: it
@@ -133,7 +133,7 @@ def export_graph(
 
     Args:
         marked: the modules (names in ``model``) traced as markers and written by
-            :func:`~opsnn_quant.quant.onnx_export.rewrite_markers` (each :func:`markable`):
+            :func:`~opsnn_quant.deploy.onnx.export.rewrite_markers` (each :func:`markable`):
             quantized ones as QDQ, float ones as their own op. Default: the quantized modules.
         keep_markers: keep the trace with its markers (:attr:`ExportedGraph.markers`).
     """
@@ -212,7 +212,7 @@ def _finish(
     """
     import onnx
 
-    from opsnn_quant.quant.onnx_export import rewrite_markers
+    from opsnn_quant.deploy.onnx.export import rewrite_markers
 
     with tempfile.TemporaryDirectory() as own:
         spill = external_from or Path(own)

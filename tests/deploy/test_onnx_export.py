@@ -35,13 +35,13 @@ from tests.tiny_models import TinyAttention, forward_loop_for
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
-from opsnn_quant.io import load_node_map  # noqa: E402
-from opsnn_quant.quant.onnx_export import export_onnx  # noqa: E402
-from opsnn_quant.quant.onnx_runtime import (  # noqa: E402
+from opsnn_quant.deploy.onnx.export import export_onnx  # noqa: E402
+from opsnn_quant.deploy.onnx.runtime import (  # noqa: E402
     onnxruntime_session,
     run_onnxruntime,
     to_uint8_weights,
 )
+from opsnn_quant.io import load_node_map  # noqa: E402
 
 LINEAR_SPECS = {
     "sym": QuantSpec(),

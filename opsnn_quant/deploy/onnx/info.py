@@ -23,7 +23,7 @@ NODES_SCHEMA_VERSION = 1
 
 @dataclass
 class OnnxExportInfo:
-    """What :func:`opsnn_quant.quant.onnx_export.export_onnx` wrote.
+    """What :func:`opsnn_quant.deploy.onnx.export.export_onnx` wrote.
 
     Attributes:
         path: the ``.onnx`` file.
@@ -34,7 +34,7 @@ class OnnxExportInfo:
         nodes: module name -> names of the ONNX nodes it produced: every quantized module, and
             the innermost module of each other node the exporter tagged ("" = the root).
         schemes: quantized module name -> its representation (see
-            :mod:`opsnn_quant.quant.onnx_export`).
+            :mod:`opsnn_quant.deploy.onnx.export`).
     """
 
     path: Path
