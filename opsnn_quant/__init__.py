@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from opsnn_quant.quant.spec import QuantSpec
     from opsnn_quant.types import ForwardLoop, Modality, Precision
 
-__version__ = "0.1.0"
+from opsnn_quant.version import __version__ as __version__  # the package root names it too
 
 # public name -> module that defines it (the TYPE_CHECKING imports above, for run time)
 _EXPORTS: dict[str, str] = {

@@ -32,12 +32,12 @@ from typing import Any
 import torch
 from torch import nn
 
-import opsnn_quant
 from opsnn_quant.deploy.contract import VERSION, model_quant_type
 from opsnn_quant.deploy.fold_check import Fold, dequantized_weight, effective_bias
 from opsnn_quant.deploy.safetensors_io import LazyTensor, Tensorish
 from opsnn_quant.quant.modules import QuantLinear, QuantModule
 from opsnn_quant.types import Precision
+from opsnn_quant.version import __version__
 
 _QTYPES = {Precision.W8A8: "W8A8", Precision.W8A8_DYNAMIC: "W8A8_DYNAMIC", Precision.W8A16: "W8A16"}
 CONV_REASON = "a quantized Conv2d: AscendV1 engines quantize Linear layers only"
@@ -317,7 +317,7 @@ def _description(
 ) -> dict[str, Any]:
     meta = {
         "opsnn_quant": {
-            "version": opsnn_quant.__version__,
+            "version": __version__,
             "source_model": source,
             "params_dtype": out.params_dtype,
             "exported_float": dict(sorted(out.exported_float.items())),

@@ -17,12 +17,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 from torch import nn
 
-import opsnn_quant
 from opsnn_quant.errors import CheckpointError
 from opsnn_quant.io import atomic_dir
 from opsnn_quant.quant.modules import QuantModule, quant_module_named, set_submodule
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Precision
+from opsnn_quant.version import __version__
 
 FORMAT = "opsnn-quant/quantized-model"
 SCHEMA_VERSION = 1
@@ -77,7 +77,7 @@ def save_quantized(
     description = {
         "format": FORMAT,
         "schema_version": SCHEMA_VERSION,
-        "versions": {"opsnn_quant": opsnn_quant.__version__, "torch": torch.__version__},
+        "versions": {"opsnn_quant": __version__, "torch": torch.__version__},
         "source_model": source_model,
         "modules": described,
         **(extra or {}),
