@@ -111,7 +111,7 @@ def evaluate_cmd(
     from opsnn_quant.evaluation.report import fmt
     from opsnn_quant.evaluation.suite import load_suite, suite_inputs
     from opsnn_quant.io import check_output_dir
-    from opsnn_quant.models import check_weights, guess_family, load_adapter
+    from opsnn_quant.models import check_weights, load_adapter
     from opsnn_quant.sources import local_paths
 
     _check_options(candidate_dtype, latency, device, dtype, target)
@@ -133,7 +133,7 @@ def evaluate_cmd(
         if candidate_dtype == "float16":
             cast_adapter(cand, torch.float16)
         base = load_adapter(
-            guess_family(str(source)), str(source), device=device, dtype=dtype,
+            None, str(source), device=device, dtype=dtype,
             allow_pickle=allow_pickle,
         )  # fmt: skip
         report = evaluate(

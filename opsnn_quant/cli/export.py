@@ -100,7 +100,7 @@ def _run(
     from opsnn_quant.deploy.workflow_exports import write_model_exports
     from opsnn_quant.errors import ConfigError
     from opsnn_quant.evaluation.evaluate import load_candidate
-    from opsnn_quant.models import guess_family, load_adapter
+    from opsnn_quant.models import load_adapter
     from opsnn_quant.models.data import load_records
     from opsnn_quant.policy.export import modules_from_report
     from opsnn_quant.policy.schema import PrecisionPolicy
@@ -121,7 +121,7 @@ def _run(
     if "atc" in formats:
         say("loading the float model for the ATC graphs")
         source = adapter.model_id
-        float_model = load_adapter(guess_family(source), source, allow_pickle=allow_pickle).model
+        float_model = load_adapter(None, source, allow_pickle=allow_pickle).model
     policy = PrecisionPolicy.load(CalibrateOutput(out).policy)
     return write_model_exports(
         adapter, policy, modules_from_report(report), calls, export_dir, formats,

@@ -160,15 +160,9 @@ def load_ascendv1_candidate(
 ) -> ModelAdapter:
     """The float ``baseline`` loaded by its adapter (``allow_pickle``: see
     :func:`~opsnn_quant.models.load_adapter`), then the AscendV1 ``directory`` on top."""
-    from opsnn_quant.models import guess_family, load_adapter
+    from opsnn_quant.models import load_adapter
 
-    adapter = load_adapter(
-        family or guess_family(baseline),
-        baseline,
-        device=device,
-        dtype=dtype,
-        allow_pickle=allow_pickle,
-    )
+    adapter = load_adapter(family, baseline, device=device, dtype=dtype, allow_pickle=allow_pickle)
     apply_ascendv1_dir(adapter.model, directory)
     adapter.model_id = str(directory)
     return adapter

@@ -384,7 +384,7 @@ def load_candidate(
             ``allow_pickle`` included).
     """
     from opsnn_quant.deploy.candidate import load_ascendv1_candidate, recorded_source
-    from opsnn_quant.models import guess_family, load_adapter
+    from opsnn_quant.models import load_adapter
     from opsnn_quant.probe.report import SensitivityReport
     from opsnn_quant.quant.checkpoint import load_quantized, read_description
 
@@ -403,7 +403,7 @@ def load_candidate(
     if kind is DirectoryKind.MODEL:
         source = str(out_dir)
         return load_adapter(
-            family or guess_family(source),
+            family,
             source,
             device=device,
             dtype=dtype,
@@ -415,7 +415,7 @@ def load_candidate(
     if not source:
         raise ConfigError(f"{calib.quant}/description.json names no source model")
     adapter = load_adapter(
-        family or guess_family(source),
+        family,
         source,
         device=device,
         dtype=dtype,

@@ -21,7 +21,7 @@ ZOO_FAMILIES = {"shapes-t2i": "diffusers-sd", "shapes-dit": "diffusers-dit"}
 
 
 def load_adapter(
-    family: str,
+    family: str | None,
     source: str,
     *,
     device: str = "cpu",
@@ -34,7 +34,8 @@ def load_adapter(
     Args:
         family: ``diffusers-sd`` (UNet pipelines), ``diffusers-dit`` (transformer-denoiser
             pipelines: SD3, FLUX, PixArt, Wan) or ``whisper`` (``generic`` is Python-only:
-            build a :class:`~opsnn_quant.models.generic.GenericAdapter`).
+            build a :class:`~opsnn_quant.models.generic.GenericAdapter`); None: guessed from
+            the source (:func:`guess_family`).
         source: model location.
         device: ``cpu``, ``npu``, ``npu:N``, ``cuda`` or ``cuda:N``: the model is placed there
             (every probe statistic, observer and quantized module then runs there).
@@ -53,6 +54,7 @@ def load_adapter(
     """
     from opsnn_quant.backends.devices import resolve_device, resolve_dtype
 
+    family = family or guess_family(source)
     if family not in FAMILIES:
         raise ModelLoadError(f"unknown model family {family!r}; known: {', '.join(FAMILIES)}")
     checked = settings_for(family, settings)
