@@ -216,8 +216,8 @@ def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
     gemm = describe(gemm_choice())  # the race (or the forced path), before anything is timed
     from opsnn_quant.memory import release_memory
     from opsnn_quant.models.data import load_records
+    from opsnn_quant.pipeline.calibrate import load_recipe_model, run_calibrate
     from opsnn_quant.recipe import Recipe
-    from opsnn_quant.workflow import load_recipe_model, run_calibrate
 
     work = Path(args.workdir) / f"{row}-{args.gemm}"
     work.mkdir(parents=True, exist_ok=True)
@@ -296,7 +296,7 @@ def _timed_loop(adapter: Any, data: Any) -> float:
 def _float_pass_seconds(recipe: Any, data: Any) -> float:
     """One more float pass, on a fresh load, after the calibrate (its peak RSS is recorded)."""
     from opsnn_quant.memory import release_memory
-    from opsnn_quant.workflow import load_recipe_model
+    from opsnn_quant.pipeline.calibrate import load_recipe_model
 
     release_memory()
     return _timed_loop(load_recipe_model(recipe), data)

@@ -19,10 +19,10 @@ if TYPE_CHECKING:
     from opsnn_quant.models.data import load_records
     from opsnn_quant.policy.budget import Budget
     from opsnn_quant.policy.export import export_policy
-    from opsnn_quant.policy.schema import PrecisionPolicy
+    from opsnn_quant.policy.schema import PrecisionPolicy, ResolvedPolicy
     from opsnn_quant.policy.search import build_policy
     from opsnn_quant.policy.targets import get_target
-    from opsnn_quant.probe.api import ProbeConfig, ProbeKeep, probe
+    from opsnn_quant.probe.api import ProbeConfig, ProbeResult, probe, run_probe
     from opsnn_quant.probe.report import SensitivityReport
     from opsnn_quant.quant.api import quantize
     from opsnn_quant.quant.checkpoint import load_quantized, save_quantized
@@ -47,7 +47,9 @@ _EXPORTS: dict[str, str] = {
     "load_quantized": "opsnn_quant.quant.checkpoint",
     "probe": "opsnn_quant.probe.api",
     "ProbeConfig": "opsnn_quant.probe.api",
-    "ProbeKeep": "opsnn_quant.probe.api",
+    "ProbeResult": "opsnn_quant.probe.api",
+    "run_probe": "opsnn_quant.probe.api",
+    "ResolvedPolicy": "opsnn_quant.policy.schema",
     "SensitivityReport": "opsnn_quant.probe.report",
     "PrecisionPolicy": "opsnn_quant.policy.schema",
     "build_policy": "opsnn_quant.policy.search",
@@ -80,9 +82,10 @@ __all__ = [
     "Precision",
     "PrecisionPolicy",
     "ProbeConfig",
-    "ProbeKeep",
+    "ProbeResult",
     "QuantModule",
     "QuantSpec",
+    "ResolvedPolicy",
     "SensitivityReport",
     "build_policy",
     "evaluate",
@@ -94,6 +97,7 @@ __all__ = [
     "probe",
     "quantize",
     "register_quant_module",
+    "run_probe",
     "save_quantized",
     "set_reproducible",
 ]

@@ -335,7 +335,7 @@ def test_bad_input(case, tiny, tmp_path, monkeypatch, capsys):
             raise AssertionError("a model was loaded before the input was checked")
 
         monkeypatch.setattr(opsnn_quant.models, "load_adapter", refuse)
-        monkeypatch.setattr("opsnn_quant.workflow.load_adapter", refuse)
+        monkeypatch.setattr("opsnn_quant.pipeline.calibrate.load_adapter", refuse)
     monkeypatch.chdir(tmp_path)
     argv = case.argv(tmp_path, root, recipe, done)
     assert main(argv) == case.code
@@ -384,7 +384,7 @@ def test_a_read_only_output_location_is_refused_before_loading(tiny, tmp_path, m
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))
 
     monkeypatch.setattr(opsnn_quant.io.tempfile, "mkdtemp", read_only)
-    monkeypatch.setattr("opsnn_quant.workflow.load_adapter", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr("opsnn_quant.pipeline.calibrate.load_adapter", lambda *a, **k: 1 / 0)
     assert main(["calibrate", str(recipe), "-o", str(tmp_path / "o")]) == 2
     assert _errors(capsys.readouterr().err) == [
         f"error: cannot write {tmp_path / 'o'}: Read-only file system"
@@ -424,15 +424,15 @@ def test_ctrl_c_prints_one_interrupted_line_and_removes_the_partial_output(
     out = tmp_path / "out"
     shutil.copytree(done, out)
     before = (out / "policy.yaml").read_bytes()
-    import opsnn_quant.workflow
+    import opsnn_quant.pipeline.calibrate
 
-    real = opsnn_quant.workflow.save_quantized
+    real = opsnn_quant.pipeline.calibrate.save_quantized
 
     def interrupted(*a, **k):  # a Ctrl-C arrives while the checkpoint is being written
         real(*a, **k)
         os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(opsnn_quant.workflow, "save_quantized", interrupted)
+    monkeypatch.setattr(opsnn_quant.pipeline.calibrate, "save_quantized", interrupted)
     assert main(["calibrate", str(recipe), "-o", str(out), "--quiet"]) == 130
     assert _errors(capsys.readouterr().err) == ["interrupted"]
     assert (out / "policy.yaml").read_bytes() == before

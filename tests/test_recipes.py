@@ -72,7 +72,7 @@ def test_estimator_batch_per_modality(tmp_path):
 def test_sd15_template_runs_on_a_tiny_stand_in(tmp_path):
     """The SD template with its paths pointed at a tiny random-config StableDiffusionPipeline."""
     from opsnn_quant.models.data import load_records
-    from opsnn_quant.workflow import load_recipe_model
+    from opsnn_quant.pipeline.calibrate import load_recipe_model
     from tests.tiny_pipelines import save_tiny_sd
 
     save_tiny_sd(tmp_path / "pipe")
@@ -159,7 +159,7 @@ def test_dit_templates_run_on_tiny_stand_ins(template, tmp_path):
     size shrunk, loads through the recipe (family, dtype, settings as written) and samples."""
     import tests.tiny_pipelines as tiny
     from opsnn_quant.models.data import load_records
-    from opsnn_quant.workflow import load_recipe_model
+    from opsnn_quant.pipeline.calibrate import load_recipe_model
 
     builder, shape = DIT_TEMPLATES[template]
     kwargs = {"sigma": True} if template.startswith("pixart") else {}

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.errors import CalibrationError, MissingDependencyError
 from opsnn_quant.io import atomic_write_text
-from opsnn_quant.policy.export import export_amct_cfg, modules_from_model
+from opsnn_quant.policy.export import export_amct_cfg
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.types import ForwardLoop
 
@@ -113,11 +113,11 @@ def run_amct(
         CalibrationError: the forward loop ran fewer than ``batch_num`` passes.
     """
     amct = import_amct()
-    policy.validate(model)  # rules match, target can run it: fail before AMCT traces anything
+    # rules match, target can run it: fail before AMCT traces anything
+    resolved = policy.resolved_for(model)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    modules = modules_from_model(model)
-    exported = export_amct_cfg(policy, modules, batch_num=batch_num)
+    exported = export_amct_cfg(resolved, batch_num=batch_num)
     cfg_path = atomic_write_text(out / "amct.cfg", exported.text)
     config_file = out / "config.json"
     data = tuple(input_data)

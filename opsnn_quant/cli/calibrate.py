@@ -1,31 +1,28 @@
 """``opsnn-quant calibrate`` and ``opsnn-quant probe``.
 
 Every input (recipe, strategy, engine, suite, output path, data) is checked before a model is
-loaded; the work itself is :func:`opsnn_quant.workflow.run_calibrate` and
-:func:`opsnn_quant.probe.api.probe`.
+loaded; the work itself is :func:`opsnn_quant.pipeline.calibrate.run_calibrate` and
+:func:`opsnn_quant.pipeline.probe.run_probe_job`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from opsnn_quant.cli import _ui
 from opsnn_quant.numerics import fmt_db
-from opsnn_quant.outputs import PROBE_FILE, TIMINGS_FILE
+from opsnn_quant.pipeline.outputs import PROBE_FILE, TIMINGS_FILE
 
 if TYPE_CHECKING:
-    from opsnn_quant.probe.api import ProbeConfig
+    from opsnn_quant.pipeline.calibrate import CalibrateResult
     from opsnn_quant.probe.report import SensitivityReport
-    from opsnn_quant.workflow import CalibrateResult
 
 FORCE_HELP = "replace OUT even if it is not an output of this command"
 DEVICE_HELP = "place the model on cpu | npu | npu:N | cuda:N [default: the recipe's, else cpu]"
 DTYPE_HELP = "load the model in float32 | float16 | bfloat16 [default: the recipe's, else float32]"
-PROBE_KIND = "probe"
 # The placement options calibrate and probe share.
 DeviceOpt = Annotated[str | None, typer.Option(help=DEVICE_HELP)]
 DtypeOpt = Annotated[str | None, typer.Option(help=DTYPE_HELP)]
@@ -118,14 +115,15 @@ def calibrate(
     quant/, export/ (and report/ with --evaluate); wall-clock times in OUT/timings.json."""
     from opsnn_quant.errors import ConfigError
     from opsnn_quant.models import check_weights
+    from opsnn_quant.pipeline.calibrate import check_calibrate_output, run_calibrate
+    from opsnn_quant.pipeline.context import ENGINES
     from opsnn_quant.policy.baselines import STRATEGIES
     from opsnn_quant.recipe import load_recipe, resolve_recipe
     from opsnn_quant.user_config import check_seed
-    from opsnn_quant.workflow import check_calibrate_output, run_calibrate
 
     check_seed(seed)
-    if engine not in ("opsnn", "amct"):
-        raise ConfigError(f"--engine must be opsnn or amct, got {engine!r}")
+    if engine not in ENGINES:
+        raise ConfigError(f"--engine must be {' or '.join(ENGINES)}, got {engine!r}")
     if strategy is not None and strategy not in STRATEGIES:
         raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     r = load_recipe(recipe).with_placement(device, dtype)
@@ -189,102 +187,15 @@ def probe_cmd(
 ) -> None:
     """Write OUT/probe.json: fp16 overflow, int8 sensitivity, end-to-end attribution (and
     OUT/timings.json: wall-clock times)."""
-    from opsnn_quant.determinism import set_reproducible
-    from opsnn_quant.io import atomic_dir, check_output_dir
-    from opsnn_quant.models import load_adapter
-    from opsnn_quant.models.data import load_records
-    from opsnn_quant.probe.api import probe
-    from opsnn_quant.timings import write_timings
+    from opsnn_quant.pipeline.probe import check_probe, run_probe_job
 
-    job = _probe_job(target, data, family, limit, set_ or [], exhaustive, device, dtype,
-                     allow_pickle)  # fmt: skip
-    check_output_dir(out, PROBE_KIND, force=force, inputs=job.inputs)
-    set_reproducible(seed=job.config.seed)
+    job = check_probe(target, out, data, family, limit, set_ or [], exhaustive, device, dtype,
+                      allow_pickle, force)  # fmt: skip
     with _ui.reporter(quiet) as rep:
-        rep.phase("loading the calibration data")
-        records = load_records(job.data, job.limit)
-        rep.phase(f"loading {job.source}")
-        adapter = load_adapter(
-            job.family, job.source, device=job.device, dtype=job.dtype,
-            allow_pickle=job.allow_pickle, **job.settings,
-        )  # fmt: skip
-        with atomic_dir(out, PROBE_KIND, force=force) as tmp:
-            report = probe(adapter, adapter.forward_loop(records), job.config, progress=rep.phase)
-            report.save(tmp / PROBE_FILE)
-            write_timings(tmp, probe=report.costs)
+        report = run_probe_job(job, progress=rep.phase)
     if not quiet:
         _ui.print_table(_probe_table(report))
         _ui.console.print(f"wrote {out / PROBE_FILE}, {out / TIMINGS_FILE}")
-
-
-@dataclass(frozen=True)
-class _ProbeJob:
-    """What ``probe`` runs, resolved from a recipe or a model and checked before any load."""
-
-    family: str
-    source: str
-    settings: dict[str, Any]
-    data: str
-    limit: int | None
-    config: ProbeConfig
-    device: str
-    dtype: str
-    allow_pickle: bool
-    inputs: list[str]
-
-
-def _probe_job(
-    target: str,
-    data: str | None,
-    family: str | None,
-    limit: int | None,
-    sets: list[str],
-    exhaustive: bool,
-    device: str | None,
-    dtype: str | None,
-    allow_pickle: bool,
-) -> _ProbeJob:
-    """Resolve ``probe TARGET``'s options (a recipe's fields, or a model with ``--data``) and
-    check them: limit, family, settings against the model's own config files, device, weights."""
-    from opsnn_quant.backends.devices import resolve_device
-    from opsnn_quant.errors import ConfigError
-    from opsnn_quant.models import FAMILIES, check_weights, guess_family
-    from opsnn_quant.models.settings import check_source_fits, parse_set_options, settings_for
-    from opsnn_quant.probe.api import ProbeConfig
-    from opsnn_quant.recipe import builtin_recipes, load_recipe, resolve_recipe
-    from opsnn_quant.sources import local_paths
-    from opsnn_quant.user_config import check_limit
-    from opsnn_quant.workflow import recipe_inputs
-
-    check_limit(limit)
-    is_recipe = target.endswith((".yaml", ".yml")) or target in builtin_recipes()
-    if is_recipe:
-        r = load_recipe(target).with_placement(device, dtype)
-        inputs = [*recipe_inputs(r), str(resolve_recipe(target))]
-        inputs += [str(p) for p in (local_paths(data) if data else [])]
-        family, source, settings = r.model.family, r.model.source, r.settings_dict()
-        device, dtype = r.model.device, r.model.dtype
-        source_data = data or r.data.calibration
-        n = limit or r.probe.data_limit or r.data.limit
-        cfg = r.probe_config(**({"exhaustive": True} if exhaustive else {}))
-        allow_pickle = allow_pickle or r.model.allow_pickle
-    else:
-        if data is None:
-            raise ConfigError("probing a model needs --data (e.g. zoo:shapes/calibration)")
-        if family is not None and family not in FAMILIES:
-            raise ConfigError(f"--family must be one of {', '.join(FAMILIES)}, got {family!r}")
-        family, source, settings = family or guess_family(target), target, {}
-        source_data, n = data, limit
-        inputs = [str(p) for s in (target, data) for p in local_paths(s)]
-        cfg = ProbeConfig(exhaustive=exhaustive)
-    checked = settings_for(family, {**settings, **parse_set_options(sets)})
-    check_source_fits(source, checked, "--set " if sets or not is_recipe else "model.settings.")
-    resolve_device(device or "cpu")
-    check_weights(source, allow_pickle=allow_pickle)
-    return _ProbeJob(
-        family, source, checked.model_dump(), source_data, n, cfg, device or "cpu",
-        dtype or "float32", allow_pickle, inputs,
-    )  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.outputs import PROBE_FILE
+from opsnn_quant.pipeline.outputs import PROBE_FILE
+
+if TYPE_CHECKING:
+    from opsnn_quant.policy.schema import ResolvedPolicy
+    from opsnn_quant.probe.report import SensitivityReport
 
 
 def _probe_path(policy_path: Path, probe: Path | None) -> Path:
@@ -21,11 +25,14 @@ def _probe_path(policy_path: Path, probe: Path | None) -> Path:
     return path
 
 
-def _inventory(policy_path: Path, probe: Path | None) -> dict[str, str]:
-    from opsnn_quant.policy.export import modules_from_report
+def _resolved(policy_path: Path, probe: Path | None) -> tuple[ResolvedPolicy, SensitivityReport]:
+    """The policy resolved against the probe report's module inventory, and the report."""
+    from opsnn_quant.policy.schema import PrecisionPolicy
     from opsnn_quant.probe.report import SensitivityReport
 
-    return modules_from_report(SensitivityReport.load(_probe_path(policy_path, probe)))
+    policy = PrecisionPolicy.load(policy_path)
+    report = SensitivityReport.load(_probe_path(policy_path, probe))
+    return policy.resolved(report.inventory(), report.weight_shapes()), report
 
 
 def _op_types(pairs: list[str]) -> dict[str, str]:
@@ -79,13 +86,10 @@ def export(
     from opsnn_quant.io import load_node_map
     from opsnn_quant.policy.export import export_policy, write_export
     from opsnn_quant.policy.export_atc import onnx_node_io
-    from opsnn_quant.policy.schema import PrecisionPolicy
 
-    pol = PrecisionPolicy.load(policy)
     result = export_policy(
-        pol,
+        _resolved(policy, probe)[0],
         fmt,
-        _inventory(policy, probe),
         node_map=load_node_map(nodes) if nodes is not None else None,
         node_io=onnx_node_io(str(onnx)) if onnx is not None else None,
         op_types=_op_types(optype or []),
@@ -105,14 +109,10 @@ def show(
     """Print per-modality precisions, module counts and predicted SQNR."""
     from opsnn_quant.cli import _ui
     from opsnn_quant.numerics import fmt_db
-    from opsnn_quant.policy.export import modules_from_report
-    from opsnn_quant.policy.schema import PrecisionPolicy
     from opsnn_quant.policy.summary import summarize
-    from opsnn_quant.probe.report import SensitivityReport
 
-    pol = PrecisionPolicy.load(policy)
-    report = SensitivityReport.load(_probe_path(policy, probe))
-    pol.validate_inventory(modules_from_report(report))  # as strict as policy export
+    resolved, report = _resolved(policy, probe)  # as strict as policy export
+    pol = resolved.policy
     columns = [("modality", "left"), ("chosen", "left")]
     columns += [(c, "right") for c in ("fp32", "bf16", "fp16", "int8", "pred", "MAC%")]
     table = _ui.table(
@@ -121,7 +121,7 @@ def show(
         caption="module counts per precision; pred: predicted SQNR of the modality's "
         "output, dB; MAC%: share of MACs in int8",
     )
-    for row in summarize(pol, report):
+    for row in summarize(resolved, report):
         table.add_row(
             row.modality.value, row.chosen, str(row.fp32), str(row.bf16), str(row.fp16),
             str(row.int8), fmt_db(row.predicted_sqnr_db, unit="", none="-"), f"{row.int8_mac_share:.0%}",

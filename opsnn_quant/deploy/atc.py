@@ -33,8 +33,7 @@ from opsnn_quant.deploy.atc_commands import check_aoe, check_atc, shell_line
 from opsnn_quant.deploy.onnx.fast import markable
 from opsnn_quant.io import atomic_write_text, write_json_atomic
 from opsnn_quant.policy.export import export_policy, write_export
-from opsnn_quant.policy.schema import PrecisionPolicy
-from opsnn_quant.policy.targets import get_target
+from opsnn_quant.policy.schema import ResolvedPolicy
 from opsnn_quant.quant.modules import QuantModule
 from opsnn_quant.recording import Call
 from opsnn_quant.tensors import first_tensor
@@ -102,7 +101,7 @@ def input_shape(path: Path, names: Sequence[str], inputs: Sequence[torch.Tensor]
 
 
 def _precision_files(
-    policy: PrecisionPolicy, modules: Mapping[str, str], graph: Path, nodes: dict[str, list[str]]
+    policy: ResolvedPolicy, graph: Path, nodes: dict[str, list[str]]
 ) -> dict[str, str]:
     """Per-graph --keep_dtype / --customize_dtypes files; flag -> file name (non-empty only)."""
     from opsnn_quant.policy.export_atc import onnx_node_io
@@ -114,7 +113,7 @@ def _precision_files(
         ("atc-keep-dtype", "keep_dtype"),
         ("atc-customize-dtypes", "customize_dtypes"),
     ):
-        result = export_policy(policy, fmt, modules, node_map=nodes, node_io=node_io)
+        result = export_policy(policy, fmt, node_map=nodes, node_io=node_io)
         if result.text.strip():
             name = f"{stem}.{flag}.cfg"
             write_export(result, graph.parent / name)
@@ -174,8 +173,7 @@ def write_float_graphs(
     float_model: nn.Module,
     roots: Sequence[str],
     calls: Mapping[str, Sequence[Call]],
-    policy: PrecisionPolicy,
-    modules: Mapping[str, str],
+    policy: ResolvedPolicy,
     out: Path,
     *,
     mixlist: str | None = None,
@@ -189,7 +187,7 @@ def write_float_graphs(
     gives the QDQ graph too."""
     out.mkdir(parents=True, exist_ok=True)
     done = FloatGraphs({}, [], {})
-    if get_target(policy.target).route != "atc":
+    if policy.target.route != "atc":
         int8 = ()  # no QDQ graph follows: nothing to share, the float graph stays the exporter's
     for root in roots:
         if not calls.get(root):
@@ -197,7 +195,7 @@ def write_float_graphs(
         wrapper = _wrapper(float_model, root, calls)[0]
         marked = _float_marked(wrapper, root, int8)
         entry, markers = _export_root(
-            float_model, root, calls, "", policy, modules, out, mixlist, say, marked=marked
+            float_model, root, calls, "", policy, out, mixlist, say, marked=marked
         )
         if isinstance(entry, str):
             done.notes.append(entry)
@@ -231,8 +229,7 @@ def write_atc(
     float_model: nn.Module | None,
     roots: Sequence[str],
     calls: Mapping[str, Sequence[Call]],
-    policy: PrecisionPolicy,
-    modules: Mapping[str, str],
+    policy: ResolvedPolicy,
     out: Path,
     *,
     mixlist: str | None = None,
@@ -247,21 +244,20 @@ def write_atc(
             (or those of ``float_graphs``).
         roots: the root module names.
         calls: recorded calls per root (the first one gives the graph's shapes).
-        policy: the policy (target, fp32 pins).
-        modules: the module inventory (name -> class).
+        policy: the resolved policy (target, fp32 pins, module inventory).
         out: the ``atc/`` directory.
         mixlist: the ``--modify_mixlist`` file (relative to ``out``) when it adds OpTypes.
         float_graphs: float graphs already in ``out`` (:func:`write_float_graphs`, run before
             quantizing), instead of exporting ``float_model``'s; their kept traces give the
             QDQ graphs where they marked exactly the modules that are quantized.
     """
-    target = get_target(policy.target)
-    soc = next((v for k, v in SOC_DEFAULTS.items() if policy.target.startswith(k)), SOC_DEFAULT)
+    target = policy.target
+    soc = next((v for k, v in SOC_DEFAULTS.items() if target.name.startswith(k)), SOC_DEFAULT)
     out.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     if float_graphs is None and float_model is not None:
         int8 = [n for n, m in quantized.named_modules() if isinstance(m, QuantModule)]
-        float_graphs = write_float_graphs(float_model, roots, calls, policy, modules, out,
+        float_graphs = write_float_graphs(float_model, roots, calls, policy, out,
                                           mixlist=mixlist, say=say, int8=int8)  # fmt: skip
         notes = list(float_graphs.notes)
     done = float_graphs or FloatGraphs({}, [], {})
@@ -271,7 +267,7 @@ def write_atc(
             continue
         graphs: list[Graph] = [done.graphs[root]] if root in done.graphs else []
         if target.route == "atc":
-            entry = _qdq_graph(quantized, root, calls, policy, modules, out, mixlist, say,
+            entry = _qdq_graph(quantized, root, calls, policy, out, mixlist, say,
                                done.traces.get(root))  # fmt: skip
             if isinstance(entry, str):
                 notes.append(entry)
@@ -287,8 +283,7 @@ def _qdq_graph(
     quantized: nn.Module,
     root: str,
     calls: Mapping[str, Sequence[Call]],
-    policy: PrecisionPolicy,
-    modules: Mapping[str, str],
+    policy: ResolvedPolicy,
     out: Path,
     mixlist: str | None,
     say: Callable[[str], None],
@@ -299,7 +294,7 @@ def _qdq_graph(
     wrapper = _wrapper(quantized, root, calls)[0]
     qmods = {n: m for n, m in wrapper.named_modules() if isinstance(m, QuantModule)}
     source = trace.proto if trace is not None and trace.names == frozenset(qmods) else None
-    return _export_root(quantized, root, calls, ".qdq", policy, modules, out, mixlist, say,
+    return _export_root(quantized, root, calls, ".qdq", policy, out, mixlist, say,
                         marked=qmods, source=source)[0]  # fmt: skip
 
 
@@ -308,8 +303,7 @@ def _export_root(
     root: str,
     calls: Mapping[str, Sequence[Call]],
     suffix: str,
-    policy: PrecisionPolicy,
-    modules: Mapping[str, str],
+    policy: ResolvedPolicy,
     out: Path,
     mixlist: str | None,
     say: Callable[[str], None],
@@ -337,9 +331,9 @@ def _export_root(
     except Exception as exc:  # an exporter limitation must not sink the calibrate run
         return (f"{graph}: ONNX export failed ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0][:160]}); no ATC command"), None  # fmt: skip
-    nodes = node_map(exported.proto, modules, "root", root, exported.nodes)
+    nodes = node_map(exported.proto, policy.modules, "root", root, exported.nodes)
     write_json_atomic(out / f"{stem}{suffix}.nodes.json", {"nodes": nodes})
-    flags = _precision_files(policy, modules, out / graph, nodes)
+    flags = _precision_files(policy, out / graph, nodes)
     if mixlist is not None:
         flags["modify_mixlist"] = mixlist
     output = f"{stem}_int8" if suffix else f"{stem}_fp16"

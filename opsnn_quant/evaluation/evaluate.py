@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from pydantic import BaseModel
 
 from opsnn_quant.backends.devices import backend_label
@@ -27,9 +26,8 @@ from opsnn_quant.evaluation.gate import check_latency_mode, plan_latency
 from opsnn_quant.evaluation.report import AcceptanceReport
 from opsnn_quant.evaluation.suite import Suite
 from opsnn_quant.models.base import ModelAdapter
-from opsnn_quant.outputs import CalibrateOutput, DirectoryKind, classify
-from opsnn_quant.policy.targets import get_target
-from opsnn_quant.types import Modality, Progress
+from opsnn_quant.policy.targets import Target, get_target
+from opsnn_quant.types import Progress
 
 if TYPE_CHECKING:
     from opsnn_quant.probe.report import SensitivityReport
@@ -101,7 +99,7 @@ def evaluate(
     progress: Progress | None = None,
     created: str | None = None,
     latency: str = "target",
-    target: str | None = None,
+    target: str | Target | None = None,
     baseline_backend: str | None = None,
     allow_pickle: bool = False,
 ) -> AcceptanceReport:
@@ -118,8 +116,8 @@ def evaluate(
         candidate_backend: Label of the candidate's figures; default for a model with int8
             modules ``npu`` on an NPU (torch_npu's kernels), else ``<device>-reference`` (the
             exact Ascend arithmetic, e.g. ``cpu-reference``); for a float model its device.
-        policy: :func:`policy_summary` of the candidate, shown in the report; its ``target``
-            is the default of ``target``.
+        policy: :func:`~opsnn_quant.policy.summary.policy_summary` of the candidate, shown in
+            the report; its ``target`` is the default of ``target``.
         sensitivity: The probe's :class:`~opsnn_quant.probe.report.SensitivityReport`.
         progress: Called with a short phrase as each phase starts.
         created: Report timestamp (default now; ``""`` for reproducible output).
@@ -198,12 +196,12 @@ def evaluate(
     return report.with_outputs(out.baseline, out.candidate)
 
 
-def _target_of(target: str | None, policy: dict[str, Any] | None) -> str | None:
+def _target_of(target: str | Target | None, policy: dict[str, Any] | None) -> Target | None:
+    """The target latency is judged for: given, else the policy's; looked up once, here (an
+    unknown name fails before any work)."""
     if target is None and policy is not None and policy.get("target"):
         target = str(policy["target"])
-    if target is not None:
-        get_target(target)  # an unknown name fails before any work
-    return target
+    return None if target is None else get_target(target)
 
 
 def _check_task(suite: Suite, *adapters: ModelAdapter) -> None:
@@ -333,122 +331,3 @@ def _timing_note(has_int8: bool, baseline_backend: str, candidate_backend: str) 
         "CPU timings: baseline and candidate both run PyTorch eager (cpu); CPUs have no fast "
         "fp16 GEMM, so an fp16 candidate's CPU time says nothing about an NPU's"
     )
-
-
-def policy_summary(out_dir: Path) -> dict[str, Any] | None:
-    """A compact policy summary from a calibrate output directory (for the report)."""
-    path = CalibrateOutput(out_dir).policy
-    if not path.is_file():
-        return None
-    from opsnn_quant.policy.schema import PrecisionPolicy
-
-    pol = PrecisionPolicy.load(path)
-    figures = {
-        (m.value if isinstance(m, Modality) else str(m)): {
-            "chosen": f.chosen,
-            "predicted_sqnr_db": f.predicted_sqnr_db,
-            "int8_mac_share": getattr(f, "int8_mac_share", None),
-        }
-        for m, f in pol.figures.items()
-    }
-    return {
-        "model": pol.model,
-        "target": pol.target,
-        "rules": len(pol.rules),
-        "modalities": figures,
-    }
-
-
-def load_candidate(
-    out_dir: Path,
-    family: str | None = None,
-    *,
-    device: str = "cpu",
-    dtype: str = "float32",
-    baseline: str | None = None,
-    allow_pickle: bool = False,
-) -> tuple[ModelAdapter, SensitivityReport | None]:
-    """The candidate: a calibrate output directory (float source + ``quant/``), an AscendV1
-    directory (ours or msModelSlim's: :mod:`opsnn_quant.deploy.candidate`), or a model source.
-
-    A model source (``zoo:<name>`` or a model directory without ``quant/``) is loaded as is,
-    e.g. to evaluate the float model cast to fp16. An AscendV1 directory is loaded into the float
-    ``baseline`` (default: the source our export recorded), its quantized Linears running the
-    engines' arithmetic. ``allow_pickle``: the float model may have pickle weights only (see
-    :func:`~opsnn_quant.models.load_adapter`).
-
-    Raises:
-        ConfigError: an AscendV1 directory without a known float model (pass ``baseline``).
-        AscendV1Error: an AscendV1 directory that breaks the format's contract.
-        ModelLoadError: a float model that cannot be loaded (pickle-only weights without
-            ``allow_pickle`` included).
-    """
-    from opsnn_quant.deploy.candidate import load_ascendv1_candidate, recorded_source
-    from opsnn_quant.models import load_adapter
-    from opsnn_quant.probe.report import SensitivityReport
-    from opsnn_quant.quant.checkpoint import load_quantized, read_description
-
-    kind = classify(out_dir)
-    if kind is DirectoryKind.ASCENDV1:
-        float_source = baseline or recorded_source(out_dir)
-        if not float_source:
-            raise ConfigError(
-                f"{out_dir} is an AscendV1 directory: pass --baseline, the float model it was "
-                "quantized from"
-            )
-        loaded = load_ascendv1_candidate(
-            out_dir, float_source, family, device=device, dtype=dtype, allow_pickle=allow_pickle
-        )
-        return loaded, None
-    if kind is DirectoryKind.MODEL:
-        source = str(out_dir)
-        return load_adapter(
-            family,
-            source,
-            device=device,
-            dtype=dtype,
-            allow_pickle=allow_pickle,
-        ), None
-    calib = CalibrateOutput(out_dir)
-    desc = read_description(calib.quant)
-    source = str(desc.get("source_model") or "")
-    if not source:
-        raise ConfigError(f"{calib.quant}/description.json names no source model")
-    adapter = load_adapter(
-        family,
-        source,
-        device=device,
-        dtype=dtype,
-        allow_pickle=allow_pickle,
-    )
-    load_quantized(adapter.model, calib.quant)
-    sensitivity = SensitivityReport.load(calib.probe) if calib.probe.is_file() else None
-    return adapter, sensitivity
-
-
-def candidate_inputs(candidate: Path) -> list[str]:
-    """The paths evaluating ``candidate`` reads (as :func:`load_candidate` and
-    :func:`policy_summary` do): of a calibrate output its ``quant/``, ``probe.json`` and
-    ``policy.yaml``, so that a report may go beside them; otherwise the directory itself."""
-    kind = classify(candidate)
-    if kind is DirectoryKind.ASCENDV1:  # ours sits in OUT/export/ascendv1, beside OUT's policy
-        holder = CalibrateOutput.holding(candidate)
-        return [str(candidate), *([str(holder.policy)] if holder else [])]
-    if kind is DirectoryKind.CALIBRATE_OUTPUT:
-        return [str(p) for p in CalibrateOutput(candidate).read_by_consumers()]
-    return [str(candidate)]
-
-
-def cast_adapter(adapter: ModelAdapter, dtype: torch.dtype) -> None:
-    """Run the adapter's float modules in ``dtype`` (int8 buffers of quantized modules stay)."""
-    from opsnn_quant.quant.modules import is_quant_module
-
-    for module in adapter.model.modules():
-        if is_quant_module(module):
-            continue
-        for _name, p in list(module.named_parameters(recurse=False)):
-            if p.is_floating_point():
-                p.data = p.data.to(dtype)
-        for name, b in list(module.named_buffers(recurse=False)):
-            if b.is_floating_point():
-                module._buffers[name] = b.to(dtype)

@@ -33,7 +33,7 @@ from typing import Literal
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.ort_speed import BACKEND as ORT_BACKEND
 from opsnn_quant.evaluation.suite import Suite
-from opsnn_quant.policy.targets import get_target
+from opsnn_quant.policy.targets import Target
 
 LatencyMode = Literal["none", "target", "all"]
 LATENCY_MODES: tuple[LatencyMode, ...] = ("none", "target", "all")
@@ -56,23 +56,22 @@ def check_latency_mode(mode: str) -> LatencyMode:
     raise ConfigError(f"--latency must be one of {', '.join(LATENCY_MODES)}, got {mode!r}")
 
 
-def judged_backends(target: str | None, narrow_to: Iterable[str] | None = None) -> frozenset[str]:
+def judged_backends(
+    target: Target | None, narrow_to: Iterable[str] | None = None
+) -> frozenset[str]:
     """Backends whose latency/memory ratios are pass/fail criteria for ``target``.
 
     Args:
-        target: A target name (``policy.yaml``'s ``target``); None: unknown, nothing is judged.
+        target: The deployment target (``policy.yaml``'s); None: unknown, nothing is judged.
         narrow_to: The suite's ``latency.enforce_backends``; None keeps the target's set.
-
-    Raises:
-        ConfigError: Unknown target name.
     """
     if target is None:
         return frozenset()
-    own = CPU_BACKENDS if get_target(target).route == "reference" else NPU_BACKENDS
+    own = CPU_BACKENDS if target.route == "reference" else NPU_BACKENDS
     return own if narrow_to is None else own & frozenset(narrow_to)
 
 
-def latency_note(backend: str | None, target: str | None, judged: frozenset[str]) -> str:
+def latency_note(backend: str | None, target: Target | None, judged: frozenset[str]) -> str:
     """The criterion row's explanation of why a latency figure is (not) judged."""
     where = backend or "no backend"
     if target is None:
@@ -81,9 +80,9 @@ def latency_note(backend: str | None, target: str | None, judged: frozenset[str]
             "(the candidate has no policy.yaml; pass --target)"
         )
     if backend is not None and backend in judged:
-        return f"judged on {backend}: the policy targets {target}"
+        return f"judged on {backend}: the policy targets {target.name}"
     on = ", ".join(sorted(judged)) or "no backend (the suite's enforce_backends excludes them)"
-    return f"not judged on {where}: the policy targets {target} (judged on {on})"
+    return f"not judged on {where}: the policy targets {target.name} (judged on {on})"
 
 
 def pick_source(available: Sequence[tuple[Source, str]], judged: frozenset[str]) -> int | None:
@@ -121,7 +120,7 @@ class LatencyPlan:
     """
 
     mode: LatencyMode
-    target: str | None
+    target: Target | None
     judged: frozenset[str]
     source: Source | None
     backend: str | None
@@ -136,7 +135,7 @@ def plan_latency(
     suite: Suite,
     mode: LatencyMode,
     *,
-    target: str | None,
+    target: Target | None,
     baseline_backend: str,
     candidate_backend: str,
     onnx_possible: bool,

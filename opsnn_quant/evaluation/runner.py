@@ -44,6 +44,7 @@ from opsnn_quant.evaluation.report import (
 from opsnn_quant.evaluation.suite import Suite
 
 if TYPE_CHECKING:
+    from opsnn_quant.policy.targets import Target
     from opsnn_quant.probe.report import SensitivityReport
 
 __all__ = [
@@ -92,7 +93,7 @@ def verdict(
     latency_backend: str | None = None,
     labels: Mapping[str, str] | None = None,
     quality_backend: str = "",
-    target: str | None = None,
+    target: Target | None = None,
     unmeasured_why: str = "",
 ) -> list[Criterion]:
     """One criterion row per threshold the suite sets, each naming the backend of its figure.
@@ -175,7 +176,7 @@ def build_report(
     sensitivity: SensitivityReport | None = None,
     notes: Sequence[str] = (),
     created: str | None = None,
-    target: str | None = None,
+    target: Target | None = None,
     latency_plan: LatencyPlan | None = None,
 ) -> AcceptanceReport:
     """Assemble the report: measured values, criteria, verdict, tables.
@@ -190,12 +191,10 @@ def build_report(
         sensitivity: A :class:`~opsnn_quant.probe.report.SensitivityReport` (or None).
         created: Timestamp; default ``SOURCE_DATE_EPOCH`` if set, else now (UTC, ISO 8601).
             Pass ``""`` for reproducible output.
-        target: The policy's target (default: ``policy["target"]``, else unknown).
+        target: The policy's target (None: unknown; no latency criterion is judged).
         latency_plan: What the run timed (:func:`~.gate.plan_latency`): its mode, the skipped
             measurements, and the backend of a latency criterion left unmeasured.
     """
-    if target is None and policy is not None and policy.get("target"):
-        target = str(policy["target"])
     measured = dict(quality.measured)
     backends = {"quality": quality_backend}
     latency_rows = []
@@ -236,7 +235,7 @@ def build_report(
         candidate_label=candidate_label,
         created=_created() if created is None else created,
         verdict=result,
-        target=target,
+        target=None if target is None else target.name,
         criteria=criteria,
         backends=backends,
         measured=measured,

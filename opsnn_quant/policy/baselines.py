@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 from opsnn_quant.policy.schema import PrecisionPolicy, Rule, derive_prefixes
-from opsnn_quant.policy.targets import get_target
+from opsnn_quant.policy.targets import Target, get_target
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.types import Modality, Precision
 
@@ -28,7 +28,7 @@ NAIVE_INT8 = {
 }
 
 
-def naive_policy(report: SensitivityReport, target: str, strategy: str) -> PrecisionPolicy:
+def naive_policy(report: SensitivityReport, target: str | Target, strategy: str) -> PrecisionPolicy:
     """The ``strategy`` policy for the modules of ``report`` (see module docstring)."""
     t = get_target(target)
     modalities = derive_prefixes((e.name, e.modality) for e in report.modules)

@@ -38,14 +38,12 @@ from opsnn_quant.io import check_output_file, remove_output_file, write_output_f
 from opsnn_quant.policy import export_atc
 from opsnn_quant.policy.export_result import ExportResult
 from opsnn_quant.policy.exporters import exporter, exporters
-from opsnn_quant.policy.schema import PrecisionPolicy, Resolved
+from opsnn_quant.policy.schema import PrecisionPolicy, ResolvedPolicy
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Precision
 
 if TYPE_CHECKING:
     from torch import nn
-
-    from opsnn_quant.probe.report import SensitivityReport
 
 log = logging.getLogger(__name__)
 
@@ -66,20 +64,9 @@ IFMR_DEFAULTS: dict[str, float] = {
 }
 
 
-def modules_from_report(report: SensitivityReport) -> dict[str, str]:
-    """Module inventory (name -> class name, model order) from a probe report."""
-    return {m.name: m.type for m in report.modules}
-
-
 def modules_from_model(model: nn.Module) -> dict[str, str]:
     """Module inventory (name -> class name, model order) from a model, containers included."""
     return {n: type(m).__name__ for n, m in model.named_modules() if n}
-
-
-def _resolve(policy: PrecisionPolicy, modules: Mapping[str, str]) -> dict[str, Resolved]:
-    if not modules:
-        raise ConfigError("the module inventory is empty; pass the probe report or the model")
-    return policy.validate_inventory(modules)
 
 
 def _q(name: str) -> str:
@@ -99,18 +86,15 @@ def _ifmr_block(indent: str, overrides: Mapping[str, Any]) -> list[str]:
     return [*lines, f"{indent}}}"]
 
 
-def export_amct_cfg(
-    policy: PrecisionPolicy, modules: Mapping[str, str], *, batch_num: int = 1
-) -> ExportResult:
+def export_amct_cfg(resolved: ResolvedPolicy, *, batch_num: int = 1) -> ExportResult:
     """AMCT simplified PTQ config (protobuf text) for the policy's static W8A8 modules."""
-    resolved = _resolve(policy, modules)
+    policy, modules = resolved.policy, resolved.modules
     notes: list[str] = []
     static: dict[str, QuantSpec] = {}
     skip: list[str] = []
-    for name, res in resolved.items():
+    for name, spec in resolved.specs.items():
         if modules[name] not in AMCT_QUANT_TYPES:
             continue
-        spec = policy.spec_of(res)
         if (
             isinstance(spec, QuantSpec)
             and spec.precision == Precision.W8A8
@@ -178,9 +162,7 @@ def _eager_key(spec: QuantSpec) -> tuple[str, bool, float | None] | None:
     return ("none", True, None)  # w8a16: weights only
 
 
-def export_amct_eager(
-    policy: PrecisionPolicy, modules: Mapping[str, str], *, batch_num: int = 1
-) -> ExportResult:
+def export_amct_eager(resolved: ResolvedPolicy, *, batch_num: int = 1) -> ExportResult:
     """Config dict of AMCT's eager ``quantize(model, config)`` as JSON.
 
     AMCT applies one ``quant_cfg`` and one algorithm to every layer, and skips a layer when any
@@ -188,12 +170,11 @@ def export_amct_eager(
     largest group of int8 Linear modules sharing one scheme is exported; every other module is
     skipped (kept float) and listed in the notes.
     """
-    resolved = _resolve(policy, modules)
+    modules = resolved.modules
     notes: list[str] = []
     groups: dict[tuple[Any, ...], list[str]] = {}
     specs: dict[str, QuantSpec] = {}
-    for name, res in resolved.items():
-        spec = policy.spec_of(res)
+    for name, spec in resolved.specs.items():
         if not isinstance(spec, QuantSpec):
             continue
         specs[name] = spec
@@ -251,9 +232,9 @@ def export_amct_eager(
 
 
 def export_policy(
-    policy: PrecisionPolicy,
+    policy: PrecisionPolicy | ResolvedPolicy,
     fmt: str,
-    modules: Mapping[str, str],
+    modules: Mapping[str, str] | None = None,
     *,
     node_map: Mapping[str, Sequence[str]] | None = None,
     node_io: Mapping[str, tuple[str, int, int]] | None = None,
@@ -264,9 +245,11 @@ def export_policy(
     (:mod:`opsnn_quant.policy.exporters`).
 
     Args:
-        policy: the policy.
+        policy: the policy resolved against its model (:meth:`PrecisionPolicy.resolved`), or
+            a policy with ``modules`` to resolve it against.
         fmt: output format.
-        modules: module inventory, name -> class name, in model order.
+        modules: module inventory, name -> class name, in model order (with a
+            :class:`PrecisionPolicy` only).
         node_map: module -> ONNX node names (``<model>.nodes.json``) for the ATC formats;
             without it the names torch.onnx.export(dynamo=False) gives are derived.
         node_io: ONNX node -> (op type, inputs, outputs) for ``atc-customize-dtypes``.
@@ -277,13 +260,17 @@ def export_policy(
         ConfigError: unknown format, empty inventory, or a rule that matches no module.
     """
     entry = exporter(fmt)
+    if isinstance(policy, PrecisionPolicy):
+        policy = policy.resolved(modules or {})
+    elif modules is not None:
+        raise ConfigError("export_policy: a resolved policy carries its module inventory")
     if entry.kind == "model":
         raise ConfigError(
             f"{fmt} is written from the quantized model, not a policy: "
             f"opsnn-quant export-weights OUT -f {fmt}"
         )
     options = PolicyExportOptions(node_map, node_io, op_types, batch_num)
-    result: ExportResult = entry.load()(fmt, policy, modules, options)
+    result: ExportResult = entry.load()(fmt, policy, options)
     return result
 
 
@@ -298,40 +285,31 @@ class PolicyExportOptions:
     batch_num: int = 1
 
 
-# The handlers of the policy formats in the exporter table: (fmt, policy, modules, options).
+# The handlers of the policy formats in the exporter table: (fmt, resolved policy, options).
 
 
-def amct_cfg(
-    fmt: str, policy: PrecisionPolicy, modules: Mapping[str, str], options: PolicyExportOptions
-) -> ExportResult:
+def amct_cfg(fmt: str, resolved: ResolvedPolicy, options: PolicyExportOptions) -> ExportResult:
     """``amct-cfg`` (:func:`export_amct_cfg`)."""
-    return export_amct_cfg(policy, modules, batch_num=options.batch_num)
+    return export_amct_cfg(resolved, batch_num=options.batch_num)
 
 
-def amct_eager(
-    fmt: str, policy: PrecisionPolicy, modules: Mapping[str, str], options: PolicyExportOptions
-) -> ExportResult:
+def amct_eager(fmt: str, resolved: ResolvedPolicy, options: PolicyExportOptions) -> ExportResult:
     """``amct-eager`` (:func:`export_amct_eager`)."""
-    return export_amct_eager(policy, modules, batch_num=options.batch_num)
+    return export_amct_eager(resolved, batch_num=options.batch_num)
 
 
-def atc_config(
-    fmt: str, policy: PrecisionPolicy, modules: Mapping[str, str], options: PolicyExportOptions
-) -> ExportResult:
+def atc_config(fmt: str, resolved: ResolvedPolicy, options: PolicyExportOptions) -> ExportResult:
     """The ATC precision files (:func:`opsnn_quant.policy.export_atc.export_atc`)."""
-    resolved = _resolve(policy, modules)
-    return export_atc.export_atc(
-        fmt, policy, resolved, modules, options.node_map, options.node_io, options.op_types
-    )
+    return export_atc.export_atc(fmt, resolved, options.node_map, options.node_io, options.op_types)
 
 
 def msmodelslim_v1(
-    fmt: str, policy: PrecisionPolicy, modules: Mapping[str, str], options: PolicyExportOptions
+    fmt: str, resolved: ResolvedPolicy, options: PolicyExportOptions
 ) -> ExportResult:
     """``msmodelslim-v1`` (:mod:`opsnn_quant.policy.export_msmodelslim`)."""
     from opsnn_quant.policy.export_msmodelslim import export_msmodelslim
 
-    return export_msmodelslim(policy, _resolve(policy, modules), modules)
+    return export_msmodelslim(resolved)
 
 
 def write_export(

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from opsnn_quant.policy.export_result import ExportResult
-from opsnn_quant.policy.schema import PrecisionPolicy, Resolved
+from opsnn_quant.policy.schema import Resolved, ResolvedPolicy
 from opsnn_quant.types import Precision
 
 ATC_FORMATS = ("atc-keep-dtype", "atc-customize-dtypes", "atc-modify-mixlist")
@@ -120,14 +120,13 @@ def _source_note(node_map: object) -> str:
 
 def export_atc(
     fmt: str,
-    policy: PrecisionPolicy,
-    resolved: Mapping[str, Resolved],
-    modules: Mapping[str, str],
+    policy: ResolvedPolicy,
     node_map: Mapping[str, Sequence[str]] | None,
     node_io: Mapping[str, tuple[str, int, int]] | None,
     op_types: Mapping[str, str] | None,
 ) -> ExportResult:
     """One of :data:`ATC_FORMATS` for the resolved policy."""
+    modules, resolved = policy.modules, dict(policy.resolution)
     notes: list[str] = []
     if fmt == "atc-modify-mixlist":
         return _mixlist(resolved, modules, op_types or {}, notes)

@@ -32,11 +32,10 @@ schema (where the Chinese docs disagree we follow the code, which validates the 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any
 
 from opsnn_quant.policy.export_result import ExportResult
-from opsnn_quant.policy.schema import PrecisionPolicy, Resolved
+from opsnn_quant.policy.schema import PrecisionPolicy, ResolvedPolicy
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Modality, Precision
 
@@ -89,20 +88,18 @@ def _denoiser_prefix(policy: PrecisionPolicy) -> str | None:
     return prefixes[0] if len(prefixes) == 1 and len(policy.modalities) > 1 else None
 
 
-def export_msmodelslim(
-    policy: PrecisionPolicy, resolved: Mapping[str, Resolved], modules: Mapping[str, str]
-) -> ExportResult:
+def export_msmodelslim(resolved: ResolvedPolicy) -> ExportResult:
     """The policy's int8 Linear modules as a ``modelslim_v1`` one-click YAML (see module doc)."""
+    policy, modules = resolved.policy, resolved.modules
     notes: list[str] = []
     prefix = _denoiser_prefix(policy)
     scope = (lambda n: n == prefix or n.startswith(f"{prefix}.")) if prefix else (lambda n: True)
     rel = (lambda n: n[len(prefix) + 1 :]) if prefix else (lambda n: n)
-    linears = [n for n in resolved if modules[n] == "Linear" and scope(n)]
+    linears = [n for n in modules if modules[n] == "Linear" and scope(n)]
     groups: dict[str, tuple[dict[str, Any], list[str]]] = {}
     smooth: dict[str, list[str]] = {}
     floats: dict[str, list[str]] = {}  # reason -> modules
-    for name, res in resolved.items():
-        spec = policy.spec_of(res)
+    for name, spec in resolved.specs.items():
         if not isinstance(spec, QuantSpec):
             continue
         reason = None

@@ -6,7 +6,7 @@ format up here; nothing dispatches on format names elsewhere. Two kinds:
 * ``policy``: a file written from the policy and the module inventory (AMCT, ATC precision
   files, msModelSlim YAML); its handler is ``(policy, modules, options) -> ExportResult``.
 * ``model``: a directory written from the quantized model (AscendV1 weights, ATC graphs); its
-  handler is ``(ModelExportContext) -> notes`` (:mod:`opsnn_quant.deploy.workflow_exports`).
+  handler is ``(ModelExportContext) -> notes`` (:mod:`opsnn_quant.deploy.model_exports`).
 
 Handlers are named ``"module:function"`` and imported on first use, so that validating a recipe's
 ``exports`` needs neither torch nor the deploy code. :func:`register_exporter` adds a format (a
@@ -90,5 +90,5 @@ for _name, _output, _func in (
     ("msmodelslim-v1", "msmodelslim_v1.yaml", "msmodelslim_v1"),
 ):
     register_exporter(_name, "policy", _output, f"{_POLICY}:{_func}")
-register_exporter("ascendv1", "model", "ascendv1", "opsnn_quant.deploy.workflow_exports:ascendv1")
-register_exporter("atc", "model", "atc", "opsnn_quant.deploy.workflow_exports:atc_graphs")
+register_exporter("ascendv1", "model", "ascendv1", "opsnn_quant.deploy.model_exports:ascendv1")
+register_exporter("atc", "model", "atc", "opsnn_quant.deploy.model_exports:atc_graphs")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
@@ -24,7 +25,7 @@ from opsnn_quant.io import atomic_write_text, read_text
 from opsnn_quant.policy import _yaml
 from opsnn_quant.policy.budget import Budget
 from opsnn_quant.policy.rule import Rule
-from opsnn_quant.policy.targets import INT8_MODULE_TYPES, get_target
+from opsnn_quant.policy.targets import INT8_MODULE_TYPES, Target, get_target
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Modality, Precision, match_prefix
 
@@ -262,56 +263,38 @@ class PrecisionPolicy(_Frozen):
                     "int8 runs on Linear/Conv2d only"
                 )
 
-    def validate(  # type: ignore[override]  # pydantic's classmethod validate is deprecated
-        self, model: nn.Module, modalities: Mapping[str, Modality] | None = None
-    ) -> dict[str, Resolved]:
-        """Check the policy against a model and the target; return the resolution.
-
-        Args:
-            model: the float model.
-            modalities: module-name prefix -> modality (from the model adapter); defaults to the
-                policy's own ``modalities``.
-
-        Raises:
-            ConfigError: a rule matches nothing, an int8 rule matches no Linear/Conv2d, or the
-                target cannot run a module in its resolved precision.
-        """
-        modules = {n: m for n, m in model.named_modules() if n}
-        types = {n: type(m).__name__ for n, m in modules.items()}
-        shapes = {}
-        for name, module in modules.items():
-            weight = getattr(module, "weight", None)
-            if weight is not None and hasattr(weight, "shape"):
-                shapes[name] = tuple(weight.shape)
-        return self.validate_inventory(types, shapes, modalities)
-
-    def validate_inventory(
+    def resolved(
         self,
-        module_types: Mapping[str, str],
+        modules: Mapping[str, str],
         weight_shapes: Mapping[str, tuple[int, ...]] | None = None,
         modalities: Mapping[str, Modality] | None = None,
-    ) -> dict[str, Resolved]:
-        """:meth:`validate` against a module inventory (name -> class name, model order), e.g.
-        a probe report's, for exports and summaries made without the model.
+    ) -> ResolvedPolicy:
+        """The policy checked against a module inventory and its target, resolved once: what
+        quantize, the exports, summaries and evaluation take (no phase resolves it again).
 
         Args:
-            module_types: module name -> class name, in model order.
+            modules: module name -> class name, in model order (a probe report's inventory
+                or :meth:`resolved_for`'s model's).
             weight_shapes: module name -> weight shape, for the target's shape limits (unknown
                 shapes are not checked).
-            modalities: as for :meth:`validate`.
+            modalities: module-name prefix -> modality to use instead of the policy's own.
 
         Raises:
-            ConfigError: as :meth:`validate`.
+            ConfigError: an empty inventory, a rule that matches nothing, an int8 rule that
+                matches no Linear/Conv2d, or a module the target cannot run in its precision.
         """
-        names = list(module_types)
-        self.check_rules(names, module_types)
-        resolved = self.resolve(names, module_types, modalities)
-        target = get_target(self.target)
+        if not modules:
+            raise ConfigError("the module inventory is empty; pass the probe report or the model")
+        names = list(modules)
+        self.check_rules(names, modules)
+        resolution = self.resolve(names, modules, modalities)
+        target = get_target(self.target)  # the policy file is where the name enters
+        specs = {name: self.spec_of(res) for name, res in resolution.items()}
         problems = []
-        for name, res in resolved.items():
+        for name, res in resolution.items():
             shape = (weight_shapes or {}).get(name)
-            ok, why = target.can_run(module_types[name], res.precision, weight_shape=shape)
-            spec = self.spec_of(res)
+            ok, why = target.can_run(modules[name], res.precision, weight_shape=shape)
+            spec = specs[name]
             if (
                 ok
                 and isinstance(spec, QuantSpec)
@@ -320,7 +303,7 @@ class PrecisionPolicy(_Frozen):
             ):
                 ok, why = False, f"{target.name} keeps one static scale (no per-step scales)"
             if not ok:
-                problems.append(f"{name} ({module_types[name]}, {res.precision.value}): {why}")
+                problems.append(f"{name} ({modules[name]}, {res.precision.value}): {why}")
         if problems:
             more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
             raise ConfigError(
@@ -328,18 +311,69 @@ class PrecisionPolicy(_Frozen):
                 + "; ".join(problems[:3])
                 + more
             )
-        return resolved
+        return ResolvedPolicy(self, target, dict(modules), resolution, specs)
+
+    def resolved_for(
+        self, model: nn.Module, modalities: Mapping[str, Modality] | None = None
+    ) -> ResolvedPolicy:
+        """:meth:`resolved` against ``model``'s own modules (containers included) and weight
+        shapes.
+
+        Raises:
+            ConfigError: as :meth:`resolved`.
+        """
+        modules = {n: m for n, m in model.named_modules() if n}
+        types = {n: type(m).__name__ for n, m in modules.items()}
+        shapes = {}
+        for name, module in modules.items():
+            weight = getattr(module, "weight", None)
+            if weight is not None and hasattr(weight, "shape"):
+                shapes[name] = tuple(weight.shape)
+        return self.resolved(types, shapes, modalities)
 
     def module_specs(self, model: nn.Module) -> dict[str, QuantSpec | Precision]:
         """Module name -> QuantSpec (int8) or Precision (float): the ``ResolvesModules`` protocol.
 
-        ``quantize(model, policy, forward_loop)`` calls this; the policy is validated first.
+        ``quantize(model, policy, forward_loop)`` calls this; the policy is checked against the
+        model first (:meth:`resolved_for`).
         """
-        return {n: self.spec_of(r) for n, r in self.validate(model).items()}
+        return dict(self.resolved_for(model).specs)
 
     def with_notes(self, *notes: str) -> PrecisionPolicy:
         """A copy with ``notes`` appended."""
         return self.model_copy(update={"notes": [*self.notes, *notes]})
+
+
+@dataclass(frozen=True)
+class ResolvedPolicy:
+    """A policy resolved once against one model's module inventory and its :class:`Target`.
+
+    Made by :meth:`PrecisionPolicy.resolved` (the only place a policy's target name is looked
+    up); quantize (it is a ``ResolvesModules``), the exports, summaries and evaluation take it
+    instead of resolving the policy again.
+
+    Attributes:
+        policy: the policy.
+        target: its target (chip and engine capabilities).
+        modules: the inventory it was resolved against: module name -> class name, model order.
+        resolution: every module's precision, deciding rule and reason.
+        specs: every module's QuantSpec (int8) or Precision (float).
+    """
+
+    policy: PrecisionPolicy
+    target: Target
+    modules: Mapping[str, str]
+    resolution: Mapping[str, Resolved]
+    specs: Mapping[str, QuantSpec | Precision]
+
+    def module_specs(self, model: nn.Module) -> Mapping[str, QuantSpec | Precision]:
+        """The ``ResolvesModules`` protocol of :func:`opsnn_quant.quant.api.quantize`: the
+        resolved specs (quantize checks that every int8 name is a Linear/Conv2d of ``model``)."""
+        return self.specs
+
+    def int8(self) -> dict[str, QuantSpec]:
+        """Module name -> QuantSpec of the int8 modules, in model order."""
+        return {n: s for n, s in self.specs.items() if isinstance(s, QuantSpec)}
 
 
 def derive_prefixes(entries: Iterable[tuple[str, Modality | str]]) -> dict[str, Modality]:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from opsnn_quant.policy.schema import PrecisionPolicy
+from opsnn_quant.policy.schema import PrecisionPolicy, ResolvedPolicy
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.quant.schemes import SCHEMES
 from opsnn_quant.quant.spec import QuantSpec
@@ -34,11 +35,10 @@ class ModalitySummaryRow:
     int8_mac_share: float
 
 
-def summarize(policy: PrecisionPolicy, report: SensitivityReport) -> list[ModalitySummaryRow]:
-    """Rows per modality present in ``report``, in Modality order."""
-    names = [m.name for m in report.modules]
-    types = {m.name: m.type for m in report.modules}
-    resolved = policy.resolve(names, types)
+def summarize(resolved: ResolvedPolicy, report: SensitivityReport) -> list[ModalitySummaryRow]:
+    """Rows per modality present in ``report`` (the inventory ``resolved`` was resolved
+    against), in Modality order."""
+    policy = resolved.policy
     rows = []
     for modality in Modality:
         modules = report.by_modality(modality)
@@ -47,7 +47,7 @@ def summarize(policy: PrecisionPolicy, report: SensitivityReport) -> list[Modali
         counts = dict.fromkeys(("fp32", "bf16", "fp16", "int8"), 0)
         int8_macs = total = 0
         for m in modules:
-            p = resolved[m.name].precision
+            p = resolved.resolution[m.name].precision
             key = "int8" if p.is_int8 else p.value
             counts[key] += 1
             total += max(m.macs, 0)
@@ -100,15 +100,14 @@ class ModuleRow:
     contribution: float | None
 
 
-def module_rows(policy: PrecisionPolicy, report: SensitivityReport) -> list[ModuleRow]:
+def module_rows(resolved: ResolvedPolicy, report: SensitivityReport) -> list[ModuleRow]:
     """Every module of ``report`` in model order: what the (compact) policy makes of it and the
     per-module figures behind it, for tables and for reading a policy module by module."""
-    names = [m.name for m in report.modules]
-    resolved = policy.resolve(names, {m.name: m.type for m in report.modules})
+    policy = resolved.policy
     rows = []
     for m in report.modules:
-        res = resolved[m.name]
-        spec = policy.spec_of(res)
+        res = resolved.resolution[m.name]
+        spec = resolved.specs[m.name]
         qspec = spec if isinstance(spec, QuantSpec) else None
         scheme = None if qspec is None else _scheme_of(qspec)
         err = m.w8a8.get(scheme) if scheme is not None else None
@@ -135,3 +134,22 @@ def _scheme_of(spec: QuantSpec) -> str | None:
         if scheme.spec(spec.smoothquant_alpha) == spec:
             return name
     return None
+
+
+def policy_summary(policy: PrecisionPolicy) -> dict[str, Any]:
+    """A compact summary of ``policy`` for an acceptance report: model, target, rule count and
+    each modality's decision (chosen, predicted SQNR, int8 MAC share)."""
+    figures = {
+        m.value: {
+            "chosen": f.chosen,
+            "predicted_sqnr_db": f.predicted_sqnr_db,
+            "int8_mac_share": f.int8_mac_share,
+        }
+        for m, f in policy.figures.items()
+    }
+    return {
+        "model": policy.model,
+        "target": policy.target,
+        "rules": len(policy.rules),
+        "modalities": figures,
+    }

@@ -50,20 +50,22 @@ from opsnn_quant.types import ForwardLoop, Modality
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ProbeConfig", "ProbeKeep", "probe"]
+__all__ = ["ProbeConfig", "ProbeResult", "probe", "run_probe"]
 
 
-@dataclass
-class ProbeKeep:
-    """What a probe run hands on besides its report, for the phases after it (pass an empty
-    one as ``probe(..., keep=)``).
+@dataclass(frozen=True)
+class ProbeResult:
+    """A probe run: its report and what the phases after it reuse instead of running the
+    model again.
 
     Attributes:
+        report: the :class:`SensitivityReport` (``probe.json``).
         statistics: Linear/Conv2d name -> its pass-1 calibration statistics, for
             ``quantize(..., statistics=)`` on the same data (no calibration pass there).
         root_calls: root module -> one call recorded in pass 1 (inputs for the exports).
     """
 
+    report: SensitivityReport
     statistics: dict[str, PassOneStatistics] = field(default_factory=dict)
     root_calls: dict[str, list[Call]] = field(default_factory=dict)
 
@@ -75,7 +77,6 @@ def probe(
     *,
     modalities: dict[str, Modality | str] | None = None,
     progress: Callable[[str], None] | None = None,
-    keep: ProbeKeep | None = None,
 ) -> SensitivityReport:
     """Probe every module's fp16 overflow risk and int8 sensitivity.
 
@@ -87,10 +88,31 @@ def probe(
         config: what to probe.
         modalities: prefix -> modality for a plain module.
         progress: optional callback told about each phase.
-        keep: filled with what later phases can reuse instead of running the model again.
 
     Returns:
-        The :class:`SensitivityReport` (``probe.json``).
+        The :class:`SensitivityReport` (``probe.json``); :func:`run_probe` also returns what
+        later phases can reuse.
+    """
+    return run_probe(target, forward_loop, config, modalities=modalities, progress=progress).report
+
+
+def run_probe(
+    target: ModelAdapter | nn.Module,
+    forward_loop: ForwardLoop | None = None,
+    config: ProbeConfig | None = None,
+    *,
+    modalities: dict[str, Modality | str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> ProbeResult:
+    """:func:`probe`, returning the report with the pass-1 calibration statistics (for
+    ``quantize(..., statistics=result.statistics)`` on the same data: no calibration pass) and
+    one recorded call per root (inputs for the exports).
+
+    Args:
+        target, forward_loop, config, modalities, progress: as :func:`probe`.
+
+    Returns:
+        The :class:`ProbeResult`.
     """
     cfg = config or ProbeConfig()
     adapter = _as_adapter(target, forward_loop, modalities)
@@ -100,16 +122,12 @@ def probe(
         )
     say = progress or (lambda msg: log.info("%s", msg))
     with frozen_heap():
-        return _probe(adapter, forward_loop, cfg, say, keep)
+        return _probe(adapter, forward_loop, cfg, say)
 
 
 def _probe(
-    adapter: ModelAdapter,
-    forward_loop: ForwardLoop,
-    cfg: ProbeConfig,
-    say: Callable[[str], None],
-    keep: ProbeKeep | None,
-) -> SensitivityReport:
+    adapter: ModelAdapter, forward_loop: ForwardLoop, cfg: ProbeConfig, say: Callable[[str], None]
+) -> ProbeResult:
     run = _start(adapter, cfg)
     say("probe pass 1/2: ranges, fp16/bf16 re-runs, calibration statistics")
     run.costs["pass1_seconds"] = statistics_pass(
@@ -127,12 +145,9 @@ def _probe(
     e2e = attribute_modalities(run, say, replayed)
     if replayed:
         _measure_rest(run, forward_loop, say)
-    if keep is not None:
-        keep.statistics.update({n: lp.pass_one() for n, lp in run.watches.local.items()})
-        keep.root_calls.update(
-            {r: rec.calls[:1] for r, rec in run.watches.recorders.items() if rec.calls}
-        )
-    return _assemble(run, e2e)
+    statistics = {n: lp.pass_one() for n, lp in run.watches.local.items()}
+    root_calls = {r: rec.calls[:1] for r, rec in run.watches.recorders.items() if rec.calls}
+    return ProbeResult(_assemble(run, e2e), statistics, root_calls)
 
 
 def _measure_rest(run: ProbeRun, forward_loop: ForwardLoop, say: Callable[[str], None]) -> None:

@@ -192,7 +192,7 @@ class SensitivityReport(_Frozen):
     findings: list[Finding] = Field(default_factory=list)
     # Wall-clock seconds of this run and their ratios (forward-equivalents): they differ on
     # every run, so they are not written to probe.json (whose bytes depend on the inputs only)
-    # but to timings.json (opsnn_quant.timings). Read from an older probe.json that has them.
+    # but to timings.json (opsnn_quant.pipeline.timings). Read from an older probe.json that has them.
     costs: dict[str, float] = Field(default_factory=dict, exclude=True)
 
     @field_validator("schema_version")
@@ -210,6 +210,14 @@ class SensitivityReport(_Frozen):
             if m.name == name:
                 return m
         raise KeyError(name)
+
+    def inventory(self) -> dict[str, str]:
+        """Module name -> class name, in model order: the inventory a policy resolves against."""
+        return {m.name: m.type for m in self.modules}
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Module name -> weight shape, for the probed Linear/Conv2d (a target's shape limits)."""
+        return {m.name: tuple(m.weight_shape) for m in self.modules if m.weight_shape}
 
     def by_modality(self, modality: Modality | str) -> list[ModuleSensitivity]:
         """Entries of one modality, in model order."""

@@ -91,10 +91,9 @@ def test_scripts_name_graphs_and_files_that_exist_and_fit(tmp_path):
     model = copy.deepcopy(float_model)
     quantize(model, {"*": "w8a8"}, forward_loop_for(model))
     x = model.example_inputs(seed=5)
-    policy = PrecisionPolicy.from_yaml(POLICY)
+    policy = PrecisionPolicy.from_yaml(POLICY).resolved(modules_from_model(float_model))
     out = tmp_path / "atc"
-    notes = write_atc(model, float_model, [""], {"": [(x, {})]}, policy,
-                      modules_from_model(float_model), out)  # fmt: skip
+    notes = write_atc(model, float_model, [""], {"": [(x, {})]}, policy, out)
     assert notes == []
     script = (out / "model.sh").read_text()
     assert (

@@ -9,6 +9,7 @@ from opsnn_quant.evaluation.profile import ModuleTimeRow, StabilityResult, Stage
 from opsnn_quant.evaluation.report import AcceptanceReport
 from opsnn_quant.evaluation.runner import QualityResult, asr_quality, build_report
 from opsnn_quant.evaluation.suite import parse_suite
+from opsnn_quant.policy.targets import get_target
 from opsnn_quant.probe.report import (
     EndToEnd,
     Fp16Stats,
@@ -81,7 +82,7 @@ def t2i_report() -> tuple[AcceptanceReport, np.ndarray, np.ndarray]:
     report = build_report(
         suite, q, baseline_latency=latency(100.0), candidate_latency=latency(140.0),
         baseline_label="fp32", candidate_label="w8a8", stages=stages, top_modules=top,
-        stability=stab, policy=POLICY,
+        stability=stab, policy=POLICY, target=get_target(POLICY["target"]),
         sensitivity=sensitivity(), notes=["sample report"], created="2026-01-01T00:00:00+00:00",
     )  # fmt: skip
     return report, base, cand

@@ -13,6 +13,7 @@ from opsnn_quant.evaluation.gate import (
     plan_latency,
 )
 from opsnn_quant.evaluation.suite import load_suite, parse_suite
+from opsnn_quant.policy.targets import get_target
 
 
 def suite(latency=None, **thresholds):
@@ -24,22 +25,24 @@ def suite(latency=None, **thresholds):
 
 def test_judged_backends_per_target():
     for ascend in ("ascend910b-eager", "ascend910b-atc", "ascend310p"):
-        assert judged_backends(ascend) == {"npu"}
-    assert judged_backends("cpu-reference") == {"cpu", "cpu-onnxruntime"}
+        assert judged_backends(get_target(ascend)) == {"npu"}
+    assert judged_backends(get_target("cpu-reference")) == {"cpu", "cpu-onnxruntime"}
     assert judged_backends(None) == frozenset()
     # The suite can narrow the target's set, never widen it.
-    assert judged_backends("cpu-reference", ["cpu-onnxruntime", "npu"]) == {"cpu-onnxruntime"}
-    assert judged_backends("ascend910b-atc", ["cpu-onnxruntime"]) == frozenset()
+    assert judged_backends(get_target("cpu-reference"), ["cpu-onnxruntime", "npu"]) == {
+        "cpu-onnxruntime"
+    }
+    assert judged_backends(get_target("ascend910b-atc"), ["cpu-onnxruntime"]) == frozenset()
     with pytest.raises(ConfigError, match="unknown target 'tpu-v5'"):
-        judged_backends("tpu-v5")
+        get_target("tpu-v5")  # the name fails where it enters, before any gate reads it
 
 
 def test_latency_note_wording():
     npu = frozenset({"npu"})
-    assert latency_note("npu", "ascend910b-atc", npu) == (
+    assert latency_note("npu", get_target("ascend910b-atc"), npu) == (
         "judged on npu: the policy targets ascend910b-atc"
     )
-    assert latency_note("cpu-onnxruntime", "ascend910b-atc", npu) == (
+    assert latency_note("cpu-onnxruntime", get_target("ascend910b-atc"), npu) == (
         "not judged on cpu-onnxruntime: the policy targets ascend910b-atc (judged on npu)"
     )
     assert "no deployment target is known" in latency_note("npu", None, frozenset())
@@ -62,7 +65,7 @@ def test_check_latency_mode():
 
 
 def _plan(s, mode, target="ascend910b-atc", candidate="cpu-reference", int8=True):
-    return plan_latency(s, mode, target=target, baseline_backend="cpu",
+    return plan_latency(s, mode, target=get_target(target), baseline_backend="cpu",
                         candidate_backend=candidate, onnx_possible=int8)  # fmt: skip
 
 

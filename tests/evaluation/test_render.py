@@ -13,6 +13,7 @@ import pytest
 from opsnn_quant.evaluation.render import render_html, render_markdown, write_report
 from opsnn_quant.evaluation.report import AcceptanceReport
 from opsnn_quant.io import MARKER, atomic_dir
+from opsnn_quant.policy.targets import get_target
 from tests.evaluation.sample_report import asr_report, t2i_report
 
 CHROMIUM_FLAGS = [
@@ -118,10 +119,10 @@ def test_latency_section_says_what_was_skipped():
         "metrics": {"fid_features": None, "thresholds": {"psnr_min": 20.0}},
         "latency": {"profile_top": 10},
     })  # fmt: skip
-    plan = plan_latency(suite, "target", target="ascend910b-atc", baseline_backend="cpu",
+    plan = plan_latency(suite, "target", target=get_target("ascend910b-atc"), baseline_backend="cpu",
                         candidate_backend="cpu-reference", onnx_possible=True)  # fmt: skip
     r = build_report(suite, QualityResult(measured={"psnr_median_db": 30.0}),
-                     target="ascend910b-atc", latency_plan=plan, created="")  # fmt: skip
+                     target=get_target("ascend910b-atc"), latency_plan=plan, created="")  # fmt: skip
     md = render_markdown(r)
     section = md.split("## Latency\n", 1)[1].split("\n## ", 1)[0]
     assert section.strip().splitlines() == [

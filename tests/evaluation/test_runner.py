@@ -15,6 +15,7 @@ from opsnn_quant.evaluation.runner import (
     verdict,
 )
 from opsnn_quant.evaluation.suite import parse_suite
+from opsnn_quant.policy.targets import get_target
 
 
 def t2i_suite(**thresholds):
@@ -52,7 +53,8 @@ def test_verdict_rules():
     suite = t2i_suite(psnr_min=20, ssim_min=0.9, clip_score_delta_min=-1, latency_p99_ratio_max=1.0)
     measured = {"psnr_median_db": 25.0, "ssim_mean": 0.8, "latency_p99_ratio": 2.0}
 
-    def rows(backend, target):
+    def rows(backend, name):
+        target = get_target(name) if name else None
         return {c.key: c for c in verdict(suite, measured, latency_backend=backend,
                                           quality_backend="cpu-reference", target=target)}  # fmt: skip
 
@@ -84,14 +86,16 @@ def test_verdict_rules():
 
 def test_unmeasured_latency_fails_only_where_it_is_judged():
     suite = asr_suite(latency_p99_ratio_max=1.0)
-    on_target = verdict(suite, {}, latency_backend="npu", target="ascend910b-eager",
+    on_target = verdict(suite, {}, latency_backend="npu", target=get_target("ascend910b-eager"),
                         unmeasured_why="--latency none")[0]  # fmt: skip
     assert on_target.status == "FAIL" and on_target.value is None
     assert (
         on_target.note
         == "not measured (--latency none); judged on npu: the policy targets ascend910b-eager"
     )
-    elsewhere = verdict(suite, {}, latency_backend="cpu-onnxruntime", target="ascend910b-eager")[0]
+    elsewhere = verdict(
+        suite, {}, latency_backend="cpu-onnxruntime", target=get_target("ascend910b-eager")
+    )[0]
     assert elsewhere.status == "NOT JUDGED" and elsewhere.note.startswith(
         "not measured; not judged"
     )
@@ -110,7 +114,8 @@ def test_demo_on_cpu_passes_on_quality_with_latency_reported_not_judged():
     q = QualityResult(measured={"psnr_median_db": 30.0})
     r = build_report(suite, q, baseline_latency=latency(10.0, 100, "cpu"),
                      candidate_latency=latency(30.0, 50), onnxruntime=ort(10.0, 13.0),
-                     policy={"target": "ascend910b-atc"}, created="")  # fmt: skip
+                     policy={"target": "ascend910b-atc"}, target=get_target("ascend910b-atc"),
+                     created="")  # fmt: skip
     assert r.verdict == "PASS" and r.target == "ascend910b-atc"
     rows = {c.key: c for c in r.criteria}
     lat = rows["latency_p99_ratio_max"]
@@ -125,7 +130,9 @@ def test_demo_on_cpu_passes_on_quality_with_latency_reported_not_judged():
                           "latency": "cpu-onnxruntime"}  # fmt: skip
     assert r.latency_judged_on == ["npu"]
     # The same figures for a CPU deployment are judged, and the slow QDQ graph fails.
-    cpu = build_report(suite, q, onnxruntime=ort(10.0, 13.0), target="cpu-reference", created="")
+    cpu = build_report(
+        suite, q, onnxruntime=ort(10.0, 13.0), target=get_target("cpu-reference"), created=""
+    )
     assert cpu.verdict == "FAIL" and cpu.exit_code == 3
     assert {c.key: c.status for c in cpu.criteria}["latency_p99_ratio_max"] == "FAIL"
     assert cpu.latency_judged_on == ["cpu", "cpu-onnxruntime"]
@@ -136,22 +143,22 @@ def test_on_the_target_device_the_eager_npu_figure_is_judged():
     q = QualityResult(measured={"wer_delta_points": 0.5})
     r = build_report(suite, q, baseline_latency=latency(10.0, 100, "npu"),
                      candidate_latency=latency(8.0, 90, "npu"), onnxruntime=ort(10.0, 13.0),
-                     quality_backend="npu", target="ascend910b-eager", created="")  # fmt: skip
+                     quality_backend="npu", target=get_target("ascend910b-eager"), created="")  # fmt: skip
     lat = {c.key: c for c in r.criteria}["latency_p99_ratio_max"]
     assert (lat.status, lat.backend, lat.value) == ("PASS", "npu", pytest.approx(0.8))
     assert r.verdict == "PASS" and r.backends["latency"] == "npu"
     slow = build_report(suite, q, baseline_latency=latency(10.0, 100, "npu"),
-                        candidate_latency=latency(12.0, 90, "npu"), target="ascend910b-eager",
+                        candidate_latency=latency(12.0, 90, "npu"), target=get_target("ascend910b-eager"),
                         created="")  # fmt: skip
     assert slow.verdict == "FAIL"
 
 
 def test_latency_none_and_nothing_judged():
     suite = t2i_suite(psnr_min=20.0, latency_p99_ratio_max=1.0)
-    plan = plan_latency(suite, "none", target="ascend910b-atc", baseline_backend="cpu",
+    plan = plan_latency(suite, "none", target=get_target("ascend910b-atc"), baseline_backend="cpu",
                         candidate_backend="cpu-reference", onnx_possible=True)  # fmt: skip
     q = QualityResult(measured={"psnr_median_db": 30.0})
-    r = build_report(suite, q, target="ascend910b-atc", latency_plan=plan, created="")
+    r = build_report(suite, q, target=get_target("ascend910b-atc"), latency_plan=plan, created="")
     lat = {c.key: c for c in r.criteria}["latency_p99_ratio_max"]
     assert lat.status == "NOT JUDGED" and lat.backend == "cpu-reference" and lat.value is None
     assert lat.note.startswith("not measured (--latency none); not judged on cpu-reference")
@@ -159,7 +166,7 @@ def test_latency_none_and_nothing_judged():
         r.verdict == "PASS" and r.latency_mode == "none" and r.latency_skipped == list(plan.skipped)
     )
     only_latency = t2i_suite(latency_p99_ratio_max=1.0)
-    nothing = build_report(only_latency, q, onnxruntime=ort(10.0, 5.0), target="ascend910b-atc",
+    nothing = build_report(only_latency, q, onnxruntime=ort(10.0, 5.0), target=get_target("ascend910b-atc"),
                            created="")  # fmt: skip
     assert [c.status for c in nothing.criteria] == ["NOT JUDGED"]
     assert nothing.verdict == "FAIL" and NOTHING_JUDGED_NOTE in nothing.notes

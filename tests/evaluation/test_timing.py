@@ -8,6 +8,7 @@ from torch import nn
 from opsnn_quant.evaluation.gate import plan_latency
 from opsnn_quant.evaluation.suite import parse_suite
 from opsnn_quant.evaluation.timing import run_latency, stage_modules
+from opsnn_quant.policy.targets import get_target
 
 STEPS = 3
 
@@ -53,7 +54,7 @@ def _suite(**latency):
 
 def _run(mode, target="ascend910b-atc", candidate_backend="cpu-reference", **latency):
     suite = _suite(**latency)
-    plan = plan_latency(suite, mode, target=target, baseline_backend="cpu",
+    plan = plan_latency(suite, mode, target=get_target(target), baseline_backend="cpu",
                         candidate_backend=candidate_backend, onnx_possible=True)  # fmt: skip
     base, cand = FakeAdapter(), FakeAdapter()
     onnx_calls = []

@@ -118,7 +118,7 @@ def test_allow_pickle_calibrates_and_the_commands_after_it_need_it_too(pickled, 
     assert main([*argv, "-o", str(tmp_path / "e2"), "--quiet", "--allow-pickle"]) == 0
     assert (tmp_path / "e2" / "ascendv1" / "unet" / "quant_model_description.json").is_file()
 
-    from opsnn_quant.evaluation.evaluate import load_candidate
+    from opsnn_quant.pipeline.evaluate import load_candidate
 
     with pytest.raises(ModelLoadError, match="pickle weights only"):
         load_candidate(out)
@@ -127,8 +127,8 @@ def test_allow_pickle_calibrates_and_the_commands_after_it_need_it_too(pickled, 
 
 
 def test_recipe_allow_pickle_loads_the_pickles_with_weights_only(pickled, monkeypatch, caplog):
+    from opsnn_quant.pipeline.calibrate import load_recipe_model
     from opsnn_quant.recipe import load_recipe
-    from opsnn_quant.workflow import load_recipe_model
 
     root, recipe = pickled
     r = load_recipe(str(recipe))

@@ -38,13 +38,13 @@ def test_summary_of_a_baseline_says_int8_where_its_rules_are():
     from opsnn_quant.types import Modality
 
     rep = _report()
-    rows = {
-        r.modality: r
-        for r in summarize(naive_policy(rep, "ascend910b-eager", "all-w8a8-minmax"), rep)
-    }
+    inv = rep.inventory()
+    int8 = naive_policy(rep, "ascend910b-eager", "all-w8a8-minmax").resolved(inv)
+    rows = {r.modality: r for r in summarize(int8, rep)}
     assert rows[Modality.TEXT_ENCODER].chosen == "int8" and rows[Modality.TEXT_ENCODER].int8 == 1
     assert rows[Modality.OTHER].chosen == "fp16" and rows[Modality.OTHER].int8 == 0
-    fp16 = {r.modality: r for r in summarize(naive_policy(rep, "cpu-reference", "all-fp16"), rep)}
+    fp16 = naive_policy(rep, "cpu-reference", "all-fp16").resolved(inv)
+    fp16 = {r.modality: r for r in summarize(fp16, rep)}
     assert all(r.chosen == "fp16" for r in fp16.values())
 
 

@@ -170,7 +170,7 @@ def test_a_real_probe_of_a_tiny_sd_pipeline(tmp_path):
     compact, single = assert_same_resolution(rep, budget=budget, target="ascend910b-atc")
     inventory = modules_from_model(adapter.model)  # every module of the real model
     assert _resolution(compact, inventory) == _resolution(single, inventory)
-    assert compact.validate(adapter.model) is not None
+    assert compact.resolved_for(adapter.model) is not None
 
 
 def test_a_compaction_that_changes_a_resolution_is_refused(monkeypatch):
@@ -193,7 +193,7 @@ def test_module_rows_keep_the_per_module_detail_of_a_compact_policy():
         other("unet.norm", "LayerNorm"),
     )
     policy = build_policy(rep, target="ascend910b-atc")
-    rows = {r.name: r for r in module_rows(policy, rep)}
+    rows = {r.name: r for r in module_rows(policy.resolved(rep.inventory()), rep)}
     assert list(rows) == [m.name for m in rep.modules]
     assert rows["unet.a"].match == rows["unet.b"].match == "unet.*"  # one glob decides both
     assert rows["unet.a"].spec.observer == "mse" and rows["unet.a"].local_sqnr_db == 31.5

@@ -20,7 +20,6 @@ from opsnn_quant.io import load_node_map
 from opsnn_quant.policy.export import (
     export_policy,
     modules_from_model,
-    modules_from_report,
     write_export,
 )
 from opsnn_quant.policy.export_atc import torch_scope
@@ -185,7 +184,7 @@ def test_eager_skip_substring_clash_leaves_the_module_float():
     rep = report(linear("up", 1e-5), linear("up2", 1e-5), linear("down", 1e-5))
     p = PrecisionPolicy(model="m", target="cpu-reference",
                         rules=[Rule(match="up", precision=Precision.FP16), Rule(match="*", precision=Precision.W8A8)])  # fmt: skip
-    result = export_policy(p, "amct-eager", modules_from_report(rep))
+    result = export_policy(p, "amct-eager", rep.inventory())
     cfg = json.loads(result.text)
     assert cfg["skip_layers"] == ["up", "up2"]
     assert "up2: a skip_layers entry is a substring of its name; left float" in result.notes
@@ -245,7 +244,7 @@ def test_eager_groups_ignore_the_observer_but_say_so():
             Rule(match="b", precision=Precision.W8A8),
         ],
     )
-    result = export_policy(p, "amct-eager", modules_from_report(rep))
+    result = export_policy(p, "amct-eager", rep.inventory())
     assert json.loads(result.text)["skip_layers"] == []
     assert result.notes == (
         "observer other than minmax on a: AMCT calibrates them with its algorithm",

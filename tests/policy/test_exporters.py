@@ -44,5 +44,5 @@ def test_a_registered_format_is_exported_like_the_built_in_ones(monkeypatch):
         register_exporter("modules-list", "policy", "x", f"{__name__}:_modules_list")
 
 
-def _modules_list(fmt, policy, modules, options) -> ExportResult:
-    return ExportResult(fmt, "".join(f"{m}\n" for m in modules), ())
+def _modules_list(fmt, resolved, options) -> ExportResult:
+    return ExportResult(fmt, "".join(f"{m}\n" for m in resolved.modules), ())

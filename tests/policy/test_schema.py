@@ -140,19 +140,19 @@ def test_validate_rule_matching_nothing_names_the_rule():
     with pytest.raises(
         ConfigError, match=r"rule 0 \(fp32 on 'fc3'\) matches no module.*did you mean 'fc[12]'"
     ):
-        p.validate(TinyMLP())
+        p.resolved_for(TinyMLP())
 
 
 def test_validate_unknown_module_in_policy():
     p = _policy(rules=[Rule(match="encoder.layers.0.fc1", precision=Precision.W8A8)])
     with pytest.raises(ConfigError, match="matches no module of the model"):
-        p.validate(TinyMLP())
+        p.resolved_for(TinyMLP())
 
 
 def test_validate_int8_on_layernorm():
     p = _policy(rules=[Rule(match="norm1", precision=Precision.W8A8)])
     with pytest.raises(ConfigError, match=r"cannot be int8: norm1 \(LayerNorm\)"):
-        p.validate(TinyAttention())
+        p.resolved_for(TinyAttention())
 
 
 def test_validate_checks_the_target():
@@ -163,17 +163,17 @@ def test_validate_checks_the_target():
     with pytest.raises(
         ConfigError, match=r"cannot run 1 module.*0 \(Conv2d, w8a8\).*only for Linear"
     ):
-        p.validate(conv)
+        p.resolved_for(conv)
     p = PrecisionPolicy(
         model="m", target="ascend910b-eager", rules=[Rule(match="2", precision=Precision.W8A8)]
     )
     with pytest.raises(ConfigError, match="n <= 65535, got 70000"):
-        p.validate(conv)
+        p.resolved_for(conv)
     p = PrecisionPolicy(
         model="m", target="ascend310p", rules=[Rule(match="1", precision=Precision.BF16)]
     )
     with pytest.raises(ConfigError, match="has no bfloat16"):
-        p.validate(conv)
+        p.resolved_for(conv)
 
 
 def test_module_specs_drive_quantize():

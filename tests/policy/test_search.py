@@ -175,7 +175,7 @@ def test_rules_order_compaction_and_determinism():
     again = build_policy(rep, DB30, "ascend910b-atc")
     assert again.to_yaml() == p.to_yaml()
     assert PrecisionPolicy.from_yaml(p.to_yaml()).to_yaml() == p.to_yaml()
-    rows = {r.modality: r for r in summarize(p, rep)}
+    rows = {r.modality: r for r in summarize(p.resolved(rep.inventory()), rep)}
     te, den = rows[Modality.TEXT_ENCODER], rows[Modality.DENOISER]
     assert (te.fp32, te.fp16, te.int8, te.chosen) == (1, 0, 2, "int8")
     assert (den.fp16, den.int8) == (1, 3) and den.int8_mac_share == pytest.approx(0.75)
@@ -236,7 +236,7 @@ def test_policy_from_search_validates_and_quantizes_a_real_model():
         limits={Modality("text_encoder"): ModalityLimit(min_sqnr_db=35.0)}, min_int8_mac_share=0.4
     )
     p = build_policy(rep, budget, "ascend910b-eager")
-    resolved = p.validate(model)
+    resolved = p.resolved_for(model).resolution
     assert sum(r.precision == Precision.W8A8_DYNAMIC for r in resolved.values()) == 3
     quantize(model, p, forward_loop_for(model))
     assert sum(isinstance(m, QuantLinear) for m in model.modules()) == 3

@@ -2,9 +2,9 @@
 
 import json
 
+from opsnn_quant.pipeline.timings import timings_json, write_timings
 from opsnn_quant.probe.api import ProbeConfig, probe
 from opsnn_quant.probe.report import SensitivityReport
-from opsnn_quant.timings import timings_json, write_timings
 from tests.tiny_models import TinyMLP, forward_loop_for
 
 

@@ -1,4 +1,4 @@
-"""quantize() from the probe's pass-1 statistics (``ProbeKeep``) instead of its own passes.
+"""quantize() from the probe's pass-1 statistics (``ProbeResult.statistics``) instead of its own passes.
 
 The expectation is independent of the seeding code: quantize()'s own calibration passes over the
 same data, compared bit for bit on every frozen buffer. The model takes 2-D inputs so that
@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from opsnn_quant.probe.api import ProbeConfig, ProbeKeep, probe
+from opsnn_quant.probe.api import ProbeConfig, ProbeResult, run_probe
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.timesteps import at_step
@@ -43,11 +43,9 @@ def _sampling_loop(model: nn.Module) -> None:
             model(x)
 
 
-def _kept(model: nn.Module) -> ProbeKeep:
-    keep = ProbeKeep()
+def _kept(model: nn.Module) -> ProbeResult:
     cfg = ProbeConfig(fp16=False, attribution=False)
-    probe(model, _sampling_loop, cfg, modalities={"": "denoiser"}, keep=keep)
-    return keep
+    return run_probe(model, _sampling_loop, cfg, modalities={"": "denoiser"})
 
 
 def _counting(calls: list[int]):
@@ -128,14 +126,13 @@ def test_one_module_without_statistics_sends_every_module_through_the_loop():
 
 def test_timestep_groups_need_every_call_in_the_sampling_loop():
     model = Stepped()
-    keep = ProbeKeep()
 
     def mixed(m: nn.Module) -> None:
         _sampling_loop(m)
         m(torch.randn(8, 32))  # a call outside the loop: quantize() would refuse it
 
-    probe(model, mixed, ProbeConfig(fp16=False, attribution=False), modalities={"": "denoiser"},
-          keep=keep)  # fmt: skip
+    keep = run_probe(model, mixed, ProbeConfig(fp16=False, attribution=False),
+                     modalities={"": "denoiser"})  # fmt: skip
     stats = keep.statistics["fc1"]
     assert stats.can_seed(QuantSpec(Precision.W8A8))
     assert not stats.can_seed(QuantSpec(Precision.W8A8, timestep_bounds=(0, 2)))

@@ -93,10 +93,10 @@ def test_calibrate_evaluate_prints_the_verdict_and_exits_3_on_fail(tmp_path, cap
 
 def test_run_calibrate_on_a_tiny_pipeline_writes_every_artifact(tmp_path, monkeypatch):
     # The library entry point itself (no CLI), kept small to stay fast: one prompt, one step.
-    from opsnn_quant import workflow
+    from opsnn_quant.pipeline import calibrate as workflow
+    from opsnn_quant.pipeline.calibrate import run_calibrate
     from opsnn_quant.policy.export import EXPORT_FILES
     from opsnn_quant.recipe import load_recipe
-    from opsnn_quant.workflow import run_calibrate
     from tests.tiny_pipelines import save_tiny_sd
 
     loads: list[str] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opsnn_quant.outputs import CalibrateOutput, DirectoryKind, classify
+from opsnn_quant.pipeline.outputs import CalibrateOutput, DirectoryKind, classify
 
 
 def test_the_layout_names_every_file_once(tmp_path):

@@ -1,6 +1,8 @@
 """The model exports of a calibrate output: ``export/ascendv1/`` and ``export/atc/``.
 
-Shared by ``calibrate`` (its export phase) and ``opsnn-quant export-weights``. Each directory is
+The ``model`` entries of the exporter table (:mod:`opsnn_quant.policy.exporters`) point at the
+handlers here; :func:`write_model_exports` runs the wanted ones in the table's order. Shared by
+``calibrate`` (its export phase) and ``opsnn-quant export-weights``. Each directory is
 written atomically; its notes (modules not exported in their quantized form, graphs that could
 not be exported) go to ``export/<name>.notes.txt`` and are returned.
 """
@@ -21,8 +23,7 @@ from opsnn_quant.deploy.exporter import export_ascendv1
 from opsnn_quant.io import atomic_dir, remove_output_file, write_output_file
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.policy.exporters import exporters
-from opsnn_quant.policy.schema import PrecisionPolicy
-from opsnn_quant.quant.api import int8_specs
+from opsnn_quant.policy.schema import ResolvedPolicy
 from opsnn_quant.recording import Call
 
 log = logging.getLogger(__name__)
@@ -42,8 +43,7 @@ def _mixlist(export_dir: Path) -> str | None:
 
 def write_model_exports(
     adapter: ModelAdapter,
-    policy: PrecisionPolicy,
-    modules: Mapping[str, str],
+    policy: ResolvedPolicy,
     calls: Mapping[str, Sequence[Call]],
     export_dir: Path,
     wanted: Sequence[str],
@@ -57,8 +57,7 @@ def write_model_exports(
 
     Args:
         adapter: the adapter holding the quantized model.
-        policy: its policy (target, fp32 pins).
-        modules: the module inventory.
+        policy: its resolved policy (target, fp32 pins, module inventory).
         calls: recorded calls per root (SmoothQuant folding, ONNX shapes).
         export_dir: the ``export/`` directory.
         wanted: which exports.
@@ -72,7 +71,7 @@ def write_model_exports(
         The notes, each prefixed by its export's name.
     """
     ctx = ModelExportContext(
-        adapter, policy, modules, calls, export_dir, float_model, float_graphs, force, say
+        adapter, policy, calls, export_dir, float_model, float_graphs, force, say
     )
     notes: list[str] = []
     for entry in exporters("model"):  # in the table's order: ascendv1, then atc
@@ -88,8 +87,7 @@ class ModelExportContext:
     ``model`` kind) takes: see :func:`write_model_exports`' arguments."""
 
     adapter: ModelAdapter
-    policy: PrecisionPolicy
-    modules: Mapping[str, str]
+    policy: ResolvedPolicy
     calls: Mapping[str, Sequence[Call]]
     export_dir: Path
     float_model: nn.Module | None
@@ -116,7 +114,7 @@ def atc_graphs(ctx: ModelExportContext, directory: Path) -> list[str]:
             staged = ctx.float_graphs.graphs
         notes = write_atc(
             ctx.adapter.model, ctx.float_model, list(ctx.adapter.roots()), ctx.calls, ctx.policy,
-            ctx.modules, tmp, mixlist=_mixlist(ctx.export_dir), say=ctx.say, float_graphs=staged,
+            tmp, mixlist=_mixlist(ctx.export_dir), say=ctx.say, float_graphs=staged,
         )  # fmt: skip
     return notes if ctx.float_graphs is None else ctx.float_graphs.graphs.notes + notes
 
@@ -136,8 +134,7 @@ class StagedGraphs:
 
 def stage_float_graphs(
     adapter: ModelAdapter,
-    policy: PrecisionPolicy,
-    modules: Mapping[str, str],
+    policy: ResolvedPolicy,
     calls: Mapping[str, Sequence[Call]],
     export_dir: Path,
     *,
@@ -148,10 +145,9 @@ def stage_float_graphs(
     second float copy of the model is loaded for them. Needs the policy exports written (the
     ``--modify_mixlist`` file)."""
     directory = export_dir / ".atc-float"
-    int8 = int8_specs(adapter.model, policy)
     graphs = write_float_graphs(
-        adapter.model, list(adapter.roots()), calls, policy, modules, directory,
-        mixlist=_mixlist(export_dir), say=say, int8=list(int8),
+        adapter.model, list(adapter.roots()), calls, policy, directory,
+        mixlist=_mixlist(export_dir), say=say, int8=list(policy.int8()),
     )  # fmt: skip
     return StagedGraphs(directory, graphs)
 

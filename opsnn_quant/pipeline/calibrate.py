@@ -1,0 +1,374 @@
+"""``calibrate``: recipe -> probe -> policy -> quantize -> save -> export, all into one OUT.
+
+:func:`run_calibrate` reads as its numbered phases. Everything that can be checked before the
+model loads is (output path, suite, latency mode, AMCT, data); then ``OUT/`` is built in a
+temporary sibling and renamed into place (:func:`opsnn_quant.io.atomic_dir`). Each phase takes
+the run's :class:`~.context.RunContext` and the values earlier phases returned, and returns its
+own: the probe a :class:`~opsnn_quant.probe.api.ProbeResult`, the policy phase the
+:class:`~opsnn_quant.policy.schema.ResolvedPolicy` every later phase takes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opsnn_quant.backends.devices import resolve_device
+from opsnn_quant.determinism import set_reproducible
+from opsnn_quant.errors import ConfigError
+from opsnn_quant.evaluation.gate import check_latency_mode
+from opsnn_quant.evaluation.suite import Suite, load_suite, suite_inputs
+from opsnn_quant.io import atomic_dir, check_output_dir
+from opsnn_quant.models import ModelAdapter, check_weights, load_adapter
+from opsnn_quant.models.data import load_records
+from opsnn_quant.models.settings import check_source_fits
+from opsnn_quant.pipeline.context import ENGINES, Engine, RunContext
+from opsnn_quant.pipeline.exports import (
+    ExportPlan,
+    plan_model_exports,
+    write_exports,
+    write_policy_exports,
+)
+from opsnn_quant.pipeline.outputs import CalibrateOutput
+from opsnn_quant.pipeline.timings import write_timings
+from opsnn_quant.policy.baselines import naive_policy
+from opsnn_quant.policy.schema import ResolvedPolicy
+from opsnn_quant.policy.search import build_policy
+from opsnn_quant.policy.summary import ModalitySummaryRow, summarize
+from opsnn_quant.policy.targets import INT8_MODULE_TYPES, Target, get_target
+from opsnn_quant.probe.api import ProbeResult, run_probe
+from opsnn_quant.probe.measure import measure_modalities
+from opsnn_quant.probe.report import SensitivityReport
+from opsnn_quant.quant.api import quantize
+from opsnn_quant.quant.checkpoint import save_quantized
+from opsnn_quant.recipe import Recipe
+from opsnn_quant.recording import RecordedRoots, record_roots
+from opsnn_quant.sources import local_paths
+from opsnn_quant.types import Modality, Progress
+from opsnn_quant.user_config import check_seed
+
+log = logging.getLogger(__name__)
+OUTPUT_KIND = "calibrate"
+
+
+@dataclass
+class CalibrateResult:
+    """What ``calibrate`` produced, for the summary table and the closing report."""
+
+    out: Path
+    rows: list[ModalitySummaryRow]
+    measured: dict[Modality, dict[str, float]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    int8_mac_share: float | None = None
+    notes: list[str] = field(default_factory=list)
+    verdict: str | None = None
+
+
+@dataclass(frozen=True)
+class CalibrationData:
+    """The recipe's records: all calibration data, the part the probe runs on, held-out data."""
+
+    calibration: list[dict[str, Any]]
+    probe: list[dict[str, Any]]
+    holdout: list[dict[str, Any]] | None
+
+
+def run_calibrate(
+    recipe: Recipe,
+    out: Path,
+    *,
+    seed: int | None = None,
+    progress: Progress | None = None,
+    engine: str = "opsnn",
+    suite: str | None = None,
+    force: bool = False,
+    latency: str = "target",
+) -> CalibrateResult:
+    """Probe, decide, quantize, save and export, all into ``out`` (atomically).
+
+    Args:
+        recipe: the calibration recipe.
+        out: output directory (replaced as a whole when the run succeeds).
+        seed: overrides the recipe's seed.
+        progress: callback told about each phase.
+        engine: ``opsnn`` (our exact-Ascend engine) or ``amct`` (hand the policy to AMCT,
+            writing ``out/amct/`` instead of ``out/quant/``).
+        suite: an acceptance suite to evaluate the result with (report in ``out/report``).
+        force: replace ``out`` even when it is not a calibrate output.
+        latency: what the acceptance run times (``none``, ``target``, ``all``; see
+            :func:`opsnn_quant.evaluation.evaluate.evaluate`).
+
+    Raises:
+        OpsnnQuantError: bad input (checked before the model loads where it can be: output
+            path, seed, device, settings against the model's config files, latency mode,
+            suite, AMCT, data), or a failure of a phase.
+    """
+    say = progress or (lambda m: log.info("%s", m))
+    check_seed(seed, "seed")  # the recipe's is checked by its schema
+    checked = check_before_work(recipe, out, engine, suite, latency, force)
+    seed = recipe.seed if seed is None else seed
+    set_reproducible(seed=seed)
+    started = time.perf_counter()
+    data = load_data(recipe, say)  # 1. load
+    adapter = load_model(recipe, say)
+    with atomic_dir(out, OUTPUT_KIND, force=force) as tmp:
+        ctx = RunContext(adapter, recipe, CalibrateOutput(tmp), seed, checked.engine, say)
+        probed = probe_phase(ctx, data, checked.target)  # 2. probe
+        resolved, notes = policy_phase(ctx, probed.report, checked.target)  # 3. policy, its files
+        holdout, plan = float_references(ctx, data, probed, resolved)  # 4. from the float model
+        quantize_phase(ctx, resolved, data, probed)  # 5. quantize, 6. save
+        measured = measure_phase(ctx, holdout)  # 7. measure
+        notes += write_exports(ctx, resolved, plan)  # 8. export
+        verdict = acceptance_phase(ctx, checked.suite, probed.report, resolved, latency)  # 9.
+        # The run's wall-clock times, apart: every other file is the same bytes on a rerun.
+        ctx.timings["total"] = time.perf_counter() - started
+        write_timings(tmp, probe=probed.report.costs, phases=ctx.timings)
+    rows = summarize(resolved, probed.report)
+    share = int8_mac_share(probed.report, rows)
+    return CalibrateResult(out, rows, measured, ctx.timings, share, notes, verdict)
+
+
+# ---- before any work -----------------------------------------------------------------------
+
+
+def load_recipe_model(recipe: Recipe) -> ModelAdapter:
+    """The recipe's model, through its adapter."""
+    m = recipe.model
+    return load_adapter(
+        m.family,
+        m.source,
+        device=m.device,
+        dtype=m.dtype,
+        allow_pickle=m.allow_pickle,
+        **recipe.settings_dict(),
+    )
+
+
+def recipe_inputs(recipe: Recipe) -> list[str]:
+    """The local paths a recipe reads (the model's directory, resolved for a named source, and
+    the data): an output may not replace them, contain them or lie inside them."""
+    sources = [recipe.model.source, recipe.data.calibration, recipe.data.holdout]
+    return [str(p) for s in sources if s is not None for p in local_paths(s)]
+
+
+def check_calibrate_output(
+    recipe: Recipe,
+    out: Path,
+    *,
+    force: bool = False,
+    suite: str | None = None,
+    inputs: Iterable[str] = (),
+) -> None:
+    """Refuse an output ``calibrate`` must not replace, before any work (see
+    :func:`opsnn_quant.io.check_output_dir`): the recipe's inputs, the ``suite``'s and
+    ``inputs`` (such as the recipe file) are never replaced."""
+    read = [*recipe_inputs(recipe), *(suite_inputs(suite) if suite else []), *inputs]
+    check_output_dir(out, OUTPUT_KIND, force=force, inputs=read)
+
+
+def check_engine(engine: str) -> Engine:
+    """``engine`` if it is one of :data:`~.context.ENGINES` (AMCT importable for ``amct``).
+
+    Raises:
+        ConfigError: an unknown engine.
+        MissingDependencyError: ``amct`` without CANN's AMCT installed.
+    """
+    if engine not in ENGINES:
+        raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine == "amct":
+        from opsnn_quant.amct.run import import_amct
+
+        import_amct()  # AMCT ships with CANN and may simply not be here
+    return engine
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What :func:`check_before_work` resolved: the recipe's target (its name looked up here,
+    once), the acceptance suite (if any) and the engine."""
+
+    target: Target
+    suite: Suite | None
+    engine: Engine
+
+
+def check_before_work(
+    recipe: Recipe, out: Path, engine: str, suite: str | None, latency: str, force: bool
+) -> Checked:
+    """Everything checkable before data and model load."""
+    check_weights(recipe.model.source, allow_pickle=recipe.model.allow_pickle)
+    check_calibrate_output(recipe, out, force=force, suite=suite)
+    resolve_device(recipe.model.device)  # an npu recipe on a machine without torch_npu: now
+    check_source_fits(recipe.model.source, recipe.model.settings)  # e.g. steps vs the scheduler
+    check_latency_mode(latency)  # with or without a suite: a typo is never silently ignored
+    loaded = load_suite(suite) if suite is not None else None
+    return Checked(get_target(recipe.target), loaded, check_engine(engine))
+
+
+# ---- 1. load -------------------------------------------------------------------------------
+
+
+def load_data(recipe: Recipe, say: Progress) -> CalibrationData:
+    """The recipe's calibration (and held-out) records."""
+    say("loading the calibration data")
+    calib = load_records(recipe.data.calibration, recipe.data.limit)
+    limit = recipe.probe.data_limit
+    holdout = None
+    if recipe.data.holdout:
+        holdout = load_records(recipe.data.holdout, recipe.data.holdout_limit)
+    return CalibrationData(calib, calib[:limit] if limit else calib, holdout)
+
+
+def load_model(recipe: Recipe, say: Progress) -> ModelAdapter:
+    """The recipe's float model."""
+    say(f"loading {recipe.model.source}")
+    return load_recipe_model(recipe)
+
+
+# ---- 2. probe ------------------------------------------------------------------------------
+
+
+def probe_phase(ctx: RunContext, data: CalibrationData, target: Target) -> ProbeResult:
+    """Probe on the probe's share of the calibration data; writes ``probe.json``."""
+    with ctx.timed("probe"):
+        # Only the schemes the target runs (or the recipe's choice among them), on the module
+        # types it runs them on: the others' errors and scores would never be used.
+        schemes = ctx.recipe.probe.schemes or target.schemes()
+        type_schemes = {t: target.schemes(t) for t in sorted(INT8_MODULE_TYPES)}
+        cfg = ctx.recipe.probe_config(ctx.seed, schemes=tuple(schemes), type_schemes=type_schemes)
+        loop = ctx.adapter.forward_loop(data.probe)
+        probed = run_probe(ctx.adapter, loop, cfg, progress=ctx.say)
+        probed.report.save(ctx.out.probe)
+    return probed
+
+
+# ---- 3. policy -----------------------------------------------------------------------------
+
+
+def policy_phase(
+    ctx: RunContext, report: SensitivityReport, target: Target
+) -> tuple[ResolvedPolicy, list[str]]:
+    """Decide the policy (the recipe's search or a naive baseline), resolve it once against the
+    probed modules, and write ``policy.yaml`` with the policy's own exports; returns the
+    resolved policy and the exports' notes."""
+    ctx.say("deciding the precision policy")
+    if ctx.recipe.strategy == "search":
+        policy = build_policy(report, ctx.recipe.budget, target)
+    else:
+        policy = naive_policy(report, target, ctx.recipe.strategy)
+    policy.save(ctx.out.policy)
+    resolved = policy.resolved(report.inventory(), report.weight_shapes())
+    return resolved, write_policy_exports(ctx, resolved)
+
+
+# ---- 4. what later phases need from the float model ----------------------------------------
+
+
+def float_references(
+    ctx: RunContext, data: CalibrationData, probed: ProbeResult, resolved: ResolvedPolicy
+) -> tuple[RecordedRoots | None, ExportPlan]:
+    """Before quantize swaps the modules in place: the float model's root outputs on held-out
+    data (to measure the quantized model against), and what the model exports need of it."""
+    holdout = None
+    if data.holdout is not None:
+        ctx.say("recording float outputs on held-out data")
+        max_calls = ctx.recipe.probe_config(ctx.seed).max_root_calls
+        loop = ctx.adapter.forward_loop(data.holdout)
+        holdout = record_roots(ctx.adapter, loop, max_calls, seed=ctx.seed + 1)
+    plan = plan_model_exports(ctx, resolved, data.calibration, probed.root_calls, holdout)
+    return holdout, plan
+
+
+# ---- 5. quantize, 6. save ------------------------------------------------------------------
+
+
+def quantize_phase(
+    ctx: RunContext, resolved: ResolvedPolicy, data: CalibrationData, probed: ProbeResult
+) -> None:
+    """Quantize with the calibration data and save ``quant/`` (or hand the policy to AMCT):
+    from the probe's pass-1 statistics when the probe ran on all of it (the same float model
+    on the same data: the same observers, no pass)."""
+    with ctx.timed("quantize"):
+        loop = ctx.adapter.forward_loop(data.calibration)
+        if ctx.engine == "amct":
+            from opsnn_quant.amct.handoff import run_amct_roots
+
+            ctx.say("handing the policy to AMCT")
+            run_amct_roots(ctx.adapter, resolved.policy, loop, ctx.out.root / "amct")
+            return
+        ctx.say("quantizing")
+        set_reproducible(seed=ctx.seed)
+        stats = probed.statistics if data.probe is data.calibration else None
+        quantize(ctx.adapter.model, resolved, loop, progress=ctx.say, statistics=stats)
+        probed.statistics.clear()  # observers' state: not needed past this point
+        save_quantized(
+            ctx.adapter.model,
+            ctx.out.quant,
+            source_model=ctx.adapter.model_id,
+            extra={"policy_model": resolved.policy.model},
+            allow_empty=True,
+        )
+
+
+# ---- 7. measure ----------------------------------------------------------------------------
+
+
+def measure_phase(
+    ctx: RunContext, holdout: RecordedRoots | None
+) -> dict[Modality, dict[str, float]]:
+    """The quantized model's per-modality SQNR against the float outputs on held-out data."""
+    if holdout is None or ctx.engine != "opsnn":
+        return {}
+    ctx.say("measuring the quantized model on held-out data")
+    return measure_modalities(ctx.adapter, holdout)
+
+
+# ---- 9. accept -----------------------------------------------------------------------------
+
+
+def acceptance_phase(
+    ctx: RunContext,
+    suite: Suite | None,
+    report: SensitivityReport,
+    resolved: ResolvedPolicy,
+    latency: str,
+) -> str | None:
+    """With ``--evaluate SUITE``: the freshly quantized model against a fresh float copy,
+    report in ``report/``; returns the verdict (None without a suite, or with AMCT)."""
+    if suite is None or ctx.engine != "opsnn":
+        return None
+    from opsnn_quant.evaluation.evaluate import evaluate
+    from opsnn_quant.evaluation.render import write_report
+    from opsnn_quant.policy.summary import policy_summary
+
+    ctx.say("loading the float baseline for the acceptance run")
+    baseline = load_recipe_model(ctx.recipe)
+    acc = evaluate(
+        baseline,
+        ctx.adapter,
+        suite,
+        policy=policy_summary(resolved.policy),
+        sensitivity=report,
+        progress=ctx.say,
+        latency=latency,
+        target=resolved.target,
+        allow_pickle=ctx.recipe.model.allow_pickle,  # the suite's CLIP too
+    )
+    write_report(acc, ctx.out.report)
+    return str(acc.verdict)
+
+
+def int8_mac_share(report: SensitivityReport, rows: list[ModalitySummaryRow]) -> float | None:
+    """Share of all MACs in int8, the modalities weighted by their MACs."""
+
+    def macs(modality: Modality) -> float:
+        summary = report.modalities.get(modality.value)
+        return float(summary.macs) if summary is not None else 0.0
+
+    int8 = sum(r.int8_mac_share * macs(r.modality) for r in rows)
+    total = sum(macs(r.modality) for r in rows)
+    return int8 / total if total else None

@@ -1,0 +1,49 @@
+"""What the phases of one ``calibrate`` run share, instead of 7-9 loose arguments each."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Literal
+
+from opsnn_quant.models.base import ModelAdapter
+from opsnn_quant.pipeline.outputs import CalibrateOutput
+from opsnn_quant.recipe import Recipe
+from opsnn_quant.types import Progress
+
+Engine = Literal["opsnn", "amct"]
+ENGINES: tuple[Engine, ...] = ("opsnn", "amct")
+
+
+@dataclass
+class RunContext:
+    """One calibrate run, as every phase sees it.
+
+    Attributes:
+        adapter: the model (float until the quantize phase swaps its modules in place).
+        recipe: the recipe, with the command line's overrides applied.
+        out: the output being built (a temporary sibling, renamed into place at the end).
+        seed: the run's seed (the recipe's unless overridden).
+        engine: ``opsnn`` (our exact Ascend arithmetic) or ``amct`` (hand the policy to AMCT).
+        say: progress callback, told about each phase.
+        timings: wall-clock seconds per phase (``timings.json``; nothing else holds times).
+    """
+
+    adapter: ModelAdapter
+    recipe: Recipe
+    out: CalibrateOutput
+    seed: int
+    engine: Engine
+    say: Progress
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Add the wall-clock seconds of the ``with`` body to ``timings[phase]``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[phase] = self.timings.get(phase, 0.0) + time.perf_counter() - t0

@@ -1,0 +1,124 @@
+"""``export-weights``: the model exports of a calibrate output, redone from its ``quant/``.
+
+``-f ascendv1`` writes ``OUT/export/ascendv1/`` (AscendV1 weights for MindIE / vLLM-Ascend /
+SGLang); ``-f atc`` writes ``OUT/export/atc/`` (ONNX graphs + ATC/AOE commands): what
+``calibrate`` writes, through the same handlers (:mod:`opsnn_quant.deploy.model_exports`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from opsnn_quant.errors import ConfigError
+from opsnn_quant.pipeline.outputs import CalibrateOutput
+from opsnn_quant.types import Progress
+
+
+@dataclass(frozen=True)
+class ExportWeightsJob:
+    """An ``export-weights`` run, checked before any model loads.
+
+    Attributes:
+        out: the calibrate output.
+        export_dir: where the exports go (default ``OUT/export``).
+        formats: the model export formats, in the order given.
+        data: the data one call per root is recorded on (None: no calls).
+        limit: records of ``data`` to use.
+        force: replace outputs that are not ours.
+        allow_pickle: the float model may have pickle weights only.
+    """
+
+    out: Path
+    export_dir: Path
+    formats: list[str]
+    data: str | None
+    limit: int
+    force: bool
+    allow_pickle: bool
+
+
+def check_export_weights(
+    out: Path,
+    formats: list[str] | None,
+    dest: Path | None = None,
+    *,
+    data: str | None = None,
+    limit: int = 1,
+    force: bool = False,
+    allow_pickle: bool = False,
+) -> ExportWeightsJob:
+    """Every option checked before a model loads: the formats (model exports of the exporter
+    table), the calibrate output, the data the exports need, the output locations.
+
+    Raises:
+        ConfigError: an unknown format, not a calibrate output, or ``data`` missing where the
+            ATC graphs or SmoothQuant folding need one call per root.
+        OutputError: an output that must not be replaced.
+    """
+    from opsnn_quant.deploy.model_exports import notes_file
+    from opsnn_quant.io import check_output_dir, check_output_file
+    from opsnn_quant.models import check_weights
+    from opsnn_quant.policy.exporters import exporters
+    from opsnn_quant.quant.checkpoint import read_description
+    from opsnn_quant.sources import local_paths
+    from opsnn_quant.user_config import check_limit
+
+    check_limit(limit)
+    model_formats = [e.name for e in exporters("model")]
+    wanted = list(dict.fromkeys(formats or ["ascendv1"]))
+    bad = [f for f in wanted if f not in model_formats]
+    if bad:
+        raise ConfigError(f"--format must be {' or '.join(model_formats)}, got {bad[0]!r}")
+    calib = CalibrateOutput(out)
+    desc = read_description(calib.quant)  # a calibrate output, before any model loads
+    if not calib.policy.is_file():
+        raise ConfigError(f"{out} has no policy.yaml; give a calibrate output directory")
+    smoothed = any(m.get("smoothquant_alpha") is not None for m in desc["modules"].values())
+    if data is None and ("atc" in wanted or smoothed):
+        why = "the ATC graphs" if "atc" in wanted else "folding its SmoothQuant factors"
+        raise ConfigError(f"{why} need one call per root: pass --data (e.g. the recipe's data)")
+    source = str(desc.get("source_model") or "")
+    check_weights(source, allow_pickle=allow_pickle)
+    export_dir = dest or calib.export
+    read = calib.read_by_consumers()
+    read += local_paths(source) if source else []
+    read += local_paths(data) if data is not None else []
+    for f in wanted:
+        check_output_dir(export_dir / f, f, force=force, inputs=read)
+        path, kind = notes_file(export_dir, f)
+        check_output_file(path, kind, force=force, inputs=read)
+    return ExportWeightsJob(out, export_dir, wanted, data, limit, force, allow_pickle)
+
+
+def run_export_weights(job: ExportWeightsJob, progress: Progress | None = None) -> list[str]:
+    """Load the quantized model, record one call per root, write the exports; their notes."""
+    from opsnn_quant.deploy.model_exports import write_model_exports
+    from opsnn_quant.models import load_adapter
+    from opsnn_quant.models.data import load_records
+    from opsnn_quant.pipeline.evaluate import load_candidate
+    from opsnn_quant.policy.schema import PrecisionPolicy
+    from opsnn_quant.recording import record_roots
+
+    say = progress or (lambda m: None)
+    records = load_records(job.data, job.limit) if job.data is not None else []
+    say("loading the quantized model")
+    adapter, report = load_candidate(job.out, allow_pickle=job.allow_pickle)
+    if report is None:
+        raise ConfigError(
+            f"{job.out} has no probe.json (the module inventory); give a calibrate output"
+        )
+    policy = PrecisionPolicy.load(CalibrateOutput(job.out).policy)
+    resolved = policy.resolved(report.inventory(), report.weight_shapes())
+    calls = {}
+    if records:
+        say("recording one call per root")
+        calls = record_roots(adapter, adapter.forward_loop(records), 1).calls
+    float_model = None
+    if "atc" in job.formats:
+        say("loading the float model for the ATC graphs")
+        float_model = load_adapter(None, adapter.model_id, allow_pickle=job.allow_pickle).model
+    return write_model_exports(
+        adapter, resolved, calls, job.export_dir, job.formats,
+        float_model=float_model, force=job.force, say=say,
+    )  # fmt: skip

@@ -1,0 +1,119 @@
+"""Calibrate's export steps, in the order :func:`~opsnn_quant.pipeline.calibrate.run_calibrate`
+takes them.
+
+The policy's own files (AMCT/ATC configs, msModelSlim YAML) come with the policy phase; which
+model exports the target gets (:class:`ExportPlan`), the one call per root they trace and ATC's
+float graphs come while the model is still float (quantize swaps its modules in place, and no
+second float copy is loaded for them); the model exports themselves
+(:mod:`opsnn_quant.deploy.model_exports`) after quantizing. Every format is an entry of the
+exporter table (:mod:`opsnn_quant.policy.exporters`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from opsnn_quant.deploy.model_exports import (
+    StagedGraphs,
+    stage_float_graphs,
+    write_model_exports,
+)
+from opsnn_quant.pipeline.context import RunContext
+from opsnn_quant.policy.export import export_policy, write_export
+from opsnn_quant.policy.exporters import exporter
+from opsnn_quant.policy.schema import ResolvedPolicy
+from opsnn_quant.recording import Call, RecordedRoots, record_roots
+
+
+def write_policy_exports(ctx: RunContext, resolved: ResolvedPolicy) -> list[str]:
+    """The policy's own exports of ``recipe.exports`` into ``export/``; returns their notes."""
+    ctx.say("exporting AMCT/ATC configs")
+    notes: list[str] = []
+    for fmt in ctx.recipe.exports:
+        entry = exporter(fmt)
+        if entry.kind == "model":
+            continue  # written from the quantized model: write_exports
+        result = export_policy(resolved, fmt)
+        write_export(result, ctx.out.export / entry.output)
+        notes.extend(f"{fmt}: {n}" for n in result.notes)
+    return notes
+
+
+@dataclass(frozen=True)
+class ExportPlan:
+    """The model exports ``recipe.exports`` asks of this target, and why others are left out.
+
+    Attributes:
+        wanted: the model export formats to write, in the exporter table's order.
+        notes: the formats left out, and why.
+        calls: one recorded call per root, the inputs the exports trace.
+        staged: ATC's float graphs, exported before quantizing (None: no ATC export).
+    """
+
+    wanted: list[str]
+    notes: list[str]
+    calls: Mapping[str, Sequence[Call]]
+    staged: StagedGraphs | None
+
+
+def plan_model_exports(
+    ctx: RunContext,
+    resolved: ResolvedPolicy,
+    calibration: Sequence[Any],
+    root_calls: Mapping[str, Sequence[Call]],
+    holdout: RecordedRoots | None,
+) -> ExportPlan:
+    """What the model exports need while the model is still float: the formats the target
+    gets (none but with our engine: AMCT writes its own model), their root calls and ATC's
+    float graphs."""
+    wanted, notes = _wanted(ctx, resolved)
+    calls = _export_calls(ctx, calibration, root_calls, holdout) if wanted else {}
+    staged = None
+    if "atc" in wanted:
+        staged = stage_float_graphs(ctx.adapter, resolved, calls, ctx.out.export, say=ctx.say)
+    return ExportPlan(wanted, notes, calls, staged)
+
+
+def _wanted(ctx: RunContext, resolved: ResolvedPolicy) -> tuple[list[str], list[str]]:
+    if ctx.engine != "opsnn":
+        return [], []
+    wanted = [f for f in ctx.recipe.exports if exporter(f).kind == "model"]
+    notes = []
+    if "atc" in wanted and resolved.target.route != "atc":
+        # ONNX exports cost ~25 s per demo UNet graph: only where ATC is the deployment route
+        wanted.remove("atc")
+        notes.append(
+            f"atc: {resolved.target.name} does not deploy through ATC; no graphs written "
+            "(opsnn-quant export-weights OUT -f atc --data SRC writes them)"
+        )
+    return wanted, notes
+
+
+def _export_calls(
+    ctx: RunContext,
+    calibration: Sequence[Any],
+    root_calls: Mapping[str, Sequence[Call]],
+    holdout: RecordedRoots | None,
+) -> Mapping[str, Sequence[Call]]:
+    """The root calls the exports trace, from the one place that has them: the held-out
+    recording's, else the probe's; none: one calibration batch is recorded, on the float model."""
+    calls = holdout.calls if holdout is not None else root_calls
+    if not calls:
+        ctx.say("recording one call per root for the exports")
+        batch = calibration[: max(1, int(ctx.recipe.settings_dict().get("batch_size", 1)))]
+        calls = record_roots(ctx.adapter, ctx.adapter.forward_loop(batch), 1, seed=ctx.seed).calls
+    return calls
+
+
+def write_exports(ctx: RunContext, resolved: ResolvedPolicy, plan: ExportPlan) -> list[str]:
+    """The planned model exports from the quantized model (ATC's float graphs staged before
+    quantizing move in), each with its notes in ``<dir>.notes.txt``; returns the plan's notes
+    and theirs."""
+    if not plan.wanted:
+        return list(plan.notes)
+    return plan.notes + write_model_exports(
+        ctx.adapter, resolved, plan.calls, ctx.out.export, plan.wanted,
+        float_graphs=plan.staged, say=ctx.say,
+    )  # fmt: skip

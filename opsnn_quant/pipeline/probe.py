@@ -1,0 +1,127 @@
+"""``probe``: a recipe's or a model's probe job, checked before any load, run into OUT.
+
+OUT holds ``probe.json`` and ``timings.json``, built in a temporary sibling and renamed into
+place like every output (:func:`opsnn_quant.io.atomic_dir`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from opsnn_quant.io import atomic_dir, check_output_dir
+from opsnn_quant.pipeline.calibrate import recipe_inputs
+from opsnn_quant.pipeline.outputs import PROBE_FILE
+from opsnn_quant.probe.api import ProbeConfig
+from opsnn_quant.probe.report import SensitivityReport
+from opsnn_quant.types import Progress
+
+PROBE_KIND = "probe"
+
+
+@dataclass(frozen=True)
+class ProbeJob:
+    """What ``probe`` runs, resolved from a recipe or a model and checked before any load.
+
+    Attributes:
+        family, source, settings: the model and its checked settings.
+        data, limit: the calibration data and how many records of it.
+        config: the probe configuration.
+        device, dtype, allow_pickle: how the model loads.
+        inputs: the local paths the run reads (an output may not replace them).
+        out: the output directory; force: replace it even when it is not a probe output.
+    """
+
+    family: str
+    source: str
+    settings: dict[str, Any]
+    data: str
+    limit: int | None
+    config: ProbeConfig
+    device: str
+    dtype: str
+    allow_pickle: bool
+    inputs: list[str]
+    out: Path
+    force: bool
+
+
+def check_probe(
+    target: str,
+    out: Path,
+    data: str | None,
+    family: str | None,
+    limit: int | None,
+    sets: list[str],
+    exhaustive: bool,
+    device: str | None,
+    dtype: str | None,
+    allow_pickle: bool,
+    force: bool = False,
+) -> ProbeJob:
+    """Resolve ``probe TARGET``'s options (a recipe's fields, or a model with ``--data``) and
+    check them: limit, family, settings against the model's own config files, device, weights,
+    and last the output location."""
+    from opsnn_quant.backends.devices import resolve_device
+    from opsnn_quant.errors import ConfigError
+    from opsnn_quant.models import FAMILIES, check_weights, guess_family
+    from opsnn_quant.models.settings import check_source_fits, parse_set_options, settings_for
+    from opsnn_quant.recipe import builtin_recipes, load_recipe, resolve_recipe
+    from opsnn_quant.sources import local_paths
+    from opsnn_quant.user_config import check_limit
+
+    check_limit(limit)
+    is_recipe = target.endswith((".yaml", ".yml")) or target in builtin_recipes()
+    if is_recipe:
+        r = load_recipe(target).with_placement(device, dtype)
+        inputs = [*recipe_inputs(r), str(resolve_recipe(target))]
+        inputs += [str(p) for p in (local_paths(data) if data else [])]
+        family, source, settings = r.model.family, r.model.source, r.settings_dict()
+        device, dtype = r.model.device, r.model.dtype
+        source_data = data or r.data.calibration
+        n = limit or r.probe.data_limit or r.data.limit
+        cfg = r.probe_config(**({"exhaustive": True} if exhaustive else {}))
+        allow_pickle = allow_pickle or r.model.allow_pickle
+    else:
+        if data is None:
+            raise ConfigError("probing a model needs --data (e.g. zoo:shapes/calibration)")
+        if family is not None and family not in FAMILIES:
+            raise ConfigError(f"--family must be one of {', '.join(FAMILIES)}, got {family!r}")
+        family, source, settings = family or guess_family(target), target, {}
+        source_data, n = data, limit
+        inputs = [str(p) for s in (target, data) for p in local_paths(s)]
+        cfg = ProbeConfig(exhaustive=exhaustive)
+    checked = settings_for(family, {**settings, **parse_set_options(sets)})
+    check_source_fits(source, checked, "--set " if sets or not is_recipe else "model.settings.")
+    resolve_device(device or "cpu")
+    check_weights(source, allow_pickle=allow_pickle)
+    check_output_dir(out, PROBE_KIND, force=force, inputs=inputs)
+    return ProbeJob(
+        family, source, checked.model_dump(), source_data, n, cfg, device or "cpu",
+        dtype or "float32", allow_pickle, inputs, out, force,
+    )  # fmt: skip
+
+
+def run_probe_job(job: ProbeJob, progress: Progress | None = None) -> SensitivityReport:
+    """Load the data and the model, probe, write ``OUT/probe.json`` and ``OUT/timings.json``."""
+    from opsnn_quant.determinism import set_reproducible
+    from opsnn_quant.models import load_adapter
+    from opsnn_quant.models.data import load_records
+    from opsnn_quant.pipeline.timings import write_timings
+    from opsnn_quant.probe.api import probe
+
+    say = progress or (lambda m: None)
+    set_reproducible(seed=job.config.seed)
+    say("loading the calibration data")
+    records = load_records(job.data, job.limit)
+    say(f"loading {job.source}")
+    adapter = load_adapter(
+        job.family, job.source, device=job.device, dtype=job.dtype,
+        allow_pickle=job.allow_pickle, **job.settings,
+    )  # fmt: skip
+    with atomic_dir(job.out, PROBE_KIND, force=job.force) as tmp:
+        report = probe(adapter, adapter.forward_loop(records), job.config, progress=say)
+        report.save(tmp / PROBE_FILE)
+        write_timings(tmp, probe=report.costs)
+    return report
