@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from opsnn_quant.numerics import fmt_db
 from opsnn_quant.policy._compress import exact, plan_rules
 from opsnn_quant.policy._plan import ModalityPlan
-from opsnn_quant.policy._schemes import Choice, describe_scheme
+from opsnn_quant.policy._schemes import Choice
 from opsnn_quant.policy.rule import QuantFields, Rule
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.targets import Target
@@ -77,16 +77,16 @@ def int8_rule(match: str, ch: Choice, reason: str) -> Rule:
 
 
 def single_reason(ch: Choice) -> str:
+    """Why one module takes its scheme (the rule's preset names the scheme itself)."""
     if ch.by_e2e:
         return (
-            f"int8 {describe_scheme(ch)}: smallest est. end-to-end contribution "
-            f"{ch.contribution:.2e} among the schemes the target runs (local SQNR "
-            f"{fmt_db(ch.sqnr_db)})"
+            f"least est. end-to-end noise of the schemes the target runs: "
+            f"{ch.contribution:.2e} (local SQNR {fmt_db(ch.sqnr_db)})"
         )
-    scaled = " (rescaled from the probe's estimate, first order)" if ch.scaled else ""
+    scaled = ", rescaled first order" if ch.scaled else ""
     return (
-        f"int8 {describe_scheme(ch)}: best local SQNR {fmt_db(ch.sqnr_db)} among the schemes "
-        f"the target runs; est. contribution {ch.contribution:.2e}{scaled}"
+        f"best local SQNR of the schemes the target runs: {fmt_db(ch.sqnr_db)} (est. "
+        f"end-to-end {ch.contribution:.2e}{scaled})"
     )
 
 
@@ -163,14 +163,13 @@ def compact_rules(
 
     Pins stay one exact rule each. Every other decided Linear/Conv2d is a target: an int8 one
     labelled by its QuantSpec, an fp16 one by its reason too (a merged fp16 rule says the one
-    reason all its modules share, with their count). A glob stays within one modality (its
-    reason quotes that modality's decision); an fp16 glob only where fp16 is the default (so
+    reason all its modules share, with their count). A glob stays within one modality (the
+    modality's decision is in the policy's figures); an fp16 glob only where fp16 is the default (so
     the other modules it reaches, containers and norms, keep their precision); an int8 glob
     never reaches a Linear/Conv2d without a rule of its own.
     """
     order = {m.name: i for i, m in enumerate(report.modules)}
     choices = {n: ch for plan in plans for n, ch in plan.int8.items()}
-    notes = {plan.modality: plan.note for plan in plans}
     targets: dict[str, tuple[object, ...]] = {}
     reasons: dict[str, str] = {}
     for plan in plans:
@@ -215,16 +214,13 @@ def compact_rules(
             reason = reasons[pl.decides[0]] + (f" ({count} modules)" if count > 1 else "")
             globs.append(Rule(match=pl.match, precision=label[1], reason=reason))
         else:
-            modality = _uniform_modality(pl.node, prefixes)
-            assert modality is not None
             group = [choices[n] for n in pl.decides]
             dbs = [c.sqnr_db for c in group if c.sqnr_db is not None]
             local = f"{min(dbs):.1f}..{max(dbs):.1f} dB" if dbs else "lossless"
-            where = f"under {pl.node!r}" if pl.node else "in the model"
+            where = f"under {pl.node}" if pl.node else "in the model"
             reason = (
-                f"int8 {describe_scheme(group[0])} for the {len(group)} probed Linear/Conv2d "
-                f"{where} not named above (local SQNR {local}, best scheme each); "
-                f"{modality.value}: {notes.get(modality, '')}"
+                f"the {len(group)} probed Linear/Conv2d {where} not named above, best scheme "
+                f"each (local SQNR {local})"
             )
             globs.append(int8_rule(pl.match, group[0], reason))
     return rules + exact_float + exact_int8 + globs

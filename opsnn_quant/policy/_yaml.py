@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.policy.form import DocumentError, FlowMap
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -17,10 +18,27 @@ M = TypeVar("M", bound=BaseModel)
 _WIDTH = 1 << 16
 
 
+class _Dumper(yaml.SafeDumper):
+    """SafeDumper that writes a :class:`~opsnn_quant.policy.form.FlowMap` on one line."""
+
+
+def _flow_map(dumper: yaml.SafeDumper, data: dict[str, Any]) -> yaml.Node:
+    return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=True)
+
+
+_Dumper.add_representer(FlowMap, _flow_map)
+
+
 def dump(data: Any, header: str = "") -> str:
-    """YAML text of plain data, keys in insertion order; same data -> same bytes."""
-    body = yaml.safe_dump(
-        data, sort_keys=False, allow_unicode=True, default_flow_style=False, width=_WIDTH
+    """YAML text of plain data, keys in insertion order; same data -> same bytes. A
+    :class:`~opsnn_quant.policy.form.FlowMap` is written on one line."""
+    body = yaml.dump(
+        data,
+        Dumper=_Dumper,
+        sort_keys=False,
+        allow_unicode=True,
+        default_flow_style=False,
+        width=_WIDTH,
     )
     lines = "".join(f"# {h}\n" if h else "#\n" for h in header.splitlines()) if header else ""
     return lines + body
@@ -52,8 +70,21 @@ def _line_of(node: yaml.Node | None, loc: Sequence[int | str]) -> int | None:
     return line
 
 
-def load_model(cls: type[M], text: str, source: str = "<string>") -> M:
+def load_model(
+    cls: type[M],
+    text: str,
+    source: str = "<string>",
+    prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> M:
     """Parse YAML ``text`` and validate it as ``cls``.
+
+    Args:
+        cls: the pydantic model.
+        text: the YAML text.
+        source: the file name in messages.
+        prepare: turns the document into the model's data first (e.g. a file form's presets
+            into rules); a :class:`~opsnn_quant.policy.form.DocumentError` it raises is
+            reported at its location.
 
     Raises:
         ConfigError: bad YAML, or a schema violation; the message names the field path and the
@@ -71,6 +102,14 @@ def load_model(cls: type[M], text: str, source: str = "<string>") -> M:
         raise ConfigError(
             f"{source}: expected a mapping at the top level, got {type(data).__name__}"
         )
+    if prepare is not None:
+        try:
+            data = prepare(data)
+        except DocumentError as exc:
+            where = ".".join(str(x) for x in exc.loc) or "<root>"
+            line = _line_of(root, list(exc.loc))
+            at = f" (line {line})" if line is not None else ""
+            raise ConfigError(f"{source}: {where}: {exc}{at}") from exc
     try:
         return cls.model_validate(data)
     except ValidationError as exc:

@@ -84,6 +84,20 @@ class Rule(_Frozen):
     quant: QuantFields | None = None
     reason: str = ""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _int8_settings_explicit(cls, data: Any) -> Any:
+        # An int8 rule without quant: settings takes the defaults; holding them explicitly makes
+        # ``Rule(match, precision=w8a8)`` equal to the same rule read back from a file.
+        if isinstance(data, dict) and data.get("quant") is None and "precision" in data:
+            try:
+                int8 = not Precision(data["precision"]).is_float
+            except ValueError:
+                return data  # the field's own check names the bad precision
+            if int8:
+                return {**data, "quant": {}}
+        return data
+
     @model_validator(mode="after")
     def _check_quant(self) -> Rule:
         if self.precision.is_float:

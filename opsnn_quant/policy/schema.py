@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.io import atomic_write_text, read_text
-from opsnn_quant.policy import _yaml
+from opsnn_quant.policy import _yaml, form
 from opsnn_quant.policy.budget import Budget
 from opsnn_quant.policy.rule import Rule
 from opsnn_quant.policy.targets import INT8_MODULE_TYPES, Target, get_target
@@ -32,10 +32,14 @@ from opsnn_quant.types import Modality, Precision, match_prefix
 if TYPE_CHECKING:
     from torch import nn
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = form.FILE_VERSION
+# Schema 1: every int8 rule with its own quant: block (read as before; written as schema 2).
+READABLE_VERSIONS = (1, SCHEMA_VERSION)
 _HEADER = (
     "opsnn-quant precision policy. Rules: first match wins (globs on module names);\n"
-    "int8 rules apply to Linear/Conv2d only; then the modality default (longest prefix)."
+    "int8 rules apply to Linear/Conv2d only; then the modality default (longest prefix).\n"
+    "An int8 rule names a preset: its precision and the quant settings that differ from the\n"
+    "defaults (activation_symmetric true, observer minmax, output_dtype float16, no SmoothQuant)."
 )
 
 
@@ -101,11 +105,12 @@ class PrecisionPolicy(_Frozen):
     @field_validator("schema_version")
     @classmethod
     def _known_version(cls, v: int) -> int:
-        if v != SCHEMA_VERSION:
+        if v not in READABLE_VERSIONS:
             raise ValueError(
-                f"policy schema_version {v} is not supported (expected {SCHEMA_VERSION})"
+                f"policy schema_version {v} is not supported (expected {SCHEMA_VERSION}, "
+                "or 1 from earlier releases)"
             )
-        return v
+        return SCHEMA_VERSION  # a schema 1 policy is the same policy: it is written as 2
 
     @field_validator("target")
     @classmethod
@@ -130,17 +135,19 @@ class PrecisionPolicy(_Frozen):
     # ---- YAML ----------------------------------------------------------------------------
 
     def to_yaml(self) -> str:
-        """Deterministic YAML text: the same policy gives the same bytes."""
-        return _yaml.dump(self.model_dump(mode="json", exclude_none=True), header=_HEADER)
+        """Deterministic YAML text in the file form (:mod:`opsnn_quant.policy.form`: presets,
+        one line per rule): the same policy gives the same bytes."""
+        doc = form.to_document(self.model_dump(mode="json", exclude_none=True))
+        return _yaml.dump(doc, header=_HEADER)
 
     @classmethod
     def from_yaml(cls, text: str, source: str = "<string>") -> PrecisionPolicy:
-        """Parse and validate YAML text.
+        """Parse and validate YAML text (schema 2 with presets, or schema 1).
 
         Raises:
             ConfigError: bad YAML or a schema violation (field path and line in the message).
         """
-        return _yaml.load_model(cls, text, source)
+        return _yaml.load_model(cls, text, source, prepare=form.from_document)
 
     def save(self, path: str | Path) -> Path:
         """Write ``policy.yaml`` atomically."""

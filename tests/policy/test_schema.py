@@ -51,20 +51,28 @@ def _line(text, needle):
 
 
 def test_bad_field_names_the_field_and_the_line():
-    text = _policy().to_yaml().replace("precision: w8a8_dynamic", "precison: w8a8_dynamic")
+    text = _policy().to_yaml().replace("preset: w8a8_dynamic", "presett: w8a8_dynamic")
     with pytest.raises(ConfigError) as exc:
         PrecisionPolicy.from_yaml(text, source="policy.yaml")
     msg = str(exc.value)
-    assert msg.startswith("policy.yaml: rules.1.precison: Extra inputs are not permitted")
-    assert f"(line {_line(text, 'precison')})" in msg
+    assert msg.startswith("policy.yaml: rules.1.presett: Extra inputs are not permitted")
+    assert f"(line {_line(text, 'presett')})" in msg
 
 
 def test_bad_value_names_the_field_and_the_line():
-    text = _policy().to_yaml().replace("observer: minmax", "observer: maxmin", 1)
+    # In a preset: reported there, not at each rule that names it.
+    text = _policy().to_yaml().replace("smoothquant_alpha: 0.5}", "observer: maxmin}")
     with pytest.raises(ConfigError) as exc:
         PrecisionPolicy.from_yaml(text, source="p.yaml")
-    assert "rules.0.quant.observer" in str(exc.value)
+    assert str(exc.value).startswith("p.yaml: presets.w8a8-sq0.5.observer: Input should be")
     assert f"(line {_line(text, 'maxmin')})" in str(exc.value)
+    # In a rule written with its own quant: block (schema 1, or by hand).
+    v1 = text.replace("preset: w8a8-sq0.5", "precision: w8a8, quant: {observer: maxmin}")
+    v1 = v1.replace("  w8a8-sq0.5: {precision: w8a8, observer: maxmin}\n", "")
+    with pytest.raises(ConfigError) as exc:
+        PrecisionPolicy.from_yaml(v1, source="p.yaml")
+    assert "rules.0.quant.observer" in str(exc.value)
+    assert f"(line {_line(v1, 'maxmin')})" in str(exc.value)
 
 
 def test_yaml_syntax_error_has_a_line():

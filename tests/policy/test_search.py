@@ -105,7 +105,7 @@ def test_end_to_end_scores_beat_local_sqnr_when_the_probe_has_them():
     a = _by_match(pol)["a"]
     assert a.precision == Precision.W8A8
     assert a.quant.observer == "minmax" and a.quant.smoothquant_alpha is None
-    assert "smallest est. end-to-end contribution 1.00e-04" in a.reason
+    assert "least est. end-to-end noise of the schemes the target runs: 1.00e-04" in a.reason
     assert pol.figures[Modality.DENOISER].noise == pytest.approx(1e-4)
 
 
