@@ -111,6 +111,36 @@ def npu_weight_quant_batchmatmul(
     Returns:
         (..., M, N) in ``x``'s dtype, or int8 with ``quant_scale``.
     """
+    _check_modes(x, weight, antiquant_scale, quant_scale, quant_offset, antiquant_group_size,
+                 inner_precise, weight_dtype)  # fmt: skip
+    w_int = _weight_values(weight)
+    _check_batch(x, w_int)
+    k, n = w_int.shape[-2], w_int.shape[-1]
+    if x.shape[-1] != k:
+        raise ShapeError(f"{OP}: the K of x ({x.shape[-1]}) and of weight ({k}) differ")
+    w = _antiquant(w_int, antiquant_scale, antiquant_offset, antiquant_group_size, x.dtype)
+    y = torch.matmul(x.to(torch.float32), w.to(torch.float32))
+    if bias is not None:
+        require_dtype("bias", bias, _FLOATS, OP)
+        if bias.numel() != n or bias.dim() > 2:
+            raise ShapeError(f"{OP}: bias must be ({n},) or (1, {n}), got {tuple(bias.shape)}")
+        y = y + bias.to(torch.float32).reshape(-1)
+    if quant_scale is None:
+        return y.to(x.dtype)
+    return _requant(y, quant_scale, quant_offset, n)
+
+
+def _check_modes(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    antiquant_scale: torch.Tensor,
+    quant_scale: torch.Tensor | None,
+    quant_offset: torch.Tensor | None,
+    antiquant_group_size: int,
+    inner_precise: int,
+    weight_dtype: torch.dtype | int | None,
+) -> None:
+    """The dtypes and modes :func:`npu_weight_quant_batchmatmul` takes (shapes checked after)."""
     require_dtype("x", x, _FLOATS, OP)
     require_dtype("weight", weight, (torch.int8, torch.int32), OP)
     if weight_dtype is not None and weight_dtype != weight.dtype:
@@ -128,30 +158,31 @@ def npu_weight_quant_batchmatmul(
     require_dtype("antiquant_scale", antiquant_scale, _FLOATS, OP)
     if x.dim() < 2 or weight.dim() < 2:
         raise ShapeError(f"{OP}: x and weight need at least 2 dims")
-    w_int = _weight_values(weight)
-    _check_batch(x, w_int)
+
+
+def _antiquant(
+    w_int: torch.Tensor,
+    antiquant_scale: torch.Tensor,
+    antiquant_offset: torch.Tensor | None,
+    group_size: int,
+    dt: torch.dtype,
+) -> torch.Tensor:
+    """``(w + offset) * scale`` in x's dtype ``dt``, rounded as the kernel's vector unit does."""
     k, n = w_int.shape[-2], w_int.shape[-1]
-    if x.shape[-1] != k:
-        raise ShapeError(f"{OP}: the K of x ({x.shape[-1]}) and of weight ({k}) differ")
-    dt = x.dtype
-    scale = _per_channel(antiquant_scale, k, n, antiquant_group_size, "antiquant_scale").to(dt)
+    scale = _per_channel(antiquant_scale, k, n, group_size, "antiquant_scale").to(dt)
     w = w_int.to(dt)
     if antiquant_offset is not None:
         require_dtype("antiquant_offset", antiquant_offset, _FLOATS, OP)
         if antiquant_offset.shape != antiquant_scale.shape:
             raise ShapeError(f"{OP}: antiquant_offset must have antiquant_scale's shape")
-        w = w + _per_channel(antiquant_offset, k, n, antiquant_group_size, "antiquant_offset").to(
-            dt
-        )
-    w = w * scale  # the antiquant step in x's dtype, rounded as the kernel's vector unit does
-    y = torch.matmul(x.to(torch.float32), w.to(torch.float32))
-    if bias is not None:
-        require_dtype("bias", bias, _FLOATS, OP)
-        if bias.numel() != n or bias.dim() > 2:
-            raise ShapeError(f"{OP}: bias must be ({n},) or (1, {n}), got {tuple(bias.shape)}")
-        y = y + bias.to(torch.float32).reshape(-1)
-    if quant_scale is None:
-        return y.to(dt)
+        w = w + _per_channel(antiquant_offset, k, n, group_size, "antiquant_offset").to(dt)
+    return w * scale
+
+
+def _requant(
+    y: torch.Tensor, quant_scale: torch.Tensor, quant_offset: torch.Tensor | None, n: int
+) -> torch.Tensor:
+    """The int8 output: ``y`` requantized by the fixpipe as ``npu_quant_matmul`` does."""
     require_dtype("quant_scale", quant_scale, (torch.float32, torch.int64), OP)
     if quant_scale.numel() not in (1, n) or quant_scale.dim() > 2:
         raise ShapeError(f"{OP}: quant_scale must be (1,), ({n},) or (1, {n})")

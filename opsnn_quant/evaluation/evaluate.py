@@ -30,6 +30,8 @@ from opsnn_quant.policy.targets import Target, get_target
 from opsnn_quant.types import Progress
 
 if TYPE_CHECKING:
+    from opsnn_quant.evaluation.gate import LatencyPlan
+    from opsnn_quant.evaluation.timing import LatencyFigures
     from opsnn_quant.probe.report import SensitivityReport
 
 log = logging.getLogger(__name__)
@@ -140,48 +142,33 @@ def evaluate(
             task is not the models' task.
         ModelLoadError: the suite's CLIP has pickle weights only and ``allow_pickle`` is False.
     """
-    from opsnn_quant.evaluation.ort_figure import onnx_speed
     from opsnn_quant.evaluation.runner import build_report
-    from opsnn_quant.evaluation.timing import run_latency
-    from opsnn_quant.quant.modules import is_quant_module
 
     say = progress or (lambda m: log.info("%s", m))
     mode = check_latency_mode(latency)
-    target = _target_of(target, policy)
+    judged_for = _target_of(target, policy)
     _check_task(suite, baseline, candidate)
-    has_int8 = any(is_quant_module(m) for m in candidate.model.modules())
-    if candidate_backend is None:
-        # A float candidate (e.g. the model cast to fp16) runs plain PyTorch eager.
-        device = candidate.device
-        candidate_backend = backend_label(device) if has_int8 else device.type
-    if baseline_backend is None:
-        baseline_backend = baseline.device.type
+    backends = _Backends.of(baseline, candidate, baseline_backend, candidate_backend)
     for adapter in (baseline, candidate):
         _apply_generation(adapter, suite)
     _check_clip_weights(suite, allow_pickle)
     records = _records(suite)
-    generate = (
-        partial(_generate_t2i, allow_pickle=allow_pickle) if suite.task == "t2i" else _generate_asr
-    )
-    out = generate(baseline, candidate, suite, records, say)
+    if suite.task == "t2i":
+        out = _generate_t2i(baseline, candidate, suite, records, say, allow_pickle=allow_pickle)
+    else:
+        out = _generate_asr(baseline, candidate, suite, records, say)
     notes: list[str] = []
     plan = plan_latency(
-        suite, mode, target=target, baseline_backend=baseline_backend,
-        candidate_backend=candidate_backend, onnx_possible=has_int8,
+        suite, mode, target=judged_for, baseline_backend=backends.baseline,
+        candidate_backend=backends.candidate, onnx_possible=backends.int8,
     )  # fmt: skip
-    figures = run_latency(
-        plan, suite, baseline, candidate, work=out.work, items=out.items,
-        baseline_backend=baseline_backend, candidate_backend=candidate_backend,
-        onnx=lambda: onnx_speed(candidate, records, suite, notes), say=say,
-    )  # fmt: skip
-    if figures.candidate is not None:
-        notes.append(_timing_note(has_int8, baseline_backend, candidate_backend))
+    figures = _time(plan, suite, baseline, candidate, out, records, backends, notes, say)
     report = build_report(
         suite,
         out.quality,
         baseline_latency=figures.baseline,
         candidate_latency=figures.candidate,
-        quality_backend=candidate_backend,
+        quality_backend=backends.candidate,
         stages=figures.stages or None,
         top_modules=figures.top_modules or None,
         stability=figures.stability or None,
@@ -190,10 +177,61 @@ def evaluate(
         sensitivity=sensitivity,
         notes=notes,
         created=created,
-        target=target,
+        target=judged_for,
         latency_plan=plan,
     )
     return report.with_outputs(out.baseline, out.candidate)
+
+
+@dataclass(frozen=True)
+class _Backends:
+    """The labels of both models' figures, and whether the candidate holds int8 modules."""
+
+    baseline: str
+    candidate: str
+    int8: bool
+
+    @classmethod
+    def of(
+        cls,
+        baseline: ModelAdapter,
+        candidate: ModelAdapter,
+        baseline_backend: str | None,
+        candidate_backend: str | None,
+    ) -> _Backends:
+        from opsnn_quant.quant.modules import is_quant_module
+
+        int8 = any(is_quant_module(m) for m in candidate.model.modules())
+        if candidate_backend is None:
+            # A float candidate (e.g. the model cast to fp16) runs plain PyTorch eager.
+            device = candidate.device
+            candidate_backend = backend_label(device) if int8 else device.type
+        return cls(baseline_backend or baseline.device.type, candidate_backend, int8)
+
+
+def _time(
+    plan: LatencyPlan,
+    suite: Suite,
+    baseline: ModelAdapter,
+    candidate: ModelAdapter,
+    out: _Generated,
+    records: list[dict[str, Any]],
+    backends: _Backends,
+    notes: list[str],
+    say: Progress,
+) -> LatencyFigures:
+    """The latency figures ``plan`` asks for (a note on what the CPU timings mean added)."""
+    from opsnn_quant.evaluation.ort_figure import onnx_speed
+    from opsnn_quant.evaluation.timing import run_latency
+
+    figures = run_latency(
+        plan, suite, baseline, candidate, work=out.work, items=out.items,
+        baseline_backend=backends.baseline, candidate_backend=backends.candidate,
+        onnx=lambda: onnx_speed(candidate, records, suite, notes), say=say,
+    )  # fmt: skip
+    if figures.candidate is not None:
+        notes.append(_timing_note(backends.int8, backends.baseline, backends.candidate))
+    return figures
 
 
 def _target_of(target: str | Target | None, policy: dict[str, Any] | None) -> Target | None:

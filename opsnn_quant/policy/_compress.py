@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 
 
 def exact(name: str) -> str:
@@ -62,10 +61,94 @@ def plan_rules(
     Returns:
         Exact placements in model order, then globs in post-order (children in model order).
     """
-    order = {n: i for i, n in enumerate(names)}
-    wanted = sorted((n for n in targets if n in order), key=order.__getitem__)
+    return _Planner(names, targets, glob_ok).plan()
+
+
+class _Planner:
+    """The dynamic programme of :func:`plan_rules` over the tree of target names."""
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        targets: Mapping[str, Hashable],
+        glob_ok: Callable[[str, Hashable], bool],
+    ) -> None:
+        self.order = {n: i for i, n in enumerate(names)}
+        self.targets = targets
+        self.glob_ok = glob_ok
+        wanted = sorted((n for n in targets if n in self.order), key=self.order.__getitem__)
+        self.children = _tree(wanted)
+        self.below: dict[str, list[Hashable]] = {}  # labels of targets under a node, first met
+        self._collect("")
+        self._memo: dict[tuple[str, Hashable], tuple[int, Hashable | None, bool]] = {}
+        self.exacts: list[Placement] = []
+        self.globs: list[Placement] = []
+
+    def plan(self) -> list[Placement]:
+        self._place("", None, None)
+        self.exacts.sort(key=lambda p: self.order[p.node])
+        for glob in self.globs:
+            glob.decides.sort(key=self.order.__getitem__)
+        return self.exacts + self.globs
+
+    def _collect(self, node: str) -> list[Hashable]:
+        seen: dict[Hashable, None] = {}
+        for child in self.children[node]:
+            if child in self.targets:
+                seen.setdefault(self.targets[child], None)
+            for label in self._collect(child):
+                seen.setdefault(label, None)
+        self.below[node] = list(seen)
+        return self.below[node]
+
+    def _best(self, node: str, inherited: Hashable) -> tuple[int, Hashable | None, bool]:
+        """(rules needed in the subtree, glob label or None, glob placed) given ``inherited``."""
+        key = (node, inherited)
+        if key not in self._memo:
+            own = 1 if node in self.targets and self.targets[node] != inherited else 0
+            options: list[tuple[int, Hashable | None, bool]] = [
+                (self._cost_below(node, inherited), None, False)
+            ]
+            for label in self.below[node]:
+                if label != inherited and self.glob_ok(node, label):
+                    options.append((1 + self._cost_below(node, label), label, True))
+            cost, label, placed = min(options, key=lambda o: o[0])  # first minimum: stable ties
+            self._memo[key] = (own + cost, label, placed)
+        return self._memo[key]
+
+    def _cost_below(self, node: str, inherited: Hashable) -> int:
+        return sum(self._best(c, self._relevant(c, inherited))[0] for c in self.children[node])
+
+    def _relevant(self, node: str, inherited: Hashable) -> Hashable:
+        """``inherited``, or None when no target at or under ``node`` wants that label: such a
+        glob helps none of them, the same as no glob (this keeps the memo small)."""
+        wanted_here = node in self.targets and self.targets[node] == inherited
+        return inherited if wanted_here or inherited in self.below[node] else None
+
+    def _place(self, node: str, inherited: Hashable, holder: Placement | None) -> None:
+        inherited = self._relevant(node, inherited) if node else inherited
+        if holder is not None and inherited != holder.label:
+            holder = None
+        if node in self.targets:
+            if self.targets[node] == inherited and holder is not None:
+                holder.decides.append(node)
+            else:
+                self.exacts.append(Placement(exact(node), self.targets[node], node, False, [node]))
+        _, label, placed = self._best(node, inherited)
+        if placed:
+            glob = Placement(subtree_glob(node), label, node, True)
+            for child in self.children[node]:
+                self._place(child, label, glob)
+            self.globs.append(glob)
+        else:
+            for child in self.children[node]:
+                self._place(child, inherited, holder)
+
+
+def _tree(names: Sequence[str]) -> dict[str, list[str]]:
+    """Node -> its children (model order), over ``names`` and their dotted ancestors."""
     children: dict[str, list[str]] = {"": []}
-    for name in wanted:
+    for name in names:
         parts = name.split(".")
         parent = ""
         for depth in range(1, len(parts) + 1):
@@ -74,66 +157,4 @@ def plan_rules(
                 children[node] = []
                 children[parent].append(node)
             parent = node
-    below: dict[str, list[Hashable]] = {}  # labels of the targets under a node, first-met order
-
-    def collect(node: str) -> list[Hashable]:
-        seen: dict[Hashable, None] = {}
-        for child in children[node]:
-            if child in targets:
-                seen.setdefault(targets[child], None)
-            for label in collect(child):
-                seen.setdefault(label, None)
-        below[node] = list(seen)
-        return below[node]
-
-    collect("")
-
-    @cache
-    def best(node: str, inherited: Hashable) -> tuple[int, Hashable | None, bool]:
-        """(rules needed in the subtree, glob label or None, glob placed) given ``inherited``."""
-        own = 1 if node in targets and targets[node] != inherited else 0
-        options: list[tuple[int, Hashable | None, bool]] = [
-            (cost_below(node, inherited), None, False)
-        ]
-        for label in below[node]:
-            if label != inherited and glob_ok(node, label):
-                options.append((1 + cost_below(node, label), label, True))
-        cost, label, placed = min(options, key=lambda o: o[0])  # first minimum: stable ties
-        return own + cost, label, placed
-
-    def cost_below(node: str, inherited: Hashable) -> int:
-        return sum(best(c, relevant(c, inherited))[0] for c in children[node])
-
-    def relevant(node: str, inherited: Hashable) -> Hashable:
-        """``inherited``, or None when no target at or under ``node`` wants that label: such a
-        glob helps none of them, the same as no glob (this keeps the memo small)."""
-        wanted_here = node in targets and targets[node] == inherited
-        return inherited if wanted_here or inherited in below[node] else None
-
-    exacts: list[Placement] = []
-    globs: list[Placement] = []
-
-    def place(node: str, inherited: Hashable, holder: Placement | None) -> None:
-        inherited = relevant(node, inherited) if node else inherited
-        if holder is not None and inherited != holder.label:
-            holder = None
-        if node in targets:
-            if targets[node] == inherited and holder is not None:
-                holder.decides.append(node)
-            else:
-                exacts.append(Placement(exact(node), targets[node], node, False, [node]))
-        _, label, placed = best(node, inherited)
-        if placed:
-            glob = Placement(subtree_glob(node), label, node, True)
-            for child in children[node]:
-                place(child, label, glob)
-            globs.append(glob)
-        else:
-            for child in children[node]:
-                place(child, inherited, holder)
-
-    place("", None, None)
-    exacts.sort(key=lambda p: order[p.node])
-    for glob in globs:
-        glob.decides.sort(key=order.__getitem__)
-    return exacts + globs
+    return children

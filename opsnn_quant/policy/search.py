@@ -45,18 +45,11 @@ def _r(x: float, digits: int = 6) -> float:
     return float(f"{x:.{digits}g}")
 
 
-def _plan_modality(
-    modality: Modality,
-    modules: list[ModuleSensitivity],
-    pinned: set[str],
-    target: Target,
-    cap: float,
-    limit_text: str,
-    min_share: float,
-    force_fp16: str | None,
-) -> ModalityPlan:
-    plan = ModalityPlan(modality)
-    total_macs = sum(max(m.macs, 0) for m in modules)
+def _candidates(
+    modules: list[ModuleSensitivity], pinned: set[str], target: Target, plan: ModalityPlan
+) -> dict[str, tuple[ModuleSensitivity, Choice]]:
+    """Each int8 candidate with its best scheme among those ``target`` runs on it; the modules
+    that cannot be one go to ``plan.fallback`` with the reason."""
     cands: dict[str, tuple[ModuleSensitivity, Choice]] = {}
     for m in modules:
         if not m.quantizable or m.name in pinned:
@@ -82,13 +75,14 @@ def _plan_modality(
             )
             continue
         cands[m.name] = (m, choice)
-    if force_fp16 is not None:
-        for name in cands:
-            plan.fallback[name] = f"fp16: {force_fp16}"
-        plan.note = force_fp16
-        return plan
+    return cands
 
-    order = {m.name: i for i, m in enumerate(modules)}
+
+def _fit_budget(
+    cands: dict[str, tuple[ModuleSensitivity, Choice]], order: dict[str, int], cap: float
+) -> tuple[list[str], list[str], float]:
+    """(kept, removed, noise of the kept): the largest contributions per MAC fall back until
+    the summed first-order noise fits ``cap``, then what still fits is re-admitted."""
 
     def ratio(name: str) -> tuple[float, float, int]:
         m, ch = cands[name]
@@ -114,6 +108,29 @@ def _plan_modality(
             keep.append(name)
             removed.remove(name)
             noise = total(keep)
+    return keep, removed, noise
+
+
+def _plan_modality(
+    modality: Modality,
+    modules: list[ModuleSensitivity],
+    pinned: set[str],
+    target: Target,
+    cap: float,
+    limit_text: str,
+    min_share: float,
+    force_fp16: str | None,
+) -> ModalityPlan:
+    plan = ModalityPlan(modality)
+    total_macs = sum(max(m.macs, 0) for m in modules)
+    cands = _candidates(modules, pinned, target, plan)
+    if force_fp16 is not None:
+        for name in cands:
+            plan.fallback[name] = f"fp16: {force_fp16}"
+        plan.note = force_fp16
+        return plan
+    order = {m.name: i for i, m in enumerate(modules)}
+    keep, removed, noise = _fit_budget(cands, order, cap)
     keep.sort(key=order.__getitem__)
     int8_macs = sum(cands[n][0].macs for n in keep)
     share = int8_macs / total_macs if total_macs > 0 else 0.0
