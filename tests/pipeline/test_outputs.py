@@ -1,5 +1,5 @@
 """The calibrate output's layout and the classification of a directory a user passes
-(opsnn_quant/outputs.py)."""
+(opsnn_quant/pipeline/outputs.py)."""
 
 from __future__ import annotations
 

@@ -202,6 +202,26 @@ def test_module_specs_drive_quantize():
     assert torch.nn.functional.cosine_similarity(y.flatten(), ref.flatten(), dim=0) > 0.99
 
 
+def test_a_policy_resolved_once_quantizes_as_the_policy_does():
+    policy = _policy()
+    a, b = TinyMLP().eval(), TinyMLP().eval()
+    inventory = {n: type(m).__name__ for n, m in a.named_modules() if n}
+    resolved = policy.resolved(inventory)
+    assert resolved.target.name == "cpu-reference" and resolved.modules == inventory
+    assert resolved.int8() == {
+        "fc1": QuantSpec(Precision.W8A8, smoothquant_alpha=0.5),
+        "fc2": QuantSpec(Precision.W8A8_DYNAMIC),
+    }
+    assert resolved.resolution["act"].rule == "default"
+    assert dict(resolved.specs) == dict(policy.resolved_for(a).specs)
+    quantize(a, resolved, forward_loop_for(a))
+    quantize(b, policy, forward_loop_for(b))
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb) and all(torch.equal(sa[k], sb[k]) for k in sa)
+    with pytest.raises(ConfigError, match="the module inventory is empty"):
+        policy.resolved({})
+
+
 def test_resolve_earlier_glob_beats_later_exact_name():
     p = PrecisionPolicy(
         model="m",
