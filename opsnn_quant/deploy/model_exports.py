@@ -20,6 +20,7 @@ from torch import nn
 
 from opsnn_quant.deploy.atc import FloatGraphs, write_atc, write_float_graphs
 from opsnn_quant.deploy.exporter import export_ascendv1
+from opsnn_quant.deploy.mindie_sd import export_mindie_sd
 from opsnn_quant.io import atomic_dir, remove_output_file, write_output_file
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.policy.exporters import exporters
@@ -100,6 +101,12 @@ def ascendv1(ctx: ModelExportContext, directory: Path) -> list[str]:
     """``export/ascendv1/``: AscendV1 weights (MindIE / vLLM-Ascend / SGLang); its notes."""
     ctx.say("exporting AscendV1 weights (MindIE / vLLM-Ascend / SGLang)")
     return export_ascendv1(ctx.adapter, directory, calls=ctx.calls, force=ctx.force).notes
+
+
+def mindie_sd(ctx: ModelExportContext, directory: Path) -> list[str]:
+    """``export/mindie-sd/``: per component, the files ``mindiesd.quantize`` loads; its notes."""
+    ctx.say("exporting MindIE-SD weights (mindiesd.quantize)")
+    return export_mindie_sd(ctx.adapter, directory, force=ctx.force).notes
 
 
 def atc_graphs(ctx: ModelExportContext, directory: Path) -> list[str]:

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from opsnn_quant.probe.report import ModuleSensitivity, SchemeError
+from opsnn_quant.probe.report import ModuleSensitivity
 from opsnn_quant.quant.schemes import SCHEMES
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Precision
@@ -31,10 +31,6 @@ class Choice:
     def precision(self) -> Precision:
         """The chosen int8 precision."""
         return self.spec.precision
-
-
-def _sqnr_key(e: SchemeError) -> float:
-    return math.inf if e.sqnr_db is None else e.sqnr_db
 
 
 def contribution_for(m: ModuleSensitivity, scheme: str) -> tuple[float, bool] | None:
@@ -65,6 +61,42 @@ def contribution_for(m: ModuleSensitivity, scheme: str) -> tuple[float, bool] | 
     return base * 10.0 ** ((ref.sqnr_db - new.sqnr_db) / 10.0), True
 
 
+def scheme_choices(
+    m: ModuleSensitivity, allowed: set[Precision], per_step: bool = False
+) -> dict[str, Choice]:
+    """Every scheme the probe measured on ``m`` whose precision is in ``allowed`` (per-step
+    schemes only where ``per_step``) and that has an end-to-end estimate, as a Choice, in
+    ``SCHEMES`` order."""
+    by_e2e = m.e2e is not None and bool(m.e2e.schemes)
+    out = {}
+    for name, scheme in SCHEMES.items():
+        err = m.w8a8.get(name)
+        if err is None or err.infeasible or scheme.precision not in allowed:
+            continue
+        if scheme.per_step and not per_step:
+            continue
+        est = contribution_for(m, name)
+        if est is None:
+            continue
+        # The probe records the alpha it searched; without one, search again at calibration.
+        alpha: float | Literal["auto"] = (
+            err.smoothquant_alpha if err.smoothquant_alpha is not None else "auto"
+        )
+        bounds = tuple(err.timestep_bounds) if err.timestep_bounds else None
+        spec = SCHEMES[name].spec(alpha, bounds)
+        out[name] = Choice(name, spec, err.sqnr_db, est[0], est[1], by_e2e)
+    return out
+
+
+def choice_key(choice: Choice) -> float:
+    """What ranks schemes of one module (lower is better): the end-to-end contribution when the
+    probe scored every scheme end to end, else minus the local SQNR; rounded, so that a
+    last-bit difference between runs cannot change the choice."""
+    if choice.by_e2e:
+        return float(f"{choice.contribution:.6g}")
+    return -round(math.inf if choice.sqnr_db is None else choice.sqnr_db, 4)
+
+
 def best_choice(
     m: ModuleSensitivity, allowed: set[Precision], per_step: bool = False
 ) -> Choice | None:
@@ -76,30 +108,10 @@ def best_choice(
     own error while moving noise where the output is more sensitive); otherwise the best local
     SQNR. Ties go to the simpler scheme (``SCHEMES`` order).
     """
-    by_e2e = m.e2e is not None and bool(m.e2e.schemes)
-    ranked = []
-    for order, (name, scheme) in enumerate(SCHEMES.items()):
-        err = m.w8a8.get(name)
-        if err is None or err.infeasible or scheme.precision not in allowed:
-            continue
-        if scheme.per_step and not per_step:
-            continue
-        est = contribution_for(m, name)
-        if est is None:
-            continue
-        # rounded: a last-bit difference between runs must not change the choice
-        key = float(f"{est[0]:.6g}") if by_e2e else -round(_sqnr_key(err), 4)
-        ranked.append((key, order, name, err, est))
+    ranked = list(scheme_choices(m, allowed, per_step).values())
     if not ranked:
         return None
-    _, _, name, err, est = min(ranked, key=lambda r: r[:2])
-    # The probe records the alpha it searched; without one, search again at calibration.
-    alpha: float | Literal["auto"] = (
-        err.smoothquant_alpha if err.smoothquant_alpha is not None else "auto"
-    )
-    bounds = tuple(err.timestep_bounds) if err.timestep_bounds else None
-    spec = SCHEMES[name].spec(alpha, bounds)
-    return Choice(name, spec, err.sqnr_db, est[0], est[1], by_e2e)
+    return min(enumerate(ranked), key=lambda r: (choice_key(r[1]), r[0]))[1]
 
 
 def noise_to_db(noise: float) -> float | None:

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
+from opsnn_quant.policy.rule import QuantFields
 from opsnn_quant.policy.schema import PrecisionPolicy, Rule, derive_prefixes
 from opsnn_quant.policy.targets import Target, get_target
 from opsnn_quant.probe.report import SensitivityReport
+from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Modality, Precision
 
 Strategy = Literal["search", "all-w8a8-minmax", "all-w8a8-dynamic", "all-fp16"]
@@ -42,7 +44,8 @@ def naive_policy(report: SensitivityReport, target: str | Target, strategy: str)
             if not e.quantizable or e.calls == 0:  # never run (e.g. a t2i pipeline's VAE encoder)
                 continue
             if t.can_run(e.type, precision)[0]:
-                rules.append(Rule(match=e.name, precision=precision, reason=reason))
+                quant = QuantFields.from_spec(t.spec_for(QuantSpec(precision)))
+                rules.append(Rule(match=e.name, precision=precision, quant=quant, reason=reason))
     elif strategy != "all-fp16":
         raise ValueError(f"unknown baseline strategy {strategy!r}")
     return PrecisionPolicy(

@@ -5,7 +5,8 @@ format up here; nothing dispatches on format names elsewhere. Two kinds:
 
 * ``policy``: a file written from the policy and the module inventory (AMCT, ATC precision
   files, msModelSlim YAML); its handler is ``(policy, modules, options) -> ExportResult``.
-* ``model``: a directory written from the quantized model (AscendV1 weights, ATC graphs); its
+* ``model``: a directory written from the quantized model (AscendV1 weights, MindIE-SD weights,
+  ATC graphs); its
   handler is ``(ModelExportContext) -> notes`` (:mod:`opsnn_quant.deploy.model_exports`).
 
 Handlers are named ``"module:function"`` and imported on first use, so that validating a recipe's
@@ -91,4 +92,5 @@ for _name, _output, _func in (
 ):
     register_exporter(_name, "policy", _output, f"{_POLICY}:{_func}")
 register_exporter("ascendv1", "model", "ascendv1", "opsnn_quant.deploy.model_exports:ascendv1")
+register_exporter("mindie-sd", "model", "mindie-sd", "opsnn_quant.deploy.model_exports:mindie_sd")
 register_exporter("atc", "model", "atc", "opsnn_quant.deploy.model_exports:atc_graphs")

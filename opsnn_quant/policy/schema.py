@@ -302,15 +302,11 @@ class PrecisionPolicy(_Frozen):
             shape = (weight_shapes or {}).get(name)
             ok, why = target.can_run(modules[name], res.precision, weight_shape=shape)
             spec = specs[name]
-            if (
-                ok
-                and isinstance(spec, QuantSpec)
-                and spec.timestep_bounds
-                and not target.timestep_scales
-            ):
-                ok, why = False, f"{target.name} keeps one static scale (no per-step scales)"
+            if ok and isinstance(spec, QuantSpec):
+                ok, why = _engine_fits(spec, target)
             if not ok:
                 problems.append(f"{name} ({modules[name]}, {res.precision.value}): {why}")
+        problems += _fused_problems(specs, modules, target)
         if problems:
             more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
             raise ConfigError(
@@ -349,6 +345,39 @@ class PrecisionPolicy(_Frozen):
     def with_notes(self, *notes: str) -> PrecisionPolicy:
         """A copy with ``notes`` appended."""
         return self.model_copy(update={"notes": [*self.notes, *notes]})
+
+
+def _engine_fits(spec: QuantSpec, target: Target) -> tuple[bool, str]:
+    """Whether the target's engine runs an int8 ``spec`` as written (its arithmetic, per-step
+    scales)."""
+    if spec.timestep_bounds and not target.timestep_scales:
+        return False, f"{target.name} keeps one static scale (no per-step scales)"
+    if spec.engine != target.engine:
+        return False, (
+            f"{target.name} runs {target.engine}'s arithmetic; the rule's quant settings are "
+            f"{spec.engine}'s (engine: {target.engine})"
+        )
+    return True, ""
+
+
+def _fused_problems(
+    specs: Mapping[str, QuantSpec | Precision], modules: Mapping[str, str], target: Target
+) -> list[str]:
+    """A fused layer of the target's engine whose members resolve differently (one type, one
+    input scale per fused layer: every member the same QuantSpec, or all float)."""
+    problems = []
+    for members in target.fused_layers(n for n, t in modules.items() if t == "Linear"):
+        kinds = {n: specs[n] if isinstance(specs[n], QuantSpec) else "float" for n in members}
+        if len(set(kinds.values())) > 1:
+            shown = ", ".join(
+                f"{n} ({'float' if k == 'float' else k.precision.value})"  # type: ignore[union-attr]
+                for n, k in kinds.items()
+            )
+            problems.append(
+                f"{shown}: {target.name} loads them as one fused layer of one quant type and "
+                "one input scale; give them the same rule"
+            )
+    return problems
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,13 @@ How (per modality, deterministic for the same inputs):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable
 
 from opsnn_quant.numerics import fmt_db
+from opsnn_quant.policy._fused import fuse_candidates, unfuse_fallbacks
 from opsnn_quant.policy._plan import ModalityPlan
 from opsnn_quant.policy._rules import emit_rules, pin_for
 from opsnn_quant.policy._schemes import Choice, best_choice, noise_to_db
@@ -57,14 +59,9 @@ def _candidates(
         if m.calls == 0:
             plan.fallback[m.name] = "stays float: never ran in the calibration forward_loop"
             continue
-        shape = m.weight_shape
-        allowed = {
-            p
-            for p in target.int8_precisions(m.type)
-            if target.can_run(m.type, p, weight_shape=shape)[0]
-        }
+        allowed = _allowed(m, target)
         if not allowed:
-            _, why = target.can_run(m.type, Precision.W8A8, weight_shape=shape)
+            _, why = target.can_run(m.type, Precision.W8A8, weight_shape=m.weight_shape)
             plan.fallback[m.name] = f"stays float: {why}"
             continue
         choice = best_choice(m, allowed, per_step=target.timestep_scales)
@@ -74,8 +71,20 @@ def _candidates(
                 f"{target.name} runs ({', '.join(p.value for p in sorted(allowed))})"
             )
             continue
-        cands[m.name] = (m, choice)
+        # the target's engine arithmetic and dtype: what the module computes is what deploys
+        cands[m.name] = (m, dataclasses.replace(choice, spec=target.spec_for(choice.spec)))
+    groups = target.fused_layers(m.name for m in modules)
+    fuse_candidates(cands, groups, plan.fallback, lambda m: _allowed(m, target), target)
     return cands
+
+
+def _allowed(m: ModuleSensitivity, target: Target) -> set[Precision]:
+    """The int8 precisions ``target`` runs on ``m`` (its type and weight shape)."""
+    return {
+        p
+        for p in target.int8_precisions(m.type)
+        if target.can_run(m.type, p, weight_shape=m.weight_shape)[0]
+    }
 
 
 def _fit_budget(
@@ -131,6 +140,10 @@ def _plan_modality(
         return plan
     order = {m.name: i for i, m in enumerate(modules)}
     keep, removed, noise = _fit_budget(cands, order, cap)
+    groups = target.fused_layers(cands)
+    if groups:  # a fused layer falls back whole
+        keep, removed = unfuse_fallbacks(keep, removed, groups)
+        noise = math.fsum(cands[n][1].contribution for n in sorted(keep, key=order.__getitem__))
     keep.sort(key=order.__getitem__)
     int8_macs = sum(cands[n][0].macs for n in keep)
     share = int8_macs / total_macs if total_macs > 0 else 0.0

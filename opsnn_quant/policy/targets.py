@@ -1,4 +1,4 @@
-"""Deployment targets: what each Ascend deployment route can run, module by module.
+"""Deployment targets: a chip and the engine that runs the result, with what each can run.
 
 A :class:`Target` answers one question, :meth:`Target.can_run`, and says why when the answer is
 no. :func:`~opsnn_quant.policy.search.build_policy` never assigns a precision the target refuses,
@@ -32,18 +32,28 @@ not find that constraint in the torch_npu or aclnn pages above, so the alignment
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.quant.spec import DEFAULT_GROUP_SIZE
+from opsnn_quant.quant.spec import DEFAULT_GROUP_SIZE, QuantSpec
 from opsnn_quant.types import Precision
 
 INT8_MODULE_TYPES: frozenset[str] = frozenset({"Linear", "Conv2d"})
 """Module types the engine can make int8 (as ``opsnn_quant.quant.api.quantizable_modules``)."""
 
 OverflowMode = Literal["inf_nan", "saturate"]
+# Whose arithmetic and loader runs the result: ``opsnn`` (this package's quantized modules, on
+# torch_npu or the CPU reference; ATC's QDQ graphs are built from them), ``mindie-sd``
+# (``mindiesd.quantize``'s Linear classes), ``vllm-ascend`` (its ModelSlim Linear methods).
+Engine = Literal["opsnn", "mindie-sd", "vllm-ascend"]
+# How a SmoothQuant factor reaches the engine: ``runtime`` (our modules fold it into AscendQuantV2's
+# per-channel multiplier / DynamicQuant's smooth_scales; MindIE-SD multiplies by
+# ``<linear>.div.mul_scale`` before quantizing), or ``none`` (vLLM-Ascend's W8A8 methods take no
+# smoothing: the probe and the policy do not offer SmoothQuant schemes).
+Smoothing = Literal["runtime", "none"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,15 @@ class Target:
         timestep_scales: static activation scales can switch per denoising step at run time
             (``w8a8_timestep``: an eager route picks the step's scale for each call; a compiled
             ATC graph has one fixed scale).
+        engine: whose arithmetic runs the int8 modules (:data:`Engine`); the target's
+            QuantSpecs carry it, so the reference computes what that engine computes.
+        smoothing: how SmoothQuant factors deploy (:data:`Smoothing`).
+        fused: groups of sibling Linear names the engine loads as one fused layer (vLLM's
+            ``qkv_proj`` from ``q_proj``/``k_proj``/``v_proj``): every member present under one
+            parent gets the same QuantSpec (the engine takes one type and one input scale).
+        export: the model export format the engine loads (an exporter table name).
+        dtype: the engine's activation and output dtype (``float16``/``bfloat16``) that its
+            int8 specs carry (``QuantSpec.output_dtype``); None: the spec's default (float16).
     """
 
     name: str
@@ -77,6 +96,11 @@ class Target:
     k_multiple: int = 1
     n_multiple: int = 1
     timestep_scales: bool = False
+    engine: Engine = "opsnn"
+    smoothing: Smoothing = "runtime"
+    fused: tuple[tuple[str, ...], ...] = ()
+    export: str | None = None
+    dtype: Literal["float16", "bfloat16"] | None = None
 
     def can_run(
         self,
@@ -156,7 +180,31 @@ class Target:
                 if module_type is None or t == module_type
             )
             and (self.timestep_scales or not s.per_step)
+            and (self.smoothing == "runtime" or not s.smoothquant)
         )
+
+    def spec_for(self, spec: QuantSpec) -> QuantSpec:
+        """``spec`` as this target's engine runs it: its arithmetic (``engine``) and dtype."""
+        if self.engine == "opsnn" and self.dtype is None:
+            return spec
+        return dataclasses.replace(
+            spec, engine=self.engine, output_dtype=self.dtype or spec.output_dtype
+        )
+
+    def fused_group(self, name: str) -> tuple[str, ...] | None:
+        """The fused group ``name``'s last component belongs to (None: none)."""
+        leaf = name.rpartition(".")[2]
+        return next((g for g in self.fused if leaf in g), None)
+
+    def fused_layers(self, names: Iterable[str]) -> list[list[str]]:
+        """The layers the engine fuses among ``names``: siblings (one parent) whose last
+        components are in one fused group; only those of two or more, in order."""
+        layers: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+        for name in names:
+            group = self.fused_group(name)
+            if group is not None:
+                layers.setdefault((name.rpartition(".")[0], group), []).append(name)
+        return [members for members in layers.values() if len(members) > 1]
 
     def int8_precisions(self, module_type: str) -> list[Precision]:
         """The int8 precisions this target runs for ``module_type``, in enum order."""
@@ -166,12 +214,16 @@ class Target:
 _LIN = frozenset({"Linear"})
 _LIN_CONV = frozenset({"Linear", "Conv2d"})
 
+# Linear names vLLM loads as one fused layer (its models' packed_modules_mapping: qkv_proj,
+# gate_up_proj; Whisper's cross-attention kv_proj is k_proj + v_proj, inside the q/k/v group).
+VLLM_FUSED: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
         Target(
             name="ascend910b-eager",
-            description="Atlas A2 (910B), PyTorch eager with torch_npu quant ops",
+            description="Atlas A2 (910B), this package's quantized modules on torch_npu (eager)",
             route="eager",
             fp16_overflow_mode="inf_nan",
             has_bf16=True,
@@ -189,6 +241,42 @@ TARGETS: dict[str, Target] = {
             timestep_scales=True,  # npu_quantize takes the step's scale on every call
         ),
         Target(
+            name="ascend910b-mindie-sd",
+            description="Atlas A2 (910B), MindIE-SD (mindiesd.quantize of a diffusers component)",
+            route="eager",
+            fp16_overflow_mode="inf_nan",
+            has_bf16=True,
+            # mindiesd/quantization/quantize.py replaces nn.Linear only: W8A8 (static),
+            # W8A8_DYNAMIC and W8A16 are written (W4A16's WeightQuantLinear takes per-channel
+            # scales only; W8A8_TIMESTEP's per-step rows are not written yet).
+            int8={Precision.W8A8: _LIN, Precision.W8A8_DYNAMIC: _LIN, Precision.W8A16: _LIN},
+            max_k=65535,
+            max_n=65535,
+            engine="mindie-sd",
+            export="mindie-sd",
+            dtype="bfloat16",  # mindiesd.quantize's default dtype
+        ),
+        Target(
+            name="ascend910b-vllm-ascend",
+            description="Atlas A2 (910B), vLLM-Ascend / SGLang (AscendV1 weights of one model)",
+            route="eager",
+            fp16_overflow_mode="inf_nan",
+            has_bf16=True,
+            # vllm_ascend/quantization/methods: W8A8 (w8a8_static.py), W8A8_DYNAMIC, W8A16 Linear
+            # schemes; W4A16 is registered for MoE only. No SmoothQuant at run time.
+            int8={Precision.W8A8: _LIN, Precision.W8A8_DYNAMIC: _LIN, Precision.W8A16: _LIN},
+            max_k=65535,
+            max_n=65535,
+            engine="vllm-ascend",
+            smoothing="none",
+            fused=VLLM_FUSED,
+            export="ascendv1",
+            # served with --dtype bfloat16: every dtype combination its Linear methods pass to
+            # npu_quant_matmul is a documented one (float16 per-token takes a float16 weight
+            # scale, which the torch_npu table does not list)
+            dtype="bfloat16",
+        ),
+        Target(
             name="ascend910b-atc",
             description="Atlas A2 (910B), ONNX deploy model compiled by ATC",
             route="atc",
@@ -196,15 +284,17 @@ TARGETS: dict[str, Target] = {
             has_bf16=True,
             # AMCT's static PTQ quantizes Gemm/MatMul and Conv; no per-token or weight-only here.
             int8={Precision.W8A8: _LIN_CONV},
+            export="atc",
         ),
         Target(
-            name="ascend310p",
+            name="ascend310p-atc",
             description="Atlas inference (310P), ONNX deploy model compiled by ATC",
             route="atc",
             # 310P runs fp16 in saturation mode: an overflow clamps to ±65504 without inf/nan.
             fp16_overflow_mode="saturate",
             has_bf16=False,
             int8={Precision.W8A8: _LIN_CONV},
+            export="atc",
         ),
         Target(
             name="cpu-reference",
@@ -218,6 +308,8 @@ TARGETS: dict[str, Target] = {
         ),
     )
 }
+# Earlier names, read in recipes and policies written before the engine was part of the target.
+ALIASES: dict[str, str] = {"ascend310p": "ascend310p-atc"}
 
 
 def get_target(name: str | Target) -> Target:
@@ -229,7 +321,7 @@ def get_target(name: str | Target) -> Target:
     if isinstance(name, Target):
         return name
     try:
-        return TARGETS[name]
+        return TARGETS[ALIASES.get(name, name)]
     except KeyError:
         known = ", ".join(TARGETS)
         raise ConfigError(f"unknown target {name!r}; known targets: {known}") from None

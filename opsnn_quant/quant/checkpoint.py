@@ -19,6 +19,7 @@ from torch import nn
 
 from opsnn_quant.errors import CheckpointError
 from opsnn_quant.io import atomic_dir
+from opsnn_quant.quant.engine import TORCH_DTYPES
 from opsnn_quant.quant.modules import QuantModule, quant_module_named, set_submodule
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Precision
@@ -145,7 +146,9 @@ def expected_state(
             exp["input_quantizer.step_bounds"] = (g, torch.int64)
     if smoothed:
         exp["input_quantizer.smooth"] = ((k,), torch.float32)
-        if not module.spec.static_activations:
+        if module.spec.engine != "opsnn":  # MindIE-SD's mul_scale, in the engine dtype
+            exp["input_quantizer.mul_scale"] = ((k,), TORCH_DTYPES[module.spec.output_dtype])
+        elif not module.spec.static_activations:
             exp["input_quantizer.smooth_scales"] = ((k,), torch.float32)
     return exp
 

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import torch
 
+from opsnn_quant.quant.engine import round_up_to
 from opsnn_quant.quant.observers import MIN_SCALE
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
 @torch.no_grad()
-def quantize_weight_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_weight_per_channel(
+    w: torch.Tensor, scale_dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 per output channel: ``s_n = max|W_n| / 127``, ``q = rint(W / s_n)``.
 
     Args:
         w: (N, K) float weight.
+        scale_dtype: an engine's dtype for the scales: ``s_n`` is rounded up to it (no value
+            then exceeds 127 in magnitude); None: float32.
 
     Returns:
         ``(q, s)``: int8 (N, K) and fp32 (N,). An all-zero row gets scale 1 and zeros.
@@ -23,6 +28,8 @@ def quantize_weight_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     lo, hi = torch.aminmax(w.to(torch.float32), dim=1)
     s = torch.maximum(-lo, hi) / 127.0
     s = torch.where(s > 0, s, torch.ones_like(s))
+    if scale_dtype is not None:
+        s = round_up_to(s, scale_dtype)
     # Row blocks: a large weight's fp32 temporaries (an LM head: 80 MB each) stay bounded.
     q = torch.empty(w.shape, dtype=torch.int8, device=w.device)
     step = max(1, (1 << 20) // max(w.shape[1], 1))

@@ -17,11 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from opsnn_quant.ascend import npu_trans_quant_param
+from opsnn_quant.ascend import engines, npu_trans_quant_param
 from opsnn_quant.ascend.matmul import WEIGHT_CHUNK, native_int8_matmul
 from opsnn_quant.backends import get_backend
 from opsnn_quant.backends.base import QuantBackend
 from opsnn_quant.errors import CalibrationError
+from opsnn_quant.quant.engine import TORCH_DTYPES, deqscale2int64
 from opsnn_quant.quant.functional import fold_bias_int32
 from opsnn_quant.quant.quantizers import InputQuantizer, WeightQuantizer
 from opsnn_quant.quant.spec import QuantSpec
@@ -35,7 +36,7 @@ ROW_CHUNK_ELEMENTS = 1 << 22
 CACHE_MAX_ROWS = 64
 
 # a spec's output dtype name -> torch dtype
-OUTPUT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+OUTPUT_DTYPES = TORCH_DTYPES
 
 FloatT = TypeVar("FloatT", bound=nn.Module)
 
@@ -51,6 +52,7 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
         qname: the module's dotted name in the model (for messages).
         in_k, out_n: K (inputs per output) and N (outputs) of the matmul.
         frozen: True once :meth:`freeze` ran (or a checkpoint was loaded into it).
+        float_had_bias: the float module it replaces had a bias.
     """
 
     float_type: ClassVar[type[nn.Module]]
@@ -80,6 +82,9 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
         self.qname = name
         self.in_k, self.out_n = k, n
         self.frozen = False
+        # whether the float module had a bias (static modules fold it into quant_bias; the
+        # engines' loaders still want the float bias tensor where the float layer has one)
+        self.float_had_bias = getattr(self, "bias", None) is not None
         self.input_quantizer = InputQuantizer(spec, k, name)
         self.weight_quantizer = WeightQuantizer(n)
         self._w_cache: torch.Tensor | None = None
@@ -120,6 +125,7 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
                 f"module '{self.qname}' was never called by the forward_loop; it cannot be calibrated"
             )
         bias = None if self.bias is None else self.bias.detach().to(torch.float32)
+        iq.engine_smoothing()  # a serving engine's mul_scale, before the weight is smoothed
         if quantized is not None:
             x_params = iq.freeze()  # (scale, offset) per group of steps (one group without them)
             w_q, self.weight_quantizer.scale = quantized
@@ -133,7 +139,7 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
                 assert self.spec.group_size is not None
                 w_q = self.weight_quantizer.quantize_int4(w, self.spec.group_size)
             else:
-                w_q = self.weight_quantizer.quantize(w)
+                w_q = self.weight_quantizer.quantize(w, self._engine_weight_scale_dtype())
         del self.weight
         self.register_buffer("weight", w_q.reshape(self.int8_weight_shape()))
         del self.bias
@@ -144,7 +150,9 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
         if self.spec.static_activations:
             w_scale = self.weight_quantizer.scale.to(torch.float64)
             deqs = [(x_scale * w_scale).to(torch.float32) for x_scale, _ in x_params]
-            packed = [npu_trans_quant_param(d) for d in deqs]
+            # our fp16 path feeds npu_trans_quant_param's packing; an engine's is its own
+            pack = npu_trans_quant_param if self.spec.engine == "opsnn" else deqscale2int64
+            packed = [pack(d) for d in deqs]
             biases = [
                 fold_bias_int32(bias, d, off, w_q)
                 for d, (_, off) in zip(deqs, x_params, strict=True)
@@ -158,6 +166,15 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
                 self.register_buffer("deq_scale_packed", packed[0])
                 self.register_buffer("quant_bias", biases[0])
         self.frozen = True
+
+    def _engine_weight_scale_dtype(self) -> torch.dtype | None:
+        """The dtype a serving engine keeps this module's weight scales in (its per-token and
+        weight-only Linears; None: float32, as this package's arithmetic and static W8A8)."""
+        if self.spec.engine == "opsnn" or self.spec.static_activations:
+            return None
+        dtype = OUTPUT_DTYPES[self.spec.output_dtype]
+        # MindIE-SD's float16 model rounds dynamic scales through float16 too
+        return dtype
 
     def int8_weight_shape(self) -> tuple[int, ...]:
         """Shape of the frozen integer weight: (N, K) int8 unless a subclass keeps its layout;
@@ -216,6 +233,9 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
 
     def _quant_rows(self, x2d: torch.Tensor, backend: QuantBackend) -> torch.Tensor:
         spec = self.spec
+        if spec.engine != "opsnn":
+            wf = self._weight_float_t(x2d.shape[0]) if backend.name == "reference" else None
+            return self._engine_rows(x2d, wf).to(x2d.dtype)
         if spec.precision == Precision.W4A16:
             # (K // 8, N): the transposed view of the (N, K // 8) words npu_weight_quant_
             # batchmatmul takes (as npu_convert_weight_to_int4pack lays them out).
@@ -256,6 +276,36 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
                 bias=self.bias, output_dtype=out_dtype, w_float_t=wf,
             )  # fmt: skip
         return y.to(x2d.dtype)
+
+    def _engine_rows(self, x2d: torch.Tensor, wf: torch.Tensor | None) -> torch.Tensor:
+        """(M, K) -> (M, N) in the engine dtype: the serving engine's own Linear
+        (:mod:`opsnn_quant.ascend.engines`) on this module's parameters as the engine loads
+        them (the same casts as its loader: see :mod:`opsnn_quant.deploy`'s consumers)."""
+        spec, iq = self.spec, self.input_quantizer
+        dtype = OUTPUT_DTYPES[spec.output_dtype]
+        w_t = self.weight.reshape(self.out_n, self.in_k).t()
+        mindie = spec.engine == "mindie-sd"
+        if spec.weight_only:
+            return engines.weight_only(x2d, w_t, self.weight_quantizer.scale, self.bias, dtype)
+        if spec.static_activations:
+            offset = iq.offset.reshape(1).to(torch.int8)
+            if mindie:  # input_scale: bfloat16 in a bfloat16 model, float32 in a float16 one
+                held = iq.scale.reshape(1).to(dtype if dtype == torch.bfloat16 else torch.float32)
+                mul = getattr(iq, "mul_scale", None)
+                return engines.mindie_sd_static(
+                    x2d, w_t, self.deq_scale, self.quant_bias, held, offset, mul, dtype, wf
+                )
+            deq = self.deq_scale_packed if dtype == torch.float16 else self.deq_scale
+            return engines.vllm_ascend_static(
+                x2d, w_t, deq, self.quant_bias, iq.scale.reshape(1).to(dtype), offset, dtype, wf
+            )
+        scale = self.weight_quantizer.scale.to(dtype)
+        bias = None if self.bias is None else self.bias.to(dtype)
+        if mindie:
+            held = scale if dtype == torch.bfloat16 else scale.to(torch.float32)
+            mul = getattr(iq, "mul_scale", None)
+            return engines.mindie_sd_dynamic(x2d, w_t, held, bias, mul, dtype, wf)
+        return engines.vllm_ascend_dynamic(x2d, w_t, scale, bias, dtype, wf)
 
     def describe(self) -> dict[str, Any]:
         """Per-module entry of ``description.json``."""

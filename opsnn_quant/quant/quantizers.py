@@ -10,12 +10,13 @@ import torch
 from torch import nn
 
 from opsnn_quant.errors import CalibrationError
+from opsnn_quant.quant.engine import TORCH_DTYPES, engine_input_scale, mul_scale_of
 from opsnn_quant.quant.functional import (
     quantize_weight_per_channel,
     quantize_weight_per_group_int4,
     static_inv_scale,
 )
-from opsnn_quant.quant.observers import Observer, make_observer
+from opsnn_quant.quant.observers import MIN_SCALE, Observer, make_observer
 from opsnn_quant.quant.smoothquant import ChannelStats, search_alpha, smoothing_factors
 from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, QuantSpec
 from opsnn_quant.timesteps import current_step, group_of
@@ -120,9 +121,22 @@ class InputQuantizer(nn.Module):
         self.collect_stats = False
         self.collect_range = bool(self.observers)
 
+    def engine_smoothing(self) -> None:
+        """For a module made for a serving engine (``spec.engine``), before :meth:`freeze` and
+        before the weight is smoothed: MindIE-SD's ``mul_scale`` (``1 / s`` in the engine dtype,
+        buffer ``mul_scale``) and the factor it effectively applies, which replaces ``smooth``."""
+        if self.spec.engine == "opsnn" or self.smooth is None:
+            return
+        dtype = TORCH_DTYPES[self.spec.output_dtype]
+        mul, self.smooth = mul_scale_of(self.smooth, dtype)
+        self.register_buffer("mul_scale", mul)
+
     def freeze(self) -> list[tuple[float, float]]:
         """Register the frozen buffers; returns the static ``(scale, offset)`` of each group of
-        steps (one pair without timestep groups; ``(1, 0)`` when dynamic)."""
+        steps (one pair without timestep groups; ``(1, 0)`` when dynamic). For a serving
+        engine's module the ``scale`` buffer holds the ``input_scale`` it stores and the scale
+        returned is the one the engine effectively applies
+        (:func:`~opsnn_quant.quant.engine.engine_input_scale`)."""
         if self.spec.static_activations:
             qps = []
             for g, obs in enumerate(self.observers):
@@ -133,10 +147,11 @@ class InputQuantizer(nn.Module):
                     raise CalibrationError(
                         f"module '{self.name}' received no calibration data{where}"
                     )
-                qps.append(obs.compute(self.spec.activation_symmetric))
-            scale = torch.tensor([qp.scale for qp in qps], dtype=torch.float32)
-            offset = torch.tensor([qp.offset for qp in qps], dtype=torch.float32)
-            inv = torch.stack([static_inv_scale(qp.scale, self.smooth) for qp in qps])
+                qp = obs.compute(self.spec.activation_symmetric)
+                qps.append((qp.scale, qp.offset, *self._engine_scale(qp.scale)))
+            scale = torch.tensor([stored for _, _, stored, _ in qps], dtype=torch.float32)
+            offset = torch.tensor([off for _, off, _, _ in qps], dtype=torch.float32)
+            inv = torch.stack([static_inv_scale(eff, self.smooth) for _, _, _, eff in qps])
             if self.bounds:
                 self.register_buffer("step_bounds", torch.tensor(self.bounds, dtype=torch.int64))
             else:
@@ -144,10 +159,10 @@ class InputQuantizer(nn.Module):
             self.register_buffer("scale", scale)
             self.register_buffer("offset", offset)
             self.register_buffer("inv_scale", inv)
-            result = [(qp.scale, qp.offset) for qp in qps]
+            result = [(eff, off) for _, off, _, eff in qps]
         else:
             result = [(1.0, 0.0)]
-            if self.smooth is not None:
+            if self.smooth is not None and self.spec.engine == "opsnn":
                 self.register_buffer("smooth_scales", (1.0 / self.smooth).to(torch.float32))
         if self.smooth is not None:
             smooth = self.smooth.to(torch.float32)
@@ -155,6 +170,14 @@ class InputQuantizer(nn.Module):
             self.register_buffer("smooth", smooth)
         self.observers, self.stats = [], None
         return result
+
+    def _engine_scale(self, scale: float) -> tuple[float, float]:
+        """(scale to store, scale effectively applied): the calibrated one twice for this
+        package's own arithmetic, the engine's rounding of it otherwise."""
+        if self.spec.engine == "opsnn":
+            return scale, scale
+        dtype = TORCH_DTYPES[self.spec.output_dtype]
+        return engine_input_scale(self.spec.engine, max(scale, MIN_SCALE), dtype)
 
     def extra_repr(self) -> str:
         return f"{self.spec.precision.value}, observer={self.spec.observer}"
@@ -169,9 +192,15 @@ class WeightQuantizer(nn.Module):
         self.register_buffer("scale", torch.ones(out_channels, dtype=torch.float32))
 
     @torch.no_grad()
-    def quantize(self, w2d: torch.Tensor) -> torch.Tensor:
-        """Quantize a (N, K) weight; stores the scales and returns the int8 weight."""
-        q, s = quantize_weight_per_channel(w2d)
+    def quantize(self, w2d: torch.Tensor, scale_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Quantize a (N, K) weight; stores the scales and returns the int8 weight.
+
+        Args:
+            w2d: the (N, K) float weight.
+            scale_dtype: the dtype an engine keeps the scales in (they are rounded up to it
+                first); None: float32 as computed.
+        """
+        q, s = quantize_weight_per_channel(w2d, scale_dtype)
         self.scale = s
         return q
 

@@ -10,6 +10,13 @@ from opsnn_quant.timesteps import check_bounds
 from opsnn_quant.types import Precision
 
 ObserverName = Literal["minmax", "percentile", "mse", "kl"]
+EngineName = Literal["opsnn", "mindie-sd", "vllm-ascend"]
+ENGINES: tuple[str, ...] = ("opsnn", "mindie-sd", "vllm-ascend")
+# The precisions a serving engine's own Linear classes run (opsnn: every one).
+ENGINE_PRECISIONS = {
+    "mindie-sd": (Precision.W8A8, Precision.W8A8_DYNAMIC, Precision.W8A16),
+    "vllm-ascend": (Precision.W8A8, Precision.W8A8_DYNAMIC, Precision.W8A16),
+}
 OBSERVERS: tuple[str, ...] = ("minmax", "percentile", "mse", "kl")
 OUTPUT_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 DEFAULT_ALPHA_GRID: tuple[float, ...] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
@@ -41,6 +48,10 @@ class QuantSpec:
         timestep_bounds: ``w8a8`` only: static activation scales per group of denoising steps,
             given by each group's first step (``(0, 4, 8)``: steps 0-3, 4-7, 8 on); the step
             comes from :mod:`opsnn_quant.timesteps` (set by the diffusion sampling loops).
+        engine: whose arithmetic the module computes once frozen: ``opsnn`` (torch_npu's quant
+            ops as this package calls them: fp32 activations on the reference, SmoothQuant in
+            the quantize multiplier), ``mindie-sd`` or ``vllm-ascend`` (that engine's Linear,
+            activations and scales in ``output_dtype``: :mod:`opsnn_quant.ascend.engines`).
     """
 
     precision: Precision = Precision.W8A8
@@ -51,6 +62,7 @@ class QuantSpec:
     output_dtype: Literal["float16", "bfloat16"] = "float16"
     group_size: int | None = None
     timestep_bounds: tuple[int, ...] | None = None
+    engine: EngineName = "opsnn"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", Precision(self.precision))
@@ -86,6 +98,7 @@ class QuantSpec:
                 )
         elif self.group_size is not None:
             raise ConfigError(f"group_size is for w4a16 only, not {self.precision.value}")
+        self._check_engine()
         if self.timestep_bounds is not None:
             if self.precision != Precision.W8A8:
                 raise ConfigError(
@@ -95,6 +108,19 @@ class QuantSpec:
                 object.__setattr__(self, "timestep_bounds", check_bounds(self.timestep_bounds))
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+
+    def _check_engine(self) -> None:
+        if self.engine not in ENGINES:
+            raise ConfigError(f"unknown engine {self.engine!r}; choose one of {ENGINES}")
+        if self.engine == "opsnn":
+            return
+        if self.precision not in ENGINE_PRECISIONS[self.engine]:
+            raise ConfigError(f"{self.engine} has no {self.precision.value} Linear")
+        if self.engine == "vllm-ascend" and self.smoothquant_alpha is not None:
+            raise ConfigError("vllm-ascend's Linear methods apply no SmoothQuant factor")
+        if self.timestep_bounds is not None:
+            # MindIE-SD's W8A8_TIMESTEP indexes one row per denoising step: not written yet
+            raise ConfigError(f"per-step scales are not written for {self.engine} yet")
 
     @property
     def static_activations(self) -> bool:
@@ -118,6 +144,8 @@ class QuantSpec:
         for optional in ("group_size", "timestep_bounds"):
             if d[optional] is None:
                 del d[optional]
+        if d["engine"] == "opsnn":  # the default: checkpoints of opsnn modules keep their bytes
+            del d["engine"]
         if "timestep_bounds" in d:
             d["timestep_bounds"] = list(d["timestep_bounds"])
         return d

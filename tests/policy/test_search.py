@@ -128,7 +128,7 @@ def test_overflow_pins_with_evidence():
     )
     assert "bf16 rel. error 3.0e-03 < 0.01" in pin.reason
     pin = _by_match(build_policy(rep, target="ascend310p"))["norm"]
-    assert pin.precision == Precision.FP32 and "ascend310p has no bf16" in pin.reason
+    assert pin.precision == Precision.FP32 and "ascend310p-atc has no bf16" in pin.reason
     assert "saturates" in pin.reason
     loud = report(other("norm", "LayerNorm", **overflow_stats(rel_error_bf16=0.05)))
     pin = _by_match(build_policy(loud, target="ascend910b-eager"))["norm"]

@@ -10,13 +10,33 @@ from opsnn_quant.types import Precision
 def test_unknown_target_lists_the_known_ones():
     with pytest.raises(ConfigError) as exc:
         get_target("ascend999")
-    for name in ("ascend910b-eager", "ascend910b-atc", "ascend310p", "cpu-reference"):
+    for name in ("ascend910b-eager", "ascend910b-atc", "ascend310p-atc", "cpu-reference"):
+        assert name in str(exc.value)
+    for name in ("ascend910b-mindie-sd", "ascend910b-vllm-ascend"):
         assert name in str(exc.value)
 
 
-def test_get_target_passes_objects_through():
-    t = TARGETS["ascend310p"]
+def test_get_target_passes_objects_through_and_reads_earlier_names():
+    t = TARGETS["ascend310p-atc"]
     assert get_target(t) is t
+    assert get_target("ascend310p") is t  # the name before the engine was part of the target
+
+
+def test_engine_targets_carry_their_engines_capabilities():
+    mindie, vllm = get_target("ascend910b-mindie-sd"), get_target("ascend910b-vllm-ascend")
+    # MindIE-SD replaces nn.Linear only (mindiesd/quantization/quantize.py); non-fusion
+    # SmoothQuant (<linear>.div.mul_scale) is applied at run time, in bfloat16 by default
+    assert (mindie.engine, mindie.smoothing, mindie.export, mindie.dtype) == (
+        "mindie-sd", "runtime", "mindie-sd", "bfloat16",
+    )  # fmt: skip
+    assert not mindie.can_run("Conv2d", "w8a8")[0] and mindie.can_run("Linear", "w8a8")[0]
+    assert "w8a8_smoothquant" in mindie.schemes("Linear") and mindie.schemes("Conv2d") == ()
+    # vLLM-Ascend: no smoothing at run time, so no SmoothQuant scheme is measured or chosen;
+    # q/k/v and gate/up load as one fused layer of one type
+    assert (vllm.engine, vllm.smoothing, vllm.export) == ("vllm-ascend", "none", "ascendv1")
+    assert vllm.schemes("Linear") == ("w8a8", "w8a8_mse", "w8a8_dynamic")
+    assert vllm.fused_group("model.layers.0.self_attn.k_proj") == ("q_proj", "k_proj", "v_proj")
+    assert vllm.fused_group("model.layers.0.mlp.down_proj") is None
 
 
 def test_eager_runs_int8_on_linear_only():
@@ -39,7 +59,7 @@ def test_eager_matmul_dims_bounded_by_65535():
 
 
 def test_atc_targets_static_only_linear_and_conv():
-    for name in ("ascend910b-atc", "ascend310p"):
+    for name in ("ascend910b-atc", "ascend310p-atc"):
         t = get_target(name)
         assert t.can_run("Conv2d", "w8a8")[0] and t.can_run("Linear", "w8a8")[0]
         ok, why = t.can_run("Linear", "w8a8_dynamic")

@@ -1,0 +1,278 @@
+"""``export/mindie-sd/``: the quantized Linears of each component as ``mindiesd.quantize`` loads them.
+
+One directory per model component holding an int8 Linear (``transformer/``, ``unet/``,
+``text_encoder/`` of a diffusers pipeline; the directory itself for a single model), each with
+``quant_model_description_<type>.json`` and ``quant_model_weight_<type>.safetensors``, as
+msModelSlim's ``mindie_format_saver`` names them (``save/mindie_format.py`` ``post_run`` at
+3de0a3c). The user's call, for each component::
+
+    mindiesd.quantize(pipe.transformer, "<OUT>/export/mindie-sd/transformer/"
+                      "quant_model_description_w8a8.json")
+
+Loader rules followed (MindIE-SD ``mindiesd/quantization/quantize.py`` at 3066189,
+``get_cfg_and_weights`` lines 198-241; ``utils/file_utils.py`` lines 115-146):
+
+* the weight file is ``quant_model_weight_{model_quant_type.lower()}.safetensors`` beside the
+  description, one file (no shards); ``model_quant_type`` an exact ``QuantAlgorithm`` value;
+* no ``_<digits>`` ending of the description's name (that asks for a distributed rank);
+* both files no more permissive than 0o640 (``check_max_permission``): written 0o640
+  (msModelSlim's saver leaves the safetensors at the umask's 0o644, which MindIE-SD refuses);
+* names relative to the component passed to ``mindiesd.quantize`` (its ``named_modules()``);
+  only ``nn.Linear`` is replaced, a layer whose keys say ``FLOAT`` is left as loaded.
+
+Tensors per Linear ``p`` (``mindie_format.py`` ``on_w8a8_static``, ``on_w8a8_dynamic_per_channel``;
+``layer.py`` ``W8A8QuantLinear``, ``WeightQuantLinear``): W8A8: ``weight`` int8 [N, K],
+``quant_bias`` int32 [N], ``input_scale``/``input_offset`` float32 [1], ``deq_scale`` float32 [N]
+(the saver writes float32 whatever the dtype; MindIE-SD passes it to ``npu_quant_matmul`` as is);
+W8A8_DYNAMIC / W8A16: ``weight``, ``weight_scale`` and zero ``weight_offset`` float32 [N, 1]; and
+``bias`` float32 [N] tagged ``FLOAT`` where the float Linear has one (MindIE-SD reads it then). A
+SmoothQuant-smoothed Linear is written in the non-fusion form (``on_non_fusion_smooth_quant_
+wrapper``): ``p.div.mul_scale`` = 1 / s in the engine dtype, tagged ``FLOAT``, and the Linear's
+tensors under ``p.linear.*``. Every other parameter of the component is written too, tagged
+``FLOAT`` (the saver's ``on_float_module``); MindIE-SD never loads those.
+
+A module made for MindIE-SD's arithmetic (``QuantSpec.engine == "mindie-sd"``) computes exactly
+what MindIE-SD computes on these files. One made for this package's own (a Linear of a model
+calibrated for another target) is written with the same tensors; MindIE-SD then rounds its
+``input_scale`` and ``mul_scale`` to the engine dtype, which the notes say.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from opsnn_quant.deploy.fold_check import dequantized_weight, effective_bias
+from opsnn_quant.deploy.safetensors_io import write_safetensors
+from opsnn_quant.io import atomic_dir
+from opsnn_quant.models.base import ModelAdapter
+from opsnn_quant.quant.engine import TORCH_DTYPES, mul_scale_of
+from opsnn_quant.quant.modules import QuantLinear, QuantModule
+from opsnn_quant.types import Precision
+
+OUTPUT_KIND = "mindie-sd"
+PERMISSION = 0o640  # mindiesd/utils/file_utils.py: CONFIG_FILE_PERMISSION, MODELDATA_...
+# QuantAlgorithm values this writer uses, and the tie order of model_quant_type
+TYPES = {Precision.W8A8: "W8A8", Precision.W8A8_DYNAMIC: "W8A8_DYNAMIC", Precision.W8A16: "W8A16"}
+
+
+def description_name(model_quant_type: str) -> str:
+    """``quant_model_description_<type>.json`` (``mindie_format.py`` ``post_run``)."""
+    return f"quant_model_description_{model_quant_type.lower()}.json"
+
+
+def weight_name(model_quant_type: str) -> str:
+    """``quant_model_weight_<type>.safetensors``, the name MindIE-SD derives from
+    ``model_quant_type`` (``quantize.py`` line 232)."""
+    return f"quant_model_weight_{model_quant_type.lower()}.safetensors"
+
+
+@dataclass
+class ComponentFiles:
+    """One component's MindIE-SD files.
+
+    Attributes:
+        tensors: tensor name -> tensor, in the description's order.
+        description: tensor name -> type, ``model_quant_type`` last.
+        exported_float: quantized module -> why it is written FLOAT.
+        int8: the quantized Linears written in int8 (component-relative names).
+        other_arithmetic: int8 Linears made for another engine's arithmetic.
+    """
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    description: dict[str, str] = field(default_factory=dict)
+    exported_float: dict[str, str] = field(default_factory=dict)
+    int8: list[str] = field(default_factory=list)
+    other_arithmetic: list[str] = field(default_factory=list)
+
+    def add(self, name: str, kind: str, tensor: torch.Tensor) -> None:
+        """One tensor and its description entry."""
+        self.tensors[name] = tensor.detach().cpu().contiguous()
+        self.description[name] = kind
+
+
+@dataclass
+class MindieSdExport:
+    """What :func:`export_mindie_sd` wrote: component -> its files, and the notes."""
+
+    path: Path
+    components: dict[str, ComponentFiles] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def component_files(component: nn.Module, dtype: torch.dtype) -> ComponentFiles:
+    """The MindIE-SD tensors and description of one component (names relative to it).
+
+    Args:
+        component: a module holding frozen quantized modules.
+        dtype: the engine dtype (``mul_scale`` is written in it; MindIE-SD's default bfloat16).
+    """
+    out = ComponentFiles()
+    quantized = {n: m for n, m in component.named_modules() if isinstance(m, QuantModule)}
+    for name, module in quantized.items():
+        why = _float_reason(module)
+        if why is None:
+            _add_linear(out, name, module, dtype)
+        else:
+            out.exported_float[name] = why
+    inside = tuple(f"{q}." for q in quantized)
+    for name, param in component.named_parameters():
+        if not name.startswith(inside):  # every float parameter, as on_float_module writes it
+            out.add(name, "FLOAT", param)
+    for name in out.exported_float:  # their float equivalents, tagged FLOAT
+        module = quantized[name]
+        out.add(f"{name}.weight", "FLOAT", dequantized_weight(module).to(dtype))
+        bias = effective_bias(module)
+        if bias is not None:
+            out.add(f"{name}.bias", "FLOAT", bias.to(dtype))
+    out.description["model_quant_type"] = model_quant_type(out)
+    return out
+
+
+def model_quant_type(files: ComponentFiles) -> str:
+    """The most frequent int8 type of the component's Linears (ties: W8A8, W8A8_DYNAMIC,
+    W8A16). msModelSlim's saver keeps the last handler's; MindIE-SD uses it for the weight file's
+    name only and replaces each Linear by its own type."""
+    counts = Counter(
+        v for k, v in files.description.items() if v != "FLOAT" and k.endswith(".weight")
+    )
+    order = list(TYPES.values())
+    return max(order, key=lambda t: (counts[t], -order.index(t)))
+
+
+def _float_reason(module: QuantModule[Any]) -> str | None:
+    spec = module.spec
+    if type(module) is not QuantLinear:
+        return "MindIE-SD quantizes nn.Linear only"
+    if spec.precision not in TYPES:
+        return f"{spec.precision.value}: MindIE-SD's WeightQuantLinear takes per-channel scales"
+    if spec.timestep_bounds:
+        return "w8a8_timestep: MindIE-SD's per-step table (one row per step) is not written yet"
+    return None
+
+
+def _add_linear(
+    out: ComponentFiles, name: str, module: QuantModule[Any], dtype: torch.dtype
+) -> None:
+    spec, iq = module.spec, module.input_quantizer
+    qtype = TYPES[spec.precision]
+    n = module.out_n
+    prefix = name
+    smooth = getattr(iq, "smooth", None)
+    if smooth is not None:  # the non-fusion form: x * (1 / s) before the quantized Linear
+        mul = getattr(iq, "mul_scale", None)
+        if mul is None:  # made for our arithmetic: the engine rounds 1 / s to its dtype
+            mul = mul_scale_of(smooth, dtype)[0]
+        out.add(f"{name}.div.mul_scale", "FLOAT", mul.to(dtype))
+        prefix = f"{name}.linear"
+    if spec.engine != "mindie-sd":
+        out.other_arithmetic.append(name)
+    out.add(f"{prefix}.weight", qtype, module.weight.reshape(n, -1))
+    if spec.static_activations:
+        out.add(f"{prefix}.quant_bias", qtype, module.quant_bias)
+        out.add(f"{prefix}.input_scale", qtype, iq.scale.reshape(1).to(torch.float32))
+        out.add(f"{prefix}.input_offset", qtype, iq.offset.reshape(1).to(torch.float32))
+        out.add(f"{prefix}.deq_scale", qtype, module.deq_scale.to(torch.float32))
+    else:
+        scale = module.weight_quantizer.scale.to(torch.float32).reshape(n, 1)
+        out.add(f"{prefix}.weight_scale", qtype, scale)
+        out.add(f"{prefix}.weight_offset", qtype, torch.zeros_like(scale))
+    bias = effective_bias(module)
+    if bias is not None and module.float_had_bias:
+        out.add(f"{prefix}.bias", "FLOAT", bias)
+    out.int8.append(name)
+
+
+def _components(adapter: ModelAdapter) -> dict[str, nn.Module]:
+    """Component name -> module: a diffusers pipeline's components, or the model itself."""
+    from opsnn_quant.sources import model_path
+
+    source = model_path(adapter.model_id)
+    model = adapter.model
+    if not (source / "model_index.json").is_file():
+        return {"": model}
+    return {n: m for n, m in model.named_children() if (source / n).is_dir()}
+
+
+def export_mindie_sd(
+    adapter: ModelAdapter, out: str | Path, *, force: bool = False
+) -> MindieSdExport:
+    """Write every component holding an int8 Linear to ``out`` (atomically), as MindIE-SD loads it.
+
+    Args:
+        adapter: an adapter whose model holds frozen quantized modules.
+        out: the output directory (replaced as a whole).
+        force: replace ``out`` even when it is not a MindIE-SD output of ours.
+
+    Returns:
+        The :class:`MindieSdExport`; the same model gives the same bytes.
+    """
+    result = MindieSdExport(Path(out))
+    with atomic_dir(out, OUTPUT_KIND, force=force) as tmp:
+        for cname, component in _components(adapter).items():
+            dtype = _engine_dtype(component)
+            files = component_files(component, dtype)
+            if not files.int8:
+                result.notes += _notes(cname, files)
+                continue
+            _write(files, tmp / cname if cname else tmp)
+            result.components[cname] = files
+            result.notes += _notes(cname, files)
+    return result
+
+
+def _engine_dtype(component: nn.Module) -> torch.dtype:
+    """The engine dtype the component's MindIE-SD modules were made for (bfloat16, MindIE-SD's
+    default, when none was)."""
+    dtypes = Counter(
+        m.spec.output_dtype
+        for m in component.modules()
+        if isinstance(m, QuantModule) and m.spec.engine == "mindie-sd"
+    )
+    return TORCH_DTYPES[dtypes.most_common(1)[0][0]] if dtypes else torch.bfloat16
+
+
+def _write(files: ComponentFiles, directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    qtype = files.description["model_quant_type"]
+    weights = directory / weight_name(qtype)
+    write_safetensors(files.tensors, weights)
+    desc = directory / description_name(qtype)
+    # json.dump(indent=4), insertion order, no trailing newline: as the saver's JsonWriter
+    desc.write_text(json.dumps(files.description, indent=4), encoding="utf-8")
+    for path in (weights, desc):
+        os.chmod(path, PERMISSION)
+
+
+def _notes(cname: str, files: ComponentFiles) -> list[str]:
+    where = cname or "model"
+    full = (lambda n: f"{cname}.{n}") if cname else (lambda n: n)
+    notes = []
+    by_reason: dict[str, list[str]] = {}
+    for name, why in files.exported_float.items():
+        by_reason.setdefault(why, []).append(full(name))
+    for why, names in by_reason.items():
+        shown = ", ".join(names[:3]) + (f", +{len(names) - 3}" if len(names) > 3 else "")
+        notes.append(f"{len(names)} quantized module(s) written FLOAT ({shown}): {why}")
+    if files.other_arithmetic:
+        notes.append(
+            f"{where}: {len(files.other_arithmetic)} int8 Linear(s) were calibrated for another "
+            "target's arithmetic; MindIE-SD rounds their input_scale and mul_scale to its dtype "
+            "(calibrate for ascend910b-mindie-sd to compute exactly what it computes)"
+        )
+    if not files.int8:
+        notes.append(f"{where}: no int8 Linear; nothing written")
+    return notes
+
+
+def quantized_share(files: Mapping[str, ComponentFiles]) -> dict[str, list[str]]:
+    """Component -> its Linears written in int8 (full names), for the deployed MAC share."""
+    return {c: [f"{c}.{n}" if c else n for n in f.int8] for c, f in files.items()}
