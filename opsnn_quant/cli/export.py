@@ -15,7 +15,9 @@ def export_weights(
     out: Annotated[Path, typer.Argument(help="calibrate output directory (holds quant/)")],
     fmt: Annotated[
         list[str] | None,
-        typer.Option("--format", "-f", help="ascendv1 | atc; repeatable [default: ascendv1]"),
+        typer.Option(
+            "--format", "-f", help="ascendv1 | mindie-sd | atc; repeatable [default: ascendv1]"
+        ),
     ] = None,
     dest: Annotated[
         Path | None, typer.Option("-o", "--out", help="export directory [default: OUT/export]")
@@ -36,7 +38,8 @@ def export_weights(
         bool, typer.Option("--allow-pickle", help=_ui.ALLOW_PICKLE_HELP)
     ] = False,
 ) -> None:
-    """Write AscendV1 weights and/or ATC/AOE commands from a calibrate output."""
+    """Write AscendV1 weights, MindIE-SD weights and/or ATC/AOE commands from a calibrate
+    output."""
     from opsnn_quant.pipeline.export_weights import check_export_weights, run_export_weights
 
     job = check_export_weights(

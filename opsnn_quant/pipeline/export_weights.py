@@ -1,8 +1,9 @@
 """``export-weights``: the model exports of a calibrate output, redone from its ``quant/``.
 
-``-f ascendv1`` writes ``OUT/export/ascendv1/`` (AscendV1 weights for MindIE / vLLM-Ascend /
-SGLang); ``-f atc`` writes ``OUT/export/atc/`` (ONNX graphs + ATC/AOE commands): what
-``calibrate`` writes, through the same handlers (:mod:`opsnn_quant.deploy.model_exports`).
+``-f ascendv1`` writes ``OUT/export/ascendv1/`` (AscendV1 weights for vLLM-Ascend / SGLang);
+``-f mindie-sd`` ``OUT/export/mindie-sd/`` (per component, what ``mindiesd.quantize`` loads);
+``-f atc`` ``OUT/export/atc/`` (ONNX graphs + ATC/AOE commands): what ``calibrate`` writes,
+through the same handlers (:mod:`opsnn_quant.deploy.model_exports`).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def check_export_weights(
     wanted = list(dict.fromkeys(formats or ["ascendv1"]))
     bad = [f for f in wanted if f not in model_formats]
     if bad:
-        raise ConfigError(f"--format must be {' or '.join(model_formats)}, got {bad[0]!r}")
+        raise ConfigError(f"--format must be one of {', '.join(model_formats)}, got {bad[0]!r}")
     calib = CalibrateOutput(out)
     desc = read_description(calib.quant)  # a calibrate output, before any model loads
     if not calib.policy.is_file():

@@ -67,4 +67,4 @@ def test_export_weights_refuses_bad_input_before_loading(tmp_path, capsys):
     assert main(["export-weights", str(tmp_path / "nothing")]) == 2
     assert "description.json not found" in capsys.readouterr().err
     assert main(["export-weights", str(tmp_path / "nothing"), "-f", "onnx"]) == 2
-    assert "--format must be ascendv1 or atc" in capsys.readouterr().err
+    assert "--format must be one of ascendv1, mindie-sd, atc" in capsys.readouterr().err

@@ -1,0 +1,283 @@
+"""Load a MindIE-SD quantized component as ``mindiesd.quantize`` does, and run its Linears.
+
+Written from MindIE-SD's source (``Ascend/MindIE-SD`` at 3066189), without importing it (it
+imports torch_npu at module level):
+
+* files (``quantize.py`` ``get_cfg_and_weights`` lines 198-241, ``utils.py``
+  ``replace_rank_suffix`` lines 40-64, ``utils/file_utils.py`` lines 39-146): the description may
+  have any name, but one ending in ``_<digits>`` asks for a distributed rank; the weight file is
+  ``quant_model_weight_{model_quant_type.lower()}.safetensors`` beside it; each file must be a
+  regular file, not a symbolic link, owned by the user (or its group, or read by root), no
+  more permissive than 0o640, at most 10 GiB (description) / 100 GiB (weights);
+  ``model_quant_type`` an exact ``QuantAlgorithm`` value (``mode.py`` lines 226-249);
+* layers (``quantize.py`` lines 32-40, 82-84, 164-196): every ``nn.Linear`` of the module passed
+  in, by its ``named_modules()`` name ``p``; keys ``p.linear.weight``, ``p.weight``, ``p`` are
+  looked up in that order; any of them ``FLOAT`` leaves the layer as loaded, else the first valid
+  type decides; ``p.div.mul_scale`` in the weights moves the other tensors under ``p.linear``;
+* tensors and their load-time casts (``layer.py`` lines 23-196): see :class:`MindieSdLinear`.
+
+The arithmetic is :mod:`opsnn_quant.ascend.engines` (``mindie_sd_*``, ``weight_only``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from opsnn_quant.ascend import engines
+from opsnn_quant.errors import CheckpointError
+
+DESCRIPTION_MAX_BYTES = 10 * 2**30  # file_utils.MAX_FILE_SIZE
+WEIGHT_MAX_BYTES = 100 * 2**30  # utils.MAX_WEIGHT_SIZE
+MAX_PERMISSION = 0o640  # file_utils CONFIG_FILE_PERMISSION, SAFEOPEN_FILE_PERMISSION
+# mode.py QuantAlgorithm values (W4A4_MXFP4's member is W4A4_MXFP4_DYNAMIC; "MIXED_PERCISION" sic)
+QUANT_ALGORITHMS = frozenset(
+    {"W8A8", "W8A8_TIMESTEP", "W8A8_DYNAMIC", "W4A4_DYNAMIC", "W8A8_MXFP8", "W4A4_MXFP4",
+     "W8A16", "W4A16", "W4A16_AWQ", "W4A8_AWQ", "W8A16_GPTQ", "W4A16_GPTQ", "W8A8_PER_CHANNEL",
+     "W8A8_PER_TENSOR", "W8A8_PER_CHANNEL_PER_TOKEN", "W8A8_PER_CHANNEL_PER_TENSOR",
+     "W8A8_PER_TENSOR_PER_TOKEN", "INT8", "MIXED_PERCISION", "FP8_DYNAMIC", "NO_QUANT",
+     "W4A4_MXFP4_SVD", "W4A4_MXFP4_DUALSCALE"}
+)  # fmt: skip
+# The algorithms run here: smooth_quantize_w8a8 gives W8A8 and W8A8_PER_* the static
+# W8A8QuantLinear, W8A8_DYNAMIC the dynamic one; weight_quantize gives W8A16 WeightQuantLinear.
+STATIC = frozenset(
+    {"W8A8", "W8A8_PER_CHANNEL", "W8A8_PER_TENSOR", "W8A8_PER_CHANNEL_PER_TOKEN",
+     "W8A8_PER_CHANNEL_PER_TENSOR", "W8A8_PER_TENSOR_PER_TOKEN"}
+)  # fmt: skip
+SUPPORTED = STATIC | {"W8A8_DYNAMIC", "W8A16"}
+
+
+class MindieSdError(CheckpointError):
+    """A component directory MindIE-SD would refuse (one line, naming the file or tensor)."""
+
+
+def check_file(path: Path, max_bytes: int) -> None:
+    """MindIE-SD's checks of one file (``standardize_path``, ``check_file_safety``).
+
+    Raises:
+        MindieSdError: a symbolic link, missing, not a regular file, too large, owned by
+            another user and group, or more permissive than 0o640.
+    """
+    if path.is_symlink():
+        raise MindieSdError(f"{path}: a symbolic link (MindIE-SD refuses links)")
+    if not path.exists():
+        raise MindieSdError(f"{path}: not found")
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode):
+        raise MindieSdError(f"{path}: not a regular file")
+    if st.st_size > max_bytes:
+        raise MindieSdError(f"{path}: {st.st_size} bytes, over MindIE-SD's {max_bytes}")
+    uid = os.geteuid()
+    if not (uid == 0 or st.st_uid == uid or st.st_gid == os.getgid()):
+        raise MindieSdError(f"{path}: owned by another user and group (check_owner)")
+    mode = st.st_mode & 0o777
+    if mode | MAX_PERMISSION != MAX_PERMISSION:
+        raise MindieSdError(
+            f"{path}: mode {oct(mode)} is more permissive than {oct(MAX_PERMISSION)} "
+            f"(check_max_permission); chmod {MAX_PERMISSION:o} it"
+        )
+
+
+@dataclass
+class MindieSdCheckpoint:
+    """A component's description and its weight file, opened as MindIE-SD opens them.
+
+    Attributes:
+        description: the description's entries.
+        model_quant_type: its ``model_quant_type``.
+        weights: the weight file's path.
+    """
+
+    description: dict[str, Any]
+    model_quant_type: str
+    weights: Path
+
+    def __post_init__(self) -> None:
+        self._file = safe_open(str(self.weights), framework="pt")
+        self.keys = frozenset(self._file.keys())
+
+    def load(self, name: str) -> torch.Tensor:
+        """One tensor (``get_quant_weight``: a missing one is a critical error)."""
+        if name not in self.keys:
+            raise MindieSdError(f"{name}: Critical parameter missing (in {self.weights.name})")
+        return self._file.get_tensor(name)
+
+
+def read_mindie_sd(description: str | Path) -> MindieSdCheckpoint:
+    """Open a component as ``mindiesd.quantize(module, description)`` does.
+
+    Raises:
+        MindieSdError: a file check fails, a rank-suffixed name, a description that is not a
+            JSON object, or a ``model_quant_type`` missing or not a ``QuantAlgorithm`` value.
+    """
+    path = Path(description)
+    if path.stem.rpartition("_")[2].isdigit():
+        raise MindieSdError(
+            f"{path.name}: a name ending in _<digits> makes MindIE-SD read the files of "
+            "torch.distributed's rank instead (and requires it initialized)"
+        )
+    check_file(path, DESCRIPTION_MAX_BYTES)
+    try:
+        desc = json.loads(path.read_text(encoding="utf-8"), strict=False)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MindieSdError(f"{path}: not JSON ({exc})") from exc
+    if not isinstance(desc, dict) or not desc:
+        raise MindieSdError(f"{path}: an empty or non-object description")
+    qtype = desc.get("model_quant_type")
+    if not isinstance(qtype, str) or qtype not in QUANT_ALGORITHMS:
+        raise MindieSdError(
+            f"{path}: model_quant_type {qtype!r} is not a MindIE-SD QuantAlgorithm "
+            "(exact, upper case: W8A8, W8A8_DYNAMIC, W8A16, ...)"
+        )
+    weights = path.parent / f"quant_model_weight_{qtype.lower()}.safetensors"
+    check_file(weights, WEIGHT_MAX_BYTES)
+    return MindieSdCheckpoint(desc, qtype, weights)
+
+
+def layer_algorithm(name: str, description: dict[str, Any]) -> str | None:
+    """The algorithm MindIE-SD gives Linear ``name``: None when a candidate key says FLOAT or
+    none names a valid algorithm (the layer stays as loaded)."""
+    keys = (f"{name}.linear.weight", f"{name}.weight", name)
+    if any(description.get(k) == "FLOAT" for k in keys):
+        return None
+    for key in keys:
+        value = description.get(key)
+        if isinstance(value, str) and value.upper() in QUANT_ALGORITHMS:
+            return value.upper()
+    return None
+
+
+class MindieSdLinear(nn.Module):
+    """One Linear as MindIE-SD replaces it, holding its tensors after the load-time casts.
+
+    * static (``_init_static_quant_param``): ``weight`` int8 [N, K], ``quant_bias`` int32,
+      ``deq_scale`` as stored, ``input_scale`` [1] cast to bfloat16 in a bfloat16 model (float32
+      in a float16 one), ``input_offset`` [1] cast to int8; ``bias`` read (unused) where the
+      float layer has one;
+    * dynamic (``_init_dynamic_quant_param``): ``weight_scale`` [N, 1] squeezed and cast to the
+      engine dtype (through float16 to float32 in a float16 model), ``bias`` to the engine dtype;
+    * W8A16 (``WeightQuantLinear``): ``weight_scale`` [N, 1] to the engine dtype; ``bias`` to
+      float32 in a bfloat16 model.
+    """
+
+    def __init__(
+        self,
+        layer: nn.Linear,
+        prefix: str,
+        algorithm: str,
+        ckpt: MindieSdCheckpoint,
+        mul_scale: torch.Tensor | None,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        self.algorithm, self.dtype = algorithm, dtype
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        weight = ckpt.load(f"{prefix}.weight")
+        if weight.dtype != torch.int8 or tuple(weight.shape) != (
+            self.out_features,
+            self.in_features,
+        ):
+            raise MindieSdError(
+                f"{prefix}.weight: {weight.dtype} {list(weight.shape)}, expected int8 "
+                f"[{self.out_features}, {self.in_features}]"
+            )
+        self.weight_t = weight.t()
+        self.mul_scale = None if mul_scale is None else mul_scale.to(dtype)
+        has_bias = isinstance(layer.bias, nn.Parameter)
+        bias = ckpt.load(f"{prefix}.bias") if has_bias else None
+        if algorithm in STATIC:
+            self._static(prefix, ckpt)
+        elif algorithm == "W8A8_DYNAMIC":
+            scale = ckpt.load(f"{prefix}.weight_scale").squeeze()
+            self.weight_scale = scale.to(dtype) if dtype == torch.bfloat16 else _via_fp16(scale)
+            self.bias = None if bias is None else bias.to(dtype)
+        else:
+            self.weight_scale = ckpt.load(f"{prefix}.weight_scale").reshape(-1).to(dtype)
+            self.bias = bias if bias is None or dtype != torch.bfloat16 else bias.float()
+
+    def _static(self, prefix: str, ckpt: MindieSdCheckpoint) -> None:
+        scale = ckpt.load(f"{prefix}.input_scale")
+        if scale.dim() != 1 or scale.numel() != 1:
+            raise MindieSdError(
+                f"{prefix}.input_scale: shape {list(scale.shape)}; MindIE-SD repeats a [1] "
+                "scale to K (npu_quantize takes a 1-D scale)"
+            )
+        self.input_scale = scale.to(self.dtype if self.dtype == torch.bfloat16 else torch.float32)
+        self.input_offset = ckpt.load(f"{prefix}.input_offset").reshape(1).to(torch.int8)
+        self.quant_bias = ckpt.load(f"{prefix}.quant_bias")
+        self.deq_scale = ckpt.load(f"{prefix}.deq_scale")
+        if self.dtype == torch.bfloat16 and self.deq_scale.dtype == torch.int64:
+            raise MindieSdError(
+                f"{prefix}.deq_scale: int64, but npu_quant_matmul with bfloat16 output takes a "
+                "float32 or bfloat16 scale"
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2d = x.reshape(-1, self.in_features)
+        if self.algorithm in STATIC:
+            y = engines.mindie_sd_static(
+                x2d, self.weight_t, self.deq_scale, self.quant_bias, self.input_scale,
+                self.input_offset, self.mul_scale, self.dtype,
+            )  # fmt: skip
+        elif self.algorithm == "W8A8_DYNAMIC":
+            y = engines.mindie_sd_dynamic(
+                x2d, self.weight_t, self.weight_scale, self.bias, self.mul_scale, self.dtype
+            )
+        else:  # WeightQuantLinear accepts a mul_scale and never applies it
+            y = engines.weight_only(x2d, self.weight_t, self.weight_scale, self.bias, self.dtype)
+        return y.to(x.dtype).reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, {self.algorithm}"
+
+
+def _via_fp16(scale: torch.Tensor) -> torch.Tensor:
+    return scale.to(torch.float16).to(torch.float32)
+
+
+@torch.no_grad()
+def apply_mindie_sd(
+    model: nn.Module, ckpt: MindieSdCheckpoint, *, dtype: torch.dtype = torch.bfloat16
+) -> list[str]:
+    """Replace ``model``'s Linears as ``mindiesd.quantize(model, ...)`` does (in place).
+
+    Args:
+        model: the float component (the module ``mindiesd.quantize`` is given).
+        ckpt: from :func:`read_mindie_sd`.
+        dtype: MindIE-SD's ``dtype`` argument (bfloat16 by default; float16 or bfloat16).
+
+    Returns:
+        The names of the Linears replaced.
+
+    Raises:
+        MindieSdError: an algorithm not run here, a missing tensor, a wrong weight shape or a
+            deq_scale the engine's matmul refuses.
+    """
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise MindieSdError(f"dtype must be float16 or bfloat16, got {dtype}")
+    replaced: dict[str, nn.Module] = {}
+    for name, layer in model.named_modules():
+        if not isinstance(layer, nn.Linear):
+            continue
+        algorithm = layer_algorithm(name, ckpt.description)
+        if algorithm is None:
+            continue
+        if algorithm not in SUPPORTED:
+            raise MindieSdError(f"{name}: {algorithm} is not run by this consumer")
+        mul_key = f"{name}.div.mul_scale"
+        mul = ckpt.load(mul_key) if mul_key in ckpt.keys else None
+        prefix = f"{name}.linear" if mul is not None else name
+        replaced[name] = MindieSdLinear(layer, prefix, algorithm, ckpt, mul, dtype)
+    for name, module in replaced.items():  # applied after the walk, as modify_graph does
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, module)
+    return list(replaced)
