@@ -108,7 +108,7 @@ class MindieSdCheckpoint:
         """One tensor (``get_quant_weight``: a missing one is a critical error)."""
         if name not in self.keys:
             raise MindieSdError(f"{name}: Critical parameter missing (in {self.weights.name})")
-        return self._file.get_tensor(name)
+        return self._file.get_tensor(name).clone()  # not a view of the mapped file
 
 
 def read_mindie_sd(description: str | Path) -> MindieSdCheckpoint:

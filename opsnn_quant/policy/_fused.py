@@ -30,7 +30,12 @@ def fuse_candidates(
         per: dict[str, dict[str, Choice]] = {}
         if not floats:
             per = {
-                n: scheme_choices(cands[n][0], allowed(cands[n][0]), target.timestep_scales)
+                n: scheme_choices(
+                    cands[n][0],
+                    allowed(cands[n][0]),
+                    target.timestep_scales,
+                    target.schemes(cands[n][0].type),
+                )
                 for n in members
             }
             common = set.intersection(*(set(c) for c in per.values()))

@@ -7,6 +7,7 @@ each stands for come from the one table, :data:`opsnn_quant.quant.schemes.SCHEME
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal
 
@@ -62,16 +63,21 @@ def contribution_for(m: ModuleSensitivity, scheme: str) -> tuple[float, bool] | 
 
 
 def scheme_choices(
-    m: ModuleSensitivity, allowed: set[Precision], per_step: bool = False
+    m: ModuleSensitivity,
+    allowed: set[Precision],
+    per_step: bool = False,
+    runs: Collection[str] | None = None,
 ) -> dict[str, Choice]:
     """Every scheme the probe measured on ``m`` whose precision is in ``allowed`` (per-step
-    schemes only where ``per_step``) and that has an end-to-end estimate, as a Choice, in
-    ``SCHEMES`` order."""
+    schemes only where ``per_step``; only those in ``runs`` when given: a target's schemes) and
+    that has an end-to-end estimate, as a Choice, in ``SCHEMES`` order."""
     by_e2e = m.e2e is not None and bool(m.e2e.schemes)
     out = {}
     for name, scheme in SCHEMES.items():
         err = m.w8a8.get(name)
         if err is None or err.infeasible or scheme.precision not in allowed:
+            continue
+        if runs is not None and name not in runs:
             continue
         if scheme.per_step and not per_step:
             continue
@@ -98,7 +104,10 @@ def choice_key(choice: Choice) -> float:
 
 
 def best_choice(
-    m: ModuleSensitivity, allowed: set[Precision], per_step: bool = False
+    m: ModuleSensitivity,
+    allowed: set[Precision],
+    per_step: bool = False,
+    runs: Collection[str] | None = None,
 ) -> Choice | None:
     """The best scheme among those whose precision is in ``allowed`` (per-step schemes only
     where ``per_step``: the target switches static scales per denoising step).
@@ -108,7 +117,7 @@ def best_choice(
     own error while moving noise where the output is more sensitive); otherwise the best local
     SQNR. Ties go to the simpler scheme (``SCHEMES`` order).
     """
-    ranked = list(scheme_choices(m, allowed, per_step).values())
+    ranked = list(scheme_choices(m, allowed, per_step, runs).values())
     if not ranked:
         return None
     return min(enumerate(ranked), key=lambda r: (choice_key(r[1]), r[0]))[1]

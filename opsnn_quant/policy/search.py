@@ -64,7 +64,8 @@ def _candidates(
             _, why = target.can_run(m.type, Precision.W8A8, weight_shape=m.weight_shape)
             plan.fallback[m.name] = f"stays float: {why}"
             continue
-        choice = best_choice(m, allowed, per_step=target.timestep_scales)
+        # only what the target's engine runs (a report probed for another target has more)
+        choice = best_choice(m, allowed, target.timestep_scales, target.schemes(m.type))
         if choice is None:
             plan.fallback[m.name] = (
                 "stays float: the probe has no end-to-end estimate for a scheme "

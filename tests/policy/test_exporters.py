@@ -15,9 +15,9 @@ from opsnn_quant.policy.schema import PrecisionPolicy
 
 def test_the_table_holds_every_format_once_with_its_file():
     assert FORMATS == ("amct-cfg", "amct-eager", "atc-keep-dtype", "atc-customize-dtypes",
-                       "atc-modify-mixlist", "msmodelslim-v1", "ascendv1", "atc")  # fmt: skip
+                       "atc-modify-mixlist", "msmodelslim-v1", "ascendv1", "mindie-sd", "atc")  # fmt: skip
     assert EXPORT_FILES["amct-cfg"] == "amct.cfg" and "ascendv1" not in EXPORT_FILES
-    assert [e.name for e in exporters("model")] == ["ascendv1", "atc"]
+    assert [e.name for e in exporters("model")] == ["ascendv1", "mindie-sd", "atc"]
     outputs = [e.output for e in exporters()]
     assert len(set(outputs)) == len(outputs)
     for e in exporters():

@@ -286,3 +286,73 @@ def test_the_search_picks_w4a16_where_the_target_runs_it_and_writes_its_group_si
     assert "group_size: 128" in eager.to_yaml()
     atc = build_policy(report(m, other), Budget(), "ascend910b-atc")  # no int4 path there
     assert all(r.precision != Precision.W4A16 for r in atc.rules)
+
+
+# ---- engines as targets -------------------------------------------------------------------
+
+
+def test_an_engine_targets_specs_carry_its_arithmetic_and_dtype():
+    rep = report(linear("a", 1e-5, sqnr={"w8a8": 35.0, "w8a8_smoothquant": 38.0}),
+                 linear("b", 1e-5, sqnr={"w8a8": 35.0, "w8a8_dynamic": 36.0}))  # fmt: skip
+    mindie = build_policy(rep, DB30, "ascend910b-mindie-sd", compact=False)
+    specs = {r.match: r.quant_spec() for r in mindie.rules}
+    assert {s.engine for s in specs.values()} == {"mindie-sd"}
+    assert {s.output_dtype for s in specs.values()} == {"bfloat16"}
+    # MindIE-SD applies SmoothQuant at run time (mul_scale): the smoothed scheme may win
+    assert specs["a"].smoothquant_alpha == 0.5
+    vllm = build_policy(rep, DB30, "ascend910b-vllm-ascend", compact=False)
+    vspecs = {r.match: r.quant_spec() for r in vllm.rules}
+    # vLLM-Ascend has no run-time smoothing: the search never offers it a smoothed scheme
+    assert all(s.engine == "vllm-ascend" and s.smoothquant_alpha is None for s in vspecs.values())
+
+
+def test_vllm_fused_qkv_take_one_scheme_or_stay_float_together():
+    # q prefers static (35 dB), k and v dynamic; summed over the three, dynamic is smaller:
+    # 3e-5 (static q) + 2 * 1e-4 (static k, v) vs 2e-5 + 2 * 1e-5 (dynamic each)
+    mods = [
+        linear("layer.attn.q_proj", 3e-5, sqnr={"w8a8": 35.0, "w8a8_dynamic": 33.2}),
+        linear("layer.attn.k_proj", 1e-4, sqnr={"w8a8": 35.0, "w8a8_dynamic": 45.0}),
+        linear("layer.attn.v_proj", 1e-4, sqnr={"w8a8": 35.0, "w8a8_dynamic": 45.0}),
+        linear("layer.mlp.fc1", 1e-5),
+    ]
+    rep = report(*mods)
+    p = build_policy(rep, Budget(min_int8_mac_share=0.0), "ascend910b-vllm-ascend",
+                     compact=False)  # fmt: skip
+    precision = {r.match: r.precision for r in p.rules}
+    # dynamic: q 3e-5 * 10^0.18 = 4.5e-5, k and v 1e-4 * 10^-1 = 1e-5 each: 6.5e-5 < 2.3e-4
+    assert [precision[f"layer.attn.{n}"] for n in ("q_proj", "k_proj", "v_proj")] == [
+        Precision.W8A8_DYNAMIC
+    ] * 3
+    assert precision["layer.mlp.fc1"] == Precision.W8A8
+    # a budget only two of them fit: the fused layer falls back whole
+    tight = Budget(limits={Modality("denoiser"): ModalityLimit(min_sqnr_db=45.0)},
+                   min_int8_mac_share=0.0)  # fmt: skip
+    p = build_policy(rep, tight, "ascend910b-vllm-ascend", compact=False)
+    precision = {r.match: r.precision for r in p.rules}
+    assert {precision[f"layer.attn.{n}"] for n in ("q_proj", "k_proj", "v_proj")} == {
+        Precision.FP16
+    }
+    assert precision["layer.mlp.fc1"] == Precision.W8A8
+
+
+def test_resolved_refuses_a_split_fused_layer_and_another_engines_arithmetic():
+    from opsnn_quant.errors import ConfigError
+    from opsnn_quant.policy.rule import QuantFields, Rule
+
+    modules = {f"attn.{n}": "Linear" for n in ("q_proj", "k_proj", "v_proj")}
+    vllm = QuantFields(engine="vllm-ascend", output_dtype="bfloat16")
+    split = PrecisionPolicy(
+        model="m", target="ascend910b-vllm-ascend", modalities={"": Modality.DENOISER},
+        defaults={Modality.DENOISER: Precision.FP16},
+        rules=[Rule(match="attn.q_proj", precision=Precision.W8A8, quant=vllm),
+               Rule(match="attn.k_proj", precision=Precision.W8A8_DYNAMIC, quant=vllm)],
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="loads them as one fused layer of one quant type"):
+        split.resolved(modules)
+    plain = split.model_copy(update={"rules": [Rule(match="attn.*", precision=Precision.W8A8)]})
+    with pytest.raises(ConfigError, match="runs vllm-ascend's arithmetic; the rule's quant"):
+        plain.resolved(modules)
+    together = split.model_copy(
+        update={"rules": [Rule(match="attn.*", precision=Precision.W8A8, quant=vllm)]}
+    )
+    assert len(together.resolved(modules).int8()) == 3

@@ -1,0 +1,202 @@
+"""export/mindie-sd: the files mindiesd.quantize loads (msModelSlim mindie_format_saver's layout,
+MindIE-SD's loader rules) and the consumer that runs them, bit for bit our module's arithmetic."""
+
+import copy
+import json
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from opsnn_quant.deploy.mindie_sd import PERMISSION, component_files, export_mindie_sd
+from opsnn_quant.deploy.mindie_sd_reader import MindieSdError, apply_mindie_sd, read_mindie_sd
+from opsnn_quant.deploy.safetensors_io import write_safetensors
+from opsnn_quant.models.generic import GenericAdapter
+from opsnn_quant.quant.api import quantize
+from opsnn_quant.quant.spec import QuantSpec
+from opsnn_quant.types import Modality, Precision
+
+
+class Block(nn.Module):
+    """norm -> static Linear -> GELU -> smoothed static Linear -> ReLU -> smoothed dynamic
+    Linear (no bias) and a conv beside them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(7)
+        self.norm = nn.LayerNorm(32)
+        self.a = nn.Linear(32, 48)
+        self.b = nn.Linear(48, 40)
+        self.c = nn.Linear(40, 24, bias=False)
+        self.conv = nn.Conv2d(2, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.c(torch.relu(self.b(nn.functional.gelu(self.a(self.norm(x))))))
+        return y + self.conv(y.reshape(-1, 2, 3, 4)).reshape(y.shape)
+
+
+def _loop(model: nn.Module) -> None:
+    g = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        model(torch.randn(8, 32, generator=g) * 2)
+
+
+def _quantized(dtype: str = "bfloat16", engine: str = "mindie-sd") -> tuple[Block, Block]:
+    float_model = Block()
+    model = copy.deepcopy(float_model)
+
+    def spec(p: str, alpha: float | None = None) -> QuantSpec:
+        return QuantSpec(Precision(p), smoothquant_alpha=alpha, engine=engine, output_dtype=dtype)  # type: ignore[arg-type]
+
+    quantize(model, {"a": spec("w8a8"), "b": spec("w8a8", 0.5), "c": spec("w8a8_dynamic", 0.5),
+                     "conv": QuantSpec(Precision.W8A8)}, _loop)  # fmt: skip
+    return float_model, model
+
+
+def _export(model: nn.Module, tmp_path):
+    adapter = GenericAdapter(model, {"": Modality.DENOISER}, _loop)
+    return export_mindie_sd(adapter, tmp_path / "mindie-sd")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_mindie_sd_runs_our_export_bit_for_bit(tmp_path, dtype):
+    float_model, model = _quantized(dtype)
+    _export(model, tmp_path)
+    ckpt = read_mindie_sd(tmp_path / "mindie-sd" / "quant_model_description_w8a8.json")
+    engine = copy.deepcopy(float_model)
+    replaced = apply_mindie_sd(engine, ckpt, dtype=getattr(torch, dtype))
+    assert replaced == ["a", "b", "c"]  # the conv stays as loaded: MindIE-SD replaces Linears
+    engine.conv = model.conv  # ours is int8 (ATC-style); the comparison is of the Linears
+    x = torch.randn(6, 32) * 2
+    assert torch.equal(model(x), engine(x))
+
+
+def test_files_as_the_saver_writes_them(tmp_path):
+    _, model = _quantized()
+    result = _export(model, tmp_path)
+    out = tmp_path / "mindie-sd"
+    desc_path = out / "quant_model_description_w8a8.json"
+    weights = out / "quant_model_weight_w8a8.safetensors"
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
+        desc_path.name, weights.name,
+    ]  # fmt: skip
+    for path in (desc_path, weights):  # check_max_permission: no more than rw-r-----
+        assert os.stat(path).st_mode & 0o777 == PERMISSION == 0o640
+    text = desc_path.read_text()
+    assert not text.endswith("\n") and text.startswith('{\n    "a.weight": "W8A8",\n')
+    desc = json.loads(text)
+    assert list(desc)[-1] == "model_quant_type" and desc["model_quant_type"] == "W8A8"
+    # static: on_w8a8_static's tensors; the smoothed ones in the non-fusion form
+    assert [k for k in desc if k.startswith("a.")] == [
+        "a.weight",
+        "a.quant_bias",
+        "a.input_scale",
+        "a.input_offset",
+        "a.deq_scale",
+        "a.bias",
+    ]
+    assert desc["b.div.mul_scale"] == "FLOAT" and desc["b.linear.weight"] == "W8A8"
+    assert desc["c.div.mul_scale"] == "FLOAT" and desc["c.linear.weight"] == "W8A8_DYNAMIC"
+    assert "c.linear.bias" not in desc  # the float Linear has none
+    # every other parameter FLOAT (on_float_module), the int8 conv's float equivalent too
+    assert desc["norm.weight"] == desc["conv.weight"] == desc["conv.bias"] == "FLOAT"
+    assert (
+        "1 quantized module(s) written FLOAT (conv): MindIE-SD quantizes nn.Linear only"
+        in result.notes
+    )
+
+
+def test_tensors_follow_the_savers_formulas(tmp_path):
+    float_model, model = _quantized()
+    files = component_files(model, torch.bfloat16)
+    t = files.tensors
+    s_in, s_w = t["a.input_scale"], model.a.weight_quantizer.scale
+    # on_w8a8_static: deq_scale = input_scale * weight_scale (fp32);
+    # quant_bias = round(bias / deq_scale - rowsum(W) * input_offset)
+    assert t["a.input_scale"].dtype == t["a.deq_scale"].dtype == torch.float32
+    assert torch.equal(t["a.deq_scale"], s_in * s_w)
+    rowsum = t["a.weight"].to(torch.float64).sum(dim=1)
+    expect = torch.round(float_model.a.bias.double() / t["a.deq_scale"].double()
+                         - rowsum * float(t["a.input_offset"]))  # fmt: skip
+    assert torch.equal(t["a.quant_bias"], expect.to(torch.int32))
+    w_q = torch.clamp(torch.round(float_model.a.weight.float() / s_w.unsqueeze(1)), -128, 127)
+    assert torch.equal(t["a.weight"], w_q.to(torch.int8))
+    # the input scale MindIE-SD divides by is bf16: the stored one already is
+    assert torch.equal(s_in.to(torch.bfloat16).float(), s_in)
+    # non-fusion: mul_scale = 1/s in bf16, the weight smoothed by the factor it applies
+    mul = t["b.div.mul_scale"]
+    assert mul.dtype == torch.bfloat16 and mul.shape == (48,)
+    smoothed = float_model.b.weight.double() / mul.double().unsqueeze(0)
+    s_b = model.b.weight_quantizer.scale.double().unsqueeze(1)
+    assert torch.equal(
+        t["b.linear.weight"], torch.round(smoothed / s_b).clamp(-128, 127).to(torch.int8)
+    )
+    # dynamic: weight_scale [N, 1] (bf16-exact: the engine casts it), zero weight_offset
+    ws = t["c.linear.weight_scale"]
+    assert ws.shape == (24, 1) and torch.equal(ws.to(torch.bfloat16).float(), ws)
+    assert torch.equal(t["c.linear.weight_offset"], torch.zeros(24, 1))
+
+
+def test_other_arithmetic_is_exported_and_said(tmp_path):
+    _, model = _quantized(engine="opsnn", dtype="float16")
+    result = _export(model, tmp_path)
+    assert any("calibrated for another target's arithmetic" in n for n in result.notes)
+    ckpt = read_mindie_sd(tmp_path / "mindie-sd" / "quant_model_description_w8a8.json")
+    assert apply_mindie_sd(Block(), ckpt) == ["a", "b", "c"]
+
+
+@pytest.fixture
+def exported(tmp_path):
+    _, model = _quantized()
+    _export(model, tmp_path)
+    return tmp_path / "mindie-sd"
+
+
+def test_refuses_what_mindie_sd_refuses(exported):
+    desc = exported / "quant_model_description_w8a8.json"
+    weights = exported / "quant_model_weight_w8a8.safetensors"
+    os.chmod(weights, 0o644)  # safetensors' default mode: MindIE-SD raises PermissionError
+    with pytest.raises(MindieSdError, match=r"mode 0o644 is more permissive than 0o640"):
+        read_mindie_sd(desc)
+    os.chmod(weights, 0o640)
+    ranked = exported / "quant_model_description_w8a8_0.json"
+    ranked.write_text(desc.read_text())
+    os.chmod(ranked, 0o640)
+    with pytest.raises(MindieSdError, match="_<digits>"):
+        read_mindie_sd(ranked)
+    link = exported / "link.json"
+    link.symlink_to(desc)
+    with pytest.raises(MindieSdError, match="symbolic link"):
+        read_mindie_sd(link)
+    doc = json.loads(desc.read_text())
+    doc["model_quant_type"] = "w8a8"  # QuantAlgorithm(...) is case-sensitive
+    desc.write_text(json.dumps(doc, indent=4))
+    with pytest.raises(MindieSdError, match="model_quant_type 'w8a8' is not a MindIE-SD"):
+        read_mindie_sd(desc)
+
+
+def test_refuses_missing_tensors_and_int64_deq_scale_in_bf16(exported):
+    desc = exported / "quant_model_description_w8a8.json"
+    weights = exported / "quant_model_weight_w8a8.safetensors"
+    ckpt = read_mindie_sd(desc)
+    saved = {k: ckpt.load(k).clone() for k in ckpt.keys}
+    del ckpt  # its file is rewritten below
+    tensors = {k: v for k, v in saved.items() if k != "a.quant_bias"}
+    write_safetensors(tensors, weights)
+    with pytest.raises(MindieSdError, match=r"a\.quant_bias: Critical parameter missing"):
+        apply_mindie_sd(Block(), read_mindie_sd(desc))
+    tensors["a.quant_bias"] = saved["a.quant_bias"]
+    tensors["a.deq_scale"] = saved["a.deq_scale"].view(torch.int32).to(torch.int64)
+    write_safetensors(tensors, weights)
+    with pytest.raises(
+        MindieSdError, match=r"a\.deq_scale: int64, but npu_quant_matmul with bfloat16"
+    ):
+        apply_mindie_sd(Block(), read_mindie_sd(desc))
+    # a FLOAT key leaves the layer as loaded
+    doc = json.loads(desc.read_text())
+    doc["a.weight"] = "FLOAT"
+    desc.write_text(json.dumps(doc, indent=4))
+    tensors["a.deq_scale"] = saved["a.deq_scale"]
+    write_safetensors(tensors, weights)
+    assert apply_mindie_sd(Block(), read_mindie_sd(desc)) == ["b", "c"]
