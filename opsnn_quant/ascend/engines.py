@@ -160,6 +160,10 @@ def vllm_ascend_dynamic(
         x, weight_t, dtype, weight_float_t: as :func:`vllm_ascend_static`.
     """
     x_q, token_scale = npu_dynamic_quant(x.to(dtype))
+    if weight_scale.dtype == torch.float16:
+        # a float16 model passes its float16 weight_scale with per-token scaling, a combination
+        # torch_npu's table does not list; the kernel's dequant runs in fp32: the fp16 value
+        weight_scale = weight_scale.to(torch.float32)
     return quant_matmul_cached(
         x_q, weight_t, weight_scale, pertoken_scale=token_scale, bias=bias, output_dtype=dtype,
         x2_float=weight_float_t,

@@ -19,11 +19,11 @@ Written from the engines' tensor contract and formulas, without importing them:
   passes ``-weight_offset`` (``(w + offset) * scale`` is the op's formula); vLLM-Ascend's W8A16
   passes it unnegated. We follow MindIE-LLM (the two agree for symmetric weights, all we write).
 
-Dtypes on a CPU host: the engine runs every tensor in one ``params_dtype`` (fp16/bf16). Here the
-host model may run in float32 (the CPU reference of this package does): the activations stay in
-the host's dtype, and the quantized matmuls produce ``params_dtype`` (fp16 when ``deq_scale`` is
-int64, bf16 when it is float32), cast back to the host dtype, as ``QuantLinear`` does. Weight
-scales stay float32 (the dtype ``npu_quant_matmul``'s per-token mode takes).
+Dtypes: the engine runs every tensor in one ``params_dtype`` (fp16 when ``deq_scale`` is int64,
+bf16 when it is float32). Each quantized Linear here computes in it as vLLM-Ascend's methods do
+(:mod:`opsnn_quant.ascend.engines`: activations cast to it, ``input_scale`` held in it and its
+reciprocal computed in it, weight scales and bias in it) and casts its output back to the host
+model's dtype (the CPU reference runs the float layers in float32).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from opsnn_quant import ascend
+from opsnn_quant.ascend import engines
 from opsnn_quant.deploy.contract import AscendV1Error
 from opsnn_quant.deploy.reader import AscendV1Checkpoint, QuantLinearEntry
 
@@ -124,28 +125,23 @@ class AscendV1Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2d = x.reshape(-1, self.in_features)
-        dt = x2d.dtype
+        p = self.params_dtype
         if self.qtype == "W8A8":
-            k = self.in_features
-            reciprocal = 1.0 / self.input_scale.to(dt).repeat(k)
-            offset = self.input_offset.repeat(k).to(dt)
-            x_q = ascend.npu_quantize(x2d, reciprocal, offset, torch.qint8, -1, False)
-            y = ascend.npu_quant_matmul(
-                x_q, self.weight, self.deq_scale, bias=self.quant_bias,
-                output_dtype=self.params_dtype,
+            # vLLM's params: input_scale in the params dtype, input_offset int8 (copy_ casts)
+            y = engines.vllm_ascend_static(
+                x2d, self.weight, self.deq_scale, self.quant_bias, self.input_scale.to(p),
+                self.input_offset.to(torch.int8), p,
             )  # fmt: skip
         elif self.qtype in ("W8A8_DYNAMIC", "W8A8_MIX"):
-            x_q, token_scale = ascend.npu_dynamic_quant(x2d)
-            y = ascend.npu_quant_matmul(
-                x_q, self.weight, self.weight_scale, pertoken_scale=token_scale,
-                bias=self.bias, output_dtype=self.params_dtype,
-            )  # fmt: skip
+            bias = None if self.bias is None else self.bias.to(p)
+            y = engines.vllm_ascend_dynamic(x2d, self.weight, self.weight_scale.to(p), bias, p)
         else:
             y = ascend.npu_weight_quant_batchmatmul(
-                x2d, self.weight, self.antiquant_scale, self.antiquant_offset,
-                bias=self.bias, antiquant_group_size=self.group_size,
+                x2d.to(p), self.weight, self.antiquant_scale.to(p), self.antiquant_offset.to(p),
+                bias=None if self.bias is None else self.bias.to(p),
+                antiquant_group_size=self.group_size,
             )  # fmt: skip
-        return y.to(dt).reshape(*lead, self.out_features)
+        return y.to(x.dtype).reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, {self.qtype}"

@@ -3,12 +3,12 @@
 Per quantized module (see :mod:`opsnn_quant.deploy.contract` for the table):
 
 * ``QuantLinear`` W8A8 -> ``W8A8``: our int8 weight, ``quant_bias`` (the int32 bias with the
-  asymmetric offset folded, as msModelSlim's ``change_bias``), ``deq_scale`` as our module feeds
-  ``npu_quant_matmul`` (fp16: the int64 of ``npu_trans_quant_param``, FP19 + flag bit, which is
-  what the issue asks; msModelSlim's ``deqscale2int64_by_dtype`` stores the plain fp32 bits in an
-  int64 instead. Both give the same FP19 scale to the kernel, see
-  :func:`opsnn_quant.ascend.unpack_quant_param`; bf16: fp32), ``input_scale``/``input_offset``
-  fp32 [1], ``weight_scale`` fp32 [n, 1] and zero ``weight_offset``.
+  asymmetric offset folded, as msModelSlim's ``change_bias``), ``deq_scale`` as msModelSlim's
+  ``deqscale2int64_by_dtype`` writes it (``save/utils/deqscale.py``: a float16 model's int64
+  holds the plain fp32 bits, the kernel keeps their top 19; bf16: fp32), ``input_scale`` [1]
+  (in the params dtype for a module made for vLLM-Ascend, as its loader declares it; fp32
+  otherwise) and ``input_offset`` fp32 [1], ``weight_scale`` fp32 [n, 1] and zero
+  ``weight_offset``.
 * W8A8_DYNAMIC -> ``W8A8_DYNAMIC`` (weight, weight_scale, weight_offset, bias); W8A16 ->
   ``W8A16``; a module whose precision is ``w4a16`` -> ``W4A16`` (:func:`w4a16_tensors`).
 * Anything AscendV1 cannot express is written ``FLOAT`` with its dequantized weight (what our
@@ -35,6 +35,7 @@ from torch import nn
 from opsnn_quant.deploy.contract import VERSION, model_quant_type
 from opsnn_quant.deploy.fold_check import Fold, dequantized_weight, effective_bias
 from opsnn_quant.deploy.safetensors_io import LazyTensor, Tensorish
+from opsnn_quant.quant.engine import TORCH_DTYPES, deqscale2int64
 from opsnn_quant.quant.modules import QuantLinear, QuantModule
 from opsnn_quant.types import Precision
 from opsnn_quant.version import __version__
@@ -142,14 +143,19 @@ def _quant_tensors(
     exact = True
     if qtype == "W8A8":
         iq = module.input_quantizer
-        if folded:  # the factor went into the producer: the per-tensor part of the multiplier
+        if module.spec.engine == "vllm-ascend":  # the scale the engine holds, in its dtype
+            scale = iq.scale.reshape(1).to(TORCH_DTYPES[params_dtype])
+        elif folded:  # the factor went into the producer: the per-tensor part of the multiplier
             scale = iq.scale.reshape(1).to(torch.float32)
         else:
             scale, exact = engine_input_scale(iq.inv_scale)
         t["input_scale"] = scale
         t["input_offset"] = iq.offset.reshape(1).to(torch.float32)
         t["quant_bias"] = module.quant_bias
-        t["deq_scale"] = module.deq_scale_packed if params_dtype == "float16" else module.deq_scale
+        # a float16 model's int64 deq_scale: the fp32 bits, as msModelSlim's deqscale2int64
+        t["deq_scale"] = (
+            deqscale2int64(module.deq_scale) if params_dtype == "float16" else module.deq_scale
+        )
     bias = effective_bias(module)
     if bias is not None and had_bias:
         t["bias"] = bias

@@ -285,8 +285,9 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
         dtype = OUTPUT_DTYPES[spec.output_dtype]
         w_t = self.weight.reshape(self.out_n, self.in_k).t()
         mindie = spec.engine == "mindie-sd"
-        if spec.weight_only:
-            return engines.weight_only(x2d, w_t, self.weight_quantizer.scale, self.bias, dtype)
+        if spec.weight_only:  # vLLM holds the bias in its params dtype, MindIE-SD in float32
+            bias = self.bias if mindie or self.bias is None else self.bias.to(dtype)
+            return engines.weight_only(x2d, w_t, self.weight_quantizer.scale, bias, dtype)
         if spec.static_activations:
             offset = iq.offset.reshape(1).to(torch.int8)
             if mindie:  # input_scale: bfloat16 in a bfloat16 model, float32 in a float16 one

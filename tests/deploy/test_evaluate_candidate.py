@@ -81,8 +81,9 @@ def test_an_msmodelslim_directory_is_evaluated_with_the_engines_arithmetic(tmp_p
     with torch.no_grad():
         y_ours = replay(ours.model.unet, held.calls["unet"][0])
         y_cand = replay(adapter.model.unet, held.calls["unet"][0])
-    # msModelSlim stores s, the engines take 1 / s: one ulp from our multiplier at most
-    assert float((y_ours - y_cand).norm() / y_ours.norm()) < 1e-3
+    # our modules compute in fp32 (this package's arithmetic); the engine in its fp16 params
+    # dtype (activations, 1 / input_scale in fp16): a few 1e-3 apart, a wrong layer far more
+    assert float((y_ours - y_cand).norm() / y_ours.norm()) < 5e-3
     suite = tiny_t2i_suite(tmp_path, psnr_min=1.0, extra="latency: {warmup: 0, runs: 1}\n")
     report = tmp_path / "report"
     rc = main(["evaluate", "--candidate", str(cand), "--baseline", str(tmp_path / "pipe"),
