@@ -144,6 +144,8 @@ def calibrate(
     if not quiet:
         _ui.print_table(_summary_table(r.name, r.target, result))
         share = "-" if result.int8_mac_share is None else f"{result.int8_mac_share:.0%}"
+        for fmt, shares in result.deployed.items():
+            _ui.console.print(f"int8 MAC share as written in export/{fmt}: {shares['overall']:.0%}")
         _ui.console.print(
             f"int8 MAC share overall: {share}; wall time {result.seconds['total']:.0f} s; "
             f"wrote {out}/"

@@ -281,3 +281,53 @@ def apply_mindie_sd(
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, module)
     return list(replaced)
+
+
+def component_descriptions(directory: Path) -> dict[str, Path]:
+    """The MindIE-SD descriptions of an ``export/mindie-sd`` directory: component -> its
+    ``quant_model_description_<type>.json`` (``""``: the directory itself holds one).
+
+    Raises:
+        MindieSdError: a directory holding several descriptions (which one is meant?).
+    """
+    found: dict[str, Path] = {}
+    for name, d in [
+        ("", directory),
+        *((p.name, p) for p in sorted(directory.iterdir()) if p.is_dir()),
+    ]:
+        descs = sorted(d.glob("quant_model_description_*.json"))
+        if len(descs) > 1:
+            raise MindieSdError(f"{d}: {len(descs)} descriptions; MindIE-SD is given one")
+        if descs:
+            found[name] = descs[0]
+    return found
+
+
+def is_mindie_sd_dir(directory: Path) -> bool:
+    """A directory MindIE-SD's files are in (itself, or its component subdirectories)."""
+    return directory.is_dir() and bool(_descriptions(directory))
+
+
+def _descriptions(directory: Path) -> list[Path]:
+    dirs = [directory, *(p for p in sorted(directory.iterdir()) if p.is_dir())]
+    return [f for d in dirs for f in sorted(d.glob("quant_model_description_*.json"))]
+
+
+def apply_mindie_sd_dir(
+    model: nn.Module, directory: Path, *, dtype: torch.dtype = torch.bfloat16
+) -> list[str]:
+    """Apply every component of ``directory`` to ``model`` (a pipeline's components by name, or
+    the model itself) as ``mindiesd.quantize`` would be called on each; the names replaced.
+
+    Raises:
+        MindieSdError: a component the model lacks, or any check of :func:`read_mindie_sd` and
+            :func:`apply_mindie_sd`.
+    """
+    replaced = []
+    for component, desc in component_descriptions(directory).items():
+        target = model if not component else getattr(model, component, None)
+        if not isinstance(target, nn.Module):
+            raise MindieSdError(f"{desc}: the model has no component {component!r}")
+        names = apply_mindie_sd(target, read_mindie_sd(desc), dtype=dtype)
+        replaced += [f"{component}.{n}" if component else n for n in names]
+    return replaced

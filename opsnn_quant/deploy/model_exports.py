@@ -13,7 +13,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch import nn
@@ -25,6 +25,7 @@ from opsnn_quant.io import atomic_dir, remove_output_file, write_output_file
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.policy.exporters import exporters
 from opsnn_quant.policy.schema import ResolvedPolicy
+from opsnn_quant.quant.modules import QuantModule
 from opsnn_quant.recording import Call
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,9 @@ def write_model_exports(
     float_graphs: StagedGraphs | None = None,
     force: bool = False,
     say: Callable[[str], None] = log.info,
-) -> list[str]:
-    """Write the ``wanted`` model exports (``ascendv1``, ``atc``) into ``export_dir``.
+) -> ModelExports:
+    """Write the ``wanted`` model exports (``ascendv1``, ``mindie-sd``, ``atc``) into
+    ``export_dir``.
 
     Args:
         adapter: the adapter holding the quantized model.
@@ -69,17 +71,36 @@ def write_model_exports(
         say: progress callback.
 
     Returns:
-        The notes, each prefixed by its export's name.
+        The notes, each prefixed by its export's name, and what each export wrote in int8.
     """
     ctx = ModelExportContext(
         adapter, policy, calls, export_dir, float_model, float_graphs, force, say
     )
-    notes: list[str] = []
-    for entry in exporters("model"):  # in the table's order: ascendv1, then atc
+    done = ModelExports()
+    for entry in exporters("model"):  # in the table's order: ascendv1, mindie-sd, atc
         if entry.name in wanted:
-            lines = entry.load()(ctx, export_dir / entry.output)
-            notes += _write_notes(export_dir, entry.name, lines, force)
-    return notes
+            outcome: ExportOutcome = entry.load()(ctx, export_dir / entry.output)
+            done.notes += _write_notes(export_dir, entry.name, outcome.notes, force)
+            done.int8[entry.name] = outcome.int8
+    return done
+
+
+@dataclass(frozen=True)
+class ExportOutcome:
+    """What a model export's handler returns: its notes and the modules it wrote in int8
+    (full names: what deploys quantized, whatever the policy asked)."""
+
+    notes: list[str]
+    int8: list[str]
+
+
+@dataclass
+class ModelExports:
+    """What :func:`write_model_exports` wrote: the notes (prefixed by the export's name) and,
+    per export, the modules written in int8."""
+
+    notes: list[str] = field(default_factory=list)
+    int8: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -97,21 +118,30 @@ class ModelExportContext:
     say: Callable[[str], None]
 
 
-def ascendv1(ctx: ModelExportContext, directory: Path) -> list[str]:
-    """``export/ascendv1/``: AscendV1 weights (MindIE / vLLM-Ascend / SGLang); its notes."""
-    ctx.say("exporting AscendV1 weights (MindIE / vLLM-Ascend / SGLang)")
-    return export_ascendv1(ctx.adapter, directory, calls=ctx.calls, force=ctx.force).notes
+def ascendv1(ctx: ModelExportContext, directory: Path) -> ExportOutcome:
+    """``export/ascendv1/``: AscendV1 weights (vLLM-Ascend / SGLang)."""
+    ctx.say("exporting AscendV1 weights (vLLM-Ascend / SGLang)")
+    done = export_ascendv1(ctx.adapter, directory, calls=ctx.calls, force=ctx.force)
+    int8 = [_full(c, n) for c, e in done.components.items() for n in e.int8]
+    return ExportOutcome(done.notes, int8)
 
 
-def mindie_sd(ctx: ModelExportContext, directory: Path) -> list[str]:
-    """``export/mindie-sd/``: per component, the files ``mindiesd.quantize`` loads; its notes."""
+def mindie_sd(ctx: ModelExportContext, directory: Path) -> ExportOutcome:
+    """``export/mindie-sd/``: per component, the files ``mindiesd.quantize`` loads."""
     ctx.say("exporting MindIE-SD weights (mindiesd.quantize)")
-    return export_mindie_sd(ctx.adapter, directory, force=ctx.force).notes
+    done = export_mindie_sd(ctx.adapter, directory, force=ctx.force)
+    int8 = [_full(c, n) for c, f in done.components.items() for n in f.int8]
+    return ExportOutcome(done.notes, int8)
 
 
-def atc_graphs(ctx: ModelExportContext, directory: Path) -> list[str]:
+def _full(component: str, name: str) -> str:
+    return f"{component}.{name}" if component else name
+
+
+def atc_graphs(ctx: ModelExportContext, directory: Path) -> ExportOutcome:
     """``export/atc/``: ONNX graphs and ATC/AOE commands (the float graphs staged before
-    quantizing moved in); its notes."""
+    quantizing moved in). Its int8 modules: the quantized ones under each root whose QDQ graph
+    was written."""
     with atomic_dir(directory, "atc", force=ctx.force) as tmp:
         staged = None
         if ctx.float_graphs is not None:
@@ -123,7 +153,19 @@ def atc_graphs(ctx: ModelExportContext, directory: Path) -> list[str]:
             ctx.adapter.model, ctx.float_model, list(ctx.adapter.roots()), ctx.calls, ctx.policy,
             tmp, mixlist=_mixlist(ctx.export_dir), say=ctx.say, float_graphs=staged,
         )  # fmt: skip
-    return notes if ctx.float_graphs is None else ctx.float_graphs.graphs.notes + notes
+    if ctx.float_graphs is not None:
+        notes = ctx.float_graphs.graphs.notes + notes
+    return ExportOutcome(notes, _qdq_int8(ctx, directory))
+
+
+def _qdq_int8(ctx: ModelExportContext, directory: Path) -> list[str]:
+    """The quantized modules under the roots whose ``<root>.qdq.onnx`` is in ``directory``."""
+    roots = [r for r in ctx.adapter.roots() if (directory / f"{r or 'model'}.qdq.onnx").is_file()]
+    return [
+        n
+        for n, m in ctx.adapter.model.named_modules()
+        if isinstance(m, QuantModule) and any(r == "" or n.startswith(f"{r}.") for r in roots)
+    ]
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ class ComponentExport:
         exported_float: quantized module -> why it is written FLOAT.
         inexact_input_scale: W8A8 modules whose multiplier no fp32 ``input_scale`` reproduces.
         params_dtype: ``float16`` or ``bfloat16``.
+        int8: the quantized modules written in a quantized form (module names).
     """
 
     tensors: dict[str, Tensorish]
@@ -62,6 +63,7 @@ class ComponentExport:
     exported_float: dict[str, str] = field(default_factory=dict)
     inexact_input_scale: list[str] = field(default_factory=list)
     params_dtype: str = "float16"
+    int8: list[str] = field(default_factory=list)
 
 
 # AscendV1 holds one static input_scale per Linear; a per-step-group table has no place there.
@@ -247,6 +249,7 @@ def component_export(
         else:
             assert qtype is not None
             part, exact = _quant_tensors(module, qtype, params, name in folded, had_bias)
+            out.int8.append(name)
             if not exact:
                 out.inexact_input_scale.append(name)
             suffix_types = {s: ("FLOAT" if s == "bias" else qtype) for s in part}

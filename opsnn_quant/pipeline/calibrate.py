@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,12 @@ from opsnn_quant.pipeline.timings import write_timings
 from opsnn_quant.policy.baselines import naive_policy
 from opsnn_quant.policy.schema import ResolvedPolicy
 from opsnn_quant.policy.search import build_policy
-from opsnn_quant.policy.summary import ModalitySummaryRow, summarize
+from opsnn_quant.policy.summary import (
+    ModalitySummaryRow,
+    deployed_note,
+    int8_mac_shares,
+    summarize,
+)
 from opsnn_quant.policy.targets import INT8_MODULE_TYPES, Target, get_target
 from opsnn_quant.probe.api import ProbeResult, run_probe
 from opsnn_quant.probe.measure import measure_modalities
@@ -66,6 +71,7 @@ class CalibrateResult:
     int8_mac_share: float | None = None
     notes: list[str] = field(default_factory=list)
     verdict: str | None = None
+    deployed: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -122,14 +128,16 @@ def run_calibrate(
         holdout, plan = float_references(ctx, data, probed, resolved)  # 4. from the float model
         quantize_phase(ctx, resolved, data, probed)  # 5. quantize, 6. save
         measured = measure_phase(ctx, holdout)  # 7. measure
-        notes += write_exports(ctx, resolved, plan)  # 8. export
+        exported = write_exports(ctx, resolved, plan)  # 8. export
+        notes += exported.notes
+        deployed = deployed_shares(ctx, resolved, probed.report, exported.int8)
         verdict = acceptance_phase(ctx, checked.suite, probed.report, resolved, latency)  # 9.
         # The run's wall-clock times, apart: every other file is the same bytes on a rerun.
         ctx.timings["total"] = time.perf_counter() - started
         write_timings(tmp, probe=probed.report.costs, phases=ctx.timings)
     rows = summarize(resolved, probed.report)
     share = int8_mac_share(probed.report, rows)
-    return CalibrateResult(out, rows, measured, ctx.timings, share, notes, verdict)
+    return CalibrateResult(out, rows, measured, ctx.timings, share, notes, verdict, deployed)
 
 
 # ---- before any work -----------------------------------------------------------------------
@@ -325,6 +333,21 @@ def measure_phase(
         return {}
     ctx.say("measuring the quantized model on held-out data")
     return measure_modalities(ctx.adapter, holdout)
+
+
+def deployed_shares(
+    ctx: RunContext,
+    resolved: ResolvedPolicy,
+    report: SensitivityReport,
+    int8: Mapping[str, list[str]],
+) -> dict[str, dict[str, float]]:
+    """Per written artifact, the share of MACs it deploys in int8 (per modality, overall);
+    added to ``policy.yaml``'s notes, beside the shares the policy asks for."""
+    deployed = {fmt: int8_mac_shares(report, names) for fmt, names in int8.items()}
+    if deployed:
+        notes = [deployed_note(fmt, shares) for fmt, shares in deployed.items()]
+        resolved.policy.with_notes(*notes).save(ctx.out.policy)
+    return deployed
 
 
 # ---- 9. accept -----------------------------------------------------------------------------

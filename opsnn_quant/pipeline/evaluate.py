@@ -122,10 +122,10 @@ def run_evaluate(job: EvaluateJob, progress: Progress | None = None) -> Acceptan
 
     say = progress or (lambda m: None)
     say("loading models")
-    ascendv1 = job.kind is DirectoryKind.ASCENDV1
+    engine_dir = job.kind in (DirectoryKind.ASCENDV1, DirectoryKind.MINDIE_SD)
     cand, sensitivity = load_candidate(
         job.candidate, device=job.device, dtype=job.dtype,
-        baseline=job.source if ascendv1 else None, allow_pickle=job.allow_pickle,
+        baseline=job.source if engine_dir else None, allow_pickle=job.allow_pickle,
     )  # fmt: skip
     if job.candidate_dtype == "float16":
         cast_adapter(cand, torch.float16)
@@ -141,8 +141,8 @@ def run_evaluate(job: EvaluateJob, progress: Progress | None = None) -> Acceptan
         progress=say,
         latency=job.latency,
         target=job.target,
-        # an AscendV1 model runs the engines' int8 arithmetic, not plain eager float
-        candidate_backend=f"{resolve_device(job.device).type}-reference" if ascendv1 else None,
+        # an engine's directory runs the engine's int8 arithmetic, not plain eager float
+        candidate_backend=f"{resolve_device(job.device).type}-reference" if engine_dir else None,
         allow_pickle=job.allow_pickle,
     )
     write_report(report, job.out, force=job.force)
@@ -172,6 +172,19 @@ def float_source(candidate: Path, baseline: str | None, kind: DirectoryKind) -> 
         return str(
             baseline or read_description(CalibrateOutput(candidate).quant).get("source_model")
         )
+    if kind is DirectoryKind.MINDIE_SD:
+        from opsnn_quant.deploy.mindie_sd_reader import component_descriptions, read_mindie_sd
+
+        for desc in component_descriptions(candidate).values():  # every file check, up front
+            read_mindie_sd(desc)
+        holder = CalibrateOutput.holding(candidate)
+        recorded = read_description(holder.quant).get("source_model") if holder else None
+        if not (baseline or recorded):
+            raise ConfigError(
+                f"{candidate} is a MindIE-SD directory: pass --baseline, the float model it was "
+                "quantized from"
+            )
+        return str(baseline or recorded)
     return baseline or str(candidate)
 
 
@@ -182,7 +195,8 @@ def candidate_policy(candidate: Path, kind: DirectoryKind) -> dict[str, Any] | N
     from opsnn_quant.policy.schema import PrecisionPolicy
     from opsnn_quant.policy.summary import policy_summary
 
-    holder = CalibrateOutput.holding(candidate) if kind is DirectoryKind.ASCENDV1 else None
+    engine_dir = kind in (DirectoryKind.ASCENDV1, DirectoryKind.MINDIE_SD)
+    holder = CalibrateOutput.holding(candidate) if engine_dir else None
     path = (holder or CalibrateOutput(candidate)).policy
     return policy_summary(PrecisionPolicy.load(path)) if path.is_file() else None
 
@@ -196,8 +210,10 @@ def load_candidate(
     baseline: str | None = None,
     allow_pickle: bool = False,
 ) -> tuple[ModelAdapter, SensitivityReport | None]:
-    """The candidate: a calibrate output directory (float source + ``quant/``), an AscendV1
-    directory (ours or msModelSlim's: :mod:`opsnn_quant.deploy.candidate`), or a model source.
+    """The candidate: a calibrate output directory (float source + ``quant/``), a MindIE-SD
+    directory (``export/mindie-sd``: each component through MindIE-SD's consumer, bfloat16), an
+    AscendV1 directory (ours or msModelSlim's: :mod:`opsnn_quant.deploy.candidate`), or a model
+    source.
 
     A model source (``zoo:<name>`` or a model directory without ``quant/``) is loaded as is,
     e.g. to evaluate the float model cast to fp16. An AscendV1 directory is loaded into the float
@@ -218,14 +234,21 @@ def load_candidate(
 
     kind = classify(out_dir)
     placement: dict[str, Any] = {"device": device, "dtype": dtype, "allow_pickle": allow_pickle}
+    if kind is DirectoryKind.MINDIE_SD:
+        from opsnn_quant.deploy.mindie_sd_reader import apply_mindie_sd_dir
+
+        source = baseline or float_source(out_dir, None, kind)
+        adapter = load_adapter(family, source, **placement)
+        apply_mindie_sd_dir(adapter.model, out_dir)  # mindiesd.quantize per component, bf16
+        return adapter, None
     if kind is DirectoryKind.ASCENDV1:
-        source = baseline or recorded_source(out_dir)
-        if not source:
+        recorded = baseline or recorded_source(out_dir)
+        if not recorded:
             raise ConfigError(
                 f"{out_dir} is an AscendV1 directory: pass --baseline, the float model it was "
                 "quantized from"
             )
-        return load_ascendv1_candidate(out_dir, source, family, **placement), None
+        return load_ascendv1_candidate(out_dir, recorded, family, **placement), None
     if kind is DirectoryKind.MODEL:
         return load_adapter(family, str(out_dir), **placement), None
     calib = CalibrateOutput(out_dir)
@@ -243,9 +266,11 @@ def candidate_inputs(candidate: Path) -> list[str]:
     :func:`candidate_policy` do): of a calibrate output its ``quant/``, ``probe.json`` and
     ``policy.yaml``, so that a report may go beside them; otherwise the directory itself."""
     kind = classify(candidate)
-    if kind is DirectoryKind.ASCENDV1:  # ours sits in OUT/export/ascendv1, beside OUT's policy
+    if kind in (DirectoryKind.ASCENDV1, DirectoryKind.MINDIE_SD):
+        # ours sits in OUT/export/<fmt>, beside OUT's policy (and quant/: the float source)
         holder = CalibrateOutput.holding(candidate)
-        return [str(candidate), *([str(holder.policy)] if holder else [])]
+        extra = [str(holder.policy), str(holder.quant)] if holder else []
+        return [str(candidate), *extra]
     if kind is DirectoryKind.CALIBRATE_OUTPUT:
         return [str(p) for p in CalibrateOutput(candidate).read_by_consumers()]
     return [str(candidate)]

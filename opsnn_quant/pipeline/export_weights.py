@@ -122,4 +122,4 @@ def run_export_weights(job: ExportWeightsJob, progress: Progress | None = None) 
     return write_model_exports(
         adapter, resolved, calls, job.export_dir, job.formats,
         float_model=float_model, force=job.force, say=say,
-    )  # fmt: skip
+    ).notes  # fmt: skip

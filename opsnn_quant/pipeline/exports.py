@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opsnn_quant.deploy.model_exports import (
+    ModelExports,
     StagedGraphs,
     stage_float_graphs,
     write_model_exports,
@@ -107,13 +108,14 @@ def _export_calls(
     return calls
 
 
-def write_exports(ctx: RunContext, resolved: ResolvedPolicy, plan: ExportPlan) -> list[str]:
+def write_exports(ctx: RunContext, resolved: ResolvedPolicy, plan: ExportPlan) -> ModelExports:
     """The planned model exports from the quantized model (ATC's float graphs staged before
     quantizing move in), each with its notes in ``<dir>.notes.txt``; returns the plan's notes
-    and theirs."""
+    and theirs, and what each wrote in int8."""
     if not plan.wanted:
-        return list(plan.notes)
-    return plan.notes + write_model_exports(
+        return ModelExports(list(plan.notes))
+    done = write_model_exports(
         ctx.adapter, resolved, plan.calls, ctx.out.export, plan.wanted,
         float_graphs=plan.staged, say=ctx.say,
     )  # fmt: skip
+    return ModelExports(plan.notes + done.notes, done.int8)

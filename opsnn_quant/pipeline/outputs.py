@@ -24,6 +24,7 @@ class DirectoryKind(StrEnum):
     """What a directory passed by a user holds."""
 
     CALIBRATE_OUTPUT = "calibrate-output"  # ours: quant/ (+ probe.json, policy.yaml)
+    MINDIE_SD = "mindie-sd"  # quant_model_description_<type>.json per component (mindiesd)
     ASCENDV1 = "ascendv1"  # quant_model_* files: ours under export/, or msModelSlim's
     MODEL = "model"  # anything else: a model source (directory or named)
 
@@ -74,19 +75,27 @@ class CalibrateOutput:
         return [self.quant, self.probe, self.policy]
 
     @classmethod
-    def holding(cls, ascendv1_dir: Path) -> CalibrateOutput | None:
-        """The calibrate output an AscendV1 directory was exported into (``OUT/export/<fmt>``),
-        or None when it stands elsewhere."""
-        if ascendv1_dir.parent.name == EXPORT_DIR:
-            return cls(ascendv1_dir.parent.parent)
+    def holding(cls, export: Path) -> CalibrateOutput | None:
+        """The calibrate output an engine directory was exported into (``OUT/export/<fmt>``, or
+        one component of it, ``OUT/export/<fmt>/<component>``), or None when it stands
+        elsewhere."""
+        if export.parent.name == EXPORT_DIR:
+            return cls(export.parent.parent)
+        up = export.parent.parent
+        if up.name == EXPORT_DIR and cls(up.parent).quant.is_dir():
+            return cls(up.parent)
         return None
 
 
 def classify(path: Path) -> DirectoryKind:
-    """What ``path`` is: an AscendV1 directory (``quant_model_*`` files in it or a subfolder),
-    our calibrate output (a ``quant/`` folder), or else a model source."""
+    """What ``path`` is: a MindIE-SD directory (``quant_model_description_<type>.json`` in it or
+    a subfolder), an AscendV1 directory (other ``quant_model_*`` files), our calibrate output (a
+    ``quant/`` folder), or else a model source."""
     from opsnn_quant.deploy.candidate import looks_ascendv1
+    from opsnn_quant.deploy.mindie_sd_reader import is_mindie_sd_dir
 
+    if is_mindie_sd_dir(path):
+        return DirectoryKind.MINDIE_SD
     if looks_ascendv1(path):
         return DirectoryKind.ASCENDV1
     if CalibrateOutput(path).quant.is_dir():

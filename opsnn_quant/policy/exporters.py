@@ -3,11 +3,11 @@
 ``calibrate`` (a recipe's ``exports``), ``policy export -f`` and ``export-weights -f`` all look a
 format up here; nothing dispatches on format names elsewhere. Two kinds:
 
-* ``policy``: a file written from the policy and the module inventory (AMCT, ATC precision
-  files, msModelSlim YAML); its handler is ``(policy, modules, options) -> ExportResult``.
+* ``policy``: a file written from the resolved policy (AMCT, ATC precision files, msModelSlim
+  YAML); its handler is ``(fmt, resolved policy, options) -> ExportResult``.
 * ``model``: a directory written from the quantized model (AscendV1 weights, MindIE-SD weights,
-  ATC graphs); its
-  handler is ``(ModelExportContext) -> notes`` (:mod:`opsnn_quant.deploy.model_exports`).
+  ATC graphs); its handler is ``(ModelExportContext, directory) -> ExportOutcome`` (notes, the
+  modules written in int8; :mod:`opsnn_quant.deploy.model_exports`).
 
 Handlers are named ``"module:function"`` and imported on first use, so that validating a recipe's
 ``exports`` needs neither torch nor the deploy code. :func:`register_exporter` adds a format (a

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,6 +135,31 @@ def _scheme_of(spec: QuantSpec) -> str | None:
         if scheme.spec(spec.smoothquant_alpha) == spec:
             return name
     return None
+
+
+def int8_mac_shares(report: SensitivityReport, int8: Iterable[str]) -> dict[str, float]:
+    """The share of MACs in int8 when the modules ``int8`` are (what an artifact writes in int8),
+    per modality present in ``report`` (Modality order) and ``overall``, by the report's MACs:
+    the same count as :func:`summarize`'s for the policy."""
+    chosen = set(int8)
+    shares: dict[str, float] = {}
+    total_int8 = total = 0
+    for modality in Modality:
+        modules = report.by_modality(modality)
+        if not modules:
+            continue
+        macs = sum(max(m.macs, 0) for m in modules)
+        done = sum(max(m.macs, 0) for m in modules if m.name in chosen)
+        shares[modality.value] = done / macs if macs else 0.0
+        total_int8, total = total_int8 + done, total + macs
+    shares["overall"] = total_int8 / total if total else 0.0
+    return shares
+
+
+def deployed_note(artifact: str, shares: Mapping[str, float]) -> str:
+    """One line for the policy's notes: the int8 MAC share an artifact deploys."""
+    parts = ", ".join(f"{k} {v:.0%}" for k, v in shares.items() if k != "overall")
+    return f"deployed by {artifact}: {shares['overall']:.1%} of the MACs in int8 ({parts})"
 
 
 def policy_summary(policy: PrecisionPolicy) -> dict[str, Any]:
