@@ -132,3 +132,60 @@ def test_run_calibrate_on_a_tiny_pipeline_writes_every_artifact(tmp_path, monkey
     assert {"unet.onnx", "unet.qdq.onnx"} <= {f.name for f in atc.iterdir()}
     assert "unet.onnx" in (atc / "unet.sh").read_text()
     assert not (out / "export" / ".atc-float").exists()
+
+
+@pytest.mark.slow
+def test_a_mindie_sd_target_deploys_its_policy_and_mindie_sd_computes_our_modules(tmp_path):
+    # The tiny SD3 pipeline for ascend910b-mindie-sd: export/mindie-sd holds every int8 Linear
+    # of the policy (the share it deploys is the policy's own), and MindIE-SD's consumer on those
+    # files gives our quantized transformer's output bit for bit.
+    import torch
+
+    from opsnn_quant.deploy.mindie_sd_reader import apply_mindie_sd_dir
+    from opsnn_quant.pipeline.calibrate import load_recipe_model, run_calibrate
+    from opsnn_quant.quant.checkpoint import load_quantized
+    from opsnn_quant.recipe import load_recipe
+    from opsnn_quant.recording import record_roots, replay
+    from tests.tiny_pipelines import save_tiny_sd3, tiny_sd_recipe
+
+    save_tiny_sd3(tmp_path / "pipe")
+    recipe_path = tiny_sd_recipe(tmp_path, "tiny_dit", target="ascend910b-mindie-sd")
+    recipe_path.write_text(recipe_path.read_text().replace("diffusers-sd", "diffusers-dit"))
+    recipe = load_recipe(str(recipe_path))
+    out = tmp_path / "out"
+    result = run_calibrate(recipe, out)
+    assert result.int8_mac_share and result.int8_mac_share > 0.5
+    assert result.deployed["mindie-sd"]["overall"] == pytest.approx(result.int8_mac_share)
+    assert "deployed by mindie-sd" in (out / "policy.yaml").read_text()
+    ours = load_recipe_model(recipe)
+    engine = load_recipe_model(recipe)
+    calls = record_roots(ours, ours.forward_loop([{"prompt": "a red circle"}]), 1, seed=3).calls
+    load_quantized(ours.model, out / "quant")
+    replaced = apply_mindie_sd_dir(engine.model, out / "export" / "mindie-sd")
+    assert any(n.startswith("transformer.") for n in replaced)
+    with torch.no_grad():
+        a = replay(ours.model.transformer, calls["transformer"][0])
+        b = replay(engine.model.transformer, calls["transformer"][0])
+    assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_a_vllm_target_deploys_its_policy_in_ascendv1(tmp_path):
+    from opsnn_quant.pipeline.calibrate import run_calibrate
+    from opsnn_quant.recipe import load_recipe
+    from tests.tiny_pipelines import save_tiny_whisper
+
+    save_tiny_whisper(tmp_path / "w")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        f"name: tiny_whisper\n"
+        f"model: {{family: whisper, source: {tmp_path / 'w'}, settings: {{batch_size: 2, max_new_tokens: 4}}}}\n"
+        "data: {calibration: zoo:speech/calibration, limit: 2}\n"
+        "probe: {max_root_calls: 1}\n"
+        "budget: {min_int8_mac_share: 0.0}\n"
+        "target: ascend910b-vllm-ascend\n"
+    )
+    result = run_calibrate(load_recipe(str(recipe)), tmp_path / "out")
+    assert result.int8_mac_share and result.int8_mac_share > 0
+    # every int8 Linear of the policy is written int8 in AscendV1 (no SmoothQuant to fold)
+    assert result.deployed["ascendv1"]["overall"] == pytest.approx(result.int8_mac_share)
