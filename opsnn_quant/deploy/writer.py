@@ -339,10 +339,12 @@ def _description(
         if name.endswith(".weight_scale") and types[name] in ("W8A16", "W4A16") and t.shape[1] != 1:
             # per group the weight keeps all k columns ([n, k], or [n / 2, k] packed int4)
             group = out.tensors[name.removesuffix("_scale")].shape[1] // t.shape[1]
+    # AscendV1Saver.post_run appends these last, in this order (ascendv1.py lines 209-238)
     return {
         **dict(sorted(types.items())),
-        "model_quant_type": model_quant_type(types.values()),
         "version": VERSION,
-        "group_size": group,
+        "model_quant_type": model_quant_type(types.values()),
         "metadata": meta,
+        "group_size": group,
+        "optional": {},
     }
