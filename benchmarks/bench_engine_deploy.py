@@ -1,0 +1,147 @@
+"""What an engine target's calibrate deploys: the policy's int8 MAC share beside each written
+artifact's, and how many quantized Linears the engine's consumer computes differently from ours.
+
+Rows: the tiny random-config diffusion transformers of the tests (SD3, FLUX.1-like, Wan2.1-like
+text to video; ``tests/tiny_pipelines.py``) calibrated for ``ascend910b-mindie-sd``, and a tiny
+Whisper for ``ascend910b-vllm-ascend``. For each: the policy's int8 MAC share (what it asks),
+the share each model export writes in int8 (``export/mindie-sd``, ``export/ascendv1``), and the
+quantized Linears whose output through the engine's consumer (MindIE-SD's or vLLM-Ascend's Linear
+on the written files: ``opsnn_quant/deploy/mindie_sd_reader.py``, ``deploy/consumer.py``)
+differs from our module's on the inputs one recorded call gives it (bit for bit).
+
+Random weights: coverage and arithmetic, not accuracy. Backend: cpu (the exact Ascend
+reference in each engine's arithmetic).
+
+Run from the repository root: ``python benchmarks/bench_engine_deploy.py [--workdir DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' tiny builders
+
+from opsnn_quant.determinism import set_reproducible
+from opsnn_quant.pipeline.calibrate import load_recipe_model, run_calibrate
+from opsnn_quant.quant.checkpoint import load_quantized
+from opsnn_quant.quant.modules import is_quant_module
+from opsnn_quant.recipe import load_recipe
+from opsnn_quant.recording import record_roots, replay
+from tests import tiny_pipelines
+
+PROMPTS = ["a red circle", "a blue square", "a green circle at the top", "a small red square"]
+DIT = {
+    "sd3": (tiny_pipelines.save_tiny_sd3, {}),
+    "flux": (tiny_pipelines.save_tiny_flux, {}),
+    "wan-t2v": (tiny_pipelines.save_tiny_wan, {"num_frames": 5}),
+}
+
+
+def _dit_recipe(root: Path, name: str, extra: dict[str, int]) -> Path:
+    settings = {"steps": 4, "batch_size": 2, "height": 16, "width": 16, "max_sequence_length": 16}
+    (root / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
+    data = {
+        "name": f"tiny_{name.replace('-', '_')}",
+        "model": {"family": "diffusers-dit", "source": str(root / "pipe"),
+                  "settings": settings | extra},
+        "data": {"calibration": str(root / "prompts.txt")},
+        "probe": {"max_root_calls": 4},
+        "budget": {"limits": {"denoiser": {"min_sqnr_db": 20}}},
+        "target": "ascend910b-mindie-sd",
+    }  # fmt: skip
+    path = root / "recipe.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _whisper_recipe(root: Path) -> Path:
+    tiny_pipelines.save_tiny_whisper(root / "pipe")
+    data = {
+        "name": "tiny_whisper",
+        "model": {"family": "whisper", "source": str(root / "pipe"),
+                  "settings": {"batch_size": 2, "max_new_tokens": 4}},
+        "data": {"calibration": "zoo:speech/calibration", "limit": 4},
+        "probe": {"max_root_calls": 2},
+        "budget": {"min_int8_mac_share": 0.0},
+        "target": "ascend910b-vllm-ascend",
+    }  # fmt: skip
+    path = root / "recipe.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _differing(recipe_path: Path, out: Path, consumer: str) -> tuple[int, int]:
+    """(quantized Linears whose engine output differs from ours, quantized Linears compared) on
+    one recorded call per root."""
+    from opsnn_quant.deploy import apply_ascendv1, read_ascendv1
+    from opsnn_quant.deploy.mindie_sd_reader import apply_mindie_sd_dir
+
+    recipe = load_recipe(str(recipe_path))
+    ours = load_recipe_model(recipe)
+    data = PROMPTS[:2] if recipe.model.family != "whisper" else None
+    records: list[Any] = [{"prompt": p} for p in data] if data else []
+    if not records:
+        from opsnn_quant.models.data import load_records
+
+        records = load_records("zoo:speech/eval", 2)
+    calls = record_roots(ours, ours.forward_loop(records), 1, seed=3).calls
+    load_quantized(ours.model, out / "quant")
+    engine = load_recipe_model(recipe)
+    if consumer == "mindie-sd":
+        apply_mindie_sd_dir(engine.model, out / "export" / "mindie-sd")
+    else:
+        apply_ascendv1(engine.model, read_ascendv1(out / "export" / "ascendv1"))
+    a, b = dict(ours.model.named_modules()), dict(engine.model.named_modules())
+    seen: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    hooks = [
+        a[n].register_forward_hook(
+            lambda m, i, o, n=n: seen.setdefault(n, []).append((i[0].detach(), o.detach()))
+        )
+        for n in a
+        if is_quant_module(a[n])
+    ]
+    with torch.no_grad():
+        for root, root_calls in calls.items():
+            for call in root_calls:
+                replay(a[root], call)
+    for h in hooks:
+        h.remove()
+    differ = {n for n, pairs in seen.items() for x, y in pairs if not torch.equal(y, b[n](x))}
+    return len(differ), len(seen)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workdir", type=Path, default=None)
+    args = parser.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-engine-"))
+    rows = [(n, b, e) for n, (b, e) in DIT.items()] + [("whisper", None, {})]
+    print("row        target                  policy  artifact shares          differing")
+    for name, builder, extra in rows:
+        set_reproducible(seed=0)
+        root = work / name
+        root.mkdir(parents=True, exist_ok=True)
+        if builder is not None:
+            builder(root / "pipe")
+            recipe = _dit_recipe(root, name, extra)
+            consumer = "mindie-sd"
+        else:
+            recipe = _whisper_recipe(root)
+            consumer = "ascendv1"
+        result = run_calibrate(load_recipe(str(recipe)), root / "out", force=True)
+        shares = ", ".join(f"{f} {s['overall']:.1%}" for f, s in result.deployed.items())
+        differ, compared = _differing(recipe, root / "out", consumer)
+        target = load_recipe(str(recipe)).target
+        print(f"{name:10} {target:23} {result.int8_mac_share or 0:6.1%}  {shares:24} "
+              f"{differ} of {compared} ({consumer})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
