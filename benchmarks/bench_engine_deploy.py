@@ -36,29 +36,11 @@ from opsnn_quant.recipe import load_recipe
 from opsnn_quant.recording import record_roots, replay
 from tests import tiny_pipelines
 
-PROMPTS = ["a red circle", "a blue square", "a green circle at the top", "a small red square"]
 DIT = {
     "sd3": (tiny_pipelines.save_tiny_sd3, {}),
     "flux": (tiny_pipelines.save_tiny_flux, {}),
     "wan-t2v": (tiny_pipelines.save_tiny_wan, {"num_frames": 5}),
 }
-
-
-def _dit_recipe(root: Path, name: str, extra: dict[str, int]) -> Path:
-    settings = {"steps": 4, "batch_size": 2, "height": 16, "width": 16, "max_sequence_length": 16}
-    (root / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
-    data = {
-        "name": f"tiny_{name.replace('-', '_')}",
-        "model": {"family": "diffusers-dit", "source": str(root / "pipe"),
-                  "settings": settings | extra},
-        "data": {"calibration": str(root / "prompts.txt")},
-        "probe": {"max_root_calls": 4},
-        "budget": {"limits": {"denoiser": {"min_sqnr_db": 20}}},
-        "target": "ascend910b-mindie-sd",
-    }  # fmt: skip
-    path = root / "recipe.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def _whisper_recipe(root: Path) -> Path:
@@ -85,7 +67,7 @@ def _differing(recipe_path: Path, out: Path, consumer: str) -> tuple[int, int]:
 
     recipe = load_recipe(str(recipe_path))
     ours = load_recipe_model(recipe)
-    data = PROMPTS[:2] if recipe.model.family != "whisper" else None
+    data = tiny_pipelines.TINY_DIT_PROMPTS[:2] if recipe.model.family != "whisper" else None
     records: list[Any] = [{"prompt": p} for p in data] if data else []
     if not records:
         from opsnn_quant.models.data import load_records
@@ -130,7 +112,9 @@ def main() -> None:
         root.mkdir(parents=True, exist_ok=True)
         if builder is not None:
             builder(root / "pipe")
-            recipe = _dit_recipe(root, name, extra)
+            recipe = tiny_pipelines.tiny_dit_recipe(
+                root, name, target="ascend910b-mindie-sd", extra=extra
+            )
             consumer = "mindie-sd"
         else:
             recipe = _whisper_recipe(root)

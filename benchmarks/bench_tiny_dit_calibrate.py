@@ -23,8 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' tiny builders
 
 from tests import tiny_pipelines
@@ -35,23 +33,6 @@ ROWS = {
     "pixart-sigma": (lambda p: tiny_pipelines.save_tiny_pixart(p, sigma=True), {}),
     "wan-t2v": (tiny_pipelines.save_tiny_wan, {"num_frames": 5}),
 }
-PROMPTS = ["a red circle", "a blue square", "a green circle at the top", "a small red square"]
-
-
-def _recipe(root: Path, name: str, extra: dict[str, int]) -> Path:
-    settings = {"steps": 4, "batch_size": 2, "height": 16, "width": 16, "max_sequence_length": 16}
-    data = {
-        "name": f"tiny-{name}",
-        "model": {"family": "diffusers-dit", "source": str(root / "pipe"),
-                  "settings": settings | extra},
-        "data": {"calibration": str(root / "prompts.txt")},
-        "probe": {"max_root_calls": 4},
-        "budget": {"limits": {"denoiser": {"min_sqnr_db": 20}}},
-        "target": "ascend910b-eager",
-    }  # fmt: skip
-    path = root / "recipe.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def _measure(recipe: Path, out: Path) -> tuple[float, int]:
@@ -83,8 +64,10 @@ def main() -> None:
         root = workdir / name
         root.mkdir(parents=True, exist_ok=True)
         build(root / "pipe")
-        (root / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
-        seconds, rss = _measure(_recipe(root, name, extra), root / "out")
+        seconds, rss = _measure(
+            tiny_pipelines.tiny_dit_recipe(root, name, target="ascend910b-eager", extra=extra),
+            root / "out",
+        )
         print(f"| {name} | {seconds:.1f} | {rss} |", flush=True)
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     print(f"\nbackend: cpu; this process (building the pipelines) peaked at {own} MiB")

@@ -414,3 +414,33 @@ def tiny_sd_recipe(
         f"{extra}target: {target}\n"
     )
     return recipe
+
+
+TINY_DIT_PROMPTS = [
+    "a red circle",
+    "a blue square",
+    "a green circle at the top",
+    "a small red square",
+]
+
+
+def tiny_dit_recipe(
+    root: Path, name: str, *, target: str, extra: dict[str, int] | None = None
+) -> Path:
+    """``root/recipe.yaml`` calibrating the diffusion transformer pipeline in ``root/pipe`` on
+    four prompts (``root/prompts.txt``, written) at 16x16 px, 4 steps, for ``target``;
+    ``extra``: more ``model.settings`` (``num_frames`` of a video pipeline)."""
+    (root / "prompts.txt").write_text("\n".join(TINY_DIT_PROMPTS) + "\n")
+    settings = {"steps": 4, "batch_size": 2, "height": 16, "width": 16, "max_sequence_length": 16}
+    data = {
+        "name": f"tiny-{name}",
+        "model": {"family": "diffusers-dit", "source": str(root / "pipe"),
+                  "settings": settings | (extra or {})},
+        "data": {"calibration": str(root / "prompts.txt")},
+        "probe": {"max_root_calls": 4},
+        "budget": {"limits": {"denoiser": {"min_sqnr_db": 20}}},
+        "target": target,
+    }  # fmt: skip
+    path = root / "recipe.yaml"
+    path.write_text(json.dumps(data))  # JSON is YAML
+    return path
