@@ -247,7 +247,10 @@ def probe_phase(ctx: RunContext, data: CalibrationData, target: Target) -> Probe
         # types it runs them on: the others' errors and scores would never be used.
         schemes = ctx.recipe.probe.schemes or target.schemes()
         type_schemes = {t: target.schemes(t) for t in sorted(INT8_MODULE_TYPES)}
-        cfg = ctx.recipe.probe_config(ctx.seed, schemes=tuple(schemes), type_schemes=type_schemes)
+        cfg = ctx.recipe.probe_config(
+            ctx.seed, schemes=tuple(schemes), type_schemes=type_schemes,
+            engine=target.engine, engine_dtype=target.dtype,
+        )  # fmt: skip
         loop = ctx.adapter.forward_loop(data.probe)
         probed = run_probe(ctx.adapter, loop, cfg, progress=ctx.say)
         probed.report.save(ctx.out.probe)

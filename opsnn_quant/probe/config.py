@@ -72,6 +72,9 @@ class ProbeConfig:
             reaches. ``forward_loop``: pass 2 measures every module over the forward loop
             first (``error_rows`` rows each), as the diagonal estimator, ``e2e_schemes: best``
             and the exhaustive reference always do.
+        engine: the arithmetic the candidates compute (``QuantSpec.engine``): the target's
+            engine's (``calibrate`` passes it), so that every error is the deployed one.
+        engine_dtype: that engine's dtype (``QuantSpec.output_dtype``); None: the default.
         seed: seed of reservoirs and random directions.
     """
 
@@ -93,6 +96,8 @@ class ProbeConfig:
     fp16_rerun: Literal["auto", "emulate", "native"] = "auto"
     error_rows: int = DEFAULT_ERROR_ROWS
     local_errors: Literal["replayed", "forward_loop"] = "replayed"
+    engine: str = "opsnn"
+    engine_dtype: str | None = None
     seed: int = 0
 
     def schemes_of(self, module_type: str) -> tuple[str, ...] | None:

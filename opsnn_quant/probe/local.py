@@ -14,6 +14,7 @@ dynamic), a quarter of the fp32 weight each; no fp32 weight copies are kept.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +34,7 @@ from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, QuantModule
 from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver, observed_span
 from opsnn_quant.quant.schemes import SCHEMES, scheme_spec, schemes_for
 from opsnn_quant.quant.smoothquant import ChannelStats, search_alphas
-from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, QuantSpec
+from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, ENGINE_PRECISIONS, QuantSpec
 from opsnn_quant.timesteps import at_step, current_step, group_of
 from opsnn_quant.types import Precision
 
@@ -72,6 +73,9 @@ class LocalProbe:
     alpha_grid: tuple[float, ...] = DEFAULT_ALPHA_GRID  # SmoothQuant strengths searched
     only: tuple[str, ...] | None = None  # the schemes to measure (None: every one that fits)
     timestep_groups: int | None = None  # groups of steps of w8a8_timestep (None: chosen)
+    # the target's engine: candidates compute its Linear, in its dtype (QuantSpec.engine)
+    engine: str = "opsnn"
+    engine_dtype: str | None = None
     steps: StepRanges = field(default_factory=StepRanges)
     step_bounds: tuple[int, ...] | None = None  # chosen by decide() when steps were seen
     _pass2_calls: int = 0
@@ -147,6 +151,7 @@ class LocalProbe:
         spec = SCHEMES[scheme].spec(alpha if smooth is not None else None, self.step_bounds)
         if smooth is None and spec.smoothquant:
             spec = scheme_spec(scheme.replace("_smoothquant", ""))
+        spec = self._for_engine(spec)
         q: QuantModule[Any]
         if isinstance(self.module, nn.Linear):
             q = QuantLinear.from_float(self.module, spec, self.name)
@@ -175,12 +180,24 @@ class LocalProbe:
         variant = "plain" if smooth is None else key
         if spec.precision == Precision.W4A16:
             variant = "int4"  # packed int4 words and per-group scales: a weight of its own
+        if spec.engine != "opsnn":  # an engine keeps dynamic / weight-only scales in its dtype
+            variant = f"{variant}-{spec.static_activations}"
         sibling = next((o for n, o in self._shadows.items() if self._variant[n] == variant), None)
         q.freeze(None if sibling is None else (sibling.weight, sibling.weight_quantizer.scale))
         q.cache_weight_float = False
         self._variant[scheme] = variant
         self._shadows[scheme] = q
         return q
+
+    def _for_engine(self, spec: QuantSpec) -> QuantSpec:
+        """``spec`` in the engine's arithmetic and dtype (as the policy will write it)."""
+        if self.engine == "opsnn" or spec.precision not in ENGINE_PRECISIONS[self.engine]:
+            return spec
+        changes: dict[str, Any] = {
+            "engine": self.engine,
+            "output_dtype": self.engine_dtype or spec.output_dtype,
+        }
+        return dataclasses.replace(spec, **changes)
 
     @torch.no_grad()
     def measure(self, args: tuple, y: torch.Tensor) -> None:
@@ -351,7 +368,7 @@ class LocalProbe:
         shadow = self.shadow(scheme)
         if not shadow.spec.weight_only:
             return shadow(*args)
-        dtype = getattr(torch, CANDIDATE_OUTPUT_DTYPE)
+        dtype = getattr(torch, self.engine_dtype or CANDIDATE_OUTPUT_DTYPE)
         out_dtype = next((a.dtype for a in args if isinstance(a, torch.Tensor)), torch.float32)
         cast = (
             a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
@@ -371,7 +388,7 @@ class LocalProbe:
             alpha = None
             if SCHEMES[scheme].smoothquant:
                 alpha = self.alphas.get(_alpha_key(scheme))
-            err = energy.result(alpha, CANDIDATE_OUTPUT_DTYPE)
+            err = energy.result(alpha, self.engine_dtype or CANDIDATE_OUTPUT_DTYPE)
             if SCHEMES[scheme].per_step and self.step_bounds is not None:
                 err = err.model_copy(update={"timestep_bounds": list(self.step_bounds)})
             out[scheme] = err

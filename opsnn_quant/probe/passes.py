@@ -99,6 +99,8 @@ def watches_for(
                 only=cfg.schemes_of(type(m).__name__),
                 timestep_groups=cfg.timestep_groups,
                 error_rows=cfg.error_rows,
+                engine=cfg.engine,
+                engine_dtype=cfg.engine_dtype,
             )
             for n, m in named.items()
             if n and type(m) in QUANTIZABLE
