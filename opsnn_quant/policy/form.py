@@ -40,6 +40,7 @@ _LABELS: dict[str, Callable[[Any], str]] = {
     "output_dtype": lambda v: {"bfloat16": "bf16out", "float16": "fp16out"}.get(v, v),
     "group_size": lambda v: f"g{v}",
     "timestep_bounds": lambda v: "t" + ".".join(str(b) for b in v),
+    "engine": str,
 }
 
 

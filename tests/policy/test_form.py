@@ -30,6 +30,15 @@ ZOO = Path(__file__).parent / "golden" / "zoo"
         ({"precision": "w8a8", "smoothquant_alpha": "auto"}, "w8a8-sqauto"),
         ({"precision": "w8a8", "timestep_bounds": [0, 4, 8]}, "w8a8-t0.4.8"),
         ({"precision": "w4a16", "group_size": 64, "output_dtype": "bfloat16"}, "w4a16-bf16out-g64"),
+        (
+            {
+                "precision": "w8a8",
+                "engine": "mindie-sd",
+                "output_dtype": "bfloat16",
+                "smoothquant_alpha": 0.7,
+            },
+            "w8a8-sq0.7-bf16out-mindie-sd",
+        ),
     ],
 )
 def test_preset_name_lists_what_differs_from_the_defaults(settings, name):
