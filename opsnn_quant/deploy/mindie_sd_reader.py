@@ -189,6 +189,9 @@ class MindieSdLinear(nn.Module):
                 f"{prefix}.weight: {weight.dtype} {list(weight.shape)}, expected int8 "
                 f"[{self.out_features}, {self.in_features}]"
             )
+        # an int8 ``weight`` as MindIE-SD's classes hold one (libraries read its dtype: T5 keeps
+        # its activations float when the projection's weight is int8)
+        self.register_buffer("weight", weight)
         self.weight_t = weight.t()
         self.mul_scale = None if mul_scale is None else mul_scale.to(dtype)
         has_bias = isinstance(layer.bias, nn.Parameter)

@@ -167,6 +167,32 @@ def test_a_mindie_sd_target_deploys_its_policy_and_mindie_sd_computes_our_module
         a = replay(ours.model.transformer, calls["transformer"][0])
         b = replay(engine.model.transformer, calls["transformer"][0])
     assert torch.equal(a, b)
+    _evaluate_the_mindie_sd_export(tmp_path, out)
+
+
+def _evaluate_the_mindie_sd_export(tmp_path, out):
+    """evaluate --candidate OUT/export/mindie-sd runs MindIE-SD's consumer: the same figures as
+    OUT (our modules), and a file MindIE-SD would refuse is one error line, no report."""
+    import json
+    import os
+
+    from opsnn_quant.cli import main
+    from tests.tiny_pipelines import tiny_t2i_suite
+
+    suite = tiny_t2i_suite(tmp_path, psnr_min=1.0)
+    mindie = out / "export" / "mindie-sd"
+    figures = {}
+    for name, candidate in (("ours", out), ("mindie", mindie)):
+        rc = main(["evaluate", "--candidate", str(candidate), "--suite", str(suite),
+                   "-o", str(tmp_path / name), "--latency", "none", "--quiet"])  # fmt: skip
+        assert rc == 0
+        figures[name] = json.loads((tmp_path / name / "report.json").read_text())["measured"]
+    assert figures["ours"] == figures["mindie"]
+    weights = next((mindie / "transformer").glob("quant_model_weight_*.safetensors"))
+    os.chmod(weights, 0o644)
+    rc = main(["evaluate", "--candidate", str(mindie), "--suite", str(suite),
+               "-o", str(tmp_path / "refused"), "--quiet"])  # fmt: skip
+    assert rc == 2 and not (tmp_path / "refused").exists()
 
 
 @pytest.mark.slow
