@@ -1,7 +1,10 @@
-"""Deployable outputs: AscendV1 weights for MindIE / vLLM-Ascend / SGLang, a consumer that runs
-them with the engines' arithmetic, and the ATC/AOE command lines.
+"""Deployable outputs: AscendV1 weights for vLLM-Ascend / SGLang, MindIE-SD weights per
+component, a consumer of each that runs them with the engine's arithmetic, and the ATC/AOE
+command lines.
 
-* :func:`export_ascendv1` writes ``export/ascendv1/`` from a quantized model.
+* :func:`export_ascendv1` writes ``export/ascendv1/`` from a quantized model;
+  :mod:`opsnn_quant.deploy.mindie_sd` writes ``export/mindie-sd/`` and
+  :mod:`opsnn_quant.deploy.mindie_sd_reader` loads it as MindIE-SD does.
 * :func:`read_ascendv1` checks an AscendV1 directory (ours or msModelSlim's) against the tensor
   contract (:mod:`opsnn_quant.deploy.contract`); :func:`apply_ascendv1` loads it into a float
   model, its quantized Linears as :class:`AscendV1Linear` (the engines' formulas).
