@@ -56,12 +56,14 @@ from opsnn_quant.io import atomic_dir
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.quant.engine import TORCH_DTYPES, mul_scale_of
 from opsnn_quant.quant.modules import QuantLinear, QuantModule
+from opsnn_quant.timesteps import group_of
 from opsnn_quant.types import Precision
 
 OUTPUT_KIND = "mindie-sd"
 PERMISSION = 0o640  # mindiesd/utils/file_utils.py: CONFIG_FILE_PERMISSION, MODELDATA_...
 # QuantAlgorithm values this writer uses, and the tie order of model_quant_type
 TYPES = {Precision.W8A8: "W8A8", Precision.W8A8_DYNAMIC: "W8A8_DYNAMIC", Precision.W8A16: "W8A16"}
+TIMESTEP = "W8A8_TIMESTEP"  # static scales per denoising step (W8A8TimeStepQuantLinear)
 
 
 def description_name(model_quant_type: str) -> str:
@@ -108,19 +110,23 @@ class MindieSdExport:
     notes: list[str] = field(default_factory=list)
 
 
-def component_files(component: nn.Module, dtype: torch.dtype) -> ComponentFiles:
+def component_files(
+    component: nn.Module, dtype: torch.dtype, steps: int | None = None
+) -> ComponentFiles:
     """The MindIE-SD tensors and description of one component (names relative to it).
 
     Args:
         component: a module holding frozen quantized modules.
         dtype: the engine dtype (``mul_scale`` is written in it; MindIE-SD's default bfloat16).
+        steps: the denoising steps a per-step module's table has a row for (None: such a
+            module is written FLOAT).
     """
     out = ComponentFiles()
     quantized = {n: m for n, m in component.named_modules() if isinstance(m, QuantModule)}
     for name, module in quantized.items():
-        why = _float_reason(module)
+        why = _float_reason(module, steps)
         if why is None:
-            _add_linear(out, name, module, dtype)
+            _add_linear(out, name, module, dtype, steps)
         else:
             out.exported_float[name] = why
     inside = tuple(f"{q}." for q in quantized)
@@ -144,26 +150,28 @@ def model_quant_type(files: ComponentFiles) -> str:
     counts = Counter(
         v for k, v in files.description.items() if v != "FLOAT" and k.endswith(".weight")
     )
-    order = list(TYPES.values())
+    order = [*TYPES.values(), TIMESTEP]
     return max(order, key=lambda t: (counts[t], -order.index(t)))
 
 
-def _float_reason(module: QuantModule[Any]) -> str | None:
+def _float_reason(module: QuantModule[Any], steps: int | None) -> str | None:
     spec = module.spec
     if type(module) is not QuantLinear:
         return "MindIE-SD quantizes nn.Linear only"
     if spec.precision not in TYPES:
         return f"{spec.precision.value}: MindIE-SD's WeightQuantLinear takes per-channel scales"
-    if spec.timestep_bounds:
-        return "w8a8_timestep: MindIE-SD's per-step table (one row per step) is not written yet"
+    if spec.timestep_bounds and spec.smoothquant:
+        return "per-step scales on smoothed inputs: W8A8TimeStepQuantLinear applies no mul_scale"
+    if spec.timestep_bounds and not steps:
+        return "per-step scales: the number of denoising steps (rows of the table) is unknown"
     return None
 
 
 def _add_linear(
-    out: ComponentFiles, name: str, module: QuantModule[Any], dtype: torch.dtype
+    out: ComponentFiles, name: str, module: QuantModule[Any], dtype: torch.dtype, steps: int | None
 ) -> None:
     spec, iq = module.spec, module.input_quantizer
-    qtype = TYPES[spec.precision]
+    qtype = TIMESTEP if spec.timestep_bounds else TYPES[spec.precision]
     n = module.out_n
     prefix = name
     smooth = getattr(iq, "smooth", None)
@@ -176,7 +184,10 @@ def _add_linear(
     if spec.engine != "mindie-sd":
         out.other_arithmetic.append(name)
     out.add(f"{prefix}.weight", qtype, module.weight.reshape(n, -1))
-    if spec.static_activations:
+    if spec.timestep_bounds:
+        assert steps is not None  # _float_reason
+        _add_step_table(out, prefix, module, steps)
+    elif spec.static_activations:
         out.add(f"{prefix}.quant_bias", qtype, module.quant_bias)
         out.add(f"{prefix}.input_scale", qtype, iq.scale.reshape(1).to(torch.float32))
         out.add(f"{prefix}.input_offset", qtype, iq.offset.reshape(1).to(torch.float32))
@@ -189,6 +200,23 @@ def _add_linear(
     if bias is not None and module.float_had_bias:
         out.add(f"{prefix}.bias", "FLOAT", bias)
     out.int8.append(name)
+
+
+def _add_step_table(out: ComponentFiles, prefix: str, module: QuantModule[Any], steps: int) -> None:
+    """W8A8_TIMESTEP's tensors (msModelSlim's legacy ``complex_quantifier.py`` lines 408-447;
+    MindIE-SD ``W8A8TimeStepQuantLinear``, ``layer.py`` lines 224-271): one row per step (the
+    row of its group of steps), ``input_scale``/``input_offset`` [T, 1], ``deq_scale`` and
+    ``quant_bias`` [T, N], and the per-channel ``weight_scale`` its dynamic branch reads."""
+    iq = module.input_quantizer
+    bounds = module.spec.timestep_bounds or (0,)
+    rows = torch.tensor([group_of(t, bounds) for t in range(steps)], dtype=torch.long)
+    out.add(f"{prefix}.quant_bias", TIMESTEP, module.quant_bias[rows])
+    out.add(f"{prefix}.input_scale", TIMESTEP, iq.scale[rows].reshape(-1, 1).to(torch.float32))
+    out.add(f"{prefix}.input_offset", TIMESTEP, iq.offset[rows].reshape(-1, 1).to(torch.float32))
+    out.add(f"{prefix}.deq_scale", TIMESTEP, module.deq_scale[rows].to(torch.float32))
+    scale = module.weight_quantizer.scale.to(torch.float32).reshape(module.out_n, 1)
+    out.add(f"{prefix}.weight_scale", TIMESTEP, scale)
+    out.add(f"{prefix}.weight_offset", TIMESTEP, torch.zeros_like(scale))
 
 
 def _components(adapter: ModelAdapter) -> dict[str, nn.Module]:
@@ -216,10 +244,11 @@ def export_mindie_sd(
         The :class:`MindieSdExport`; the same model gives the same bytes.
     """
     result = MindieSdExport(Path(out))
+    steps = getattr(getattr(adapter, "settings", None), "steps", None)
     with atomic_dir(out, OUTPUT_KIND, force=force) as tmp:
         for cname, component in _components(adapter).items():
             dtype = _engine_dtype(component)
-            files = component_files(component, dtype)
+            files = component_files(component, dtype, steps)
             if not files.int8:
                 result.notes += _notes(cname, files)
                 continue

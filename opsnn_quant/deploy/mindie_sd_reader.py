@@ -34,6 +34,7 @@ from torch import nn
 
 from opsnn_quant.ascend import engines
 from opsnn_quant.errors import CheckpointError
+from opsnn_quant.timesteps import current_step
 
 DESCRIPTION_MAX_BYTES = 10 * 2**30  # file_utils.MAX_FILE_SIZE
 WEIGHT_MAX_BYTES = 100 * 2**30  # utils.MAX_WEIGHT_SIZE
@@ -52,7 +53,8 @@ STATIC = frozenset(
     {"W8A8", "W8A8_PER_CHANNEL", "W8A8_PER_TENSOR", "W8A8_PER_CHANNEL_PER_TOKEN",
      "W8A8_PER_CHANNEL_PER_TENSOR", "W8A8_PER_TENSOR_PER_TOKEN"}
 )  # fmt: skip
-SUPPORTED = STATIC | {"W8A8_DYNAMIC", "W8A16"}
+TIMESTEP = "W8A8_TIMESTEP"
+SUPPORTED = STATIC | {"W8A8_DYNAMIC", "W8A16", TIMESTEP}
 
 
 class MindieSdError(CheckpointError):
@@ -165,7 +167,13 @@ class MindieSdLinear(nn.Module):
     * dynamic (``_init_dynamic_quant_param``): ``weight_scale`` [N, 1] squeezed and cast to the
       engine dtype (through float16 to float32 in a float16 model), ``bias`` to the engine dtype;
     * W8A16 (``WeightQuantLinear``): ``weight_scale`` [N, 1] to the engine dtype; ``bias`` to
-      float32 in a bfloat16 model.
+      float32 in a bfloat16 model;
+    * W8A8_TIMESTEP (``W8A8TimeStepQuantLinear``, lines 224-271): the dynamic tensors, then one
+      static row per denoising step (``input_scale``/``input_offset`` [T, 1], ``deq_scale`` and
+      ``quant_bias`` [T, N]). The step index is this package's sampling-loop clock
+      (:mod:`opsnn_quant.timesteps`) where MindIE-SD's is ``TimestepManager``; every step below
+      T runs the static row, as after ``TimestepPolicyConfig().register(range(T), "static")``;
+      outside a sampling loop the dynamic branch runs (MindIE-SD's default strategy).
     """
 
     def __init__(
@@ -198,13 +206,32 @@ class MindieSdLinear(nn.Module):
         bias = ckpt.load(f"{prefix}.bias") if has_bias else None
         if algorithm in STATIC:
             self._static(prefix, ckpt)
+        elif algorithm == TIMESTEP:
+            self._dynamic(prefix, ckpt, bias)
+            self._step_table(prefix, ckpt)
         elif algorithm == "W8A8_DYNAMIC":
-            scale = ckpt.load(f"{prefix}.weight_scale").squeeze()
-            self.weight_scale = scale.to(dtype) if dtype == torch.bfloat16 else _via_fp16(scale)
-            self.bias = None if bias is None else bias.to(dtype)
+            self._dynamic(prefix, ckpt, bias)
         else:
             self.weight_scale = ckpt.load(f"{prefix}.weight_scale").reshape(-1).to(dtype)
             self.bias = bias if bias is None or dtype != torch.bfloat16 else bias.float()
+
+    def _dynamic(self, prefix: str, ckpt: MindieSdCheckpoint, bias: torch.Tensor | None) -> None:
+        scale = ckpt.load(f"{prefix}.weight_scale").squeeze()
+        d = self.dtype
+        self.weight_scale = scale.to(d) if d == torch.bfloat16 else _via_fp16(scale)
+        self.bias = None if bias is None else bias.to(d)
+
+    def _step_table(self, prefix: str, ckpt: MindieSdCheckpoint) -> None:
+        scale = ckpt.load(f"{prefix}.input_scale")
+        if scale.dim() != 2 or scale.shape[1] != 1:
+            raise MindieSdError(
+                f"{prefix}.input_scale: shape {list(scale.shape)}; W8A8_TIMESTEP takes one row "
+                "per step, [T, 1]"
+            )
+        self.input_scale = scale.to(self.dtype if self.dtype == torch.bfloat16 else torch.float32)
+        self.input_offset = ckpt.load(f"{prefix}.input_offset").to(torch.int8)
+        self.quant_bias = ckpt.load(f"{prefix}.quant_bias")
+        self.deq_scale = ckpt.load(f"{prefix}.deq_scale")
 
     def _static(self, prefix: str, ckpt: MindieSdCheckpoint) -> None:
         scale = ckpt.load(f"{prefix}.input_scale")
@@ -226,12 +253,22 @@ class MindieSdLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2d = x.reshape(-1, self.in_features)
+        step = current_step() if self.algorithm == TIMESTEP else None
         if self.algorithm in STATIC:
             y = engines.mindie_sd_static(
                 x2d, self.weight_t, self.deq_scale, self.quant_bias, self.input_scale,
                 self.input_offset, self.mul_scale, self.dtype,
             )  # fmt: skip
-        elif self.algorithm == "W8A8_DYNAMIC":
+        elif step is not None:  # the step's static row
+            if not 0 <= step < self.input_scale.shape[0]:
+                raise MindieSdError(
+                    f"denoising step {step} has no row in the {self.input_scale.shape[0]}-step table"
+                )
+            y = engines.mindie_sd_static(
+                x2d, self.weight_t, self.deq_scale[step], self.quant_bias[step],
+                self.input_scale[step], self.input_offset[step], None, self.dtype,
+            )  # fmt: skip
+        elif self.algorithm in ("W8A8_DYNAMIC", TIMESTEP):
             y = engines.mindie_sd_dynamic(
                 x2d, self.weight_t, self.weight_scale, self.bias, self.mul_scale, self.dtype
             )

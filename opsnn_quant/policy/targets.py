@@ -83,6 +83,8 @@ class Target:
         export: the model export format the engine loads (an exporter table name).
         dtype: the engine's activation and output dtype (``float16``/``bfloat16``) that its
             int8 specs carry (``QuantSpec.output_dtype``); None: the spec's default (float16).
+        step_smoothing: per-step static scales combine with SmoothQuant (MindIE-SD's
+            ``W8A8TimeStepQuantLinear`` quantizes its input without ``mul_scale``: no).
     """
 
     name: str
@@ -101,6 +103,7 @@ class Target:
     fused: tuple[tuple[str, ...], ...] = ()
     export: str | None = None
     dtype: Literal["float16", "bfloat16"] | None = None
+    step_smoothing: bool = True
 
     def can_run(
         self,
@@ -181,6 +184,7 @@ class Target:
             )
             and (self.timestep_scales or not s.per_step)
             and (self.smoothing == "runtime" or not s.smoothquant)
+            and (self.step_smoothing or not (s.per_step and s.smoothquant))
         )
 
     def spec_for(self, spec: QuantSpec) -> QuantSpec:
@@ -246,12 +250,14 @@ TARGETS: dict[str, Target] = {
             route="eager",
             fp16_overflow_mode="inf_nan",
             has_bf16=True,
-            # mindiesd/quantization/quantize.py replaces nn.Linear only: W8A8 (static),
-            # W8A8_DYNAMIC and W8A16 are written (W4A16's WeightQuantLinear takes per-channel
-            # scales only; W8A8_TIMESTEP's per-step rows are not written yet).
+            # mindiesd/quantization/quantize.py replaces nn.Linear only: W8A8 (static, and
+            # W8A8_TIMESTEP: a static scale per denoising step), W8A8_DYNAMIC and W8A16 (W4A16's
+            # WeightQuantLinear takes per-channel scales only).
             int8={Precision.W8A8: _LIN, Precision.W8A8_DYNAMIC: _LIN, Precision.W8A16: _LIN},
             max_k=65535,
             max_n=65535,
+            timestep_scales=True,
+            step_smoothing=False,
             engine="mindie-sd",
             export="mindie-sd",
             dtype="bfloat16",  # mindiesd.quantize's default dtype

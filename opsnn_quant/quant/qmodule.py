@@ -289,13 +289,17 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
             bias = self.bias if mindie or self.bias is None else self.bias.to(dtype)
             return engines.weight_only(x2d, w_t, self.weight_quantizer.scale, bias, dtype)
         if spec.static_activations:
-            offset = iq.offset.reshape(1).to(torch.int8)
+            g = iq.group_index()  # W8A8_TIMESTEP: the row of the step the loop is at
+            rows = (lambda t: t) if g is None else (lambda t: t[g])
+            offset = rows(iq.offset).reshape(1).to(torch.int8)
             if mindie:  # input_scale: bfloat16 in a bfloat16 model, float32 in a float16 one
-                held = iq.scale.reshape(1).to(dtype if dtype == torch.bfloat16 else torch.float32)
+                scale = rows(iq.scale).reshape(1)
+                held = scale.to(dtype if dtype == torch.bfloat16 else torch.float32)
                 mul = getattr(iq, "mul_scale", None)
                 return engines.mindie_sd_static(
-                    x2d, w_t, self.deq_scale, self.quant_bias, held, offset, mul, dtype, wf
-                )
+                    x2d, w_t, rows(self.deq_scale), rows(self.quant_bias), held, offset, mul,
+                    dtype, wf,
+                )  # fmt: skip
             deq = self.deq_scale_packed if dtype == torch.float16 else self.deq_scale
             return engines.vllm_ascend_static(
                 x2d, w_t, deq, self.quant_bias, iq.scale.reshape(1).to(dtype), offset, dtype, wf

@@ -118,9 +118,11 @@ class QuantSpec:
             raise ConfigError(f"{self.engine} has no {self.precision.value} Linear")
         if self.engine == "vllm-ascend" and self.smoothquant_alpha is not None:
             raise ConfigError("vllm-ascend's Linear methods apply no SmoothQuant factor")
-        if self.timestep_bounds is not None:
-            # MindIE-SD's W8A8_TIMESTEP indexes one row per denoising step: not written yet
-            raise ConfigError(f"per-step scales are not written for {self.engine} yet")
+        if self.timestep_bounds is not None and self.engine != "mindie-sd":
+            raise ConfigError(f"{self.engine} keeps one static scale (no per-step scales)")
+        if self.timestep_bounds is not None and self.smoothquant_alpha is not None:
+            # W8A8TimeStepQuantLinear's static branch quantizes x itself (no mul_scale)
+            raise ConfigError("MindIE-SD's per-step Linear (W8A8_TIMESTEP) takes no SmoothQuant")
 
     @property
     def static_activations(self) -> bool:

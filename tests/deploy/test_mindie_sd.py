@@ -200,3 +200,43 @@ def test_refuses_missing_tensors_and_int64_deq_scale_in_bf16(exported):
     tensors["a.deq_scale"] = saved["a.deq_scale"]
     write_safetensors(tensors, weights)
     assert apply_mindie_sd(Block(), read_mindie_sd(desc)) == ["b", "c"]
+
+
+def test_per_step_scales_as_w8a8_timestep(tmp_path):
+    # W8A8TimeStepQuantLinear: a static row per denoising step ([T, 1] input scales, [T, N]
+    # deq_scale and quant_bias); our step groups (0-1, 2-3) expand to the four steps' rows
+    from opsnn_quant.deploy.mindie_sd import _write
+    from opsnn_quant.timesteps import at_step
+
+    float_model = Block()
+    model = copy.deepcopy(float_model)
+
+    def stepped(m: nn.Module) -> None:
+        g = torch.Generator().manual_seed(0)
+        for step, scale in enumerate((8.0, 4.0, 2.0, 1.0)):
+            with at_step(step):
+                m(torch.randn(8, 32, generator=g) * scale)
+
+    spec = QuantSpec(Precision.W8A8, timestep_bounds=(0, 2), engine="mindie-sd",
+                     output_dtype="bfloat16")  # fmt: skip
+    quantize(model, {"a": spec, "b": spec}, stepped)
+    files = component_files(model, torch.bfloat16, steps=4)
+    assert files.description["a.weight"] == "W8A8_TIMESTEP"
+    assert files.description["model_quant_type"] == "W8A8_TIMESTEP"
+    t = files.tensors
+    assert t["a.input_scale"].shape == (4, 1) and t["a.deq_scale"].shape == (4, 48)
+    assert torch.equal(t["a.input_scale"][0], t["a.input_scale"][1])  # steps 0 and 1: group 0
+    assert not torch.equal(t["a.input_scale"][1], t["a.input_scale"][2])
+    assert t["a.weight_scale"].shape == (48, 1)  # the dynamic branch's
+    _write(files, tmp_path)
+    engine = copy.deepcopy(float_model)
+    apply_mindie_sd(engine, read_mindie_sd(tmp_path / "quant_model_description_w8a8_timestep.json"))
+    engine.conv = model.conv
+    x = torch.randn(6, 32) * 3
+    for step in range(4):
+        with at_step(step):
+            assert torch.equal(model(x), engine(x)), step
+    with at_step(4), pytest.raises(MindieSdError, match="step 4 has no row in the 4-step table"):
+        engine(x)
+    # without the number of steps there is no table to write: FLOAT, with the reason
+    assert "number of denoising steps" in component_files(model, torch.bfloat16).exported_float["a"]
