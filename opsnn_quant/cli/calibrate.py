@@ -118,6 +118,7 @@ def calibrate(
     from opsnn_quant.pipeline.calibrate import check_calibrate_output, run_calibrate
     from opsnn_quant.pipeline.context import ENGINES
     from opsnn_quant.policy.baselines import STRATEGIES
+    from opsnn_quant.policy.targets import get_target
     from opsnn_quant.recipe import load_recipe, resolve_recipe
     from opsnn_quant.user_config import check_seed
 
@@ -144,8 +145,12 @@ def calibrate(
     if not quiet:
         _ui.print_table(_summary_table(r.name, r.target, result))
         share = "-" if result.int8_mac_share is None else f"{result.int8_mac_share:.0%}"
+        own = get_target(r.target).export
         for fmt, shares in result.deployed.items():
-            _ui.console.print(f"int8 MAC share as written in export/{fmt}: {shares['overall']:.0%}")
+            whose = f" ({r.target}'s engine loads it)" if fmt == own else ""
+            _ui.console.print(
+                f"int8 MAC share as written in export/{fmt}: {shares['overall']:.0%}{whose}"
+            )
         _ui.console.print(
             f"int8 MAC share overall: {share}; wall time {result.seconds['total']:.0f} s; "
             f"wrote {out}/"
