@@ -20,6 +20,7 @@ from torch import nn
 
 from opsnn_quant.quant.modules import QuantConv2d, QuantModule, set_submodule
 from opsnn_quant.recording import Call, detached_copy, replay
+from opsnn_quant.types import Precision
 
 # The denoising step the structure trace and the fold captures run the quantized model at: it
 # picks the scales of per-step (w8a8_timestep) modules only, which neither depends on (and which
@@ -41,7 +42,16 @@ class Fold:
 
 @torch.no_grad()
 def dequantized_weight(module: QuantModule[Any]) -> torch.Tensor:
-    """The fp32 weight a frozen module's int8 weight means (its layout), SmoothQuant undone."""
+    """The fp32 weight a frozen module's int8 weight means (its layout), SmoothQuant undone;
+    a w4a16 module's int4 words unpacked, each group of ``group_size`` inputs times its scale."""
+    if module.spec.precision == Precision.W4A16:
+        from opsnn_quant.ascend import unpack_int4
+
+        values = unpack_int4(module.weight).reshape(module.out_n, module.in_k).to(torch.float32)
+        scale = module.weight_quantizer.scale.to(torch.float32)  # (groups, N)
+        group = module.spec.group_size or module.in_k
+        per_input = scale.t().repeat_interleave(group, dim=1)[:, : module.in_k]
+        return values * per_input
     w = module.weight.to(torch.float32) * module.weight_quantizer.scale.reshape(
         -1, *[1] * (module.weight.dim() - 1)
     )

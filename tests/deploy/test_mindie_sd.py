@@ -240,3 +240,18 @@ def test_per_step_scales_as_w8a8_timestep(tmp_path):
         engine(x)
     # without the number of steps there is no table to write: FLOAT, with the reason
     assert "number of denoising steps" in component_files(model, torch.bfloat16).exported_float["a"]
+
+
+def test_a_w4a16_module_is_written_float_as_what_its_int4_values_mean():
+    # MindIE-SD's WeightQuantLinear takes per-channel scales only: a per-group w4a16 Linear is
+    # written FLOAT, its weight the dequantized int4 values (within half a step of the float)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 16))
+    float_weight = model[0].weight.detach().clone()
+    quantize(model, {"0": QuantSpec(Precision.W4A16)})
+    files = component_files(model, torch.bfloat16)
+    assert files.description["0.weight"] == "FLOAT" and "per-channel" in files.exported_float["0"]
+    w = files.tensors["0.weight"].float()
+    step = model[0].weight_quantizer.scale.t().repeat_interleave(128, dim=1)  # (16, 256)
+    assert w.shape == (16, 256)
+    assert bool(((w - float_weight).abs() <= step / 2 + w.abs() * 2**-8).all())  # + bf16 rounding
