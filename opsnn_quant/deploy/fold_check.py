@@ -18,14 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from opsnn_quant.producers import ANY_STEP
 from opsnn_quant.quant.modules import QuantConv2d, QuantModule, set_submodule
 from opsnn_quant.recording import Call, detached_copy, replay
 from opsnn_quant.types import Precision
-
-# The denoising step the structure trace and the fold captures run the quantized model at: it
-# picks the scales of per-step (w8a8_timestep) modules only, which neither depends on (and which
-# AscendV1 writes float); without a step those modules refuse to run.
-ANY_STEP = 0
 
 
 @dataclass(frozen=True)

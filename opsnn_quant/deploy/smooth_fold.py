@@ -22,18 +22,17 @@ output with the fold applied (relative error below :data:`FOLD_TOLERANCE`).
 from __future__ import annotations
 
 import logging
-import weakref
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import torch
 from torch import nn
 
-from opsnn_quant.deploy.fold_check import ANY_STEP, Fold, check_calls, fold_errors
+from opsnn_quant.deploy.fold_check import Fold, check_calls, fold_errors
 from opsnn_quant.memory import trim_heap
+from opsnn_quant.producers import is_norm, trace_producers
 from opsnn_quant.quant.modules import no_weight_copies
-from opsnn_quant.recording import Call, replay, sample_subset
+from opsnn_quant.recording import Call, sample_subset
 
 log = logging.getLogger(__name__)
 FOLD_TOLERANCE = 1e-4
@@ -41,89 +40,6 @@ FOLD_TOLERANCE = 1e-4
 # or it is not, on any sample. A whole batch of a Whisper model (its encoder's attention scores at
 # batch 4) was the AscendV1 export's and the whole calibrate's peak memory.
 FOLD_CHECK_SAMPLES = 1
-
-
-def is_norm(module: nn.Module) -> bool:
-    """LayerNorm with an affine weight, or an RMSNorm-like module (class name ``*RMSNorm``) with a
-    1-D weight: a per-last-dim-channel gain a factor can be divided into."""
-    weight = getattr(module, "weight", None)
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 1:
-        return False
-    return isinstance(module, nn.LayerNorm) or type(module).__name__.endswith("RMSNorm")
-
-
-def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a is b:
-        return True
-    # A view (reshape/flatten of the batch dims) of the producer's output keeps its channels.
-    return (
-        a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-        and a.numel() == b.numel()
-        and a.shape[-1] == b.shape[-1]
-        and a.is_contiguous()
-        and b.is_contiguous()
-    )
-
-
-def _same_tensor_alive(out: torch.Tensor | weakref.ref[torch.Tensor], x: torch.Tensor) -> bool:
-    t = out if isinstance(out, torch.Tensor) else out()
-    return t is not None and _same_tensor(t, x)
-
-
-def trace_producers(
-    model: nn.Module, roots: Mapping[str, Sequence[Call]]
-) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
-    """Run one call per root with hooks; returns (module -> producers of its input, producer ->
-    modules fed by its output). Names are those of ``model``."""
-    outputs: list[tuple[str, torch.Tensor | weakref.ref[torch.Tensor]]] = []
-    producers: dict[str, set[str]] = defaultdict(set)
-    fed: dict[str, set[str]] = defaultdict(set)
-
-    def pre(name: str) -> Callable[..., None]:
-        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            x = args[0] if args else next(iter(kwargs.values()), None)
-            if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-                return
-            found = [p for p, out in reversed(outputs) if _same_tensor_alive(out, x)]
-            producers[name].add(found[0] if found else "")
-            if found:
-                fed[found[0]].add(name)
-
-        return hook
-
-    def post(name: str) -> Callable[..., None]:
-        def hook(module: nn.Module, args: tuple, output: Any) -> None:
-            if isinstance(output, torch.Tensor):
-                # Only a norm's or float Linear's output can take a fold: those are kept; the
-                # others (a UNet's whole activations) are weakly referenced, to still be seen
-                # as the producer of the tensors they return while those live.
-                keep = is_norm(module) or type(module) is nn.Linear
-                outputs.append((name, output if keep else weakref.ref(output)))
-
-        return hook
-
-    named = dict(model.named_modules())
-    handles = []
-    for name, module in named.items():
-        if name:
-            handles.append(module.register_forward_pre_hook(pre(name), with_kwargs=True))
-            handles.append(module.register_forward_hook(post(name)))
-    try:
-        with torch.no_grad():
-            for root, calls in roots.items():
-                if calls and root in named:
-                    replay(named[root], calls[0], ANY_STEP)
-                outputs.clear()
-    finally:
-        for h in handles:
-            h.remove()
-
-    # A container fed by P hands the tensor on to a descendant, which is seen itself; any other
-    # use it makes is an op the numerical check sees.
-    def inner(ms: set[str]) -> set[str]:
-        return {m for m in ms if not any(o.startswith(f"{m}.") for o in ms)}
-
-    return dict(producers), {p: inner(ms) for p, ms in fed.items()}
 
 
 def plan_folds(
@@ -206,4 +122,4 @@ def _fold_problem(
     return None
 
 
-__all__ = ["is_norm", "plan_folds", "trace_producers"]
+__all__ = ["plan_folds"]
