@@ -108,16 +108,17 @@ def trace_producers(
     return dict(producers), {p: inner(ms) for p, ms in fed.items()}
 
 
-def fold_groups(model: nn.Module, roots: Mapping[str, Sequence[Call]]) -> list[list[str]]:
-    """The Linears that can share one folded SmoothQuant factor: per norm (LayerNorm/RMSNorm
-    with a gain over the last dim) whose output feeds only ``nn.Linear`` modules, those Linears
-    (sorted), traced on one call per root of the float ``model``."""
-    _, fed = trace_producers(model, {r: calls[:1] for r, calls in roots.items() if calls})
+def fold_groups(model: nn.Module, roots: Mapping[str, Sequence[Call]]) -> dict[str, list[str]]:
+    """The Linears that can share one folded SmoothQuant factor: producer -> consumers (sorted),
+    for each norm (LayerNorm/RMSNorm with a gain over the last dim) whose output feeds only
+    ``nn.Linear`` modules whose input is that norm's output alone; traced on one call per root
+    of the float ``model`` (the calls as given: a caller passes one small sample of each)."""
+    producers, fed = trace_producers(model, roots)
     named = dict(model.named_modules())
-    groups = []
+    groups = {}
     for producer, consumers in sorted(fed.items()):
         if not producer or not is_norm(named[producer]) or not consumers:
             continue
-        if all(type(named[c]) is nn.Linear for c in consumers):
-            groups.append(sorted(consumers))
+        if all(type(named[c]) is nn.Linear and producers.get(c) == {producer} for c in consumers):
+            groups[producer] = sorted(consumers)
     return groups

@@ -250,6 +250,7 @@ def probe_phase(ctx: RunContext, data: CalibrationData, target: Target) -> Probe
         cfg = ctx.recipe.probe_config(
             ctx.seed, schemes=tuple(schemes), type_schemes=type_schemes,
             engine=target.engine, engine_dtype=target.dtype,
+            fold_smoothing=target.smoothing == "fold",
         )  # fmt: skip
         loop = ctx.adapter.forward_loop(data.probe)
         probed = run_probe(ctx.adapter, loop, cfg, progress=ctx.say)

@@ -5,7 +5,7 @@ shards that are only partly FLOAT; the fused layer holds one ``input_scale``).""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from opsnn_quant.policy._schemes import Choice, scheme_choices
 from opsnn_quant.policy.targets import Target
@@ -20,9 +20,10 @@ def fuse_candidates(
     fallback: dict[str, str],
     allowed: Callable[[ModuleSensitivity], set[Precision]],
     target: Target,
+    runs: Callable[[ModuleSensitivity], Collection[str]],
 ) -> None:
     """In place: every fused group's members take the scheme with the smallest summed
-    contribution among those measured on all of them; a group with a member that cannot be
+    contribution among those measured on all of them (of ``runs``: what each may take); a group with a member that cannot be
     int8 (or no common scheme) stays float as a whole, each member's reason in ``fallback``."""
     for members in groups:
         floats = [n for n in members if n not in cands]
@@ -34,7 +35,7 @@ def fuse_candidates(
                     cands[n][0],
                     allowed(cands[n][0]),
                     target.timestep_scales,
-                    target.schemes(cands[n][0].type),
+                    runs(cands[n][0]),
                 )
                 for n in members
             }

@@ -96,6 +96,8 @@ def to_document(data: Mapping[str, Any]) -> dict[str, Any]:
             presets = dict(sorted(presets.items()))
             doc["presets"] = {k: FlowMap(v) for k, v in presets.items()}
             doc["rules"] = rules
+        elif key == "smoothing_groups" and not value:
+            continue  # written only when a policy shares factors
         else:
             doc[key] = FILE_VERSION if key == "schema_version" else value
     return doc

@@ -41,6 +41,10 @@ _HEADER = (
     "An int8 rule names a preset: its precision and the quant settings that differ from the\n"
     "defaults (activation_symmetric true, observer minmax, output_dtype float16, no SmoothQuant)."
 )
+_GROUPS_HEADER = (
+    "\nsmoothing_groups: the Linears each norm feeds share one SmoothQuant factor (one alpha, the\n"
+    "max |W| of all of them), divided into that norm at export; a float member's weight absorbs it."
+)
 
 
 class _Frozen(BaseModel):
@@ -90,6 +94,10 @@ class PrecisionPolicy(_Frozen):
         budget: the budget the search used (None for hand-written policies).
         figures: per-modality probe figures the decision was made from.
         notes: search notes (e.g. the outcome of the final check).
+        smoothing_groups: producer (a norm) -> the Linears it feeds, which share one
+            SmoothQuant factor (every smoothed int8 member one alpha; it is computed over all
+            members' weights): the factor an engine without run-time smoothing divides into
+            the producer (``Target.smoothing == "fold"``).
     """
 
     schema_version: int = SCHEMA_VERSION
@@ -98,6 +106,7 @@ class PrecisionPolicy(_Frozen):
     modalities: dict[str, Modality] = Field(default_factory=dict)
     defaults: dict[Modality, Precision] = Field(default_factory=dict)
     rules: list[Rule] = Field(default_factory=list)
+    smoothing_groups: dict[str, list[str]] = Field(default_factory=dict)
     budget: Budget | None = None
     figures: dict[Modality, ModalityFigures] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
@@ -138,7 +147,7 @@ class PrecisionPolicy(_Frozen):
         """Deterministic YAML text in the file form (:mod:`opsnn_quant.policy.form`: presets,
         one line per rule): the same policy gives the same bytes."""
         doc = form.to_document(self.model_dump(mode="json", exclude_none=True))
-        return _yaml.dump(doc, header=_HEADER)
+        return _yaml.dump(doc, header=_HEADER + (_GROUPS_HEADER if self.smoothing_groups else ""))
 
     @classmethod
     def from_yaml(cls, text: str, source: str = "<string>") -> PrecisionPolicy:
@@ -307,6 +316,7 @@ class PrecisionPolicy(_Frozen):
             if not ok:
                 problems.append(f"{name} ({modules[name]}, {res.precision.value}): {why}")
         problems += _fused_problems(specs, modules, target)
+        problems += _smoothing_problems(specs, modules, self.smoothing_groups, target)
         if problems:
             more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
             raise ConfigError(
@@ -380,6 +390,42 @@ def _fused_problems(
     return problems
 
 
+def _smoothing_problems(
+    specs: Mapping[str, QuantSpec | Precision],
+    modules: Mapping[str, str],
+    groups: Mapping[str, list[str]],
+    target: Target,
+) -> list[str]:
+    """A smoothing group that names unknown modules or whose int8 members do not share one
+    SmoothQuant factor (all smoothed, one fixed alpha); on a target that folds the factor, a
+    smoothed module outside every group (its engine has nowhere to apply its factor)."""
+    problems, grouped = [], set()
+    for producer, members in groups.items():
+        missing = [n for n in (producer, *members) if n not in modules]
+        if missing:
+            problems.append(
+                f"smoothing group {producer}: {missing[0]} is not a module of the model"
+            )
+            continue
+        grouped.update(members)
+        int8 = {n: s for n in members if isinstance(s := specs[n], QuantSpec)}
+        alphas = {s.smoothquant_alpha for s in int8.values()}
+        if len(alphas) > 1 or any(isinstance(a, str) or a is None for a in alphas):
+            shown = ", ".join(f"{n} (alpha {s.smoothquant_alpha})" for n, s in int8.items())
+            problems.append(
+                f"smoothing group {producer}: {shown}: one shared factor needs every int8 "
+                "member smoothed with one fixed alpha"
+            )
+    if target.smoothing == "fold":
+        for name, spec in specs.items():
+            if isinstance(spec, QuantSpec) and spec.smoothquant and name not in grouped:
+                problems.append(
+                    f"{name}: {target.name} applies no SmoothQuant factor at run time; a smoothed "
+                    "Linear must be in a smoothing group (its factor folded into the norm)"
+                )
+    return problems
+
+
 @dataclass(frozen=True)
 class ResolvedPolicy:
     """A policy resolved once against one model's module inventory and its :class:`Target`.
@@ -410,6 +456,12 @@ class ResolvedPolicy:
     def int8(self) -> dict[str, QuantSpec]:
         """Module name -> QuantSpec of the int8 modules, in model order."""
         return {n: s for n, s in self.specs.items() if isinstance(s, QuantSpec)}
+
+    @property
+    def smoothing_groups(self) -> Mapping[str, list[str]]:
+        """The policy's :attr:`PrecisionPolicy.smoothing_groups` (checked): the
+        ``SharesSmoothing`` protocol of :func:`opsnn_quant.quant.api.quantize`."""
+        return self.policy.smoothing_groups
 
 
 def derive_prefixes(entries: Iterable[tuple[str, Modality | str]]) -> dict[str, Modality]:

@@ -24,9 +24,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import partial
 
 from opsnn_quant.numerics import fmt_db
+from opsnn_quant.policy._folded import plain_schemes, share_smoothing
 from opsnn_quant.policy._fused import fuse_candidates, unfuse_fallbacks
 from opsnn_quant.policy._plan import ModalityPlan
 from opsnn_quant.policy._rules import emit_rules, pin_for
@@ -48,10 +50,23 @@ def _r(x: float, digits: int = 6) -> float:
 
 
 def _candidates(
-    modules: list[ModuleSensitivity], pinned: set[str], target: Target, plan: ModalityPlan
+    modules: list[ModuleSensitivity],
+    pinned: set[str],
+    target: Target,
+    plan: ModalityPlan,
+    smoothing_groups: Mapping[str, list[str]],
 ) -> dict[str, tuple[ModuleSensitivity, Choice]]:
-    """Each int8 candidate with its best scheme among those ``target`` runs on it; the modules
-    that cannot be one go to ``plan.fallback`` with the reason."""
+    """Each int8 candidate with its best scheme among those ``target`` runs on it (SmoothQuant,
+    on a target that folds it, only in the probe's smoothing groups, one per group); the
+    modules that cannot be one go to ``plan.fallback`` with the reason."""
+    groups = smoothing_groups if target.smoothing == "fold" else {}
+    grouped = {n for members in groups.values() for n in members}
+
+    def runs(m: ModuleSensitivity) -> tuple[str, ...]:
+        schemes = target.schemes(m.type)
+        folds = target.smoothing == "fold"
+        return plain_schemes(schemes) if folds and m.name not in grouped else schemes
+
     cands: dict[str, tuple[ModuleSensitivity, Choice]] = {}
     for m in modules:
         if not m.quantizable or m.name in pinned:
@@ -65,7 +80,7 @@ def _candidates(
             plan.fallback[m.name] = f"stays float: {why}"
             continue
         # only what the target's engine runs (a report probed for another target has more)
-        choice = best_choice(m, allowed, target.timestep_scales, target.schemes(m.type))
+        choice = best_choice(m, allowed, target.timestep_scales, runs(m))
         if choice is None:
             plan.fallback[m.name] = (
                 "stays float: the probe has no end-to-end estimate for a scheme "
@@ -74,8 +89,12 @@ def _candidates(
             continue
         # the target's engine arithmetic and dtype: what the module computes is what deploys
         cands[m.name] = (m, dataclasses.replace(choice, spec=target.spec_for(choice.spec)))
-    groups = target.fused_layers(m.name for m in modules)
-    fuse_candidates(cands, groups, plan.fallback, lambda m: _allowed(m, target), target)
+    allowed_of = partial(_allowed, target=target)
+    fused = target.fused_layers(m.name for m in modules)
+    restrict = share_smoothing(cands, groups, allowed_of, runs, target, plan.fallback, fused)
+    fuse_candidates(
+        cands, fused, plan.fallback, allowed_of, target, lambda m: restrict.get(m.name, runs(m))
+    )
     return cands
 
 
@@ -130,10 +149,11 @@ def _plan_modality(
     limit_text: str,
     min_share: float,
     force_fp16: str | None,
+    smoothing_groups: Mapping[str, list[str]],
 ) -> ModalityPlan:
     plan = ModalityPlan(modality)
     total_macs = sum(max(m.macs, 0) for m in modules)
-    cands = _candidates(modules, pinned, target, plan)
+    cands = _candidates(modules, pinned, target, plan, smoothing_groups)
     if force_fp16 is not None:
         for name in cands:
             plan.fallback[name] = f"fp16: {force_fp16}"
@@ -195,6 +215,7 @@ def _decide(
         plan = _plan_modality(
             mod, report.by_modality(mod), set(pins), target, caps[mod],
             limit.describe(), budget.min_int8_mac_share, forced.get(mod),
+            report.smoothing_groups,
         )  # fmt: skip
         plans.append(plan)
         db = noise_to_db(plan.noise)
@@ -216,10 +237,20 @@ def _decide(
         modalities=prefixes,
         defaults=defaults,
         rules=rules,
+        smoothing_groups=_shared_factors(report.smoothing_groups, plans),
         budget=budget,
         figures=figures,
         notes=list(notes),
     )
+
+
+def _shared_factors(
+    groups: Mapping[str, list[str]], plans: list[ModalityPlan]
+) -> dict[str, list[str]]:
+    """The probe's smoothing groups with a smoothed int8 member in the plans (the others
+    need no shared factor)."""
+    smoothed = {n for p in plans for n, ch in p.int8.items() if ch.spec.smoothquant}
+    return {p: list(ms) for p, ms in sorted(groups.items()) if smoothed.intersection(ms)}
 
 
 def build_policy(

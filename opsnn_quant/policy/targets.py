@@ -51,9 +51,11 @@ OverflowMode = Literal["inf_nan", "saturate"]
 Engine = Literal["opsnn", "mindie-sd", "vllm-ascend"]
 # How a SmoothQuant factor reaches the engine: ``runtime`` (our modules fold it into AscendQuantV2's
 # per-channel multiplier / DynamicQuant's smooth_scales; MindIE-SD multiplies by
-# ``<linear>.div.mul_scale`` before quantizing), or ``none`` (vLLM-Ascend's W8A8 methods take no
-# smoothing: the probe and the policy do not offer SmoothQuant schemes).
-Smoothing = Literal["runtime", "none"]
+# ``<linear>.div.mul_scale`` before quantizing), ``fold`` (vLLM-Ascend's W8A8 methods take no
+# smoothing: the factor is divided into the norm before the Linears, one factor shared by all the
+# Linears that norm feeds, so SmoothQuant is offered only to those groups, see
+# ``SensitivityReport.smoothing_groups``), or ``none`` (no SmoothQuant scheme is offered).
+Smoothing = Literal["runtime", "fold", "none"]
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,7 @@ class Target:
                 if module_type is None or t == module_type
             )
             and (self.timestep_scales or not s.per_step)
-            and (self.smoothing == "runtime" or not s.smoothquant)
+            and (self.smoothing != "none" or not s.smoothquant)
             and (self.step_smoothing or not (s.per_step and s.smoothquant))
         )
 
@@ -269,12 +271,12 @@ TARGETS: dict[str, Target] = {
             fp16_overflow_mode="inf_nan",
             has_bf16=True,
             # vllm_ascend/quantization/methods: W8A8 (w8a8_static.py), W8A8_DYNAMIC, W8A16 Linear
-            # schemes; W4A16 is registered for MoE only. No SmoothQuant at run time.
+            # schemes; W4A16 is registered for MoE only. No SmoothQuant at run time: folded.
             int8={Precision.W8A8: _LIN, Precision.W8A8_DYNAMIC: _LIN, Precision.W8A16: _LIN},
             max_k=65535,
             max_n=65535,
             engine="vllm-ascend",
-            smoothing="none",
+            smoothing="fold",
             fused=VLLM_FUSED,
             export="ascendv1",
             # served with --dtype bfloat16: every dtype combination its Linear methods pass to

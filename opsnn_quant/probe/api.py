@@ -45,7 +45,8 @@ from opsnn_quant.probe.report import (
     summarize_modalities,
 )
 from opsnn_quant.probe.seeding import PassOneStatistics
-from opsnn_quant.recording import Call
+from opsnn_quant.producers import fold_groups
+from opsnn_quant.recording import Call, sample_subset
 from opsnn_quant.types import ForwardLoop, Modality
 
 log = logging.getLogger(__name__)
@@ -136,7 +137,8 @@ def _probe(
     replayed: set[str] = set()
     if run.watches.local:
         say("SmoothQuant alpha search")
-        run.costs["smoothquant_search_seconds"] = smoothquant_search(run.watches)
+        seconds, run.smoothing_groups = smoothquant_search(run.watches, _fold_groups(run))
+        run.costs["smoothquant_search_seconds"] = seconds
         replayed = replay_measured(run)
         if not replayed:
             run.watches.inputs.clear()  # pass 2 measures every module over the forward loop
@@ -148,6 +150,16 @@ def _probe(
     statistics = {n: lp.pass_one() for n, lp in run.watches.local.items()}
     root_calls = {r: rec.calls[:1] for r, rec in run.watches.recorders.items() if rec.calls}
     return ProbeResult(_assemble(run, e2e), statistics, root_calls)
+
+
+def _fold_groups(run: ProbeRun) -> dict[str, list[str]]:
+    """The Linears each norm alone feeds (see :func:`~opsnn_quant.producers.fold_groups`), traced
+    on one sample of each root's first recorded call; none unless ``cfg.fold_smoothing``."""
+    if not run.cfg.fold_smoothing:
+        return {}
+    recorders = run.watches.recorders
+    roots = {r: [sample_subset(rec.calls[0], 1)] for r, rec in recorders.items() if rec.calls}
+    return fold_groups(run.adapter.model, roots)
 
 
 def _measure_rest(run: ProbeRun, forward_loop: ForwardLoop, say: Callable[[str], None]) -> None:
@@ -215,6 +227,7 @@ def _assemble(run: ProbeRun, e2e: dict[str, EndToEnd]) -> SensitivityReport:
         modules=entries,
         modalities=summarize_modalities(entries, adapter.describe_output),
         findings=findings,
+        smoothing_groups=run.smoothing_groups,
         costs={k: round(v, 6) for k, v in run.costs.items()},
     )
 

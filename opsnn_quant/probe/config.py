@@ -75,6 +75,10 @@ class ProbeConfig:
         engine: the arithmetic the candidates compute (``QuantSpec.engine``): the target's
             engine's (``calibrate`` passes it), so that every error is the deployed one.
         engine_dtype: that engine's dtype (``QuantSpec.output_dtype``); None: the default.
+        fold_smoothing: the Linears one norm feeds (and nothing else) share one SmoothQuant
+            factor, alpha searched once per group on their stacked weights, as an engine that
+            folds the factor into the norm needs (``Target.smoothing == "fold"``); the groups
+            go into ``SensitivityReport.smoothing_groups``.
         seed: seed of reservoirs and random directions.
     """
 
@@ -98,6 +102,7 @@ class ProbeConfig:
     local_errors: Literal["replayed", "forward_loop"] = "replayed"
     engine: str = "opsnn"
     engine_dtype: str | None = None
+    fold_smoothing: bool = False
     seed: int = 0
 
     def schemes_of(self, module_type: str) -> tuple[str, ...] | None:

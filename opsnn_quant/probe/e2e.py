@@ -51,6 +51,7 @@ class ProbeRun:
     roots: dict[str, Modality]  # root module -> modality (several roots per modality allowed)
     watches: Watches
     costs: dict[str, float] = field(default_factory=dict)
+    smoothing_groups: dict[str, list[str]] = field(default_factory=dict)  # see the report's
 
     def root_members(self, root_name: str, names: Iterable[str]) -> list[str]:
         """The names among ``names`` inside root ``root_name`` and of its modality."""

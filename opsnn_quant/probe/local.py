@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,8 @@ CANDIDATE_OUTPUT_DTYPE: str = QuantSpec.output_dtype
 
 
 MIN_ERROR_CALLS = 3
+# One mode's SmoothQuant search outcome: (alpha, factor, error); (None, None, error) unsmoothed.
+Searched = tuple[float | None, torch.Tensor | None, float]
 
 
 def _alpha_key(scheme: str) -> str:
@@ -127,19 +130,24 @@ class LocalProbe:
         if step is not None:
             self.steps.collect(step, x, max(-span[0], span[1]), channels)
 
-    def decide(self) -> None:
+    def decide(self, searched: Sequence[Searched] | None = None) -> None:
         """Between passes: the groups of steps (per-step ranges seen) and SmoothQuant alphas by
-        searched output error."""
+        searched output error (``searched``: the (static, dynamic) outcome of a search made for
+        a group this module belongs to, see :func:`decide_shared`)."""
         if len(self.steps.absmax) >= 2:
             self.step_bounds = self.steps.choose(self.timestep_groups)
         if self.stats is None or self.stats.seen == 0:
             return
-        weight: torch.Tensor = getattr(self.module, "weight")  # noqa: B009
-        w = weight.detach().reshape(weight.shape[0], -1)
-        searched = search_alphas(self.stats, w, (False, True), self.alpha_grid)
+        if searched is None:
+            searched = search_alphas(self.stats, self.weight2d(), (False, True), self.alpha_grid)
         for key, (alpha, s, _) in zip(("static", "dynamic"), searched, strict=True):
             self.alphas[key], self.smooth[key] = alpha, s
         self.stats.rows = None  # the reservoir is no longer needed
+
+    def weight2d(self) -> torch.Tensor:
+        """The float weight as (N, K) rows (a view)."""
+        weight: torch.Tensor = getattr(self.module, "weight")  # noqa: B009
+        return weight.detach().reshape(weight.shape[0], -1)
 
     def shadow(self, scheme: str) -> QuantModule[Any]:
         """The frozen candidate for ``scheme`` (built once, int8 weights only)."""
@@ -415,3 +423,26 @@ class LocalProbe:
     def release(self) -> None:
         """Drop the cached candidates."""
         self._shadows.clear()
+
+
+def decide_shared(members: Sequence[LocalProbe]) -> bool:
+    """:meth:`LocalProbe.decide` for Linears fed by one producer, with one SmoothQuant factor:
+    the per-channel input maxima (one input: the same for all), the maxima of the stacked
+    weights' columns, alpha searched once by the output error of all of them together (a
+    stacked weight's output rows are each member's). Returns False (nothing decided) when the
+    members did not see the same inputs: then each decides on its own."""
+    lead = members[0].stats
+    if lead is None or lead.seen == 0:
+        return False
+    for lp in members[1:]:
+        if (
+            lp.stats is None
+            or lp.stats.seen != lead.seen
+            or not torch.equal(lp.stats.absmax, lead.absmax)
+        ):
+            return False
+    weights = torch.cat([lp.weight2d().to(torch.float32) for lp in members])
+    searched = search_alphas(lead, weights, (False, True), members[0].alpha_grid)
+    for lp in members:
+        lp.decide(searched)
+    return True

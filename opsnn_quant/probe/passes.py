@@ -12,6 +12,7 @@ feed, so every watch is visible in :class:`Watches` and nothing hides in closure
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -27,7 +28,7 @@ from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.probe.findings import GeluWatch, SoftmaxWatch, attention_parts
 from opsnn_quant.probe.fp16 import Fp16Accumulator
 from opsnn_quant.probe.hooks import QUANTIZABLE, in_rerun, macs_of
-from opsnn_quant.probe.local import LocalProbe
+from opsnn_quant.probe.local import LocalProbe, decide_shared
 from opsnn_quant.recording import RootRecorder
 from opsnn_quant.tensors import first_tensor
 from opsnn_quant.timesteps import at_step
@@ -186,12 +187,24 @@ def measure_kept_inputs(w: Watches, names: set[str]) -> set[str]:
     return measured
 
 
-def smoothquant_search(w: Watches) -> float:
-    """Between the passes: every module's SmoothQuant alphas; returns the seconds it took."""
+def smoothquant_search(w: Watches, groups: Mapping[str, Sequence[str]]) -> tuple[float, dict[str, list[str]]]:  # fmt: skip
+    """Between the passes: every module's SmoothQuant alphas, one shared factor per group of
+    ``groups`` (producer -> the Linears it feeds) whose members all saw the same inputs.
+
+    Returns:
+        (seconds it took, the groups that share a factor).
+    """
     t0 = time.perf_counter()
-    for lp in w.local.values():
-        lp.decide()
-    return time.perf_counter() - t0
+    shared: dict[str, list[str]] = {}
+    for producer, names in groups.items():
+        members = [w.local[n] for n in names if n in w.local]
+        if len(members) == len(names) and decide_shared(members):
+            shared[producer] = list(names)
+    done = {n for names in shared.values() for n in names}
+    for name, lp in w.local.items():
+        if name not in done:
+            lp.decide()
+    return time.perf_counter() - t0, shared
 
 
 def local_error_pass(

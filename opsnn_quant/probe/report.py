@@ -190,6 +190,10 @@ class SensitivityReport(_Frozen):
     modules: list[ModuleSensitivity]
     modalities: dict[str, ModalitySummary] = Field(default_factory=dict)
     findings: list[Finding] = Field(default_factory=list)
+    # producer (a norm) -> the Linears it feeds, whose SmoothQuant candidates were measured with
+    # one shared factor (the probe's ``fold_smoothing``): what an engine that folds the factor
+    # into the producer can run smoothed (vLLM-Ascend)
+    smoothing_groups: dict[str, list[str]] = Field(default_factory=dict)
     # Wall-clock seconds of this run and their ratios (forward-equivalents): they differ on
     # every run, so they are not written to probe.json (whose bytes depend on the inputs only)
     # but to timings.json (opsnn_quant.pipeline.timings). Read from an older probe.json that has them.

@@ -10,7 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from opsnn_quant.errors import ConfigError
+from opsnn_quant.errors import CalibrationError, ConfigError
 from opsnn_quant.quant.modules import (
     QuantModule,
     is_quant_module,
@@ -45,6 +45,17 @@ class ResolvesModules(Protocol):
 
     def module_specs(self, model: nn.Module) -> Mapping[str, SpecLike]:
         """Module name -> spec for every module it assigns (float precisions allowed)."""
+        ...
+
+
+@runtime_checkable
+class SharesSmoothing(Protocol):
+    """A config whose Linears may share SmoothQuant factors (e.g. a resolved policy)."""
+
+    @property
+    def smoothing_groups(self) -> Mapping[str, list[str]]:
+        """Producer -> the Linears it feeds that share one factor (see
+        :attr:`opsnn_quant.policy.schema.PrecisionPolicy.smoothing_groups`)."""
         ...
 
 
@@ -172,6 +183,8 @@ def quantize(
         set_submodule(model, name, q)
         swapped[name] = q
         del module
+    groups = config.smoothing_groups if isinstance(config, SharesSmoothing) else {}
+    _share_weight_absmax(model, swapped, groups)
     needs_data = {
         n: q for n, q in swapped.items() if q.spec.static_activations or q.spec.smoothquant
     }
@@ -194,8 +207,52 @@ def quantize(
             forward_loop(model)
     for q in swapped.values():
         q.freeze()
+    _check_shared(swapped, groups)
     log.info("quantized %d modules", len(swapped))
     return model
+
+
+def _smoothed_members(
+    swapped: Mapping[str, QuantModule[Any]], members: list[str]
+) -> list[QuantModule[Any]]:
+    return [swapped[n] for n in members if n in swapped and swapped[n].spec.smoothquant]
+
+
+@torch.no_grad()
+def _share_weight_absmax(
+    model: nn.Module, swapped: Mapping[str, QuantModule[Any]], groups: Mapping[str, list[str]]
+) -> None:
+    """Before calibration: each smoothed member of a smoothing group takes the per-input-channel
+    weight maxima of all the group's Linears (int8 or float), the ``max |W_j|`` of its shared
+    factor (its input maxima are the group's already: one input)."""
+    for producer, members in groups.items():
+        smoothed = _smoothed_members(swapped, members)
+        if not smoothed:
+            continue
+        absmax = None
+        for name in members:
+            module = model.get_submodule(name)
+            weight = getattr(module, "weight", None)
+            if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+                raise ConfigError(f"smoothing group {producer}: {name} is not a Linear")
+            w = weight.detach().abs().amax(dim=0).float()
+            absmax = w if absmax is None else torch.maximum(absmax, w.to(absmax.device))
+        for q in smoothed:
+            q.input_quantizer.shared_weight_absmax = absmax
+
+
+def _check_shared(swapped: Mapping[str, QuantModule[Any]], groups: Mapping[str, list[str]]) -> None:
+    """After freezing: a group's smoothed members hold one factor, or the producer could not
+    take it (members fed different inputs: not the group the probe traced)."""
+    for producer, members in groups.items():
+        smoothed = _smoothed_members(swapped, members)
+        factors = [getattr(q.input_quantizer, "smooth", None) for q in smoothed]
+        first = factors[0] if factors else None
+        if any(f is None or first is None or not torch.equal(f, first) for f in factors):
+            raise CalibrationError(
+                f"the Linears of smoothing group {producer} saw different inputs; they cannot "
+                "share one SmoothQuant factor folded into it"
+            )
 
 
 def _seed_all(

@@ -146,9 +146,9 @@ def expected_state(
             exp["input_quantizer.step_bounds"] = (g, torch.int64)
     if smoothed:
         exp["input_quantizer.smooth"] = ((k,), torch.float32)
-        if module.spec.engine != "opsnn":  # MindIE-SD's mul_scale, in the engine dtype
+        if module.spec.engine == "mindie-sd":  # MindIE-SD's mul_scale, in the engine dtype
             exp["input_quantizer.mul_scale"] = ((k,), TORCH_DTYPES[module.spec.output_dtype])
-        elif not module.spec.static_activations:
+        elif module.spec.engine == "opsnn" and not module.spec.static_activations:
             exp["input_quantizer.smooth_scales"] = ((k,), torch.float32)
     return exp
 

@@ -285,6 +285,9 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
         dtype = OUTPUT_DTYPES[spec.output_dtype]
         w_t = self.weight.reshape(self.out_n, self.in_k).t()
         mindie = spec.engine == "mindie-sd"
+        folded = None if mindie else getattr(iq, "smooth", None)
+        if folded is not None:  # vLLM: what the norm with the factor divided into it gives
+            x2d = x2d.to(torch.float32) / folded
         if spec.weight_only:  # vLLM holds the bias in its params dtype, MindIE-SD in float32
             bias = self.bias if mindie or self.bias is None else self.bias.to(dtype)
             return engines.weight_only(x2d, w_t, self.weight_quantizer.scale, bias, dtype)

@@ -9,7 +9,7 @@ import logging
 import torch
 from torch import nn
 
-from opsnn_quant.errors import CalibrationError
+from opsnn_quant.errors import CalibrationError, ConfigError
 from opsnn_quant.quant.engine import TORCH_DTYPES, engine_input_scale, mul_scale_of
 from opsnn_quant.quant.functional import (
     quantize_weight_per_channel,
@@ -54,6 +54,9 @@ class InputQuantizer(nn.Module):
         )
         self.stats = ChannelStats(channels) if spec.smoothquant else None
         self.smooth: torch.Tensor | None = None  # s_j, decided before the observer pass
+        # per input channel max |W| over every Linear sharing this module's factor (a smoothing
+        # group); None: this module's own weight's
+        self.shared_weight_absmax: torch.Tensor | None = None
         self.collect_stats = self.stats is not None
         self.collect_range = bool(self.observers) and not spec.smoothquant
         self.calls = 0
@@ -108,13 +111,20 @@ class InputQuantizer(nn.Module):
             raise CalibrationError(f"module '{self.name}' received no calibration data")
         alpha = self.spec.smoothquant_alpha
         dynamic = not self.spec.static_activations
+        if alpha == "auto" and self.shared_weight_absmax is not None:
+            raise ConfigError(
+                f"module '{self.name}' shares its SmoothQuant factor with a group; the group "
+                "takes one fixed alpha, not 'auto'"
+            )
         if alpha == "auto":
             chosen, s, err = search_alpha(self.stats, weight2d, dynamic, DEFAULT_ALPHA_GRID)
             log.debug("%s: SmoothQuant alpha=%s (rel. error %.3g)", self.name, chosen, err)
             self.chosen_alpha = chosen
         else:
             assert isinstance(alpha, float | int)
-            w_absmax = weight2d.detach().abs().amax(dim=0).float()
+            w_absmax = self.shared_weight_absmax
+            if w_absmax is None:
+                w_absmax = weight2d.detach().abs().amax(dim=0).float()
             s = smoothing_factors(self.stats.absmax.to(w_absmax.device), w_absmax, float(alpha))
             self.chosen_alpha = float(alpha)
         self.smooth = s
@@ -124,8 +134,9 @@ class InputQuantizer(nn.Module):
     def engine_smoothing(self) -> None:
         """For a module made for a serving engine (``spec.engine``), before :meth:`freeze` and
         before the weight is smoothed: MindIE-SD's ``mul_scale`` (``1 / s`` in the engine dtype,
-        buffer ``mul_scale``) and the factor it effectively applies, which replaces ``smooth``."""
-        if self.spec.engine == "opsnn" or self.smooth is None:
+        buffer ``mul_scale``) and the factor it effectively applies, which replaces ``smooth``.
+        vLLM-Ascend's factor is folded into the producer's float weights: ``smooth`` as is."""
+        if self.spec.engine != "mindie-sd" or self.smooth is None:
             return
         dtype = TORCH_DTYPES[self.spec.output_dtype]
         mul, self.smooth = mul_scale_of(self.smooth, dtype)

@@ -52,6 +52,8 @@ class QuantSpec:
             ops as this package calls them: fp32 activations on the reference, SmoothQuant in
             the quantize multiplier), ``mindie-sd`` or ``vllm-ascend`` (that engine's Linear,
             activations and scales in ``output_dtype``: :mod:`opsnn_quant.ascend.engines`).
+            A ``vllm-ascend`` module with SmoothQuant takes ``x / s`` (the output of the norm
+            its factor is folded into) into the engine's Linear, which applies none itself.
     """
 
     precision: Precision = Precision.W8A8
@@ -116,8 +118,6 @@ class QuantSpec:
             return
         if self.precision not in ENGINE_PRECISIONS[self.engine]:
             raise ConfigError(f"{self.engine} has no {self.precision.value} Linear")
-        if self.engine == "vllm-ascend" and self.smoothquant_alpha is not None:
-            raise ConfigError("vllm-ascend's Linear methods apply no SmoothQuant factor")
         if self.timestep_bounds is not None and self.engine != "mindie-sd":
             raise ConfigError(f"{self.engine} keeps one static scale (no per-step scales)")
         if self.timestep_bounds is not None and self.smoothquant_alpha is not None:

@@ -31,10 +31,13 @@ def test_engine_targets_carry_their_engines_capabilities():
     )  # fmt: skip
     assert not mindie.can_run("Conv2d", "w8a8")[0] and mindie.can_run("Linear", "w8a8")[0]
     assert "w8a8_smoothquant" in mindie.schemes("Linear") and mindie.schemes("Conv2d") == ()
-    # vLLM-Ascend: no smoothing at run time, so no SmoothQuant scheme is measured or chosen;
-    # q/k/v and gate/up load as one fused layer of one type
-    assert (vllm.engine, vllm.smoothing, vllm.export) == ("vllm-ascend", "none", "ascendv1")
-    assert vllm.schemes("Linear") == ("w8a8", "w8a8_mse", "w8a8_dynamic")
+    # vLLM-Ascend: no smoothing at run time (w8a8_static.py quantizes x as it comes), so a
+    # factor is folded into the norm: SmoothQuant is measured (on the probe's smoothing
+    # groups); q/k/v and gate/up load as one fused layer of one type
+    assert (vllm.engine, vllm.smoothing, vllm.export) == ("vllm-ascend", "fold", "ascendv1")
+    assert vllm.schemes("Linear") == (
+        "w8a8", "w8a8_mse", "w8a8_smoothquant", "w8a8_dynamic", "w8a8_dynamic_smoothquant",
+    )  # fmt: skip
     assert vllm.fused_group("model.layers.0.self_attn.k_proj") == ("q_proj", "k_proj", "v_proj")
     assert vllm.fused_group("model.layers.0.mlp.down_proj") is None
 

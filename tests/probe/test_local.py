@@ -208,3 +208,58 @@ def test_nan_activations_name_the_module_that_saw_them():
     x[0, 0] = float("nan")
     with pytest.raises(CalibrationError, match=r"module '0': activations contain NaN or Inf"):
         probe(model, lambda m: m(x), ProbeConfig(attribution=False))
+
+
+def _outlier_rows(seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(64, 16, generator=g)
+    x[:, 3] *= 30.0  # one outlier channel: SmoothQuant has something to move
+    return x
+
+
+def test_a_group_shares_one_factor_searched_on_its_stacked_weights():
+    from opsnn_quant.probe.local import LocalProbe, decide_shared
+    from opsnn_quant.quant.smoothquant import ChannelStats, search_alphas
+    from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID
+
+    torch.manual_seed(0)
+    a, b = nn.Linear(16, 8), nn.Linear(16, 24)
+    probes = [LocalProbe("a", a), LocalProbe("b", b)]
+    x = _outlier_rows(1)
+    for lp in probes:
+        lp.collect(x)
+    assert decide_shared(probes)
+    # the search of one Linear holding both weights (its output rows are each member's)
+    ref = ChannelStats(16)
+    ref.collect(x)
+    stacked = torch.cat([a.weight, b.weight]).detach()
+    want = search_alphas(ref, stacked, (False, True), DEFAULT_ALPHA_GRID)
+    for key, (alpha, s, _) in zip(("static", "dynamic"), want, strict=True):
+        assert alpha is not None  # the outlier makes smoothing pay
+        for lp in probes:
+            assert lp.alphas[key] == alpha and torch.equal(lp.smooth[key], s)
+        # s_j = max|x_j|^alpha / max(max|Wa_j|, max|Wb_j|)^(1 - alpha) (SmoothQuant, eq. 4)
+        w_max = torch.maximum(a.weight.abs().amax(0), b.weight.abs().amax(0)).detach()
+        by_hand = x.abs().amax(0) ** alpha / w_max ** (1 - alpha)
+        torch.testing.assert_close(s, by_hand, rtol=1e-5, atol=0)
+    # members that saw different inputs cannot share a factor: nothing decided
+    other = [LocalProbe("a", a), LocalProbe("b", b)]
+    other[0].collect(x)
+    other[1].collect(_outlier_rows(2))
+    assert not decide_shared(other) and not other[0].alphas
+
+
+def test_fold_smoothing_records_the_groups_and_one_alpha_per_group():
+    from tests.tiny_models import TinyAttention
+
+    model = TinyAttention()
+    cfg = ProbeConfig(fold_smoothing=True)
+    report = probe(model, forward_loop_for(model), cfg, modalities={"": "denoiser"})
+    # norm1 feeds q/k/v only, norm2 feeds ff1 only; to_out / ff2 have no norm before them
+    assert report.smoothing_groups == {"norm1": ["to_k", "to_q", "to_v"], "norm2": ["ff1"]}
+    for scheme in ("w8a8_smoothquant", "w8a8_dynamic_smoothquant"):
+        alphas = {report.module(n).w8a8[scheme].smoothquant_alpha for n in ("to_q", "to_k", "to_v")}
+        assert len(alphas) == 1
+    # without it (a target that smooths at run time) no groups are traced
+    plain = probe(model, forward_loop_for(model), ProbeConfig(), modalities={"": "denoiser"})
+    assert plain.smoothing_groups == {}

@@ -1,9 +1,11 @@
 """quantize(): module selection, calibration flow, determinism and bad input."""
 
+import copy
 import hashlib
 
 import pytest
 import torch
+from torch import nn
 
 from opsnn_quant.errors import CalibrationError, CheckpointError, ConfigError
 from opsnn_quant.quant.api import quantize
@@ -147,3 +149,76 @@ def test_save_is_atomic_and_keeps_previous_output_on_failure(tmp_path, monkeypat
         save_quantized(model, tmp_path / "q")
     assert (tmp_path / "q" / "model.safetensors").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]
+
+
+class _Fed(nn.Module):
+    """One norm feeding three Linears, with an outlier channel before it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(5)
+        self.ln = nn.LayerNorm(16)
+        self.a, self.b, self.c = nn.Linear(16, 8), nn.Linear(16, 24), nn.Linear(16, 4)
+        with torch.no_grad():
+            self.ln.weight[3] = 25.0  # the norm's gain makes channel 3 an outlier
+            self.c.weight[:, 5] = 9.0  # the float member's column maxima count too
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln(x)
+        return torch.cat([self.a(h), self.b(h), self.c(h)], dim=-1)
+
+
+class _Grouped:
+    """A config with a smoothing group (as a resolved policy): module_specs + smoothing_groups."""
+
+    def __init__(self, specs: dict, groups: dict) -> None:
+        self.specs, self.smoothing_groups = specs, groups
+
+    def module_specs(self, model: nn.Module) -> dict:
+        return self.specs
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_a_smoothing_group_shares_one_factor_over_all_its_weights(seeded):
+    from opsnn_quant.probe.local import LocalProbe
+
+    model = _Fed()
+    float_model = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(4, 6, 16, generator=g) for _ in range(3)]
+
+    def loop(m: nn.Module) -> None:
+        for x in xs:
+            m(x)
+
+    alpha = 0.5
+    specs = {"a": QuantSpec("w8a8", smoothquant_alpha=alpha),
+             "b": QuantSpec("w8a8_dynamic", smoothquant_alpha=alpha)}  # fmt: skip
+    config = _Grouped(specs, {"ln": ["a", "b", "c"]})
+    stats = None
+    if seeded:  # the probe's pass-1 statistics stand in for the calibration pass
+        probes = {n: LocalProbe(n, getattr(model, n)) for n in ("a", "b")}
+        handles = [getattr(model, n).register_forward_pre_hook(
+            lambda mod, args, lp=lp: lp.collect(args[0])) for n, lp in probes.items()]  # fmt: skip
+        loop(model)
+        for h in handles:
+            h.remove()
+        stats = {n: lp.pass_one() for n, lp in probes.items()}
+    quantize(model, config, loop, statistics=stats)
+    sa, sb = model.a.input_quantizer.smooth, model.b.input_quantizer.smooth
+    assert torch.equal(sa, sb)  # one factor: the norm can take it
+    # s_j = max|h_j|^alpha / max over a, b and c of max|W_j|^(1 - alpha)
+    with torch.no_grad():
+        h = torch.cat([float_model.ln(x).reshape(-1, 16) for x in xs])
+        w = torch.cat([float_model.a.weight, float_model.b.weight, float_model.c.weight])
+    by_hand = h.abs().amax(0) ** alpha / w.abs().amax(0) ** (1 - alpha)
+    torch.testing.assert_close(sa, by_hand, rtol=1e-5, atol=0)
+    assert float(w.abs().amax(0)[5]) == 9.0  # c's column sets channel 5's weight maximum
+    assert type(model.c) is nn.Linear  # c stays float (its weight will absorb s at export)
+
+
+def test_a_group_cannot_search_its_alpha_per_member():
+    model = _Fed()
+    config = _Grouped({"a": QuantSpec("w8a8", smoothquant_alpha="auto")}, {"ln": ["a", "b"]})
+    with pytest.raises(ConfigError, match="takes one fixed alpha"):
+        quantize(model, config, lambda m: m(torch.randn(2, 16)))

@@ -71,7 +71,9 @@ def _loop(model: nn.Module) -> None:
         model(torch.randn(8, 32, generator=g) * 2)
 
 
-@pytest.mark.parametrize(("engine", "alpha"), [("mindie-sd", 0.5), ("vllm-ascend", None)])
+@pytest.mark.parametrize(
+    ("engine", "alpha"), [("mindie-sd", 0.5), ("vllm-ascend", None), ("vllm-ascend", 0.5)]
+)
 def test_engine_modules_round_trip_through_a_checkpoint(tmp_path, engine, alpha):
     float_model = _Net()
     model = copy.deepcopy(float_model)
@@ -96,8 +98,6 @@ def test_engine_modules_round_trip_through_a_checkpoint(tmp_path, engine, alpha)
 
 
 def test_engine_specs_are_checked():
-    with pytest.raises(ConfigError, match="vllm-ascend's Linear methods apply no SmoothQuant"):
-        QuantSpec(Precision.W8A8, smoothquant_alpha=0.5, engine="vllm-ascend")
     with pytest.raises(ConfigError, match="mindie-sd has no w4a16 Linear"):
         QuantSpec(Precision.W4A16, engine="mindie-sd")
     with pytest.raises(ConfigError, match="unknown engine 'tensorrt'"):
@@ -106,3 +106,36 @@ def test_engine_specs_are_checked():
         quantize(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1)),
                  {"0": QuantSpec(Precision.W8A8, engine="mindie-sd")},
                  lambda m: m(torch.randn(1, 3, 8, 8)))  # fmt: skip
+
+
+@pytest.mark.parametrize("precision", ["w8a8", "w8a8_dynamic"])
+def test_a_folded_vllm_module_runs_the_engines_linear_on_x_over_s(precision):
+    """vLLM-Ascend applies no factor (w8a8_static.py / w8a8_dynamic.py apply: x goes straight
+    to npu_quantize / npu_dynamic_quant): a smoothed module computes the engine's Linear on
+    ``x / s``, what the norm with s divided into its gain hands it (fp32 here)."""
+    from opsnn_quant.ascend import engines
+
+    model = _Net()
+    spec = QuantSpec(Precision(precision), smoothquant_alpha=0.5, engine="vllm-ascend",
+                     output_dtype="bfloat16")  # fmt: skip
+    quantize(model, {"a": spec}, _loop)
+    q, iq = model.a, model.a.input_quantizer
+    assert not hasattr(iq, "mul_scale")  # nothing at run time: the factor goes into the norm
+    x = torch.randn(16, 32) * 2
+    xs = x / iq.smooth
+    w_t = q.weight.t()
+    if precision == "w8a8":
+        want = engines.vllm_ascend_static(
+            xs, w_t, q.deq_scale, q.quant_bias, iq.scale.reshape(1).to(BF16),
+            iq.offset.reshape(1).to(torch.int8), BF16,
+        )  # fmt: skip
+    else:
+        bias = q.bias.to(BF16)
+        want = engines.vllm_ascend_dynamic(xs, w_t, q.weight_quantizer.scale.to(BF16), bias, BF16)
+    assert torch.equal(q(x), want.float())
+    # and it is SmoothQuant: the int8 weight is that of W * s
+    w_s = _Net().a.weight.detach() * iq.smooth
+    assert torch.equal(
+        q.weight,
+        torch.round(w_s / q.weight_quantizer.scale[:, None]).clamp(-128, 127).to(torch.int8),
+    )
