@@ -7,7 +7,8 @@ Whisper for ``ascend910b-vllm-ascend``. For each: the policy's int8 MAC share (w
 the share each model export writes in int8 (``export/mindie-sd``, ``export/ascendv1``), and the
 quantized Linears whose output through the engine's consumer (MindIE-SD's or vLLM-Ascend's Linear
 on the written files: ``opsnn_quant/deploy/mindie_sd_reader.py``, ``deploy/consumer.py``)
-differs from our module's on the inputs one recorded call gives it (bit for bit).
+differs from our module's on the inputs one recorded call gives it (bit for bit; a Linear whose
+vLLM SmoothQuant factor is folded into its norm is handed ``x / s``, what that norm gives it).
 
 Random weights: coverage and arithmetic, not accuracy. Backend: cpu (the exact Ascend
 reference in each engine's arithmetic).
@@ -34,6 +35,7 @@ from opsnn_quant.quant.checkpoint import load_quantized
 from opsnn_quant.quant.modules import is_quant_module
 from opsnn_quant.recipe import load_recipe
 from opsnn_quant.recording import record_roots, replay
+from opsnn_quant.timesteps import at_step, current_step
 from tests import tiny_pipelines
 
 DIT = {
@@ -73,7 +75,7 @@ def _differing(recipe_path: Path, out: Path, consumer: str) -> tuple[int, int]:
         from opsnn_quant.models.data import load_records
 
         records = load_records("zoo:speech/eval", 2)
-    calls = record_roots(ours, ours.forward_loop(records), 1, seed=3).calls
+    recorded = record_roots(ours, ours.forward_loop(records), 1, seed=3)
     load_quantized(ours.model, out / "quant")
     engine = load_recipe_model(recipe)
     if consumer == "mindie-sd":
@@ -81,22 +83,38 @@ def _differing(recipe_path: Path, out: Path, consumer: str) -> tuple[int, int]:
     else:
         apply_ascendv1(engine.model, read_ascendv1(out / "export" / "ascendv1"))
     a, b = dict(ours.model.named_modules()), dict(engine.model.named_modules())
-    seen: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    seen: dict[str, list[tuple[torch.Tensor, torch.Tensor, int | None]]] = {}
+
+    def keep(name: str, x: torch.Tensor, y: torch.Tensor) -> None:
+        seen.setdefault(name, []).append((x.detach(), y.detach(), current_step()))
+
     hooks = [
-        a[n].register_forward_hook(
-            lambda m, i, o, n=n: seen.setdefault(n, []).append((i[0].detach(), o.detach()))
-        )
+        a[n].register_forward_hook(lambda m, i, o, n=n: keep(n, i[0], o))
         for n in a
         if is_quant_module(a[n])
     ]
     with torch.no_grad():
-        for root, root_calls in calls.items():
-            for call in root_calls:
-                replay(a[root], call)
+        for root, root_calls in recorded.calls.items():
+            for call, step in zip(root_calls, recorded.steps_of(root), strict=True):
+                replay(a[root], call, step)
     for h in hooks:
         h.remove()
-    differ = {n for n, pairs in seen.items() for x, y in pairs if not torch.equal(y, b[n](x))}
+    differ = set()
+    for n, triples in seen.items():
+        for x, y, step in triples:
+            with torch.no_grad(), at_step(step):  # a per-step module's row of that step
+                if not torch.equal(y, b[n](_engine_input(a[n], x))):
+                    differ.add(n)
     return len(differ), len(seen)
+
+
+def _engine_input(module: Any, x: torch.Tensor) -> torch.Tensor:
+    """What the engine's Linear is handed where ours takes ``x``: ``x / s`` after the norm a
+    vLLM module's SmoothQuant factor was folded into (the fold's own fp32 rounding aside)."""
+    smooth = getattr(module.input_quantizer, "smooth", None)
+    if module.spec.engine != "vllm-ascend" or smooth is None:
+        return x
+    return x.to(torch.float32) / smooth
 
 
 def main() -> None:

@@ -173,3 +173,49 @@ def test_the_trace_keeps_no_activation_that_cannot_take_a_fold():
     assert producers["fc"] == {"norm"}
     # a live tensor a non-foldable module returned is still seen as that module's output
     assert producers["fc2"] == {"passes"} and fed["norm"] == {"fc", "passes"}
+
+
+class _Groups:
+    """A config with smoothing groups (as a resolved policy for a fold target)."""
+
+    def __init__(self, specs: dict, groups: dict) -> None:
+        self.specs, self.smoothing_groups = specs, groups
+
+    def module_specs(self, model: nn.Module) -> dict:
+        return self.specs
+
+
+def test_a_vllm_policys_shared_factors_are_all_folded_and_the_engine_runs_each_bit_for_bit(
+    tmp_path,
+):
+    def vllm(p: str) -> QuantSpec:
+        return QuantSpec(p, smoothquant_alpha=0.5, engine="vllm-ascend", output_dtype="bfloat16")
+
+    specs = {"to_q": vllm("w8a8_dynamic"), "to_k": vllm("w8a8_dynamic"),
+             "to_v": vllm("w8a8_dynamic"), "ff1": vllm("w8a8")}  # fmt: skip
+    groups = {"norm1": ["to_k", "to_q", "to_v"], "norm2": ["ff1"]}
+    model = TinyAttention()
+    quantize(model, _Groups(specs, groups), forward_loop_for(model))
+    x = model.example_inputs(seed=7)
+    desc, out = _export(model, tmp_path, x)
+    meta = desc["metadata"]["opsnn_quant"]
+    # one factor per norm: each divides into its norm, nothing is written FLOAT for want of it
+    assert meta["smoothquant_folded_into"] == {
+        "to_q": "norm1", "to_k": "norm1", "to_v": "norm1", "ff1": "norm2",
+    }  # fmt: skip
+    assert "exported_float" not in meta or not set(meta["exported_float"]) & set(specs)
+    assert {desc[f"{n}.weight"] for n in specs} == {"W8A8", "W8A8_DYNAMIC"}
+    consumer = apply_ascendv1(TinyAttention(), read_ascendv1(out))
+    # each of vLLM's Linears, given what its folded norm hands it (x / s), is our module
+    g = torch.Generator().manual_seed(3)
+    for name in specs:
+        ours, engine = getattr(model, name), getattr(consumer, name)
+        rows = torch.randn(12, ours.in_k, generator=g)
+        with torch.no_grad():
+            got = engine(rows / ours.input_quantizer.smooth)
+        assert torch.equal(got.to(torch.float32), ours(rows)), name
+    # the folded norm's output is x / s up to fp32 rounding, which the engine's bf16 cast of
+    # the activations mostly absorbs (here: the same bits); an int8 rounding it moves would
+    # show as ~1e-3, against the 5e-3 the quantization itself costs against float
+    ours, got = replay(model, (x, {})), replay(consumer, (x, {}))
+    assert _rel(got, ours) < 1e-4 < 1e-3 < _rel(ours, replay(TinyAttention(), (x, {})))

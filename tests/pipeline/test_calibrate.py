@@ -213,5 +213,6 @@ def test_a_vllm_target_deploys_its_policy_in_ascendv1(tmp_path):
     )
     result = run_calibrate(load_recipe(str(recipe)), tmp_path / "out")
     assert result.int8_mac_share and result.int8_mac_share > 0
-    # every int8 Linear of the policy is written int8 in AscendV1 (no SmoothQuant to fold)
+    # every int8 Linear of the policy is written int8 in AscendV1 (SmoothQuant only in the
+    # probe's smoothing groups, each folded into its norm)
     assert result.deployed["ascendv1"]["overall"] == pytest.approx(result.int8_mac_share)
