@@ -41,6 +41,8 @@ _LABELS: dict[str, Callable[[Any], str]] = {
     "group_size": lambda v: f"g{v}",
     "timestep_bounds": lambda v: "t" + ".".join(str(b) for b in v),
     "engine": str,
+    "weight_rounding": str,
+    "bias_correction": lambda v: "bc" if v else "nobc",
 }
 
 

@@ -76,7 +76,7 @@ class PassOneStatistics:
         another observer, a searched (``"auto"``) alpha (the row reservoir is gone), asymmetric
         smoothed ranges, or groups of steps of calls made outside a sampling loop.
         """
-        if self.calls == 0:
+        if self.calls == 0 or spec.needs_moments:  # no input moments were kept
             return False
         if spec.smoothquant and (
             self.channel_absmax is None or isinstance(spec.smoothquant_alpha, str)

@@ -186,7 +186,9 @@ def quantize(
     groups = config.smoothing_groups if isinstance(config, SharesSmoothing) else {}
     _share_weight_absmax(model, swapped, groups)
     needs_data = {
-        n: q for n, q in swapped.items() if q.spec.static_activations or q.spec.smoothquant
+        n: q
+        for n, q in swapped.items()
+        if q.spec.static_activations or q.spec.smoothquant or q.spec.needs_moments
     }
     if needs_data and statistics is not None and _seed_all(needs_data, statistics):
         if progress:

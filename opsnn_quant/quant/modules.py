@@ -107,6 +107,11 @@ class QuantConv2d(QuantModule[nn.Conv2d]):
             raise ConfigError(f"module '{name}': QuantConv2d needs explicit zero padding")
         if spec.smoothquant:
             raise ConfigError(f"module '{name}': SmoothQuant is supported on Linear layers only")
+        if spec.needs_moments:
+            raise ConfigError(
+                f"module '{name}': GPTQ rounding and bias correction are supported on Linear "
+                "layers only"
+            )
         if spec.engine != "opsnn":
             raise ConfigError(
                 f"module '{name}': {spec.engine} quantizes Linear layers only (engine arithmetic "

@@ -24,6 +24,7 @@ from opsnn_quant.backends.base import QuantBackend
 from opsnn_quant.errors import CalibrationError
 from opsnn_quant.quant.engine import TORCH_DTYPES, deqscale2int64
 from opsnn_quant.quant.functional import fold_bias_int32
+from opsnn_quant.quant.gptq import corrected_bias, gptq_round
 from opsnn_quant.quant.quantizers import InputQuantizer, WeightQuantizer
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Precision
@@ -116,10 +117,8 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
         if self.frozen:
             return
         iq = self.input_quantizer
-        if (
-            not self.spec.weight_only
-            and iq.calls == 0
-            and (self.spec.static_activations or self.spec.smoothquant)
+        if iq.calls == 0 and (
+            self.spec.static_activations or self.spec.smoothquant or self.spec.needs_moments
         ):
             raise CalibrationError(
                 f"module '{self.qname}' was never called by the forward_loop; it cannot be calibrated"
@@ -134,12 +133,21 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
             w = self._weight2d().detach().to(torch.float32)
             if iq.smooth is not None:
                 w = w * iq.smooth.to(w.device).unsqueeze(0)
+            moments, smooth = iq.moments, iq.smooth
             x_params = iq.freeze()
             if self.spec.precision == Precision.W4A16:
                 assert self.spec.group_size is not None
                 w_q = self.weight_quantizer.quantize_int4(w, self.spec.group_size)
             else:
                 w_q = self.weight_quantizer.quantize(w, self._engine_weight_scale_dtype())
+            if self.spec.weight_rounding == "gptq":
+                assert moments is not None
+                scale = self.weight_quantizer.scale
+                w_q = gptq_round(w, scale, moments.hessian(smooth)).to(w_q.device)
+            if self.spec.bias_correction:
+                assert moments is not None
+                scale = self.weight_quantizer.scale
+                bias = corrected_bias(bias, w, w_q, scale, moments.mean(smooth))
         del self.weight
         self.register_buffer("weight", w_q.reshape(self.int8_weight_shape()))
         del self.bias

@@ -16,6 +16,7 @@ from opsnn_quant.quant.functional import (
     quantize_weight_per_group_int4,
     static_inv_scale,
 )
+from opsnn_quant.quant.gptq import InputMoments
 from opsnn_quant.quant.observers import MIN_SCALE, Observer, make_observer
 from opsnn_quant.quant.smoothquant import ChannelStats, search_alpha, smoothing_factors
 from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, QuantSpec
@@ -59,7 +60,14 @@ class InputQuantizer(nn.Module):
         self.shared_weight_absmax: torch.Tensor | None = None
         self.collect_stats = self.stats is not None
         self.collect_range = bool(self.observers) and not spec.smoothquant
+        # the raw inputs' moments (GPTQ's Hessian, bias correction's mean), in the first pass
+        self.moments = (
+            InputMoments(channels, gram=spec.weight_rounding == "gptq")
+            if spec.needs_moments
+            else None
+        )
         self.calls = 0
+        self.moments_pass = True
 
     @property
     def observer(self) -> Observer | None:
@@ -98,6 +106,8 @@ class InputQuantizer(nn.Module):
             )
         if self.collect_stats and self.stats is not None:
             self.stats.collect(x2d)
+        if self.moments is not None and self.moments_pass:
+            self.moments.collect(x2d)
         if self.collect_range and self.observers:
             xs = x2d if self.smooth is None else x2d / self.smooth.to(x2d.device)
             g = self.group_index()
@@ -130,6 +140,7 @@ class InputQuantizer(nn.Module):
         self.smooth = s
         self.collect_stats = False
         self.collect_range = bool(self.observers)
+        self.moments_pass = False  # the range pass sees the same inputs again
 
     def engine_smoothing(self) -> None:
         """For a module made for a serving engine (``spec.engine``), before :meth:`freeze` and
@@ -179,7 +190,7 @@ class InputQuantizer(nn.Module):
             smooth = self.smooth.to(torch.float32)
             del self.smooth  # a plain attribute until now; saved as a buffer from here on
             self.register_buffer("smooth", smooth)
-        self.observers, self.stats = [], None
+        self.observers, self.stats, self.moments = [], None, None
         return result
 
     def _engine_scale(self, scale: float) -> tuple[float, float]:

@@ -52,6 +52,12 @@ class QuantSpec:
             ops as this package calls them: fp32 activations on the reference, SmoothQuant in
             the quantize multiplier), ``mindie-sd`` or ``vllm-ascend`` (that engine's Linear,
             activations and scales in ``output_dtype``: :mod:`opsnn_quant.ascend.engines`).
+        weight_rounding: how the int8 weight is rounded to its per-channel scales: ``nearest``,
+            or ``gptq`` (error-compensating, from the calibration inputs' Hessian:
+            :mod:`opsnn_quant.quant.gptq`); the weight's form and scales are the same either way.
+            Linear only, int8 weights (not ``w4a16``).
+        bias_correction: ``w8a8`` only: the quantized weight's expected output shift on the
+            calibration inputs is removed from the int32 ``quant_bias``.
             A ``vllm-ascend`` module with SmoothQuant takes ``x / s`` (the output of the norm
             its factor is folded into) into the engine's Linear, which applies none itself.
     """
@@ -65,6 +71,8 @@ class QuantSpec:
     group_size: int | None = None
     timestep_bounds: tuple[int, ...] | None = None
     engine: EngineName = "opsnn"
+    weight_rounding: Literal["nearest", "gptq"] = "nearest"
+    bias_correction: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", Precision(self.precision))
@@ -101,6 +109,7 @@ class QuantSpec:
         elif self.group_size is not None:
             raise ConfigError(f"group_size is for w4a16 only, not {self.precision.value}")
         self._check_engine()
+        self._check_weight_rounding()
         if self.timestep_bounds is not None:
             if self.precision != Precision.W8A8:
                 raise ConfigError(
@@ -110,6 +119,24 @@ class QuantSpec:
                 object.__setattr__(self, "timestep_bounds", check_bounds(self.timestep_bounds))
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+
+    def _check_weight_rounding(self) -> None:
+        if self.weight_rounding not in ("nearest", "gptq"):
+            raise ConfigError(
+                f"weight_rounding must be 'nearest' or 'gptq', got {self.weight_rounding!r}"
+            )
+        if self.weight_rounding == "gptq" and self.precision == Precision.W4A16:
+            raise ConfigError("gptq rounds int8 weights; w4a16 keeps round to nearest")
+        if self.bias_correction and self.precision != Precision.W8A8:
+            raise ConfigError(
+                "bias_correction folds into the int32 quant_bias of static w8a8, "
+                f"not {self.precision.value}"
+            )
+
+    @property
+    def needs_moments(self) -> bool:
+        """True when calibration collects the inputs' moments (GPTQ, bias correction)."""
+        return self.weight_rounding == "gptq" or self.bias_correction
 
     def _check_engine(self) -> None:
         if self.engine not in ENGINES:
@@ -146,8 +173,11 @@ class QuantSpec:
         for optional in ("group_size", "timestep_bounds"):
             if d[optional] is None:
                 del d[optional]
-        if d["engine"] == "opsnn":  # the default: checkpoints of opsnn modules keep their bytes
-            del d["engine"]
+        # defaults of later fields are left out: earlier checkpoints keep their bytes
+        for key, default in (("engine", "opsnn"), ("weight_rounding", "nearest"),
+                             ("bias_correction", False)):  # fmt: skip
+            if d[key] == default:
+                del d[key]
         if "timestep_bounds" in d:
             d["timestep_bounds"] = list(d["timestep_bounds"])
         return d

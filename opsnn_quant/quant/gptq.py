@@ -1,0 +1,189 @@
+"""Error-compensating rounding of per-channel int8 weights (GPTQ) and bias correction.
+
+GPTQ (Frantar et al., 2022, Algorithm 1) rounds a Linear's weight one input column at a time and
+spreads each column's rounding error over the columns not yet rounded, weighted by the inverse
+Hessian of the layer's squared output error, ``H = 2 X^T X / n`` over calibration inputs ``X``.
+Here the scales are fixed first, exactly as round-to-nearest computes them
+(``max|W_n| / 127`` per output channel): the result is an ordinary symmetric per-channel int8
+weight with the same scales, so every engine (QuantBatchMatmulV3, MindIE-SD's and vLLM-Ascend's
+W8A8 Linears, ATC's QDQ) runs it unchanged; only which integer each weight rounds to differs.
+
+Order of operations (the reference implementation's, ``gptq.py`` ``fasterquant``): columns whose
+Hessian diagonal is zero (inputs never nonzero) are decoupled (diagonal 1); columns are visited
+by decreasing Hessian diagonal (``act_order``); the diagonal is damped by ``damp`` times its mean;
+the upper Cholesky factor of ``H^-1`` gives each column's update row; updates are applied lazily
+per block of columns. Computed in float64, on the weight's device.
+
+Bias correction (Nagel et al., 2019, "Data-Free Quantization", section 4.2): the quantized
+weight shifts the expected output by ``(W_q - W) E[x]``; subtracting that from the bias removes
+it (with static activations the bias lives in the int32 ``quant_bias``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from opsnn_quant.errors import CalibrationError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DAMP = 0.01
+DEFAULT_BLOCK = 128
+
+
+class InputMoments:
+    """Streaming first and second moments of a Linear's (M, K) inputs: the mean row (bias
+    correction) and, when ``gram``, ``X^T X`` (GPTQ's Hessian), accumulated in float64.
+
+    Args:
+        channels: K.
+        gram: also accumulate ``X^T X`` (K x K float64).
+    """
+
+    def __init__(self, channels: int, gram: bool = True) -> None:
+        self.channels = channels
+        self.gram = gram
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything collected."""
+        self.rows = 0
+        self.total = torch.zeros(self.channels, dtype=torch.float64)
+        self.xtx = (
+            torch.zeros(self.channels, self.channels, dtype=torch.float64) if self.gram else None
+        )
+
+    @torch.no_grad()
+    def collect(self, x2d: torch.Tensor) -> None:
+        """Add (M, K) rows."""
+        x = x2d.detach().reshape(-1, self.channels)
+        if self.total.device != x.device:
+            self.total = self.total.to(x.device)
+            self.xtx = None if self.xtx is None else self.xtx.to(x.device)
+        xd = x.to(torch.float64)
+        self.total += xd.sum(dim=0)
+        if self.xtx is not None:
+            self.xtx += xd.T @ xd
+        self.rows += x.shape[0]
+
+    def mean(self, smooth: torch.Tensor | None = None) -> torch.Tensor:
+        """``E[x]`` (float64), of ``x / smooth`` when given."""
+        m = self.total / max(self.rows, 1)
+        return m if smooth is None else m / smooth.to(m)
+
+    def hessian(self, smooth: torch.Tensor | None = None) -> torch.Tensor:
+        """``2 X^T X / n`` (float64), of the inputs ``x / smooth`` when given:
+        ``H_ij / (s_i s_j)``."""
+        if self.xtx is None:
+            raise CalibrationError("no second moments were collected (gram=False)")
+        h = 2.0 * self.xtx / max(self.rows, 1)
+        if smooth is None:
+            return h
+        s = smooth.to(h)
+        return h / (s.unsqueeze(1) * s.unsqueeze(0))
+
+
+@torch.no_grad()
+def gptq_round(
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    hessian: torch.Tensor,
+    damp: float = DEFAULT_DAMP,
+    block: int = DEFAULT_BLOCK,
+    act_order: bool = True,
+) -> torch.Tensor:
+    """GPTQ's int8 weight for fixed per-channel scales.
+
+    Args:
+        w: (N, K) float weight (already smoothed where SmoothQuant applies).
+        scale: (N,) per-output-channel scales (as round-to-nearest computes them).
+        hessian: (K, K) ``2 X^T X / n`` of the inputs the weight multiplies.
+        damp: diagonal damping, a fraction of the mean diagonal (raised tenfold, up to three
+            times, when the damped Hessian is still not positive definite).
+        block: columns updated together (lazy batch updates; the result does not depend on it
+            beyond rounding of the float64 sums).
+        act_order: visit columns by decreasing Hessian diagonal.
+
+    Returns:
+        int8 (N, K).
+
+    Raises:
+        CalibrationError: shapes that do not fit, or a Hessian no damping makes invertible.
+    """
+    n, k = w.shape
+    if scale.shape != (n,) or hessian.shape != (k, k):
+        raise CalibrationError(
+            f"GPTQ: weight {tuple(w.shape)}, scale {tuple(scale.shape)} and Hessian "
+            f"{tuple(hessian.shape)} do not fit"
+        )
+    weight = w.detach().to(torch.float64).clone()
+    h = hessian.detach().to(torch.float64).clone()
+    dead = torch.diagonal(h) == 0
+    h[dead, dead] = 1.0  # an input never seen: its column is rounded alone
+    perm = (
+        torch.argsort(torch.diagonal(h), descending=True, stable=True)
+        if act_order
+        else torch.arange(k, device=h.device)
+    )
+    weight, h = weight[:, perm], h[perm][:, perm]
+    upper = _inverse_cholesky(h, damp)
+    s = scale.detach().to(torch.float64).unsqueeze(1)
+    q = torch.empty_like(weight)
+    for i1 in range(0, k, block):
+        i2 = min(i1 + block, k)
+        w1, u1 = weight[:, i1:i2].clone(), upper[i1:i2, i1:i2]
+        err1 = torch.zeros_like(w1)
+        for i in range(i2 - i1):
+            col = w1[:, i]
+            qi = torch.round(col / s[:, 0]).clamp(-128, 127)
+            q[:, i1 + i] = qi
+            err = (col - qi * s[:, 0]) / u1[i, i]
+            w1[:, i:] -= err.unsqueeze(1) * u1[i, i:].unsqueeze(0)
+            err1[:, i] = err
+        weight[:, i2:] -= err1 @ upper[i1:i2, i2:]
+    return q[:, torch.argsort(perm)].to(torch.int8)
+
+
+def _inverse_cholesky(h: torch.Tensor, damp: float) -> torch.Tensor:
+    """The upper Cholesky factor of ``(H + damp * mean(diag H) * I)^-1``."""
+    k = h.shape[0]
+    mean_diag = float(torch.diagonal(h).mean())
+    eye = torch.eye(k, dtype=h.dtype, device=h.device)
+    for attempt in range(4):
+        lam = damp * 10.0**attempt
+        chol, info = torch.linalg.cholesky_ex(h + lam * mean_diag * eye)
+        if int(info) == 0:
+            inv = torch.cholesky_inverse(chol)
+            upper, info = torch.linalg.cholesky_ex(inv, upper=True)
+            if int(info) == 0:
+                if attempt:
+                    log.info("GPTQ: Hessian damped with %.3g of its mean diagonal", lam)
+                return upper
+    raise CalibrationError("GPTQ: the calibration inputs' Hessian is not positive definite")
+
+
+@torch.no_grad()
+def corrected_bias(
+    bias: torch.Tensor | None,
+    w: torch.Tensor,
+    w_q: torch.Tensor,
+    scale: torch.Tensor,
+    mean: torch.Tensor,
+) -> torch.Tensor:
+    """``bias - (W_q s - W) E[x]``: the bias that removes the quantized weight's expected output
+    shift (float32, (N,); a module without bias gets the correction alone).
+
+    Args:
+        bias: (N,) float bias or None.
+        w: (N, K) float weight (smoothed where SmoothQuant applies).
+        w_q: (N, K) int8 weight.
+        scale: (N,) its per-channel scales.
+        mean: (K,) ``E[x]`` of the inputs ``w`` multiplies.
+    """
+    wd = w.detach().to(torch.float64)
+    deq = w_q.to(torch.float64) * scale.detach().to(torch.float64).unsqueeze(1)
+    shift = (deq - wd) @ mean.to(wd)
+    base = torch.zeros_like(shift) if bias is None else bias.detach().to(torch.float64)
+    return (base - shift).to(torch.float32)

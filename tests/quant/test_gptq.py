@@ -1,0 +1,219 @@
+"""GPTQ rounding with fixed per-channel scales and bias correction (opsnn_quant/quant/gptq.py),
+against a hand-worked case and the paper's unblocked algorithm written out here."""
+
+import pytest
+import torch
+
+from opsnn_quant.errors import CalibrationError
+from opsnn_quant.quant.functional import quantize_weight_per_channel
+from opsnn_quant.quant.gptq import InputMoments, corrected_bias, gptq_round
+
+
+def test_a_hand_worked_two_column_case():
+    # H = [[2, 1], [1, 2]] damped by 0.01 * mean diag (2): [[2.02, 1], [1, 2.02]]
+    # H^-1 = [[2.02, -1], [-1, 2.02]] / (2.02^2 - 1) = [[0.655759, -0.324633], ...]
+    # upper Cholesky of H^-1: u00 = sqrt(0.655759) = 0.809789, u01 = -0.324633 / u00 = -0.400886
+    # column 0: rint(0.24 / 0.1) = 2, err = (0.24 - 0.2) / u00 = 0.049396
+    # column 1: 0.04 - err * u01 = 0.059802 -> rint(0.598) = 1 (round to nearest gives 0)
+    w = torch.tensor([[0.24, 0.04]])
+    h = torch.tensor([[2.0, 1.0], [1.0, 2.0]])
+    assert gptq_round(w, torch.tensor([0.1]), h).tolist() == [[2, 1]]
+    assert torch.round(w / 0.1).tolist() == [[2.0, 0.0]]
+    # the output error e^T H e: 0.0096 rounded to nearest, 0.0056 with GPTQ
+    for q, want in (([2, 0], 0.0096), ([2, 1], 0.0056)):
+        e = w[0] - torch.tensor(q, dtype=torch.float32) * 0.1
+        assert float(e @ h @ e) == pytest.approx(want, rel=1e-4)
+
+
+def _reference(w, scale, h, damp, order):
+    """Algorithm 1 of the GPTQ paper without its Cholesky and blocking: the inverse Hessian of
+    the columns left is updated explicitly after each column (OBS's row removal)."""
+    w = w.double().clone()[:, order]
+    h = h.double()[order][:, order]
+    h = h + damp * torch.diagonal(h).mean() * torch.eye(h.shape[0], dtype=torch.float64)
+    hinv = torch.linalg.inv(h)
+    q = torch.zeros_like(w)
+    s = scale.double()
+    for j in range(w.shape[1]):
+        q[:, j] = torch.round(w[:, j] / s).clamp(-128, 127)
+        err = (w[:, j] - q[:, j] * s) / hinv[j, j]
+        w[:, j + 1 :] -= err.unsqueeze(1) * hinv[j, j + 1 :].unsqueeze(0)
+        hinv = hinv - torch.outer(hinv[:, j], hinv[j, :]) / hinv[j, j]
+    return q[:, torch.argsort(order)].to(torch.int8)
+
+
+def _correlated(rows=512, k=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mix = torch.randn(k, k, generator=g) * 0.3 + torch.eye(k)
+    return torch.randn(rows, k, generator=g) @ mix * torch.linspace(0.2, 3.0, k)
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_matches_the_unblocked_algorithm_and_does_not_depend_on_the_block(act_order):
+    x = _correlated()
+    w = torch.randn(16, 24, generator=torch.Generator().manual_seed(1))
+    _, scale = quantize_weight_per_channel(w)
+    h = 2 * x.double().T @ x.double() / x.shape[0]
+    order = (
+        torch.argsort(torch.diagonal(h), descending=True, stable=True)
+        if act_order
+        else torch.arange(24)
+    )
+    got = gptq_round(w, scale, h, act_order=act_order)
+    want = _reference(w, scale, h, 0.01, order)
+    assert (got != want).sum() <= 2  # float64 sums in another order: a tie may fall otherwise
+    assert torch.equal(gptq_round(w, scale, h, block=5, act_order=act_order), got)
+
+
+def test_its_output_error_is_below_round_to_nearest():
+    x = _correlated(seed=3)
+    w = torch.randn(32, 24, generator=torch.Generator().manual_seed(4))
+    q_rtn, scale = quantize_weight_per_channel(w)
+    moments = InputMoments(24)
+    moments.collect(x)
+    q = gptq_round(w, scale, moments.hessian())
+
+    def err(qq):
+        return float(((x @ (qq.float() * scale[:, None]).T - x @ w.T) ** 2).sum())
+
+    assert err(q) < 0.7 * err(q_rtn)
+    assert int(q.abs().max()) <= 128 and q.dtype == torch.int8
+
+
+def test_a_column_never_seen_rounds_alone():
+    x = _correlated()
+    x[:, 5] = 0.0
+    w = torch.randn(8, 24, generator=torch.Generator().manual_seed(2))
+    q_rtn, scale = quantize_weight_per_channel(w)
+    moments = InputMoments(24)
+    moments.collect(x)
+    q = gptq_round(w, scale, moments.hessian())
+    assert torch.equal(q[:, 5], q_rtn[:, 5]) and not torch.equal(q, q_rtn)
+
+
+def test_bad_shapes_are_refused():
+    with pytest.raises(CalibrationError, match="do not fit"):
+        gptq_round(torch.zeros(2, 3), torch.ones(2), torch.eye(4))
+
+
+def test_moments_of_smoothed_inputs_and_the_corrected_bias():
+    x = _correlated(rows=64, k=6)
+    s = torch.linspace(0.5, 2.0, 6)
+    m = InputMoments(6)
+    m.collect(x[:40])
+    m.collect(x[40:])
+    xs = (x / s).double()
+    torch.testing.assert_close(m.hessian(s), 2 * xs.T @ xs / 64)
+    torch.testing.assert_close(m.mean(s), xs.mean(dim=0))
+    # (W_q s - W) E[x] = [1.0 - 1.0, 1.9 - 2.0] . [3, 5] = -0.5: the bias 0.2 becomes 0.7
+    b = corrected_bias(torch.tensor([0.2]), torch.tensor([[1.0, 2.0]]),
+                       torch.tensor([[10, 19]], dtype=torch.int8), torch.tensor([0.1]),
+                       torch.tensor([3.0, 5.0], dtype=torch.float64))  # fmt: skip
+    assert b.dtype == torch.float32 and b.tolist() == pytest.approx([0.7])
+
+
+# ---- through quantize(): the option of a QuantSpec --------------------------------------------
+
+
+class _Mixed(torch.nn.Module):
+    """A float Linear mixing iid inputs (correlated features, as after a norm or an attention)
+    into the Linear that is quantized."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.mix, self.fc = torch.nn.Linear(32, 48), torch.nn.Linear(48, 40)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.mix(x)))  # after a ReLU: a mean far from 0
+
+
+def _rows(seed: int, n: int = 256) -> torch.Tensor:
+    return torch.randn(n, 32, generator=torch.Generator().manual_seed(seed))
+
+
+def _quantized(spec):
+    from opsnn_quant.quant.api import quantize
+
+    model = _Mixed()
+    batches = [_rows(100 + i) for i in range(8)]  # 2048 calibration rows for K = 48
+    return quantize(model, {"fc": spec}, lambda m: [m(x) for x in batches])
+
+
+def _weight_error(model) -> float:
+    """Held-out ``||X (W_q s - W)^T||^2 / ||X W^T||^2``: the weight's share of the error."""
+    q, w = model.fc, _Mixed().fc.weight.detach()
+    with torch.no_grad():
+        x = torch.relu(model.mix(_rows(7, 1024)))
+    deq = q.weight.float() * q.weight_quantizer.scale[:, None]
+    return float(((x @ (deq - w).T) ** 2).sum() / ((x @ w.T) ** 2).sum())
+
+
+@pytest.mark.parametrize("precision", ["w8a8", "w8a8_dynamic", "w8a16"])
+def test_gptq_weights_keep_the_form_and_scales_and_lower_the_error(precision):
+    from opsnn_quant.quant.spec import QuantSpec
+
+    plain = _quantized(QuantSpec(precision))
+    gptq = _quantized(QuantSpec(precision, weight_rounding="gptq"))
+    q, p = gptq.fc, plain.fc
+    # the same per-channel scales and int8 layout: only the integers differ
+    assert torch.equal(q.weight_quantizer.scale, p.weight_quantizer.scale)
+    assert q.weight.dtype == torch.int8 and q.weight.shape == p.weight.shape
+    assert not torch.equal(q.weight, p.weight)
+    assert _weight_error(gptq) < 0.7 * _weight_error(plain)  # on held-out inputs
+
+
+def test_bias_correction_removes_the_mean_shift_in_quant_bias():
+    from opsnn_quant.quant.spec import QuantSpec
+
+    plain = _quantized(QuantSpec("w8a8"))
+    corrected = _quantized(QuantSpec("w8a8", bias_correction=True))
+    assert torch.equal(corrected.fc.weight, plain.fc.weight)
+    # quant_bias * deq_scale is the float bias the kernel adds: it moved by -(W_q s - W) E[x]
+    # over the calibration inputs, to within half an accumulator unit (deq_scale / 2)
+    with torch.no_grad():
+        x = torch.relu(_Mixed().mix(torch.cat([_rows(100 + i) for i in range(8)])))
+    q, w = plain.fc, _Mixed().fc.weight.detach().double()
+    deq = q.weight.double() * q.weight_quantizer.scale.double()[:, None]
+    want = -(deq - w) @ x.double().mean(dim=0)
+    moved = (corrected.fc.quant_bias - q.quant_bias).double() * q.deq_scale.double()
+    assert float((moved - want).abs().max()) <= float(q.deq_scale.max())
+    assert float(want.abs().max()) > 20 * float(q.deq_scale.max())  # a real shift, not noise
+
+    def shift(model) -> float:  # held-out: the mean output error per channel
+        with torch.no_grad():
+            x = _rows(9, 2048)
+            return float((model(x) - _Mixed()(x)).mean(dim=0).abs().mean())
+
+    assert shift(corrected) < 0.5 * shift(plain)
+
+
+def test_gptq_specs_are_checked_and_round_trip():
+    from torch import nn
+
+    from opsnn_quant.errors import ConfigError
+    from opsnn_quant.quant.api import quantize
+    from opsnn_quant.quant.spec import QuantSpec
+
+    with pytest.raises(ConfigError, match="w4a16 keeps round to nearest"):
+        QuantSpec("w4a16", weight_rounding="gptq")
+    with pytest.raises(ConfigError, match="int32 quant_bias of static w8a8, not w8a8_dynamic"):
+        QuantSpec("w8a8_dynamic", bias_correction=True)
+    with pytest.raises(ConfigError, match="Linear layers only"):
+        quantize(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1)),
+                 {"0": QuantSpec("w8a8", weight_rounding="gptq")},
+                 lambda m: m(torch.randn(1, 3, 8, 8)))  # fmt: skip
+    spec = QuantSpec("w8a8", weight_rounding="gptq", bias_correction=True)
+    assert QuantSpec.from_dict(spec.to_dict()) == spec
+    assert "weight_rounding" not in QuantSpec("w8a8").to_dict()  # old checkpoints keep bytes
+
+
+def test_a_gptq_checkpoint_reloads_bit_for_bit(tmp_path):
+    from opsnn_quant.quant.checkpoint import load_quantized, save_quantized
+    from opsnn_quant.quant.spec import QuantSpec
+
+    model = _quantized(QuantSpec("w8a8", weight_rounding="gptq", bias_correction=True))
+    save_quantized(model, tmp_path / "q")
+    again = load_quantized(_Mixed(), tmp_path / "q")
+    x = _rows(5)
+    assert torch.equal(model(x), again(x))
