@@ -9,8 +9,9 @@ from torch import nn
 # The probe's candidate schemes of a Linear outside a sampling loop (no per-step schemes), as
 # listed in quant/schemes.py's table: what a probe report measures on such a module.
 LINEAR_CANDIDATES = frozenset(
-    {"w8a8", "w8a8_mse", "w8a8_smoothquant", "w8a8_dynamic", "w8a8_dynamic_smoothquant", "w4a16"}
-)
+    {"w8a8", "w8a8_mse", "w8a8_smoothquant", "w8a8_dynamic", "w8a8_dynamic_smoothquant", "w4a16",
+     "w8a8_gptq", "w8a8_smoothquant_gptq", "w8a8_dynamic_gptq"}
+)  # fmt: skip
 
 
 class TinyMLP(nn.Module):

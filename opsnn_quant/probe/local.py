@@ -31,6 +31,7 @@ from opsnn_quant.probe.report import SchemeError, TimestepRanges
 from opsnn_quant.probe.seeding import PassOneStatistics, all_stepped, group_range, symmetric_range
 from opsnn_quant.probe.steps import StepRanges
 from opsnn_quant.probe.subsets import strided_rows, strided_samples
+from opsnn_quant.quant.gptq import InputMoments
 from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, QuantModule
 from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver, observed_span
 from opsnn_quant.quant.schemes import SCHEMES, scheme_spec, schemes_for
@@ -84,11 +85,15 @@ class LocalProbe:
     _pass2_calls: int = 0
     _elements: int = 0  # input elements pass 1 saw (all calls, in a sampling loop or not)
     _pending: dict[tuple[Any, ...], PendingBatch] = field(default_factory=dict)
+    moments: InputMoments | None = None  # raw inputs' moments (GPTQ candidates), pass 1
     _replay_share: float | None = None  # rows per replayed call measured (plan_replay)
 
     def __post_init__(self) -> None:
         if isinstance(self.module, nn.Linear):
             self.stats = ChannelStats(self.module.in_features)
+            if any(SCHEMES[s].template.needs_moments for s in self.schemes):
+                # the inputs' Hessian and mean of the GPTQ / bias-corrected candidates
+                self.moments = InputMoments(self.module.in_features)
             # per-step scales on smoothed inputs need each step's per-channel maxima
             self.steps.per_channel = self.only is None or any(
                 SCHEMES[s].per_step and SCHEMES[s].smoothquant for s in self.only
@@ -125,8 +130,11 @@ class LocalProbe:
         self.mse.collect(xf, span)
         channels = None
         if self.stats is not None:
-            channels = xf.reshape(-1, self.stats.channels).abs().amax(dim=0)
+            rows = xf.reshape(-1, self.stats.channels)
+            channels = rows.abs().amax(dim=0)
             self.stats.collect(xf, channels)
+            if self.moments is not None:
+                self.moments.collect(rows)
         if step is not None:
             self.steps.collect(step, x, max(-span[0], span[1]), channels)
 
@@ -168,6 +176,8 @@ class LocalProbe:
             q = QuantConv2d.from_float(self.module, spec, self.name)
         iq = q.input_quantizer
         iq.calls = self.calls
+        if spec.needs_moments:
+            iq.moments = self.moments
         if smooth is not None:
             iq.smooth = smooth
             iq.chosen_alpha = alpha
@@ -190,6 +200,8 @@ class LocalProbe:
             variant = "int4"  # packed int4 words and per-group scales: a weight of its own
         if spec.engine != "opsnn":  # an engine keeps dynamic / weight-only scales in its dtype
             variant = f"{variant}-{spec.static_activations}"
+        if spec.needs_moments:  # its own integers (and corrected bias): shares nothing
+            variant = scheme
         sibling = next((o for n, o in self._shadows.items() if self._variant[n] == variant), None)
         q.freeze(None if sibling is None else (sibling.weight, sibling.weight_quantizer.scale))
         q.cache_weight_float = False
@@ -346,6 +358,7 @@ class LocalProbe:
             channel_absmax=None if self.stats is None else self.stats.absmax,
             channel_seen=0 if self.stats is None else self.stats.seen,
             steps=self.steps,
+            moments=self.moments,
         )
 
     def timestep_ranges(self) -> TimestepRanges | None:

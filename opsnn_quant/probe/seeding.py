@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from opsnn_quant.probe.steps import StepRanges
+from opsnn_quant.quant.gptq import InputMoments
 from opsnn_quant.quant.modules import QuantModule
 from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver
 from opsnn_quant.quant.spec import QuantSpec
@@ -57,6 +58,7 @@ class PassOneStatistics:
         channel_absmax: per input channel absmax (Linear), or None.
         channel_seen: rows behind ``channel_absmax``.
         steps: per denoising step ranges.
+        moments: the inputs' mean and ``X^T X`` (when GPTQ candidates were measured), or None.
     """
 
     calls: int
@@ -66,6 +68,7 @@ class PassOneStatistics:
     channel_absmax: torch.Tensor | None
     channel_seen: int
     steps: StepRanges
+    moments: InputMoments | None = None
 
     def can_seed(self, spec: QuantSpec) -> bool:
         """Whether these statistics give ``spec``'s calibration exactly (see :meth:`seed`).
@@ -76,7 +79,9 @@ class PassOneStatistics:
         another observer, a searched (``"auto"``) alpha (the row reservoir is gone), asymmetric
         smoothed ranges, or groups of steps of calls made outside a sampling loop.
         """
-        if self.calls == 0 or spec.needs_moments:  # no input moments were kept
+        if self.calls == 0:
+            return False
+        if spec.needs_moments and self.moments is None:  # GPTQ / bias correction: none kept
             return False
         if spec.smoothquant and (
             self.channel_absmax is None or isinstance(spec.smoothquant_alpha, str)
@@ -98,6 +103,8 @@ class PassOneStatistics:
         same data would fill, bit for bit (where :meth:`can_seed` says so)."""
         iq, spec = module.input_quantizer, module.spec
         iq.calls = self.calls
+        if spec.needs_moments:
+            iq.moments = self.moments
         if spec.smoothquant:
             assert self.channel_absmax is not None and iq.stats is not None
             iq.stats.absmax = self.channel_absmax.clone()

@@ -35,11 +35,12 @@ DEFAULT_BLOCK = 128
 
 class InputMoments:
     """Streaming first and second moments of a Linear's (M, K) inputs: the mean row (bias
-    correction) and, when ``gram``, ``X^T X`` (GPTQ's Hessian), accumulated in float64.
+    correction, summed in float64) and, when ``gram``, ``X^T X`` (GPTQ's Hessian, K x K summed
+    in float32 as the reference implementation does: 4 K^2 bytes per Linear).
 
     Args:
         channels: K.
-        gram: also accumulate ``X^T X`` (K x K float64).
+        gram: also accumulate ``X^T X``.
     """
 
     def __init__(self, channels: int, gram: bool = True) -> None:
@@ -51,9 +52,8 @@ class InputMoments:
         """Forget everything collected."""
         self.rows = 0
         self.total = torch.zeros(self.channels, dtype=torch.float64)
-        self.xtx = (
-            torch.zeros(self.channels, self.channels, dtype=torch.float64) if self.gram else None
-        )
+        k = self.channels
+        self.xtx = torch.zeros(k, k, dtype=torch.float32) if self.gram else None
 
     @torch.no_grad()
     def collect(self, x2d: torch.Tensor) -> None:
@@ -62,10 +62,10 @@ class InputMoments:
         if self.total.device != x.device:
             self.total = self.total.to(x.device)
             self.xtx = None if self.xtx is None else self.xtx.to(x.device)
-        xd = x.to(torch.float64)
-        self.total += xd.sum(dim=0)
+        xf = x.to(torch.float32)
+        self.total += xf.sum(dim=0, dtype=torch.float64)
         if self.xtx is not None:
-            self.xtx += xd.T @ xd
+            self.xtx.addmm_(xf.T, xf)
         self.rows += x.shape[0]
 
     def mean(self, smooth: torch.Tensor | None = None) -> torch.Tensor:
@@ -78,7 +78,7 @@ class InputMoments:
         ``H_ij / (s_i s_j)``."""
         if self.xtx is None:
             raise CalibrationError("no second moments were collected (gram=False)")
-        h = 2.0 * self.xtx / max(self.rows, 1)
+        h = 2.0 * self.xtx.to(torch.float64) / max(self.rows, 1)
         if smooth is None:
             return h
         s = smooth.to(h)

@@ -38,10 +38,15 @@ class Scheme:
     module_types: tuple[str, ...]
     k_multiple: int = 1
     per_step: bool = False  # static scales per group of denoising steps (diffusion models)
+    k_max: int | None = None  # the most input channels the probe measures it on
 
     def fits(self, module_type: str, in_features: int) -> bool:
         """Whether the probe can measure this scheme on such a module."""
-        return module_type in self.module_types and in_features % self.k_multiple == 0
+        return (
+            module_type in self.module_types
+            and in_features % self.k_multiple == 0
+            and (self.k_max is None or in_features <= self.k_max)
+        )
 
     def spec(
         self,
@@ -68,6 +73,11 @@ class Scheme:
 
 
 _LINEAR_AND_CONV = ("Linear", "Conv2d")
+# GPTQ's candidates need each Linear's K x K input Hessian through the probe's pass 1 (float32:
+# 64 MiB at K = 4096); wider Linears are not offered them.
+GPTQ_K_MAX = 4096
+_STATIC_GPTQ = QuantSpec(Precision.W8A8, weight_rounding="gptq", bias_correction=True)
+_DYNAMIC_GPTQ = QuantSpec(Precision.W8A8_DYNAMIC, weight_rounding="gptq")
 # SmoothQuant only on Linear: its per-column factors would not map onto a per-channel quantize
 # before an ATC conv (see QuantConv2d).
 SCHEMES: dict[str, Scheme] = {
@@ -78,6 +88,23 @@ SCHEMES: dict[str, Scheme] = {
         Scheme("w8a8_smoothquant", QuantSpec(Precision.W8A8), True, ("Linear",)),
         Scheme("w8a8_dynamic", QuantSpec(Precision.W8A8_DYNAMIC), False, _LINEAR_AND_CONV),
         Scheme("w8a8_dynamic_smoothquant", QuantSpec(Precision.W8A8_DYNAMIC), True, ("Linear",)),
+        # GPTQ-rounded weights (same scales and layout; static ones with bias correction in
+        # quant_bias), for Linear; after their round-to-nearest twins, which win ties.
+        Scheme("w8a8_gptq", _STATIC_GPTQ, False, ("Linear",), k_max=GPTQ_K_MAX),
+        Scheme(
+            "w8a8_smoothquant_gptq",
+            _STATIC_GPTQ,
+            True,
+            ("Linear",),
+            k_max=GPTQ_K_MAX,
+        ),
+        Scheme(
+            "w8a8_dynamic_gptq",
+            _DYNAMIC_GPTQ,
+            False,
+            ("Linear",),
+            k_max=GPTQ_K_MAX,
+        ),
         # Weight-only int4 per group of 128 input channels (WeightQuantBatchMatmul, A2/A3).
         Scheme("w4a16", QuantSpec(Precision.W4A16), False, ("Linear",), k_multiple=8),
         # Static per-tensor scales per group of denoising steps (groups chosen by the probe).

@@ -37,6 +37,7 @@ def test_engine_targets_carry_their_engines_capabilities():
     assert (vllm.engine, vllm.smoothing, vllm.export) == ("vllm-ascend", "fold", "ascendv1")
     assert vllm.schemes("Linear") == (
         "w8a8", "w8a8_mse", "w8a8_smoothquant", "w8a8_dynamic", "w8a8_dynamic_smoothquant",
+        "w8a8_gptq", "w8a8_smoothquant_gptq", "w8a8_dynamic_gptq",
     )  # fmt: skip
     assert vllm.fused_group("model.layers.0.self_attn.k_proj") == ("q_proj", "k_proj", "v_proj")
     assert vllm.fused_group("model.layers.0.mlp.down_proj") is None
@@ -92,5 +93,7 @@ def test_the_schemes_of_a_module_type_are_those_the_target_runs_on_it():
     assert eager.schemes("Linear") == eager.schemes()
     # ATC: AMCT's static PTQ of Gemm and Conv; SmoothQuant's factors only on a Linear's input
     assert atc.schemes("Conv2d") == ("w8a8", "w8a8_mse")
-    assert atc.schemes("Linear") == atc.schemes() == ("w8a8", "w8a8_mse", "w8a8_smoothquant")
+    assert atc.schemes("Linear") == atc.schemes() == (
+        "w8a8", "w8a8_mse", "w8a8_smoothquant", "w8a8_gptq", "w8a8_smoothquant_gptq",
+    )  # fmt: skip
     assert get_target("cpu-reference").schemes("Conv2d") == ("w8a8", "w8a8_mse", "w8a8_dynamic")

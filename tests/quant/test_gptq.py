@@ -103,7 +103,7 @@ def test_moments_of_smoothed_inputs_and_the_corrected_bias():
     m.collect(x[:40])
     m.collect(x[40:])
     xs = (x / s).double()
-    torch.testing.assert_close(m.hessian(s), 2 * xs.T @ xs / 64)
+    torch.testing.assert_close(m.hessian(s), 2 * xs.T @ xs / 64, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(m.mean(s), xs.mean(dim=0))
     # (W_q s - W) E[x] = [1.0 - 1.0, 1.9 - 2.0] . [3, 5] = -0.5: the bias 0.2 becomes 0.7
     b = corrected_bias(torch.tensor([0.2]), torch.tensor([[1.0, 2.0]]),

@@ -17,6 +17,9 @@ def test_table_names_specs_and_preference_order():
         "w8a8_smoothquant",
         "w8a8_dynamic",
         "w8a8_dynamic_smoothquant",
+        "w8a8_gptq",
+        "w8a8_smoothquant_gptq",
+        "w8a8_dynamic_gptq",
         "w4a16",
         "w8a8_timestep",
         "w8a8_timestep_smoothquant",
@@ -33,6 +36,16 @@ def test_table_names_specs_and_preference_order():
     assert scheme_spec("w8a8_dynamic_smoothquant", "auto").smoothquant_alpha == "auto"
     # the alpha search turned smoothing off: the plain template
     assert not scheme_spec("w8a8_smoothquant", None).smoothquant
+    # GPTQ-rounded weights; the static ones with their bias corrected in quant_bias
+    assert scheme_spec("w8a8_gptq") == QuantSpec(
+        Precision.W8A8, weight_rounding="gptq", bias_correction=True
+    )
+    assert scheme_spec("w8a8_smoothquant_gptq", 0.5) == QuantSpec(
+        Precision.W8A8, smoothquant_alpha=0.5, weight_rounding="gptq", bias_correction=True
+    )
+    assert scheme_spec("w8a8_dynamic_gptq") == QuantSpec(
+        Precision.W8A8_DYNAMIC, weight_rounding="gptq"
+    )
 
 
 def test_module_types_drive_the_probe_candidates():
@@ -42,8 +55,11 @@ def test_module_types_drive_the_probe_candidates():
     # int4 packs eight values per word along K: measured only where K allows it
     # per-step scales only where a sampling loop set the step (none here)
     stepless = ("w8a8", "w8a8_mse", "w8a8_smoothquant", "w8a8_dynamic", "w8a8_dynamic_smoothquant")
-    assert LocalProbe("fc", nn.Linear(16, 4)).schemes == (*stepless, "w4a16")
-    assert LocalProbe("fc", nn.Linear(12, 4)).schemes == stepless
+    gptq = ("w8a8_gptq", "w8a8_smoothquant_gptq", "w8a8_dynamic_gptq")
+    assert LocalProbe("fc", nn.Linear(16, 4)).schemes == (*stepless, *gptq, "w4a16")
+    assert LocalProbe("fc", nn.Linear(12, 4)).schemes == (*stepless, *gptq)
+    # GPTQ's K x K Hessian is kept only up to GPTQ_K_MAX input channels
+    assert LocalProbe("fc", nn.Linear(4104, 1)).schemes == (*stepless, "w4a16")
     assert LocalProbe("conv", nn.Conv2d(2, 2, 1)).schemes == CONV_SCHEMES
 
 
