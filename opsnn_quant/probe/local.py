@@ -25,13 +25,13 @@ from torch import nn
 
 from opsnn_quant.memory import TRIM
 from opsnn_quant.probe.config import DEFAULT_ERROR_ROWS
+from opsnn_quant.probe.crossfit import SplitMoments, crossfit_rows
 from opsnn_quant.probe.energy import SchemeEnergy
 from opsnn_quant.probe.pending import PENDING_ROWS, PendingBatch
 from opsnn_quant.probe.report import SchemeError, TimestepRanges
 from opsnn_quant.probe.seeding import PassOneStatistics, all_stepped, group_range, symmetric_range
 from opsnn_quant.probe.steps import StepRanges
 from opsnn_quant.probe.subsets import strided_rows, strided_samples
-from opsnn_quant.quant.gptq import InputMoments
 from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, QuantModule
 from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver, observed_span
 from opsnn_quant.quant.schemes import SCHEMES, scheme_spec, schemes_for
@@ -85,7 +85,7 @@ class LocalProbe:
     _pass2_calls: int = 0
     _elements: int = 0  # input elements pass 1 saw (all calls, in a sampling loop or not)
     _pending: dict[tuple[Any, ...], PendingBatch] = field(default_factory=dict)
-    moments: InputMoments | None = None  # raw inputs' moments (GPTQ candidates), pass 1
+    moments: SplitMoments | None = None  # raw inputs' moments in halves (GPTQ), pass 1
     _replay_share: float | None = None  # rows per replayed call measured (plan_replay)
 
     def __post_init__(self) -> None:
@@ -93,7 +93,7 @@ class LocalProbe:
             self.stats = ChannelStats(self.module.in_features)
             if any(SCHEMES[s].template.needs_moments for s in self.schemes):
                 # the inputs' Hessian and mean of the GPTQ / bias-corrected candidates
-                self.moments = InputMoments(self.module.in_features)
+                self.moments = SplitMoments(self.module.in_features)
             # per-step scales on smoothed inputs need each step's per-channel maxima
             self.steps.per_channel = self.only is None or any(
                 SCHEMES[s].per_step and SCHEMES[s].smoothquant for s in self.only
@@ -157,10 +157,13 @@ class LocalProbe:
         weight: torch.Tensor = getattr(self.module, "weight")  # noqa: B009
         return weight.detach().reshape(weight.shape[0], -1)
 
-    def shadow(self, scheme: str) -> QuantModule[Any]:
-        """The frozen candidate for ``scheme`` (built once, int8 weights only)."""
-        if scheme in self._shadows:
-            return self._shadows[scheme]
+    def shadow(self, scheme: str, half: int | None = None) -> QuantModule[Any]:
+        """The frozen candidate for ``scheme`` (built once, int8 weights only); a candidate
+        fitted to the inputs' moments (GPTQ) is fitted for measuring rows of ``half``
+        (:mod:`opsnn_quant.probe.crossfit`; None: on all rows)."""
+        slot = scheme if half is None else f"{scheme}@{half}"
+        if slot in self._shadows:
+            return self._shadows[slot]
         key = _alpha_key(scheme)
         alpha = self.alphas.get(key) if SCHEMES[scheme].smoothquant else None
         smooth = self.smooth.get(key) if SCHEMES[scheme].smoothquant else None
@@ -177,7 +180,8 @@ class LocalProbe:
         iq = q.input_quantizer
         iq.calls = self.calls
         if spec.needs_moments:
-            iq.moments = self.moments
+            assert self.moments is not None
+            iq.moments = self.moments.merged() if half is None else self.moments.fitted_for(half)
         if smooth is not None:
             iq.smooth = smooth
             iq.chosen_alpha = alpha
@@ -201,12 +205,12 @@ class LocalProbe:
         if spec.engine != "opsnn":  # an engine keeps dynamic / weight-only scales in its dtype
             variant = f"{variant}-{spec.static_activations}"
         if spec.needs_moments:  # its own integers (and corrected bias): shares nothing
-            variant = scheme
+            variant = slot
         sibling = next((o for n, o in self._shadows.items() if self._variant[n] == variant), None)
         q.freeze(None if sibling is None else (sibling.weight, sibling.weight_quantizer.scale))
         q.cache_weight_float = False
-        self._variant[scheme] = variant
-        self._shadows[scheme] = q
+        self._variant[slot] = variant
+        self._shadows[slot] = q
         return q
 
     def _for_engine(self, spec: QuantSpec) -> QuantSpec:
@@ -358,7 +362,7 @@ class LocalProbe:
             channel_absmax=None if self.stats is None else self.stats.absmax,
             channel_seen=0 if self.stats is None else self.stats.seen,
             steps=self.steps,
-            moments=self.moments,
+            moments=None if self.moments is None else self.moments.merged(),
         )
 
     def timestep_ranges(self) -> TimestepRanges | None:
@@ -386,6 +390,9 @@ class LocalProbe:
         deployment instead (fp16 in and out), so it is run on the inputs rounded to that dtype.
         The output comes back in the float output's dtype.
         """
+        if self.moments is not None and SCHEMES[scheme].template.needs_moments:
+            # out of sample: each row through the candidate fitted on the other half's rows
+            return crossfit_rows(args[0], lambda half, rows: self.shadow(scheme, half)(rows))
         shadow = self.shadow(scheme)
         if not shadow.spec.weight_only:
             return shadow(*args)

@@ -80,21 +80,18 @@ def test_engine_arithmetic_changes_the_measured_error():
     [("w8a8_gptq", "opsnn", "float16"), ("w8a8_dynamic_gptq", "opsnn", "float16"),
      ("w8a8_gptq", "mindie-sd", "bfloat16")],
 )  # fmt: skip
-def test_a_gptq_candidate_is_the_module_quantize_makes_and_its_statistics_seed_it(
-    scheme, engine, dtype
-):
-    """The probe's pass 1 keeps the inputs' moments: its GPTQ candidate is the module
-    quantize() makes from the same data, and seeding quantize() from them gives the same bits."""
+def test_the_probes_input_moments_seed_a_gptq_module_bit_for_bit(scheme, engine, dtype):
+    """Pass 1 keeps the inputs' moments: quantize() seeded from them makes the module its own
+    calibration pass makes (the probe measures the candidate out of sample: test_crossfit)."""
     from opsnn_quant.quant.schemes import scheme_spec
 
     model = Net()
     cfg = ProbeConfig(fp16=False, attribution=False, schemes=(scheme,), engine=engine,
                       engine_dtype=None if engine == "opsnn" else dtype)  # fmt: skip
     result = run_probe(model, _loop, cfg, modalities={"": "denoiser"})
-    measured = result.report.module("fc").w8a8[scheme].sqnr_db
+    assert result.report.module("fc").w8a8[scheme].sqnr_db is not None
     spec = QuantSpec(**{**scheme_spec(scheme).to_dict(), "engine": engine, "output_dtype": dtype})
     calibrated = quantize(copy.deepcopy(model), {"fc": spec}, _loop)
-    assert measured == pytest.approx(_sqnr(model, calibrated), abs=2e-3)
     seeded = quantize(copy.deepcopy(model), {"fc": spec}, None, statistics=result.statistics)
     want = calibrated.fc.state_dict()
     got = seeded.fc.state_dict()

@@ -52,7 +52,7 @@ def test_an_int8_output_past_fp16_is_an_infeasible_scheme_not_a_crash():
     model = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 4))
     with torch.no_grad():
         model[0].weight.mul_(1e5)
-    data = [torch.randn(4, 16) for _ in range(3)]
+    data = [torch.randn(64, 16) for _ in range(3)]  # GPTQ's halves: 96 rows each for K = 16
 
     def loop(m: nn.Module) -> None:
         for x in data:
@@ -62,7 +62,12 @@ def test_an_int8_output_past_fp16_is_an_infeasible_scheme_not_a_crash():
     first = report.module("0")
     assert first.fp16 is not None and first.fp16.overflow
     assert set(first.w8a8) == LINEAR_CANDIDATES
-    for err in first.w8a8.values():
+    for name, err in first.w8a8.items():
+        if "gptq" in name and err.infeasible is None:
+            # GPTQ's error feedback can shrink the integers until the output fits fp16: then
+            # it is a finite but worthless candidate (its output is nothing like the float one)
+            assert err.sqnr_db is not None and err.sqnr_db < 3.0
+            continue
         assert err.infeasible is not None and "float16 output" in err.infeasible
         assert err.fits_output_dtype == "bfloat16" and err.sqnr_db is None
     assert first.e2e is None
