@@ -204,8 +204,8 @@ class LocalProbe:
             variant = "int4"  # packed int4 words and per-group scales: a weight of its own
         if spec.engine != "opsnn":  # an engine keeps dynamic / weight-only scales in its dtype
             variant = f"{variant}-{spec.static_activations}"
-        if spec.needs_moments:  # its own integers (and corrected bias): shares nothing
-            variant = slot
+        if spec.needs_moments:  # GPTQ's integers: shared by the candidates of one half only
+            variant = f"gptq{'' if half is None else half}-{variant}"
         sibling = next((o for n, o in self._shadows.items() if self._variant[n] == variant), None)
         q.freeze(None if sibling is None else (sibling.weight, sibling.weight_quantizer.scale))
         q.cache_weight_float = False

@@ -24,7 +24,7 @@ from opsnn_quant.backends.base import QuantBackend
 from opsnn_quant.errors import CalibrationError
 from opsnn_quant.quant.engine import TORCH_DTYPES, deqscale2int64
 from opsnn_quant.quant.functional import fold_bias_int32
-from opsnn_quant.quant.gptq import corrected_bias, gptq_round
+from opsnn_quant.quant.gptq import InputMoments, corrected_bias, gptq_round
 from opsnn_quant.quant.quantizers import InputQuantizer, WeightQuantizer
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Precision
@@ -125,29 +125,16 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
             )
         bias = None if self.bias is None else self.bias.detach().to(torch.float32)
         iq.engine_smoothing()  # a serving engine's mul_scale, before the weight is smoothed
-        if quantized is not None:
-            x_params = iq.freeze()  # (scale, offset) per group of steps (one group without them)
-            w_q, self.weight_quantizer.scale = quantized
-            w_q = w_q.reshape(self.out_n, -1)
-        else:
-            w = self._weight2d().detach().to(torch.float32)
-            if iq.smooth is not None:
-                w = w * iq.smooth.to(w.device).unsqueeze(0)
-            moments, smooth = iq.moments, iq.smooth
-            x_params = iq.freeze()
-            if self.spec.precision == Precision.W4A16:
-                assert self.spec.group_size is not None
-                w_q = self.weight_quantizer.quantize_int4(w, self.spec.group_size)
-            else:
-                w_q = self.weight_quantizer.quantize(w, self._engine_weight_scale_dtype())
-            if self.spec.weight_rounding == "gptq":
-                assert moments is not None
-                scale = self.weight_quantizer.scale
-                w_q = gptq_round(w, scale, moments.hessian(smooth)).to(w_q.device)
-            if self.spec.bias_correction:
-                assert moments is not None
-                scale = self.weight_quantizer.scale
-                bias = corrected_bias(bias, w, w_q, scale, moments.mean(smooth))
+        moments, smooth = iq.moments, iq.smooth
+        w = self._weight2d().detach().to(torch.float32)
+        if smooth is not None:
+            w = w * smooth.to(w.device).unsqueeze(0)
+        x_params = iq.freeze()  # (scale, offset) per group of steps (one group without them)
+        w_q = self._integer_weight(w, moments, smooth, quantized)
+        if self.spec.bias_correction:
+            assert moments is not None
+            scale = self.weight_quantizer.scale
+            bias = corrected_bias(bias, w, w_q, scale, moments.mean(smooth))
         del self.weight
         self.register_buffer("weight", w_q.reshape(self.int8_weight_shape()))
         del self.bias
@@ -174,6 +161,28 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
                 self.register_buffer("deq_scale_packed", packed[0])
                 self.register_buffer("quant_bias", biases[0])
         self.frozen = True
+
+    def _integer_weight(
+        self,
+        w: torch.Tensor,
+        moments: InputMoments | None,
+        smooth: torch.Tensor | None,
+        quantized: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """The integer weight of the (smoothed) float weight ``w`` (N, K), its scales stored
+        in the weight quantizer: a sibling's (``quantized``), int4 per group, or int8 per
+        channel rounded to nearest or by GPTQ on the inputs' Hessian."""
+        if quantized is not None:
+            w_q, self.weight_quantizer.scale = quantized
+            return w_q.reshape(self.out_n, -1)
+        if self.spec.precision == Precision.W4A16:
+            assert self.spec.group_size is not None
+            return self.weight_quantizer.quantize_int4(w, self.spec.group_size)
+        w_q = self.weight_quantizer.quantize(w, self._engine_weight_scale_dtype())
+        if self.spec.weight_rounding == "gptq":
+            assert moments is not None
+            w_q = gptq_round(w, self.weight_quantizer.scale, moments.hessian(smooth))
+        return w_q.to(w.device)
 
     def _engine_weight_scale_dtype(self) -> torch.dtype | None:
         """The dtype a serving engine keeps this module's weight scales in (its per-token and

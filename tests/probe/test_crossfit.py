@@ -69,3 +69,14 @@ def test_the_probes_gptq_candidate_for_a_row_is_fitted_without_it():
     assert plain is not lp.shadow("w8a8_dynamic_gptq", 0)
     assert not torch.equal(plain.weight, lp.shadow("w8a8_dynamic_gptq", 0).weight)
     assert not torch.equal(lp.shadow("w8a8_dynamic_gptq", 1).weight, want)
+
+
+def test_static_and_dynamic_gptq_candidates_of_one_half_share_their_integers():
+    torch.manual_seed(0)
+    lp = LocalProbe("fc", nn.Linear(24, 16), only=("w8a8_gptq", "w8a8_dynamic_gptq"))
+    lp.collect(_rows(seed=4))
+    lp.decide()
+    static, dynamic = lp.shadow("w8a8_gptq", 0), lp.shadow("w8a8_dynamic_gptq", 0)
+    # one GPTQ run (same weight, scales and Hessian): the same int8 storage
+    assert static.weight.data_ptr() == dynamic.weight.data_ptr()
+    assert lp.shadow("w8a8_dynamic_gptq", 1).weight.data_ptr() != dynamic.weight.data_ptr()
