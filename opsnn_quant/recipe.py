@@ -174,6 +174,15 @@ class Recipe(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _metric_needs_the_search(self) -> Recipe:
+        if self.budget.metric is not None and self.strategy != "search":
+            raise ValueError(
+                f"budget.metric: strategy {self.strategy} is not searched; leave the metric out "
+                "to compare with this baseline"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _schemes_the_target_runs(self) -> Recipe:
         if self.probe.schemes is None:
             return self

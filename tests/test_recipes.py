@@ -1,5 +1,6 @@
 """Shipped recipes validate; templates load their model family on tiny stand-ins of the classes."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -225,3 +226,25 @@ def test_probe_local_errors_reaches_the_probe_config(tmp_path):
     path.write_text(text.replace(anchor, anchor + "\n  local_errors: pass2"))
     with pytest.raises(ConfigError, match=r"probe\.local_errors"):
         load_recipe(str(path))
+
+
+def test_budget_metric_is_checked_with_field_and_line(tmp_path):
+    text = (ROOT / "calibrate" / "whisper-tiny-en.yaml").read_text()
+    recipe = load_recipe(str(ROOT / "calibrate" / "whisper-tiny-en.yaml"))
+    metric = recipe.budget.metric
+    assert metric is not None and metric.suite == "whisper-tiny-en"
+    assert metric.bounds().set_names() == {"wer_delta_max_points"}
+    bad = tmp_path / "bad.yaml"
+    for old, new, error in (
+        ("wer_delta_max_points: 0.5", "latency_p99_ratio_max: 1.0",
+         "line 23: budget.metric: latency_p99_ratio_max is a speed bound"),
+        (", wer_delta_max_points: 0.5", "", "line 23: budget.metric: sets no bound"),
+        ("samples: 64", "samples: 0", "line 23: budget.metric.samples: Input should be greater"),
+        ("max_evaluations: 6", "max_evaluations: 0", "line 24: budget.max_evaluations: Input"),
+        ("seed: 0", "seed: 0\nstrategy: all-w8a8-dynamic",
+         "line 23: budget.metric: strategy all-w8a8-dynamic is not searched"),
+    ):  # fmt: skip
+        assert old in text
+        bad.write_text(text.replace(old, new))
+        with pytest.raises(ConfigError, match=re.escape(error)):
+            load_recipe(str(bad))

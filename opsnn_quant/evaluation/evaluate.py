@@ -31,27 +31,42 @@ from opsnn_quant.types import Progress
 
 if TYPE_CHECKING:
     from opsnn_quant.evaluation.gate import LatencyPlan
+    from opsnn_quant.evaluation.quality import QualityResult
     from opsnn_quant.evaluation.timing import LatencyFigures
     from opsnn_quant.probe.report import SensitivityReport
 
 log = logging.getLogger(__name__)
 
 
-def _records(suite: Suite) -> list[dict[str, Any]]:
+def suite_records(suite: Suite, start: int = 0, count: int | None = None) -> list[dict[str, Any]]:
+    """The suite's data records: its first ``samples`` by default, or ``count`` records from
+    ``start`` (e.g. a slice after the suite's own samples, to tune on without touching them).
+
+    Raises:
+        ConfigError: the suite names no data, or its data ends before ``start + count``.
+    """
     from opsnn_quant.models.data import load_records
 
     d = suite.data
+    limit = d.samples if count is None else start + count
     if d.dataset is not None:
-        return load_records(f"zoo:{d.dataset}/{d.split}", d.samples)
-    if d.folder is None:
+        source = f"zoo:{d.dataset}/{d.split}"
+    elif d.folder is None:
         raise ConfigError(f"suite {suite.name}: data needs a dataset or a folder")
-    folder = Path(d.folder)
-    if suite.task == "t2i":
-        return load_records(str(folder / "prompts.txt"), d.samples)
-    return load_records(str(folder), d.samples)
+    else:
+        folder = Path(d.folder)
+        source = str(folder / "prompts.txt") if suite.task == "t2i" else str(folder)
+    records = load_records(source, limit)[start:]
+    if count is not None and len(records) < count:
+        raise ConfigError(
+            f"suite {suite.name}: its data {source} has {start + len(records)} records, "
+            f"fewer than the {start + count} needed for {count} from record {start}"
+        )
+    return records
 
 
-def _apply_generation(adapter: ModelAdapter, suite: Suite) -> None:
+def apply_generation(adapter: ModelAdapter, suite: Suite) -> None:
+    """Give ``adapter`` the suite's generation settings (those its family has)."""
     g = suite.generation
     settings = getattr(adapter, "settings", None)
     if not isinstance(settings, BaseModel):
@@ -150,13 +165,10 @@ def evaluate(
     _check_task(suite, baseline, candidate)
     backends = _Backends.of(baseline, candidate, baseline_backend, candidate_backend)
     for adapter in (baseline, candidate):
-        _apply_generation(adapter, suite)
+        apply_generation(adapter, suite)
     _check_clip_weights(suite, allow_pickle)
-    records = _records(suite)
-    if suite.task == "t2i":
-        out = _generate_t2i(baseline, candidate, suite, records, say, allow_pickle=allow_pickle)
-    else:
-        out = _generate_asr(baseline, candidate, suite, records, say)
+    records = suite_records(suite)
+    out = _generate(baseline, candidate, suite, records, say, allow_pickle=allow_pickle)
     notes: list[str] = []
     plan = plan_latency(
         suite, mode, target=judged_for, baseline_backend=backends.baseline,
@@ -251,7 +263,62 @@ def _check_task(suite: Suite, *adapters: ModelAdapter) -> None:
             )
 
 
-def _generate_t2i(
+def generate_outputs(adapter: ModelAdapter, suite: Suite, inputs: list[Any]) -> list[Any]:
+    """``adapter``'s outputs on the suite's ``inputs``: one image per prompt and seed of the
+    suite (seed ``s`` for the first prompt, ``s + i`` for the i-th), or one transcript per
+    utterance."""
+    if suite.task != "t2i":
+        return list(adapter.generate(inputs))
+    out: list[Any] = []
+    for seed in suite.seeds:
+        out += adapter.generate(inputs, seed=seed)
+    return out
+
+
+@dataclass(frozen=True)
+class QualityInputs:
+    """What the quality metrics of a suite read beside both models' outputs: the inputs and
+    records they came from, the references, the CLIP scorer and the FD features."""
+
+    suite: Suite
+    records: list[dict[str, Any]]
+    inputs: list[Any]
+    references: list[str]
+    clip: Any
+    features: Any
+
+    @classmethod
+    def load(
+        cls, suite: Suite, adapter: ModelAdapter, records: list[dict[str, Any]],
+        allow_pickle: bool = False,
+    ) -> QualityInputs:  # fmt: skip
+        """The suite's inputs for ``adapter``'s family; CLIP loaded once (t2i suites)."""
+        inputs = adapter.evaluation_inputs(records)
+        if suite.task == "t2i":
+            scorer, features = _clip_metrics(suite, allow_pickle)
+            return cls(suite, records, inputs, [], scorer, features)
+        refs = adapter.references(records) or [""] * len(inputs)
+        return cls(suite, records, inputs, refs, None, None)
+
+    def quality(self, baseline: list[Any], candidate: list[Any]) -> QualityResult:
+        """The suite's quality metrics of ``candidate``'s outputs against ``baseline``'s."""
+        from opsnn_quant.evaluation.runner import asr_quality, t2i_quality
+
+        if self.suite.task != "t2i":
+            return asr_quality(self.references, baseline, candidate)
+        n = len(self.inputs)
+        return t2i_quality(
+            baseline,
+            candidate,
+            self.inputs * len(self.suite.seeds),
+            seeds=[seed + i for seed in self.suite.seeds for i in range(n)],
+            clip=self.clip,
+            fid_features=self.features,
+            reference_images=_reference_images(self.suite, self.records),
+        )
+
+
+def _generate(
     baseline: ModelAdapter,
     candidate: ModelAdapter,
     suite: Suite,
@@ -260,49 +327,17 @@ def _generate_t2i(
     *,
     allow_pickle: bool = False,
 ) -> _Generated:
-    from opsnn_quant.evaluation.runner import t2i_quality
-
-    prompts = candidate.evaluation_inputs(records)
-    base_out: list[Any] = []
-    cand_out: list[Any] = []
-    seeds: list[int] = []
-    for seed in suite.seeds:
-        say(f"generating {len(prompts)} images per model (seed {seed})")
-        base_out += baseline.generate(prompts, seed=seed)
-        cand_out += candidate.generate(prompts, seed=seed)
-        seeds += [seed + i for i in range(len(prompts))]
-    scorer, features = _clip_metrics(suite, allow_pickle)
+    metrics = QualityInputs.load(suite, candidate, records, allow_pickle)
+    n = len(metrics.inputs)
+    say(f"generating {n} images per model (seeds {list(suite.seeds)})" if suite.task == "t2i"
+        else f"transcribing {n} utterances per model")  # fmt: skip
+    base_out = generate_outputs(baseline, suite, metrics.inputs)
+    cand_out = generate_outputs(candidate, suite, metrics.inputs)
     say("quality metrics")
-    quality = t2i_quality(
-        base_out,
-        cand_out,
-        prompts * len(suite.seeds),
-        seeds=seeds,
-        clip=scorer,
-        fid_features=features,
-        reference_images=_reference_images(suite, records),
-    )
-    batch = prompts[: suite.generation.batch_size]
-    return _Generated(quality, base_out, cand_out, _workload(batch, seed=0), len(batch))
-
-
-def _generate_asr(
-    baseline: ModelAdapter,
-    candidate: ModelAdapter,
-    suite: Suite,
-    records: list[dict[str, Any]],
-    say: Progress,
-) -> _Generated:
-    from opsnn_quant.evaluation.runner import asr_quality
-
-    audio = candidate.evaluation_inputs(records)
-    refs = candidate.references(records) or [""] * len(audio)
-    say(f"transcribing {len(audio)} utterances per model")
-    base_out = baseline.generate(audio)
-    cand_out = candidate.generate(audio)
-    quality = asr_quality(refs, base_out, cand_out)
-    batch = audio[: suite.generation.batch_size]
-    return _Generated(quality, base_out, cand_out, _workload(batch), len(batch))
+    quality = metrics.quality(base_out, cand_out)
+    batch = metrics.inputs[: suite.generation.batch_size]
+    kwargs = {"seed": 0} if suite.task == "t2i" else {}
+    return _Generated(quality, base_out, cand_out, _workload(batch, **kwargs), len(batch))
 
 
 def _workload(batch: list[Any], **kwargs: Any) -> Callable[[ModelAdapter], Callable[[], Any]]:

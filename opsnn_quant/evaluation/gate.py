@@ -34,6 +34,7 @@ from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.ort_speed import BACKEND as ORT_BACKEND
 from opsnn_quant.evaluation.suite import Suite
 from opsnn_quant.policy.targets import Target
+from opsnn_quant.thresholds import LATENCY_BOUNDS
 
 LatencyMode = Literal["none", "target", "all"]
 LATENCY_MODES: tuple[LatencyMode, ...] = ("none", "target", "all")
@@ -41,7 +42,6 @@ Source = Literal["eager", "onnxruntime"]
 
 NPU_BACKENDS = frozenset({"npu"})
 CPU_BACKENDS = frozenset({"cpu", ORT_BACKEND})
-LATENCY_THRESHOLDS = ("latency_p99_ratio_max", "memory_ratio_max")
 
 
 def check_latency_mode(mode: str) -> LatencyMode:
@@ -158,7 +158,7 @@ def plan_latency(
         available.append(("onnxruntime", ORT_BACKEND))
     available.append(("eager", candidate_backend))
     set_names = suite.metrics.thresholds.set_names()
-    wanted = any(k in set_names for k in LATENCY_THRESHOLDS)
+    wanted = any(k in set_names for k in LATENCY_BOUNDS)
     pick = pick_source(available, judged) if wanted else None
     source, backend = available[pick] if pick is not None else (None, None)
     onnx_asked = lat.onnx_speed and onnx_possible

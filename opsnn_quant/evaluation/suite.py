@@ -37,6 +37,7 @@ from pydantic import Field, ValidationError, model_validator
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.io import read_text
 from opsnn_quant.resources import builtin_dir
+from opsnn_quant.thresholds import Thresholds
 from opsnn_quant.user_config import MAX_SAMPLES, Seed, StrictModel, yaml_error
 
 SCHEMA_VERSION = 1
@@ -97,25 +98,6 @@ class GenerationSpec(StrictModel):
     max_new_tokens: int = Field(default=128, ge=1)
     num_beams: int = Field(default=1, ge=1)
     batch_size: int = Field(default=8, ge=1)
-
-
-class Thresholds(StrictModel):
-    """Acceptance thresholds (see the module docstring for each one's meaning)."""
-
-    fid_vs_baseline_max: float | None = Field(default=None, ge=0.0)
-    fid_delta_max: float | None = None
-    clip_score_delta_min: float | None = None
-    psnr_min: float | None = Field(default=None, ge=0.0)
-    ssim_min: float | None = Field(default=None, ge=-1.0, le=1.0)
-    wer_delta_max_points: float | None = None
-    cer_delta_max_points: float | None = None
-    agreement_wer_max_points: float | None = Field(default=None, ge=0.0)
-    latency_p99_ratio_max: float | None = Field(default=None, gt=0.0)
-    memory_ratio_max: float | None = Field(default=None, gt=0.0)
-
-    def set_names(self) -> set[str]:
-        """Names of the thresholds given."""
-        return {k for k, v in self.model_dump().items() if v is not None}
 
 
 class MetricsSpec(StrictModel):

@@ -23,19 +23,27 @@ from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.gate import check_latency_mode
 from opsnn_quant.evaluation.suite import Suite, load_suite, suite_inputs
 from opsnn_quant.io import atomic_dir, check_output_dir
-from opsnn_quant.models import ModelAdapter, check_weights, load_adapter
+from opsnn_quant.models import ModelAdapter, check_weights
 from opsnn_quant.models.data import load_records
 from opsnn_quant.models.settings import check_source_fits
-from opsnn_quant.pipeline.context import ENGINES, Engine, RunContext
+from opsnn_quant.pipeline.context import ENGINES, Engine, RunContext, load_recipe_model
 from opsnn_quant.pipeline.exports import (
     ExportPlan,
     plan_model_exports,
     write_exports,
     write_policy_exports,
 )
+from opsnn_quant.pipeline.measured import (
+    MeasuredSearch,
+    measured_policy,
+    metric_source,
+    metric_suite,
+    slice_records,
+)
 from opsnn_quant.pipeline.outputs import CalibrateOutput
 from opsnn_quant.pipeline.timings import write_timings
 from opsnn_quant.policy.baselines import naive_policy
+from opsnn_quant.policy.front import FrontResult
 from opsnn_quant.policy.schema import ResolvedPolicy
 from opsnn_quant.policy.search import build_policy
 from opsnn_quant.policy.summary import (
@@ -72,6 +80,7 @@ class CalibrateResult:
     notes: list[str] = field(default_factory=list)
     verdict: str | None = None
     deployed: dict[str, dict[str, float]] = field(default_factory=dict)
+    search: FrontResult | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,7 @@ class CalibrationData:
     calibration: list[dict[str, Any]]
     probe: list[dict[str, Any]]
     holdout: list[dict[str, Any]] | None
+    metric: list[dict[str, Any]] | None = None
 
 
 def run_calibrate(
@@ -119,12 +129,12 @@ def run_calibrate(
     seed = recipe.seed if seed is None else seed
     set_reproducible(seed=seed)
     started = time.perf_counter()
-    data = load_data(recipe, say)  # 1. load
+    data = load_data(recipe, say, checked.metric_suite)  # 1. load
     adapter = load_model(recipe, say)
     with atomic_dir(out, OUTPUT_KIND, force=force) as tmp:
         ctx = RunContext(adapter, recipe, CalibrateOutput(tmp), seed, checked.engine, say)
         probed = probe_phase(ctx, data, checked.target)  # 2. probe
-        resolved, notes = policy_phase(ctx, probed.report, checked.target)  # 3. policy, its files
+        resolved, notes, search = policy_phase(ctx, probed, data, checked)  # 3. policy, files
         holdout, plan = float_references(ctx, data, probed, resolved)  # 4. from the float model
         quantize_phase(ctx, resolved, data, probed)  # 5. quantize, 6. save
         measured = measure_phase(ctx, holdout)  # 7. measure
@@ -137,23 +147,12 @@ def run_calibrate(
         write_timings(tmp, probe=probed.report.costs, phases=ctx.timings)
     rows = summarize(resolved, probed.report)
     share = int8_mac_share(probed.report, rows)
-    return CalibrateResult(out, rows, measured, ctx.timings, share, notes, verdict, deployed)
+    return CalibrateResult(
+        out, rows, measured, ctx.timings, share, notes, verdict, deployed, search
+    )
 
 
 # ---- before any work -----------------------------------------------------------------------
-
-
-def load_recipe_model(recipe: Recipe) -> ModelAdapter:
-    """The recipe's model, through its adapter."""
-    m = recipe.model
-    return load_adapter(
-        m.family,
-        m.source,
-        device=m.device,
-        dtype=m.dtype,
-        allow_pickle=m.allow_pickle,
-        **recipe.settings_dict(),
-    )
 
 
 def recipe_inputs(recipe: Recipe) -> list[str]:
@@ -202,6 +201,7 @@ class Checked:
     target: Target
     suite: Suite | None
     engine: Engine
+    metric_suite: Suite | None = None
 
 
 def check_before_work(
@@ -209,26 +209,39 @@ def check_before_work(
 ) -> Checked:
     """Everything checkable before data and model load."""
     check_weights(recipe.model.source, allow_pickle=recipe.model.allow_pickle)
-    check_calibrate_output(recipe, out, force=force, suite=suite)
+    metric = recipe.budget.metric
+    inputs = suite_inputs(metric.suite) if metric is not None else []
+    check_calibrate_output(recipe, out, force=force, suite=suite, inputs=inputs)
     resolve_device(recipe.model.device)  # an npu recipe on a machine without torch_npu: now
     check_source_fits(recipe.model.source, recipe.model.settings)  # e.g. steps vs the scheduler
     check_latency_mode(latency)  # with or without a suite: a typo is never silently ignored
     loaded = load_suite(suite) if suite is not None else None
-    return Checked(get_target(recipe.target), loaded, check_engine(engine))
+    if metric is not None and engine == "amct":
+        raise ConfigError(
+            "budget.metric measures candidates quantized by opsnn-quant; with --engine amct "
+            "the written model is AMCT's: leave budget.metric out"
+        )
+    return Checked(get_target(recipe.target), loaded, check_engine(engine), metric_suite(metric))
 
 
 # ---- 1. load -------------------------------------------------------------------------------
 
 
-def load_data(recipe: Recipe, say: Progress) -> CalibrationData:
-    """The recipe's calibration (and held-out) records."""
+def load_data(recipe: Recipe, say: Progress, metric_suite: Suite | None = None) -> CalibrationData:
+    """The recipe's calibration (and held-out) records, and the slice ``budget.metric`` is
+    measured on."""
     say("loading the calibration data")
     calib = load_records(recipe.data.calibration, recipe.data.limit)
     limit = recipe.probe.data_limit
     holdout = None
     if recipe.data.holdout:
         holdout = load_records(recipe.data.holdout, recipe.data.holdout_limit)
-    return CalibrationData(calib, calib[:limit] if limit else calib, holdout)
+    metric = recipe.budget.metric
+    sliced = None
+    if metric is not None and metric_suite is not None:
+        say(f"loading the slice budget.metric is measured on ({metric_source(metric)})")
+        sliced = slice_records(metric, metric_suite)
+    return CalibrationData(calib, calib[:limit] if limit else calib, holdout, sliced)
 
 
 def load_model(recipe: Recipe, say: Progress) -> ModelAdapter:
@@ -262,19 +275,31 @@ def probe_phase(ctx: RunContext, data: CalibrationData, target: Target) -> Probe
 
 
 def policy_phase(
-    ctx: RunContext, report: SensitivityReport, target: Target
-) -> tuple[ResolvedPolicy, list[str]]:
-    """Decide the policy (the recipe's search or a naive baseline), resolve it once against the
-    probed modules, and write ``policy.yaml`` with the policy's own exports; returns the
-    resolved policy and the exports' notes."""
+    ctx: RunContext, probed: ProbeResult, data: CalibrationData, checked: Checked
+) -> tuple[ResolvedPolicy, list[str], FrontResult | None]:
+    """Decide the policy (the recipe's search, measured with ``budget.metric``, or a naive
+    baseline), resolve it once against the probed modules, and write ``policy.yaml`` with the
+    policy's own exports; returns the resolved policy, the exports' notes and the measured
+    search's walk (None without ``budget.metric``)."""
+    report, target = probed.report, checked.target
+    walked = None
     ctx.say("deciding the precision policy")
-    if ctx.recipe.strategy == "search":
-        policy = build_policy(report, ctx.recipe.budget, target)
-    else:
+    if ctx.recipe.strategy != "search":
         policy = naive_policy(report, target, ctx.recipe.strategy)
+    elif checked.metric_suite is not None:
+        with ctx.timed("measured search"):
+            stats = probed.statistics if data.probe is data.calibration else None
+            assert data.metric is not None
+            search = MeasuredSearch(
+                report, target, data.calibration, stats, checked.metric_suite, data.metric
+            )
+            walked = measured_policy(ctx, search)
+        policy = walked.policy()
+    else:
+        policy = build_policy(report, ctx.recipe.budget, target)
     policy.save(ctx.out.policy)
     resolved = policy.resolved(report.inventory(), report.weight_shapes())
-    return resolved, write_policy_exports(ctx, resolved)
+    return resolved, write_policy_exports(ctx, resolved), walked
 
 
 # ---- 4. what later phases need from the float model ----------------------------------------

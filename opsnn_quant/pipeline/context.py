@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
+from opsnn_quant.models import load_adapter
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.pipeline.outputs import CalibrateOutput
 from opsnn_quant.recipe import Recipe
@@ -47,3 +48,16 @@ class RunContext:
             yield
         finally:
             self.timings[phase] = self.timings.get(phase, 0.0) + time.perf_counter() - t0
+
+
+def load_recipe_model(recipe: Recipe) -> ModelAdapter:
+    """The recipe's model, through its adapter (a fresh float copy on every call)."""
+    m = recipe.model
+    return load_adapter(
+        m.family,
+        m.source,
+        device=m.device,
+        dtype=m.dtype,
+        allow_pickle=m.allow_pickle,
+        **recipe.settings_dict(),
+    )

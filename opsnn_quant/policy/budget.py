@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from opsnn_quant.thresholds import Thresholds
 from opsnn_quant.types import Modality
 from opsnn_quant.user_config import StrictModel
 
@@ -67,6 +68,38 @@ class FinalCheckSettings(_Frozen):
     tighten_db: float = Field(default=3.0, gt=0.0)
 
 
+# Measurements a measured search spends when the budget does not say.
+DEFAULT_MAX_EVALUATIONS = 8
+
+
+class MetricBudget(Thresholds):
+    """A budget in the user's terms: bounds on a suite's metrics (the suite's threshold names,
+    e.g. ``wer_delta_max_points: 0.5``), measured on a slice of the suite's data that its own
+    acceptance samples do not include (see :mod:`opsnn_quant.policy.front`).
+
+    Attributes:
+        suite: the acceptance suite (built-in name or file) whose generation settings and
+            metrics measure each candidate (and whose data, unless ``data`` is given).
+        data: another data source for the slice (a calibration-data source, e.g.
+            ``zoo:speech/train``), so that a suite with few records keeps them for acceptance.
+        samples: records in the slice.
+        start: its first record; left out: 0 in ``data``, else right after the suite's own
+            ``samples``, so that the acceptance run judges data the search never tuned on.
+    """
+
+    suite: str = Field(min_length=1)
+    data: str | None = Field(default=None, min_length=1)
+    samples: int = Field(default=32, gt=0)
+    start: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _quality_bounds(self) -> MetricBudget:
+        problem = self.quality_problem()
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
 class Budget(_Frozen):
     """What the search may spend.
 
@@ -76,12 +109,19 @@ class Budget(_Frozen):
         min_int8_mac_share: a modality whose int8 modules would cover less than this share of its
             MACs stays fp16 as a whole (the speed-up would not pay for the risk).
         final_check: settings of the end-to-end check hook (see ``build_policy``).
+        metric: bounds on the real metric: the policy is chosen by measuring candidates
+            (``calibrate``'s measured search); the limits then only shape the estimate's
+            own proposal.
+        max_evaluations: measurements the measured search may spend (None:
+            :data:`DEFAULT_MAX_EVALUATIONS`).
     """
 
     limits: dict[Modality, ModalityLimit] = Field(default_factory=dict)
     default: ModalityLimit | None = None
     min_int8_mac_share: float = Field(default=0.5, ge=0.0, le=1.0)
     final_check: FinalCheckSettings | None = None
+    metric: MetricBudget | None = None
+    max_evaluations: int | None = Field(default=None, ge=1, le=100)
 
     @field_validator("limits", mode="before")
     @classmethod

@@ -216,3 +216,87 @@ def test_a_vllm_target_deploys_its_policy_in_ascendv1(tmp_path):
     # every int8 Linear of the policy is written int8 in AscendV1 (SmoothQuant only in the
     # probe's smoothing groups, each folded into its norm)
     assert result.deployed["ascendv1"]["overall"] == pytest.approx(result.int8_mac_share)
+
+
+def _metric_setup(tmp_path, psnr_min: float):
+    """A tiny SD pipeline, a 4-prompt suite (2 acceptance samples, so the slice is prompts 2
+    and 3) and a recipe whose budget is a median-PSNR bound measured on that slice."""
+    from tests.tiny_pipelines import save_tiny_sd, tiny_sd_recipe
+
+    save_tiny_sd(tmp_path / "pipe")
+    (tmp_path / "eval").mkdir()
+    prompts = ["a red circle", "a blue square", "a green circle", "a small red square"]
+    (tmp_path / "eval" / "prompts.txt").write_text("\n".join(prompts) + "\n")
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(
+        "schema_version: 1\nname: tiny\ntask: t2i\ndata: {folder: eval, samples: 2}\n"
+        "generation: {steps: 2, guidance_scale: 5.0, batch_size: 2}\n"
+        "metrics: {fid_features: null, thresholds: {psnr_min: 5.0}}\n"
+    )
+    budget = (
+        f"budget: {{metric: {{suite: {suite}, samples: 2, psnr_min: {psnr_min}}}, "
+        "max_evaluations: 4, min_int8_mac_share: 0.0}\n"
+    )
+    return tiny_sd_recipe(tmp_path, "tiny", extra=budget), prompts[2:]
+
+
+def test_a_metric_budget_chooses_by_measurement_and_the_figure_is_the_written_models(
+    tmp_path, capsys
+):
+    # Every candidate measured (baselines first), the chosen one at least as good as every
+    # passing one by (coverage, quality), its notes in policy.yaml, and its measured median PSNR
+    # exactly what `evaluate` measures on the written quant/ model over the same prompts.
+    import json
+
+    from opsnn_quant.pipeline.calibrate import run_calibrate
+    from opsnn_quant.recipe import load_recipe
+
+    recipe, slice_prompts = _metric_setup(tmp_path, psnr_min=5.0)
+    out = tmp_path / "out"
+    result = run_calibrate(load_recipe(str(recipe)), out)
+    walk = result.search
+    assert walk is not None and 1 <= walk.evaluations <= 4
+    assert walk.rounds[0].candidate.label == "all-w8a8-minmax"
+    chosen = walk.chosen
+    assert all(chosen.rank() >= r.rank() for r in walk.rounds if r.passed)
+    assert result.int8_mac_share == pytest.approx(chosen.candidate.share)
+    notes = yaml.safe_load((out / "policy.yaml").read_text())["notes"]
+    assert f"measured search chose {chosen.candidate.label}" in " ".join(notes)
+    assert sum(n.startswith("measured round") for n in notes) == len(walk.rounds)
+    # the same prompts as an acceptance suite of their own, on the written model
+    (tmp_path / "slice").mkdir()
+    (tmp_path / "slice" / "prompts.txt").write_text("\n".join(slice_prompts) + "\n")
+    (tmp_path / "slice.yaml").write_text(
+        (tmp_path / "suite.yaml").read_text().replace("folder: eval", "folder: slice")
+    )
+    report = tmp_path / "report"
+    main(["evaluate", "--candidate", str(out), "--suite", str(tmp_path / "slice.yaml"),
+          "-o", str(report), "--latency", "none", "--quiet"])  # fmt: skip
+    measured = json.loads((report / "report.json").read_text())["measured"]
+    assert chosen.measurement is not None
+    # quality: the bound's figure (median PSNR), then t2i's closeness figure (the same)
+    assert chosen.measurement.quality == (measured["psnr_median_db"],) * 2
+
+
+def test_a_metric_budget_nothing_meets_falls_back_to_float(tmp_path, capsys):
+    # 200 dB median PSNR: no int8 candidate passes; the walk ends on the float rung.
+    from opsnn_quant.pipeline.calibrate import run_calibrate
+    from opsnn_quant.recipe import load_recipe
+
+    recipe, _ = _metric_setup(tmp_path, psnr_min=200.0)
+    result = run_calibrate(load_recipe(str(recipe)), tmp_path / "out")
+    assert result.search is not None and result.search.chosen.candidate.share == 0.0
+    assert not any(r.passed for r in result.search.rounds if r.measurement is not None)
+    assert result.int8_mac_share == 0.0
+
+
+def test_a_metric_budget_is_checked_before_work(tmp_path, capsys):
+    recipe, _ = _metric_setup(tmp_path, psnr_min=5.0)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(recipe.read_text().replace(str(tmp_path / "suite.yaml"), "no-such-suite"))
+    assert main(["calibrate", str(bad), "-o", str(tmp_path / "o1")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "no-such-suite" in err and "Traceback" not in err
+    assert main(["calibrate", str(recipe), "-o", str(tmp_path / "o2"), "--engine", "amct"]) == 2
+    assert "budget.metric measures candidates quantized by opsnn-quant" in capsys.readouterr().err
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
