@@ -1,0 +1,67 @@
+"""The measured search on both zoo models (small slices, few evaluations): the chosen policy is
+never dominated by a naive baseline that meets the budget."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from opsnn_quant.pipeline.calibrate import run_calibrate
+from opsnn_quant.recipe import Recipe, builtin_recipes
+
+
+def _recipe(name: str, **overrides: Any) -> Recipe:
+    data = yaml.safe_load(builtin_recipes()[name].read_text())
+    for section, values in overrides.items():
+        data[section] = {**data.get(section, {}), **values}
+    return Recipe.model_validate(data)
+
+
+def _assert_dominates_the_baselines(result: Any) -> None:
+    walk = result.search
+    assert walk is not None
+    labels = [r.candidate.label for r in walk.rounds]
+    assert labels[0] == "all-w8a8-minmax"  # every baseline the target runs is measured first
+    chosen = walk.chosen
+    for r in walk.rounds:
+        if r.candidate.label.startswith("all-w8a8") and r.passed:
+            assert chosen.candidate.share >= r.candidate.share
+            if round(chosen.candidate.share, 9) == round(r.candidate.share, 9):
+                assert chosen.rank() >= r.rank()
+    # the summary's int8 share is the chosen candidate's
+    assert result.int8_mac_share == pytest.approx(chosen.candidate.share)
+
+
+@pytest.mark.slow
+def test_shapes_t2i_measured_search_dominates_the_baselines(tmp_path):
+    recipe = _recipe(
+        "shapes-t2i",
+        data={"limit": 4, "holdout": None, "holdout_limit": None},
+        probe={"max_root_calls": 2},
+        budget={"metric": {"suite": "shapes-t2i", "samples": 8, "psnr_min": 40.0},
+                "max_evaluations": 3},
+    )  # fmt: skip
+    result = run_calibrate(recipe, tmp_path / "out")
+    _assert_dominates_the_baselines(result)
+    # ATC runs static activations only: one baseline, all-w8a8-minmax
+    labels = [r.candidate.label for r in result.search.rounds]
+    assert "all-w8a8-dynamic" not in labels
+
+
+@pytest.mark.slow
+def test_whisper_measured_search_dominates_the_baselines(tmp_path):
+    recipe = _recipe(
+        "whisper-tiny-en",
+        data={"limit": 2, "holdout": None, "holdout_limit": None},
+        # the probe at its cheapest (the search is under test, not the estimator)
+        probe={"max_root_calls": 2, "schemes": ["w8a8", "w8a8_dynamic"], "estimator": "diagonal"},
+        budget={"metric": {"suite": "whisper-tiny-en", "data": "zoo:speech/train", "samples": 8,
+                           "wer_delta_max_points": 0.5},
+                "max_evaluations": 3},
+    )  # fmt: skip
+    result = run_calibrate(recipe, tmp_path / "out")
+    _assert_dominates_the_baselines(result)
+    labels = [r.candidate.label for r in result.search.rounds]
+    assert labels[:2] == ["all-w8a8-minmax", "all-w8a8-dynamic"]  # vLLM runs both
