@@ -36,7 +36,8 @@ def row_halves(x2d: torch.Tensor) -> torch.Tensor:
 
 
 class SplitMoments:
-    """The input moments of one Linear in two halves of its rows (:func:`row_halves`).
+    """The input moments of one Linear (or a conv's im2col rows) in two halves of its rows
+    (:func:`row_halves`).
 
     Args:
         channels: K.
@@ -84,3 +85,18 @@ def crossfit_rows(
     for mask, out in outs:
         y[mask] = out
     return y.reshape(*x.shape[:-1], first.shape[-1])
+
+
+@torch.no_grad()
+def crossfit_pixels(rows: torch.Tensor, run: Callable[[int], torch.Tensor]) -> torch.Tensor:
+    """A conv's (B, O, OH, OW) output with each output pixel from the candidate fitted for the
+    half of its im2col row (``rows``, (B * OH * OW, K) in output-pixel order); ``run(half)``
+    gives the whole map through that half's candidate."""
+    second = row_halves(rows)
+    if not bool(second.any()):
+        return run(0)
+    if bool(second.all()):
+        return run(1)
+    y0, y1 = run(0), run(1)
+    b, _, oh, ow = y0.shape
+    return torch.where(second.view(b, 1, oh, ow).to(y0.device), y1, y0)

@@ -22,17 +22,18 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from opsnn_quant.memory import TRIM
 from opsnn_quant.probe.config import DEFAULT_ERROR_ROWS
-from opsnn_quant.probe.crossfit import SplitMoments, crossfit_rows
+from opsnn_quant.probe.crossfit import SplitMoments, crossfit_pixels, crossfit_rows
 from opsnn_quant.probe.energy import SchemeEnergy
 from opsnn_quant.probe.pending import PENDING_ROWS, PendingBatch
 from opsnn_quant.probe.report import SchemeError, TimestepRanges
 from opsnn_quant.probe.seeding import PassOneStatistics, all_stepped, group_range, symmetric_range
 from opsnn_quant.probe.steps import StepRanges
 from opsnn_quant.probe.subsets import strided_rows, strided_samples
-from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, QuantModule
+from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, QuantModule, im2col_conv
 from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver, observed_span
 from opsnn_quant.quant.schemes import SCHEMES, scheme_spec, schemes_for
 from opsnn_quant.quant.smoothquant import ChannelStats, search_alphas
@@ -89,11 +90,11 @@ class LocalProbe:
     _replay_share: float | None = None  # rows per replayed call measured (plan_replay)
 
     def __post_init__(self) -> None:
+        if any(SCHEMES[s].template.needs_moments for s in self.schemes):
+            # the inputs' Hessian and mean of the GPTQ / bias-corrected candidates
+            self.moments = SplitMoments(self.in_k)
         if isinstance(self.module, nn.Linear):
             self.stats = ChannelStats(self.module.in_features)
-            if any(SCHEMES[s].template.needs_moments for s in self.schemes):
-                # the inputs' Hessian and mean of the GPTQ / bias-corrected candidates
-                self.moments = SplitMoments(self.module.in_features)
             # per-step scales on smoothed inputs need each step's per-channel maxima
             self.steps.per_channel = self.only is None or any(
                 SCHEMES[s].per_step and SCHEMES[s].smoothquant for s in self.only
@@ -104,12 +105,28 @@ class LocalProbe:
         """Candidate scheme names for this module (its type and input channels)."""
         if isinstance(self.module, nn.Linear):
             fitting = schemes_for("Linear", self.module.in_features)
+        elif im2col_conv(self.module):
+            fitting = schemes_for("Conv2d", self.in_k)
         else:
-            fitting = CONV_SCHEMES
+            fitting = tuple(s for s in CONV_SCHEMES if not SCHEMES[s].template.needs_moments)
         if not all_stepped(self.steps, self._elements):
             # not a sampling loop (or calls outside it): no groups of steps to keep scales per
             fitting = tuple(s for s in fitting if not SCHEMES[s].per_step)
         return fitting if self.only is None else tuple(s for s in fitting if s in self.only)
+
+    @property
+    def in_k(self) -> int:
+        """Inputs per output of the module's matmul: a Linear's in_features, a conv's
+        C * KH * KW (its im2col rows)."""
+        return int(self.weight2d().shape[1])
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """The (M, K) rows the weight multiplies: a Linear's input rows, a conv's im2col."""
+        if isinstance(self.module, nn.Conv2d):
+            c = self.module
+            cols = F.unfold(x, c.kernel_size, c.dilation, c.padding, c.stride)  # type: ignore[arg-type]
+            return cols.transpose(1, 2).reshape(-1, self.in_k)
+        return x.reshape(-1, self.in_k)
 
     @torch.no_grad()
     def collect(self, x: torch.Tensor) -> None:
@@ -130,11 +147,10 @@ class LocalProbe:
         self.mse.collect(xf, span)
         channels = None
         if self.stats is not None:
-            rows = xf.reshape(-1, self.stats.channels)
-            channels = rows.abs().amax(dim=0)
+            channels = xf.reshape(-1, self.stats.channels).abs().amax(dim=0)
             self.stats.collect(xf, channels)
-            if self.moments is not None:
-                self.moments.collect(rows)
+        if self.moments is not None:
+            self.moments.collect(self.rows(xf))
         if step is not None:
             self.steps.collect(step, x, max(-span[0], span[1]), channels)
 
@@ -392,7 +408,11 @@ class LocalProbe:
         """
         if self.moments is not None and SCHEMES[scheme].template.needs_moments:
             # out of sample: each row through the candidate fitted on the other half's rows
-            return crossfit_rows(args[0], lambda half, rows: self.shadow(scheme, half)(rows))
+            x = args[0]
+            if isinstance(self.module, nn.Conv2d):
+                rows = self.rows(x.detach().to(torch.float32))
+                return crossfit_pixels(rows, lambda half: self.shadow(scheme, half)(x))
+            return crossfit_rows(x, lambda half, rows: self.shadow(scheme, half)(rows))
         shadow = self.shadow(scheme)
         if not shadow.spec.weight_only:
             return shadow(*args)

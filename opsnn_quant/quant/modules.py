@@ -90,6 +90,17 @@ class QuantLinear(QuantModule[nn.Linear]):
         return f"{self.in_features}, {self.out_features}, {self.spec.precision.value}, {state}"
 
 
+def im2col_conv(module: nn.Module) -> bool:
+    """Whether ``module`` is a conv :class:`QuantConv2d` takes: an ``nn.Conv2d`` with groups 1
+    and explicit zero padding (its im2col rows are what the weight multiplies)."""
+    return (
+        type(module) is nn.Conv2d
+        and module.groups == 1
+        and module.padding_mode == "zeros"
+        and not isinstance(module.padding, str)
+    )
+
+
 @register_quant_module(nn.Conv2d)
 class QuantConv2d(QuantModule[nn.Conv2d]):
     """Quantized ``nn.Conv2d`` (groups=1, zero padding) computed as im2col + the quant matmul.
@@ -97,6 +108,9 @@ class QuantConv2d(QuantModule[nn.Conv2d]):
     Ascend runs int8 convolutions only through ATC (or on 950); the eager torch_npu API has no
     int8 conv, so targets decide whether a QuantConv2d is deployable. SmoothQuant is not offered
     here: its per-column factors would not map onto a per-channel quantize before an ATC conv.
+    GPTQ rounding and bias correction (static activations) see the conv as the matmul of its
+    weight (O, C * KH * KW) with its im2col rows: the moments are those rows' (padding zeros
+    included, as the conv multiplies them).
     """
 
     def __init__(self, conv: nn.Conv2d, spec: QuantSpec, name: str = "") -> None:
@@ -107,10 +121,10 @@ class QuantConv2d(QuantModule[nn.Conv2d]):
             raise ConfigError(f"module '{name}': QuantConv2d needs explicit zero padding")
         if spec.smoothquant:
             raise ConfigError(f"module '{name}': SmoothQuant is supported on Linear layers only")
-        if spec.needs_moments:
+        if spec.needs_moments and not spec.static_activations:
             raise ConfigError(
-                f"module '{name}': GPTQ rounding and bias correction are supported on Linear "
-                "layers only"
+                f"module '{name}': GPTQ rounding and bias correction of a conv are for static "
+                "activations (W8A8) only: no engine runs a per-token int8 conv"
             )
         if spec.engine != "opsnn":
             raise ConfigError(
@@ -149,8 +163,11 @@ class QuantConv2d(QuantModule[nn.Conv2d]):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.frozen:
             # Per-tensor statistics of the feature map equal those of its im2col columns
-            # (zero padding only adds zeros, and every range includes 0).
-            self.input_quantizer.collect(x)
+            # (zero padding only adds zeros, and every range includes 0); GPTQ's Hessian and
+            # bias correction's mean are those of the im2col rows the weight multiplies.
+            iq = self.input_quantizer
+            rows = self.im2col_rows(x) if iq.moments is not None and iq.moments_pass else None
+            iq.collect(x, rows)
             return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation)
         b, _, h, w = x.shape
         kh, kw = self.kernel_size
@@ -158,9 +175,14 @@ class QuantConv2d(QuantModule[nn.Conv2d]):
         ow = (w + 2 * self.padding[1] - self.dilation[1] * (kw - 1) - 1) // self.stride[1] + 1
         y = self._direct_rows(x) if self.spec.precision == Precision.W8A8 else None
         if y is None:
-            cols = F.unfold(x, self.kernel_size, self.dilation, self.padding, self.stride)
-            y = self.matmul_rows(cols.transpose(1, 2).reshape(-1, self.in_k))
+            y = self.matmul_rows(self.im2col_rows(x))
         return y.reshape(b, oh * ow, self.out_channels).transpose(1, 2).reshape(b, -1, oh, ow)
+
+    def im2col_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """The (B * OH * OW, C * KH * KW) im2col rows of ``x`` this conv's weight multiplies,
+        in output-pixel order, columns as ``weight.reshape(O, -1)``'s."""
+        cols = F.unfold(x, self.kernel_size, self.dilation, self.padding, self.stride)
+        return cols.transpose(1, 2).reshape(-1, self.in_k)
 
     def _direct_rows(self, x: torch.Tensor) -> torch.Tensor | None:
         """The im2col rows' output straight from the quantized feature map, where the backend
@@ -202,6 +224,7 @@ __all__ = [
     "QuantConv2d",
     "QuantLinear",
     "QuantModule",
+    "im2col_conv",
     "is_quant_module",
     "no_weight_copies",
     "quant_module_class",

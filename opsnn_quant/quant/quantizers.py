@@ -96,8 +96,10 @@ class InputQuantizer(nn.Module):
         return group_of(step, self.bounds)
 
     @torch.no_grad()
-    def collect(self, x2d: torch.Tensor) -> None:
-        """Record one calibration batch of (M, K) inputs."""
+    def collect(self, x2d: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        """Record one calibration batch of (M, K) inputs (``rows``: the (M', K) rows the
+        weight multiplies, for the moments, when ``x2d`` is not them: a conv's feature map
+        and its im2col rows)."""
         self.calls += 1
         if not bool(torch.isfinite(x2d).all()):
             raise CalibrationError(
@@ -107,7 +109,7 @@ class InputQuantizer(nn.Module):
         if self.collect_stats and self.stats is not None:
             self.stats.collect(x2d)
         if self.moments is not None and self.moments_pass:
-            self.moments.collect(x2d)
+            self.moments.collect(x2d if rows is None else rows)
         if self.collect_range and self.observers:
             xs = x2d if self.smooth is None else x2d / self.smooth.to(x2d.device)
             g = self.group_index()

@@ -73,8 +73,8 @@ class Scheme:
 
 
 _LINEAR_AND_CONV = ("Linear", "Conv2d")
-# GPTQ's candidates need each Linear's K x K input Hessian through the probe's pass 1 (float32:
-# 64 MiB at K = 4096); wider Linears are not offered them.
+# GPTQ's candidates need each module's K x K input Hessian through the probe's pass 1 (float32:
+# 64 MiB at K = 4096); wider modules are not offered them.
 GPTQ_K_MAX = 4096
 _STATIC_GPTQ = QuantSpec(Precision.W8A8, weight_rounding="gptq", bias_correction=True)
 _DYNAMIC_GPTQ = QuantSpec(Precision.W8A8_DYNAMIC, weight_rounding="gptq")
@@ -89,8 +89,9 @@ SCHEMES: dict[str, Scheme] = {
         Scheme("w8a8_dynamic", QuantSpec(Precision.W8A8_DYNAMIC), False, _LINEAR_AND_CONV),
         Scheme("w8a8_dynamic_smoothquant", QuantSpec(Precision.W8A8_DYNAMIC), True, ("Linear",)),
         # GPTQ-rounded weights (same scales and layout; static ones with bias correction in
-        # quant_bias), for Linear; after their round-to-nearest twins, which win ties.
-        Scheme("w8a8_gptq", _STATIC_GPTQ, False, ("Linear",), k_max=GPTQ_K_MAX),
+        # quant_bias), for Linear and (static, on its im2col rows: K = C * KH * KW) Conv2d;
+        # after their round-to-nearest twins, which win ties.
+        Scheme("w8a8_gptq", _STATIC_GPTQ, False, _LINEAR_AND_CONV, k_max=GPTQ_K_MAX),
         Scheme(
             "w8a8_smoothquant_gptq",
             _STATIC_GPTQ,
@@ -124,7 +125,7 @@ SCHEMES: dict[str, Scheme] = {
 
 def schemes_for(module_type: str, in_features: int | None = None) -> tuple[str, ...]:
     """Names of the schemes the probe measures on a module of class ``module_type`` (with
-    ``in_features`` input channels, when given), in order."""
+    ``in_features`` inputs per output, when given: a conv's C * KH * KW), in order."""
     return tuple(
         name
         for name, s in SCHEMES.items()

@@ -91,9 +91,12 @@ def test_the_schemes_of_a_module_type_are_those_the_target_runs_on_it():
     eager, atc = get_target("ascend910b-eager"), get_target("ascend910b-atc")
     assert eager.schemes("Conv2d") == ()  # no int8 conv among the torch_npu ops we rely on
     assert eager.schemes("Linear") == eager.schemes()
-    # ATC: AMCT's static PTQ of Gemm and Conv; SmoothQuant's factors only on a Linear's input
-    assert atc.schemes("Conv2d") == ("w8a8", "w8a8_mse")
+    # ATC: AMCT's static PTQ of Gemm and Conv; SmoothQuant's factors only on a Linear's input;
+    # GPTQ's static integers on a conv's im2col rows too
+    assert atc.schemes("Conv2d") == ("w8a8", "w8a8_mse", "w8a8_gptq")
     assert atc.schemes("Linear") == atc.schemes() == (
         "w8a8", "w8a8_mse", "w8a8_smoothquant", "w8a8_gptq", "w8a8_smoothquant_gptq",
     )  # fmt: skip
-    assert get_target("cpu-reference").schemes("Conv2d") == ("w8a8", "w8a8_mse", "w8a8_dynamic")
+    assert get_target("cpu-reference").schemes("Conv2d") == (
+        "w8a8", "w8a8_mse", "w8a8_dynamic", "w8a8_gptq",
+    )  # fmt: skip

@@ -46,6 +46,21 @@ def test_crossfit_runs_each_row_through_its_halfs_candidate():
     assert torch.equal(y[..., 0].reshape(-1).bool(), row_halves(x.reshape(-1, 24)))
 
 
+def test_a_conv_pixel_comes_from_the_candidate_of_its_im2col_rows_half():
+    from torch.nn import functional as F
+
+    from opsnn_quant.probe.crossfit import crossfit_pixels
+
+    x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(3))
+    rows = F.unfold(x, 3, padding=1).transpose(1, 2).reshape(-1, 27)  # 2 x 36 output pixels
+    y = crossfit_pixels(rows, lambda half: torch.full((2, 5, 6, 6), float(half)))
+    assert y.shape == (2, 5, 6, 6)
+    halves = row_halves(rows).view(2, 6, 6)
+    assert 0 < int(halves.sum()) < 72  # both halves present
+    for channel in range(5):
+        assert torch.equal(y[:, channel].bool(), halves)
+
+
 def test_the_probes_gptq_candidate_for_a_row_is_fitted_without_it():
     torch.manual_seed(0)
     fc = nn.Linear(24, 16)

@@ -187,7 +187,8 @@ def test_a_module_type_the_target_runs_no_scheme_on_is_counted_but_not_measured(
     # ascend910b-eager's: no int8 conv (Target.schemes("Conv2d") is empty)
     linear_only = run(ProbeConfig(type_schemes={"Linear": tuple(sorted(LINEAR_CANDIDATES))}))
     conv, conv_all = linear_only.module("conv"), everything.module("conv")
-    assert set(conv_all.w8a8) == {"w8a8", "w8a8_mse", "w8a8_dynamic"} and conv_all.e2e is not None
+    assert set(conv_all.w8a8) == {"w8a8", "w8a8_mse", "w8a8_dynamic", "w8a8_gptq"}
+    assert conv_all.e2e is not None
     assert conv.w8a8 == {} and conv.e2e is None
     assert (conv.calls, conv.macs) == (conv_all.calls, conv_all.macs) == (3, 2 * 16 * 8 * 4 * 9)
     assert conv.fp16 == conv_all.fp16  # overflow matters in float too

@@ -96,3 +96,38 @@ def test_the_probes_input_moments_seed_a_gptq_module_bit_for_bit(scheme, engine,
     want = calibrated.fc.state_dict()
     got = seeded.fc.state_dict()
     assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 5, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+MAPS = [torch.randn(2, 3, 7, 7, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+
+
+def test_a_convs_gptq_candidate_is_measured_and_seeds_quantize_bit_for_bit():
+    # The conv's moments are those of its im2col rows (K = 3 * 3 * 3): the probe measures the
+    # w8a8_gptq candidate (out of sample, pixel by pixel) and its pass-1 statistics make the
+    # module quantize()'s own calibration pass makes.
+    from opsnn_quant.quant.schemes import scheme_spec
+
+    def loop(m: nn.Module) -> None:
+        for x in MAPS:
+            m(x)
+
+    model = ConvNet()
+    cfg = ProbeConfig(fp16=False, attribution=False, schemes=("w8a8", "w8a8_gptq"))
+    result = run_probe(model, loop, cfg, modalities={"": "denoiser"})
+    errors = result.report.module("conv").w8a8
+    assert errors["w8a8_gptq"].sqnr_db is not None and errors["w8a8"].sqnr_db is not None
+    spec = scheme_spec("w8a8_gptq")
+    calibrated = quantize(copy.deepcopy(model), {"conv": spec}, loop)
+    seeded = quantize(copy.deepcopy(model), {"conv": spec}, None, statistics=result.statistics)
+    want, got = calibrated.conv.state_dict(), seeded.conv.state_dict()
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)

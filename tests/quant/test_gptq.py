@@ -199,9 +199,9 @@ def test_gptq_specs_are_checked_and_round_trip():
         QuantSpec("w4a16", weight_rounding="gptq")
     with pytest.raises(ConfigError, match="int32 quant_bias of static w8a8, not w8a8_dynamic"):
         QuantSpec("w8a8_dynamic", bias_correction=True)
-    with pytest.raises(ConfigError, match="Linear layers only"):
+    with pytest.raises(ConfigError, match="of a conv are for static activations"):
         quantize(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1)),
-                 {"0": QuantSpec("w8a8", weight_rounding="gptq")},
+                 {"0": QuantSpec("w8a8_dynamic", weight_rounding="gptq")},
                  lambda m: m(torch.randn(1, 3, 8, 8)))  # fmt: skip
     spec = QuantSpec("w8a8", weight_rounding="gptq", bias_correction=True)
     assert QuantSpec.from_dict(spec.to_dict()) == spec
@@ -217,3 +217,46 @@ def test_a_gptq_checkpoint_reloads_bit_for_bit(tmp_path):
     again = load_quantized(_Mixed(), tmp_path / "q")
     x = _rows(5)
     assert torch.equal(model(x), again(x))
+
+
+def test_a_convs_gptq_is_the_linear_gptq_of_its_im2col_rows():
+    # A 3x3 conv (stride 2, padding 1) is the matmul of its weight (O, C*3*3) with the im2col
+    # rows of its input: its GPTQ integers and corrected bias are gptq_round / corrected_bias
+    # on the Hessian and mean of those rows, computed here with F.unfold independently.
+    from torch import nn
+    from torch.nn import functional as F
+
+    from opsnn_quant.quant.api import quantize
+    from opsnn_quant.quant.spec import QuantSpec
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(4, 6, 3, stride=2, padding=1)
+    batches = [torch.relu(torch.randn(2, 4, 9, 9)) for _ in range(3)]
+    rows = torch.cat([
+        F.unfold(x, 3, padding=1, stride=2).transpose(1, 2).reshape(-1, 36) for x in batches
+    ]).double()  # fmt: skip
+    hessian = 2 * rows.T @ rows / rows.shape[0]
+    spec = QuantSpec("w8a8", weight_rounding="gptq", bias_correction=True)
+    plain = quantize(nn.Sequential(_copy(conv)), {"0": QuantSpec("w8a8")},
+                     lambda m: [m(x) for x in batches])[0]  # fmt: skip
+    q = quantize(nn.Sequential(_copy(conv)), {"0": spec}, lambda m: [m(x) for x in batches])[0]
+    w2d = conv.weight.detach().reshape(6, 36)
+    scale = q.weight_quantizer.scale
+    assert torch.equal(scale, plain.weight_quantizer.scale)  # the same scales
+    expected = gptq_round(w2d, scale, hessian)
+    assert torch.equal(q.weight.reshape(6, 36), expected)
+    assert not torch.equal(expected, plain.weight.reshape(6, 36))
+    bias = corrected_bias(conv.bias.detach(), w2d, expected, scale, rows.mean(dim=0))
+    plain_bias = corrected_bias(conv.bias.detach(), w2d, expected, scale, torch.zeros(36))
+    # the int32 quant_bias folds the corrected float bias: it differs from the uncorrected one
+    assert not torch.equal(bias, plain_bias)
+    from opsnn_quant.quant.functional import fold_bias_int32
+
+    assert torch.equal(q.quant_bias, fold_bias_int32(bias, q.deq_scale, 0.0, expected))
+    assert not torch.equal(q.quant_bias, fold_bias_int32(plain_bias, q.deq_scale, 0.0, expected))
+
+
+def _copy(module):
+    import copy
+
+    return copy.deepcopy(module)

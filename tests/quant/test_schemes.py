@@ -50,7 +50,9 @@ def test_table_names_specs_and_preference_order():
 
 def test_module_types_drive_the_probe_candidates():
     assert schemes_for("Linear") == LINEAR_SCHEMES == tuple(SCHEMES)
-    assert schemes_for("Conv2d") == CONV_SCHEMES == ("w8a8", "w8a8_mse", "w8a8_dynamic")
+    assert (
+        schemes_for("Conv2d") == CONV_SCHEMES == ("w8a8", "w8a8_mse", "w8a8_dynamic", "w8a8_gptq")
+    )
     assert schemes_for("LayerNorm") == ()
     # int4 packs eight values per word along K: measured only where K allows it
     # per-step scales only where a sampling loop set the step (none here)
@@ -61,6 +63,10 @@ def test_module_types_drive_the_probe_candidates():
     # GPTQ's K x K Hessian is kept only up to GPTQ_K_MAX input channels
     assert LocalProbe("fc", nn.Linear(4104, 1)).schemes == (*stepless, "w4a16")
     assert LocalProbe("conv", nn.Conv2d(2, 2, 1)).schemes == CONV_SCHEMES
+    # a conv's K is C * KH * KW (its im2col rows): 456 * 3 * 3 = 4104 > GPTQ_K_MAX
+    assert LocalProbe("conv", nn.Conv2d(456, 2, 3)).schemes == CONV_SCHEMES[:3]
+    # a conv QuantConv2d cannot take as im2col (groups > 1) is not offered GPTQ
+    assert LocalProbe("conv", nn.Conv2d(4, 4, 3, groups=2)).schemes == CONV_SCHEMES[:3]
 
 
 def test_unknown_scheme_names_the_known_ones():

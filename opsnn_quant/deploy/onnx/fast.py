@@ -38,7 +38,7 @@ from opsnn_quant.onnx_io import (
     unspill,
 )
 from opsnn_quant.policy.export_atc import torch_scope
-from opsnn_quant.quant.modules import QuantConv2d, QuantModule, set_submodule
+from opsnn_quant.quant.modules import QuantConv2d, QuantModule, im2col_conv, set_submodule
 
 KEEP_MARKERS_BYTES = 256 * 2**20
 """A trace kept for a second graph (:attr:`ExportedGraph.markers`) holds at most this much: it
@@ -60,14 +60,7 @@ class _Mark(torch.autograd.Function):
 def markable(module: nn.Module) -> bool:
     """Whether a module can stand in a trace as a marker: a frozen quantized module, or a float
     Linear / Conv2d of the kinds QuantLinear / QuantConv2d take (groups 1, zero padding)."""
-    if isinstance(module, QuantModule) or type(module) is nn.Linear:
-        return True
-    return (
-        type(module) is nn.Conv2d
-        and module.groups == 1
-        and module.padding_mode == "zeros"
-        and not isinstance(module.padding, str)
-    )
+    return isinstance(module, QuantModule) or type(module) is nn.Linear or im2col_conv(module)
 
 
 class _Marker(nn.Module):
