@@ -23,7 +23,7 @@ from opsnn_quant.evaluation.slice_scorer import SliceScorer
 from opsnn_quant.evaluation.suite import Suite, load_suite
 from opsnn_quant.models.data import load_records
 from opsnn_quant.pipeline.context import RunContext, load_recipe_model
-from opsnn_quant.policy.baselines import NAIVE_INT8, naive_policy
+from opsnn_quant.policy.baselines import NAIVE_SCHEMES, naive_policy
 from opsnn_quant.policy.budget import DEFAULT_MAX_EVALUATIONS, Budget, MetricBudget
 from opsnn_quant.policy.front import (
     Candidate,
@@ -70,7 +70,7 @@ def measured_policy(ctx: RunContext, search: MeasuredSearch) -> FrontResult:
     metric = budget.metric
     assert metric is not None, "measured_policy needs budget.metric"
     scorer = _scorer(ctx, metric, search)
-    starts = starting_points(search.report, search.target, budget)
+    starts = starting_points(search.report, search.target, budget, ctx.recipe.probe.schemes)
     ctx.say("building the coverage ladder from the estimate")
     ladder = coverage_ladder(search.report, budget, search.target)
 
@@ -81,11 +81,19 @@ def measured_policy(ctx: RunContext, search: MeasuredSearch) -> FrontResult:
     return walk_front(starts, ladder, measure, evaluations, ctx.say)
 
 
-def starting_points(report: SensitivityReport, target: Target, budget: Budget) -> list[Candidate]:
-    """The naive int8 baselines ``target`` runs (those with an int8 module), then, when the
+def starting_points(
+    report: SensitivityReport,
+    target: Target,
+    budget: Budget,
+    schemes: Sequence[str] | None = None,
+) -> list[Candidate]:
+    """The naive int8 baselines ``target`` runs (those with an int8 module; only those whose
+    scheme is among ``schemes`` when given: a recipe's ``probe.schemes``), then, when the
     budget has predicted limits, the estimate's own policy at those limits."""
     starts = []
-    for strategy in NAIVE_INT8:
+    for strategy, scheme in NAIVE_SCHEMES.items():
+        if schemes is not None and scheme not in schemes:
+            continue
         policy = naive_policy(report, target, strategy)
         if policy.rules:
             starts.append(Candidate.of(strategy, policy, report))

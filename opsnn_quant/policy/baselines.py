@@ -28,6 +28,9 @@ NAIVE_INT8 = {
     "all-w8a8-minmax": (Precision.W8A8, "naive baseline: all W8A8, min/max"),
     "all-w8a8-dynamic": (Precision.W8A8_DYNAMIC, "naive baseline: all W8A8 dynamic (per token)"),
 }
+# The probe's scheme each all-int8 baseline applies everywhere (what a recipe's probe.schemes
+# must allow for the baseline to be one of its candidates).
+NAIVE_SCHEMES = {"all-w8a8-minmax": "w8a8", "all-w8a8-dynamic": "w8a8_dynamic"}
 
 
 def naive_policy(report: SensitivityReport, target: str | Target, strategy: str) -> PrecisionPolicy:

@@ -65,3 +65,24 @@ def test_whisper_measured_search_dominates_the_baselines(tmp_path):
     _assert_dominates_the_baselines(result)
     labels = [r.candidate.label for r in result.search.rounds]
     assert labels[:2] == ["all-w8a8-minmax", "all-w8a8-dynamic"]  # vLLM runs both
+
+
+def test_the_starting_points_are_the_baselines_the_recipe_allows_then_the_estimate():
+    from opsnn_quant.pipeline.measured import starting_points
+    from opsnn_quant.policy.budget import Budget, ModalityLimit
+    from opsnn_quant.policy.targets import get_target
+    from tests.policy._factory import linear, report
+
+    rep = report(linear("a", 1e-4), linear("b", 1e-2))
+    vllm, atc = get_target("ascend910b-vllm-ascend"), get_target("ascend910b-atc")
+    labels = lambda starts: [c.label for c in starts]  # noqa: E731
+    assert labels(starting_points(rep, vllm, Budget())) == ["all-w8a8-minmax", "all-w8a8-dynamic"]
+    # static activations only (probe.schemes): the per-token baseline is not a candidate
+    static = ["w8a8", "w8a8_mse", "w8a8_smoothquant"]
+    assert labels(starting_points(rep, vllm, Budget(), static)) == ["all-w8a8-minmax"]
+    # ATC runs no per-token activations: its naive dynamic policy is empty, so not a candidate
+    assert labels(starting_points(rep, atc, Budget())) == ["all-w8a8-minmax"]
+    limits = Budget(limits={"denoiser": ModalityLimit(min_sqnr_db=25.0)})
+    starts = starting_points(rep, atc, limits)
+    assert labels(starts) == ["all-w8a8-minmax", "estimate at the recipe's limits"]
+    assert starts[1].share == 0.5  # b (1e-2 > 10^-2.5) falls back: half the MACs
