@@ -121,3 +121,9 @@ class ModelAdapter(ABC):
     def describe_output(self, modality: Modality) -> str:
         """Words for the root output of a modality (for reports)."""
         return ", ".join(self.roots_of(modality))
+
+    def output_positions(self, root: str) -> dict[str, slice] | None:
+        """Named groups of positions along a root output's sequence axis (dim 1) that the
+        held-out measurement reports apart (e.g. a decoder's first token and the later ones:
+        one prefill step and many cached steps in deployment); None: the output as a whole."""
+        return None

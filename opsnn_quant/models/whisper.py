@@ -113,6 +113,8 @@ class WhisperAdapter(ModelAdapter):
         self.processor = processor
         self.model_id = model_id
         self.settings = settings or WhisperSettings()
+        # the decoder prompt's length (start token and forced ids), seen by the forward loop
+        self.prompt_length: int | None = None
 
     @classmethod
     def load(
@@ -154,6 +156,16 @@ class WhisperAdapter(ModelAdapter):
             Modality.AUDIO_ENCODER: "encoder hidden states",
             Modality.TEXT_DECODER: "decoder logits",
         }.get(modality, "")
+
+    def output_positions(self, root: str) -> dict[str, slice] | None:
+        """The teacher-forced decoder call's logits in the deployment's two kinds of steps: the
+        prompt's last position picks the first token (the prefill step, no cache yet); each
+        later position is one KV-cached step. The prompt's other positions feed the cache only:
+        their logits are never used, so neither group holds them."""
+        p = self.prompt_length
+        if root != "" or p is None:
+            return None
+        return {"first token": slice(p - 1, p), "later tokens": slice(p, None)}
 
     def features(self, audio: Sequence[Any]) -> torch.Tensor:
         """Log-mel input features for a batch of waveforms."""
@@ -228,6 +240,7 @@ class WhisperAdapter(ModelAdapter):
         if prompt is None or encoded is None or s.num_beams != 1:
             return  # beam search reorders the batch: no single teacher-forced call matches it
         p = prompt.shape[1]
+        self.prompt_length = p
         if ids.shape[1] >= p and torch.equal(ids[:, :p], prompt):
             ids = ids[:, p:]  # some transformers versions return the prompt too
         # Exactly the positions the steps fed: the prompt, then one token per later step (the

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opsnn_quant.backends.devices import resolve_device
+from opsnn_quant.backends.devices import backend_label, resolve_device
 from opsnn_quant.determinism import set_reproducible
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.gate import check_latency_mode
@@ -26,6 +26,7 @@ from opsnn_quant.io import atomic_dir, check_output_dir
 from opsnn_quant.models import ModelAdapter, check_weights
 from opsnn_quant.models.data import load_records
 from opsnn_quant.models.settings import check_source_fits
+from opsnn_quant.numerics import fmt_db
 from opsnn_quant.pipeline.context import ENGINES, Engine, RunContext, load_recipe_model
 from opsnn_quant.pipeline.exports import (
     ExportPlan,
@@ -140,7 +141,8 @@ def run_calibrate(
         measured = measure_phase(ctx, holdout)  # 7. measure
         exported = write_exports(ctx, resolved, plan)  # 8. export
         notes += exported.notes
-        deployed = deployed_shares(ctx, resolved, probed.report, exported.int8)
+        deployed = deployed_shares(probed.report, exported.int8)
+        add_policy_notes(ctx, resolved, deployed, measured)
         verdict = acceptance_phase(ctx, checked.suite, probed.report, resolved, latency)  # 9.
         # The run's wall-clock times, apart: every other file is the same bytes on a rerun.
         ctx.timings["total"] = time.perf_counter() - started
@@ -365,18 +367,40 @@ def measure_phase(
 
 
 def deployed_shares(
+    report: SensitivityReport, int8: Mapping[str, list[str]]
+) -> dict[str, dict[str, float]]:
+    """Per written artifact, the share of MACs it deploys in int8 (per modality, overall)."""
+    return {fmt: int8_mac_shares(report, names) for fmt, names in int8.items()}
+
+
+def add_policy_notes(
     ctx: RunContext,
     resolved: ResolvedPolicy,
-    report: SensitivityReport,
-    int8: Mapping[str, list[str]],
-) -> dict[str, dict[str, float]]:
-    """Per written artifact, the share of MACs it deploys in int8 (per modality, overall);
-    added to ``policy.yaml``'s notes, beside the shares the policy asks for."""
-    deployed = {fmt: int8_mac_shares(report, names) for fmt, names in int8.items()}
-    if deployed:
-        notes = [deployed_note(fmt, shares) for fmt, shares in deployed.items()]
+    deployed: Mapping[str, Mapping[str, float]],
+    measured: Mapping[Modality, Mapping[str, float]],
+) -> None:
+    """Add to ``policy.yaml``'s notes what only the written files and the quantized model show:
+    each artifact's deployed int8 share (beside the shares the policy asks for) and the
+    held-out SQNR of each group of output positions (a decoder's first and later tokens)."""
+    notes = [deployed_note(fmt, shares) for fmt, shares in deployed.items()]
+    backend = backend_label(ctx.adapter.device)
+    notes += [position_note(m, figures, backend) for m, figures in measured.items()]
+    notes = [n for n in notes if n]
+    if notes:
         resolved.policy.with_notes(*notes).save(ctx.out.policy)
-    return deployed
+
+
+def position_note(modality: Modality, figures: Mapping[str, float], backend: str) -> str:
+    """One line for the policy's notes: a modality's held-out SQNR per group of output positions
+    on ``backend`` ("" when the adapter names none)."""
+    groups = {k.split(":", 1)[1]: v for k, v in figures.items() if k.startswith("sqnr_db:")}
+    if not groups:
+        return ""
+    parts = ", ".join(f"{name} {fmt_db(v)}" for name, v in groups.items())
+    return (
+        f"measured on held-out data ({backend}): {modality.value} {fmt_db(figures['sqnr_db'])}"
+        f" overall; {parts}"
+    )
 
 
 # ---- 9. accept -----------------------------------------------------------------------------

@@ -20,23 +20,46 @@ def measure_modalities(
     adapter: ModelAdapter, recorded: RecordedRoots
 ) -> dict[Modality, dict[str, float]]:
     """Replay the recorded calls on the (now quantized) model: SQNR dB and cosine per modality,
-    over all the modality's roots' outputs together."""
+    over all the modality's roots' outputs together; with the adapter's
+    :meth:`~opsnn_quant.models.base.ModelAdapter.output_positions`, also the SQNR of each group
+    of positions (``sqnr_db:<group>``)."""
     named = dict(adapter.model.named_modules())
     out = {}
     for modality in dict.fromkeys(recorded.modalities.values()):
         roots = recorded.roots_of(modality)
         if not roots:
             continue
-        refs = [r.reshape(-1) for root in roots for r in recorded.outputs[root]]
-        got = [
-            replay(named[root], c, s).float().reshape(-1)
+        pairs = [
+            (root, ref, replay(named[root], c, s).float())
             for root in roots
-            for c, s in zip(recorded.calls[root], recorded.steps_of(root), strict=True)
+            for ref, c, s in zip(
+                recorded.outputs[root], recorded.calls[root], recorded.steps_of(root), strict=True
+            )
         ]
-        ref_all, got_all = torch.cat(refs), torch.cat(got)
-        out[modality] = {
+        ref_all = torch.cat([ref.reshape(-1) for _, ref, _ in pairs])
+        got_all = torch.cat([got.reshape(-1) for _, _, got in pairs])
+        figures = {
             "sqnr_db": sqnr_db(ref_all, got_all),
             "cosine": cosine(ref_all, got_all),
             "calls": sum(len(recorded.calls[root]) for root in roots),
         }
+        figures.update(_position_sqnr(adapter, pairs))
+        out[modality] = figures
     return out
+
+
+def _position_sqnr(
+    adapter: ModelAdapter, pairs: list[tuple[str, torch.Tensor, torch.Tensor]]
+) -> dict[str, float]:
+    """``sqnr_db:<group>`` over each group of positions the adapter names (dim 1 of the
+    outputs), all the modality's calls together."""
+    groups: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    for root, ref, got in pairs:
+        for name, positions in (adapter.output_positions(root) or {}).items():
+            r, g = ref[:, positions].reshape(-1), got[:, positions].reshape(-1)
+            if r.numel():
+                groups.setdefault(name, []).append((r, g))
+    return {
+        f"sqnr_db:{name}": sqnr_db(torch.cat([r for r, _ in rg]), torch.cat([g for _, g in rg]))
+        for name, rg in groups.items()
+    }

@@ -99,3 +99,18 @@ def test_bad_audio_names_the_sample(adapter):
         adapter.forward_loop([{"audio": good, "sampling_rate": 8000}])
     with pytest.raises(ModelLoadError, match=r"no config\.json"):
         load_adapter("whisper", "/nonexistent/dir")
+
+
+def test_the_decoder_logits_positions_are_the_first_token_and_the_cached_steps(adapter):
+    # After the forward loop the adapter knows the prompt's length p: the first generated token
+    # is read at position p - 1 (the prefill step), later tokens at p, p + 1, ... (one cached
+    # step each; see the teacher-forced test above); the encoder has no such groups.
+    from opsnn_quant.models.data import load_records
+
+    adapter.forward_loop(load_records("zoo:speech/eval", 1))(adapter.model)
+    p = adapter.prompt_length
+    assert p is not None and p >= 1
+    assert adapter.output_positions("") == {
+        "first token": slice(p - 1, p), "later tokens": slice(p, None),
+    }  # fmt: skip
+    assert adapter.output_positions("model.encoder") is None
