@@ -231,6 +231,15 @@ class Recipe(StrictModel):
         """The model settings as keyword arguments of :func:`opsnn_quant.models.load_adapter`."""
         return self.model.settings.model_dump()
 
+    def with_strategy(self, strategy: str) -> Recipe:
+        """A copy deciding its policy by ``strategy`` (``--strategy``): a naive baseline drops
+        ``budget.metric``, which only the search measures (the old behaviour, to compare)."""
+        budget = self.budget if strategy == "search" else self.budget.model_copy(
+            update={"metric": None, "max_evaluations": None}
+        )  # fmt: skip
+        # a copy, not a re-validation: the CLI checked the name against STRATEGIES
+        return self.model_copy(update={"strategy": strategy, "budget": budget})
+
     def with_placement(self, device: str | None, dtype: str | None) -> Recipe:
         """A copy placed on ``device`` in ``dtype`` (None keeps the recipe's), validated.
 

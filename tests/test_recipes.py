@@ -248,3 +248,12 @@ def test_budget_metric_is_checked_with_field_and_line(tmp_path):
         bad.write_text(text.replace(old, new))
         with pytest.raises(ConfigError, match=re.escape(error)):
             load_recipe(str(bad))
+
+
+def test_a_baseline_strategy_drops_the_metric_the_search_would_measure():
+    recipe = load_recipe("whisper-tiny-en")
+    assert recipe.budget.metric is not None
+    naive = recipe.with_strategy("all-w8a8-dynamic")
+    assert naive.strategy == "all-w8a8-dynamic" and naive.budget.metric is None
+    assert naive.budget.min_int8_mac_share == recipe.budget.min_int8_mac_share
+    assert recipe.with_strategy("search").budget.metric == recipe.budget.metric

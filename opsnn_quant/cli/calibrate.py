@@ -129,7 +129,7 @@ def calibrate(
         raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     r = load_recipe(recipe).with_placement(device, dtype)
     if strategy is not None:
-        r = r.model_copy(update={"strategy": strategy})
+        r = r.with_strategy(strategy)
     if allow_pickle:  # as the recipe's model.allow_pickle: true
         r = r.model_copy(update={"model": r.model.model_copy(update={"allow_pickle": True})})
     out = out if out is not None else Path("out") / r.name
