@@ -217,6 +217,12 @@ CASES = [
          2, "line 5: model.settings.stepz: Extra inputs are not permitted"),
     Case("settings wrong type", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, "steps: 2", 'steps: "ten"'), "-o", str(d / "o")],
          2, "line 5: model.settings.steps: Input should be a valid integer"),
+    Case("metric suite unknown", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, "target:", "budget: {metric: {suite: nope, psnr_min: 30}}\ntarget:"), "-o", str(d / "o")],
+         2, "suite nope not found (built-in suites: shapes-dit"),
+    Case("metric slice too short", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, "target:", f"budget: {{metric: {{suite: shapes-t2i, data: {r / 'prompts.txt'}, samples: 5, psnr_min: 30}}}}\ntarget:"), "-o", str(d / "o")],
+         2, "has 2 records, fewer than the 5 needed for 5 from record 0"),
+    Case("metric with a speed bound", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, "target:", "budget: {metric: {suite: shapes-t2i, memory_ratio_max: 1}}\ntarget:"), "-o", str(d / "o")],
+         2, "budget.metric: memory_ratio_max is a speed bound"),
     Case("recipe not UTF-8", lambda d, r, rec, done: ["calibrate", str(_bytes(d, "r.yaml", b"name: caf\xe9\n")), "-o", str(d / "o")],
          2, "is not UTF-8 text"),
     Case("prompts not UTF-8", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, str(r / "prompts.txt"), str(_bytes(d, "p.txt", b"caf\xe9\n"))), "-o", str(d / "o")],
@@ -335,7 +341,7 @@ def test_bad_input(case, tiny, tmp_path, monkeypatch, capsys):
             raise AssertionError("a model was loaded before the input was checked")
 
         monkeypatch.setattr(opsnn_quant.models, "load_adapter", refuse)
-        monkeypatch.setattr("opsnn_quant.pipeline.calibrate.load_adapter", refuse)
+        monkeypatch.setattr("opsnn_quant.pipeline.context.load_adapter", refuse)
     monkeypatch.chdir(tmp_path)
     argv = case.argv(tmp_path, root, recipe, done)
     assert main(argv) == case.code
@@ -384,7 +390,7 @@ def test_a_read_only_output_location_is_refused_before_loading(tiny, tmp_path, m
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))
 
     monkeypatch.setattr(opsnn_quant.io.tempfile, "mkdtemp", read_only)
-    monkeypatch.setattr("opsnn_quant.pipeline.calibrate.load_adapter", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr("opsnn_quant.pipeline.context.load_adapter", lambda *a, **k: 1 / 0)
     assert main(["calibrate", str(recipe), "-o", str(tmp_path / "o")]) == 2
     assert _errors(capsys.readouterr().err) == [
         f"error: cannot write {tmp_path / 'o'}: Read-only file system"
