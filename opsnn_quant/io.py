@@ -321,9 +321,11 @@ def atomic_dir(
         tmp.mkdir()  # the umask applies: outputs are ordinary directories
         (tmp / MARKER).write_text(Marker(kind, token).to_json(), encoding="utf-8")
         lock = hold(tmp / MARKER)
-    except OSError as exc:
+    except BaseException as exc:  # a signal in this window too: no temporary left behind
         shutil.rmtree(tmp, ignore_errors=True)
-        raise write_error(target, exc) from exc
+        if isinstance(exc, OSError):
+            raise write_error(target, exc) from exc
+        raise
     try:
         yield tmp
         _swap(tmp, target, Marker(kind, token, manifest_of(tmp)), lock)

@@ -290,6 +290,7 @@ def load_recipe(name_or_path: str) -> Recipe:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a recipe is a YAML mapping")
     data.setdefault("name", path.stem)
+    _resolve_paths(data, path, node)
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:
@@ -307,6 +308,45 @@ def load_recipe(name_or_path: str) -> Recipe:
         line = _line_of(node, loc)
         where = f"line {line}: " if line else ""
         raise ConfigError(f"{path}: {where}{'.'.join(loc)}: {msg}") from exc
+
+
+# The recipe fields that hold a local path (or a named source): resolved against the recipe's
+# directory when relative, as a suite's paths are against the suite's.
+PATH_FIELDS = (
+    ("model", "source"),
+    ("data", "calibration"),
+    ("data", "holdout"),
+    ("budget", "metric", "data"),
+    ("budget", "metric", "suite"),
+)
+
+
+def _resolve_paths(data: dict[str, Any], path: Path, node: Any) -> None:
+    """Make the relative paths of ``data`` (a recipe file's fields) relative to its directory,
+    in place; one that does not exist there is an error naming that directory. A named source
+    (``zoo:...``), an absolute path and a built-in suite name stay as they are."""
+    from opsnn_quant.sources import is_named
+
+    base = path.resolve().parent
+    for keys in PATH_FIELDS:
+        parent: Any = data
+        for key in keys[:-1]:
+            parent = parent.get(key) if isinstance(parent, dict) else None
+        value = parent.get(keys[-1]) if isinstance(parent, dict) else None
+        if not isinstance(value, str) or not value or is_named(value) or Path(value).is_absolute():
+            continue
+        if keys[-1] == "suite" and not value.endswith((".yaml", ".yml")) and "/" not in value:
+            continue  # a built-in suite's name
+        resolved = base / value
+        if not resolved.exists():
+            line = _line_of(node, list(keys))
+            where = f"line {line}: " if line else ""
+            raise ConfigError(
+                f"{path}: {where}{'.'.join(keys)}: {value} not found in {base} (a recipe's "
+                "relative paths are relative to the recipe file)"
+            )
+        assert isinstance(parent, dict)
+        parent[keys[-1]] = str(resolved)
 
 
 def _line_of(node: Any, loc: list[str]) -> int | None:

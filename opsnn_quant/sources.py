@@ -57,6 +57,12 @@ def split_source(source: str) -> tuple[str, str] | None:
     return m.group(1), m.group(2)
 
 
+def is_named(source: str) -> bool:
+    """Whether ``source`` has the form of a named source (``<scheme>:<name>``), whatever exists
+    on disk (a recipe's relative paths are resolved against its directory, not the CWD)."""
+    return _SCHEME.match(source) is not None
+
+
 def provider_for(scheme: str) -> SourceProvider:
     """The provider of ``scheme``.
 

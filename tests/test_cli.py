@@ -95,6 +95,11 @@ def test_bad_input_is_one_line_exit_2_and_no_output(tiny, tmp_path, capsys):
     nomodel = tmp_path / "nomodel.yaml"
     nomodel.write_text(recipe.read_text().replace(str(root / "pipe"), str(tmp_path / "nowhere")))
     assert main(["calibrate", str(nomodel), "-o", str(out)]) == 2
+    assert f"model {tmp_path / 'nowhere'} does not exist" in capsys.readouterr().err
+    # a directory that is no model: the loader says what it lacks
+    (tmp_path / "empty_dir").mkdir()
+    nomodel.write_text(recipe.read_text().replace(str(root / "pipe"), str(tmp_path / "empty_dir")))
+    assert main(["calibrate", str(nomodel), "-o", str(out)]) == 2
     assert "no model_index.json" in capsys.readouterr().err
 
     empty = tmp_path / "empty.txt"

@@ -83,7 +83,12 @@ def _probe_table(report: SensitivityReport) -> _ui.Table:
 
 
 def calibrate(
-    recipe: Annotated[str, typer.Argument(help="recipe YAML path or built-in name")] = "shapes-t2i",
+    recipe: Annotated[
+        str | None,
+        typer.Argument(
+            help="recipe YAML path or built-in name [default: shapes-t2i, or none with --model]"
+        ),
+    ] = None,
     out: Annotated[
         Path | None, typer.Option("-o", "--out", help="output directory [default: out/NAME]")
     ] = None,
@@ -107,19 +112,42 @@ def calibrate(
         str,
         typer.Option(help="with --evaluate, what to time: target | all | none (see evaluate)"),
     ] = "target",
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="the model (a directory or zoo:NAME): no recipe needed, or over the recipe's"
+        ),
+    ] = None,
+    data: Annotated[
+        str | None, typer.Option(help="calibration data source (over the recipe's)")
+    ] = None,
+    target: Annotated[
+        str | None,
+        typer.Option(help="deployment target [default: the recipe's, or the family's engine]"),
+    ] = None,
+    family: Annotated[
+        str | None, typer.Option(help="model family with --model [default: guessed]")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(help="use the first N calibration samples")] = None,
+    sets: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="model setting KEY=VALUE (repeatable), e.g. steps=20"),
+    ] = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     allow_pickle: AllowPickleOpt = False,
 ) -> None:
     """Probe, decide the policy, quantize, save and export: OUT/probe.json, policy.yaml,
-    quant/, export/ (and report/ with --evaluate); wall-clock times in OUT/timings.json."""
+    quant/, export/ (and report/ with --evaluate), OUT/recipe.yaml (the effective recipe, to
+    repeat the run); wall-clock times in OUT/timings.json."""
     from opsnn_quant.errors import ConfigError
     from opsnn_quant.models import check_weights
     from opsnn_quant.pipeline.calibrate import check_calibrate_output, run_calibrate
     from opsnn_quant.pipeline.context import ENGINES
     from opsnn_quant.policy.baselines import STRATEGIES
     from opsnn_quant.policy.targets import get_target
-    from opsnn_quant.recipe import load_recipe, resolve_recipe
+    from opsnn_quant.recipe import resolve_recipe
+    from opsnn_quant.recipe_flags import RecipeFlags, effective_recipe
     from opsnn_quant.user_config import check_seed
 
     check_seed(seed)
@@ -127,16 +155,16 @@ def calibrate(
         raise ConfigError(f"--engine must be {' or '.join(ENGINES)}, got {engine!r}")
     if strategy is not None and strategy not in STRATEGIES:
         raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-    r = load_recipe(recipe).with_placement(device, dtype)
+    flags = RecipeFlags(model, data, family, target, limit, tuple(sets or ()))
+    r = effective_recipe(recipe, flags).with_placement(device, dtype)
     if strategy is not None:
         r = r.with_strategy(strategy)
     if allow_pickle:  # as the recipe's model.allow_pickle: true
         r = r.model_copy(update={"model": r.model.model_copy(update={"allow_pickle": True})})
     out = out if out is not None else Path("out") / r.name
     check_weights(r.model.source, allow_pickle=r.model.allow_pickle)
-    check_calibrate_output(
-        r, out, force=force, suite=evaluate, inputs=[str(resolve_recipe(recipe))]
-    )
+    read = [str(resolve_recipe(recipe))] if recipe is not None else []
+    check_calibrate_output(r, out, force=force, suite=evaluate, inputs=read)
     with _ui.reporter(quiet) as rep:
         result = run_calibrate(
             r, out, seed=seed, progress=rep.phase, engine=engine, suite=evaluate,

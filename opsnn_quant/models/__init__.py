@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from opsnn_quant.errors import ModelLoadError
@@ -127,6 +128,32 @@ def _pipeline_family(index_file: Any) -> str:
     return "diffusers-dit" if named("transformer") and not named("unet") else "diffusers-sd"
 
 
+# what a Hugging Face hub id looks like (owner/name), as opposed to a local path
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def check_model_source(source: str) -> None:
+    """Refuse a model source that is neither a named source (``zoo:NAME``) nor an existing path,
+    saying how to fetch a hub id (nothing downloads at run time).
+
+    Raises:
+        ModelLoadError: no such model here.
+    """
+    from pathlib import Path
+
+    from opsnn_quant.sources import split_source
+
+    if split_source(source) is not None or Path(source).exists():
+        return
+    if _HUB_ID.match(source):
+        raise ModelLoadError(
+            f"model {source} does not exist here; it looks like a Hugging Face hub id, and "
+            f"nothing downloads at run time: `huggingface-cli download {source} --local-dir "
+            "DIR` on a machine with access, then pass DIR"
+        )
+    raise ModelLoadError(f"model {source} does not exist")
+
+
 def guess_family(source: str) -> str:
     """Family from a zoo name or a model directory's files."""
     import json
@@ -145,14 +172,14 @@ def guess_family(source: str) -> str:
                 return "whisper"
         except json.JSONDecodeError as exc:
             raise ModelLoadError(f"{cfg} is not valid JSON") from exc
-    if not path.exists():
-        raise ModelLoadError(f"model {source} does not exist")
+    check_model_source(source)
     raise ModelLoadError(f"cannot tell the model family of {source}; pass --family")
 
 
 __all__ = [
     "FAMILIES",
     "ModelAdapter",
+    "check_model_source",
     "check_weights",
     "guess_family",
     "load_adapter",

@@ -22,8 +22,8 @@ from opsnn_quant.determinism import set_reproducible
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.gate import check_latency_mode
 from opsnn_quant.evaluation.suite import Suite, load_suite, suite_inputs
-from opsnn_quant.io import atomic_dir, check_output_dir
-from opsnn_quant.models import ModelAdapter, check_weights
+from opsnn_quant.io import atomic_dir, atomic_write_text, check_output_dir
+from opsnn_quant.models import ModelAdapter, check_model_source, check_weights
 from opsnn_quant.models.data import load_records
 from opsnn_quant.models.settings import check_source_fits
 from opsnn_quant.numerics import fmt_db
@@ -60,6 +60,7 @@ from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.checkpoint import save_quantized
 from opsnn_quant.recipe import Recipe
+from opsnn_quant.recipe_flags import recipe_yaml
 from opsnn_quant.recording import RecordedRoots, record_roots
 from opsnn_quant.sources import local_paths
 from opsnn_quant.types import Modality, Progress
@@ -134,6 +135,8 @@ def run_calibrate(
     adapter = load_model(recipe, say)
     with atomic_dir(out, OUTPUT_KIND, force=force) as tmp:
         ctx = RunContext(adapter, recipe, CalibrateOutput(tmp), seed, checked.engine, say)
+        # what ran, to repeat it: the recipe with the command line's overrides and seed
+        atomic_write_text(ctx.out.recipe, recipe_yaml(recipe.model_copy(update={"seed": seed})))
         probed = probe_phase(ctx, data, checked.target)  # 2. probe
         resolved, notes, search = policy_phase(ctx, probed, data, checked)  # 3. policy, files
         holdout, plan = float_references(ctx, data, probed, resolved)  # 4. from the float model
@@ -210,6 +213,7 @@ def check_before_work(
     recipe: Recipe, out: Path, engine: str, suite: str | None, latency: str, force: bool
 ) -> Checked:
     """Everything checkable before data and model load."""
+    check_model_source(recipe.model.source)
     check_weights(recipe.model.source, allow_pickle=recipe.model.allow_pickle)
     metric = recipe.budget.metric
     inputs = suite_inputs(metric.suite) if metric is not None else []

@@ -1,7 +1,7 @@
 """The layout of a calibrate output directory, and what a directory a user passes is.
 
 One owner for the names every command reads and writes (``probe.json``, ``policy.yaml``,
-``quant/``, ``export/``, ``report/``, ``timings.json``), instead of the literals spread over the
+``quant/``, ``export/``, ``report/``, ``timings.json``, ``recipe.yaml``), instead of the literals spread over the
 commands, and one classification of a path given as ``--candidate``, ``export-weights OUT`` or
 a policy's folder: our calibrate output, an AscendV1 (engine) directory, or a model source.
 """
@@ -15,6 +15,7 @@ from pathlib import Path
 PROBE_FILE = "probe.json"
 POLICY_FILE = "policy.yaml"
 TIMINGS_FILE = "timings.json"
+RECIPE_FILE = "recipe.yaml"
 QUANT_DIR = "quant"
 EXPORT_DIR = "export"
 REPORT_DIR = "report"
@@ -48,6 +49,11 @@ class CalibrateOutput:
     def policy(self) -> Path:
         """The precision policy."""
         return self.root / POLICY_FILE
+
+    @property
+    def recipe(self) -> Path:
+        """The effective recipe of the run (flags and overrides applied)."""
+        return self.root / RECIPE_FILE
 
     @property
     def timings(self) -> Path:

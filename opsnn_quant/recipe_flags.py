@@ -1,0 +1,148 @@
+"""The recipe a command line means: a recipe file with flags over its fields, or no recipe at all.
+
+``calibrate --model DIR --data SRC`` needs no recipe: the family is guessed from the model's files
+(as ``probe`` does), the target is the family's usual engine (:data:`DEFAULT_TARGETS`) and
+``--set KEY=VALUE`` gives model settings. With a recipe, the same flags override its fields. The
+result is validated as a recipe file is, and written into the output as ``recipe.yaml``
+(:func:`recipe_yaml`) so that the run can be repeated exactly with ``calibrate OUT/recipe.yaml``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from opsnn_quant.errors import ConfigError
+from opsnn_quant.models.settings import parse_set_options
+from opsnn_quant.recipe import FAMILY_TAGS, Recipe, load_recipe
+from opsnn_quant.user_config import check_limit
+
+# The engine a family's models are usually served by on Ascend (its target without a recipe):
+# MindIE-SD for diffusers pipelines, vLLM-Ascend for Whisper.
+DEFAULT_TARGETS = {
+    "diffusers-sd": "ascend910b-mindie-sd",
+    "diffusers-dit": "ascend910b-mindie-sd",
+    "whisper": "ascend910b-vllm-ascend",
+}
+DEFAULT_RECIPE = "shapes-t2i"
+
+
+@dataclass(frozen=True)
+class RecipeFlags:
+    """Command-line flags over a recipe's fields (None / empty: the recipe's own).
+
+    Attributes:
+        model: ``model.source`` (a directory or ``zoo:NAME``).
+        data: ``data.calibration``.
+        family: ``model.family`` (guessed from the model's files when the model changes).
+        target: ``target``.
+        limit: ``data.limit``.
+        sets: ``KEY=VALUE`` items over ``model.settings``.
+    """
+
+    model: str | None = None
+    data: str | None = None
+    family: str | None = None
+    target: str | None = None
+    limit: int | None = None
+    sets: tuple[str, ...] = ()
+
+    def any(self) -> bool:
+        """Whether a flag is given."""
+        return any((self.model, self.data, self.family, self.target, self.limit, self.sets))
+
+
+def effective_recipe(recipe: str | None, flags: RecipeFlags) -> Recipe:
+    """The recipe ``recipe`` (a path or built-in name; None: none, or the demo's without
+    ``--model``) with ``flags`` over its fields, validated.
+
+    Raises:
+        ConfigError: a bad recipe, ``--model`` without ``--data`` and without a recipe, a model
+            whose family cannot be told, or a field the flags make invalid (named by its flag).
+    """
+    check_limit(flags.limit)
+    if recipe is None and flags.model is None:
+        recipe = DEFAULT_RECIPE
+    if recipe is None:
+        assert flags.model is not None
+        if flags.data is None:
+            raise ConfigError("--model without a recipe needs --data (e.g. prompts.txt)")
+        data = _bare(flags.model)
+    else:
+        base = load_recipe(recipe)
+        if not flags.any():
+            return base
+        data = base.model_dump(mode="json", exclude_none=True)
+    return _validated(_apply(data, flags))
+
+
+def _bare(model: str) -> dict[str, Any]:
+    """A recipe's fields for ``model`` alone (the flags fill in the rest)."""
+    stem = Path(model.split(":", 1)[-1].rstrip("/")).name or "model"
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", stem).lstrip("-._") or "model"
+    return {"name": name, "model": {"source": model}, "data": {}}
+
+
+def _apply(data: dict[str, Any], flags: RecipeFlags) -> dict[str, Any]:
+    """``data`` (a recipe's fields) with the flags applied."""
+    from opsnn_quant.models import check_model_source, guess_family
+
+    model = dict(data.get("model", {}))
+    if flags.model is not None and flags.model != model.get("source"):
+        check_model_source(flags.model)
+        model = {k: v for k, v in model.items() if k not in ("source", "family", "settings")}
+        model["source"] = flags.model
+    if flags.family is not None:
+        model["family"] = flags.family
+    elif "family" not in model:
+        model["family"] = guess_family(model["source"])
+    model["settings"] = {**model.get("settings", {}), **parse_set_options(flags.sets)}
+    recipe = {**data, "model": model}
+    section = dict(recipe.get("data", {}))
+    if flags.data is not None:
+        section["calibration"] = flags.data
+    if flags.limit is not None:
+        section["limit"] = flags.limit
+    recipe["data"] = section
+    if flags.target is not None:
+        recipe["target"] = flags.target
+    recipe.setdefault("target", DEFAULT_TARGETS.get(model["family"], "cpu-reference"))
+    return recipe
+
+
+# recipe fields -> the flag that set them, for error messages
+_FLAG_OF = {
+    "model.source": "--model",
+    "model.family": "--family",
+    "data.calibration": "--data",
+    "data.limit": "--limit",
+    "target": "--target",
+}
+
+
+def _validated(data: dict[str, Any]) -> Recipe:
+    """``data`` as a Recipe; an error names the flag (or the recipe field) it comes from."""
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"] if str(x) not in FAMILY_TAGS)
+        msg = err["msg"].removeprefix("Value error, ")
+        if loc.startswith("model.settings."):
+            where = f"--set {loc.removeprefix('model.settings.')}"
+        else:
+            where = _FLAG_OF.get(loc, loc)
+        raise ConfigError(f"{where}: {msg}" if where else msg) from exc
+
+
+def recipe_yaml(recipe: Recipe) -> str:
+    """The recipe as a file (every field, defaults included): ``calibrate`` writes it into its
+    output, and loading it gives the same recipe."""
+    header = "# the effective recipe of this run: `opsnn-quant calibrate recipe.yaml` repeats it\n"
+    body = recipe.model_dump(mode="json", exclude_none=True)
+    return header + yaml.safe_dump(body, sort_keys=False, allow_unicode=True)

@@ -1,0 +1,114 @@
+"""The recipe a command line means: no recipe (``--model``/``--data``), flags over a recipe's
+fields, relative paths against the recipe file, and OUT/recipe.yaml that repeats the run."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from opsnn_quant.cli import main
+from opsnn_quant.errors import ConfigError, ModelLoadError
+from opsnn_quant.recipe import load_recipe
+from opsnn_quant.recipe_flags import RecipeFlags, effective_recipe, recipe_yaml
+from tests.tiny_pipelines import save_tiny_sd
+
+
+@pytest.fixture(scope="module")
+def pipe(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("flags")
+    save_tiny_sd(root / "my pipe")
+    (root / "prompts.txt").write_text("a red circle\na blue square\n")
+    return root
+
+
+def test_no_recipe_and_no_model_is_the_demo():
+    assert effective_recipe(None, RecipeFlags()).name == "shapes-t2i"
+
+
+def test_a_model_alone_gets_its_family_the_familys_engine_and_a_name(pipe):
+    r = effective_recipe(None, RecipeFlags(model=str(pipe / "my pipe"),
+                                           data=str(pipe / "prompts.txt"), sets=("steps=2",)))  # fmt: skip
+    assert r.name == "my-pipe" and r.model.family == "diffusers-sd"
+    assert r.target == "ascend910b-mindie-sd"  # diffusers pipelines: MindIE-SD
+    assert r.model.settings.steps == 2 and r.data.calibration == str(pipe / "prompts.txt")
+    with pytest.raises(ConfigError, match="--model without a recipe needs --data"):
+        effective_recipe(None, RecipeFlags(model=str(pipe / "my pipe")))
+
+
+def test_flags_override_a_recipes_fields_and_name_themselves_in_errors(pipe):
+    base = load_recipe("whisper-tiny-en")
+    r = effective_recipe("whisper-tiny-en", RecipeFlags(target="ascend910b-mindie-sd", limit=3,
+                                                        sets=("max_new_tokens=16",)))  # fmt: skip
+    assert (r.target, r.data.limit, r.model.settings.max_new_tokens) == (
+        "ascend910b-mindie-sd",
+        3,
+        16,
+    )
+    assert r.model.settings.batch_size == base.model.settings.batch_size  # the rest stays
+    assert r.budget == base.budget and r.model.source == base.model.source
+    with pytest.raises(ConfigError, match=r"^--set stepz: Extra inputs are not permitted"):
+        effective_recipe("whisper-tiny-en", RecipeFlags(sets=("stepz=2",)))
+    with pytest.raises(ConfigError, match=r"^--target: unknown target 'nope'"):
+        effective_recipe("whisper-tiny-en", RecipeFlags(target="nope"))
+    # a new model over a recipe drops the old model's settings and guesses its family
+    r = effective_recipe("whisper-tiny-en", RecipeFlags(model=str(pipe / "my pipe"),
+                                                        data=str(pipe / "prompts.txt")))  # fmt: skip
+    assert r.model.family == "diffusers-sd"
+    assert r.model.settings == type(r.model.settings)()  # the SD defaults, not Whisper's settings
+
+
+def test_a_hub_id_says_how_to_fetch_it(capsys, tmp_path):
+    with pytest.raises(ModelLoadError, match="huggingface-cli download openai/whisper-tiny"):
+        effective_recipe(None, RecipeFlags(model="openai/whisper-tiny", data="x.txt"))
+    argv = [
+        "calibrate",
+        "--model",
+        "openai/whisper-tiny",
+        "--data",
+        "x.txt",
+        "-o",
+        str(tmp_path / "o"),
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: model openai/whisper-tiny does not exist")
+
+
+def test_a_recipes_relative_paths_are_relative_to_the_recipe_file(pipe, tmp_path, monkeypatch):
+    recipe = pipe / "recipe.yaml"
+    recipe.write_text(
+        "name: rel\n"
+        "model: {family: diffusers-sd, source: my pipe, settings: {steps: 2, batch_size: 2}}\n"
+        "data: {calibration: prompts.txt}\n"
+        "target: ascend910b-atc\n"
+    )
+    monkeypatch.chdir(tmp_path)  # elsewhere: the recipe's directory counts, not the CWD
+    r = load_recipe(str(recipe))
+    assert r.model.source == str(pipe / "my pipe") and r.data.calibration == str(
+        pipe / "prompts.txt"
+    )
+    bad = pipe / "bad.yaml"
+    bad.write_text(recipe.read_text().replace("prompts.txt", "missing.txt"))
+    with pytest.raises(ConfigError, match=re.escape(
+        f"line 3: data.calibration: missing.txt not found in {pipe}"
+    )):  # fmt: skip
+        load_recipe(str(bad))
+
+
+@pytest.mark.slow
+def test_calibrate_without_a_recipe_writes_the_recipe_that_repeats_it(pipe, tmp_path):
+    out = tmp_path / "out"
+    argv = ["calibrate", "--model", str(pipe / "my pipe"), "--data", str(pipe / "prompts.txt"),
+            "--target", "ascend910b-atc", "--set", "steps=2", "--set", "batch_size=2",
+            "-o", str(out), "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    written = out / "recipe.yaml"
+    again = load_recipe(str(written))
+    assert again.model.source == str(pipe / "my pipe") and again.target == "ascend910b-atc"
+    assert recipe_yaml(again) == written.read_text()  # loading it gives the same recipe
+    out2 = tmp_path / "out2"
+    assert main(["calibrate", str(written), "-o", str(out2), "--quiet"]) == 0
+    for name in ("policy.yaml", "probe.json", "recipe.yaml", "quant/model.safetensors"):
+        assert (out / name).read_bytes() == (out2 / name).read_bytes(), name
