@@ -31,7 +31,14 @@ from opsnn_quant.policy.targets import get_target
 from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.resources import builtin_files
 from opsnn_quant.types import DEVICE_PATTERN, Modality
-from opsnn_quant.user_config import SampleLimit, Seed, StrictModel, yaml_error
+from opsnn_quant.user_config import (
+    SampleLimit,
+    Seed,
+    StrictModel,
+    did_you_mean,
+    known_fields,
+    yaml_error,
+)
 
 # A recipe name becomes the default output folder out/<name>: a plain identifier, never a path.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -301,6 +308,8 @@ def load_recipe(name_or_path: str) -> Recipe:
         if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
             loc.append("family")
             msg = f"must be one of {', '.join(sorted(FAMILY_TAGS))}"
+        if err["type"] == "extra_forbidden" and loc:
+            msg += did_you_mean(loc[-1], known_fields(Recipe, loc, data))
         if not loc and ": " in msg and msg.split(": ", 1)[0].count(".") >= 1:
             # a whole-recipe check names its field first ("probe.timestep_groups: ...")
             field, msg = msg.split(": ", 1)

@@ -111,3 +111,52 @@ def yaml_error(path: Path | str, exc: yaml.YAMLError) -> ConfigError:
     elif context:
         problem += f" ({context})"
     return ConfigError(f"{path}:{mark.line + 1}: not valid YAML: {problem}")
+
+
+def known_fields(root: type[BaseModel], loc: list[str], data: object) -> list[str]:
+    """The field names a config allows at ``loc``'s parent (``loc`` as a pydantic error gives
+    it, ``data`` the raw mapping it was validated from; a tagged union takes the member the
+    data names); empty where the parent is no model (a mapping of free keys)."""
+    cls: object = root
+    node = data
+    for key in loc[:-1]:
+        if (
+            not (isinstance(cls, type) and issubclass(cls, BaseModel))
+            or key not in cls.model_fields
+        ):
+            return []
+        node = node.get(key) if isinstance(node, dict) else None
+        cls = _member(cls.model_fields[key].annotation, node)
+    if isinstance(cls, type) and issubclass(cls, BaseModel):
+        return list(cls.model_fields)
+    return []
+
+
+def _member(annotation: object, node: object) -> object:
+    """The model class of a field's annotation: ``X | None`` -> ``X``; a union of models -> the
+    one whose required literal fields (its tag) match ``node``'s values."""
+    import typing
+
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if not args:
+        return annotation
+    models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+    for m in models:
+        tags = {
+            name: typing.get_args(f.annotation)
+            for name, f in m.model_fields.items()
+            if typing.get_origin(f.annotation) is typing.Literal and f.is_required()
+        }
+        if tags and isinstance(node, dict) and all(node.get(k) in v for k, v in tags.items()):
+            return m
+    return models[0] if len(models) == 1 else None
+
+
+def did_you_mean(name: str, known: list[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest of ``known`` to ``name``, or ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""

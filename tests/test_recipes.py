@@ -257,3 +257,23 @@ def test_a_baseline_strategy_drops_the_metric_the_search_would_measure():
     assert naive.strategy == "all-w8a8-dynamic" and naive.budget.metric is None
     assert naive.budget.min_int8_mac_share == recipe.budget.min_int8_mac_share
     assert recipe.with_strategy("search").budget.metric == recipe.budget.metric
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "error"),
+    [
+        ("min_int8_mac_share", "min_int8_mac_shar",
+         "budget.min_int8_mac_shar: Extra inputs are not permitted; did you mean 'min_int8_mac_share'?"),
+        ("batch_size: 4", "batch_sise: 4",
+         "model.settings.batch_sise: Extra inputs are not permitted; did you mean 'batch_size'?"),
+        ("seed: 0", "sed: 0", "sed: Extra inputs are not permitted; did you mean 'seed'?"),
+        ("seed: 0", "seed: 0\nzzz: 1", "zzz: Extra inputs are not permitted"),
+    ],
+)  # fmt: skip
+def test_an_unknown_field_says_which_known_one_it_is_close_to(tmp_path, old, new, error):
+    text = (ROOT / "calibrate" / "whisper-tiny-en.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace(old, new))
+    with pytest.raises(ConfigError) as info:
+        load_recipe(str(bad))
+    assert str(info.value).endswith(error)

@@ -59,7 +59,7 @@ class DataSpec(StrictModel):
         dataset: Zoo dataset name (``shapes``, ``speech``) or None when ``folder`` is given.
         split: Split of the zoo dataset.
         folder: A folder with ``prompts.txt`` (t2i) or ``*.wav``/``*.flac`` + ``transcripts.tsv``
-            (asr); relative paths resolve against the suite file.
+            or ``transcripts.txt`` (asr); relative paths resolve against the suite file.
         samples: How many prompts / utterances to evaluate (the first N).
         reference: Real images for FID against a reference set: ``"dataset"`` (the images of
             the same dataset split) or a folder of images (relative paths resolve against the

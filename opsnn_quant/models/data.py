@@ -5,8 +5,8 @@ A source string is one of:
 * ``zoo:<name>/<split>`` (e.g. ``zoo:shapes/calibration``), the offline demo datasets;
 * a directory written by ``datasets.Dataset.save_to_disk``;
 * a ``.txt`` file of prompts, one per line;
-* a folder of ``.wav`` files (16-bit PCM mono), with an optional ``transcripts.txt``
-  (``<file name><TAB><text>`` per line).
+* a folder of ``.wav`` (16-bit PCM mono) and/or ``.flac`` (mono) files, with an optional
+  ``transcripts.tsv`` or ``transcripts.txt`` (``<file name or its stem><TAB><text>`` per line).
 
 Records come back as dicts (``caption``/``prompt``/``text``, ``audio`` + ``sampling_rate``).
 """
@@ -49,12 +49,12 @@ def load_records(source: str, limit: int | None = None) -> list[dict[str, Any]]:
             path / "state.json"
         ).exists():
             records = _datasets_dir(path)
-        elif path.is_dir() and any(path.glob("*.wav")):
-            records = _wav_folder(path)
+        elif path.is_dir() and any(f.suffix in AUDIO_SUFFIXES for f in path.iterdir()):
+            records = _audio_folder(path)
         else:
             raise ConfigError(
                 f"data source {source} is not a zoo name, a datasets directory, a .txt of prompts "
-                "or a folder of .wav files"
+                "or a folder of .wav/.flac files"
             )
     if limit is not None:
         records = records[:limit]
@@ -75,32 +75,55 @@ def _datasets_dir(path: Path) -> list[dict[str, Any]]:
         ) from exc
 
 
-def _wav_folder(path: Path) -> list[dict[str, Any]]:
+AUDIO_SUFFIXES = (".wav", ".flac")
+TRANSCRIPT_FILES = ("transcripts.tsv", "transcripts.txt")
+
+
+def _transcripts(path: Path) -> dict[str, str]:
+    """``<file name or stem><TAB><text>`` lines of the folder's transcript file (either name;
+    both at once is ambiguous)."""
+    found = [path / name for name in TRANSCRIPT_FILES if (path / name).exists()]
+    if len(found) > 1:
+        raise ConfigError(f"{path} has both {' and '.join(TRANSCRIPT_FILES)}; keep one")
     texts: dict[str, str] = {}
-    tfile = path / "transcripts.txt"
-    if tfile.exists():
-        for line in read_text(tfile).splitlines():
-            if "\t" in line:
-                k, v = line.split("\t", 1)
-                texts[k] = v
-    records = []
-    for wav in sorted(path.glob("*.wav")):
+    for line in read_text(found[0]).splitlines() if found else []:
+        if "\t" in line:
+            k, v = line.split("\t", 1)
+            texts[k] = v
+    return texts
+
+
+def _read_audio(file: Path) -> tuple[np.ndarray, int]:
+    """A mono file's float32 samples in [-1, 1) and its rate (.wav: 16-bit PCM; .flac)."""
+    if file.suffix == ".flac":
+        import soundfile
+
         try:
-            with wave.open(str(wav), "rb") as w:
-                if w.getsampwidth() != 2 or w.getnchannels() != 1:
-                    raise ConfigError(f"{wav}: only 16-bit PCM mono .wav files are supported")
-                rate = w.getframerate()
-                pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
-        except (wave.Error, EOFError, ValueError) as exc:
-            raise ConfigError(f"{wav} is not a readable .wav file: {exc}") from exc
-        records.append(
-            {
-                "audio": (pcm.astype(np.float32) / 32768.0),
-                "sampling_rate": rate,
-                "text": texts.get(wav.name, ""),
-                "id": wav.name,
-            }
-        )
+            samples, rate = soundfile.read(str(file), dtype="float32", always_2d=True)
+        except (RuntimeError, soundfile.LibsndfileError) as exc:
+            raise ConfigError(f"{file} is not a readable .flac file: {exc}") from exc
+        if samples.shape[1] != 1:
+            raise ConfigError(f"{file}: only mono audio is supported")
+        return samples[:, 0], int(rate)
+    try:
+        with wave.open(str(file), "rb") as w:
+            if w.getsampwidth() != 2 or w.getnchannels() != 1:
+                raise ConfigError(f"{file}: only 16-bit PCM mono .wav files are supported")
+            rate = w.getframerate()
+            pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+    except (wave.Error, EOFError, ValueError) as exc:
+        raise ConfigError(f"{file} is not a readable .wav file: {exc}") from exc
+    return pcm.astype(np.float32) / 32768.0, rate
+
+
+def _audio_folder(path: Path) -> list[dict[str, Any]]:
+    texts = _transcripts(path)
+    records = []
+    files = sorted(f for f in path.iterdir() if f.suffix in AUDIO_SUFFIXES and f.is_file())
+    for file in files:
+        audio, rate = _read_audio(file)
+        text = texts.get(file.name, texts.get(file.stem, ""))
+        records.append({"audio": audio, "sampling_rate": rate, "text": text, "id": file.name})
     return records
 
 
