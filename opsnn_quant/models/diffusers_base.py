@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from opsnn_quant import progress, timesteps
-from opsnn_quant.errors import MissingDependencyError, ModelLoadError
+from opsnn_quant.errors import ConfigError, MissingDependencyError, ModelLoadError
 from opsnn_quant.hub import (
     check_pickle_weights,
     quiet_progress_bars,
@@ -308,7 +308,13 @@ class DiffusersAdapter(ModelAdapter):
         """Pipeline arguments of the family beyond the shared ones (none by default)."""
         return {}
 
-    def _call(self, prompts: Sequence[str], seed: int) -> np.ndarray:
+    def _call(
+        self, prompts: Sequence[str], seed: int, module: PipelineModule | None = None
+    ) -> np.ndarray:
+        """Run the pipeline of ``module`` (default this adapter's) on ``prompts``."""
+        runs: nn.Module = self.model if module is None else module
+        pipe = runs.__dict__["pipe"]
+        children = dict(runs.named_children())
         s = self.settings
         generators = [torch.Generator().manual_seed(seed + i) for i in range(len(prompts))]
         kwargs: dict[str, Any] = {
@@ -324,10 +330,10 @@ class DiffusersAdapter(ModelAdapter):
         if s.width:
             kwargs["width"] = s.width
         kwargs.update(self.extra_call_kwargs())
-        clock = StepClock([self.pipe_component(n) for n in self.denoisers if n in self.children()])
-        kwargs.update(clock.pipeline_kwargs(self.pipe))
+        clock = StepClock([children[n] for n in self.denoisers if n in children])
+        kwargs.update(clock.pipeline_kwargs(pipe))
         with torch.no_grad(), clock:
-            out = self.pipe(**kwargs)
+            out = pipe(**kwargs)
         return np.asarray(getattr(out, self.output_field))
 
     def pipe_component(self, name: str) -> nn.Module:
@@ -340,9 +346,15 @@ class DiffusersAdapter(ModelAdapter):
         prompts = prompts_from(data)[:limit] if limit else prompts_from(data)
 
         def loop(model: nn.Module) -> None:
+            # the pipeline of the module given (another adapter's copy runs its own pipeline)
+            if not isinstance(model, PipelineModule):
+                raise ConfigError(
+                    f"the forward loop of {self.model_id} runs a diffusers pipeline; it was given "
+                    f"a {type(model).__name__}: pass an adapter's .model"
+                )
             batches = batched(prompts, self.settings.batch_size)
             for i, batch in enumerate(progress.iterate(batches, "batch")):
-                self._call(batch, seed=CALIBRATION_SEED + i * len(batch))
+                self._call(batch, seed=CALIBRATION_SEED + i * len(batch), module=model)
 
         return loop
 

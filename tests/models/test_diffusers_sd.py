@@ -81,3 +81,27 @@ def test_the_pipeline_is_loaded_in_the_dtype_and_placed_on_the_device(tmp_path, 
     dtypes = {p.dtype for p in adapter.model.parameters()}
     assert dtypes == {torch.bfloat16}
     assert adapter.device == torch.device("cpu")
+
+
+def test_a_forward_loop_runs_the_pipeline_of_the_model_it_is_given(tiny_sd):
+    # ModelOpt's contract: forward_loop(model) runs *model*. One adapter's loop given another
+    # adapter's model (a second copy) runs that copy's pipeline, not its own.
+    import torch
+
+    from opsnn_quant.errors import ConfigError
+
+    ad1 = load_adapter("diffusers-sd", str(tiny_sd), steps=2, batch_size=2)
+    ad2 = load_adapter("diffusers-sd", str(tiny_sd), steps=2, batch_size=2)
+    calls = {1: 0, 2: 0}
+    hooks = [
+        ad.model.unet.register_forward_pre_hook(
+            lambda m, a, k=k: calls.__setitem__(k, calls[k] + 1)
+        )
+        for k, ad in ((1, ad1), (2, ad2))
+    ]
+    ad1.forward_loop(["a red circle"])(ad2.model)
+    for h in hooks:
+        h.remove()
+    assert calls[1] == 0 and calls[2] == 2  # one UNet call per step (guidance batched), 2 steps
+    with pytest.raises(ConfigError, match=r"pass an adapter's \.model"):
+        ad1.forward_loop(["a red circle"])(torch.nn.Linear(2, 2))
