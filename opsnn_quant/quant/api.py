@@ -163,26 +163,20 @@ def quantize(
     Returns:
         The same model object, with quantized modules frozen.
 
+    A wildcard pattern's scheme applies where it can: a module it matches that cannot take it
+    (e.g. SmoothQuant on a conv) or that the forward loop never reaches stays float, and one
+    warning lists them; an exact module name (or a policy) keeps both an error.
+
     Raises:
         ConfigError: a pattern matches nothing, or names a module that cannot be int8.
-        CalibrationError: NaN/Inf activations, or a module the forward_loop never reached.
+        CalibrationError: NaN/Inf activations, or a module named exactly (or by a policy) that
+            the forward_loop never reached.
     """
     specs = int8_specs(model, config)
     if any(is_quant_module(m) for m in model.modules()):
         raise ConfigError("the model already holds quantized modules; quantize the float model")
-    modules = dict(model.named_modules())
-    swapped: dict[str, QuantModule[Any]] = {}
-    for name, spec in specs.items():
-        # popped: once swapped out, the float module is freed (not held here beside its copy,
-        # which for a whole UNet was a second float copy of every quantized weight)
-        module = modules.pop(name)
-        qclass = quant_module_class(type(module))
-        assert qclass is not None  # int8_specs only keeps quantizable_modules
-        q = qclass.from_float(module, spec, name)
-        q.to(next(iter(module.parameters())).device)
-        set_submodule(model, name, q)
-        swapped[name] = q
-        del module
+    lenient = _glob_assigned(model, config)
+    swapped, floats, skipped = _swap(model, specs, lenient)
     groups = config.smoothing_groups if isinstance(config, SharesSmoothing) else {}
     _share_weight_absmax(model, swapped, groups)
     needs_data = {
@@ -200,6 +194,7 @@ def quantize(
         if progress:
             progress("calibration (statistics)" if two_pass else "calibration")
         forward_loop(model)
+        skipped.update(_restore_uncalled(model, needs_data, swapped, floats))
         for q in swapped.values():
             if q.spec.smoothquant:
                 q.decide_smoothing()
@@ -207,6 +202,8 @@ def quantize(
             if progress:
                 progress("calibration (activation ranges after SmoothQuant)")
             forward_loop(model)
+    floats.clear()  # before the weights become int8: the float copies are not kept
+    _warn_skipped(skipped)
     for q in swapped.values():
         q.freeze()
     _check_shared(swapped, groups)
@@ -255,6 +252,76 @@ def _check_shared(swapped: Mapping[str, QuantModule[Any]], groups: Mapping[str, 
                 f"the Linears of smoothing group {producer} saw different inputs; they cannot "
                 "share one SmoothQuant factor folded into it"
             )
+
+
+def _glob_assigned(model: nn.Module, config: Mapping[str, SpecLike] | ResolvesModules) -> set[str]:
+    """The modules a wildcard pattern of a mapping config made int8: the pattern's scheme
+    applies where it can (a module that cannot take it, or never runs, stays float with a
+    warning, as in ModelOpt and quanto); an exact name or a policy keeps it an error."""
+    if not isinstance(config, Mapping):
+        return set()
+    return {
+        name
+        for name, (pattern, _) in resolve_globs(model, config).items()
+        if any(c in pattern for c in "*?[")
+    }
+
+
+def _swap(
+    model: nn.Module, specs: Mapping[str, QuantSpec], lenient: set[str]
+) -> tuple[dict[str, QuantModule[Any]], dict[str, nn.Module], dict[str, str]]:
+    """Swap each module of ``specs`` for its quantized class: (swapped, the float modules of the
+    lenient ones, kept until calibration says whether they ran, lenient modules that cannot
+    take their spec -> why)."""
+    modules = dict(model.named_modules())
+    swapped: dict[str, QuantModule[Any]] = {}
+    floats: dict[str, nn.Module] = {}
+    skipped: dict[str, str] = {}
+    for name, spec in specs.items():
+        # popped: once swapped out, the float module is freed (not held here beside its copy,
+        # which for a whole UNet was a second float copy of every quantized weight)
+        module = modules.pop(name)
+        qclass = quant_module_class(type(module))
+        assert qclass is not None  # int8_specs only keeps quantizable_modules
+        try:
+            q = qclass.from_float(module, spec, name)
+        except ConfigError as exc:
+            if name not in lenient:
+                raise
+            skipped[name] = str(exc).removeprefix(f"module '{name}': ")
+            continue
+        q.to(next(iter(module.parameters())).device)
+        set_submodule(model, name, q)
+        swapped[name] = q
+        if name in lenient:
+            floats[name] = module  # shares its weights with q until q is frozen
+        del module
+    return swapped, floats, skipped
+
+
+def _restore_uncalled(
+    model: nn.Module,
+    needs_data: dict[str, QuantModule[Any]],
+    swapped: dict[str, QuantModule[Any]],
+    floats: Mapping[str, nn.Module],
+) -> dict[str, str]:
+    """Put the float module back for each lenient module the forward loop never reached
+    (removed from ``needs_data`` and ``swapped``); returns them -> why."""
+    out = {}
+    for name in [n for n, q in needs_data.items() if n in floats and q.calibration_calls == 0]:
+        set_submodule(model, name, floats[name])
+        del needs_data[name], swapped[name]
+        out[name] = "never called by the forward_loop"
+    return out
+
+
+def _warn_skipped(skipped: Mapping[str, str]) -> None:
+    """One warning listing the modules a wildcard pattern left float, and why."""
+    if not skipped:
+        return
+    shown = "; ".join(f"{n} ({why})" for n, why in list(skipped.items())[:5])
+    more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+    log.warning("%d module(s) matched by a wildcard stay float: %s%s", len(skipped), shown, more)
 
 
 def _seed_all(

@@ -54,14 +54,48 @@ def test_nan_calibration_data_names_the_module():
         quantize(model, {"*": "w8a8"}, loop)
 
 
-def test_module_never_reached_by_forward_loop():
-    model = TinyAttention()
-
+def test_module_never_reached_by_forward_loop(caplog):
     def loop(m):  # calls only the first projection
         m.to_q(torch.randn(2, 64))
 
+    # named exactly: an error
     with pytest.raises(CalibrationError, match="'to_k' was never called"):
+        quantize(TinyAttention(), {"to_q": "w8a8", "to_k": "w8a8"}, loop)
+    # matched by a wildcard: the modules the loop never reaches stay float, with one warning
+    model = TinyAttention()
+    with caplog.at_level("WARNING", logger="opsnn_quant.quant.api"):
         quantize(model, {"to_*": "w8a8"}, loop)
+    assert isinstance(model.to_q, QuantLinear) and model.to_q.frozen
+    for name in ("to_k", "to_v"):
+        assert type(getattr(model, name)) is nn.Linear, name
+    assert len(caplog.records) == 1
+    assert "matched by a wildcard stay float: to_k (never called by the forward_loop)" in (
+        caplog.records[0].getMessage()
+    )
+
+
+def test_a_wildcards_scheme_applies_where_it_can_and_an_exact_name_is_strict(caplog):
+    # SmoothQuant is Linear-only: "*" with it quantizes the Linears and leaves the conv float.
+    class ConvThenLinear(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.conv, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(self.conv(x).mean(dim=(2, 3)))
+
+    def loop(m):
+        m(torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(1)))
+
+    spec = QuantSpec("w8a8", smoothquant_alpha=0.5)
+    model = ConvThenLinear()
+    with caplog.at_level("WARNING", logger="opsnn_quant.quant.api"):
+        quantize(model, {"*": spec}, loop)
+    assert isinstance(model.fc, QuantLinear) and type(model.conv) is nn.Conv2d
+    assert "conv (SmoothQuant is supported on Linear layers only)" in caplog.text
+    with pytest.raises(ConfigError, match="SmoothQuant is supported on Linear layers only"):
+        quantize(ConvThenLinear(), {"conv": spec, "fc": spec}, loop)
 
 
 def test_static_quantization_needs_a_forward_loop_but_weight_only_does_not():
@@ -222,3 +256,28 @@ def test_a_group_cannot_search_its_alpha_per_member():
     config = _Grouped({"a": QuantSpec("w8a8", smoothquant_alpha="auto")}, {"ln": ["a", "b"]})
     with pytest.raises(ConfigError, match="takes one fixed alpha"):
         quantize(model, config, lambda m: m(torch.randn(2, 16)))
+
+
+@pytest.mark.slow
+def test_the_readme_glob_example_quantizes_a_pipeline(tmp_path, caplog):
+    # README: {"unet.*.attn2.*": "fp16", "*": QuantSpec("w8a8", smoothquant_alpha="auto")} on
+    # a whole text-to-image pipeline: the convs (no SmoothQuant) and the VAE encoder (never run
+    # in text-to-image) stay float with one warning; every Linear that ran is int8.
+    import opsnn_quant as oq
+    from tests.tiny_pipelines import save_tiny_sd
+
+    save_tiny_sd(tmp_path / "pipe")
+    adapter = oq.load_adapter("diffusers-sd", str(tmp_path / "pipe"), steps=2, batch_size=2)
+    config = {"unet.*.attn2.*": "fp16", "*": oq.QuantSpec("w8a8", smoothquant_alpha="auto")}
+    with caplog.at_level("WARNING", logger="opsnn_quant.quant.api"):
+        oq.quantize(adapter.model, config, adapter.forward_loop(["a red circle", "a blue square"]))
+    mods = dict(adapter.model.named_modules())
+    assert isinstance(mods["unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"],
+                      QuantLinear)  # fmt: skip
+    assert (
+        type(mods["unet.down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_q"]) is nn.Linear
+    )
+    assert type(mods["unet.conv_in"]) is nn.Conv2d
+    assert "matched by a wildcard stay float" in caplog.text and "unet.conv_in" in caplog.text
+    images = adapter.generate(["a red circle"])
+    assert images[0].shape[-1] == 3
