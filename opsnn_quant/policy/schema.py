@@ -141,6 +141,20 @@ class PrecisionPolicy(_Frozen):
                 )
         return v
 
+    def __str__(self) -> str:
+        """A person's summary: target, rules, and each modality's decision (``print(policy)``;
+        ``repr`` keeps every field)."""
+        lines = [f"precision policy for {self.model} on {self.target}: {len(self.rules)} rules"]
+        for modality, f in self.figures.items():
+            pred = "-" if f.predicted_sqnr_db is None else f"{f.predicted_sqnr_db:.1f} dB"
+            lines.append(
+                f"  {modality.value:<14} {f.chosen:<5} int8 {f.int8_mac_share:>4.0%} of its "
+                f"MACs, predicted {pred} ({f.limit or 'no limit'})"
+            )
+        if not self.figures:  # hand-written: the defaults say what each modality runs
+            lines += [f"  {m.value:<14} default {p.value}" for m, p in self.defaults.items()]
+        return "\n".join(lines)
+
     # ---- YAML ----------------------------------------------------------------------------
 
     def to_yaml(self) -> str:

@@ -255,3 +255,19 @@ def test_quant_fields_are_quantspecs_fields_without_precision():
     assert fields.to_spec(Precision.W8A8) == spec
     rule = Rule(match="fc1", precision=Precision.W8A8, quant=fields)
     assert rule.quant_spec() == spec
+
+
+def test_printing_a_policy_shows_each_modalitys_decision():
+    from opsnn_quant.policy.budget import Budget, ModalityLimit
+    from opsnn_quant.policy.search import build_policy
+    from tests.policy._factory import linear, report
+
+    rep = report(linear("a", 1e-4), linear("b", 1e-2))
+    budget = Budget(limits={"denoiser": ModalityLimit(min_sqnr_db=30.0)}, min_int8_mac_share=0.0)
+    policy = build_policy(rep, budget, "ascend910b-atc")
+    # b (1e-2 > 1e-3) falls back: a alone, 40 dB predicted, half the MACs
+    assert str(policy).splitlines() == [
+        f"precision policy for tiny on ascend910b-atc: {len(policy.rules)} rules",
+        "  denoiser       int8  int8  50% of its MACs, predicted 40.0 dB (>= 30 dB)",
+    ]
+    assert "PrecisionPolicy(" in repr(policy)
