@@ -94,6 +94,21 @@ class DataSection(StrictModel):
     limit: SampleLimit | None = None
     holdout: str | None = Field(default=None, description="held-out data to measure the result on")
     holdout_limit: SampleLimit | None = None
+    column: str | None = Field(
+        default=None,
+        description="the column of a datasets source (calibration and holdout) to read "
+        "(default: its audio column, else the first of prompt/text/caption/sentence)",
+    )
+    split: str | None = Field(
+        default=None, description="the split of a datasets source with several (default: train)"
+    )
+
+    def load(self, source: str, limit: int | None) -> list[dict[str, Any]]:
+        """The records of ``source`` (the calibration or held-out data) with this section's
+        column and split."""
+        from opsnn_quant.models.data import load_records
+
+        return load_records(source, limit, column=self.column, split=self.split)
 
 
 class ProbeSection(StrictModel):

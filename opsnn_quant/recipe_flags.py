@@ -43,6 +43,8 @@ class RecipeFlags:
         target: ``target``.
         limit: ``data.limit``.
         sets: ``KEY=VALUE`` items over ``model.settings``.
+        column: ``data.column`` (of a ``datasets`` source).
+        split: ``data.split``.
     """
 
     model: str | None = None
@@ -51,10 +53,15 @@ class RecipeFlags:
     target: str | None = None
     limit: int | None = None
     sets: tuple[str, ...] = ()
+    column: str | None = None
+    split: str | None = None
 
     def any(self) -> bool:
         """Whether a flag is given."""
-        return any((self.model, self.data, self.family, self.target, self.limit, self.sets))
+        return any(
+            (self.model, self.data, self.family, self.target, self.limit, self.sets,
+             self.column, self.split)
+        )  # fmt: skip
 
 
 def effective_recipe(recipe: str | None, flags: RecipeFlags) -> Recipe:
@@ -106,8 +113,9 @@ def _apply(data: dict[str, Any], flags: RecipeFlags) -> dict[str, Any]:
     section = dict(recipe.get("data", {}))
     if flags.data is not None:
         section["calibration"] = flags.data
-    if flags.limit is not None:
-        section["limit"] = flags.limit
+    for key, value in (("limit", flags.limit), ("column", flags.column), ("split", flags.split)):
+        if value is not None:
+            section[key] = value
     recipe["data"] = section
     if flags.target is not None:
         recipe["target"] = flags.target
@@ -121,6 +129,8 @@ _FLAG_OF = {
     "model.family": "--family",
     "data.calibration": "--data",
     "data.limit": "--limit",
+    "data.column": "--data-column",
+    "data.split": "--split",
     "target": "--target",
 }
 

@@ -112,3 +112,25 @@ def test_calibrate_without_a_recipe_writes_the_recipe_that_repeats_it(pipe, tmp_
     assert main(["calibrate", str(written), "-o", str(out2), "--quiet"]) == 0
     for name in ("policy.yaml", "probe.json", "recipe.yaml", "quant/model.safetensors"):
         assert (out / name).read_bytes() == (out2 / name).read_bytes(), name
+
+
+def test_data_column_and_split_flags_reach_the_recipe(pipe):
+    r = effective_recipe("shapes-t2i", RecipeFlags(data=str(pipe / "prompts.txt"), column="caption",
+                                                   split="test"))  # fmt: skip
+    assert (r.data.column, r.data.split) == ("caption", "test")
+    assert r.data.calibration == str(pipe / "prompts.txt")
+
+
+@pytest.mark.slow
+def test_probe_reads_a_jsonl_column(pipe, tmp_path):
+    import json
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "caption": c}) + "\n"
+                            for i, c in enumerate(["a red circle", "a blue square"])))  # fmt: skip
+    argv = ["probe", str(pipe / "my pipe"), "--data", str(data), "--data-column", "caption",
+            "--set", "steps=1", "--set", "batch_size=2", "-o", str(tmp_path / "p"), "--quiet"]  # fmt: skip
+    assert main(argv) == 0 and (tmp_path / "p" / "probe.json").is_file()
+    argv[5] = "nope"
+    argv[-2] = str(tmp_path / "p2")
+    assert main(argv) == 2

@@ -27,6 +27,14 @@ DTYPE_HELP = "load the model in float32 | float16 | bfloat16 [default: the recip
 DeviceOpt = Annotated[str | None, typer.Option(help=DEVICE_HELP)]
 DtypeOpt = Annotated[str | None, typer.Option(help=DTYPE_HELP)]
 AllowPickleOpt = Annotated[bool, typer.Option("--allow-pickle", help=_ui.ALLOW_PICKLE_HELP)]
+# Which column and split of a datasets source (calibrate and probe).
+DataColumnOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="column of a datasets source [default: audio, else prompt/text/caption/sentence]"
+    ),
+]
+SplitOpt = Annotated[str | None, typer.Option(help="split of a datasets source [default: train]")]
 FAIL_EXIT = 3
 
 
@@ -133,6 +141,8 @@ def calibrate(
         list[str] | None,
         typer.Option("--set", help="model setting KEY=VALUE (repeatable), e.g. steps=20"),
     ] = None,
+    data_column: DataColumnOpt = None,
+    split: SplitOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     allow_pickle: AllowPickleOpt = False,
@@ -155,7 +165,7 @@ def calibrate(
         raise ConfigError(f"--engine must be {' or '.join(ENGINES)}, got {engine!r}")
     if strategy is not None and strategy not in STRATEGIES:
         raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-    flags = RecipeFlags(model, data, family, target, limit, tuple(sets or ()))
+    flags = RecipeFlags(model, data, family, target, limit, tuple(sets or ()), data_column, split)
     r = effective_recipe(recipe, flags).with_placement(device, dtype)
     if strategy is not None:
         r = r.with_strategy(strategy)
@@ -213,6 +223,8 @@ def probe_cmd(
             "model.settings; repeatable",
         ),
     ] = None,
+    data_column: DataColumnOpt = None,
+    split: SplitOpt = None,
     exhaustive: Annotated[
         bool, typer.Option(help="also run the one-module-at-a-time attribution (slow)")
     ] = False,
@@ -227,7 +239,7 @@ def probe_cmd(
     from opsnn_quant.pipeline.probe import check_probe, run_probe_job
 
     job = check_probe(target, out, data, family, limit, set_ or [], exhaustive, device, dtype,
-                      allow_pickle, force)  # fmt: skip
+                      allow_pickle, force, column=data_column, split=split)  # fmt: skip
     with _ui.reporter(quiet) as rep:
         report = run_probe_job(job, progress=rep.phase)
     if not quiet:

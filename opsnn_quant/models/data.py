@@ -3,7 +3,9 @@
 A source string is one of:
 
 * ``zoo:<name>/<split>`` (e.g. ``zoo:shapes/calibration``), the offline demo datasets;
-* a directory written by ``datasets.Dataset.save_to_disk``;
+* a ``datasets`` source (:mod:`opsnn_quant.models.hf_data`): a ``.jsonl``/``.json``/``.csv``/
+  ``.parquet`` file, a ``save_to_disk`` directory, a ``metadata.jsonl``/``.csv`` folder, a
+  directory of data files (e.g. a hub cache snapshot);
 * a ``.txt`` file of prompts, one per line;
 * a folder of ``.wav`` (16-bit PCM mono) and/or ``.flac`` (mono) files, with an optional
   ``transcripts.tsv`` or ``transcripts.txt`` (``<file name or its stem><TAB><text>`` per line).
@@ -23,56 +25,59 @@ import numpy as np
 
 from opsnn_quant.errors import CalibrationError, ConfigError
 from opsnn_quant.io import read_text
+from opsnn_quant.models.hf_data import hf_records, is_hf_source
 from opsnn_quant.sources import named_records
 
 PROMPT_KEYS = ("prompt", "caption", "text")
 
 
-def load_records(source: str, limit: int | None = None) -> list[dict[str, Any]]:
+def load_records(
+    source: str,
+    limit: int | None = None,
+    *,
+    column: str | None = None,
+    split: str | None = None,
+) -> list[dict[str, Any]]:
     """Load a data source as a list of records (see module docstring).
 
+    Args:
+        source: the source.
+        limit: the first ``limit`` records.
+        column: the column of a ``datasets`` source to read (default: its audio column, else
+            the first of prompt/text/caption/sentence).
+        split: the split of a ``datasets`` source with several (default: train).
+
     Raises:
-        ConfigError: the source does not exist or is not a known kind.
+        ConfigError: the source does not exist or is not a known kind; ``column``/``split``
+            given for a source without columns or splits.
         CalibrationError: the source is empty.
     """
     named = named_records(source, limit)
+    path = Path(source)
     if named is not None:
         records = named
+    elif not path.exists():
+        raise ConfigError(f"data source {source} does not exist")
+    elif is_hf_source(path):
+        records = hf_records(path, column=column, split=split, limit=limit)
+    elif path.is_file() and path.suffix == ".txt":
+        lines = [ln.strip() for ln in read_text(path).splitlines()]
+        records = [{"prompt": ln} for ln in lines if ln]
+    elif path.is_dir() and any(f.suffix in AUDIO_SUFFIXES for f in path.iterdir()):
+        records = _audio_folder(path)
     else:
-        path = Path(source)
-        if not path.exists():
-            raise ConfigError(f"data source {source} does not exist")
-        if path.is_file() and path.suffix == ".txt":
-            lines = [ln.strip() for ln in read_text(path).splitlines()]
-            records = [{"prompt": ln} for ln in lines if ln]
-        elif (path.is_dir() and (path / "dataset_info.json").exists()) or (
-            path / "state.json"
-        ).exists():
-            records = _datasets_dir(path)
-        elif path.is_dir() and any(f.suffix in AUDIO_SUFFIXES for f in path.iterdir()):
-            records = _audio_folder(path)
-        else:
-            raise ConfigError(
-                f"data source {source} is not a zoo name, a datasets directory, a .txt of prompts "
-                "or a folder of .wav/.flac files"
-            )
+        raise ConfigError(
+            f"data source {source} is not a zoo name, a .txt of prompts, a datasets source "
+            "(.jsonl/.json/.csv/.parquet, a save_to_disk or metadata.jsonl folder, a folder of "
+            "data files) or a folder of .wav/.flac files"
+        )
+    if (column or split) and (named is not None or not is_hf_source(path)):
+        raise ConfigError(f"data source {source} has no columns or splits to choose from")
     if limit is not None:
         records = records[:limit]
     if not records:
         raise CalibrationError(f"data source {source} is empty")
     return records
-
-
-def _datasets_dir(path: Path) -> list[dict[str, Any]]:
-    import datasets
-
-    try:
-        return [dict(r) for r in datasets.load_from_disk(str(path))]
-    except Exception as exc:  # datasets raises many kinds on a broken directory
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(
-            f"data source {path} is not a readable datasets directory: {first}"
-        ) from exc
 
 
 AUDIO_SUFFIXES = (".wav", ".flac")

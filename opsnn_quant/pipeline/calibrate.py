@@ -24,7 +24,6 @@ from opsnn_quant.evaluation.gate import check_latency_mode
 from opsnn_quant.evaluation.suite import Suite, load_suite, suite_inputs
 from opsnn_quant.io import atomic_dir, atomic_write_text, check_output_dir
 from opsnn_quant.models import ModelAdapter, check_model_source, check_weights
-from opsnn_quant.models.data import load_records
 from opsnn_quant.models.settings import check_source_fits
 from opsnn_quant.numerics import fmt_db
 from opsnn_quant.pipeline.context import ENGINES, Engine, RunContext, load_recipe_model
@@ -237,11 +236,11 @@ def load_data(recipe: Recipe, say: Progress, metric_suite: Suite | None = None) 
     """The recipe's calibration (and held-out) records, and the slice ``budget.metric`` is
     measured on."""
     say("loading the calibration data")
-    calib = load_records(recipe.data.calibration, recipe.data.limit)
+    calib = recipe.data.load(recipe.data.calibration, recipe.data.limit)
     limit = recipe.probe.data_limit
     holdout = None
     if recipe.data.holdout:
-        holdout = load_records(recipe.data.holdout, recipe.data.holdout_limit)
+        holdout = recipe.data.load(recipe.data.holdout, recipe.data.holdout_limit)
     metric = recipe.budget.metric
     sliced = None
     if metric is not None and metric_suite is not None:

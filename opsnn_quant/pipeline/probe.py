@@ -31,6 +31,7 @@ class ProbeJob:
         device, dtype, allow_pickle: how the model loads.
         inputs: the local paths the run reads (an output may not replace them).
         out: the output directory; force: replace it even when it is not a probe output.
+        column, split: the column and split of a ``datasets`` source.
     """
 
     family: str
@@ -45,6 +46,8 @@ class ProbeJob:
     inputs: list[str]
     out: Path
     force: bool
+    column: str | None = None
+    split: str | None = None
 
 
 def check_probe(
@@ -59,6 +62,9 @@ def check_probe(
     dtype: str | None,
     allow_pickle: bool,
     force: bool = False,
+    *,
+    column: str | None = None,
+    split: str | None = None,
 ) -> ProbeJob:
     """Resolve ``probe TARGET``'s options (a recipe's fields, or a model with ``--data``) and
     check them: limit, family, settings against the model's own config files, device, weights,
@@ -83,6 +89,7 @@ def check_probe(
         n = limit or r.probe.data_limit or r.data.limit
         cfg = r.probe_config(**({"exhaustive": True} if exhaustive else {}))
         allow_pickle = allow_pickle or r.model.allow_pickle
+        column, split = column or r.data.column, split or r.data.split
     else:
         if data is None:
             raise ConfigError("probing a model needs --data (e.g. zoo:shapes/calibration)")
@@ -99,7 +106,7 @@ def check_probe(
     check_output_dir(out, PROBE_KIND, force=force, inputs=inputs)
     return ProbeJob(
         family, source, checked.model_dump(), source_data, n, cfg, device or "cpu",
-        dtype or "float32", allow_pickle, inputs, out, force,
+        dtype or "float32", allow_pickle, inputs, out, force, column, split,
     )  # fmt: skip
 
 
@@ -114,7 +121,7 @@ def run_probe_job(job: ProbeJob, progress: Progress | None = None) -> Sensitivit
     say = progress or (lambda m: None)
     set_reproducible(seed=job.config.seed)
     say("loading the calibration data")
-    records = load_records(job.data, job.limit)
+    records = load_records(job.data, job.limit, column=job.column, split=job.split)
     say(f"loading {job.source}")
     adapter = load_adapter(
         job.family, job.source, device=job.device, dtype=job.dtype,
