@@ -143,6 +143,14 @@ def calibrate(
     ] = None,
     data_column: DataColumnOpt = None,
     split: SplitOpt = None,
+    from_probe: Annotated[
+        Path | None,
+        typer.Option(
+            "--from-probe",
+            help="reuse an earlier probe (a probe/calibrate output or its probe.json) made "
+            "with the same settings on the same model and data",
+        ),
+    ] = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     allow_pickle: AllowPickleOpt = False,
@@ -178,7 +186,7 @@ def calibrate(
     with _ui.reporter(quiet) as rep:
         result = run_calibrate(
             r, out, seed=seed, progress=rep.phase, engine=engine, suite=evaluate,
-            force=force, latency=latency,
+            force=force, latency=latency, from_probe=from_probe,
         )  # fmt: skip
     if not quiet:
         _ui.print_table(_summary_table(r.name, r.target, result))

@@ -1,4 +1,5 @@
-"""``opsnn-quant policy ...``: export a policy to the files AMCT and ATC read; show a summary."""
+"""``opsnn-quant policy ...``: build a policy from a probe; export it to the files AMCT and ATC
+read; show a summary."""
 
 from __future__ import annotations
 
@@ -129,12 +130,38 @@ def show(
     _ui.print_table(table)
 
 
+def build(
+    probe: Annotated[Path, typer.Argument(help="probe.json, or a probe/calibrate output")],
+    target: Annotated[str, typer.Option(help="deployment target (e.g. ascend910b-atc)")],
+    budget: Annotated[
+        str,
+        typer.Option(
+            help="budget: a YAML file, or inline YAML such as "
+            "'{limits: {denoiser: {min_sqnr_db: 30}}, min_int8_mac_share: 0.5}'"
+        ),
+    ] = "{}",
+    out: Annotated[Path, typer.Option("-o", "--out", help="policy file to write")] = Path(
+        "policy.yaml"
+    ),
+    force: Annotated[
+        bool, typer.Option("--force", help="replace OUT even if not a policy")
+    ] = False,
+) -> None:
+    """Decide a policy from an earlier probe under another budget or target (no model run)."""
+    from opsnn_quant.pipeline.policy_build import build_from_probe
+
+    policy = build_from_probe(probe, target, budget, out, force=force)
+    typer.echo(str(policy))
+    typer.echo(f"wrote {out}")
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``policy`` command group to ``app``."""
     group = typer.Typer(
-        help="Precision policies: export for AMCT/ATC, summaries (both read probe.json).",
+        help="Precision policies: build from a probe, export for AMCT/ATC, summaries.",
         no_args_is_help=True,
     )
+    group.command("build")(build)
     group.command("export")(export)
     group.command("show")(show)
     app.add_typer(group, name="policy")

@@ -10,6 +10,8 @@ own: the probe a :class:`~opsnn_quant.probe.api.ProbeResult`, the policy phase t
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -22,6 +24,7 @@ from opsnn_quant.determinism import set_reproducible
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.gate import check_latency_mode
 from opsnn_quant.evaluation.suite import Suite, load_suite, suite_inputs
+from opsnn_quant.fingerprint import differences, probe_inputs
 from opsnn_quant.io import atomic_dir, atomic_write_text, check_output_dir
 from opsnn_quant.models import ModelAdapter, check_model_source, check_weights
 from opsnn_quant.models.settings import check_source_fits
@@ -40,7 +43,7 @@ from opsnn_quant.pipeline.measured import (
     metric_suite,
     slice_records,
 )
-from opsnn_quant.pipeline.outputs import CalibrateOutput
+from opsnn_quant.pipeline.outputs import PROBE_FILE, CalibrateOutput
 from opsnn_quant.pipeline.timings import write_timings
 from opsnn_quant.policy.baselines import naive_policy
 from opsnn_quant.policy.front import FrontResult
@@ -53,7 +56,7 @@ from opsnn_quant.policy.summary import (
     summarize,
 )
 from opsnn_quant.policy.targets import INT8_MODULE_TYPES, Target, get_target
-from opsnn_quant.probe.api import ProbeResult, run_probe
+from opsnn_quant.probe.api import ProbeConfig, ProbeResult, run_probe
 from opsnn_quant.probe.measure import measure_modalities
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.quant.api import quantize
@@ -104,6 +107,7 @@ def run_calibrate(
     suite: str | None = None,
     force: bool = False,
     latency: str = "target",
+    from_probe: Path | None = None,
 ) -> CalibrateResult:
     """Probe, decide, quantize, save and export, all into ``out`` (atomically).
 
@@ -118,6 +122,9 @@ def run_calibrate(
         force: replace ``out`` even when it is not a calibrate output.
         latency: what the acceptance run times (``none``, ``target``, ``all``; see
             :func:`opsnn_quant.evaluation.evaluate.evaluate`).
+        from_probe: an earlier probe to reuse instead of probing (a probe or calibrate output,
+            or its ``probe.json``): refused unless made with this run's settings on this run's
+            model and data (see :func:`reusable_probe`).
 
     Raises:
         OpsnnQuantError: bad input (checked before the model loads where it can be: output
@@ -131,12 +138,15 @@ def run_calibrate(
     set_reproducible(seed=seed)
     started = time.perf_counter()
     data = load_data(recipe, say, checked.metric_suite)  # 1. load
+    reused = None
+    if from_probe is not None:
+        reused = reusable_probe(recipe, seed, checked.target, data, from_probe)
     adapter = load_model(recipe, say)
     with atomic_dir(out, OUTPUT_KIND, force=force) as tmp:
         ctx = RunContext(adapter, recipe, CalibrateOutput(tmp), seed, checked.engine, say)
         # what ran, to repeat it: the recipe with the command line's overrides and seed
         atomic_write_text(ctx.out.recipe, recipe_yaml(recipe.model_copy(update={"seed": seed})))
-        probed = probe_phase(ctx, data, checked.target)  # 2. probe
+        probed = probe_phase(ctx, data, checked.target, reused)  # 2. probe
         resolved, notes, search = policy_phase(ctx, probed, data, checked)  # 3. policy, files
         holdout, plan = float_references(ctx, data, probed, resolved)  # 4. from the float model
         quantize_phase(ctx, resolved, data, probed)  # 5. quantize, 6. save
@@ -258,20 +268,65 @@ def load_model(recipe: Recipe, say: Progress) -> ModelAdapter:
 # ---- 2. probe ------------------------------------------------------------------------------
 
 
-def probe_phase(ctx: RunContext, data: CalibrationData, target: Target) -> ProbeResult:
-    """Probe on the probe's share of the calibration data; writes ``probe.json``."""
+def probe_config_for(recipe: Recipe, seed: int, target: Target) -> ProbeConfig:
+    """The probe configuration of a run: only the schemes the target runs (or the recipe's
+    choice among them), on the module types it runs them on (the others' errors and scores
+    would never be used), in the target engine's arithmetic."""
+    schemes = recipe.probe.schemes or target.schemes()
+    type_schemes = {t: target.schemes(t) for t in sorted(INT8_MODULE_TYPES)}
+    return recipe.probe_config(
+        seed, schemes=tuple(schemes), type_schemes=type_schemes,
+        engine=target.engine, engine_dtype=target.dtype,
+        fold_smoothing=target.smoothing == "fold",
+    )  # fmt: skip
+
+
+def reusable_probe(
+    recipe: Recipe, seed: int, target: Target, data: CalibrationData, path: Path
+) -> SensitivityReport:
+    """The report of an earlier probe (``--from-probe``: a probe or calibrate output, or its
+    ``probe.json``) when it was made with this run's settings on this run's model and data.
+
+    Raises:
+        ConfigError: no report there, or one made with other settings, model or data.
+    """
+    file = path / PROBE_FILE if path.is_dir() else path
+    report = SensitivityReport.load(file)
+    cfg = probe_config_for(recipe, seed, target)
+    wanted = {"family": recipe.model.family, **json.loads(json.dumps(dataclasses.asdict(cfg)))}
+    changed = sorted(k for k in set(wanted) | set(report.config)
+                     if report.config.get(k) != wanted.get(k))  # fmt: skip
+    if changed:
+        raise ConfigError(
+            f"--from-probe {file}: the probe ran with other settings ({', '.join(changed)}); "
+            "rerun without --from-probe"
+        )
+    other = differences(report.inputs, probe_inputs(recipe.model.source, data.probe))
+    if other:
+        raise ConfigError(
+            f"--from-probe {file}: the probe ran on another {' and '.join(other)} than this run's "
+            "(fingerprints differ); rerun without --from-probe"
+        )
+    return report
+
+
+def probe_phase(
+    ctx: RunContext, data: CalibrationData, target: Target, reused: SensitivityReport | None
+) -> ProbeResult:
+    """Probe on the probe's share of the calibration data (or take ``reused``, an earlier
+    probe's report of the same model, data and settings); writes ``probe.json``."""
+    if reused is not None:
+        ctx.say("reusing the probe report (same model, data and settings)")
+        reused.save(ctx.out.probe)
+        return ProbeResult(reused)
     with ctx.timed("probe"):
-        # Only the schemes the target runs (or the recipe's choice among them), on the module
-        # types it runs them on: the others' errors and scores would never be used.
-        schemes = ctx.recipe.probe.schemes or target.schemes()
-        type_schemes = {t: target.schemes(t) for t in sorted(INT8_MODULE_TYPES)}
-        cfg = ctx.recipe.probe_config(
-            ctx.seed, schemes=tuple(schemes), type_schemes=type_schemes,
-            engine=target.engine, engine_dtype=target.dtype,
-            fold_smoothing=target.smoothing == "fold",
-        )  # fmt: skip
+        cfg = probe_config_for(ctx.recipe, ctx.seed, target)
         loop = ctx.adapter.forward_loop(data.probe)
         probed = run_probe(ctx.adapter, loop, cfg, progress=ctx.say)
+        inputs = probe_inputs(ctx.recipe.model.source, data.probe)
+        probed = dataclasses.replace(
+            probed, report=probed.report.model_copy(update={"inputs": inputs})
+        )
         probed.report.save(ctx.out.probe)
     return probed
 

@@ -113,6 +113,7 @@ def check_probe(
 def run_probe_job(job: ProbeJob, progress: Progress | None = None) -> SensitivityReport:
     """Load the data and the model, probe, write ``OUT/probe.json`` and ``OUT/timings.json``."""
     from opsnn_quant.determinism import set_reproducible
+    from opsnn_quant.fingerprint import probe_inputs
     from opsnn_quant.models import load_adapter
     from opsnn_quant.models.data import load_records
     from opsnn_quant.pipeline.timings import write_timings
@@ -129,6 +130,7 @@ def run_probe_job(job: ProbeJob, progress: Progress | None = None) -> Sensitivit
     )  # fmt: skip
     with atomic_dir(job.out, PROBE_KIND, force=job.force) as tmp:
         report = probe(adapter, adapter.forward_loop(records), job.config, progress=say)
+        report = report.model_copy(update={"inputs": probe_inputs(job.source, records)})
         report.save(tmp / PROBE_FILE)
         write_timings(tmp, probe=report.costs)
     return report

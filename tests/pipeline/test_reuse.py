@@ -1,0 +1,117 @@
+"""Reusing a probe: ``calibrate --from-probe`` (same model, data and settings, else refused) and
+``policy build`` (another budget or target, no model run)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from opsnn_quant.cli import main
+from opsnn_quant.policy.budget import Budget, ModalityLimit
+from opsnn_quant.policy.search import build_policy
+from opsnn_quant.probe.report import SensitivityReport
+from tests.tiny_pipelines import save_tiny_sd, tiny_sd_recipe
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reuse")
+    save_tiny_sd(root / "pipe")
+    recipe = tiny_sd_recipe(root, "tiny")
+    out = root / "out"
+    assert main(["calibrate", str(recipe), "-o", str(out), "--quiet"]) == 0
+    return root, recipe, out
+
+
+def _errors(err: str) -> list[str]:
+    return [ln for ln in err.splitlines() if ln.strip()]
+
+
+def test_the_probe_records_its_models_and_datas_fingerprints(done):
+    from opsnn_quant.fingerprint import data_fingerprint, model_fingerprint
+
+    root, _, out = done
+    inputs = json.loads((out / "probe.json").read_text())["inputs"]
+    assert inputs["model"] == model_fingerprint(str(root / "pipe"))
+    assert inputs["data"] == data_fingerprint(
+        [{"prompt": "a red circle"}, {"prompt": "a blue square"}]
+    )
+
+
+@pytest.mark.slow
+def test_from_probe_skips_the_probe_and_writes_the_same_files(done, tmp_path):
+    _, recipe, out = done
+    again = tmp_path / "again"
+    assert (
+        main(["calibrate", str(recipe), "-o", str(again), "--from-probe", str(out), "--quiet"]) == 0
+    )
+    # the same report and decisions; the checkpoint is calibrated by quantize's own pass (the
+    # probe's in-memory statistics are not kept on disk), so it is not compared byte for byte
+    for name in ("probe.json", "policy.yaml", "recipe.yaml"):
+        assert (again / name).read_bytes() == (out / name).read_bytes(), name
+    assert (again / "quant" / "model.safetensors").is_file()
+    assert "probe" not in json.loads((again / "timings.json").read_text())["phases_seconds"]
+
+
+def test_from_probe_of_other_data_or_settings_is_refused(done, tmp_path, capsys):
+    root, recipe, out = done
+    other = tmp_path / "other.txt"
+    other.write_text("a green circle\na blue square\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(recipe.read_text().replace(str(root / "prompts.txt"), str(other)))
+    assert main(["calibrate", str(bad), "-o", str(tmp_path / "o"), "--from-probe", str(out)]) == 2
+    err = [ln for ln in _errors(capsys.readouterr().err) if ln.startswith("error:")]
+    assert len(err) == 1 and "the probe ran on another data than this run's" in err[0]
+    # another target: another engine's arithmetic and schemes
+    cmd = [
+        "calibrate",
+        str(recipe),
+        "-o",
+        str(tmp_path / "o"),
+        "--from-probe",
+        str(out / "probe.json"),
+    ]
+    assert main([*cmd, "--target", "ascend910b-vllm-ascend"]) == 2
+    err = [ln for ln in _errors(capsys.readouterr().err) if ln.startswith("error:")]
+    assert len(err) == 1 and "the probe ran with other settings (" in err[0] and "engine" in err[0]
+    assert not (tmp_path / "o").exists()
+
+
+def test_policy_build_decides_again_under_another_budget(done, tmp_path, capsys):
+    _, _, out = done
+    policy = tmp_path / "p.yaml"
+    budget = "{limits: {denoiser: {min_sqnr_db: 45}}, min_int8_mac_share: 0.0}"
+    argv = [
+        "policy",
+        "build",
+        str(out),
+        "--target",
+        "ascend910b-atc",
+        "--budget",
+        budget,
+        "-o",
+        str(policy),
+    ]
+    assert main(argv) == 0
+    report = SensitivityReport.load(out / "probe.json")
+    expected = build_policy(
+        report, Budget(limits={"denoiser": ModalityLimit(min_sqnr_db=45)}, min_int8_mac_share=0.0),
+        "ascend910b-atc",
+    )  # fmt: skip
+    assert policy.read_text() == expected.to_yaml()
+    assert "precision policy for" in capsys.readouterr().out
+    # a metric budget needs the model; a non-policy file is not replaced; bad YAML
+    for bad_budget, error in (
+        ("{metric: {suite: shapes-t2i, psnr_min: 30}}", "a metric budget measures candidates"),
+        ("{limits: [1", "--budget is not YAML"),
+        ("{min_int8_mac_share: 3}", "--budget min_int8_mac_share: Input should be less"),
+    ):
+        assert main([*argv[:6], bad_budget, "-o", str(tmp_path / "x.yaml")]) == 2
+        assert error in capsys.readouterr().err
+    notes = tmp_path / "notes.yaml"
+    notes.write_text("my: notes\n")
+    assert main([*argv[:-1], str(notes)]) == 2
+    assert "exists and is not a policy file" in capsys.readouterr().err
+    assert yaml.safe_load(notes.read_text()) == {"my": "notes"}
