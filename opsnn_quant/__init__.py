@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from opsnn_quant.determinism import set_reproducible
     from opsnn_quant.errors import InputError, OpsnnQuantError
     from opsnn_quant.evaluation.evaluate import evaluate
+    from opsnn_quant.evaluation.render import write_report
+    from opsnn_quant.evaluation.suite import load_suite
     from opsnn_quant.models import load_adapter
     from opsnn_quant.models.data import load_records
     from opsnn_quant.policy.budget import Budget
@@ -57,6 +59,8 @@ _EXPORTS: dict[str, str] = {
     "Budget": "opsnn_quant.policy.budget",
     "get_target": "opsnn_quant.policy.targets",
     "evaluate": "opsnn_quant.evaluation.evaluate",
+    "load_suite": "opsnn_quant.evaluation.suite",
+    "write_report": "opsnn_quant.evaluation.render",
     "load_adapter": "opsnn_quant.models",
     "load_records": "opsnn_quant.models.data",
     "set_reproducible": "opsnn_quant.determinism",
@@ -94,10 +98,12 @@ __all__ = [
     "load_adapter",
     "load_quantized",
     "load_records",
+    "load_suite",
     "probe",
     "quantize",
     "register_quant_module",
     "run_probe",
     "save_quantized",
     "set_reproducible",
+    "write_report",
 ]
