@@ -38,7 +38,8 @@ class LineReporter:
         self.count: tuple[int | None, int, str] | None = None
 
     def _flush_count(self) -> None:
-        if self.count is not None and self.count[1]:
+        # a count says something only past one item (no bare "1/1 batches" lines)
+        if self.count is not None and self.count[1] > 1:
             total, done, unit = self.count
             of = f"/{total}" if total else ""
             self.stream.write(

@@ -130,7 +130,7 @@ def _probe(
     adapter: ModelAdapter, forward_loop: ForwardLoop, cfg: ProbeConfig, say: Callable[[str], None]
 ) -> ProbeResult:
     run = _start(adapter, cfg)
-    say("probe pass 1/2: ranges, fp16/bf16 re-runs, calibration statistics")
+    say("probe pass 1: ranges, fp16/bf16 re-runs, calibration statistics")
     run.costs["pass1_seconds"] = statistics_pass(
         run.watches, adapter, run.named, run.watched, forward_loop
     )
@@ -142,7 +142,7 @@ def _probe(
         replayed = replay_measured(run)
         if not replayed:
             run.watches.inputs.clear()  # pass 2 measures every module over the forward loop
-            say("probe pass 2/2: local int8 error of every candidate scheme")
+            say("probe pass 2: local int8 error of every candidate scheme")
             run.costs["pass2_seconds"] = local_error_pass(run.watches, adapter.model, forward_loop)
     e2e = attribute_modalities(run, say, replayed)
     if replayed:
@@ -173,7 +173,7 @@ def _measure_rest(run: ProbeRun, forward_loop: ForwardLoop, say: Callable[[str],
     run.costs["kept_inputs_seconds"] = time.perf_counter() - t0
     run.costs["pass2_seconds"] = 0.0
     if rest:
-        say(f"probe pass 2/2: local int8 error of the {len(rest)} modules the replay did not reach")
+        say(f"probe pass 2: local int8 error of the {len(rest)} modules the replay did not reach")
         run.costs["pass2_seconds"] = local_error_pass(w, run.adapter.model, forward_loop, only=rest)
     for lp in w.local.values():
         lp.release()
