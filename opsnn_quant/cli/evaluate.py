@@ -54,6 +54,14 @@ def evaluate_cmd(
         bool,
         typer.Option("--allow-pickle", help=_ui.ALLOW_PICKLE_HELP + " (also a suite's CLIP)"),
     ] = False,
+    allow_broken_baseline: Annotated[
+        bool,
+        typer.Option(
+            "--allow-broken-baseline",
+            help="judge the candidate even when the float baseline's outputs are mostly empty "
+            "or flat (a broken or random model)",
+        ),
+    ] = False,
 ) -> None:
     """Run baseline and candidate on the suite; write report.{json,md,html}. Exit 0 PASS, 3 FAIL."""
     from opsnn_quant.evaluation.report import fmt
@@ -62,6 +70,7 @@ def evaluate_cmd(
     job = check_evaluate(
         candidate, suite, out, baseline=baseline, target=target, device=device, dtype=dtype,
         candidate_dtype=candidate_dtype, latency=latency, allow_pickle=allow_pickle, force=force,
+        allow_broken_baseline=allow_broken_baseline,
     )  # fmt: skip
     with _ui.phases(quiet) as say:
         report = run_evaluate(job, progress=say)

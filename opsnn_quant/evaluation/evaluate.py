@@ -119,6 +119,7 @@ def evaluate(
     target: str | Target | None = None,
     baseline_backend: str | None = None,
     allow_pickle: bool = False,
+    allow_broken_baseline: bool = False,
 ) -> AcceptanceReport:
     """Evaluate ``candidate`` against ``baseline`` with ``suite``.
 
@@ -147,6 +148,8 @@ def evaluate(
         baseline_backend: Label of the baseline's eager timing (default: its device, ``cpu``).
         allow_pickle: Read a suite CLIP directory that has pickle weights only (with
             ``torch.load(weights_only=True)``); False: refused before anything is generated.
+        allow_broken_baseline: A baseline whose outputs are mostly empty or flat (a broken or
+            random float model) is reported instead of failing the verdict.
 
     Returns:
         The :class:`AcceptanceReport`; the outputs of both models (images or transcripts, in
@@ -191,6 +194,8 @@ def evaluate(
         created=created,
         target=judged_for,
         latency_plan=plan,
+        allow_broken_baseline=allow_broken_baseline,
+        baseline_backend=backends.baseline,
     )
     return report.with_outputs(out.baseline, out.candidate)
 

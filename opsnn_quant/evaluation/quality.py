@@ -4,8 +4,9 @@ and transcripts (WER/CER, agreement WER), as a :class:`QualityResult` for
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
+import numpy as np
 from pydantic import BaseModel, Field
 from torch import nn
 
@@ -41,6 +42,24 @@ class QualityResult(BaseModel):
     image_pairs: list[ImagePairRow] = Field(default_factory=list)
     transcripts: list[TranscriptRow] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+
+
+# A baseline output that says nothing: an image flatter than this (std of its uint8 values), or
+# an empty transcript. A broken float model makes every comparison with it pass.
+FLAT_STD = 2.0
+
+
+def _flat(image: object) -> bool:
+    """Whether an image (or video: frames x H x W x 3) is flat, in uint8 steps."""
+    arr = np.asarray(image, dtype=np.float64)
+    if arr.size and arr.max() <= 1.0 and np.asarray(image).dtype.kind == "f":
+        arr = arr * 255.0  # float images in [0, 1]
+    return float(arr.std()) < FLAT_STD
+
+
+def _share(flags: Iterable[bool]) -> float:
+    values = list(flags)
+    return sum(values) / len(values) if values else 0.0
 
 
 def _delta(a: float | None, b: float | None) -> float | None:
@@ -80,6 +99,7 @@ def t2i_quality(
     out = QualityResult()
     m = out.measured
     m.update(summarize(pairs))
+    m["baseline_broken_share"] = _share(_flat(img) for img in baseline_images)
     out.quality += [
         QualityRow(metric="PSNR vs baseline (median)", candidate=m["psnr_median_db"], unit="dB"),
         QualityRow(metric="PSNR vs baseline (worst)", candidate=m["psnr_min_db"], unit="dB"),
@@ -168,6 +188,7 @@ def asr_quality(
         cer_baseline=100 * eb.cer, cer_candidate=100 * ec.cer,
         cer_delta_points=100 * (ec.cer - eb.cer),
         agreement_wer_points=100 * agree,
+        baseline_broken_share=_share(not t.strip() for t in baseline_texts),
     )  # fmt: skip
     out.quality += [
         QualityRow(metric="WER", baseline=100 * eb.wer, candidate=100 * ec.wer,

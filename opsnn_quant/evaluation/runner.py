@@ -140,6 +140,33 @@ def verdict(
     return rows
 
 
+# At most this share of the baseline's outputs may say nothing (flat images, empty transcripts).
+BASELINE_BROKEN_MAX = 0.5
+
+
+def baseline_criterion(
+    measured: Mapping[str, float | None], backend: str, allowed: bool
+) -> Criterion | None:
+    """The check that the float baseline itself works: a random or broken model makes flat
+    images or empty transcripts, and every candidate then "matches" it. FAIL (NOT JUDGED when
+    ``allowed``) past :data:`BASELINE_BROKEN_MAX`; None when the quality figures lack it."""
+    share = measured.get("baseline_broken_share")
+    if share is None:
+        return None
+    ok = share <= BASELINE_BROKEN_MAX
+    note = "" if ok else (
+        f"{share:.0%} of the baseline's outputs are empty or flat: the float model looks broken, "
+        "so matching it proves nothing"
+        + (" (allowed by --allow-broken-baseline)" if allowed else "; --allow-broken-baseline "
+           "to judge the candidate anyway")
+    )  # fmt: skip
+    status: Status = "PASS" if ok else (NOT_JUDGED if allowed else "FAIL")
+    return Criterion(key="baseline_sane", label="baseline outputs empty or flat (share)",
+                     measured_key="baseline_broken_share", value=share,
+                     threshold=BASELINE_BROKEN_MAX, comparator="<=", status=status,
+                     backend=backend, note=note)  # fmt: skip
+
+
 def _created() -> str:
     """Now, or ``SOURCE_DATE_EPOCH`` when set (the reproducible-builds convention), so that
     reruns on the same inputs can write byte-identical reports."""
@@ -178,6 +205,8 @@ def build_report(
     created: str | None = None,
     target: Target | None = None,
     latency_plan: LatencyPlan | None = None,
+    allow_broken_baseline: bool = False,
+    baseline_backend: str = "cpu",
 ) -> AcceptanceReport:
     """Assemble the report: measured values, criteria, verdict, tables.
 
@@ -194,6 +223,9 @@ def build_report(
         target: The policy's target (None: unknown; no latency criterion is judged).
         latency_plan: What the run timed (:func:`~.gate.plan_latency`): its mode, the skipped
             measurements, and the backend of a latency criterion left unmeasured.
+        allow_broken_baseline: A broken baseline (:func:`baseline_criterion`) is reported, not
+            failed.
+        baseline_backend: Where the baseline ran (the baseline check's figure).
     """
     measured = dict(quality.measured)
     backends = {"quality": quality_backend}
@@ -225,6 +257,11 @@ def build_report(
     criteria = verdict(suite, measured, latency_backend=latency_backend, labels=quality.labels,
                        quality_backend=quality_backend, target=target,
                        unmeasured_why=why)  # fmt: skip
+    sane = baseline_criterion(measured, baseline_backend, allow_broken_baseline)
+    if sane is not None:
+        criteria.append(sane)
+        if sane.status != "PASS":
+            all_notes.append(f"baseline check: {sane.note}")
     result = overall_verdict(criteria)
     if criteria and all(c.status == NOT_JUDGED for c in criteria):
         all_notes.append(NOTHING_JUDGED_NOTE)

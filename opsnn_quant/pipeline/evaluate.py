@@ -45,6 +45,7 @@ class EvaluateJob:
         latency: what to time (``none``, ``target``, ``all``).
         allow_pickle: pickle-only weights may be read (``weights_only``).
         force: replace ``out`` even when it is not a report.
+        allow_broken_baseline: a broken float baseline is reported, not failed.
     """
 
     candidate: Path
@@ -59,6 +60,7 @@ class EvaluateJob:
     latency: str
     allow_pickle: bool
     force: bool
+    allow_broken_baseline: bool = False
 
 
 def check_evaluate(
@@ -74,6 +76,7 @@ def check_evaluate(
     latency: str = "target",
     allow_pickle: bool = False,
     force: bool = False,
+    allow_broken_baseline: bool = False,
 ) -> EvaluateJob:
     """Every option checked before a model loads; the output location last.
 
@@ -107,7 +110,7 @@ def check_evaluate(
     check_output_dir(out, OUTPUT_KIND, force=force, inputs=inputs)
     return EvaluateJob(
         candidate, kind, source, loaded, out, resolved_target, device, dtype, candidate_dtype,
-        latency, allow_pickle, force,
+        latency, allow_pickle, force, allow_broken_baseline,
     )  # fmt: skip
 
 
@@ -144,6 +147,7 @@ def run_evaluate(job: EvaluateJob, progress: Progress | None = None) -> Acceptan
         # an engine's directory runs the engine's int8 arithmetic, not plain eager float
         candidate_backend=f"{resolve_device(job.device).type}-reference" if engine_dir else None,
         allow_pickle=job.allow_pickle,
+        allow_broken_baseline=job.allow_broken_baseline,
     )
     write_report(report, job.out, force=job.force)
     return report

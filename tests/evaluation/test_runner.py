@@ -176,3 +176,40 @@ def test_latency_none_and_nothing_judged():
 def test_build_report_unmeasured_quality_fails():
     suite = asr_suite(wer_delta_max_points=1.0)
     assert build_report(suite, QualityResult(), created="").verdict == "FAIL"
+
+
+def test_a_broken_baseline_fails_the_verdict_unless_allowed():
+    # A random Whisper transcribes nothing: its empty transcripts "agree" with any candidate's.
+    from opsnn_quant.evaluation.quality import asr_quality
+
+    refs = ["one two", "three four", "five", "six"]
+    broken = asr_quality(refs, ["", "", "", "five"], ["", "", "", "five"])
+    assert broken.measured["baseline_broken_share"] == 0.75  # 3 of 4 empty
+    suite = asr_suite(wer_delta_max_points=1.0)
+    report = build_report(suite, broken, created="")
+    sane = report.criteria[-1]
+    assert (sane.key, sane.status, sane.value, sane.threshold) == (
+        "baseline_sane",
+        "FAIL",
+        0.75,
+        0.5,
+    )
+    assert report.verdict == "FAIL" and any("looks broken" in n for n in report.notes)
+    allowed = build_report(suite, broken, created="", allow_broken_baseline=True)
+    assert allowed.verdict == "PASS" and allowed.criteria[-1].status == "NOT JUDGED"
+    fine = asr_quality(refs, refs, refs)
+    assert build_report(suite, fine, created="").criteria[-1].status == "PASS"
+
+
+def test_flat_baseline_images_count_as_broken():
+    import numpy as np
+
+    from opsnn_quant.evaluation.quality import t2i_quality
+
+    rng = np.random.default_rng(0)
+    textured = [rng.integers(0, 256, (8, 8, 3), dtype=np.uint8) for _ in range(3)]
+    flat = [np.full((8, 8, 3), 7, np.uint8), np.full((8, 8, 3), 200, np.uint8)]
+    q = t2i_quality(flat + textured[:1], flat + textured[:1], ["a", "b", "c"])
+    assert q.measured["baseline_broken_share"] == pytest.approx(2 / 3)
+    q = t2i_quality(textured, textured, ["a", "b", "c"])
+    assert q.measured["baseline_broken_share"] == 0.0
