@@ -26,3 +26,28 @@ def test_phases_are_lines_and_a_single_item_count_is_not():
     assert [re.sub(r"^\[\s*[\d.]+ s\] ", "", ln).strip() for ln in lines] == [
         "loading", "probing", "3/3 batches", "quantizing", "2 modules",
     ]  # fmt: skip
+
+
+def test_on_a_terminal_finished_phases_stay_and_80_columns_keep_the_counters():
+    from rich.console import Console
+
+    from opsnn_quant.cli._ui import RichReporter, progress_bar
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=80, color_system=None)
+    bar = progress_bar(console)
+    rep = RichReporter(bar)
+    with bar:
+        rep.phase("loading the calibration data")
+        rep.phase("end-to-end attribution: audio_encoder (24 modules, 2 replayed calls) " * 2)
+        rep.start(7, "batch")
+        rep.advance(3)
+        bar.refresh()
+        live = out.getvalue()
+        rep.close()
+    text = out.getvalue()
+    # the finished phases stay, each with its start and duration
+    assert re.search(r"\[\s*0\.\d s\] loading the calibration data \(\d+\.\d s\)", text)
+    assert re.search(r"end-to-end attribution: audio_encoder .* \(\d+\.\d s\)", text)
+    # the live line of a long phase keeps the count at 80 columns (its description shrinks)
+    assert "3/7" in live

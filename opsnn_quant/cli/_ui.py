@@ -20,7 +20,7 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-from rich.table import Table
+from rich.table import Column, Table
 
 from opsnn_quant import progress
 
@@ -71,17 +71,32 @@ class LineReporter:
 
 
 class RichReporter:
-    """A rich progress line per phase: spinner, bar, count and ETA of the counted work."""
+    """A rich progress line per phase: spinner, bar, count and ETA of the counted work; each
+    finished phase stays on screen as one line with its start and duration (as in the piped
+    log)."""
 
     def __init__(self, bar: Progress) -> None:
         self.bar = bar
         self.task: TaskID | None = None
+        self.t0 = self.started = time.perf_counter()
+        self.description = ""
+
+    def _finish(self) -> None:
+        if self.task is None:
+            return
+        self.bar.stop_task(self.task)
+        self.bar.update(self.task, visible=False)
+        took = time.perf_counter() - self.started
+        self.bar.console.print(
+            f"[{self.started - self.t0:7.1f} s] {self.description} ({took:.1f} s)",
+            highlight=False,
+        )
+        self.task = None
 
     def phase(self, description: str) -> None:
-        """Finish the current line and start a new one."""
-        if self.task is not None:
-            self.bar.stop_task(self.task)
-            self.bar.update(self.task, visible=False)
+        """Finish the current line (kept on screen) and start a new one."""
+        self._finish()
+        self.description, self.started = description, time.perf_counter()
         self.task = self.bar.add_task(description, total=None)
 
     def start(self, total: int | None, unit: str) -> None:
@@ -95,6 +110,29 @@ class RichReporter:
         """Move the bar."""
         if self.task is not None:
             self.bar.advance(self.task, n)
+
+    def close(self) -> None:
+        """Keep the last phase's line."""
+        self._finish()
+
+
+def progress_bar(console: Console) -> Progress:
+    """The live bar: the description shrinks (ellipsis) before the counters do, so 80 columns
+    keep the count, elapsed time and ETA."""
+    return Progress(
+        SpinnerColumn(),
+        TextColumn(
+            "{task.description}",
+            table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis", min_width=10),
+        ),
+        BarColumn(bar_width=12),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        expand=True,
+    )
 
 
 @contextlib.contextmanager
@@ -116,18 +154,13 @@ def reporter(quiet: bool) -> Iterator[progress.Reporter]:
         finally:
             lines.close()
         return
-    bar = Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(bar_width=20),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
-    with bar, progress.reporting(RichReporter(bar)) as rep:
-        yield rep
+    bar = progress_bar(Console(stderr=True))
+    rich = RichReporter(bar)
+    with bar, progress.reporting(rich) as rep:
+        try:
+            yield rep
+        finally:
+            rich.close()
 
 
 @contextlib.contextmanager

@@ -203,6 +203,8 @@ def calibrate(
             f"int8 MAC share overall: {share}; wall time {result.seconds['total']:.0f} s; "
             f"wrote {out}/"
         )
+    else:  # quiet: still the path of what was written (and the verdict below)
+        typer.echo(f"wrote {out}/")
     if result.verdict is not None:
         typer.echo(f"acceptance ({evaluate}): {result.verdict}; report in {out}/report/")
         if result.verdict != "PASS":

@@ -334,9 +334,11 @@ def _generate(
 ) -> _Generated:
     metrics = QualityInputs.load(suite, candidate, records, allow_pickle)
     n = len(metrics.inputs)
-    say(f"generating {n} images per model (seeds {list(suite.seeds)})" if suite.task == "t2i"
-        else f"transcribing {n} utterances per model")  # fmt: skip
+    what = (f"generating {n * len(suite.seeds)} images" if suite.task == "t2i"
+            else f"transcribing {n} utterances")  # fmt: skip
+    say(f"{what} with the baseline (float)")
     base_out = generate_outputs(baseline, suite, metrics.inputs)
+    say(f"{what} with the candidate")
     cand_out = generate_outputs(candidate, suite, metrics.inputs)
     say("quality metrics")
     quality = metrics.quality(base_out, cand_out)

@@ -84,10 +84,10 @@ def test_calibrate_evaluate_prints_the_verdict_and_exits_3_on_fail(tmp_path, cap
     out = tmp_path / "out"
     rc = main(["calibrate", str(recipe), "-o", str(out), "--evaluate", str(suite), "--quiet"])
     assert rc == 3
-    assert (
-        "acceptance" in capsys.readouterr().out
-        and "FAIL" in (out / "report" / "report.md").read_text()
-    )
+    printed = capsys.readouterr().out
+    # --quiet still says where the output went and the verdict
+    assert f"wrote {out}/" in printed and "acceptance (" in printed and ": FAIL" in printed
+    assert "FAIL" in (out / "report" / "report.md").read_text()
     assert (out / "policy.yaml").is_file() and (out / "quant" / "model.safetensors").is_file()
 
 
