@@ -51,3 +51,17 @@ def test_on_a_terminal_finished_phases_stay_and_80_columns_keep_the_counters():
     assert re.search(r"end-to-end attribution: audio_encoder .* \(\d+\.\d s\)", text)
     # the live line of a long phase keeps the count at 80 columns (its description shrinks)
     assert "3/7" in live
+
+
+def test_a_phase_without_counted_work_shows_no_count():
+    from rich.progress import Progress
+
+    from opsnn_quant.cli._ui import CountColumn
+
+    bar = Progress(CountColumn())
+    task = bar.add_task("attribution", total=None)
+    assert CountColumn().render(bar.tasks[task]).plain == ""
+    bar.advance(task, 2)
+    assert CountColumn().render(bar.tasks[task]).plain == "2"
+    bar.update(task, total=5)
+    assert CountColumn().render(bar.tasks[task]).plain == "2/5"

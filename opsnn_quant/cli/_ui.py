@@ -15,12 +15,14 @@ from rich.progress import (
     MofNCompleteColumn,
     Progress,
     SpinnerColumn,
+    Task,
     TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
 from rich.table import Column, Table
+from rich.text import Text
 
 from opsnn_quant import progress
 
@@ -116,6 +118,17 @@ class RichReporter:
         self._finish()
 
 
+class CountColumn(MofNCompleteColumn):
+    """``done/total``; a phase without counted work shows nothing (not ``0/?``), one with an
+    unknown total just its count."""
+
+    def render(self, task: Task) -> Text:
+        """The cell of ``task``."""
+        if task.total is None:
+            return Text(str(int(task.completed)) if task.completed else "")
+        return super().render(task)
+
+
 def progress_bar(console: Console) -> Progress:
     """The live bar: the description shrinks (ellipsis) before the counters do, so 80 columns
     keep the count, elapsed time and ETA."""
@@ -126,7 +139,7 @@ def progress_bar(console: Console) -> Progress:
             table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis", min_width=10),
         ),
         BarColumn(bar_width=12),
-        MofNCompleteColumn(),
+        CountColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
         console=console,
