@@ -57,7 +57,11 @@ def _pct(v: float | None) -> str:
 
 
 # Column titles of the policy's per-modality figures (policy_summary); other keys are spelt out.
-_POLICY_COLUMNS = {"predicted_sqnr_db": "predicted SQNR dB", "int8_mac_share": "int8 MAC share"}
+_POLICY_COLUMNS = {
+    "predicted_sqnr_db": "predicted SQNR dB",
+    "measured_sqnr_db": "measured SQNR dB (held-out)",
+    "int8_mac_share": "int8 MAC share",
+}
 _ROW_NAMES = {"modalities": "modality"}
 
 

@@ -155,7 +155,7 @@ def run_calibrate(
         notes += exported.notes
         deployed = deployed_shares(probed.report, exported.int8)
         add_policy_notes(ctx, resolved, deployed, measured)
-        verdict = acceptance_phase(ctx, checked.suite, probed.report, resolved, latency)  # 9.
+        verdict = acceptance_phase(ctx, checked.suite, probed.report, resolved, latency, measured)
         # The run's wall-clock times, apart: every other file is the same bytes on a rerun.
         ctx.timings["total"] = time.perf_counter() - started
         write_timings(tmp, probe=probed.report.costs, phases=ctx.timings)
@@ -470,6 +470,7 @@ def acceptance_phase(
     report: SensitivityReport,
     resolved: ResolvedPolicy,
     latency: str,
+    measured: Mapping[Modality, Mapping[str, float]] | None = None,
 ) -> str | None:
     """With ``--evaluate SUITE``: the freshly quantized model against a fresh float copy,
     report in ``report/``; returns the verdict (None without a suite, or with AMCT)."""
@@ -485,7 +486,7 @@ def acceptance_phase(
         baseline,
         ctx.adapter,
         suite,
-        policy=policy_summary(resolved.policy),
+        policy=with_measured(policy_summary(resolved.policy), measured or {}),
         sensitivity=report,
         progress=ctx.say,
         latency=latency,
@@ -494,6 +495,18 @@ def acceptance_phase(
     )
     write_report(acc, ctx.out.report)
     return str(acc.verdict)
+
+
+def with_measured(
+    summary: dict[str, Any], measured: Mapping[Modality, Mapping[str, float]]
+) -> dict[str, Any]:
+    """The policy summary with each modality's held-out SQNR beside its predicted one (the
+    summary table's ``meas`` column), for the acceptance report."""
+    modalities = summary.get("modalities", {})
+    for modality, figures in measured.items():
+        if modality.value in modalities and "sqnr_db" in figures:
+            modalities[modality.value]["measured_sqnr_db"] = round(figures["sqnr_db"], 3)
+    return summary
 
 
 def int8_mac_share(report: SensitivityReport, rows: list[ModalitySummaryRow]) -> float | None:

@@ -300,3 +300,20 @@ def test_a_metric_budget_is_checked_before_work(tmp_path, capsys):
     assert main(["calibrate", str(recipe), "-o", str(tmp_path / "o2"), "--engine", "amct"]) == 2
     assert "budget.metric measures candidates quantized by opsnn-quant" in capsys.readouterr().err
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+def test_the_acceptance_reports_policy_table_shows_measured_beside_predicted():
+    from opsnn_quant.evaluation.render import render_markdown
+    from opsnn_quant.evaluation.runner import QualityResult, build_report
+    from opsnn_quant.evaluation.suite import parse_suite
+    from opsnn_quant.pipeline.calibrate import with_measured
+    from opsnn_quant.types import Modality
+
+    summary = {"model": "m", "target": "ascend910b-atc", "rules": 3, "modalities": {
+        "denoiser": {"chosen": "int8", "predicted_sqnr_db": 31.5, "int8_mac_share": 0.9}}}  # fmt: skip
+    summary = with_measured(summary, {Modality.DENOISER: {"sqnr_db": 29.87654, "cosine": 0.99}})
+    assert summary["modalities"]["denoiser"]["measured_sqnr_db"] == 29.877
+    suite = parse_suite({"name": "s", "task": "t2i", "data": {"dataset": "shapes", "samples": 2},
+                         "metrics": {"fid_features": None, "thresholds": {}}})  # fmt: skip
+    md = render_markdown(build_report(suite, QualityResult(), policy=summary, created=""))
+    assert "measured SQNR dB (held-out)" in md and "| denoiser | int8 | 31.500 | 0.900 | 29.877 |" in md
