@@ -260,6 +260,8 @@ th{background:#f0f3f7} td.PASS{color:#2a8a3a;font-weight:bold} td.FAIL{color:#c6
 td.NOT-JUDGED{color:#777} img{max-width:100%} figure{margin:8px 0 16px}
 del{background:#fdd;text-decoration:line-through} ins{background:#dfd;text-decoration:none}
 .notes li,.lines li{color:#555}
+.pairs{display:flex;flex-wrap:wrap;gap:12px} .pairs figure{margin:0;width:280px}
+.pairs img{width:100%;image-rendering:pixelated} .pairs figcaption{font-size:12px}
 """
 
 
@@ -303,7 +305,9 @@ def render_html(r: AcceptanceReport, figures: dict[str, bytes] | None = None,
             body.append(f"<figure><img alt='{name}' src='{_data_uri(figures[name])}'>"
                         f"<figcaption>{caption}</figcaption></figure>")  # fmt: skip
     if pair_pngs:
+        # a grid of small strips after the tables: the figures a reader looks for come first
         body.append("<h2>Image pairs: baseline | candidate | |diff| ×4 (worst first)</h2>")
+        body.append("<div class='pairs'>")
         for p in r.image_pairs:
             if p.index in pair_pngs:
                 body.append(
@@ -311,6 +315,7 @@ def render_html(r: AcceptanceReport, figures: dict[str, bytes] | None = None,
                     f"<figcaption>#{p.index} {e(p.prompt)} — PSNR {fmt(p.psnr_db)} dB, "
                     f"SSIM {fmt(p.ssim)}</figcaption></figure>"
                 )
+        body.append("</div>")
     if r.transcripts:
         body.append("<h2>Transcripts (worst first; <del>baseline</del> <ins>candidate</ins>)</h2>")
         rows_html = "".join(

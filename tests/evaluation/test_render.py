@@ -54,6 +54,9 @@ def test_html_is_self_contained(t2i_dir: Path):
     assert text.count("data:image/png;base64,") == 2 + 3  # two plots, three pairs
     assert "a blue &lt;square&gt; &amp; co" in text  # prompts are escaped
     assert "FAIL" in text and "cpu-reference" in text
+    # the pairs: a grid of small strips after every table, not a column of full-width images
+    pairs = text.index("<div class='pairs'>")
+    assert pairs > text.rindex("</table>", 0, pairs) and text.count("<div class='pairs'>") == 1
 
 
 def test_markdown(t2i_dir: Path):

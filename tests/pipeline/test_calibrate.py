@@ -316,4 +316,7 @@ def test_the_acceptance_reports_policy_table_shows_measured_beside_predicted():
     suite = parse_suite({"name": "s", "task": "t2i", "data": {"dataset": "shapes", "samples": 2},
                          "metrics": {"fid_features": None, "thresholds": {}}})  # fmt: skip
     md = render_markdown(build_report(suite, QualityResult(), policy=summary, created=""))
-    assert "measured SQNR dB (held-out)" in md and "| denoiser | int8 | 31.500 | 0.900 | 29.877 |" in md
+    assert (
+        "measured SQNR dB (held-out)" in md
+        and "| denoiser | int8 | 31.500 | 0.900 | 29.877 |" in md
+    )
