@@ -18,56 +18,9 @@ from collections.abc import Callable
 
 import torch
 
-from opsnn_quant.quant.gptq import InputMoments
+from opsnn_quant.quant.gptq import SplitMoments, row_halves
 
-# odd multipliers of the hash, below 2^28: six products of 32-bit patterns sum below 2^62 (no
-# overflow of the int64 arithmetic, the same on every platform)
-_MIX = torch.tensor([0x9E3779B, 0x85EBCA7, 0xC2B2AE3, 0x27D4EB3, 0x165667B, 0xD3A2645])
-
-
-@torch.no_grad()
-def row_halves(x2d: torch.Tensor) -> torch.Tensor:
-    """A bool per (M, K) row: its half (a hash of the float32 bits of its first values)."""
-    k = min(x2d.shape[1], _MIX.numel())
-    bits = x2d[:, :k].to(torch.float32).contiguous().view(torch.int32).to(torch.int64)
-    h = (bits * _MIX[:k].to(bits.device)).sum(dim=1)
-    h = h ^ (h >> 29) ^ (h >> 13)
-    return (h & 1).bool()
-
-
-class SplitMoments:
-    """The input moments of one Linear (or a conv's im2col rows) in two halves of its rows
-    (:func:`row_halves`).
-
-    Args:
-        channels: K.
-    """
-
-    def __init__(self, channels: int) -> None:
-        self.halves = (InputMoments(channels), InputMoments(channels))
-
-    @torch.no_grad()
-    def collect(self, rows: torch.Tensor) -> None:
-        """Add (M, K) rows, each to its half."""
-        second = row_halves(rows)
-        self.halves[0].collect(rows[~second])
-        self.halves[1].collect(rows[second])
-
-    def merged(self) -> InputMoments:
-        """The moments of all rows (what quantize() fits the deployed module on)."""
-        a, b = self.halves
-        out = InputMoments(a.channels)
-        out.rows = a.rows + b.rows
-        out.total = a.total + b.total.to(a.total.device)
-        assert a.xtx is not None and b.xtx is not None
-        out.xtx = a.xtx + b.xtx.to(a.xtx.device)
-        return out
-
-    def fitted_for(self, half: int) -> InputMoments:
-        """The moments a candidate measured on rows of ``half`` is fitted on: the other half's
-        (all rows when the other half is empty: too little data to split)."""
-        other = self.halves[1 - half]
-        return other if other.rows else self.merged()
+__all__ = ["SplitMoments", "crossfit_pixels", "crossfit_rows", "row_halves"]
 
 
 @torch.no_grad()

@@ -196,6 +196,7 @@ def quantize(
         forward_loop(model)
         skipped.update(_restore_uncalled(model, needs_data, swapped, floats))
         for q in swapped.values():
+            q.input_quantizer.end_first_pass()
             if q.spec.smoothquant:
                 q.decide_smoothing()
         if two_pass:

@@ -85,6 +85,74 @@ class InputMoments:
         return h / (s.unsqueeze(1) * s.unsqueeze(0))
 
 
+# odd multipliers of the hash, below 2^28: six products of 32-bit patterns sum below 2^62 (no
+# overflow of the int64 arithmetic, the same on every platform)
+_MIX = torch.tensor([0x9E3779B, 0x85EBCA7, 0xC2B2AE3, 0x27D4EB3, 0x165667B, 0xD3A2645])
+
+
+@torch.no_grad()
+def row_halves(x2d: torch.Tensor) -> torch.Tensor:
+    """A bool per (M, K) row: its half (a hash of the float32 bits of its first values)."""
+    k = min(x2d.shape[1], _MIX.numel())
+    bits = x2d[:, :k].to(torch.float32).contiguous().view(torch.int32).to(torch.int64)
+    h = (bits * _MIX[:k].to(bits.device)).sum(dim=1)
+    h = h ^ (h >> 29) ^ (h >> 13)
+    return (h & 1).bool()
+
+
+class SplitMoments:
+    """The input moments of one Linear (or a conv's im2col rows) in two halves of its rows
+    (:func:`row_halves`). The probe measures a GPTQ candidate on each half through the one
+    fitted on the other (:mod:`opsnn_quant.probe.crossfit`); quantize() collects its own pass
+    the same way, so that its :meth:`merged` sums, and the integers GPTQ picks from them, are
+    the probe's bit for bit.
+
+    Args:
+        channels: K.
+        gram: also accumulate ``X^T X``.
+    """
+
+    def __init__(self, channels: int, gram: bool = True) -> None:
+        self.channels = channels
+        self.halves = (InputMoments(channels, gram), InputMoments(channels, gram))
+
+    @torch.no_grad()
+    def collect(self, rows: torch.Tensor) -> None:
+        """Add (M, K) rows, each to its half."""
+        second = row_halves(rows)
+        self.halves[0].collect(rows[~second])
+        self.halves[1].collect(rows[second])
+
+    def merged(self) -> InputMoments:
+        """The moments of all rows (what quantize() fits the deployed module on)."""
+        a, b = self.halves
+        out = InputMoments(a.channels, a.gram)
+        out.rows = a.rows + b.rows
+        out.total = a.total + b.total.to(a.total.device)
+        if a.xtx is not None and b.xtx is not None:
+            out.xtx = a.xtx + b.xtx.to(a.xtx.device)
+        return out
+
+    def mean(self, smooth: torch.Tensor | None = None) -> torch.Tensor:
+        """``E[x]`` of all rows (see :meth:`InputMoments.mean`)."""
+        return self.merged().mean(smooth)
+
+    def hessian(self, smooth: torch.Tensor | None = None) -> torch.Tensor:
+        """``2 X^T X / n`` of all rows (see :meth:`InputMoments.hessian`)."""
+        return self.merged().hessian(smooth)
+
+    def fitted_for(self, half: int) -> InputMoments:
+        """The moments a candidate measured on rows of ``half`` is fitted on: the other half's
+        (all rows when the other half is empty: too little data to split)."""
+        other = self.halves[1 - half]
+        return other if other.rows else self.merged()
+
+
+# Either form of the moments a module is fitted on: collected in halves by its own pass, or
+# merged (seeded from the probe's statistics).
+Moments = InputMoments | SplitMoments
+
+
 @torch.no_grad()
 def gptq_round(
     w: torch.Tensor,

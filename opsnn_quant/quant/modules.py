@@ -81,6 +81,12 @@ class QuantLinear(QuantModule[nn.Linear]):
         return q
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.frozen:
+            # calibrating: exactly nn.Linear's float output (F.linear on the input's own shape:
+            # a 2-D reshape may take another GEMM path and move last bits downstream, and the
+            # probe's pass 1, which can seed quantize(), saw the float model's)
+            self.input_quantizer.collect(x.reshape(-1, self.in_features))
+            return F.linear(x, self._weight2d(), self.bias)
         lead = x.shape[:-1]
         y = self.matmul_rows(x.reshape(-1, self.in_features))
         return y.reshape(*lead, self.out_features)

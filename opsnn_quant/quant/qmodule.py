@@ -24,7 +24,7 @@ from opsnn_quant.backends.base import QuantBackend
 from opsnn_quant.errors import CalibrationError
 from opsnn_quant.quant.engine import TORCH_DTYPES, deqscale2int64
 from opsnn_quant.quant.functional import fold_bias_int32
-from opsnn_quant.quant.gptq import InputMoments, corrected_bias, gptq_round
+from opsnn_quant.quant.gptq import Moments, corrected_bias, gptq_round
 from opsnn_quant.quant.quantizers import InputQuantizer, WeightQuantizer
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Precision
@@ -165,7 +165,7 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
     def _integer_weight(
         self,
         w: torch.Tensor,
-        moments: InputMoments | None,
+        moments: Moments | None,
         smooth: torch.Tensor | None,
         quantized: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> torch.Tensor:

@@ -16,7 +16,7 @@ from opsnn_quant.quant.functional import (
     quantize_weight_per_group_int4,
     static_inv_scale,
 )
-from opsnn_quant.quant.gptq import InputMoments
+from opsnn_quant.quant.gptq import Moments, SplitMoments
 from opsnn_quant.quant.observers import MIN_SCALE, Observer, make_observer
 from opsnn_quant.quant.smoothquant import ChannelStats, search_alpha, smoothing_factors
 from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, QuantSpec
@@ -61,8 +61,8 @@ class InputQuantizer(nn.Module):
         self.collect_stats = self.stats is not None
         self.collect_range = bool(self.observers) and not spec.smoothquant
         # the raw inputs' moments (GPTQ's Hessian, bias correction's mean), in the first pass
-        self.moments = (
-            InputMoments(channels, gram=spec.weight_rounding == "gptq")
+        self.moments: Moments | None = (
+            SplitMoments(channels, gram=spec.weight_rounding == "gptq")
             if spec.needs_moments
             else None
         )
@@ -114,6 +114,14 @@ class InputQuantizer(nn.Module):
             xs = x2d if self.smooth is None else x2d / self.smooth.to(x2d.device)
             g = self.group_index()
             self.observers[0 if g is None else g].collect(xs)
+
+    def end_first_pass(self) -> None:
+        """After quantize()'s first pass over the data: nothing more is collected (a second
+        pass, for SmoothQuant's ranges, re-opens range collection in
+        :meth:`decide_smoothing` for the smoothed modules only), so every statistic sums the
+        data once, as the probe's pass 1 that can seed it does."""
+        self.moments_pass = False
+        self.collect_range = False
 
     def decide_smoothing(self, weight2d: torch.Tensor) -> None:
         """Choose SmoothQuant factors from the collected statistics (fixed alpha or search)."""

@@ -6,7 +6,7 @@ import torch
 
 from opsnn_quant.errors import CalibrationError
 from opsnn_quant.quant.functional import quantize_weight_per_channel
-from opsnn_quant.quant.gptq import InputMoments, corrected_bias, gptq_round
+from opsnn_quant.quant.gptq import InputMoments, SplitMoments, corrected_bias, gptq_round
 
 
 def test_a_hand_worked_two_column_case():
@@ -232,10 +232,17 @@ def test_a_convs_gptq_is_the_linear_gptq_of_its_im2col_rows():
     torch.manual_seed(0)
     conv = nn.Conv2d(4, 6, 3, stride=2, padding=1)
     batches = [torch.relu(torch.randn(2, 4, 9, 9)) for _ in range(3)]
-    rows = torch.cat([
+    per_batch = [
         F.unfold(x, 3, padding=1, stride=2).transpose(1, 2).reshape(-1, 36) for x in batches
-    ]).double()  # fmt: skip
-    hessian = 2 * rows.T @ rows / rows.shape[0]
+    ]
+    rows = torch.cat(per_batch).double()
+    # summed as quantize() sums them (float32 X^T X per half of the rows, the probe's halves),
+    # so that the integers compare exactly; the rows themselves come from F.unfold here
+    moments = SplitMoments(36)
+    for r in per_batch:
+        moments.collect(r)
+    hessian = moments.hessian()
+    assert torch.allclose(hessian, 2 * rows.T @ rows / rows.shape[0], rtol=1e-5, atol=1e-6)
     spec = QuantSpec("w8a8", weight_rounding="gptq", bias_correction=True)
     plain = quantize(nn.Sequential(_copy(conv)), {"0": QuantSpec("w8a8")},
                      lambda m: [m(x) for x in batches])[0]  # fmt: skip
