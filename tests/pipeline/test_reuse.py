@@ -48,7 +48,8 @@ def test_from_probe_skips_the_probe_and_writes_the_same_files(done, tmp_path):
         main(["calibrate", str(recipe), "-o", str(again), "--from-probe", str(out), "--quiet"]) == 0
     )
     # the same report and decisions; the checkpoint is calibrated by quantize's own pass (the
-    # probe's in-memory statistics are not kept on disk), so it is not compared byte for byte
+    # probe's in-memory statistics are not kept on disk): on this pipeline one VAE conv's
+    # activation scale then differs by a few ulp, so the checkpoint is not compared byte for byte
     for name in ("probe.json", "policy.yaml", "recipe.yaml"):
         assert (again / name).read_bytes() == (out / name).read_bytes(), name
     assert (again / "quant" / "model.safetensors").is_file()
