@@ -140,6 +140,37 @@ def verdict(
     return rows
 
 
+def _latency_pair(
+    measured: dict[str, float | None],
+    backends: dict[str, str],
+    judged: frozenset[str],
+    onnxruntime: OrtSpeedResult | None,
+    eager: tuple[LatencyResult | None, LatencyResult | None],
+    unmeasured_backend: str | None,
+) -> str | None:
+    """Add every measured pair's ratios to ``measured`` (``*_eager`` / ``*_onnxruntime``) and
+    the criteria's from the pair on a judged backend (:func:`~.gate.pick_source`); returns the
+    latency criteria's backend (``unmeasured_backend`` when nothing was timed)."""
+    pairs: list[tuple[Source, LatencyResult, LatencyResult]] = []
+    if onnxruntime is not None:
+        backends["onnxruntime"] = onnxruntime.qdq.backend
+        pairs.append(("onnxruntime", onnxruntime.fp32, onnxruntime.qdq))
+        _ratios(measured, "onnxruntime", onnxruntime.fp32, onnxruntime.qdq)
+    base, cand = eager
+    if base is not None and cand is not None:
+        pairs.append(("eager", base, cand))
+        _ratios(measured, "eager", base, cand)
+    pick = pick_source([(src, c.backend) for src, _, c in pairs], judged)
+    latency_backend = unmeasured_backend
+    if pick is not None:
+        _, b, c = pairs[pick]
+        measured.update(latency_measured(b, c))
+        latency_backend = c.backend
+    if latency_backend is not None:
+        backends["latency"] = latency_backend
+    return latency_backend
+
+
 # At most this share of the baseline's outputs may say nothing (flat images, empty transcripts).
 BASELINE_BROKEN_MAX = 0.5
 
@@ -229,26 +260,15 @@ def build_report(
     """
     measured = dict(quality.measured)
     backends = {"quality": quality_backend}
+    judged = judged_backends(target, suite.latency.enforce_backends)
+    latency_backend = _latency_pair(
+        measured, backends, judged, onnxruntime, (baseline_latency, candidate_latency),
+        latency_plan.backend if latency_plan is not None else None,
+    )  # fmt: skip
     latency_rows = []
-    pairs: list[tuple[Source, LatencyResult, LatencyResult]] = []
-    if onnxruntime is not None:
-        backends["onnxruntime"] = onnxruntime.qdq.backend
-        pairs.append(("onnxruntime", onnxruntime.fp32, onnxruntime.qdq))
-        _ratios(measured, "onnxruntime", onnxruntime.fp32, onnxruntime.qdq)
     if baseline_latency is not None and candidate_latency is not None:
-        pairs.append(("eager", baseline_latency, candidate_latency))
-        _ratios(measured, "eager", baseline_latency, candidate_latency)
         latency_rows = [LatencyRow(label=baseline_label, result=baseline_latency),
                         LatencyRow(label=candidate_label, result=candidate_latency)]  # fmt: skip
-    judged = judged_backends(target, suite.latency.enforce_backends)
-    pick = pick_source([(src, c.backend) for src, _, c in pairs], judged)
-    latency_backend = latency_plan.backend if latency_plan is not None else None
-    if pick is not None:
-        _, base, cand = pairs[pick]
-        measured.update(latency_measured(base, cand))
-        latency_backend = cand.backend
-    if latency_backend is not None:
-        backends["latency"] = latency_backend
     all_notes = list(quality.notes) + list(notes)
     for lat in (baseline_latency, candidate_latency):
         if lat is not None and lat.note and lat.note not in all_notes:
