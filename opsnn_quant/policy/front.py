@@ -134,8 +134,9 @@ class Round:
             f"{'PASS' if m.passed else 'FAIL'}: {m.detail}"
         )  # fmt: skip
         return (
-            f"measured round {index} ({c.label}): {c.share:.1%} of the MACs in int8, predicted "
-            f"{c.predicted()}; {verdict}; {self.seconds:.0f} s"
+            f"measured round {index} ({c.label}): {c.share:.1%} of the MACs in int8 on "
+            f"{c.policy.target} (what its engine runs), predicted {c.predicted()}; {verdict}; "
+            f"{self.seconds:.0f} s"
         )
 
 
