@@ -105,9 +105,13 @@ class DataSection(StrictModel):
 
     def load(self, source: str, limit: int | None) -> list[dict[str, Any]]:
         """The records of ``source`` (the calibration or held-out data) with this section's
-        column and split."""
+        column and split (a named source, e.g. a zoo split beside a user's file, has neither:
+        they apply to the other)."""
         from opsnn_quant.models.data import load_records
+        from opsnn_quant.sources import is_named
 
+        if is_named(source):
+            return load_records(source, limit)
         return load_records(source, limit, column=self.column, split=self.split)
 
 
