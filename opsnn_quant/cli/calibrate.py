@@ -151,6 +151,14 @@ def calibrate(
             "with the same settings on the same model and data",
         ),
     ] = None,
+    allow_broken_baseline: Annotated[
+        bool,
+        typer.Option(
+            "--allow-broken-baseline",
+            help="with --evaluate: judge the candidate even when the float baseline's outputs "
+            "are mostly empty or flat",
+        ),
+    ] = False,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     allow_pickle: AllowPickleOpt = False,
@@ -187,6 +195,7 @@ def calibrate(
         result = run_calibrate(
             r, out, seed=seed, progress=rep.phase, engine=engine, suite=evaluate,
             force=force, latency=latency, from_probe=from_probe,
+            allow_broken_baseline=allow_broken_baseline,
         )  # fmt: skip
     if not quiet:
         _ui.print_table(_summary_table(r.name, r.target, result))

@@ -108,6 +108,7 @@ def run_calibrate(
     force: bool = False,
     latency: str = "target",
     from_probe: Path | None = None,
+    allow_broken_baseline: bool = False,
 ) -> CalibrateResult:
     """Probe, decide, quantize, save and export, all into ``out`` (atomically).
 
@@ -125,6 +126,8 @@ def run_calibrate(
         from_probe: an earlier probe to reuse instead of probing (a probe or calibrate output,
             or its ``probe.json``): refused unless made with this run's settings on this run's
             model and data (see :func:`reusable_probe`).
+        allow_broken_baseline: the acceptance run judges the candidate even when the float
+            baseline's outputs are mostly empty or flat.
 
     Raises:
         OpsnnQuantError: bad input (checked before the model loads where it can be: output
@@ -155,7 +158,9 @@ def run_calibrate(
         notes += exported.notes
         deployed = deployed_shares(probed.report, exported.int8)
         add_policy_notes(ctx, resolved, deployed, measured)
-        verdict = acceptance_phase(ctx, checked.suite, probed.report, resolved, latency, measured)
+        verdict = acceptance_phase(
+            ctx, checked.suite, probed.report, resolved, latency, measured, allow_broken_baseline
+        )  # 9. accept
         # The run's wall-clock times, apart: every other file is the same bytes on a rerun.
         ctx.timings["total"] = time.perf_counter() - started
         write_timings(tmp, probe=probed.report.costs, phases=ctx.timings)
@@ -471,6 +476,7 @@ def acceptance_phase(
     resolved: ResolvedPolicy,
     latency: str,
     measured: Mapping[Modality, Mapping[str, float]] | None = None,
+    allow_broken_baseline: bool = False,
 ) -> str | None:
     """With ``--evaluate SUITE``: the freshly quantized model against a fresh float copy,
     report in ``report/``; returns the verdict (None without a suite, or with AMCT)."""
@@ -492,6 +498,7 @@ def acceptance_phase(
         latency=latency,
         target=resolved.target,
         allow_pickle=ctx.recipe.model.allow_pickle,  # the suite's CLIP too
+        allow_broken_baseline=allow_broken_baseline,
     )
     write_report(acc, ctx.out.report)
     return str(acc.verdict)

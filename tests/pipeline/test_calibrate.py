@@ -320,3 +320,28 @@ def test_the_acceptance_reports_policy_table_shows_measured_beside_predicted():
         "measured SQNR dB (held-out)" in md
         and "| denoiser | int8 | 31.500 | 0.900 | 29.877 |" in md
     )
+
+
+def test_calibrate_passes_allow_broken_baseline_to_the_acceptance_run(tmp_path, monkeypatch):
+    # a tiny random pipeline's acceptance: the flag reaches evaluate() (the check itself is
+    # tested in tests/evaluation/test_runner.py)
+    import opsnn_quant.evaluation.evaluate as ev
+    from tests.tiny_pipelines import save_tiny_sd, tiny_sd_recipe, tiny_t2i_suite
+
+    save_tiny_sd(tmp_path / "pipe")
+    recipe = tiny_sd_recipe(tmp_path, "tiny")
+    suite = tiny_t2i_suite(tmp_path, extra="latency: {warmup: 0, runs: 1}\n")
+    seen = []
+    real = ev.evaluate
+
+    def spy(*a, **k):
+        seen.append(k.get("allow_broken_baseline"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(ev, "evaluate", spy)
+    argv = ["calibrate", str(recipe), "-o", str(tmp_path / "out"), "--evaluate", str(suite),
+            "--latency", "none", "--quiet", "--allow-broken-baseline"]  # fmt: skip
+    assert main(argv) in (0, 3)
+    assert seen == [True]
+    report = (tmp_path / "out" / "report" / "report.json").read_text()
+    assert '"baseline_sane"' in report
