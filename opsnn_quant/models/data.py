@@ -25,7 +25,7 @@ import numpy as np
 
 from opsnn_quant.errors import CalibrationError, ConfigError
 from opsnn_quant.io import read_text
-from opsnn_quant.models.hf_data import hf_records, is_hf_source
+from opsnn_quant.models.hf_data import hf_records, is_hf_source, read_mono
 from opsnn_quant.sources import named_records
 
 PROMPT_KEYS = ("prompt", "caption", "text")
@@ -101,15 +101,7 @@ def _transcripts(path: Path) -> dict[str, str]:
 def _read_audio(file: Path) -> tuple[np.ndarray, int]:
     """A mono file's float32 samples in [-1, 1) and its rate (.wav: 16-bit PCM; .flac)."""
     if file.suffix == ".flac":
-        import soundfile
-
-        try:
-            samples, rate = soundfile.read(str(file), dtype="float32", always_2d=True)
-        except (RuntimeError, soundfile.LibsndfileError) as exc:
-            raise ConfigError(f"{file} is not a readable .flac file: {exc}") from exc
-        if samples.shape[1] != 1:
-            raise ConfigError(f"{file}: only mono audio is supported")
-        return samples[:, 0], int(rate)
+        return read_mono(str(file), str(file), ".flac")
     try:
         with wave.open(str(file), "rb") as w:
             if w.getsampwidth() != 2 or w.getnchannels() != 1:

@@ -166,17 +166,25 @@ def _audio_records(ds: Any, column: str, columns: list[str], source: str) -> lis
 
 def _decode(value: Any, where: str) -> tuple[np.ndarray, int]:
     """A mono float32 waveform and its rate from an undecoded Audio value (bytes or a path)."""
-    import soundfile
-
     if isinstance(value, dict):
         data = value.get("bytes")
-        target: Any = io.BytesIO(data) if data else value.get("path")
-    else:
-        target = str(value)
+        return read_mono(io.BytesIO(data) if data else value.get("path"), where)
+    return read_mono(str(value), where)
+
+
+def read_mono(target: Any, where: str, kind: str = "audio") -> tuple[np.ndarray, int]:
+    """A mono float32 waveform and its rate, decoded with ``soundfile`` from ``target`` (a path
+    or a file object); ``where`` and ``kind`` name it in errors.
+
+    Raises:
+        ConfigError: not readable by soundfile, or more than one channel.
+    """
+    import soundfile
+
     try:
         samples, rate = soundfile.read(target, dtype="float32", always_2d=True)
     except Exception as exc:  # soundfile raises RuntimeError/LibsndfileError/TypeError
-        raise ConfigError(f"{where}: audio not readable: {exc}") from exc
+        raise ConfigError(f"{where} is not a readable {kind} file: {exc}") from exc
     if samples.shape[1] != 1:
         raise ConfigError(f"{where}: only mono audio is supported")
     return samples[:, 0], int(rate)

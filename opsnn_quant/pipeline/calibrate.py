@@ -296,6 +296,11 @@ def reusable_probe(
         ConfigError: no report there, or one made with other settings, model or data.
     """
     file = path / PROBE_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise ConfigError(
+            f"--from-probe {path}: no probe report there (a probe or calibrate output, or its "
+            f"{PROBE_FILE})"
+        )
     report = SensitivityReport.load(file)
     cfg = probe_config_for(recipe, seed, target)
     wanted = {"family": recipe.model.family, **json.loads(json.dumps(dataclasses.asdict(cfg)))}

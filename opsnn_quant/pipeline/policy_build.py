@@ -57,7 +57,12 @@ def build_from_probe(
         ConfigError: a missing/invalid report, target or budget; ``out`` exists and is not a
             policy (unless ``force``).
     """
-    report = SensitivityReport.load(probe / PROBE_FILE if probe.is_dir() else probe)
+    file = probe / PROBE_FILE if probe.is_dir() else probe
+    if not file.is_file():
+        raise ConfigError(
+            f"{probe}: no probe report there (a probe or calibrate output, or its {PROBE_FILE})"
+        )
+    report = SensitivityReport.load(file)
     tgt, parsed = get_target(target), parse_budget(budget)
     if out.exists() and not force:
         try:

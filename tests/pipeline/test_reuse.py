@@ -78,6 +78,14 @@ def test_from_probe_of_other_data_or_settings_is_refused(done, tmp_path, capsys)
     err = [ln for ln in _errors(capsys.readouterr().err) if ln.startswith("error:")]
     assert len(err) == 1 and "the probe ran with other settings (" in err[0] and "engine" in err[0]
     assert not (tmp_path / "o").exists()
+    # nothing there to reuse: one line naming what was expected
+    assert (
+        main(["calibrate", str(recipe), "-o", str(tmp_path / "o"), "--from-probe", str(tmp_path)])
+        == 2
+    )
+    err = [ln for ln in _errors(capsys.readouterr().err) if ln.startswith("error:")]
+    assert err == [f"error: --from-probe {tmp_path}: no probe report there (a probe or calibrate "
+                   "output, or its probe.json)"]  # fmt: skip
 
 
 def test_policy_build_decides_again_under_another_budget(done, tmp_path, capsys):
