@@ -129,7 +129,9 @@ def _siblings(target: Path) -> tuple[dict[str, Path], dict[str, Path], list[Path
     return tmps, olds, odd
 
 
-def repair_siblings(path: str | os.PathLike[str], kind: str) -> list[str]:
+def repair_siblings(
+    path: str | os.PathLike[str], kind: str, *, keep_unfinished: bool = False
+) -> list[str]:
     """Finish or undo what an interrupted ``kind`` run into ``path`` left; returns what was done.
 
     Only this tool's own debris is touched (see :mod:`opsnn_quant.ownership`): a
@@ -137,7 +139,7 @@ def repair_siblings(path: str | os.PathLike[str], kind: str) -> list[str]:
     output and is removed; a ``<name>.old-<token>`` directory is the previous output renamed
     aside by the swap of run ``<token>``: put back when that run's output never arrived, removed
     when ``path`` is that run's output. Anything else named like debris is left alone with one
-    warning line.
+    warning line. ``keep_unfinished``: unfinished outputs stay (a run resuming one of them).
 
     Raises:
         OutputError: another run is building ``path`` right now (its temporary directory is
@@ -164,6 +166,8 @@ def repair_siblings(path: str | os.PathLike[str], kind: str) -> list[str]:
             done.append(f"restored {target} from {old.name} (a previous run stopped mid-swap)")
         elif old is not None:
             odd.append(old)
+        if keep_unfinished:
+            continue
         shutil.rmtree(tmp, ignore_errors=True)
         done.append(f"removed {tmp} (unfinished output of a previous run)")
     current = read_marker(target).marker if target.is_dir() else None
@@ -239,6 +243,7 @@ def check_output_dir(
     *,
     force: bool = False,
     inputs: Iterable[str | os.PathLike[str]] = (),
+    keep_unfinished: bool = False,
 ) -> Path:
     """Refuse an output directory we must not replace, before any work is done.
 
@@ -249,6 +254,8 @@ def check_output_dir(
         inputs: paths the command reads (recipe, resolved model directory, data, suite...):
             the output may not be one of them, contain one or lie inside one, ``force`` or not.
             The opsnn-quant package itself is always an input.
+        keep_unfinished: leave unfinished outputs of earlier runs in place (see
+            :func:`unfinished_output`) instead of removing them.
 
     Returns:
         ``path`` as a Path.
@@ -261,7 +268,7 @@ def check_output_dir(
     target = Path(path)
     _check_not_an_input(target, inputs)
     _check_parents(target)
-    repair_siblings(target, kind)
+    repair_siblings(target, kind, keep_unfinished=keep_unfinished)
     if target.is_symlink():
         if not force:
             raise OutputError(
@@ -290,9 +297,29 @@ def _check_writable(target: Path) -> None:
         raise write_error(target, exc) from exc
 
 
+def unfinished_output(path: str | os.PathLike[str], kind: str) -> Path | None:
+    """The newest temporary directory an interrupted ``kind`` run into ``path`` left (its
+    marker holds its token and ``kind``, and no running process holds it), or None."""
+    target = Path(path)
+    if not target.parent.is_dir():
+        return None
+    found = []
+    for token, tmp in _siblings(target)[0].items():
+        marker = read_marker(tmp).marker
+        ours = marker is not None and marker.kind == kind and marker.token == token
+        if ours and not is_live(tmp):
+            found.append(tmp)
+    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
+
+
 @contextlib.contextmanager
 def atomic_dir(
-    path: str | os.PathLike[str], kind: str = "output", *, force: bool = False
+    path: str | os.PathLike[str],
+    kind: str = "output",
+    *,
+    force: bool = False,
+    resume: Path | None = None,
+    keep_if: str | None = None,
 ) -> Iterator[Path]:
     """Build a directory in ``<path>.tmp-<token>`` and swap it into place when the block succeeds.
 
@@ -307,40 +334,65 @@ def atomic_dir(
         kind: the kind of output, recorded in its marker; an existing ``path`` is replaced only
             when it is empty or, entry by entry, an output of this kind.
         force: replace ``path`` whatever it is.
+        resume: an unfinished output of an earlier run into ``path`` (see
+            :func:`unfinished_output`) to build on instead of a new temporary directory.
+        keep_if: on an exception, keep the temporary directory (for ``resume``) when this entry
+            of it exists (the caller's record of finished work; it removes that entry before the
+            block ends, so the output never holds it). A run without ``resume`` removes a kept
+            directory (see :func:`repair_siblings`).
 
     Raises:
         OutputError: see :func:`check_output_dir`; also when writing fails for lack of space or
             permission (the previous output is left as it was).
     """
     target = Path(path)
-    check_output_dir(target, kind, force=force)
+    check_output_dir(target, kind, force=force, keep_unfinished=resume is not None)
+    tmp, token, lock = _open_tmp(target, kind) if resume is None else _adopt_tmp(resume)
+    try:
+        yield tmp
+        _swap(tmp, target, Marker(kind, token, manifest_of(tmp)), lock)
+    except OutputError as exc:
+        _fail(tmp, lock, keep_if)
+        # A nested output (OUT/quant) failed: name it where the user will look for it.
+        raise OutputError(str(exc).replace(str(tmp), str(target))) from exc
+    except OSError as exc:
+        _fail(tmp, lock, keep_if)
+        if exc.errno in WRITE_ERRNOS:
+            raise write_error(target, exc) from exc
+        raise
+    except BaseException:
+        _fail(tmp, lock, keep_if)
+        raise
+
+
+def _open_tmp(target: Path, kind: str) -> tuple[Path, str, IO[str]]:
     token = new_token()
     tmp = target.parent / f"{target.name}.tmp-{token}"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()  # the umask applies: outputs are ordinary directories
         (tmp / MARKER).write_text(Marker(kind, token).to_json(), encoding="utf-8")
-        lock = hold(tmp / MARKER)
+        return tmp, token, hold(tmp / MARKER)
     except BaseException as exc:  # a signal in this window too: no temporary left behind
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
             raise write_error(target, exc) from exc
         raise
-    try:
-        yield tmp
-        _swap(tmp, target, Marker(kind, token, manifest_of(tmp)), lock)
-    except OutputError as exc:
-        _discard(tmp, lock)
-        # A nested output (OUT/quant) failed: name it where the user will look for it.
-        raise OutputError(str(exc).replace(str(tmp), str(target))) from exc
-    except OSError as exc:
-        _discard(tmp, lock)
-        if exc.errno in WRITE_ERRNOS:
-            raise write_error(target, exc) from exc
-        raise
-    except BaseException:
-        _discard(tmp, lock)
-        raise
+
+
+def _adopt_tmp(tmp: Path) -> tuple[Path, str, IO[str]]:
+    marker = read_marker(tmp).marker
+    if marker is None or is_live(tmp):
+        raise OutputError(f"{tmp} is not an unfinished output this run can take over")
+    return tmp, marker.token, hold(tmp / MARKER)
+
+
+def _fail(tmp: Path, lock: IO[str], keep_if: str | None) -> None:
+    if keep_if is not None and (tmp / keep_if).exists():
+        lock.close()
+        log.warning("kept the finished work in %s: the same command with --resume goes on", tmp)
+        return
+    _discard(tmp, lock)
 
 
 def _discard(tmp: Path, lock: IO[str]) -> None:

@@ -22,6 +22,7 @@ from opsnn_quant.io import (
     check_output_file,
     remove_output_file,
     repair_siblings,
+    unfinished_output,
     write_output_file,
 )
 
@@ -318,6 +319,44 @@ def test_an_exception_leaves_the_previous_output_and_no_temporary(tmp_path):
         raise KeyboardInterrupt
     assert (out / "policy.yaml").read_text() == "old\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_finished_work_is_kept_on_an_exception_and_a_resumed_block_builds_on_it(tmp_path):
+    out = _ours(tmp_path / "out")
+    with pytest.raises(KeyboardInterrupt), atomic_dir(out, "calibrate", keep_if=".done") as tmp:
+        (tmp / "probe.json").write_text("{}\n")
+        (tmp / ".done").write_text("probe\n")
+        raise KeyboardInterrupt
+    kept = unfinished_output(out, "calibrate")
+    assert kept == tmp and (kept / "probe.json").is_file()
+    assert (out / "policy.yaml").read_text() == "old\n"  # the previous output is untouched
+    # only with resume= is it taken over; the caller removes its record before the swap
+    with atomic_dir(out, "calibrate", resume=kept, keep_if=".done") as again:
+        assert again == kept
+        (again / ".done").unlink()
+        (again / "policy.yaml").write_text("new\n")
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "policy.yaml", "probe.json"]
+    assert (out / "policy.yaml").read_text() == "new\n"
+    assert _marker(out)["token"] == kept.name.rsplit("-", 1)[1]
+    assert unfinished_output(out, "calibrate") is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_without_the_record_or_without_resume_nothing_is_kept(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError), atomic_dir(out, "calibrate", keep_if=".done") as tmp:
+        (tmp / "probe.json").write_text("{}\n")  # no phase recorded yet
+        raise RuntimeError("boom")
+    assert unfinished_output(out, "calibrate") is None
+    with pytest.raises(RuntimeError), atomic_dir(out, "calibrate", keep_if=".done") as tmp:
+        (tmp / ".done").write_text("probe\n")
+        raise RuntimeError("boom")
+    assert unfinished_output(out, "calibrate") == tmp
+    assert unfinished_output(out, "probe") is None  # another command's kind: not ours to resume
+    check_output_dir(out, "calibrate", keep_unfinished=True)
+    assert tmp.is_dir()
+    check_output_dir(out, "calibrate")  # a run that does not resume starts over
+    assert not tmp.exists() and list(tmp_path.iterdir()) == []
 
 
 def test_no_space_while_writing_is_one_output_error(tmp_path):

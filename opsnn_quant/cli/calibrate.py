@@ -159,6 +159,14 @@ def calibrate(
             "are mostly empty or flat",
         ),
     ] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="go on from the phases (probe, policy) an interrupted run of the same command "
+            "finished; a run without it starts over",
+        ),
+    ] = False,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     allow_pickle: AllowPickleOpt = False,
@@ -190,12 +198,12 @@ def calibrate(
     out = out if out is not None else Path("out") / r.name
     check_weights(r.model.source, allow_pickle=r.model.allow_pickle)
     read = [str(resolve_recipe(recipe))] if recipe is not None else []
-    check_calibrate_output(r, out, force=force, suite=evaluate, inputs=read)
+    check_calibrate_output(r, out, force=force, suite=evaluate, inputs=read, resume=resume)
     with _ui.reporter(quiet) as rep:
         result = run_calibrate(
             r, out, seed=seed, progress=rep.phase, engine=engine, suite=evaluate,
             force=force, latency=latency, from_probe=from_probe,
-            allow_broken_baseline=allow_broken_baseline,
+            allow_broken_baseline=allow_broken_baseline, resume=resume,
         )  # fmt: skip
     if not quiet:
         _ui.print_table(_summary_table(r.name, r.target, result))

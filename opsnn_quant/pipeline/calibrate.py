@@ -44,10 +44,11 @@ from opsnn_quant.pipeline.measured import (
     slice_records,
 )
 from opsnn_quant.pipeline.outputs import PROBE_FILE, CalibrateOutput
+from opsnn_quant.pipeline.resume import RESUME_FILE, Journal, resumable, run_identity
 from opsnn_quant.pipeline.timings import write_timings
 from opsnn_quant.policy.baselines import naive_policy
 from opsnn_quant.policy.front import FrontResult
-from opsnn_quant.policy.schema import ResolvedPolicy
+from opsnn_quant.policy.schema import PrecisionPolicy, ResolvedPolicy
 from opsnn_quant.policy.search import build_policy
 from opsnn_quant.policy.summary import (
     ModalitySummaryRow,
@@ -56,7 +57,7 @@ from opsnn_quant.policy.summary import (
     summarize,
 )
 from opsnn_quant.policy.targets import INT8_MODULE_TYPES, Target, get_target
-from opsnn_quant.probe.api import ProbeConfig, ProbeResult, run_probe
+from opsnn_quant.probe.api import ProbeConfig, ProbeResult, recollect, run_probe
 from opsnn_quant.probe.measure import measure_modalities
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.quant.api import quantize
@@ -109,6 +110,7 @@ def run_calibrate(
     latency: str = "target",
     from_probe: Path | None = None,
     allow_broken_baseline: bool = False,
+    resume: bool = False,
 ) -> CalibrateResult:
     """Probe, decide, quantize, save and export, all into ``out`` (atomically).
 
@@ -128,6 +130,8 @@ def run_calibrate(
             model and data (see :func:`reusable_probe`).
         allow_broken_baseline: the acceptance run judges the candidate even when the float
             baseline's outputs are mostly empty or flat.
+        resume: go on from the phases an interrupted run of the same command finished (kept in
+            its temporary directory; see :mod:`opsnn_quant.pipeline.resume`).
 
     Raises:
         OpsnnQuantError: bad input (checked before the model loads where it can be: output
@@ -136,8 +140,14 @@ def run_calibrate(
     """
     say = progress or (lambda m: log.info("%s", m))
     check_seed(seed, "seed")  # the recipe's is checked by its schema
-    checked = check_before_work(recipe, out, engine, suite, latency, force)
     seed = recipe.seed if seed is None else seed
+    effective = recipe.model_copy(update={"seed": seed})  # what ran, to repeat it
+    identity = run_identity(
+        recipe=recipe_yaml(effective), engine=engine, suite=suite, latency=latency,
+        from_probe=from_probe, allow_broken_baseline=allow_broken_baseline,
+    )  # fmt: skip
+    checked = check_before_work(recipe, out, engine, suite, latency, force, resume)
+    unfinished, journal = resumable(out, OUTPUT_KIND, identity) if resume else (None, None)
     set_reproducible(seed=seed)
     started = time.perf_counter()
     data = load_data(recipe, say, checked.metric_suite)  # 1. load
@@ -145,10 +155,12 @@ def run_calibrate(
     if from_probe is not None:
         reused = reusable_probe(recipe, seed, checked.target, data, from_probe)
     adapter = load_model(recipe, say)
-    with atomic_dir(out, OUTPUT_KIND, force=force) as tmp:
+    with atomic_dir(out, OUTPUT_KIND, force=force, resume=unfinished, keep_if=RESUME_FILE) as tmp:
+        journal = journal or Journal(identity)
+        journal.attach(tmp)
         ctx = RunContext(adapter, recipe, CalibrateOutput(tmp), seed, checked.engine, say)
-        # what ran, to repeat it: the recipe with the command line's overrides and seed
-        atomic_write_text(ctx.out.recipe, recipe_yaml(recipe.model_copy(update={"seed": seed})))
+        ctx.journal = journal
+        atomic_write_text(ctx.out.recipe, recipe_yaml(effective))
         probed = probe_phase(ctx, data, checked.target, reused)  # 2. probe
         resolved, notes, search = policy_phase(ctx, probed, data, checked)  # 3. policy, files
         holdout, plan = float_references(ctx, data, probed, resolved)  # 4. from the float model
@@ -161,6 +173,7 @@ def run_calibrate(
         verdict = acceptance_phase(
             ctx, checked.suite, probed.report, resolved, latency, measured, allow_broken_baseline
         )  # 9. accept
+        journal.close()
         # The run's wall-clock times, apart: every other file is the same bytes on a rerun.
         ctx.timings["total"] = time.perf_counter() - started
         write_timings(tmp, probe=probed.report.costs, phases=ctx.timings)
@@ -188,12 +201,14 @@ def check_calibrate_output(
     force: bool = False,
     suite: str | None = None,
     inputs: Iterable[str] = (),
+    resume: bool = False,
 ) -> None:
     """Refuse an output ``calibrate`` must not replace, before any work (see
     :func:`opsnn_quant.io.check_output_dir`): the recipe's inputs, the ``suite``'s and
-    ``inputs`` (such as the recipe file) are never replaced."""
+    ``inputs`` (such as the recipe file) are never replaced. ``resume``: an interrupted run's
+    unfinished output is kept (this run goes on from it)."""
     read = [*recipe_inputs(recipe), *(suite_inputs(suite) if suite else []), *inputs]
-    check_output_dir(out, OUTPUT_KIND, force=force, inputs=read)
+    check_output_dir(out, OUTPUT_KIND, force=force, inputs=read, keep_unfinished=resume)
 
 
 def check_engine(engine: str) -> Engine:
@@ -224,14 +239,20 @@ class Checked:
 
 
 def check_before_work(
-    recipe: Recipe, out: Path, engine: str, suite: str | None, latency: str, force: bool
+    recipe: Recipe,
+    out: Path,
+    engine: str,
+    suite: str | None,
+    latency: str,
+    force: bool,
+    resume: bool = False,
 ) -> Checked:
     """Everything checkable before data and model load."""
     check_model_source(recipe.model.source)
     check_weights(recipe.model.source, allow_pickle=recipe.model.allow_pickle)
     metric = recipe.budget.metric
     inputs = suite_inputs(metric.suite) if metric is not None else []
-    check_calibrate_output(recipe, out, force=force, suite=suite, inputs=inputs)
+    check_calibrate_output(recipe, out, force=force, suite=suite, inputs=inputs, resume=resume)
     resolve_device(recipe.model.device)  # an npu recipe on a machine without torch_npu: now
     check_source_fits(recipe.model.source, recipe.model.settings)  # e.g. steps vs the scheduler
     check_latency_mode(latency)  # with or without a suite: a typo is never silently ignored
@@ -324,20 +345,30 @@ def probe_phase(
     ctx: RunContext, data: CalibrationData, target: Target, reused: SensitivityReport | None
 ) -> ProbeResult:
     """Probe on the probe's share of the calibration data (or take ``reused``, an earlier
-    probe's report of the same model, data and settings); writes ``probe.json``."""
-    if reused is not None:
+    probe's report of the same model, data and settings, or the report of the interrupted run
+    this one resumes: then only pass 1 runs again, for the statistics later phases take);
+    writes ``probe.json``."""
+    cfg = probe_config_for(ctx.recipe, ctx.seed, target)
+    loop = ctx.adapter.forward_loop(data.probe)
+    earlier = reused
+    if earlier is None and ctx.journal.finished("probe"):
+        ctx.say("resuming after the probe (its report is in the interrupted run's output)")
+        earlier = SensitivityReport.load(ctx.out.probe)
+    elif earlier is not None:
         ctx.say("reusing the probe report (same model, data and settings)")
-        reused.save(ctx.out.probe)
-        return ProbeResult(reused)
-    with ctx.timed("probe"):
-        cfg = probe_config_for(ctx.recipe, ctx.seed, target)
-        loop = ctx.adapter.forward_loop(data.probe)
-        probed = run_probe(ctx.adapter, loop, cfg, progress=ctx.say)
-        inputs = probe_inputs(ctx.recipe.model.source, data.probe)
-        probed = dataclasses.replace(
-            probed, report=probed.report.model_copy(update={"inputs": inputs})
-        )
-        probed.report.save(ctx.out.probe)
+    if earlier is not None:
+        with ctx.timed("probe pass 1 (statistics)"):
+            earlier.save(ctx.out.probe)
+            probed = recollect(ctx.adapter, loop, earlier, cfg, progress=ctx.say)
+    else:
+        with ctx.timed("probe"):
+            probed = run_probe(ctx.adapter, loop, cfg, progress=ctx.say)
+            inputs = probe_inputs(ctx.recipe.model.source, data.probe)
+            probed = dataclasses.replace(
+                probed, report=probed.report.model_copy(update={"inputs": inputs})
+            )
+            probed.report.save(ctx.out.probe)
+    ctx.journal.mark("probe")
     return probed
 
 
@@ -350,26 +381,39 @@ def policy_phase(
     """Decide the policy (the recipe's search, measured with ``budget.metric``, or a naive
     baseline), resolve it once against the probed modules, and write ``policy.yaml`` with the
     policy's own exports; returns the resolved policy, the exports' notes and the measured
-    search's walk (None without ``budget.metric``)."""
-    report, target = probed.report, checked.target
+    search's walk (None without ``budget.metric``, or when resumed after the policy)."""
+    report = probed.report
     walked = None
+    if ctx.journal.finished("policy"):
+        ctx.say("resuming after the policy (policy.yaml is in the interrupted run's output)")
+        policy = PrecisionPolicy.load(ctx.out.policy)
+    else:
+        policy, walked = decide(ctx, probed, data, checked)
+        policy.save(ctx.out.policy)
+    resolved = policy.resolved(report.inventory(), report.weight_shapes())
+    exports = write_policy_exports(ctx, resolved)
+    ctx.journal.mark("policy")
+    return resolved, exports, walked
+
+
+def decide(
+    ctx: RunContext, probed: ProbeResult, data: CalibrationData, checked: Checked
+) -> tuple[PrecisionPolicy, FrontResult | None]:
+    """The policy: the recipe's search (measured with ``budget.metric``) or naive baseline."""
+    report, target = probed.report, checked.target
     ctx.say("deciding the precision policy")
     if ctx.recipe.strategy != "search":
-        policy = naive_policy(report, target, ctx.recipe.strategy)
-    elif checked.metric_suite is not None:
-        with ctx.timed("measured search"):
-            stats = probed.statistics if data.probe is data.calibration else None
-            assert data.metric is not None
-            search = MeasuredSearch(
-                report, target, data.calibration, stats, checked.metric_suite, data.metric
-            )
-            walked = measured_policy(ctx, search)
-        policy = walked.policy()
-    else:
-        policy = build_policy(report, ctx.recipe.budget, target)
-    policy.save(ctx.out.policy)
-    resolved = policy.resolved(report.inventory(), report.weight_shapes())
-    return resolved, write_policy_exports(ctx, resolved), walked
+        return naive_policy(report, target, ctx.recipe.strategy), None
+    if checked.metric_suite is None:
+        return build_policy(report, ctx.recipe.budget, target), None
+    with ctx.timed("measured search"):
+        stats = probed.statistics if data.probe is data.calibration else None
+        assert data.metric is not None
+        search = MeasuredSearch(
+            report, target, data.calibration, stats, checked.metric_suite, data.metric
+        )
+        walked = measured_policy(ctx, search)
+    return walked.policy(), walked
 
 
 # ---- 4. what later phases need from the float model ----------------------------------------

@@ -11,6 +11,7 @@ from typing import Literal
 from opsnn_quant.models import load_adapter
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.pipeline.outputs import CalibrateOutput
+from opsnn_quant.pipeline.resume import Journal
 from opsnn_quant.recipe import Recipe
 from opsnn_quant.types import Progress
 
@@ -30,6 +31,7 @@ class RunContext:
         engine: ``opsnn`` (our exact Ascend arithmetic) or ``amct`` (hand the policy to AMCT).
         say: progress callback, told about each phase.
         timings: wall-clock seconds per phase (``timings.json``; nothing else holds times).
+        journal: the phases finished (by an interrupted run this one resumes, or by this one).
     """
 
     adapter: ModelAdapter
@@ -39,6 +41,7 @@ class RunContext:
     engine: Engine
     say: Progress
     timings: dict[str, float] = field(default_factory=dict)
+    journal: Journal = field(default_factory=lambda: Journal({}))
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:

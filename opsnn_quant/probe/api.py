@@ -51,7 +51,7 @@ from opsnn_quant.types import ForwardLoop, Modality
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ProbeConfig", "ProbeResult", "probe", "run_probe"]
+__all__ = ["ProbeConfig", "ProbeResult", "probe", "recollect", "run_probe"]
 
 
 @dataclass(frozen=True)
@@ -150,6 +150,41 @@ def _probe(
     statistics = {n: lp.pass_one() for n, lp in run.watches.local.items()}
     root_calls = {r: rec.calls[:1] for r, rec in run.watches.recorders.items() if rec.calls}
     return ProbeResult(_assemble(run, e2e), statistics, root_calls)
+
+
+def recollect(
+    adapter: ModelAdapter,
+    forward_loop: ForwardLoop,
+    report: SensitivityReport,
+    config: ProbeConfig,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> ProbeResult:
+    """``report`` (an earlier probe of this model on this data, with ``config``) with
+    what its run kept in memory: pass 1 again, alone, for the calibration statistics and the
+    roots' recorded calls. Pass 1 is deterministic, so these are the bits the full run had
+    (``quantize`` seeded from them writes the same checkpoint); the candidates' measurements,
+    the costly part, are not repeated.
+
+    Args:
+        adapter: the float model the report was made of.
+        forward_loop: the loop the probe ran.
+        report: the earlier report.
+        config: the configuration it was made with (the caller checks it against
+            ``report.config``).
+        progress: optional callback told about the pass.
+
+    Returns:
+        The :class:`ProbeResult` of ``report``.
+    """
+    say = progress or (lambda msg: log.info("%s", msg))
+    with frozen_heap():
+        run = _start(adapter, config)
+        say("probe pass 1 again: the calibration statistics the report's run kept in memory")
+        statistics_pass(run.watches, adapter, run.named, run.watched, forward_loop)
+        statistics = {n: lp.pass_one() for n, lp in run.watches.local.items()}
+        roots = {r: rec.calls[:1] for r, rec in run.watches.recorders.items() if rec.calls}
+    return ProbeResult(report, statistics, roots)
 
 
 def _fold_groups(run: ProbeRun) -> dict[str, list[str]]:
