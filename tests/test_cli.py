@@ -1,6 +1,7 @@
 """The ``opsnn-quant`` command: calibrate end to end on a tiny pipeline, and bad input."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,19 @@ def _tree(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
+def _pop_run_times(tree: dict[str, bytes]) -> dict[str, float]:
+    """Take the wall-clock "Run times" out of the report in ``tree`` (JSON field, Markdown and
+    HTML section: the only figures of the report that differ between two runs); returns them."""
+    doc = json.loads(tree["report/report.json"])
+    times = doc.pop("timings")
+    tree["report/report.json"] = json.dumps(doc, sort_keys=True).encode()
+    md, page = tree["report/report.md"].decode(), tree["report/report.html"].decode()
+    tree["report/report.md"] = re.sub(r"## Run times\n.*?(?=\n## |\Z)", "", md, flags=re.S).encode()
+    tree["report/report.html"] = re.sub(r"<h2>Run times</h2>.*?</ul>", "", page).encode()
+    assert b"Run times" not in tree["report/report.md"] + tree["report/report.html"]
+    return times
+
+
 @pytest.mark.slow
 def test_calibrate_writes_the_design_layout_byte_identically_on_a_rerun(
     tiny, tmp_path, capsys, monkeypatch
@@ -51,6 +65,9 @@ def test_calibrate_writes_the_design_layout_byte_identically_on_a_rerun(
                 "report/report.html", "report/plots/pair-0000.png", "timings.json"):  # fmt: skip
         assert rel in a, rel
     timings = [json.loads(t.pop("timings.json")) for t in (a, b)]
+    run_times = [_pop_run_times(t) for t in (a, b)]  # the report's own copy of the times
+    assert list(run_times[0]) == list(run_times[1])
+    assert {"probe", "quantize", "baseline outputs", "candidate outputs"} <= set(run_times[0])
     assert sorted(a) == sorted(b)
     # Markers name their run (a random token, opsnn_quant/ownership.py): what they list is equal.
     markers = [rel for rel in a if rel.endswith(MARKER)]
@@ -58,8 +75,9 @@ def test_calibrate_writes_the_design_layout_byte_identically_on_a_rerun(
     for rel in markers:
         ma, mb = json.loads(a.pop(rel)), json.loads(b.pop(rel))
         assert ma["token"] != mb["token"], rel
-        for m in (ma, mb):  # its size is the one the times may change
-            m["manifest"].pop("timings.json", None)
+        for m in (ma, mb):  # the sizes the times may change
+            for name in ("timings.json", "report.json", "report.md", "report.html"):
+                m["manifest"].pop(name, None)
         assert ma["manifest"] == mb["manifest"], rel
     assert [rel for rel in a if a[rel] != b[rel]] == []
     # no output path in any file (the suite's path is an input, named in the report)

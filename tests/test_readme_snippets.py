@@ -27,6 +27,6 @@ def test_a_readme_snippet_runs_as_written(index, tmp_path):
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
                           text=True, timeout=900)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    if "write_report" in SNIPPETS[index]:
+    if "out/report" in SNIPPETS[index]:
         assert (tmp_path / "out" / "report" / "report.html").is_file()
         assert done.stdout.strip().splitlines()[-1] in ("PASS", "FAIL")

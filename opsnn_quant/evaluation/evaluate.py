@@ -11,6 +11,7 @@ speed figure; latency is judged only on the policy target's own backend (:mod:`.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -171,13 +172,17 @@ def evaluate(
         apply_generation(adapter, suite)
     _check_clip_weights(suite, allow_pickle)
     records = suite_records(suite)
-    out = _generate(baseline, candidate, suite, records, say, allow_pickle=allow_pickle)
+    times: dict[str, float] = {}
+    out = _generate(baseline, candidate, suite, records, say, times, allow_pickle=allow_pickle)
     notes: list[str] = []
     plan = plan_latency(
         suite, mode, target=judged_for, baseline_backend=backends.baseline,
         candidate_backend=backends.candidate, onnx_possible=backends.int8,
     )  # fmt: skip
+    started = time.perf_counter()
     figures = _time(plan, suite, baseline, candidate, out, records, backends, notes, say)
+    if plan.eager or plan.onnx or plan.profile or plan.stability:
+        times["latency"] = time.perf_counter() - started
     report = build_report(
         suite,
         out.quality,
@@ -197,6 +202,7 @@ def evaluate(
         allow_broken_baseline=allow_broken_baseline,
         baseline_backend=backends.baseline,
     )
+    report.timings = {k: round(v, 3) for k, v in times.items()}
     return report.with_outputs(out.baseline, out.candidate)
 
 
@@ -329,19 +335,27 @@ def _generate(
     suite: Suite,
     records: list[dict[str, Any]],
     say: Progress,
+    times: dict[str, float],
     *,
     allow_pickle: bool = False,
 ) -> _Generated:
+    """Both models' outputs and the quality metrics; ``times`` gets each step's seconds."""
+    t0 = time.perf_counter()
     metrics = QualityInputs.load(suite, candidate, records, allow_pickle)
     n = len(metrics.inputs)
     what = (f"generating {n * len(suite.seeds)} images" if suite.task == "t2i"
             else f"transcribing {n} utterances")  # fmt: skip
     say(f"{what} with the baseline (float)")
+    t1 = time.perf_counter()
     base_out = generate_outputs(baseline, suite, metrics.inputs)
     say(f"{what} with the candidate")
+    t2 = time.perf_counter()
     cand_out = generate_outputs(candidate, suite, metrics.inputs)
     say("quality metrics")
+    t3 = time.perf_counter()
     quality = metrics.quality(base_out, cand_out)
+    times["baseline outputs"], times["candidate outputs"] = t2 - t1, t3 - t2
+    times["quality metrics"] = (t1 - t0) + (time.perf_counter() - t3)  # with loading them
     batch = metrics.inputs[: suite.generation.batch_size]
     kwargs = {"seed": 0} if suite.task == "t2i" else {}
     return _Generated(quality, base_out, cand_out, _workload(batch, **kwargs), len(batch))

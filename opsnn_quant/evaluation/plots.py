@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from opsnn_quant.evaluation.report import SENSITIVITY_UNIT, LatencyRow, SensitivityRow
+from opsnn_quant.evaluation.report_schema import SENSITIVITY_UNIT, LatencyRow, SensitivityRow
 
 _PAIR_MIN_SIDE = 160  # small demo images (32×32) are upscaled, nearest, to be seen
 
@@ -31,8 +31,8 @@ def sensitivity_bars(
     """The chart's modules, bar values and axis label.
 
     The unit is the report table's (``SENSITIVITY_UNIT``, percent of noise energy): the
-    estimated end-to-end noise (:meth:`~.report.SensitivityRow.e2e_pct`) when the probe
-    measured it, otherwise the local W8A8 noise (:meth:`~.report.SensitivityRow.local_pct`).
+    estimated end-to-end noise (:meth:`~.report_schema.SensitivityRow.e2e_pct`) when the probe
+    measured it, otherwise the local W8A8 noise (:meth:`~.report_schema.SensitivityRow.local_pct`).
     """
     e2e = [r for r in rows if r.contribution is not None]
     if e2e:

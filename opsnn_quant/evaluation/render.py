@@ -1,4 +1,5 @@
-"""Render an :class:`AcceptanceReport` as ``report.json``, ``report.md`` and ``report.html``.
+"""Render an acceptance report (its :class:`~.report_schema.ReportSchema`) as ``report.json``,
+``report.md`` and ``report.html``.
 
 The HTML page is self-contained: CSS inline, figures and image pairs as base64 PNG data URIs,
 no script and no external URL, so it opens from an archive or an air-gapped machine. Markdown
@@ -16,16 +17,17 @@ from typing import Any, NamedTuple
 
 from opsnn_quant.evaluation.images import ImageBatch, as_uint8_nhwc
 from opsnn_quant.evaluation.plots import latency_chart, pair_strip, sensitivity_chart
-from opsnn_quant.evaluation.report import (
+from opsnn_quant.evaluation.report_schema import (
     SENSITIVITY_NOTE,
     SENSITIVITY_UNIT,
-    AcceptanceReport,
+    ReportSchema,
     TranscriptRow,
     fmt,
 )
 from opsnn_quant.io import atomic_dir
 
 OUTPUT_KIND = "report"
+RUN_TIMES = "Run times"  # the one section whose figures differ between two runs of one command
 
 _MB = 1024 * 1024
 
@@ -86,7 +88,7 @@ def _policy_sections(policy: dict[str, Any]) -> list[Section]:
     return out
 
 
-def _latency_lines(r: AcceptanceReport) -> list[str]:
+def _latency_lines(r: ReportSchema) -> list[str]:
     judged = ", ".join(r.latency_judged_on)
     if r.target is None:
         lines = ["latency criteria are judged on no backend: no deployment target is known"]
@@ -100,7 +102,7 @@ def _latency_lines(r: AcceptanceReport) -> list[str]:
     return lines
 
 
-def _sections(r: AcceptanceReport) -> list[Section]:
+def _sections(r: ReportSchema) -> list[Section]:
     """Every section as plain strings, shared by md and html."""
     out: list[Section] = []
     if r.criteria:
@@ -180,6 +182,12 @@ def _sections(r: AcceptanceReport) -> list[Section]:
               fmt(p.ssim), fmt(p.mae), str(p.max_abs),
               f"{fmt(p.clip_baseline)} / {fmt(p.clip_candidate)}"] for p in r.image_pairs],
         ))  # fmt: skip
+    if r.timings:
+        out.append(Section(
+            RUN_TIMES, ["phase", "seconds"],
+            [[phase, f"{seconds:.1f}"] for phase, seconds in r.timings.items()],
+            ["wall-clock time of this run on this machine (not reproducible, unlike the rest)"],
+        ))  # fmt: skip
     return out
 
 
@@ -212,7 +220,7 @@ def _md_cell(s: str) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(r: AcceptanceReport, figures: dict[str, str] | None = None) -> str:
+def render_markdown(r: ReportSchema, figures: dict[str, str] | None = None) -> str:
     """``report.md``; ``figures`` maps a figure name to its path relative to the report."""
     figures = figures or {}
     lines = [f"# Acceptance report: {r.suite} — **{r.verdict}**", ""]
@@ -269,7 +277,7 @@ def _data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
-def render_html(r: AcceptanceReport, figures: dict[str, bytes] | None = None,
+def render_html(r: ReportSchema, figures: dict[str, bytes] | None = None,
                 pair_pngs: dict[int, bytes] | None = None) -> str:  # fmt: skip
     """Self-contained ``report.html`` (figures and pair PNGs inlined as data URIs)."""
     figures = figures or {}
@@ -331,7 +339,7 @@ def render_html(r: AcceptanceReport, figures: dict[str, bytes] | None = None,
 
 
 def write_report(
-    report: AcceptanceReport,
+    report: ReportSchema,
     out_dir: str | os.PathLike[str],
     *,
     baseline_images: ImageBatch | None = None,
@@ -349,7 +357,7 @@ def write_report(
             ``max_pairs`` get a side-by-side PNG when the images are given.
         out_dir: Replaced atomically (a crash leaves the previous report or none).
         baseline_images, candidate_images: The images ``image_pairs[*].index`` points into
-            (default: the report's own :attr:`~AcceptanceReport.outputs`, when they are images).
+            (default: the report's own :attr:`~ReportSchema.outputs`, when they are images).
 
     Returns:
         ``out_dir``.

@@ -2,314 +2,91 @@
 
 Holds the verdict and the evidence behind it: criteria rows, quality and latency tables,
 backend labels, optional policy summary and per-module sensitivity, image pairs or transcript
-diffs (worst first). :mod:`opsnn_quant.evaluation.render` turns it into ``report.md`` and a
-self-contained ``report.html``.
-
-JSON has no infinity; an infinite PSNR (identical images) is written as the string
-``"Infinity"``, which this model reads back as ``inf``.
+diffs (worst first); the fields are :class:`~opsnn_quant.evaluation.report_schema.ReportSchema`'s.
+:meth:`AcceptanceReport.save` writes it with ``report.md`` and a self-contained ``report.html``
+(:mod:`opsnn_quant.evaluation.render`).
 """
 
 from __future__ import annotations
 
-import json
-import math
+import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
-
-from opsnn_quant.evaluation.latency import LatencyResult
-from opsnn_quant.evaluation.ort_speed import OrtSpeedResult
-from opsnn_quant.evaluation.profile import ModuleTimeRow, StabilityResult, StageRow
-from opsnn_quant.io import atomic_write_text, load_json_model
-
-if TYPE_CHECKING:
-    from opsnn_quant.probe.report import SensitivityReport
-
-# 2: criteria carry their backend; NOT JUDGED replaces INFO; target and latency_* fields.
-REPORT_SCHEMA_VERSION = 2
-EXIT_PASS = 0
-EXIT_FAIL = 3
-
-Status = Literal["PASS", "FAIL", "NOT JUDGED"]
-NOT_JUDGED: Status = "NOT JUDGED"
-NOTHING_JUDGED_NOTE = (
-    "no criterion could be judged on this machine (every one is NOT JUDGED): the verdict is FAIL"
+from opsnn_quant.evaluation.images import ImageBatch
+from opsnn_quant.evaluation.render import write_report
+from opsnn_quant.evaluation.report_schema import (
+    EXIT_FAIL,
+    EXIT_PASS,
+    NOT_JUDGED,
+    NOTHING_JUDGED_NOTE,
+    REPORT_SCHEMA_VERSION,
+    SENSITIVITY_NOTE,
+    SENSITIVITY_UNIT,
+    Criterion,
+    DiffChunkRow,
+    ImagePairRow,
+    LatencyRow,
+    QualityRow,
+    ReportSchema,
+    SensitivityRow,
+    Status,
+    TranscriptRow,
+    exit_code,
+    fmt,
+    overall_verdict,
+    sensitivity_rows,
 )
 
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
-
-
-class Criterion(_Model):
-    """One acceptance check.
-
-    Attributes:
-        key: The suite threshold, e.g. ``psnr_min``.
-        label: What is compared, in words (says FD, not FID, for a non-Inception space).
-        measured_key: Key of the measured value in ``AcceptanceReport.measured``.
-        value: The measured value (None: not measured, which fails).
-        threshold: The suite's bound.
-        comparator: ``<=`` or ``>=`` (value comparator threshold passes).
-        status: PASS, FAIL or NOT JUDGED (reported, not counted: a latency figure from a
-            backend that is not the policy target's, see :mod:`.gate`).
-        backend: Where the value was measured (``cpu-reference``, ``cpu-onnxruntime``, ``npu``);
-            for a figure not measured, where it would have been.
-        note: Why NOT JUDGED / FAIL, or which backend a latency criterion is judged on.
-    """
-
-    key: str
-    label: str
-    measured_key: str
-    value: float | None
-    threshold: float
-    comparator: Literal["<=", ">="]
-    status: Status
-    backend: str = ""
-    note: str = ""
+__all__ = [
+    "EXIT_FAIL",
+    "EXIT_PASS",
+    "NOTHING_JUDGED_NOTE",
+    "NOT_JUDGED",
+    "REPORT_SCHEMA_VERSION",
+    "SENSITIVITY_NOTE",
+    "SENSITIVITY_UNIT",
+    "AcceptanceReport",
+    "Criterion",
+    "DiffChunkRow",
+    "ImagePairRow",
+    "LatencyRow",
+    "QualityRow",
+    "SensitivityRow",
+    "Status",
+    "TranscriptRow",
+    "exit_code",
+    "fmt",
+    "overall_verdict",
+    "sensitivity_rows",
+]
 
 
-class QualityRow(_Model):
-    """A quality metric of both models (``delta`` = candidate - baseline)."""
+class AcceptanceReport(ReportSchema):
+    """The result of ``evaluate(baseline, candidate, suite)``: ``report.json``'s fields (see
+    :class:`~opsnn_quant.evaluation.report_schema.ReportSchema`), able to write itself."""
 
-    metric: str
-    baseline: float | None = None
-    candidate: float | None = None
-    delta: float | None = None
-    unit: str = ""
-    note: str = ""
+    def save(
+        self,
+        out_dir: str | os.PathLike[str],
+        *,
+        baseline_images: ImageBatch | None = None,
+        candidate_images: ImageBatch | None = None,
+        force: bool = False,
+    ) -> Path:
+        """Write ``report.json``, ``report.md``, ``report.html`` and ``plots/`` into ``out_dir``,
+        as the CLI does (see :func:`~opsnn_quant.evaluation.render.write_report`).
 
+        Args:
+            out_dir: Replaced atomically when it is empty or an earlier report (else refused
+                unless ``force``).
+            baseline_images, candidate_images: The images the image pairs point into (default:
+                the run's own outputs, when the report carries them).
+            force: Replace ``out_dir`` whatever it holds.
 
-class LatencyRow(_Model):
-    """A latency measurement of one model (``label``: baseline, candidate, ...)."""
-
-    label: str
-    result: LatencyResult
-
-
-class ImagePairRow(_Model):
-    """One baseline/candidate image pair (same prompt and seed)."""
-
-    index: int
-    prompt: str = ""
-    seed: int | None = None
-    psnr_db: float
-    ssim: float
-    mae: float
-    max_abs: int
-    clip_baseline: float | None = None
-    clip_candidate: float | None = None
-    image: str | None = None  # path of the side-by-side PNG, relative to the report dir
-
-
-class DiffChunkRow(_Model):
-    """A piece of the baseline -> candidate word alignment."""
-
-    op: str
-    ref: str
-    hyp: str
-
-
-class TranscriptRow(_Model):
-    """One utterance: normalised texts, errors of both models and the baseline->candidate diff
-    (computed by :func:`.wer.utterance_rows`).
-
-    Attributes:
-        index: Position in the inputs.
-        reference, baseline, candidate: Normalised texts.
-        ref_words: Words in the normalised reference.
-        baseline_errors, candidate_errors: Word edits against the reference.
-        agreement_errors: Word edits turning the baseline transcript into the candidate's.
-        diff: Word alignment of baseline (``ref``) against candidate (``hyp``).
-    """
-
-    index: int
-    reference: str
-    baseline: str
-    candidate: str
-    ref_words: int
-    baseline_errors: int
-    candidate_errors: int
-    agreement_errors: int
-    diff: list[DiffChunkRow] = Field(default_factory=list)
-
-    @property
-    def extra_errors(self) -> int:
-        """Errors the candidate makes beyond the baseline's (negative: it did better)."""
-        return self.candidate_errors - self.baseline_errors
-
-
-SENSITIVITY_UNIT = "%"
-SENSITIVITY_NOTE = (
-    "e2e noise: the probe's estimated end-to-end noise energy of the module under W8A8, % of the "
-    "model output's energy; local W8A8 noise: the module output's own, 100 x 10^(-SQNR/10); "
-    "the chart plots the same % (e2e where probed, else local)"
-)
-
-
-class SensitivityRow(_Model):
-    """Per-module sensitivity from a ``probe.json``, for the report's chart and table.
-
-    The table and the chart show both figures in one unit, percent of relative noise energy:
-    :meth:`e2e_pct` and :meth:`local_pct`.
-    """
-
-    name: str
-    type: str
-    modality: str
-    contribution: float | None = None  # end-to-end relative noise energy, if probed
-    sqnr_db: float | None = None  # best local W8A8 SQNR over the probed schemes
-    fp16_overflow: bool = False
-
-    def e2e_pct(self) -> float | None:
-        """Estimated end-to-end noise, % of the output's energy (``100 ||dy||^2 / ||y||^2``)."""
-        return None if self.contribution is None else 100.0 * self.contribution
-
-    def local_pct(self) -> float | None:
-        """Local W8A8 noise, % of the module output's energy (``100 * 10^(-SQNR/10)``)."""
-        return None if self.sqnr_db is None else 100.0 * 10 ** (-self.sqnr_db / 10)
-
-
-class AcceptanceReport(_Model):
-    """The result of ``evaluate(baseline, candidate, suite)``.
-
-    Attributes (beyond the self-explanatory ones):
-        target: The policy's deployment target; it decides which backends' latency is judged.
-        backends: Where each kind of figure came from (``quality``, ``latency``: the backend the
-            latency criteria read, ``onnxruntime``).
-        latency_mode: ``--latency`` of the run (``none``, ``target``, ``all``).
-        latency_skipped: One line per measurement the suite configures that this run skipped.
-        latency_judged_on: Backends whose latency/memory ratios count for the verdict.
-    """
-
-    schema_version: int = REPORT_SCHEMA_VERSION
-    suite: str
-    task: Literal["t2i", "asr"]
-    baseline_label: str = "baseline"
-    candidate_label: str = "candidate"
-    created: str = ""
-    verdict: Literal["PASS", "FAIL"]
-    target: str | None = None
-    criteria: list[Criterion] = Field(default_factory=list)
-    backends: dict[str, str] = Field(default_factory=dict)
-    measured: dict[str, float | None] = Field(default_factory=dict)
-    quality: list[QualityRow] = Field(default_factory=list)
-    latency: list[LatencyRow] = Field(default_factory=list)
-    latency_mode: Literal["none", "target", "all"] = "all"
-    latency_skipped: list[str] = Field(default_factory=list)
-    latency_judged_on: list[str] = Field(default_factory=list)
-    stages: dict[str, list[StageRow]] = Field(default_factory=dict)
-    top_modules: dict[str, list[ModuleTimeRow]] = Field(default_factory=dict)
-    stability: dict[str, StabilityResult] = Field(default_factory=dict)
-    onnxruntime: OrtSpeedResult | None = None
-    policy: dict[str, Any] | None = None
-    sensitivity: list[SensitivityRow] = Field(default_factory=list)
-    image_pairs: list[ImagePairRow] = Field(default_factory=list)
-    transcripts: list[TranscriptRow] = Field(default_factory=list)
-    notes: list[str] = Field(default_factory=list)
-    # The two models' outputs (images or transcripts) of the run, for the report's image grids;
-    # not part of report.json.
-    _outputs: tuple[list[Any], list[Any]] | None = PrivateAttr(default=None)
-
-    def with_outputs(self, baseline: list[Any], candidate: list[Any]) -> AcceptanceReport:
-        """This report carrying the run's outputs (see :attr:`outputs`)."""
-        self._outputs = (list(baseline), list(candidate))
-        return self
-
-    @property
-    def outputs(self) -> tuple[list[Any], list[Any]] | None:
-        """``(baseline, candidate)`` outputs of the run that made this report (None when it
-        was loaded from disk)."""
-        return self._outputs
-
-    @field_validator("schema_version")
-    @classmethod
-    def _known_version(cls, v: int) -> int:
-        if v != REPORT_SCHEMA_VERSION:
-            raise ValueError(
-                f"report schema_version {v} is not supported (expected {REPORT_SCHEMA_VERSION})"
-            )
-        return v
-
-    @property
-    def exit_code(self) -> int:
-        """0 when the verdict is PASS, 3 when it is FAIL."""
-        return exit_code(self)
-
-    def to_json(self) -> str:
-        """Deterministic JSON text (sorted keys, 2-space indent, ``"Infinity"`` for inf)."""
-        data = json.loads(self.model_dump_json())
-        return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
-
-    def save(self, path: str | Path) -> Path:
-        """Write ``report.json`` atomically."""
-        return atomic_write_text(path, self.to_json())
-
-    @classmethod
-    def load(cls, path: str | Path) -> AcceptanceReport:
-        """Read and validate a ``report.json``.
-
-        Raises:
-            ConfigError: Missing file, bad JSON or a schema violation (names the field).
+        Returns:
+            ``out_dir``.
         """
-        return load_json_model(cls, path)
-
-
-def overall_verdict(criteria: list[Criterion]) -> Literal["PASS", "FAIL"]:
-    """PASS when every judged criterion passed; NOT JUDGED rows do not count.
-
-    A suite that sets thresholds none of which could be judged here FAILS: a gate that judged
-    nothing has not let anything through. No thresholds at all: PASS (nothing was asked).
-    """
-    judged = [c for c in criteria if c.status != NOT_JUDGED]
-    if criteria and not judged:
-        return "FAIL"
-    return "FAIL" if any(c.status == "FAIL" for c in judged) else "PASS"
-
-
-def exit_code(report: AcceptanceReport) -> int:
-    """Process exit code of ``opsnn-quant evaluate``: 0 PASS, 3 FAIL."""
-    return EXIT_PASS if report.verdict == "PASS" else EXIT_FAIL
-
-
-def sensitivity_rows(report: SensitivityReport, top: int | None = None) -> list[SensitivityRow]:
-    """Rows from a :class:`~opsnn_quant.probe.report.SensitivityReport`, most sensitive first.
-
-    Ordered by end-to-end contribution where the probe measured it, then by lowest local
-    SQNR; modules with neither come last in model order.
-    """
-    rows = []
-    for m in report.modules:
-        sqnrs = [s.sqnr_db for s in m.w8a8.values() if s.sqnr_db is not None]
-        rows.append(
-            SensitivityRow(
-                name=m.name,
-                type=m.type,
-                modality=str(getattr(m.modality, "value", m.modality)),
-                contribution=m.e2e.contribution if m.e2e is not None else None,
-                sqnr_db=max(sqnrs) if sqnrs else None,
-                fp16_overflow=bool(m.fp16.overflow) if m.fp16 is not None else False,
-            )
-        )
-
-    def key(r: SensitivityRow) -> tuple[int, float]:
-        if r.contribution is not None:
-            return (0, -r.contribution)
-        if r.sqnr_db is not None:
-            return (1, r.sqnr_db)
-        return (2, 0.0)
-
-    rows = [r for _, r in sorted(enumerate(rows), key=lambda t: (*key(t[1]), t[0]))]
-    return rows[:top] if top is not None else rows
-
-
-def fmt(value: float | None, digits: int = 3) -> str:
-    """A number for a table: ``-`` for None, ``inf`` spelled out, fixed significant digits."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return (
-        f"{value:.{digits}g}" if abs(value) >= 1e4 or abs(value) < 1e-3 else f"{value:.{digits}f}"
-    )
+        return write_report(
+            self, out_dir, baseline_images=baseline_images, candidate_images=candidate_images,
+            force=force,
+        )  # fmt: skip

@@ -532,7 +532,6 @@ def acceptance_phase(
     if suite is None or ctx.engine != "opsnn":
         return None
     from opsnn_quant.evaluation.evaluate import evaluate
-    from opsnn_quant.evaluation.render import write_report
     from opsnn_quant.policy.summary import policy_summary
 
     ctx.say("loading the float baseline for the acceptance run")
@@ -549,7 +548,9 @@ def acceptance_phase(
         allow_pickle=ctx.recipe.model.allow_pickle,  # the suite's CLIP too
         allow_broken_baseline=allow_broken_baseline,
     )
-    write_report(acc, ctx.out.report)
+    # the report's run times: calibrate's phases, then the acceptance run's own
+    acc.timings = {**{k: round(v, 3) for k, v in ctx.timings.items()}, **acc.timings}
+    acc.save(ctx.out.report)
     return str(acc.verdict)
 
 

@@ -120,7 +120,6 @@ def run_evaluate(job: EvaluateJob, progress: Progress | None = None) -> Acceptan
 
     from opsnn_quant.backends.devices import resolve_device
     from opsnn_quant.evaluation.evaluate import evaluate
-    from opsnn_quant.evaluation.render import write_report
     from opsnn_quant.models import load_adapter
 
     say = progress or (lambda m: None)
@@ -149,7 +148,7 @@ def run_evaluate(job: EvaluateJob, progress: Progress | None = None) -> Acceptan
         allow_pickle=job.allow_pickle,
         allow_broken_baseline=job.allow_broken_baseline,
     )
-    write_report(report, job.out, force=job.force)
+    report.save(job.out, force=job.force)
     return report
 
 

@@ -88,7 +88,9 @@ def resumable(out: Path, kind: str, run: dict[str, Any]) -> tuple[Path, Journal]
         saved = json.loads(record.read_text(encoding="utf-8"))
         earlier, done = dict(saved["run"]), [str(p) for p in saved["done"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"--resume: {record} is unreadable ({exc}); run without --resume") from exc
+        raise ConfigError(
+            f"--resume: {record} is unreadable ({exc}); run without --resume"
+        ) from exc
     changed = sorted(k for k in set(run) | set(earlier) if run.get(k) != earlier.get(k))
     if changed:
         raise ConfigError(

@@ -2,7 +2,8 @@
 
 Every other file ``calibrate`` and ``probe`` write is a function of the inputs (recipe, model,
 data, seed) and the platform: rerun, it is the same bytes. Wall-clock times are not, so they
-live here alone (and in the log), never in ``probe.json`` or the policy. So does the
+live here (and in the log, and in an acceptance report's "Run times", its one section that
+differs between runs), never in ``probe.json``, the policy or a checkpoint. So does the
 ``environment`` the times were taken in: the CPU's int8 features and the exact int8 GEMM path
 each size class of product ran (chosen by a timed race, :mod:`opsnn_quant.ascend.gemm_path`,
 so it may differ between runs on one machine; it never changes a result).

@@ -63,15 +63,18 @@ def test_pass_and_fail_exit_codes(candidate, tmp_path, monkeypatch):
     assert r2["latency_skipped"][0].endswith(": --latency none")
     lat2 = {c["key"]: c for c in r2["criteria"]}["latency_p99_ratio_max"]
     assert lat2["status"] == "NOT JUDGED" and "no deployment target is known" in lat2["note"]
-    # Same inputs, no timing, fixed timestamp: byte-identical report.json.
+    # Same inputs, no latency timing, fixed timestamp: the same report.json but for its run times.
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")
     for name in ("r3", "r4"):
         assert main(["evaluate", "--candidate", str(candidate / "out"), "--suite",
                      str(_suite(candidate, 5.0)), "-o", str(tmp_path / name), "-q",
                      "--latency", "none"]) == 0  # fmt: skip
-    r3 = (tmp_path / "r3" / "report.json").read_bytes()
-    assert r3 == (tmp_path / "r4" / "report.json").read_bytes()
-    assert b'"created": "2026-01-01T00:00:00+00:00"' in r3
+    r3, r4 = (json.loads((tmp_path / n / "report.json").read_bytes()) for n in ("r3", "r4"))
+    times = [r.pop("timings") for r in (r3, r4)]  # wall-clock seconds: the run's own
+    assert list(times[0]) == ["baseline outputs", "candidate outputs", "quality metrics"]
+    assert list(times[0]) == list(times[1]) and all(v >= 0 for v in times[0].values())
+    assert r3 == r4
+    assert r3["created"] == "2026-01-01T00:00:00+00:00"
 
 
 def test_bad_suite_exits_2(candidate, tmp_path, capsys):

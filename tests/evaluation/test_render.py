@@ -139,6 +139,20 @@ def test_latency_section_says_what_was_skipped():
     assert "<li>measured with --latency target</li>" in render_html(r)
 
 
+def test_run_times_are_the_last_section_and_only_with_times():
+    report = asr_report()
+    assert "Run times" not in render_markdown(report)
+    timed = report.model_copy(update={"timings": {"probe": 12.34, "baseline outputs": 5.0}})
+    md = render_markdown(timed)
+    section = md.split("## Run times\n", 1)[1]
+    assert section.splitlines()[1:5] == ["| phase | seconds |", "|---|---|", "| probe | 12.3 |",
+                                         "| baseline outputs | 5.0 |"]  # fmt: skip
+    assert "\n## " not in section.split("## Transcripts", 1)[0]  # after every other table
+    page = render_html(timed)
+    assert "<h2>Run times</h2><table><tr><th>phase</th><th>seconds</th></tr>" in page
+    assert "<tr><td>probe</td><td>12.3</td></tr>" in page
+
+
 def test_transcript_diffs_render():
     report = asr_report()
     md = render_markdown(report)

@@ -25,7 +25,11 @@ from tests.evaluation.sample_report import asr_report, sensitivity, t2i_report
 def test_json_round_trip_with_infinite_psnr(tmp_path):
     report, _, _ = t2i_report()
     assert any(math.isinf(p.psnr_db) for p in report.image_pairs)
-    path = report.save(tmp_path / "report.json")
+    out = report.save(tmp_path / "report")  # the directory the CLI writes
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
+        "plots", "report.html", "report.json", "report.md",
+    ]  # fmt: skip
+    path = out / "report.json"
     text = path.read_text()
     data = json.loads(text)  # strict JSON: inf is the string "Infinity"
     assert data["schema_version"] == 2 and data["verdict"] == report.verdict
