@@ -69,6 +69,8 @@ def hf_records(
 def _load(path: Path, split: str | None) -> Any:
     import datasets
 
+    shown = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # "Generating train split" bars between our phase lines
     try:
         if path.is_file():
             ds = datasets.load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path))
@@ -85,6 +87,9 @@ def _load(path: Path, split: str | None) -> Any:
     except Exception as exc:  # datasets raises many kinds on a broken source
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(f"data source {path} is not readable by datasets: {first}") from exc
+    finally:
+        if shown:
+            datasets.enable_progress_bars()
     return _split_of(ds, split, path)
 
 
