@@ -112,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
             previous[sig] = signal.signal(sig, _on_signal)
         except ValueError:  # not the main thread (e.g. a test runner's worker thread)
             break
+    from opsnn_quant.cli import _ui
+
+    _ui.ARGV[:] = list(sys.argv[1:] if argv is None else argv)  # for a relaunch (--nproc)
     try:
         rv = app(args=argv, standalone_mode=False)
         if isinstance(rv, int):  # typer.Exit(code) comes back as the return value here

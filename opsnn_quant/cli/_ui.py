@@ -28,6 +28,8 @@ from opsnn_quant import progress
 
 # Off a terminal rich would assume 80 columns anyway; tables are built to fit in 80.
 WIDTH = 80
+# The command line of the running command (set by ``main``): ``--nproc`` relaunches it per rank.
+ARGV: list[str] = []
 console = Console(stderr=False, width=None if sys.stdout.isatty() else WIDTH)
 
 

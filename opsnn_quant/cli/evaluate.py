@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from opsnn_quant.cli import _ui
+
+if TYPE_CHECKING:
+    from opsnn_quant.pipeline.evaluate import EvaluateJob
 
 
 def evaluate_cmd(
@@ -62,18 +65,49 @@ def evaluate_cmd(
             "or flat (a broken or random model)",
         ),
     ] = False,
+    nproc: Annotated[
+        int | None,
+        typer.Option(
+            "--nproc",
+            help="processes on this host, one per device, each with whole requests (launches "
+            "torchrun's elastic agent; across hosts run torchrun -m opsnn_quant evaluate)",
+        ),
+    ] = None,
+    dist_backend: Annotated[
+        str | None,
+        typer.Option(
+            "--dist-backend", help="hccl | nccl | gloo [default: hccl on npu, nccl on cuda, gloo]"
+        ),
+    ] = None,
 ) -> None:
-    """Run baseline and candidate on the suite; write report.{json,md,html}. Exit 0 PASS, 3 FAIL."""
+    """Run baseline and candidate on the suite; write report.{json,md,html}. Exit 0 PASS, 3 FAIL.
+
+    Under torchrun (or with --nproc) the suite's requests are shared by rank; rank 0 writes.
+    """
+    import dataclasses
+
+    from opsnn_quant import distributed as dist
     from opsnn_quant.evaluation.report import fmt
     from opsnn_quant.pipeline.evaluate import check_evaluate, run_evaluate
 
-    job = check_evaluate(
-        candidate, suite, out, baseline=baseline, target=target, device=device, dtype=dtype,
-        candidate_dtype=candidate_dtype, latency=latency, allow_pickle=allow_pickle, force=force,
-        allow_broken_baseline=allow_broken_baseline,
-    )  # fmt: skip
-    with _ui.phases(quiet) as say:
-        report = run_evaluate(job, progress=say)
+    def check(on: str) -> EvaluateJob:
+        return check_evaluate(
+            candidate, suite, out, baseline=baseline, target=target, device=on, dtype=dtype,
+            candidate_dtype=candidate_dtype, latency=latency, allow_pickle=allow_pickle,
+            force=force, allow_broken_baseline=allow_broken_baseline,
+        )  # fmt: skip
+
+    if nproc is not None and not dist.launched():
+        raise typer.Exit(launch(check(device), nproc, dist_backend))
+    world = dist.init_world(device, dist_backend)
+    try:
+        # rank 0 checks (one writer: only it may repair or replace OUT); every rank gets the job
+        job = dataclasses.replace(world.from_main(lambda: check(world.device)), device=world.device)
+        quiet = quiet or not world.is_main
+        with _ui.phases(quiet) as say:
+            report = run_evaluate(job, progress=say)
+    finally:
+        dist.finish_world()
     if not quiet:
         for c in report.criteria:
             _ui.console.print(
@@ -84,6 +118,35 @@ def evaluate_cmd(
             )
         _ui.console.print(f"[b]{report.verdict}[/b]: wrote {out}/report.html")
     raise typer.Exit(report.exit_code)
+
+
+def launch(job: EvaluateJob, nproc: int, backend: str | None) -> int:
+    """``--nproc N``: the checked command again in N processes on this host (torchrun's
+    elastic agent); returns the run's exit code."""
+    from opsnn_quant import distributed as dist
+    from opsnn_quant.cli import main
+    from opsnn_quant.evaluation.evaluate import suite_records
+
+    dist.check_nproc(nproc, len(suite_records(job.suite)))
+    dist.check_devices(job.device.split(":")[0], nproc)
+    dist.check_backend(
+        backend or {"npu": "hccl", "cuda": "nccl"}.get(job.device.split(":")[0], "gloo")
+    )
+    return dist.launch_local(nproc, main, without_nproc(_ui.ARGV))
+
+
+def without_nproc(argv: list[str]) -> list[str]:
+    """``argv`` without its ``--nproc N`` / ``--nproc=N`` (each rank runs the rest)."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            out.append(arg)
+    return out
 
 
 def register(app: typer.Typer) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from opsnn_quant.backends.devices import backend_label
+from opsnn_quant.distributed import World, current_world, gather_in_order
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.gate import check_latency_mode, plan_latency
 from opsnn_quant.evaluation.report import AcceptanceReport
@@ -183,6 +184,7 @@ def evaluate(
     figures = _time(plan, suite, baseline, candidate, out, records, backends, notes, say)
     if plan.eager or plan.onnx or plan.profile or plan.stability:
         times["latency"] = time.perf_counter() - started
+        notes += rank_latency_notes(current_world(), figures)
     report = build_report(
         suite,
         out.quality,
@@ -203,7 +205,35 @@ def evaluate(
         baseline_backend=backends.baseline,
     )
     report.timings = {k: round(v, 3) for k, v in times.items()}
+    if current_world().distributed:
+        report.world = current_world().describe()
     return report.with_outputs(out.baseline, out.candidate)
+
+
+def rank_latency_notes(world: World, figures: LatencyFigures) -> list[str]:
+    """In a distributed run, each rank's eager latency (every rank times its own device: a
+    slow card shows) and the percentiles over every rank's samples; the criteria read rank 0's
+    figures. One process: none."""
+    if world.size == 1:
+        return []
+    from opsnn_quant.evaluation.latency import summarize_ms
+
+    every = world.gather(lambda: [(world.rank, world.device, figures)])
+    notes = []
+    for label in ("baseline", "candidate"):
+        results = [(r, d, res) for r, d, f in every if (res := getattr(f, label)) is not None]
+        if not results:
+            continue
+        pooled = summarize_ms([x for _, _, res in results for x in res.samples_ms])
+        per_rank = "; ".join(
+            f"rank {r} ({d}) p50 {res.p50_ms:.1f} / p99 {res.p99_ms:.1f} ms"
+            for r, d, res in results
+        )
+        notes.append(
+            f"{label} latency over {world.size} ranks: p50 {pooled['p50_ms']:.1f} ms, "
+            f"p99 {pooled['p99_ms']:.1f} ms; per rank: {per_rank}"
+        )
+    return notes
 
 
 @dataclass(frozen=True)
@@ -277,13 +307,24 @@ def _check_task(suite: Suite, *adapters: ModelAdapter) -> None:
 def generate_outputs(adapter: ModelAdapter, suite: Suite, inputs: list[Any]) -> list[Any]:
     """``adapter``'s outputs on the suite's ``inputs``: one image per prompt and seed of the
     suite (seed ``s`` for the first prompt, ``s + i`` for the i-th), or one transcript per
-    utterance."""
+    utterance. In a distributed run each rank generates its whole batches of the inputs (with
+    the seeds the single process gives them) and every rank gets all outputs, in order."""
+    world = current_world()
+    settings = getattr(adapter, "settings", None)
+    batch = int(getattr(settings, "batch_size", None) or 1)
     if suite.task != "t2i":
-        return list(adapter.generate(inputs))
+        return gather_in_order(world, inputs, batch, lambda part, _: list(adapter.generate(part)))
     out: list[Any] = []
     for seed in suite.seeds:
-        out += adapter.generate(inputs, seed=seed)
+        run = partial(_generate_from, adapter, seed)
+        out += gather_in_order(world, inputs, batch, run)
     return out
+
+
+def _generate_from(adapter: ModelAdapter, seed: int, part: Sequence[Any], first: int) -> list[Any]:
+    """``part`` of a t2i suite's inputs starting at index ``first``: its seeds are ``seed +
+    first + i``, as in one call on all inputs."""
+    return list(adapter.generate(part, seed=seed + first))
 
 
 @dataclass(frozen=True)
@@ -341,7 +382,9 @@ def _generate(
 ) -> _Generated:
     """Both models' outputs and the quality metrics; ``times`` gets each step's seconds."""
     t0 = time.perf_counter()
-    metrics = QualityInputs.load(suite, candidate, records, allow_pickle)
+    metrics = current_world().agree(
+        lambda: QualityInputs.load(suite, candidate, records, allow_pickle)
+    )
     n = len(metrics.inputs)
     what = (f"generating {n * len(suite.seeds)} images" if suite.task == "t2i"
             else f"transcribing {n} utterances")  # fmt: skip
@@ -353,7 +396,8 @@ def _generate(
     cand_out = generate_outputs(candidate, suite, metrics.inputs)
     say("quality metrics")
     t3 = time.perf_counter()
-    quality = metrics.quality(base_out, cand_out)
+    # once, on rank 0, over every rank's outputs (FD over all features, not a mean of ranks')
+    quality = current_world().from_main(lambda: metrics.quality(base_out, cand_out))
     times["baseline outputs"], times["candidate outputs"] = t2 - t1, t3 - t2
     times["quality metrics"] = (t1 - t0) + (time.perf_counter() - t3)  # with loading them
     batch = metrics.inputs[: suite.generation.batch_size]

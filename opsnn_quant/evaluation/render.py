@@ -102,6 +102,15 @@ def _latency_lines(r: ReportSchema) -> list[str]:
     return lines
 
 
+def world_line(world: dict[str, Any]) -> str:
+    """One line for a distributed run: processes, hosts, backend, each rank's device."""
+    devices = ", ".join(f"rank {i} {d}" for i, d in enumerate(world.get("devices", [])))
+    return (
+        f"{world.get('world_size')} processes on {world.get('nodes')} host(s), backend "
+        f"{world.get('backend')}: {devices}"
+    )
+
+
 def _sections(r: ReportSchema) -> list[Section]:
     """Every section as plain strings, shared by md and html."""
     out: list[Section] = []
@@ -229,6 +238,8 @@ def render_markdown(r: ReportSchema, figures: dict[str, str] | None = None) -> s
     lines += [f"- backend ({k}): {v}" for k, v in r.backends.items()]
     if r.created:
         lines.append(f"- created: {r.created}")
+    if r.world:
+        lines.append(f"- run: {world_line(r.world)}")
     lines += [f"- note: {n}" for n in r.notes]
     lines.append("")
     for sec in _sections(r):
@@ -291,6 +302,8 @@ def render_html(r: ReportSchema, figures: dict[str, bytes] | None = None,
     info += [f"backend ({e(k)}): <b>{e(v)}</b>" for k, v in r.backends.items()]
     if r.created:
         info.append(f"created: {e(r.created)}")
+    if r.world:
+        info.append(f"run: {e(world_line(r.world))}")
     body.append("<ul>" + "".join(f"<li>{x}</li>" for x in info) + "</ul>")
     if r.notes:
         body.append("<ul class='notes'>" + "".join(f"<li>{e(n)}</li>" for n in r.notes) + "</ul>")

@@ -215,6 +215,8 @@ class ReportSchema(ReportModel):
     # the acceptance run's): like ``created``, the run's own; every other field is the same
     # bytes on a rerun without latency timing.
     timings: dict[str, float] = Field(default_factory=dict)
+    # A distributed run (torchrun): world size, hosts, backend and each rank's device.
+    world: dict[str, Any] = Field(default_factory=dict)
     # The two models' outputs (images or transcripts) of the run, for the report's image grids;
     # not part of report.json.
     _outputs: tuple[list[Any], list[Any]] | None = PrivateAttr(default=None)

@@ -119,21 +119,23 @@ def run_evaluate(job: EvaluateJob, progress: Progress | None = None) -> Acceptan
     import torch
 
     from opsnn_quant.backends.devices import resolve_device
+    from opsnn_quant.distributed import current_world
     from opsnn_quant.evaluation.evaluate import evaluate
     from opsnn_quant.models import load_adapter
 
     say = progress or (lambda m: None)
     say("loading models")
     engine_dir = job.kind in (DirectoryKind.ASCENDV1, DirectoryKind.MINDIE_SD)
-    cand, sensitivity = load_candidate(
+    world = current_world()
+    cand, sensitivity = world.agree(lambda: load_candidate(
         job.candidate, device=job.device, dtype=job.dtype,
         baseline=job.source if engine_dir else None, allow_pickle=job.allow_pickle,
-    )  # fmt: skip
+    ))  # fmt: skip
     if job.candidate_dtype == "float16":
         cast_adapter(cand, torch.float16)
-    base = load_adapter(
+    base = world.agree(lambda: load_adapter(
         None, job.source, device=job.device, dtype=job.dtype, allow_pickle=job.allow_pickle
-    )
+    ))  # fmt: skip
     report = evaluate(
         base,
         cand,
@@ -148,7 +150,8 @@ def run_evaluate(job: EvaluateJob, progress: Progress | None = None) -> Acceptan
         allow_pickle=job.allow_pickle,
         allow_broken_baseline=job.allow_broken_baseline,
     )
-    report.save(job.out, force=job.force)
+    if world.is_main:  # one writer; every rank holds the same report
+        report.save(job.out, force=job.force)
     return report
 
 

@@ -1,0 +1,129 @@
+"""``evaluate`` sharded by request on torch.distributed (gloo over loopback on this CPU): the
+report of 2 ranks — one host with ``--nproc 2``, or two torchrun agents (``--nnodes 2``) — is
+the single process's, but for the run's own lines (timings, world, date)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from opsnn_quant.cli import main
+from opsnn_quant.models import load_adapter
+from opsnn_quant.quant.api import quantize
+from opsnn_quant.quant.checkpoint import save_quantized
+from tests.tiny_pipelines import save_tiny_sd
+
+PROMPTS = ["a red circle", "a blue square", "a green circle", "a small red square", "a big blue circle"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    pipe = save_tiny_sd(root / "pipe")
+    adapter = load_adapter("diffusers-sd", str(pipe), steps=2, batch_size=2)
+    quantize(adapter.model, {"unet.*": "w8a8_dynamic"}, None)
+    save_quantized(adapter.model, root / "out" / "quant", source_model=str(pipe))
+    (root / "data").mkdir()
+    (root / "data" / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
+    suite = root / "suite.yaml"  # 5 prompts x 2 seeds in batches of 2: ranks get 1 and 2 batches
+    suite.write_text(
+        "schema_version: 1\nname: tiny\ntask: t2i\n"
+        f"data: {{folder: {root / 'data'}, samples: 5}}\nseeds: [0, 100]\n"
+        "generation: {steps: 2, guidance_scale: 4.0, batch_size: 2}\n"
+        "metrics: {fid_features: null, thresholds: {psnr_min: 5.0}}\n"
+    )
+    return root, suite
+
+
+def _args(root, suite, out) -> list[str]:
+    return ["evaluate", "--candidate", str(root / "out"), "--suite", str(suite), "-o", str(out),
+            "--latency", "none", "--quiet"]  # fmt: skip
+
+
+def _without_run(path) -> tuple[dict, dict, dict]:
+    doc = json.loads((path / "report.json").read_text())
+    run = {k: doc.pop(k, None) for k in ("timings", "world", "created")}
+    md = (path / "report.md").read_text()
+    lines = [ln for ln in md.split("## Run times")[0].splitlines()
+             if not ln.startswith(("- run:", "- created:"))]  # fmt: skip
+    return doc, run, {"md": lines}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_two_ranks_on_one_or_two_hosts_write_the_single_process_report(tiny, tmp_path, monkeypatch):
+    root, suite = tiny
+    # the same threads per process in every run: CPU kernels may sum in another order otherwise
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert main(_args(root, suite, tmp_path / "one")) == 0
+    assert main([*_args(root, suite, tmp_path / "two"), "--nproc", "2"]) == 0
+    port = _free_port()
+    agents = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                str(node),
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-id",
+                "sim",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "-m",
+                "opsnn_quant",
+                *_args(root, suite, tmp_path / "hosts"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
+    for agent in agents:
+        log = agent.communicate(timeout=600)[0]
+        assert agent.returncode == 0, log[-3000:]
+    one, run1, md1 = _without_run(tmp_path / "one")
+    assert run1["world"] == {}  # one process, no torchrun: no world line
+    for name, nodes in (("two", 1), ("hosts", 2)):
+        doc, run, md = _without_run(tmp_path / name)
+        assert doc == one and md == md1, name
+        assert run["world"] == {"world_size": 2, "nodes": nodes, "backend": "gloo",
+                                "devices": ["cpu", "cpu"]}  # fmt: skip
+        assert list(run["timings"]) == list(run1["timings"])
+        page = (tmp_path / name / "report.md").read_text()
+        assert (
+            f"- run: 2 processes on {nodes} host(s), backend gloo: rank 0 cpu, rank 1 cpu" in page
+        )
+    assert len(one["image_pairs"]) == 10  # every (prompt, seed), gathered in suite order
+    # only rank 0 wrote: one report, no temporaries
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts", "one", "two"]
+
+
+def test_bad_distributed_input_is_one_line_exit_2_nothing_written(tiny, tmp_path, capsys):
+    root, suite = tiny
+    out = tmp_path / "r"
+    for extra, message in [
+        (["--nproc", "6"], "--nproc 6 is more processes than the 5 samples to share"),
+        (["--nproc", "2", "--dist-backend", "nccl"], "backend nccl is not available"),
+        (["--nproc", "2", "--device", "cuda"], "not available here"),
+    ]:
+        assert main([*_args(root, suite, out), *extra]) == 2, extra
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+        assert not out.exists()

@@ -1,0 +1,122 @@
+"""``opsnn_quant.distributed``: sharding by whole batches, gathering in order, failures reaching
+every rank (two real gloo processes on loopback), and the checks before a launch."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch.multiprocessing as mp
+
+from opsnn_quant.cli.evaluate import without_nproc
+from opsnn_quant.distributed import (
+    DistributedError,
+    World,
+    check_backend,
+    check_devices,
+    check_nproc,
+)
+from opsnn_quant.errors import ConfigError
+
+
+def test_shards_are_whole_batches_in_order_and_cover_everything():
+    # 5 items in batches of 2 = 3 batches; 2 ranks: ceil-free split 3*r//2 -> [0, 1), [1, 3)
+    assert [World(r, 2).shard(5, 2) for r in range(2)] == [range(0, 2), range(2, 5)]
+    # 6 items, batch 1, 4 ranks: batch bounds 0, 1, 3, 4, 6
+    assert [World(r, 4).shard(6) for r in range(4)] == [
+        range(0, 1), range(1, 3), range(3, 4), range(4, 6),
+    ]  # fmt: skip
+    # more ranks than batches: the extra ranks get nothing, nothing is repeated
+    shards = [World(r, 3).shard(4, 2) for r in range(3)]
+    assert shards == [range(0, 0), range(0, 2), range(2, 4)]
+    for count, batch, size in [(64, 4, 3), (7, 3, 2), (1, 1, 1), (100, 8, 5)]:
+        parts = [World(r, size).shard(count, batch) for r in range(size)]
+        assert [i for p in parts for i in p] == list(range(count))
+        assert all(p.start % batch == 0 for p in parts if len(p))  # a rank's batches are the
+        # single process's batches (same prompts together, same seeds)
+
+
+def test_one_process_runs_the_work_itself():
+    w = World()
+    assert not w.distributed and w.is_main
+    assert w.gather(lambda: [1, 2]) == [1, 2]
+    assert w.from_main(lambda: "x") == "x" and w.agree(lambda: 3) == 3
+    with pytest.raises(ValueError, match="own"):
+        w.gather(lambda: (_ for _ in ()).throw(ValueError("own")))
+
+
+def test_nproc_backend_and_device_checks():
+    with pytest.raises(ConfigError, match="more processes than the 4 samples"):
+        check_nproc(5, 4)
+    with pytest.raises(ConfigError, match="at least 1"):
+        check_nproc(0, 4)
+    check_nproc(4, 4)
+    check_backend("gloo")
+    with pytest.raises(ConfigError, match="must be one of hccl, nccl, gloo"):
+        check_backend("mpi")
+    with pytest.raises(ConfigError, match="torch_npu"):
+        check_backend("hccl")
+    check_devices("cpu", 64)
+    with pytest.raises(ConfigError, match="need 2 cuda devices, but it has 0"):
+        check_devices("cuda", 2)
+
+
+def test_without_nproc_keeps_every_other_argument():
+    argv = ["evaluate", "--nproc", "2", "--candidate", "c", "--nproc=3", "-o", "r"]
+    assert without_nproc(argv) == ["evaluate", "--candidate", "c", "-o", "r"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank(rank: int, size: int, port: int, results: dict) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))  # fmt: skip
+    from opsnn_quant.distributed import finish_world, init_world
+
+    world = init_world("cpu")
+    out: dict[str, object] = {"world": world.describe()}
+    # each rank's share, back in item order on every rank
+    items = list(range(10))
+    part = world.shard(len(items), 2)
+    out["gathered"] = world.gather(lambda: [i * i for i in items[part.start : part.stop]])
+    out["main"] = world.from_main(lambda: f"from rank {world.rank}")
+
+    def fails_on_rank_1() -> list[int]:
+        if world.rank == 1:
+            raise RuntimeError("out of memory on this card\nsecond line")
+        return [world.rank]
+
+    try:
+        world.gather(fails_on_rank_1)
+    except DistributedError as exc:
+        out["error"] = f"DistributedError: {exc}"
+    except RuntimeError as exc:
+        out["error"] = f"own RuntimeError: {exc}"
+    finish_world()
+    results[rank] = out
+
+
+def test_two_gloo_ranks_gather_in_order_and_share_one_ranks_failure():
+    port = _free_port()
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_rank, args=(2, port, results), nprocs=2, join=True)
+        got = dict(results)
+    for rank in (0, 1):
+        assert got[rank]["world"] == {
+            "world_size": 2, "nodes": 1, "backend": "gloo", "devices": ["cpu", "cpu"],
+        }  # fmt: skip
+        assert got[rank]["gathered"] == [i * i for i in range(10)]
+        assert got[rank]["main"] == "from rank 0"
+    # the failing rank re-raises its own error; the other names it, on one line, and is not
+    # left waiting in the collective
+    assert got[1]["error"].startswith("own RuntimeError: out of memory on this card")
+    assert got[0]["error"] == (
+        "DistributedError: rank 1 of 2 failed: RuntimeError: out of memory on this card"
+    )
