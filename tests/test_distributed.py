@@ -92,6 +92,19 @@ def _rank(rank: int, size: int, port: int, results: dict) -> None:
             raise RuntimeError("out of memory on this card\nsecond line")
         return [world.rank]
 
+    # per-rank latency: every rank's samples pooled, each rank's own line (rank 0: 1-3 ms,
+    # rank 1: 10-30 ms, hand-made results)
+    from opsnn_quant.evaluation.evaluate import rank_latency_notes
+    from opsnn_quant.evaluation.latency import LatencyResult
+    from opsnn_quant.evaluation.timing import LatencyFigures, stability_by_rank
+
+    samples = [1.0, 2.0, 3.0] if world.rank == 0 else [10.0, 20.0, 30.0]
+    mid, top = samples[1], samples[2]
+    result = LatencyResult(backend="cpu", device="cpu", warmup=0, runs=3, p50_ms=mid, p90_ms=top,
+                           p99_ms=top, mean_ms=mid, std_ms=0.0, min_ms=samples[0], max_ms=top,
+                           throughput_per_s=1.0, samples_ms=samples)  # fmt: skip
+    out["notes"] = rank_latency_notes(world, LatencyFigures(candidate=result))
+    out["stability"] = sorted(stability_by_rank(world, "own row" if world.rank else "row 0"))  # type: ignore[arg-type]
     try:
         world.gather(fails_on_rank_1)
     except DistributedError as exc:
@@ -114,6 +127,12 @@ def test_two_gloo_ranks_gather_in_order_and_share_one_ranks_failure():
         }  # fmt: skip
         assert got[rank]["gathered"] == [i * i for i in range(10)]
         assert got[rank]["main"] == "from rank 0"
+        # numpy's linear percentiles of 1, 2, 3, 10, 20, 30: p50 = 6.5, p99 = 20 + 0.95 * 10
+        assert got[rank]["notes"] == [
+            "candidate latency over 2 ranks: p50 6.5 ms, p99 29.5 ms; per rank: rank 0 (cpu) "
+            "p50 2.0 / p99 3.0 ms; rank 1 (cpu) p50 20.0 / p99 30.0 ms"
+        ]
+        assert got[rank]["stability"] == ["candidate (rank 0, cpu)", "candidate (rank 1, cpu)"]
     # the failing rank re-raises its own error; the other names it, on one line, and is not
     # left waiting in the collective
     assert got[1]["error"].startswith("own RuntimeError: out of memory on this card")

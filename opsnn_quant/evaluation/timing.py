@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from opsnn_quant.distributed import World, current_world
 from opsnn_quant.evaluation.gate import LatencyPlan
 from opsnn_quant.evaluation.latency import LatencyResult, measure
 from opsnn_quant.evaluation.ort_speed import OrtSpeedResult
@@ -105,13 +106,23 @@ def run_latency(
                     adapter.model, work(adapter), top=lat.profile_top, warmup=0
                 )
         if plan.stability:
-            say(f"stability run ({lat.stability_k} consecutive calls)")
-            out.stability["candidate"] = stability_run(
-                work(candidate), lat.stability_k, backend=candidate_backend
-            )
+            world = current_world()
+            k = max(2, len(world.shard(lat.stability_k)))  # each rank its share of the soak
+            say(f"stability run ({k} consecutive calls)")
+            own = stability_run(work(candidate), k, backend=candidate_backend)
+            out.stability = stability_by_rank(world, own)
     if plan.onnx:
         say("ONNX Runtime speed figure (QDQ vs fp32 export)")
         out.onnxruntime = onnx()
     for line in plan.skipped:
         log.info("latency skipped: %s", line)
     return out
+
+
+def stability_by_rank(world: World, own: StabilityResult) -> dict[str, StabilityResult]:
+    """The candidate's stability row; in a distributed run one per rank (its own device's
+    drift and memory growth: a leaking or throttling card shows)."""
+    if world.size == 1:
+        return {"candidate": own}
+    every = world.gather(lambda: [(world.rank, world.device, own)])
+    return {f"candidate (rank {r}, {d})": res for r, d, res in every}
