@@ -336,8 +336,8 @@ def atomic_dir(
         force: replace ``path`` whatever it is.
         resume: an unfinished output of an earlier run into ``path`` (see
             :func:`unfinished_output`) to build on instead of a new temporary directory.
-        keep_if: on an exception, keep the temporary directory (for ``resume``) when this entry
-            of it exists (the caller's record of finished work; it removes that entry before the
+        keep_if: on an interruption or a failure of the work (not of writing: a full disk keeps
+            nothing), keep the temporary directory (for ``resume``) when this entry of it exists (the caller's record of finished work; it removes that entry before the
             block ends, so the output never holds it). A run without ``resume`` removes a kept
             directory (see :func:`repair_siblings`).
 
@@ -352,11 +352,11 @@ def atomic_dir(
         yield tmp
         _swap(tmp, target, Marker(kind, token, manifest_of(tmp)), lock)
     except OutputError as exc:
-        _fail(tmp, lock, keep_if)
+        _discard(tmp, lock)  # writing failed (no space, no permission): keep nothing
         # A nested output (OUT/quant) failed: name it where the user will look for it.
         raise OutputError(str(exc).replace(str(tmp), str(target))) from exc
     except OSError as exc:
-        _fail(tmp, lock, keep_if)
+        _discard(tmp, lock)
         if exc.errno in WRITE_ERRNOS:
             raise write_error(target, exc) from exc
         raise

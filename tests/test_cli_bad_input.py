@@ -423,8 +423,8 @@ def test_sigterm_cleans_up_like_ctrl_c(tiny, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
-def test_ctrl_c_prints_one_interrupted_line_and_removes_the_partial_output(
-    tiny, tmp_path, monkeypatch, capsys
+def test_ctrl_c_prints_one_interrupted_line_and_leaves_the_old_output_whole(
+    tiny, tmp_path, monkeypatch, capsys, caplog
 ):
     _, recipe, done = tiny
     out = tmp_path / "out"
@@ -442,7 +442,12 @@ def test_ctrl_c_prints_one_interrupted_line_and_removes_the_partial_output(
     assert main(["calibrate", str(recipe), "-o", str(out), "--quiet"]) == 130
     assert _errors(capsys.readouterr().err) == ["interrupted"]
     assert (out / "policy.yaml").read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    # the finished phases (probe, policy) stay aside, unfinished, for --resume
+    # (tests/pipeline/test_resume.py); nothing of the new run is in OUT
+    kept = [p for p in tmp_path.iterdir() if p.name != "out"]
+    assert [p.name.startswith("out.tmp-") for p in kept] == [True]
+    assert json.loads((kept[0] / ".resume.json").read_text())["done"] == ["probe", "policy"]
+    assert "the same command with --resume goes on" in caplog.text
 
 
 def test_probe_of_a_model_dir_runs_at_the_models_own_limit(tmp_path):

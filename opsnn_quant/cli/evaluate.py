@@ -102,7 +102,8 @@ def evaluate_cmd(
     world = dist.init_world(device, dist_backend)
     try:
         # rank 0 checks (one writer: only it may repair or replace OUT); every rank gets the job
-        job = dataclasses.replace(world.from_main(lambda: check(world.device)), device=world.device)
+        on = world.device if world.distributed else device  # each rank its own device
+        job = dataclasses.replace(world.from_main(lambda: check(on)), device=on)
         quiet = quiet or not world.is_main
         with _ui.phases(quiet) as say:
             report = run_evaluate(job, progress=say)
