@@ -139,3 +139,20 @@ def test_two_gloo_ranks_gather_in_order_and_share_one_ranks_failure():
     assert got[0]["error"] == (
         "DistributedError: rank 1 of 2 failed: RuntimeError: out of memory on this card"
     )
+
+
+def test_calibrate_and_probe_refuse_several_processes_loudly(monkeypatch, tmp_path, capsys):
+    from opsnn_quant.cli import main
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for cmd in (["calibrate"], ["probe", "shapes-t2i"]):
+        assert main([*cmd, "-o", str(tmp_path / "o")]) == 2
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(err) == 1 and "runs in one process" in err[0] and "WORLD_SIZE is 2" in err[0]
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun with one process: nothing to shard
+    from opsnn_quant.distributed import refuse_many_processes
+
+    refuse_many_processes("calibrate")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from opsnn_quant.cli import _ui
+from opsnn_quant.distributed import refuse_many_processes
 from opsnn_quant.numerics import fmt_db
 from opsnn_quant.pipeline.outputs import PROBE_FILE, TIMINGS_FILE
 
@@ -185,6 +186,7 @@ def calibrate(
     from opsnn_quant.user_config import check_seed
 
     check_seed(seed)
+    refuse_many_processes("calibrate")
     if engine not in ENGINES:
         raise ConfigError(f"--engine must be {' or '.join(ENGINES)}, got {engine!r}")
     if strategy is not None and strategy not in STRATEGIES:
@@ -265,6 +267,7 @@ def probe_cmd(
     OUT/timings.json: wall-clock times)."""
     from opsnn_quant.pipeline.probe import check_probe, run_probe_job
 
+    refuse_many_processes("probe")
     job = check_probe(target, out, data, family, limit, set_ or [], exhaustive, device, dtype,
                       allow_pickle, force, column=data_column, split=split)  # fmt: skip
     with _ui.reporter(quiet) as rep:
