@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -324,11 +325,23 @@ def launch_local(nproc: int, entry: Callable[[list[str]], int], argv: list[str])
     return ordered[0] or next((c for c in ordered if c), 0)
 
 
+# Seconds this process spent in collectives (waiting for peers included): the cost of
+# distributing, for reports and benchmarks.
+_GATHER_SECONDS = [0.0]
+
+
+def gather_seconds() -> float:
+    """Seconds this process has spent gathering (in collectives) so far."""
+    return _GATHER_SECONDS[0]
+
+
 def _all_gather(obj: Any, size: int) -> list[Any]:
     import torch.distributed as dist
 
+    t0 = time.perf_counter()
     parts: list[Any] = [None] * size
     dist.all_gather_object(parts, obj)
+    _GATHER_SECONDS[0] += time.perf_counter() - t0
     return parts
 
 
@@ -346,4 +359,11 @@ def gather_in_order(world: World, items: Sequence[_T], batch: int, run: Callable
     """``run(items[shard], first_index)`` on this rank's shard of ``items`` (whole batches of
     ``batch``), every rank's results concatenated in item order."""
     part = world.shard(len(items), batch)
+    batches = -(-len(items) // max(batch, 1))
+    if world.is_main and 0 < batches < world.size:
+        log.warning(
+            "%d of %d processes have no work: %d items in batches of %d make %d batch(es), and "
+            "a batch is never split (a smaller batch size shares more)",
+            world.size - batches, world.size, len(items), batch, batches,
+        )  # fmt: skip
     return world.gather(lambda: run(items[part.start : part.stop], part.start))

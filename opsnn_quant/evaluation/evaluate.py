@@ -22,7 +22,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from opsnn_quant.backends.devices import backend_label
-from opsnn_quant.distributed import World, current_world, gather_in_order
+from opsnn_quant.distributed import World, current_world, gather_in_order, gather_seconds
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.gate import check_latency_mode, plan_latency
 from opsnn_quant.evaluation.report import AcceptanceReport
@@ -174,6 +174,7 @@ def evaluate(
     _check_clip_weights(suite, allow_pickle)
     records = suite_records(suite)
     times: dict[str, float] = {}
+    gathered_before = gather_seconds()
     out = _generate(baseline, candidate, suite, records, say, times, allow_pickle=allow_pickle)
     notes: list[str] = []
     plan = plan_latency(
@@ -204,9 +205,11 @@ def evaluate(
         allow_broken_baseline=allow_broken_baseline,
         baseline_backend=backends.baseline,
     )
-    report.timings = {k: round(v, 3) for k, v in times.items()}
     if current_world().distributed:
+        # rank 0's time in collectives: sending and receiving, and waiting for slower ranks
+        times["gather (rank 0)"] = gather_seconds() - gathered_before
         report.world = current_world().describe()
+    report.timings = {k: round(v, 3) for k, v in times.items()}
     return report.with_outputs(out.baseline, out.candidate)
 
 

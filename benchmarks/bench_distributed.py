@@ -1,0 +1,105 @@
+"""``opsnn-quant evaluate`` on 1 and 2 processes (torch.distributed, gloo on CPU), side by side.
+
+For each demo suite and sample count: the wall time of one process (no torchrun) and of
+``--nproc 2`` (torchrun's elastic agent, one rank per process, whole batches each), the speed-up,
+and what distributing cost: rank 0's seconds in collectives ("gather", waiting for the slower
+rank included) as a share of the run, from the report's run times. The sample counts double, so
+a gather that is linear in samples shows as a share that stays flat.
+
+Demo suites: ``shapes-t2i`` on the demo's calibrate output (built first when missing, ~35 s),
+and ``whisper-tiny-en`` with the zoo Whisper (``zoo:whisper-tiny.en``) cast to fp16 as the candidate (no calibration
+needed). Each suite is copied with ``data.samples`` set and latency off (``--latency none``):
+what is timed is generation, metrics and gathering.
+
+On a machine with C cores, N processes each get C // N OpenMP threads: on 2 cores, 2 ranks of
+1 thread do the work of 1 process of 2 threads, so the speed-up is bounded by the cores (about
+1x here), and what this shows is the overhead. On an Ascend host each rank has its own NPU.
+
+Run from the repository root: ``python benchmarks/bench_distributed.py [--samples 16 32 64]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from opsnn_quant.evaluation.suite import suite_file
+
+DEMO = Path("out/shapes-t2i")
+
+
+def _cpu_flags() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown"
+    flags = next(
+        (ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []
+    )
+    wanted = ("avx2", "avx512f", "avx512_vnni", "amx_int8", "asimd", "sve")
+    return " ".join(f for f in wanted if f in flags) or "none of avx2/avx512/amx/neon"
+
+
+def _suite(name: str, samples: int, directory: Path) -> Path:
+    doc = yaml.safe_load(suite_file(name).read_text())
+    doc["data"]["samples"] = samples
+    # batches small enough that 2 ranks both get work (a batch is never split between ranks)
+    doc["generation"]["batch_size"] = min(doc["generation"].get("batch_size") or 8, 8)
+    path = directory / f"{name}-{samples}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _evaluate(candidate: list[str], suite: Path, out: Path, nproc: int) -> tuple[float, dict]:
+    cmd = ["opsnn-quant", "evaluate", *candidate, "--suite", str(suite), "-o", str(out),
+           "--latency", "none", "--quiet", "--force"]  # fmt: skip
+    if nproc > 1:
+        cmd += ["--nproc", str(nproc)]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if done.returncode not in (0, 3):  # 3: FAIL verdict, still a timed run
+        sys.stderr.write(done.stdout + done.stderr)
+        raise SystemExit(f"evaluate failed: {' '.join(cmd)}")
+    return seconds, json.loads((out / "report.json").read_text())
+
+
+def main() -> None:
+    """Time each suite at each sample count on 1 and 2 processes; print one table."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, nargs="+", default=[16, 32, 64])
+    ap.add_argument("--suites", nargs="+", default=["shapes-t2i", "whisper-tiny-en"])
+    args = ap.parse_args()
+    if "shapes-t2i" in args.suites and not (DEMO / "quant").is_dir():
+        subprocess.run(["opsnn-quant", "calibrate", "-o", str(DEMO), "--quiet"], check=True)
+    candidates = {
+        "shapes-t2i": ["--candidate", str(DEMO)],
+        "whisper-tiny-en": ["--candidate", "zoo:whisper-tiny.en", "--candidate-dtype", "float16"],
+    }
+    print(f"cpu: {platform.machine()}, {os.cpu_count()} cores, flags: {_cpu_flags()}; "
+          "backend cpu / cpu-reference; gloo over loopback")  # fmt: skip
+    header = ("suite", "samples", "1 proc s", "2 procs s", "speed-up", "gather s", "gather %")
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for name in args.suites:
+            for n in args.samples:
+                suite = _suite(name, n, work)
+                one, _ = _evaluate(candidates[name], suite, work / "one", 1)
+                two, report = _evaluate(candidates[name], suite, work / "two", 2)
+                gather = report["timings"].get("gather (rank 0)", 0.0)
+                print(f"| {name} | {n} | {one:.1f} | {two:.1f} | {one / two:.2f}x | "
+                      f"{gather:.2f} | {100 * gather / two:.1f} % |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
