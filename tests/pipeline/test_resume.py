@@ -10,20 +10,8 @@ from pathlib import Path
 import pytest
 
 from opsnn_quant.cli import main
-from opsnn_quant.ownership import MARKER
 from opsnn_quant.pipeline import calibrate as calibrate_mod
-from tests.tiny_pipelines import save_tiny_sd, tiny_sd_recipe
-
-# Files whose bytes differ between any two runs: the wall-clock times and the run's own token.
-_PER_RUN = {"timings.json", MARKER}
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name not in _PER_RUN
-    }
+from tests.pipeline.conftest import run_files
 
 
 def _leftovers(out: Path) -> list[str]:
@@ -31,12 +19,8 @@ def _leftovers(out: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def whole(tmp_path_factory):
-    root = tmp_path_factory.mktemp("resume")
-    save_tiny_sd(root / "pipe")
-    recipe = tiny_sd_recipe(root, "tiny")
-    out = root / "whole"
-    assert main(["calibrate", str(recipe), "-o", str(out), "--quiet"]) == 0
+def whole(tiny_sd_calibrated):
+    _, recipe, out = tiny_sd_calibrated
     return recipe, out
 
 
@@ -72,7 +56,7 @@ def test_a_resumed_run_writes_the_bytes_of_an_uninterrupted_one(
     err = capsys.readouterr().err
     for phase in skipped:
         assert f"resuming after the {phase}" in err
-    assert _files(out) == _files(reference)
+    assert run_files(out) == run_files(reference)
     assert not (out / ".resume.json").exists() and _leftovers(out) == []
     timings = json.loads((out / "timings.json").read_text())["phases_seconds"]
     assert "probe" not in timings and "probe pass 1 (statistics)" in timings

@@ -4,36 +4,20 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
 
 from opsnn_quant.cli import main
-from opsnn_quant.ownership import MARKER
 from opsnn_quant.policy.budget import Budget, ModalityLimit
 from opsnn_quant.policy.search import build_policy
 from opsnn_quant.probe.report import SensitivityReport
-from tests.tiny_pipelines import save_tiny_sd, tiny_sd_recipe
+from tests.pipeline.conftest import run_files
 
 
 @pytest.fixture(scope="module")
-def done(tmp_path_factory):
-    root = tmp_path_factory.mktemp("reuse")
-    save_tiny_sd(root / "pipe")
-    recipe = tiny_sd_recipe(root, "tiny")
-    out = root / "out"
-    assert main(["calibrate", str(recipe), "-o", str(out), "--quiet"]) == 0
-    return root, recipe, out
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    """Every file's bytes but the wall-clock times and the run's own marker."""
-    return {
-        str(p.relative_to(root)): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name not in ("timings.json", MARKER)
-    }
+def done(tiny_sd_calibrated):
+    return tiny_sd_calibrated
 
 
 def _errors(err: str) -> list[str]:
@@ -60,7 +44,7 @@ def test_from_probe_skips_the_probe_and_writes_the_same_files(done, tmp_path):
     )
     # the same report and decisions, and the same checkpoint: probe pass 1 runs again alone for
     # the statistics quantize is seeded from (deterministic: the full run's bits)
-    assert _files(again) == _files(out)
+    assert run_files(again) == run_files(out)
     assert (again / "quant" / "model.safetensors").is_file()
     assert "probe" not in json.loads((again / "timings.json").read_text())["phases_seconds"]
 

@@ -1,0 +1,36 @@
+"""What the pipeline tests share: one calibrate run of a tiny SD pipeline, and how two runs'
+files are compared."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from opsnn_quant.cli import main
+from opsnn_quant.ownership import MARKER
+from tests.tiny_pipelines import save_tiny_sd, tiny_sd_recipe
+
+# Files whose bytes differ between any two runs: the wall-clock times and the run's own token.
+PER_RUN = {"timings.json", MARKER}
+
+
+def run_files(root: Path) -> dict[str, bytes]:
+    """Every file's bytes under ``root`` (by relative path) but :data:`PER_RUN`'s."""
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name not in PER_RUN
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_sd_calibrated(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """``(root, recipe, out)``: a tiny SD pipeline in ``root/pipe``, its recipe (two prompts,
+    target ascend910b-atc) and a finished ``calibrate`` of it in ``out`` (read only)."""
+    root = tmp_path_factory.mktemp("tiny-sd-calibrated")
+    save_tiny_sd(root / "pipe")
+    recipe = tiny_sd_recipe(root, "tiny")
+    out = root / "out"
+    assert main(["calibrate", str(recipe), "-o", str(out), "--quiet"]) == 0
+    return root, recipe, out
