@@ -21,6 +21,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from opsnn_quant.errors import ConfigError, OpsnnQuantError
@@ -29,6 +30,9 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 BACKENDS = ("hccl", "nccl", "gloo")
+# How long a rank waits in a collective: at a gather, a fast rank waits for the slowest rank's
+# whole shard of generation (hours on a large suite), not only for the transfer.
+COLLECTIVE_TIMEOUT = timedelta(hours=6)
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
@@ -175,7 +179,7 @@ def init_world(device: str = "cpu", backend: str | None = None) -> World:
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     mine = bind_device(kind, local_rank, local_size)
     if not dist.is_initialized():
-        dist.init_process_group(backend=chosen)
+        dist.init_process_group(backend=chosen, timeout=COLLECTIVE_TIMEOUT)
     size = dist.get_world_size()
     devices = tuple(str(d) for d in _all_gather(mine, size))
     nodes = _count_nodes(size)

@@ -145,7 +145,8 @@ class ClipScorer:
             raise MissingDependencyError(f"CLIP score needs torchmetrics: {INSTALL_HINT}") from err
         wrapped = TensorCLIP(model)
         loader: Callable[[], tuple[nn.Module, Any]] = lambda: (wrapped, processor)  # noqa: E731
-        self.metric = CLIPScore(model_name_or_path=cast(Any, loader))
+        # no sync: rank 0 scores every rank's images alone (see opsnn_quant.distributed)
+        self.metric = CLIPScore(model_name_or_path=cast(Any, loader), sync_on_compute=False)
         self.label = label
 
     @classmethod

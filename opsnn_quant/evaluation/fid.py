@@ -245,6 +245,8 @@ def _frechet_metric_class() -> type:
         """
 
         def __init__(self, feature: nn.Module, **kwargs: Any) -> None:
+            # no sync: rank 0 computes the distance on every rank's features, gathered
+            kwargs.setdefault("sync_on_compute", False)
             super().__init__(feature=feature, **kwargs)
             self.add_state("real_feats", [], dist_reduce_fx="cat")
             self.add_state("fake_feats", [], dist_reduce_fx="cat")

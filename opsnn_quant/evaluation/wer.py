@@ -64,7 +64,10 @@ def error_rates(
     hyps = normalize_all(hypotheses, normalize)
     if not any(refs):
         raise InputError("the references have no words after normalisation")
-    wer_m, cer_m = WordErrorRate(), CharErrorRate()
+    # No sync: a distributed evaluate scores the gathered transcripts on rank 0 alone, and a
+    # torchmetrics metric would otherwise wait in a collective for the other ranks.
+    wer_m = WordErrorRate(sync_on_compute=False)
+    cer_m = CharErrorRate(sync_on_compute=False)
     wer_m.update(hyps, refs)
     cer_m.update(hyps, refs)
     return ErrorRates(

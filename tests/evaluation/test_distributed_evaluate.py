@@ -128,3 +128,28 @@ def test_bad_distributed_input_is_one_line_exit_2_nothing_written(tiny, tmp_path
         err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
         assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
         assert not out.exists()
+
+
+@pytest.mark.slow
+def test_an_asr_suite_shards_the_same_and_scores_on_rank_0(tmp_path, monkeypatch):
+    # WER/CER are torchmetrics metrics: computed on rank 0 alone over the gathered transcripts,
+    # without the collective torchmetrics would otherwise wait in (a hang before this test)
+    from tests.tiny_pipelines import save_tiny_whisper
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    model = save_tiny_whisper(tmp_path / "whisper", max_target_positions=80)
+    suite = tmp_path / "asr.yaml"
+    suite.write_text(
+        "schema_version: 1\nname: tiny-asr\ntask: asr\n"
+        "data: {dataset: speech, split: eval, samples: 3}\n"
+        "generation: {max_new_tokens: 8, batch_size: 1}\n"
+        "metrics: {fid_features: null, thresholds: {wer_delta_max_points: 100.0}}\n"
+    )
+    args = ["evaluate", "--candidate", str(model), "--candidate-dtype", "float16", "--suite",
+            str(suite), "--latency", "none", "--quiet", "--allow-broken-baseline"]  # fmt: skip
+    assert main([*args, "-o", str(tmp_path / "one")]) in (0, 3)
+    assert main([*args, "-o", str(tmp_path / "two"), "--nproc", "2"]) in (0, 3)
+    one, _, md1 = _without_run(tmp_path / "one")
+    two, run, md2 = _without_run(tmp_path / "two")
+    assert one == two and md1 == md2
+    assert run["world"]["world_size"] == 2 and len(one["transcripts"]) > 0
