@@ -157,3 +157,22 @@ def test_probe_command_writes_probe_json(tiny, tmp_path, capsys):
     assert {"text_encoder", "denoiser", "image_decoder"} <= set(report["modalities"])
     assert any(m["e2e"] for m in report["modules"])
     assert "riskiest modules" in capsys.readouterr().out
+
+
+def test_probe_table_shows_each_overflows_value_and_reason(tiny, tmp_path, capsys):
+    from tests.planted import PLANTED, save_planted_sd
+
+    root, _ = tiny
+    pipe = save_planted_sd(tmp_path / "planted")
+    argv = ["probe", str(pipe), "--data", str(root / "prompts.txt"), "-o", str(tmp_path / "p")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    report = json.loads((tmp_path / "p" / "probe.json").read_text())
+    conv = next(m for m in report["modules"] if m["name"] == PLANTED["conv"])
+    peak = max(conv["fp16"]["input_absmax"], conv["fp16"]["output_absmax"])
+    mantissa, exponent = f"{peak:.1e}".split("e")
+    assert peak > 65504 and f"ovf {mantissa}e{int(exponent)} " in out  # fp16 column, 80 cols
+    # and the reason, from probe.json, under the table (one line per overflowing module)
+    line = next(ln for ln in out.splitlines() if ln.startswith(f"fp16 {PLANTED['conv']}: "))
+    assert line == f"fp16 {PLANTED['conv']}: {'; '.join(conv['fp16']['reasons'])}"
+    assert "output absmax" in line and "headroom" in line

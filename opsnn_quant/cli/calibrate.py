@@ -19,7 +19,7 @@ from opsnn_quant.pipeline.outputs import PROBE_FILE, TIMINGS_FILE
 
 if TYPE_CHECKING:
     from opsnn_quant.pipeline.calibrate import CalibrateResult
-    from opsnn_quant.probe.report import SensitivityReport
+    from opsnn_quant.probe.report import Fp16Stats, SensitivityReport
 
 FORCE_HELP = "replace OUT even if it is not an output of this command"
 DEVICE_HELP = "place the model on cpu | npu | npu:N | cuda:N [default: the recipe's, else cpu]"
@@ -58,14 +58,42 @@ def _summary_table(name: str, target: str, result: CalibrateResult) -> _ui.Table
     return t
 
 
+PROBE_NAME_WIDTH = 24  # 80 columns: module 24, type 10, fp16 9, int8, e2e, rank, borders
+
+
+def _fp16_cell(fp16: Fp16Stats | None) -> str:
+    """``ok``, or ``ovf`` with the larger of the module's fp32 input/output maxima (``1.2e6``:
+    two digits and the exponent, to fit 80 columns; ``probe.json`` has the exact figure)."""
+    if fp16 is None or not fp16.overflow:
+        return "ok"
+    peak = max(fp16.input_absmax, fp16.output_absmax)
+    if peak < 1e4:
+        return f"ovf {peak:.3g}"
+    mantissa, exponent = f"{peak:.1e}".split("e")
+    return f"ovf {mantissa}e{int(exponent)}"
+
+
+def _short(text: str, width: int = 10) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def overflow_lines(report: SensitivityReport) -> list[str]:
+    """One line per module the probe found overflowing fp16 (or too close), with its reasons."""
+    return [
+        f"fp16 {m.name}: {'; '.join(m.fp16.reasons) or 'overflow'}"
+        for m in report.modules
+        if m.fp16 is not None and m.fp16.overflow
+    ]
+
+
 def _probe_table(report: SensitivityReport) -> _ui.Table:
     t = _ui.table(
         f"{report.model}: riskiest modules per modality ({report.backend})",
         [("module", "left"), ("type", "left"), ("fp16", "left")]
         + [(c, "right") for c in ("int8", "e2e", "rank")],
-        caption="fp16: ovf = overflows or too little headroom; int8: best local SQNR, dB; "
-        "e2e: share of the modality's estimated int8 output noise",
-        first_width=_ui.NAME_WIDTH,
+        caption="fp16: ovf |x|max = overflows or too little headroom (why: below the table); "
+        "int8: best local SQNR, dB; e2e: share of the modality's estimated int8 output noise",
+        first_width=PROBE_NAME_WIDTH,
     )
     for modality, summary in report.modalities.items():
         t.add_row(
@@ -83,7 +111,7 @@ def _probe_table(report: SensitivityReport) -> _ui.Table:
         for m in mods[:5]:
             best = max((s.sqnr_db for s in m.w8a8.values() if s.sqnr_db is not None), default=None)
             t.add_row(
-                _ui.wrap_name(m.name), m.type, "ovf" if m.fp16 and m.fp16.overflow else "ok",
+                _ui.wrap_name(m.name, PROBE_NAME_WIDTH), _short(m.type), _fp16_cell(m.fp16),
                 fmt_db(best, unit="", none="-"), f"{m.e2e.contribution / total:.0%}" if m.e2e else "-",
                 str(m.e2e.rank) if m.e2e else "-",
                 end_section=m is mods[min(len(mods), 5) - 1],
@@ -274,6 +302,8 @@ def probe_cmd(
         report = run_probe_job(job, progress=rep.phase)
     if not quiet:
         _ui.print_table(_probe_table(report))
+        for line in overflow_lines(report):  # whole lines: a log reader greps them
+            _ui.console.print(line, markup=False, soft_wrap=True)
         _ui.console.print(f"wrote {out / PROBE_FILE}, {out / TIMINGS_FILE}")
 
 
