@@ -3,8 +3,9 @@
 A probe is the expensive part of a run; a later run reuses it (``calibrate --from-probe``) only
 when its model and data are the ones the probe saw. The fingerprints are sha256 digests:
 
-* data: of every record's keys and values in order (text as UTF-8, arrays as dtype, shape and
-  bytes), so any changed prompt, sample or order changes it;
+* data: of every record's keys and values in order (text as UTF-8; arrays, tensors and PIL
+  images as dtype, shape and bytes; lists item by item), so any changed prompt, sample or order
+  changes it, and nothing depends on where an object sits in memory;
 * model: of the model directory's files (relative path and size of each) and, per file, its
   first and last MiB and for ``.safetensors`` its whole header (the tensor names, shapes, dtypes
   and offsets): a retrained or re-saved checkpoint changes it without reading gigabytes. Two
@@ -40,9 +41,16 @@ def data_fingerprint(records: Sequence[Any]) -> str:
 
 
 def _update(h: Any, value: Any) -> None:
+    if _is_image(value) or type(value).__name__ == "Tensor":
+        # by content: a PIL image's or tensor's repr holds its address or a summary
+        value = np.asarray(value.detach().cpu() if hasattr(value, "detach") else value)
     if isinstance(value, np.ndarray):
         h.update(f"{value.dtype}{value.shape}".encode())
         h.update(np.ascontiguousarray(value).tobytes())
+    elif isinstance(value, list | tuple):
+        h.update(f"{type(value).__name__}{len(value)}".encode())
+        for item in value:
+            _update(h, item)
     elif isinstance(value, dict):
         for k in sorted(value):
             h.update(str(k).encode() + b"\0")
@@ -52,6 +60,11 @@ def _update(h: Any, value: Any) -> None:
     else:
         h.update(repr(value).encode())
     h.update(b"\0")
+
+
+def _is_image(value: Any) -> bool:
+    """A PIL image (duck-typed: PIL is not imported for this)."""
+    return all(hasattr(value, a) for a in ("mode", "size", "getdata", "tobytes"))
 
 
 def model_fingerprint(source: str) -> str:
