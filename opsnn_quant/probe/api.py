@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import nn
@@ -178,6 +178,9 @@ def recollect(
         The :class:`ProbeResult` of ``report``.
     """
     say = progress or (lambda msg: log.info("%s", msg))
+    # Without the fp16/bf16 re-runs (the report has their findings): they watch the forward
+    # and change none of the statistics gathered beside them.
+    config = replace(config, fp16=False)
     with frozen_heap():
         run = _start(adapter, config)
         say("probe pass 1 again: the calibration statistics the report's run kept in memory")
