@@ -237,7 +237,7 @@ def calibrate(
         )  # fmt: skip
     if not quiet:
         _ui.print_table(_summary_table(r.name, r.target, result))
-        for line in result.search.notes() if result.search else []:
+        for line in result.search.notes(timed=True) if result.search else []:
             _ui.console.print(line)
         share = "-" if result.int8_mac_share is None else f"{result.int8_mac_share:.0%}"
         own = get_target(r.target).export

@@ -127,17 +127,18 @@ class Round:
         quality = self.measurement.quality if self.measurement else (math.inf,)
         return round(self.candidate.share, 9), quality
 
-    def note(self, index: int) -> str:
-        """One line for the policy's notes and the summary."""
+    def note(self, index: int, timed: bool = False) -> str:
+        """One line for the policy's notes (no wall time there: a policy is the same bytes on
+        a rerun) and, ``timed``, for the summary printed after a run."""
         c, m = self.candidate, self.measurement
         verdict = "float, passes unmeasured" if m is None else (
             f"{'PASS' if m.passed else 'FAIL'}: {m.detail}"
         )  # fmt: skip
-        return (
+        line = (
             f"measured round {index} ({c.label}): {c.share:.1%} of the MACs in int8 on "
-            f"{c.policy.target} (what its engine runs), predicted {c.predicted()}; {verdict}; "
-            f"{self.seconds:.0f} s"
+            f"{c.policy.target} (what its engine runs), predicted {c.predicted()}; {verdict}"
         )
+        return f"{line}; {self.seconds:.0f} s" if timed else line
 
 
 @dataclass(frozen=True)
@@ -152,10 +153,10 @@ class FrontResult:
         """Measurements spent."""
         return sum(r.measurement is not None for r in self.rounds)
 
-    def notes(self) -> list[str]:
-        """Every round, then the choice, one line each."""
+    def notes(self, timed: bool = False) -> list[str]:
+        """Every round, then the choice, one line each (``timed``: with each round's seconds)."""
         c = self.chosen.candidate
-        return [r.note(i + 1) for i, r in enumerate(self.rounds)] + [
+        return [r.note(i + 1, timed) for i, r in enumerate(self.rounds)] + [
             f"measured search chose {c.label} ({c.share:.1%} of the MACs in int8) after "
             f"{self.evaluations} evaluation(s): the most int8 MACs among the candidates that "
             "pass, then the best measured quality"

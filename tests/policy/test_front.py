@@ -2,6 +2,8 @@
 be worked out by hand (contributions are relative noise energies; a floor of F dB allows
 ``10 ** (-F / 10)``)."""
 
+import re
+
 import pytest
 
 from opsnn_quant.errors import ConfigError
@@ -132,9 +134,15 @@ def test_no_passing_candidate_without_a_float_one_is_an_error():
 def test_the_chosen_policy_notes_every_round():
     ladder = coverage_ladder(REP, NO_SHARE_RULE, ATC)
     measure, _ = _measure_passing({"a", "b", "c"})
-    policy = walk_front([], ladder, measure, 10).policy()
+    walked = walk_front([], ladder, measure, 10)
+    policy = walked.policy()
     rounds = [n for n in policy.notes if n.startswith("measured round")]
     assert len(rounds) == 3
     assert rounds[0].startswith("measured round 1 (no floor): 100.0% of the MACs in int8")
     assert "FAIL: 4 int8" in rounds[0] and "PASS: 3 int8" in rounds[2]
+    # no wall time in the policy (the same bytes on a rerun); the printed summary has it
+    assert not [n for n in rounds if re.search(r"; \d+ s$", n)]
+    timed = walked.notes(timed=True)
+    assert [t.rsplit("; ", 1)[0] for t in timed[:3]] == rounds
+    assert all(t.endswith(" s") for t in timed[:3])
     assert policy.notes[-1].startswith("measured search chose floor 20 dB (75.0% of the MACs")
