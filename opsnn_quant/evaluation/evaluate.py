@@ -181,11 +181,7 @@ def evaluate(
         suite, mode, target=judged_for, baseline_backend=backends.baseline,
         candidate_backend=backends.candidate, onnx_possible=backends.int8,
     )  # fmt: skip
-    started = time.perf_counter()
-    figures = _time(plan, suite, baseline, candidate, out, records, backends, notes, say)
-    if plan.eager or plan.onnx or plan.profile or plan.stability:
-        times["latency"] = time.perf_counter() - started
-        notes += rank_latency_notes(current_world(), figures)
+    figures = _time(plan, suite, baseline, candidate, out, records, backends, notes, say, times)
     report = build_report(
         suite,
         out.quality,
@@ -205,12 +201,18 @@ def evaluate(
         allow_broken_baseline=allow_broken_baseline,
         baseline_backend=backends.baseline,
     )
-    if current_world().distributed:
-        # rank 0's time in collectives: sending and receiving, and waiting for slower ranks
-        times["gather (rank 0)"] = gather_seconds() - gathered_before
-        report.world = current_world().describe()
-    report.timings = {k: round(v, 3) for k, v in times.items()}
+    _stamp_run(report, times, gather_seconds() - gathered_before)
     return report.with_outputs(out.baseline, out.candidate)
+
+
+def _stamp_run(report: AcceptanceReport, times: dict[str, float], gathered: float) -> None:
+    """The run's own lines: its phases' seconds and, distributed, the world and rank 0's time
+    in collectives (sending, receiving and waiting for slower ranks)."""
+    world = current_world()
+    if world.distributed:
+        times["gather (rank 0)"] = gathered
+        report.world = world.describe()
+    report.timings = {k: round(v, 3) for k, v in times.items()}
 
 
 def rank_latency_notes(world: World, figures: LatencyFigures) -> list[str]:
@@ -275,11 +277,14 @@ def _time(
     backends: _Backends,
     notes: list[str],
     say: Progress,
+    times: dict[str, float],
 ) -> LatencyFigures:
-    """The latency figures ``plan`` asks for (a note on what the CPU timings mean added)."""
+    """The latency figures ``plan`` asks for (a note on what the CPU timings mean added, and
+    in a distributed run each rank's figures); ``times`` gets the seconds spent."""
     from opsnn_quant.evaluation.ort_figure import onnx_speed
     from opsnn_quant.evaluation.timing import run_latency
 
+    started = time.perf_counter()
     figures = run_latency(
         plan, suite, baseline, candidate, work=out.work, items=out.items,
         baseline_backend=backends.baseline, candidate_backend=backends.candidate,
@@ -287,6 +292,9 @@ def _time(
     )  # fmt: skip
     if figures.candidate is not None:
         notes.append(_timing_note(backends.int8, backends.baseline, backends.candidate))
+    if plan.eager or plan.onnx or plan.profile or plan.stability:
+        times["latency"] = time.perf_counter() - started
+        notes += rank_latency_notes(current_world(), figures)
     return figures
 
 

@@ -172,6 +172,12 @@ def _sections(r: ReportSchema) -> list[Section]:
               f"{s.memory_growth_bytes / _MB:.2f}", s.memory_method]
              for k, s in r.stability.items()],
         ))  # fmt: skip
+    return out + _detail_sections(r)
+
+
+def _detail_sections(r: ReportSchema) -> list[Section]:
+    """The sections after the figures: policy, sensitivity, image pairs, run times."""
+    out: list[Section] = []
     if r.policy:
         out += _policy_sections(r.policy)
     if r.sensitivity:
