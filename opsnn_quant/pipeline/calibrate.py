@@ -158,8 +158,9 @@ def run_calibrate(
     with atomic_dir(out, OUTPUT_KIND, force=force, resume=unfinished, keep_if=RESUME_FILE) as tmp:
         journal = journal or Journal(identity)
         journal.attach(tmp)
-        ctx = RunContext(adapter, recipe, CalibrateOutput(tmp), seed, checked.engine, say)
-        ctx.journal = journal
+        ctx = RunContext(
+            adapter, recipe, CalibrateOutput(tmp), seed, checked.engine, say, journal=journal
+        )
         atomic_write_text(ctx.out.recipe, recipe_yaml(effective))
         probed = probe_phase(ctx, data, checked.target, reused)  # 2. probe
         resolved, notes, search = policy_phase(ctx, probed, data, checked)  # 3. policy, files
