@@ -359,7 +359,12 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def gather_in_order(world: World, items: Sequence[_T], batch: int, run: Callable[[Sequence[_T], int], list[Any]]) -> list[Any]:  # fmt: skip
+def gather_in_order(
+    world: World,
+    items: Sequence[_T],
+    batch: int,
+    run: Callable[[Sequence[_T], int], list[Any]],
+) -> list[Any]:
     """``run(items[shard], first_index)`` on this rank's shard of ``items`` (whole batches of
     ``batch``), every rank's results concatenated in item order."""
     part = world.shard(len(items), batch)
