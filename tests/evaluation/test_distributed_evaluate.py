@@ -1,6 +1,7 @@
 """``evaluate`` sharded by request on torch.distributed (gloo over loopback on this CPU): the
-report of 2 ranks — one host with ``--nproc 2``, or two torchrun agents (``--nnodes 2``) — is
-the single process's, but for the run's own lines (timings, world, date)."""
+report of 2 or 3 ranks — one host with ``--nproc N``, or two torchrun agents (``--nnodes 2``) —
+is the single process's, but for the run's own lines (timings, world, date), at the same threads
+per process (``OMP_NUM_THREADS=1``: CPU kernels may sum in another order with more threads)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ def test_two_ranks_on_one_or_two_hosts_write_the_single_process_report(tiny, tmp
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert main(_args(root, suite, tmp_path / "one")) == 0
     assert main([*_args(root, suite, tmp_path / "two"), "--nproc", "2"]) == 0
+    assert main([*_args(root, suite, tmp_path / "three"), "--nproc", "3"]) == 0  # a batch each
     port = _free_port()
     agents = [
         subprocess.Popen(
@@ -100,20 +102,19 @@ def test_two_ranks_on_one_or_two_hosts_write_the_single_process_report(tiny, tmp
         assert agent.returncode == 0, log[-3000:]
     one, run1, md1 = _without_run(tmp_path / "one")
     assert run1["world"] == {}  # one process, no torchrun: no world line
-    for name, nodes in (("two", 1), ("hosts", 2)):
+    for name, size, nodes in (("two", 2, 1), ("three", 3, 1), ("hosts", 2, 2)):
         doc, run, md = _without_run(tmp_path / name)
         assert doc == one and md == md1, name
-        assert run["world"] == {"world_size": 2, "nodes": nodes, "backend": "gloo",
-                                "devices": ["cpu", "cpu"]}  # fmt: skip
+        assert run["world"] == {"world_size": size, "nodes": nodes, "backend": "gloo",
+                                "devices": ["cpu"] * size}  # fmt: skip
         assert [k for k in run["timings"] if k != "gather (rank 0)"] == list(run1["timings"])
         assert run["timings"]["gather (rank 0)"] >= 0
         page = (tmp_path / name / "report.md").read_text()
-        assert (
-            f"- run: 2 processes on {nodes} host(s), backend gloo: rank 0 cpu, rank 1 cpu" in page
-        )
+        ranks = ", ".join(f"rank {r} cpu" for r in range(size))
+        assert f"- run: {size} processes on {nodes} host(s), backend gloo: {ranks}" in page
     assert len(one["image_pairs"]) == 10  # every (prompt, seed), gathered in suite order
     # only rank 0 wrote: one report, no temporaries
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts", "one", "two"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts", "one", "three", "two"]
 
 
 def test_bad_distributed_input_is_one_line_exit_2_nothing_written(tiny, tmp_path, capsys):
