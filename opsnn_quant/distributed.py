@@ -16,10 +16,11 @@ Gathering goes through ``torch.distributed.all_gather_object``: our own in-proce
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -140,6 +141,96 @@ class World:
 
 
 _WORLD = World()
+
+
+class Lockstep:
+    """The meeting points of a command whose ranks do different work between them (calibrate:
+    every rank gathers its share's statistics, rank 0 alone does the rest), met by every rank
+    in the same order.
+
+    A rank whose work raised still meets every remaining point, sending its failure, so no
+    rank ever waits in a collective for one that left; at the first point that carries a
+    failure every rank raises: :class:`DistributedError` naming the first failed rank and its
+    error (the failed rank itself re-raises its own error).
+
+    Args:
+        world: this rank's world.
+        points: the points' names, in order.
+    """
+
+    def __init__(self, world: World, points: Sequence[str]) -> None:
+        self.world = world
+        self.points = tuple(points)
+        self.met = 0
+        self.failure: _Failure | None = None
+
+    def meet(self, point: str, payload: Any = None, *, to_main: bool = False) -> list[Any]:
+        """Meet the others at ``point`` (the next one), with ``payload``.
+
+        Args:
+            point: the point's name (checked against the order).
+            payload: what this rank brings (pickled).
+            to_main: only rank 0 receives (the others get an empty list, and learn of a
+                failure sent here at the next point).
+
+        Returns:
+            Every rank's payload in rank order (rank 0; every rank unless ``to_main``).
+
+        Raises:
+            DistributedError: a rank failed (see the class).
+        """
+        expected = self.points[self.met] if self.met < len(self.points) else None
+        if point != expected:
+            raise DistributedError(f"rank {self.world.rank} met {point!r}, expected {expected!r}")
+        self.met += 1
+        parts = self._exchange(self.failure or payload, to_main)
+        failed = [p for p in parts if isinstance(p, _Failure)]
+        if failed and self.failure is None:
+            first = failed[0]
+            self.failure = first
+            raise DistributedError(
+                f"rank {first.rank} of {self.world.size} failed: {first.message}"
+            )
+        return parts
+
+    def run(self, work: Callable[[], _T]) -> _T:
+        """``work()`` (which meets the points); when it raises, the points it did not meet are
+        met with the failure before the error goes on."""
+        try:
+            return work()
+        except BaseException as exc:
+            if self.failure is None:
+                self.failure = _Failure(self.world.rank, _one_line(exc))
+            for point in self.points[self.met :]:
+                with contextlib.suppress(DistributedError):
+                    self.meet(point)
+            raise
+
+    def _exchange(self, payload: Any, to_main: bool) -> list[Any]:
+        if not self.world.distributed:
+            return [payload]
+        if not to_main:
+            return _all_gather(payload, self.world.size)
+        import torch.distributed as dist
+
+        t0 = time.perf_counter()
+        parts: list[Any] | None = [None] * self.world.size if self.world.is_main else None
+        dist.gather_object(payload, parts, dst=0)
+        _GATHER_SECONDS[0] += time.perf_counter() - t0
+        return parts or []
+
+
+@contextlib.contextmanager
+def alone() -> Iterator[World]:
+    """Run the block as a single process (rank 0 going on by itself while the others wait at
+    a :class:`Lockstep` point): nothing inside takes part in a collective."""
+    global _WORLD
+    kept = _WORLD
+    _WORLD = World(device=kept.device, devices=(kept.device,))
+    try:
+        yield _WORLD
+    finally:
+        _WORLD = kept
 
 
 def current_world() -> World:

@@ -7,6 +7,7 @@ here without pulling torch in.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
@@ -25,6 +26,44 @@ class Energies(NamedTuple):
     noise: float
     cross: float
     approx: float
+
+
+class ExactSum:
+    """A sum of floats that does not depend on the order of its terms: kept exactly (a
+    :class:`~fractions.Fraction`; every finite float is one) and rounded once when read. Two
+    sums of two shares of the terms :meth:`merge` into the sum of all of them, bit for bit.
+    Infinite and NaN terms are summed apart, as floats (their sum is order-free too: inf, -inf
+    or NaN), and dominate the result."""
+
+    __slots__ = ("_exact", "_special")
+
+    def __init__(self) -> None:
+        self._exact = Fraction(0)
+        self._special: float | None = None
+
+    def add(self, value: float) -> None:
+        """Add one term."""
+        if math.isfinite(value):
+            self._exact += Fraction(value)
+        else:
+            self._special = value if self._special is None else self._special + value
+
+    def merge(self, other: ExactSum) -> None:
+        """Add every term of ``other``."""
+        self._exact += other._exact
+        if other._special is not None:
+            self.add(other._special)
+
+    def __float__(self) -> float:
+        exact = float(self._exact)
+        return exact if self._special is None else exact + self._special
+
+    def __getstate__(self) -> tuple[int, int, float | None]:
+        return self._exact.numerator, self._exact.denominator, self._special
+
+    def __setstate__(self, state: tuple[int, int, float | None]) -> None:
+        self._exact = Fraction(state[0], state[1])
+        self._special = state[2]
 
 
 def energies(reference: torch.Tensor, approx: torch.Tensor, chunk: int = CHUNK) -> Energies:

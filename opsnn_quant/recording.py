@@ -5,6 +5,7 @@ recorded calls of every modality root (what the probe, the AMCT hand-off and eva
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -14,6 +15,7 @@ import torch
 from torch import nn
 
 from opsnn_quant.models.base import ModelAdapter
+from opsnn_quant.stream import CallCounter, priority
 from opsnn_quant.tensors import first_tensor
 from opsnn_quant.timesteps import at_step, current_step
 from opsnn_quant.types import ForwardLoop, Modality
@@ -25,6 +27,11 @@ Call = tuple[tuple, dict]  # one recorded call of a module: (args, kwargs)
 class RootRecorder:
     """Seeded reservoir of a root module's calls (deep copies of args/kwargs).
 
+    A bottom-k sample (:mod:`opsnn_quant.stream`): the call at position ``(batch, ordinal)``
+    draws its priority from ``(seed, batch, ordinal)`` and the ``max_calls`` calls of smallest
+    priority are kept, in the order they came; so the calls kept depend on the data only, and
+    the reservoirs of several shares of the data merge (:meth:`merge`) into one pass's.
+
     ``accept`` (e.g. :meth:`ModelAdapter.recordable`) filters the calls offered; ``refused``
     counts those it turned down.
     """
@@ -35,6 +42,7 @@ class RootRecorder:
     accept: Callable[[tuple, dict], bool] | None = None
     calls: list[tuple[tuple, dict]] = field(default_factory=list)
     steps: list[int | None] = field(default_factory=list)  # the denoising step of each call
+    priority: list[float] = field(default_factory=list)  # of each kept call
     seen: int = 0
     refused: int = 0
     failed: str | None = None
@@ -42,9 +50,9 @@ class RootRecorder:
     # forward_hook as the call returns: what replaying it would give, without the replay.
     keep_outputs: bool = False
     outputs: list[torch.Tensor | None] = field(default_factory=list)
+    counter: CallCounter = field(default_factory=CallCounter)
 
     def __post_init__(self) -> None:
-        self._gen = torch.Generator().manual_seed(self.seed)
         self._slot: int | None = None  # where the call now running was kept (None: not kept)
 
     def forward_pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -66,32 +74,62 @@ class RootRecorder:
             self.refused += 1
             return
         self.seen += 1
+        drawn = priority(self.seed, self.counter.next())
         if self.failed is not None:
             return
-        if len(self.calls) < self.max_calls:
-            slot = len(self.calls)
-        else:
-            slot = int(torch.randint(0, self.seen, (1,), generator=self._gen))
-            if slot >= self.max_calls:
-                return
+        full = len(self.calls) >= self.max_calls
+        if full and (not self.priority or drawn >= max(self.priority)):
+            return  # ties: the earlier call stays
         try:
             snap = detached_copy((args, kwargs))
         except Exception as exc:  # an argument that cannot be copied (e.g. a live stream)
-            self.failed = f"call arguments of '{self.name}' cannot be copied: {exc}"
-            self.calls.clear()
-            self.steps.clear()
-            self.outputs.clear()
+            self._fail(f"call arguments of '{self.name}' cannot be copied: {exc}")
             return
-        step = current_step()
-        if slot == len(self.calls):
-            self.calls.append(snap)
-            self.steps.append(step)
-            self.outputs.append(None)
-        else:
-            self.calls[slot] = snap
-            self.steps[slot] = step
-            self.outputs[slot] = None
-        self._slot = slot
+        if full:
+            self._drop(self._largest())
+        self.calls.append(snap)
+        self.steps.append(current_step())
+        self.priority.append(drawn)
+        self.outputs.append(None)
+        self._slot = len(self.calls) - 1
+
+    def merge(self, other: RootRecorder) -> None:
+        """Add the reservoir ``other`` kept of the data that follows this one's."""
+        self.seen += other.seen
+        self.refused += other.refused
+        if self.failed is not None:
+            return
+        if other.failed is not None:
+            self._fail(other.failed)
+            return
+        for i in range(len(other.calls)):
+            if len(self.calls) >= self.max_calls:
+                if not self.priority or other.priority[i] >= max(self.priority):
+                    continue
+                self._drop(self._largest())
+            self.calls.append(other.calls[i])
+            self.steps.append(other.steps[i])
+            self.priority.append(other.priority[i])
+            self.outputs.append(other.outputs[i])
+
+    def portable(self) -> RootRecorder:
+        """This reservoir without its filter (a bound method of the adapter), to send to
+        another process."""
+        return dataclasses.replace(self, accept=None)
+
+    def _largest(self) -> int:
+        """The kept call of largest priority (of those, the latest)."""
+        top = max(self.priority)
+        return max(i for i, p in enumerate(self.priority) if p == top)
+
+    def _drop(self, i: int) -> None:
+        for kept in (self.calls, self.steps, self.priority, self.outputs):
+            del kept[i]
+
+    def _fail(self, why: str) -> None:
+        self.failed = why
+        for kept in (self.calls, self.steps, self.priority, self.outputs):
+            kept.clear()
 
 
 def detached_copy(obj: Any) -> Any:

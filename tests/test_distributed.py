@@ -9,7 +9,7 @@ import socket
 import pytest
 import torch.multiprocessing as mp
 
-from opsnn_quant.cli.evaluate import without_nproc
+from opsnn_quant.cli._ui import without_nproc
 from opsnn_quant.distributed import (
     DistributedError,
     World,

@@ -248,6 +248,27 @@ def print_table(t: Any) -> None:
     console.print(t)
 
 
+NPROC_HELP = (
+    "processes on this host, one per device (launches torchrun's elastic agent; across hosts run "
+    "torchrun -m opsnn_quant {command})"
+)
+DIST_BACKEND_HELP = "hccl | nccl | gloo [default: hccl on npu, nccl on cuda, gloo]"
+
+
+def without_nproc(argv: list[str]) -> list[str]:
+    """``argv`` without its ``--nproc N`` / ``--nproc=N`` (each rank runs the rest)."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            out.append(arg)
+    return out
+
+
 ALLOW_PICKLE_HELP = (
     "read model weights that exist as pickles only (*.bin, *.pt, *.pth, *.ckpt), with "
     "torch.load(weights_only=True), never a full unpickle; without it such a model is refused "

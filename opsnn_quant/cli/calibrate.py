@@ -7,19 +7,24 @@ loaded; the work itself is :func:`opsnn_quant.pipeline.calibrate.run_calibrate` 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from opsnn_quant import distributed as dist
 from opsnn_quant.cli import _ui
 from opsnn_quant.distributed import refuse_many_processes
+from opsnn_quant.errors import ConfigError
 from opsnn_quant.numerics import fmt_db
 from opsnn_quant.pipeline.outputs import PROBE_FILE, TIMINGS_FILE
 
 if TYPE_CHECKING:
     from opsnn_quant.pipeline.calibrate import CalibrateResult
+    from opsnn_quant.pipeline.sharing import Sharing
     from opsnn_quant.probe.report import Fp16Stats, SensitivityReport
+    from opsnn_quant.recipe import Recipe
 
 FORCE_HELP = "replace OUT even if it is not an output of this command"
 DEVICE_HELP = "place the model on cpu | npu | npu:N | cuda:N [default: the recipe's, else cpu]"
@@ -199,22 +204,29 @@ def calibrate(
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     allow_pickle: AllowPickleOpt = False,
+    nproc: Annotated[
+        int | None,
+        typer.Option("--nproc", help=_ui.NPROC_HELP.format(command="calibrate")),
+    ] = None,
+    dist_backend: Annotated[
+        str | None, typer.Option("--dist-backend", help=_ui.DIST_BACKEND_HELP)
+    ] = None,
 ) -> None:
     """Probe, decide the policy, quantize, save and export: OUT/probe.json, policy.yaml,
     quant/, export/ (and report/ with --evaluate), OUT/recipe.yaml (the effective recipe, to
-    repeat the run); wall-clock times in OUT/timings.json."""
-    from opsnn_quant.errors import ConfigError
-    from opsnn_quant.models import check_weights
-    from opsnn_quant.pipeline.calibrate import check_calibrate_output, run_calibrate
+    repeat the run); wall-clock times in OUT/timings.json.
+
+    Under torchrun (or with --nproc) the probe's statistics pass is shared by rank (whole
+    batches each, merged exactly); rank 0 does the rest and writes."""
+    from opsnn_quant.pipeline.calibrate import contribute_statistics
     from opsnn_quant.pipeline.context import ENGINES
+    from opsnn_quant.pipeline.sharing import Sharing
     from opsnn_quant.policy.baselines import STRATEGIES
     from opsnn_quant.policy.targets import get_target
-    from opsnn_quant.recipe import resolve_recipe
     from opsnn_quant.recipe_flags import RecipeFlags, effective_recipe
     from opsnn_quant.user_config import check_seed
 
     check_seed(seed)
-    refuse_many_processes("calibrate")
     if engine not in ENGINES:
         raise ConfigError(f"--engine must be {' or '.join(ENGINES)}, got {engine!r}")
     if strategy is not None and strategy not in STRATEGIES:
@@ -226,15 +238,22 @@ def calibrate(
     if allow_pickle:  # as the recipe's model.allow_pickle: true
         r = r.model_copy(update={"model": r.model.model_copy(update={"allow_pickle": True})})
     out = out if out is not None else Path("out") / r.name
-    check_weights(r.model.source, allow_pickle=r.model.allow_pickle)
-    read = [str(resolve_recipe(recipe))] if recipe is not None else []
-    check_calibrate_output(r, out, force=force, suite=evaluate, inputs=read, resume=resume)
-    with _ui.reporter(quiet) as rep:
-        result = run_calibrate(
-            r, out, seed=seed, progress=rep.phase, engine=engine, suite=evaluate,
-            force=force, latency=latency, from_probe=from_probe,
-            allow_broken_baseline=allow_broken_baseline, resume=resume,
-        )  # fmt: skip
+    run = CalibrateRun(r, out, recipe, seed, engine, evaluate, force, latency, from_probe,
+                       allow_broken_baseline, resume)  # fmt: skip
+    if nproc is not None and not dist.launched():
+        run.check()
+        raise typer.Exit(launch(r.model.device, nproc, dist_backend))
+    world = dist.init_world(r.model.device, dist_backend)
+    try:
+        if world.distributed:  # each rank loads the model on its own device
+            run = dataclasses.replace(run, recipe=r.with_placement(world.device, dtype))
+        sharing = Sharing.of(world) if world.distributed else None
+        if sharing is not None and not world.is_main:
+            sharing.lockstep.run(lambda: contribute_statistics(run.recipe, sharing, seed=seed))
+            return
+        result = run.main(quiet, sharing)
+    finally:
+        dist.finish_world()
     if not quiet:
         _ui.print_table(_summary_table(r.name, r.target, result))
         for line in result.search.notes(timed=True) if result.search else []:
@@ -256,6 +275,71 @@ def calibrate(
         typer.echo(f"acceptance ({evaluate}): {result.verdict}; report in {out}/report/")
         if result.verdict != "PASS":
             raise typer.Exit(FAIL_EXIT)
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibrateRun:
+    """One ``calibrate`` command, its options resolved (what rank 0 checks and runs)."""
+
+    recipe: Recipe
+    out: Path
+    recipe_arg: str | None
+    seed: int | None
+    engine: str
+    suite: str | None
+    force: bool
+    latency: str
+    from_probe: Path | None
+    allow_broken_baseline: bool
+    resume: bool
+
+    def check(self) -> None:
+        """Check the weights and the output location (before any load)."""
+        from opsnn_quant.models import check_weights
+        from opsnn_quant.pipeline.calibrate import check_calibrate_output
+        from opsnn_quant.recipe import resolve_recipe
+
+        r = self.recipe
+        check_weights(r.model.source, allow_pickle=r.model.allow_pickle)
+        read = [str(resolve_recipe(self.recipe_arg))] if self.recipe_arg is not None else []
+        check_calibrate_output(
+            r, self.out, force=self.force, suite=self.suite, inputs=read, resume=self.resume
+        )
+
+    def main(self, quiet: bool, sharing: Sharing | None) -> CalibrateResult:
+        """Check and run (rank 0 of a distributed run: alone after the shared statistics,
+        meeting the others when done)."""
+
+        def work() -> CalibrateResult:
+            from opsnn_quant.pipeline.calibrate import run_calibrate
+
+            self.check()
+            with _ui.reporter(quiet) as rep, dist.alone():
+                result = run_calibrate(
+                    self.recipe, self.out, seed=self.seed, progress=rep.phase,
+                    engine=self.engine, suite=self.suite, force=self.force,
+                    latency=self.latency, from_probe=self.from_probe,
+                    allow_broken_baseline=self.allow_broken_baseline, resume=self.resume,
+                    sharing=sharing,
+                )  # fmt: skip
+            if sharing is not None:
+                sharing.done()
+            return result
+
+        return work() if sharing is None else sharing.lockstep.run(work)
+
+
+def launch(device: str, nproc: int, backend: str | None) -> int:
+    """``--nproc N``: the command again in N processes on this host (torchrun's elastic
+    agent); returns the run's exit code."""
+    from opsnn_quant.cli import main
+
+    kind = device.split(":")[0]
+    if nproc < 1:
+        raise ConfigError(f"--nproc must be at least 1, got {nproc}")
+    dist.check_devices(kind, nproc)
+    dist.check_backend(backend or {"npu": "hccl", "cuda": "nccl"}.get(kind, "gloo"))
+    return dist.launch_local(nproc, main, _ui.without_nproc(_ui.ARGV))
 
 
 def probe_cmd(

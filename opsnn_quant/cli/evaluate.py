@@ -133,21 +133,7 @@ def launch(job: EvaluateJob, nproc: int, backend: str | None) -> int:
     dist.check_backend(
         backend or {"npu": "hccl", "cuda": "nccl"}.get(job.device.split(":")[0], "gloo")
     )
-    return dist.launch_local(nproc, main, without_nproc(_ui.ARGV))
-
-
-def without_nproc(argv: list[str]) -> list[str]:
-    """``argv`` without its ``--nproc N`` / ``--nproc=N`` (each rank runs the rest)."""
-    out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--nproc":
-            skip = True
-        elif not arg.startswith("--nproc="):
-            out.append(arg)
-    return out
+    return dist.launch_local(nproc, main, _ui.without_nproc(_ui.ARGV))
 
 
 def register(app: typer.Typer) -> None:

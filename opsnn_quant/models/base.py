@@ -58,8 +58,24 @@ class ModelAdapter(ABC):
         return [r for r, m in self.roots().items() if m == modality]
 
     @abstractmethod
-    def forward_loop(self, data: Sequence[Any], limit: int | None = None) -> ForwardLoop:
-        """A ForwardLoop running the model the way it is deployed over ``data``."""
+    def forward_loop(
+        self, data: Sequence[Any], limit: int | None = None, first_batch: int = 0
+    ) -> ForwardLoop:
+        """A ForwardLoop running the model the way it is deployed over ``data``.
+
+        Args:
+            data: the records.
+            limit: the first ``limit`` records only.
+            first_batch: the index, in the whole data, of ``data``'s first batch (a rank's
+                share of the data, see :meth:`calibration_batch`): the loop numbers its batches
+                from it (:func:`opsnn_quant.stream.at_batch`) and seeds them as the loop over
+                the whole data does.
+        """
+
+    def calibration_batch(self) -> int | None:
+        """Records per batch of :meth:`forward_loop`, when its batches can be shared across
+        processes (each batch seeded by its index); None when they cannot (a user's loop)."""
+        return None
 
     @abstractmethod
     def generate(self, inputs: Sequence[Any], seed: int = 0) -> list[Any]:

@@ -35,6 +35,7 @@ from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.data import batched, prompts_from
 from opsnn_quant.models.settings import DiTSettings, SDSettings
 from opsnn_quant.sources import model_path
+from opsnn_quant.stream import at_batch
 from opsnn_quant.types import ForwardLoop, Modality
 
 log = logging.getLogger(__name__)
@@ -340,9 +341,16 @@ class DiffusersAdapter(ModelAdapter):
         """The pipeline's component ``name`` (one of :attr:`components`)."""
         return self.children()[name]
 
-    def forward_loop(self, data: Sequence[Any], limit: int | None = None) -> ForwardLoop:
-        """Sample for the calibration prompts (batches of ``settings.batch_size``): every
-        denoising step of the pipeline's own scheduler runs, so every timestep is seen."""
+    def calibration_batch(self) -> int:
+        """See :meth:`ModelAdapter.calibration_batch`."""
+        return int(self.settings.batch_size)
+
+    def forward_loop(
+        self, data: Sequence[Any], limit: int | None = None, first_batch: int = 0
+    ) -> ForwardLoop:
+        """Sample for the calibration prompts (batches of ``settings.batch_size``, batch ``i``
+        of ``b`` prompts seeded ``CALIBRATION_SEED + i * b``): every denoising step of the
+        pipeline's own scheduler runs, so every timestep is seen."""
         prompts = prompts_from(data)[:limit] if limit else prompts_from(data)
 
         def loop(model: nn.Module) -> None:
@@ -353,8 +361,9 @@ class DiffusersAdapter(ModelAdapter):
                     f"a {type(model).__name__}: pass an adapter's .model"
                 )
             batches = batched(prompts, self.settings.batch_size)
-            for i, batch in enumerate(progress.iterate(batches, "batch")):
-                self._call(batch, seed=CALIBRATION_SEED + i * len(batch), module=model)
+            for i, batch in enumerate(progress.iterate(batches, "batch"), start=first_batch):
+                with at_batch(i):
+                    self._call(batch, seed=CALIBRATION_SEED + i * len(batch), module=model)
 
         return loop
 

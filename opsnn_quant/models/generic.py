@@ -68,8 +68,10 @@ class GenericAdapter(ModelAdapter):
         """See :meth:`ModelAdapter.roots`."""
         return dict(self._roots)
 
-    def forward_loop(self, data: Sequence[Any] = (), limit: int | None = None) -> ForwardLoop:
-        """The user's loop (``data``/``limit`` are the user's business)."""
+    def forward_loop(
+        self, data: Sequence[Any] = (), limit: int | None = None, first_batch: int = 0
+    ) -> ForwardLoop:
+        """The user's loop (``data``/``limit``/``first_batch`` are the user's business)."""
         return self._loop
 
     def generate(self, inputs: Sequence[Any], seed: int = 0) -> list[Any]:

@@ -27,6 +27,7 @@ from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.data import audio_from, batched
 from opsnn_quant.models.settings import WhisperSettings
 from opsnn_quant.sources import model_path
+from opsnn_quant.stream import at_batch
 from opsnn_quant.types import ForwardLoop, Modality
 
 
@@ -198,14 +199,23 @@ class WhisperAdapter(ModelAdapter):
         """The audio encoder (1500 frames per utterance)."""
         return Modality.AUDIO_ENCODER
 
-    def forward_loop(self, data: Sequence[Any], limit: int | None = None) -> ForwardLoop:
-        """Transcribe the calibration audio (encoder once, decoder per token)."""
+    def calibration_batch(self) -> int:
+        """See :meth:`ModelAdapter.calibration_batch`."""
+        return int(self.settings.batch_size)
+
+    def forward_loop(
+        self, data: Sequence[Any], limit: int | None = None, first_batch: int = 0
+    ) -> ForwardLoop:
+        """Transcribe the calibration audio (encoder once, decoder per token), batch by batch
+        (numbered from ``first_batch``)."""
         items = list(data)[:limit] if limit else list(data)
         audio_from(items)  # validate up front (NaN/Inf, rate) so errors name the sample early
 
         def loop(model: nn.Module) -> None:
-            for batch in progress.iterate(batched(items, self.settings.batch_size), "batch"):
-                self._calibration_batch(model, batch)
+            batches = batched(items, self.settings.batch_size)
+            for i, batch in enumerate(progress.iterate(batches, "batch"), start=first_batch):
+                with at_batch(i):
+                    self._calibration_batch(model, batch)
 
         return loop
 

@@ -45,6 +45,7 @@ from opsnn_quant.pipeline.measured import (
 )
 from opsnn_quant.pipeline.outputs import PROBE_FILE, CalibrateOutput
 from opsnn_quant.pipeline.resume import RESUME_FILE, Journal, resumable, run_identity
+from opsnn_quant.pipeline.sharing import Sharing
 from opsnn_quant.pipeline.timings import write_timings
 from opsnn_quant.policy.baselines import naive_policy
 from opsnn_quant.policy.front import FrontResult
@@ -57,7 +58,7 @@ from opsnn_quant.policy.summary import (
     summarize,
 )
 from opsnn_quant.policy.targets import INT8_MODULE_TYPES, Target, get_target
-from opsnn_quant.probe.api import ProbeConfig, ProbeResult, recollect, run_probe
+from opsnn_quant.probe.api import ProbeConfig, ProbeResult, recollect, run_probe, statistics
 from opsnn_quant.probe.measure import measure_modalities
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.quant.api import quantize
@@ -111,6 +112,7 @@ def run_calibrate(
     from_probe: Path | None = None,
     allow_broken_baseline: bool = False,
     resume: bool = False,
+    sharing: Sharing | None = None,
 ) -> CalibrateResult:
     """Probe, decide, quantize, save and export, all into ``out`` (atomically).
 
@@ -132,6 +134,9 @@ def run_calibrate(
             baseline's outputs are mostly empty or flat.
         resume: go on from the phases an interrupted run of the same command finished (kept in
             its temporary directory; see :mod:`opsnn_quant.pipeline.resume`).
+        sharing: rank 0 of a distributed run: the probe's pass 1 runs over this rank's share
+            of the data, the other ranks' (:func:`contribute_statistics`) merged in (see
+            :mod:`opsnn_quant.pipeline.sharing`).
 
     Raises:
         OpsnnQuantError: bad input (checked before the model loads where it can be: output
@@ -155,12 +160,15 @@ def run_calibrate(
     if from_probe is not None:
         reused = reusable_probe(recipe, seed, checked.target, data, from_probe)
     adapter = load_model(recipe, say)
+    if sharing is not None:
+        sharing.ready(adapter, data.probe)
     with atomic_dir(out, OUTPUT_KIND, force=force, resume=unfinished, keep_if=RESUME_FILE) as tmp:
         journal = journal or Journal(identity)
         journal.attach(tmp)
         ctx = RunContext(
-            adapter, recipe, CalibrateOutput(tmp), seed, checked.engine, say, journal=journal
-        )
+            adapter, recipe, CalibrateOutput(tmp), seed, checked.engine, say, journal=journal,
+            sharing=sharing,
+        )  # fmt: skip
         atomic_write_text(ctx.out.recipe, recipe_yaml(effective))
         probed = probe_phase(ctx, data, checked.target, reused)  # 2. probe
         resolved, notes, search = policy_phase(ctx, probed, data, checked)  # 3. policy, files
@@ -186,6 +194,28 @@ def run_calibrate(
 
 
 # ---- before any work -----------------------------------------------------------------------
+
+
+def contribute_statistics(
+    recipe: Recipe, sharing: Sharing, *, seed: int | None = None, progress: Progress | None = None
+) -> None:
+    """A rank but 0 of a distributed calibrate: load the data and the model, run the probe's
+    pass 1 over this rank's share of the batches and send its statistics to rank 0, then wait
+    for rank 0 to finish (see :mod:`opsnn_quant.pipeline.sharing`).
+
+    Raises:
+        OpsnnQuantError: this rank failed, or another one did (``DistributedError``).
+    """
+    say = progress or (lambda m: log.info("%s", m))
+    seed = recipe.seed if seed is None else seed
+    set_reproducible(seed=seed)
+    data = load_data(recipe, say)
+    adapter = load_model(recipe, say)
+    sharing.ready(adapter, data.probe)
+    say("probe pass 1 over this rank's share of the calibration data")
+    cfg = probe_config_for(recipe, seed, get_target(recipe.target))
+    sharing.send(statistics(adapter, sharing.loop(adapter, data.probe), cfg))
+    sharing.done()
 
 
 def recipe_inputs(recipe: Recipe) -> list[str]:
@@ -351,6 +381,7 @@ def probe_phase(
     writes ``probe.json``."""
     cfg = probe_config_for(ctx.recipe, ctx.seed, target)
     loop = ctx.adapter.forward_loop(data.probe)
+    shard = ctx.sharing.shard(ctx.adapter, data.probe) if ctx.sharing is not None else None
     earlier = reused
     if earlier is None and ctx.journal.finished("probe"):
         ctx.say("resuming after the probe (its report is in the interrupted run's output)")
@@ -360,10 +391,10 @@ def probe_phase(
     if earlier is not None:
         with ctx.timed("probe pass 1 (statistics)"):
             earlier.save(ctx.out.probe)
-            probed = recollect(ctx.adapter, loop, earlier, cfg, progress=ctx.say)
+            probed = recollect(ctx.adapter, loop, earlier, cfg, progress=ctx.say, shard=shard)
     else:
         with ctx.timed("probe"):
-            probed = run_probe(ctx.adapter, loop, cfg, progress=ctx.say)
+            probed = run_probe(ctx.adapter, loop, cfg, progress=ctx.say, shard=shard)
             inputs = probe_inputs(ctx.recipe.model.source, data.probe)
             probed = dataclasses.replace(
                 probed, report=probed.report.model_copy(update={"inputs": inputs})

@@ -12,6 +12,7 @@ from opsnn_quant.models import load_adapter
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.pipeline.outputs import CalibrateOutput
 from opsnn_quant.pipeline.resume import Journal
+from opsnn_quant.pipeline.sharing import Sharing
 from opsnn_quant.recipe import Recipe
 from opsnn_quant.types import Progress
 
@@ -32,6 +33,7 @@ class RunContext:
         say: progress callback, told about each phase.
         timings: wall-clock seconds per phase (``timings.json``; nothing else holds times).
         journal: the phases finished (by an interrupted run this one resumes, or by this one).
+        sharing: rank 0 of a distributed run, whose probe pass 1 is shared (None: one process).
     """
 
     adapter: ModelAdapter
@@ -42,6 +44,7 @@ class RunContext:
     say: Progress
     timings: dict[str, float] = field(default_factory=dict)
     journal: Journal = field(default_factory=lambda: Journal({}))
+    sharing: Sharing | None = None
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:

@@ -29,6 +29,7 @@ from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.probe.e2e import ProbeRun, attribute_modalities, replay_measured
 from opsnn_quant.probe.hooks import NORMS, count_params, watched_modules
 from opsnn_quant.probe.passes import (
+    Watches,
     local_error_pass,
     measure_kept_inputs,
     smoothquant_search,
@@ -51,7 +52,24 @@ from opsnn_quant.types import ForwardLoop, Modality
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ProbeConfig", "ProbeResult", "probe", "recollect", "run_probe"]
+__all__ = ["ProbeConfig", "ProbeResult", "Shard", "probe", "recollect", "run_probe", "statistics"]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Pass 1 over this process's share of the calibration data, the statistics of every
+    share merged into those of one pass over all of it (see :mod:`opsnn_quant.stream`).
+
+    Attributes:
+        loop: the forward loop over this process's batches, numbered as in the whole data
+            (``adapter.forward_loop(share, first_batch=...)``); the shares follow each other
+            in rank order, this one first on the process that goes on.
+        others: the other processes' statistics (each one's :func:`statistics`), in the order
+            of their shares, which follow this one's.
+    """
+
+    loop: ForwardLoop
+    others: Callable[[], list[Watches]]
 
 
 @dataclass(frozen=True)
@@ -104,6 +122,7 @@ def run_probe(
     *,
     modalities: dict[str, Modality | str] | None = None,
     progress: Callable[[str], None] | None = None,
+    shard: Shard | None = None,
 ) -> ProbeResult:
     """:func:`probe`, returning the report with the pass-1 calibration statistics (for
     ``quantize(..., statistics=result.statistics)`` on the same data: no calibration pass) and
@@ -111,6 +130,9 @@ def run_probe(
 
     Args:
         target, forward_loop, config, modalities, progress: as :func:`probe`.
+        shard: pass 1 over this process's share of the data, merged with the other
+            processes' (:func:`statistics` there); ``forward_loop`` (all of the data) then
+            runs only what pass 1 does not cover (pass 2 for modules no replay reaches).
 
     Returns:
         The :class:`ProbeResult`.
@@ -123,17 +145,19 @@ def run_probe(
         )
     say = progress or (lambda msg: log.info("%s", msg))
     with frozen_heap():
-        return _probe(adapter, forward_loop, cfg, say)
+        return _probe(adapter, forward_loop, cfg, say, shard)
 
 
 def _probe(
-    adapter: ModelAdapter, forward_loop: ForwardLoop, cfg: ProbeConfig, say: Callable[[str], None]
+    adapter: ModelAdapter,
+    forward_loop: ForwardLoop,
+    cfg: ProbeConfig,
+    say: Callable[[str], None],
+    shard: Shard | None,
 ) -> ProbeResult:
     run = _start(adapter, cfg)
     say("probe pass 1: ranges, fp16/bf16 re-runs, calibration statistics")
-    run.costs["pass1_seconds"] = statistics_pass(
-        run.watches, adapter, run.named, run.watched, forward_loop
-    )
+    run.costs["pass1_seconds"] = _pass_one(run, forward_loop, shard)
     replayed: set[str] = set()
     if run.watches.local:
         say("SmoothQuant alpha search")
@@ -159,6 +183,7 @@ def recollect(
     config: ProbeConfig,
     *,
     progress: Callable[[str], None] | None = None,
+    shard: Shard | None = None,
 ) -> ProbeResult:
     """``report`` (an earlier probe of this model on this data, with ``config``) with
     what its run kept in memory: pass 1 again, alone, for the calibration statistics and the
@@ -173,6 +198,7 @@ def recollect(
         config: the configuration it was made with (the caller checks it against
             ``report.config``).
         progress: optional callback told about the pass.
+        shard: pass 1 over this process's share, merged (as :func:`run_probe`).
 
     Returns:
         The :class:`ProbeResult` of ``report``.
@@ -184,10 +210,31 @@ def recollect(
     with frozen_heap():
         run = _start(adapter, config)
         say("probe pass 1 again: the calibration statistics the report's run kept in memory")
-        statistics_pass(run.watches, adapter, run.named, run.watched, forward_loop)
+        _pass_one(run, forward_loop, shard)
         statistics = {n: lp.pass_one() for n, lp in run.watches.local.items()}
         roots = {r: rec.calls[:1] for r, rec in run.watches.recorders.items() if rec.calls}
     return ProbeResult(report, statistics, roots)
+
+
+def statistics(adapter: ModelAdapter, loop: ForwardLoop, config: ProbeConfig) -> Watches:
+    """Pass 1 alone over ``loop`` (a share of the data): what a process that shares a probe's
+    data sends to the one that goes on (:class:`Shard`), ready to send."""
+    with frozen_heap():
+        run = _start(adapter, config)
+        statistics_pass(run.watches, adapter, run.named, run.watched, loop)
+        return run.watches.portable()
+
+
+def _pass_one(run: ProbeRun, forward_loop: ForwardLoop, shard: Shard | None) -> float:
+    """Pass 1 over the data, or over this process's share merged with the others'; its
+    seconds (this process's own pass)."""
+    w = run.watches
+    if shard is None:
+        return statistics_pass(w, run.adapter, run.named, run.watched, forward_loop)
+    seconds = statistics_pass(w, run.adapter, run.named, run.watched, shard.loop)
+    for other in shard.others():
+        w.merge(other)
+    return seconds
 
 
 def _fold_groups(run: ProbeRun) -> dict[str, list[str]]:
@@ -256,7 +303,7 @@ def _assemble(run: ProbeRun, e2e: dict[str, EndToEnd]) -> SensitivityReport:
         for n, sw in w.softmax.items()
         if sw.max_score > 0
     ]
-    findings += [gw.finding(m) for m, gw in w.gelu.items() if gw.ref > 0]
+    findings += [gw.finding(m) for m, gw in w.gelu.items() if gw.seen]
     return SensitivityReport(
         model=adapter.model_id,
         backend=backend_label(adapter.device),

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from opsnn_quant.numerics import CHUNK, energies
+from opsnn_quant.numerics import CHUNK, ExactSum, energies
 from opsnn_quant.probe.hooks import is_attention
 from opsnn_quant.probe.report import FP16_MAX, Finding
 from opsnn_quant.types import Modality
@@ -79,6 +79,10 @@ class SoftmaxWatch:
                 self.max_score = max(self.max_score, max(-float(lo), float(hi)) * abs(self.scale))
         self.q = self.k = None
 
+    def merge(self, other: SoftmaxWatch) -> None:
+        """Add the scores ``other`` saw."""
+        self.max_score = max(self.max_score, other.max_score)
+
     def finding(self, where: str, modality: Modality) -> Finding:
         """The verdict for this attention module."""
         m = self.max_score
@@ -98,10 +102,11 @@ class SoftmaxWatch:
 
 @dataclass
 class GeluWatch:
-    """Exact-vs-tanh GELU error energies of one modality."""
+    """Exact-vs-tanh GELU error energies of one modality (summed exactly: the order of the
+    calls, or of shares of the data merged, does not show)."""
 
-    err: float = 0.0
-    ref: float = 0.0
+    err: ExactSum = field(default_factory=ExactSum)
+    ref: ExactSum = field(default_factory=ExactSum)
     modules: list[str] = field(default_factory=list)
 
     @torch.no_grad()
@@ -111,12 +116,23 @@ class GeluWatch:
         for i in range(0, flat.numel(), CHUNK):  # chunks: two GELU copies of a whole activation
             xf = flat[i : i + CHUNK].float()
             e = energies(F.gelu(xf), F.gelu(xf, approximate="tanh"))
-            self.err += e.noise
-            self.ref += e.signal
+            self.err.add(e.noise)
+            self.ref.add(e.signal)
+
+    def merge(self, other: GeluWatch) -> None:
+        """Add the inputs ``other`` saw (of the same modules)."""
+        self.err.merge(other.err)
+        self.ref.merge(other.ref)
+
+    @property
+    def seen(self) -> bool:
+        """Whether any nonzero GELU input was seen."""
+        return float(self.ref) > 0
 
     def finding(self, modality: Modality) -> Finding:
         """The verdict for this modality."""
-        rel = math.sqrt(self.err / self.ref) if self.ref > 0 else 0.0
+        err, ref = float(self.err), float(self.ref)
+        rel = math.sqrt(err / ref) if ref > 0 else 0.0
         verdict = (
             f"tanh approximation is safe here (relative error {rel:.2e} < {GELU_SAFE:g})"
             if rel < GELU_SAFE

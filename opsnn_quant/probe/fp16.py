@@ -25,10 +25,11 @@ import torch
 from torch import nn
 
 from opsnn_quant.memory import TRIM
-from opsnn_quant.numerics import noise_energy, signal_energy
+from opsnn_quant.numerics import ExactSum, noise_energy, signal_energy
 from opsnn_quant.probe.report import FP16_MAX, Fp16Stats
 from opsnn_quant.probe.subsets import strided_samples
 from opsnn_quant.quant.observers import PercentileObserver
+from opsnn_quant.stream import CallCounter
 
 
 def norm_mean_square_max(module: nn.Module, x: torch.Tensor) -> float | None:
@@ -54,17 +55,49 @@ def is_sampled_call(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0 and (n.bit_length() - 1) % 2 == 0
 
 
+def is_sampled_position(batch: int, ordinal: int) -> bool:
+    """Whether the call ``ordinal`` (1-based) of data batch ``batch`` (0-based) is re-run:
+    calls 1, 4, 16, ... of batches 0, 3, 15, 63, ... (log-spaced in both, so the cost grows with
+    the logs of the batches and of the calls per batch, and the choice depends on the call's
+    place in the data, not on which process saw it)."""
+    return is_sampled_call(batch + 1) and is_sampled_call(ordinal)
+
+
+class ErrorEnergy:
+    """Noise and signal energies summed over re-run calls (exactly: see :class:`ExactSum`)."""
+
+    def __init__(self) -> None:
+        self.noise = ExactSum()
+        self.signal = ExactSum()
+
+    def add(self, noise: float, signal: float) -> None:
+        """Add one call's energies."""
+        self.noise.add(noise)
+        self.signal.add(signal)
+
+    def merge(self, other: ErrorEnergy) -> None:
+        """Add ``other``'s calls."""
+        self.noise.merge(other.noise)
+        self.signal.merge(other.signal)
+
+    def ratio(self) -> float | None:
+        """``sqrt(noise / signal)``; 0 for no noise and no signal, None for noise alone."""
+        noise, signal = float(self.noise), float(self.signal)
+        return math.sqrt(noise / signal) if signal > 0 else (0.0 if noise == 0 else None)
+
+
 class Fp16Accumulator:
     """Streaming fp16/bf16 statistics of one module.
 
     Ranges (absmax) are tracked on every call. The expensive parts are sampled: the fp16 re-runs
-    run on calls 1, 4, 16, 64, ... (spread over the whole loop, e.g. early and late denoising
-    steps, at a cost that grows with the log of the calls; an encoder called twice is re-run
-    once) and on every call whose fp32 input
+    run on calls 1, 4, 16, 64, ... of data batches 0, 3, 15, ... (:func:`is_sampled_position`:
+    spread over the loop, e.g. early and late denoising steps, at a cost that grows with the
+    logs of the batches and calls; an encoder called twice a batch is re-run once a batch) and
+    on every call whose fp32 input
     or output range exceeds ``65504 / 8``: the emulated re-run of a module can only overflow
     where its fp32 output nears 65504, so the calls left out only refine the fp16 error average.
     The bf16 re-run, which only decides whether an fp16-overflowing module may run in bf16,
-    runs on the first call and on those risky calls; the saturation-mode re-run only where its
+    runs on the first call of the data's first batch and on those risky calls; the saturation-mode re-run only where its
     result can differ from INF_NAN mode (an out-of-range input, or a non-finite fp16 output).
     A sampled call that is not risky is re-run on an evenly strided subset of its samples (about
     :data:`RERUN_ROWS` rows, one sample at least; every watched kind is independent across
@@ -84,10 +117,11 @@ class Fp16Accumulator:
         self.out_absmax = 0.0
         self.sumsq_max: float | None = None
         self.inf_nan = 0
-        self.err16 = [0.0, 0.0]
+        self.err16 = ErrorEnergy()
         self.err16_valid = True
-        self.err_sat = [0.0, 0.0]
-        self.err_bf16 = [0.0, 0.0]
+        self.err_sat = ErrorEnergy()
+        self.err_bf16 = ErrorEnergy()
+        self.counter = CallCounter()
         # Evidence other checks found on this module (an attention's softmax scores past 65504).
         self.extra_reasons: list[str] = []
 
@@ -97,7 +131,8 @@ class Fp16Accumulator:
     ) -> None:
         """Record one call (``args`` are the call's positional inputs, for the re-runs)."""
         self.calls += 1
-        sampled = is_sampled_call(self.calls)
+        batch, ordinal = self.counter.next()
+        sampled = is_sampled_position(batch, ordinal)
         x_max = _absmax(x, self.in_hist if sampled else None)
         y_max = _absmax(y, self.out_hist if sampled else None)
         self.in_absmax, self.out_absmax = max(self.in_absmax, x_max), max(self.out_absmax, y_max)
@@ -112,7 +147,8 @@ class Fp16Accumulator:
             if not risky:
                 channels = x.shape[1] if isinstance(module, CHANNELS_FIRST) else x.shape[-1]
                 args, y = strided_samples(args, y, RERUN_ROWS, channels)
-            self._rerun(module, args, y, x_max, bf16=self.bf16 and (risky or self.calls == 1))
+            first = batch == 0 and ordinal == 1
+            self._rerun(module, args, y, x_max, bf16=self.bf16 and (risky or first))
             TRIM.add(4 * y.numel() * 4)  # the re-runs' outputs and casts
 
     def _rerun(
@@ -129,8 +165,7 @@ class Fp16Accumulator:
         self.inf_nan += int((~finite).sum())
         noise16 = noise_energy(y, y16) if all_finite else None
         if noise16 is not None:
-            self.err16[0] += noise16
-            self.err16[1] += signal
+            self.err16.add(noise16, signal)
         else:
             self.err16_valid = False
         if noise16 is not None and x_max <= FP16_MAX:
@@ -139,13 +174,27 @@ class Fp16Accumulator:
             ysat = run_as(module, args, torch.float16, saturate=True, mode=self.mode)
             noise_sat = None if ysat is None else noise_energy(y, torch.nan_to_num(ysat, nan=0.0))
         if noise_sat is not None:
-            self.err_sat[0] += noise_sat
-            self.err_sat[1] += signal
+            self.err_sat.add(noise_sat, signal)
         if bf16:
             ybf = run_as(module, args, torch.bfloat16, saturate=False, mode=self.mode)
             if ybf is not None:
-                self.err_bf16[0] += noise_energy(y, ybf)
-                self.err_bf16[1] += signal
+                self.err_bf16.add(noise_energy(y, ybf), signal)
+
+    def merge(self, other: Fp16Accumulator) -> None:
+        """Add the statistics ``other`` gathered on the data that follows this one's."""
+        self.calls += other.calls
+        self.in_hist.merge(other.in_hist)
+        self.out_hist.merge(other.out_hist)
+        self.in_absmax = max(self.in_absmax, other.in_absmax)
+        self.out_absmax = max(self.out_absmax, other.out_absmax)
+        if other.sumsq_max is not None:
+            mine = self.sumsq_max
+            self.sumsq_max = other.sumsq_max if mine is None else max(mine, other.sumsq_max)
+        self.inf_nan += other.inf_nan
+        self.err16.merge(other.err16)
+        self.err16_valid = self.err16_valid and other.err16_valid
+        self.err_sat.merge(other.err_sat)
+        self.err_bf16.merge(other.err_bf16)
 
     def result(self, min_headroom: float, is_norm: bool) -> Fp16Stats:
         """Fp16Stats with the overflow verdict and its evidence."""
@@ -165,9 +214,6 @@ class Fp16Accumulator:
             reasons.append(f"norm variance scale (mean x^2) {self.sumsq_max:.4g} > 65504")
         reasons.extend(self.extra_reasons)
 
-        def ratio(acc: list[float]) -> float | None:
-            return math.sqrt(acc[0] / acc[1]) if acc[1] > 0 else (0.0 if acc[0] == 0 else None)
-
         return Fp16Stats(
             input_absmax=self.in_absmax,
             output_absmax=self.out_absmax,
@@ -177,9 +223,9 @@ class Fp16Accumulator:
             headroom_out=FP16_MAX / self.out_absmax if self.out_absmax > 0 else None,
             sumsq_absmax=self.sumsq_max,
             inf_nan_count=self.inf_nan,
-            rel_error_fp16=ratio(self.err16) if (self.rerun and self.err16_valid) else None,
-            rel_error_fp16_saturate=ratio(self.err_sat) if self.rerun else None,
-            rel_error_bf16=ratio(self.err_bf16) if self.rerun and self.bf16 else None,
+            rel_error_fp16=self.err16.ratio() if (self.rerun and self.err16_valid) else None,
+            rel_error_fp16_saturate=self.err_sat.ratio() if self.rerun else None,
+            rel_error_bf16=self.err_bf16.ratio() if self.rerun and self.bf16 else None,
             overflow=bool(reasons),
             reasons=reasons,
         )

@@ -14,6 +14,7 @@ dynamic), a quarter of the fp32 weight each; no fp32 weight copies are kept.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -153,6 +154,27 @@ class LocalProbe:
             self.moments.collect(self.rows(xf))
         if step is not None:
             self.steps.collect(step, x, max(-span[0], span[1]), channels)
+
+    @torch.no_grad()
+    def merge(self, other: LocalProbe) -> None:
+        """Add the pass-1 statistics ``other`` (of the same module, on the data that follows
+        this one's: another rank's share) collected; every one merges exactly (see
+        :mod:`opsnn_quant.probe.merge`)."""
+        self.calls += other.calls
+        self._elements += other._elements
+        self.minmax.merge(other.minmax)
+        self.mse.merge(other.mse)
+        if self.stats is not None and other.stats is not None:
+            self.stats.merge(other.stats)
+        if self.moments is not None and other.moments is not None:
+            self.moments.merge(other.moments)
+        self.steps.merge(other.steps)
+
+    def portable(self) -> LocalProbe:
+        """These statistics without the module (to send to another process)."""
+        out = copy.copy(self)
+        out.module = nn.Identity()
+        return out
 
     def decide(self, searched: Sequence[Searched] | None = None) -> None:
         """Between passes: the groups of steps (per-step ranges seen) and SmoothQuant alphas by

@@ -59,6 +59,38 @@ class Watches:
     softmax: dict[str, SoftmaxWatch] = field(default_factory=dict)
     gelu: dict[Modality, GeluWatch] = field(default_factory=dict)
 
+    def portable(self) -> Watches:
+        """What pass 1 gathered, fit to send to another process: no modules, no filters (the
+        modules' statistics and reservoirs only)."""
+        return Watches(
+            fp16=self.fp16,
+            local={n: lp.portable() for n, lp in self.local.items()},
+            macs=self.macs,
+            recorders={n: r.portable() for n, r in self.recorders.items()},
+            inputs={n: r.portable() for n, r in self.inputs.items()},
+            softmax=self.softmax,
+            gelu=self.gelu,
+        )
+
+    def merge(self, other: Watches) -> None:
+        """Add what pass 1 gathered on the data that follows this one's (another rank's
+        share of the batches), watch by watch: the result is pass 1 over both shares, bit for
+        bit (see :mod:`opsnn_quant.stream` for the reservoirs)."""
+        for name, acc in other.fp16.items():
+            if name in self.fp16:  # (a pass without the fp16 re-runs takes none)
+                self.fp16[name].merge(acc)
+        for name, lp in other.local.items():
+            self.local[name].merge(lp)
+        for name, (macs, calls) in other.macs.items():
+            self.macs[name][0] += macs
+            self.macs[name][1] += calls
+        for name, rec in [*other.recorders.items(), *other.inputs.items()]:
+            (self.recorders.get(name) or self.inputs[name]).merge(rec)
+        for name, sw in other.softmax.items():
+            self.softmax[name].merge(sw)
+        for modality, gw in other.gelu.items():
+            self.gelu[modality].merge(gw)
+
 
 class HookSet:
     """Handles of the hooks one pass installed, removed together."""

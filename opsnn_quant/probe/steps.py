@@ -54,6 +54,16 @@ class StepRanges:
             seen = self.channels.get(step)
             self.channels[step] = c if seen is None else torch.maximum(seen, c)
 
+    @torch.no_grad()
+    def merge(self, other: StepRanges) -> None:
+        """Add the per-step ranges ``other`` gathered (maxima and counts: exact)."""
+        for step, absmax in other.absmax.items():
+            self.absmax[step] = max(self.absmax.get(step, 0.0), absmax)
+            self.count[step] = self.count.get(step, 0) + other.count[step]
+        for step, c in other.channels.items():
+            seen = self.channels.get(step)
+            self.channels[step] = c if seen is None else torch.maximum(seen, c.to(seen.device))
+
     def group_absmax(self, start: int, end: float, smooth: torch.Tensor | None = None) -> float:
         """The input absmax over steps ``start <= t < end``; of ``x / smooth`` when given."""
         members = [t for t in self.absmax if start <= t < end]

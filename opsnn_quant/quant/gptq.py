@@ -35,8 +35,14 @@ DEFAULT_BLOCK = 128
 
 class InputMoments:
     """Streaming first and second moments of a Linear's (M, K) inputs: the mean row (bias
-    correction, summed in float64) and, when ``gram``, ``X^T X`` (GPTQ's Hessian, K x K summed
-    in float32 as the reference implementation does: 4 K^2 bytes per Linear).
+    correction) and, when ``gram``, ``X^T X`` (GPTQ's Hessian, K x K).
+
+    Both are summed so that the order of the calls (or of shares of the data merged with
+    :meth:`merge`) does not show in the result: each call's ``X^T X`` is an fp32 product (as the
+    reference implementation's), added into a float64 sum, where a sum of fp32 terms is exact
+    unless the terms of one entry span more than 2^29 (8 K^2 bytes per Linear); each call's row
+    sums (float64) go into a compensated float64 sum (a second float64 vector holds its
+    rounding errors: ~106 bits).
 
     Args:
         channels: K.
@@ -52,25 +58,49 @@ class InputMoments:
         """Forget everything collected."""
         self.rows = 0
         self.total = torch.zeros(self.channels, dtype=torch.float64)
+        self.total_error = torch.zeros(self.channels, dtype=torch.float64)
         k = self.channels
-        self.xtx = torch.zeros(k, k, dtype=torch.float32) if self.gram else None
+        self.xtx = torch.zeros(k, k, dtype=torch.float64) if self.gram else None
 
     @torch.no_grad()
     def collect(self, x2d: torch.Tensor) -> None:
         """Add (M, K) rows."""
         x = x2d.detach().reshape(-1, self.channels)
-        if self.total.device != x.device:
-            self.total = self.total.to(x.device)
-            self.xtx = None if self.xtx is None else self.xtx.to(x.device)
+        self._to(x.device)
         xf = x.to(torch.float32)
-        self.total += xf.sum(dim=0, dtype=torch.float64)
+        self._add_total(xf.sum(dim=0, dtype=torch.float64), None)
         if self.xtx is not None:
-            self.xtx.addmm_(xf.T, xf)
+            self.xtx += (xf.T @ xf).to(torch.float64)
         self.rows += x.shape[0]
+
+    @torch.no_grad()
+    def merge(self, other: InputMoments) -> None:
+        """Add the moments of ``other`` (the same K)."""
+        if self.rows == 0:
+            self._to(other.total.device)
+        self._add_total(other.total, other.total_error)
+        if self.xtx is not None and other.xtx is not None:
+            self.xtx += other.xtx.to(self.xtx.device)
+        self.rows += other.rows
+
+    def _to(self, device: torch.device) -> None:
+        if self.total.device != device:
+            self.total, self.total_error = self.total.to(device), self.total_error.to(device)
+            self.xtx = None if self.xtx is None else self.xtx.to(device)
+
+    def _add_total(self, value: torch.Tensor, error: torch.Tensor | None) -> None:
+        """``total += value`` with the rounding error kept (Knuth's TwoSum)."""
+        value = value.to(self.total.device)
+        s = self.total + value
+        v = s - self.total
+        self.total_error += (self.total - (s - v)) + (value - v)
+        if error is not None:
+            self.total_error += error.to(self.total.device)
+        self.total = s
 
     def mean(self, smooth: torch.Tensor | None = None) -> torch.Tensor:
         """``E[x]`` (float64), of ``x / smooth`` when given."""
-        m = self.total / max(self.rows, 1)
+        m = (self.total + self.total_error) / max(self.rows, 1)
         return m if smooth is None else m / smooth.to(m)
 
     def hessian(self, smooth: torch.Tensor | None = None) -> torch.Tensor:
@@ -127,11 +157,14 @@ class SplitMoments:
         """The moments of all rows (what quantize() fits the deployed module on)."""
         a, b = self.halves
         out = InputMoments(a.channels, a.gram)
-        out.rows = a.rows + b.rows
-        out.total = a.total + b.total.to(a.total.device)
-        if a.xtx is not None and b.xtx is not None:
-            out.xtx = a.xtx + b.xtx.to(a.xtx.device)
+        out.merge(a)
+        out.merge(b)
         return out
+
+    def merge(self, other: SplitMoments) -> None:
+        """Add the moments of ``other`` (the same K), half by half."""
+        for mine, theirs in zip(self.halves, other.halves, strict=True):
+            mine.merge(theirs)
 
     def mean(self, smooth: torch.Tensor | None = None) -> torch.Tensor:
         """``E[x]`` of all rows (see :meth:`InputMoments.mean`)."""

@@ -2,6 +2,14 @@
 
 No observer stores activations: min/max is two numbers; the others keep one fixed-size signed
 histogram whose range doubles (merging bin pairs) when a batch exceeds it.
+
+Every observer merges (:meth:`Observer.merge`): the statistics of two shares of the data give
+those of one pass over both, bit for bit. For the histograms that takes a grid that does not
+depend on the data's order: the radius is a power of two (the smallest above every |x| seen),
+a value's bin is ``floor(x * 2^s)`` computed exactly (no rounding of ``x + R`` as
+``torch.histc`` has), so a histogram of radius ``R`` doubled is the histogram of radius ``2R`` of
+the same values; and counts are whole numbers of elements (a subsampled batch's count is its
+stride), summed exactly in float64.
 """
 
 from __future__ import annotations
@@ -91,6 +99,11 @@ class Observer(ABC):
     def _collect(self, x: torch.Tensor, absmax: float) -> None:  # noqa: B027 - optional hook
         """Subclass hook, called with finite fp32 data."""
 
+    def merge(self, other: Observer) -> None:
+        """Add what ``other`` (an observer of the same kind) collected."""
+        self.count += other.count
+        self.min, self.max = min(self.min, other.min), max(self.max, other.max)
+
     def compute(self, symmetric: bool = True) -> QParams:
         """Quant params from everything collected so far.
 
@@ -118,8 +131,9 @@ class HistogramObserver(Observer):
     """Base of the histogram observers: a signed histogram over [-R, R] that grows by doubling.
 
     Batches larger than ``max_samples`` elements are histogrammed on an evenly strided subset
-    (deterministic); the observed min/max stay exact. ``torch.histc`` is the cost of these
-    observers on CPU, and a 64k-element sample pins down a 2048-bin shape well.
+    (deterministic; every ``step``-th element, counted ``step`` times); the observed min/max
+    stay exact. Binning is the cost of these observers on CPU, and a 64k-element sample pins
+    down a 2048-bin shape well. The radius is a power of two (see the module docstring).
     """
 
     bins = 2048
@@ -143,28 +157,38 @@ class HistogramObserver(Observer):
         self._collect(x.detach().to(torch.float32), absmax, absolute=True)
 
     def _collect(self, x: torch.Tensor, absmax: float, absolute: bool = False) -> None:
-        if self.radius == 0.0:
-            self.radius = absmax if absmax > 0 else 1e-8
-        while absmax > self.radius:
-            # Double the range: old bin pairs merge into the middle half of the new histogram.
-            merged = self.hist.reshape(-1, 2).sum(axis=1)
-            self.hist = np.zeros(self.bins, dtype=np.float64)
-            q = self.bins // 4
-            self.hist[q : q + merged.size] = merged
-            self.radius *= 2.0
+        self._cover(absmax)
         flat = x.reshape(-1)
-        if flat.numel() > self.max_samples:
-            step = -(-flat.numel() // self.max_samples)
+        # An evenly strided subset of a big batch; each element sampled stands for ``step``.
+        step = -(-flat.numel() // self.max_samples)
+        if step > 1:
             flat = flat[::step]
-            weight = float(x.numel()) / flat.numel()
-        else:
-            weight = 1.0
         if absolute:
             flat = flat.abs()
-        h = torch.histc(flat, bins=self.bins, min=-self.radius, max=self.radius)
-        if weight != 1.0:
-            h = h * weight  # keep counts in units of elements seen
-        self.hist += h.to(torch.float64).numpy()
+        self.hist += step * bin_counts(flat, self.radius, self.bins)
+
+    def merge(self, other: Observer) -> None:
+        """Add what ``other`` (a histogram observer) collected: both histograms on the larger
+        one's grid (a power-of-two radius: the smaller one's bins merge exactly)."""
+        assert isinstance(other, HistogramObserver)
+        super().merge(other)
+        if other.radius == 0.0:
+            return
+        theirs = other.hist.copy()
+        radius = other.radius
+        while radius < self.radius:
+            theirs, radius = _doubled(theirs), radius * 2.0
+        self._cover(other.radius / 2.0)  # grows to the other's radius (absmax < radius)
+        self.hist += theirs
+
+    def _cover(self, absmax: float) -> None:
+        """Grow the radius until it is above ``absmax`` (the first batch: the smallest power
+        of two above it)."""
+        if self.radius == 0.0:
+            self.radius = 2.0 ** math.frexp(absmax)[1] if absmax > 0 else 2.0**-27
+        while absmax >= self.radius:
+            # Double the range: old bin pairs merge into the middle half of the new histogram.
+            self.hist, self.radius = _doubled(self.hist), self.radius * 2.0
 
     @property
     def bin_width(self) -> float:
@@ -179,6 +203,26 @@ class HistogramObserver(Observer):
         """Histogram of |x| over [0, R] with ``bins/2`` bins."""
         half = self.bins // 2
         return self.hist[half:] + self.hist[:half][::-1]
+
+
+def _doubled(hist: np.ndarray) -> np.ndarray:
+    """A histogram over [-R, R] as the one over [-2R, 2R] (bin pairs merged, centred)."""
+    merged = hist.reshape(-1, 2).sum(axis=1)
+    out = np.zeros_like(hist)
+    q = hist.size // 4
+    out[q : q + merged.size] = merged
+    return out
+
+
+@torch.no_grad()
+def bin_counts(flat: torch.Tensor, radius: float, bins: int) -> np.ndarray:
+    """Counts of ``flat`` (|x| < ``radius``, a power of two) in ``bins`` equal bins of
+    [-radius, radius): bin ``floor(x / width) + bins / 2``, the division an exact power-of-two
+    scaling in float64 (so a value's bin is the same on any grid of this family)."""
+    inverse = bins / (2.0 * radius)  # a power of two
+    index = torch.floor(flat.to(torch.float64) * inverse).long() + bins // 2
+    counts = torch.bincount(index.clamp_(0, bins - 1).cpu(), minlength=bins)
+    return counts.to(torch.float64).numpy()
 
 
 class PercentileObserver(HistogramObserver):
@@ -249,20 +293,25 @@ class KLObserver(HistogramObserver):
 
     def _range(self, symmetric: bool) -> tuple[float, float]:
         hist = self.abs_hist()
-        n = hist.size
+        # Thresholds up to the observed |x| max (the radius is the power of two above it: the
+        # bins past it are empty, and a threshold there only spreads the levels thinner).
+        absmax = max(-self.min, self.max)
+        n = int(min(hist.size, max(self.levels, math.ceil(absmax / self.bin_width))))
         best_i, best_kl = n, math.inf
         for i in range(self.levels, n + 1, self.stride):
             p = hist[:i].copy()
             p[-1] += hist[i:].sum()
             if p.sum() == 0:
                 continue
-            # Q: merge the i bins into `levels` groups, spread each group's mass over its
-            # non-empty bins.
+            # Q: merge the i bins into `levels` groups, spread each group's mass over the bins
+            # where P is not empty (MXNet's ``_get_optimal_threshold``: P's last bin holds the
+            # clipped tail even where that bin of the histogram is empty, so a sparse tail does
+            # not rule the threshold out).
             q = np.zeros(i)
             edges = np.linspace(0, i, self.levels + 1).astype(int)
             for a, b in itertools.pairwise(edges):
                 seg = hist[a:b]
-                nz = seg > 0
+                nz = p[a:b] > 0
                 if nz.any():
                     q[a:b][nz] = seg.sum() / nz.sum()
             ps, qs = p / p.sum(), q / max(q.sum(), 1e-30)

@@ -18,14 +18,20 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from opsnn_quant.quant.observers import MIN_SCALE
+from opsnn_quant.stream import CallCounter, priorities
 
 
 class ChannelStats:
     """Streaming per-input-channel |x| maxima plus a fixed-size, deterministic row reservoir.
+
+    The reservoir is a bottom-k sample (:mod:`opsnn_quant.stream`): row ``r`` of the call at
+    position ``(batch, ordinal)`` draws its priority from ``(seed, batch, ordinal)``, and the
+    ``reservoir`` rows of smallest priority are kept, in the order they came. So the kept rows
+    depend on the data and its positions only, and the statistics of several shares of the data
+    merge (:meth:`merge`) into those of one pass over all of it, bit for bit.
 
     Args:
         channels: number of input channels (the last axis).
@@ -43,10 +49,9 @@ class ChannelStats:
         """Forget everything collected."""
         self.absmax = torch.zeros(self.channels, dtype=torch.float32)
         self.rows: torch.Tensor | None = None
+        self.priority = torch.zeros(0, dtype=torch.float64)  # of each kept row (on the CPU)
         self.seen = 0
-        # The reservoir's draws come from a CPU generator whatever the device (the same draws,
-        # so the same reservoir, on every device); only the small index tensors move.
-        self._gen = torch.Generator().manual_seed(self.seed)
+        self.counter = CallCounter()
 
     @torch.no_grad()
     def collect(self, x: torch.Tensor, channel_absmax: torch.Tensor | None = None) -> None:
@@ -58,29 +63,35 @@ class ChannelStats:
         if channel_absmax is None:
             channel_absmax = rows.abs().amax(dim=0)
         self.absmax = torch.maximum(self.absmax, channel_absmax)
-        # Reservoir sampling keeps a uniform sample of all rows seen, in fixed memory.
-        for start in range(0, rows.shape[0], 4096):
-            chunk = rows[start : start + 4096]
-            if self.rows is None or self.rows.shape[0] < self.capacity:
-                take = chunk[: self.capacity - (0 if self.rows is None else self.rows.shape[0])]
-                self.rows = take.clone() if self.rows is None else torch.cat([self.rows, take])
-                chunk = chunk[take.shape[0] :]
-                self.seen += take.shape[0]
-            if chunk.shape[0] == 0:
-                continue
-            idx = self.seen + torch.arange(1, chunk.shape[0] + 1)
-            slots = (torch.rand(chunk.shape[0], generator=self._gen) * idx).long().numpy()
-            hit = np.flatnonzero(slots < self.capacity)
-            if hit.size:
-                # Sequential reservoir semantics: when several rows of this chunk draw the same
-                # slot, the last one wins (the first of its slot in reverse order). On the host:
-                # a dozen torch ops on a handful of indices cost ~0.1 ms a call.
-                first = np.unique(slots[hit][::-1], return_index=True)
-                slot, last = first[0], hit[hit.size - 1 - first[1]]
-                self.rows[torch.from_numpy(slot).to(rows.device)] = chunk[
-                    torch.from_numpy(last).to(rows.device)
-                ]
-            self.seen += chunk.shape[0]
+        drawn = priorities(self.seed, self.counter.next(), rows.shape[0])
+        self.seen += rows.shape[0]
+        self._keep(rows, drawn)
+
+    @torch.no_grad()
+    def merge(self, other: ChannelStats) -> None:
+        """Add the statistics ``other`` gathered on the data that follows this one's."""
+        self.absmax = torch.maximum(self.absmax, other.absmax.to(self.absmax.device))
+        self.seen += other.seen
+        if other.rows is not None:
+            self._keep(other.rows.to(self.absmax.device), other.priority)
+
+    def _keep(self, rows: torch.Tensor, drawn: torch.Tensor) -> None:
+        """Keep the ``capacity`` smallest priorities of the kept rows followed by ``rows``
+        (ties: the earlier row), in their order."""
+        if self.rows is not None and self.rows.shape[0] >= self.capacity:
+            # Only rows below the largest kept priority can enter: usually a handful.
+            pick = torch.nonzero(drawn < self.priority.max()).flatten()
+            rows, drawn = rows[pick.to(rows.device)], drawn[pick]
+        if rows.shape[0] == 0:
+            return
+        both = rows if self.rows is None else torch.cat([self.rows, rows])
+        drawn = drawn if self.rows is None else torch.cat([self.priority, drawn])
+        if drawn.numel() > self.capacity:
+            smallest = torch.sort(drawn, stable=True).indices[: self.capacity]
+            keep = torch.sort(smallest).values
+            both, drawn = both[keep.to(both.device)], drawn[keep]
+        self.rows = both.clone() if both.data_ptr() == rows.data_ptr() else both
+        self.priority = drawn
 
 
 @torch.no_grad()

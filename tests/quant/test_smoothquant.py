@@ -10,6 +10,7 @@ from opsnn_quant.quant.smoothquant import (
     search_alphas,
     smoothing_factors,
 )
+from opsnn_quant.stream import at_batch, priorities
 
 
 def test_smoothing_factor_formula():
@@ -47,21 +48,37 @@ def test_search_prefers_smoothing_for_an_outlier_channel():
     assert torch.allclose((x / s) @ (w * s).T, x @ w.T, rtol=1e-4, atol=1e-3)
 
 
-def test_reservoir_matches_a_sequential_reservoir_with_duplicate_slots():
+def test_reservoir_keeps_the_rows_of_smallest_priority_in_their_order():
     cap, seed = 8, 5
     x = torch.arange(3000, dtype=torch.float32).reshape(1000, 3)
     st = ChannelStats(3, reservoir=cap, seed=seed)
-    st.collect(x)
-    # the same draws, applied one row at a time (many rows draw the same slot here)
-    g = torch.Generator().manual_seed(seed)
-    rows = x[:cap].clone()
-    rest = x[cap:]
-    idx = cap + torch.arange(1, rest.shape[0] + 1)
-    slots = (torch.rand(rest.shape[0], generator=g) * idx).long()
-    for row, slot in zip(rest, slots.tolist(), strict=True):
-        if slot < cap:
-            rows[slot] = row
-    assert torch.equal(st.rows, rows)
+    st.collect(x)  # outside a loop: batch 0, the first call
+    # bottom-k: each row's draw from the generator seeded by (seed, batch 0, call 1)
+    drawn = priorities(seed, (0, 1), 1000)
+    keep = sorted(torch.argsort(drawn)[:cap].tolist())
+    assert torch.equal(st.rows, x[keep])
+    assert st.seen == 1000
+
+
+def test_reservoir_of_shares_merges_into_the_reservoir_of_all_the_data():
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randn(40 + 9 * i, 6, generator=gen) for i in range(5)]
+
+    def over(indices: range) -> ChannelStats:
+        st = ChannelStats(6, reservoir=16, seed=3)
+        for i in indices:
+            with at_batch(i):
+                st.collect(batches[i])
+                st.collect(batches[i] * 2)  # two calls a batch (call ordinals 1 and 2)
+        return st
+
+    whole = over(range(5))
+    first, second, third = over(range(2)), over(range(2, 3)), over(range(3, 5))
+    first.merge(second)
+    first.merge(third)
+    assert torch.equal(first.rows, whole.rows)
+    assert torch.equal(first.absmax, whole.absmax)
+    assert first.seen == whole.seen == 2 * sum(b.shape[0] for b in batches)
 
 
 def _reference_alpha(stats, weight, dynamic, alphas):
