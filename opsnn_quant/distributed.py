@@ -156,25 +156,28 @@ class Lockstep:
     Args:
         world: this rank's world.
         points: the points' names, in order.
+        to_main: the points where only rank 0 receives (the others get an empty list, and
+            learn of a failure sent there at the next point). Fixed here, not per call: a rank
+            walking the points after its failure must make the same collective as the others.
     """
 
-    def __init__(self, world: World, points: Sequence[str]) -> None:
+    def __init__(self, world: World, points: Sequence[str], to_main: Sequence[str] = ()) -> None:
         self.world = world
         self.points = tuple(points)
+        self.to_main = frozenset(to_main)
         self.met = 0
         self.failure: _Failure | None = None
 
-    def meet(self, point: str, payload: Any = None, *, to_main: bool = False) -> list[Any]:
+    def meet(self, point: str, payload: Any = None) -> list[Any]:
         """Meet the others at ``point`` (the next one), with ``payload``.
 
         Args:
             point: the point's name (checked against the order).
             payload: what this rank brings (pickled).
-            to_main: only rank 0 receives (the others get an empty list, and learn of a
-                failure sent here at the next point).
 
         Returns:
-            Every rank's payload in rank order (rank 0; every rank unless ``to_main``).
+            Every rank's payload in rank order (on rank 0; on every rank unless the point is
+            one of ``to_main``).
 
         Raises:
             DistributedError: a rank failed (see the class).
@@ -183,7 +186,7 @@ class Lockstep:
         if point != expected:
             raise DistributedError(f"rank {self.world.rank} met {point!r}, expected {expected!r}")
         self.met += 1
-        parts = self._exchange(self.failure or payload, to_main)
+        parts = self._exchange(self.failure or payload, point in self.to_main)
         failed = [p for p in parts if isinstance(p, _Failure)]
         if failed and self.failure is None:
             first = failed[0]

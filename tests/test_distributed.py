@@ -141,18 +141,80 @@ def test_two_gloo_ranks_gather_in_order_and_share_one_ranks_failure():
     )
 
 
-def test_calibrate_and_probe_refuse_several_processes_loudly(monkeypatch, tmp_path, capsys):
+def _lockstep_rank(rank: int, size: int, port: int, results: dict) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))  # fmt: skip
+    from opsnn_quant.distributed import Lockstep, finish_world, init_world
+
+    world = init_world("cpu")
+    out: dict[str, object] = {}
+    points = ("ready", "statistics", "done")
+
+    def run(fail_rank: int | None, fail_at: str) -> object:
+        """Every rank meets the points; ``fail_rank`` raises just before ``fail_at``."""
+        step = Lockstep(world, points, to_main=("statistics",))
+        got: dict[str, object] = {}
+
+        def work() -> None:
+            for point in points:
+                if world.rank == fail_rank and point == fail_at:
+                    raise ValueError(f"bad shard on rank {world.rank}")
+                got[point] = step.meet(point, f"r{world.rank}")
+
+        try:
+            step.run(work)
+        except (DistributedError, ValueError) as exc:
+            got["error"] = f"{type(exc).__name__}: {exc}"
+        return got
+
+    out["ok"] = run(None, "")
+    out["rank 2 fails in its pass"] = run(2, "statistics")
+    out["rank 0 fails after"] = run(0, "done")
+    finish_world()
+    results[rank] = out
+
+
+def test_lockstep_every_rank_meets_every_point_and_one_failure_ends_them_all():
+    port = _free_port()
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_lockstep_rank, args=(3, port, results), nprocs=3, join=True)
+        got = dict(results)
+    for rank in range(3):
+        ok = got[rank]["ok"]
+        assert ok["ready"] == ok["done"] == ["r0", "r1", "r2"]
+        assert ok["statistics"] == (["r0", "r1", "r2"] if rank == 0 else [])  # to rank 0 only
+    # rank 2 fails before sending its statistics: rank 0 learns it there, rank 1 at "done"
+    failed = {r: got[r]["rank 2 fails in its pass"]["error"] for r in range(3)}
+    assert failed[2] == "ValueError: bad shard on rank 2"
+    assert (
+        failed[0]
+        == failed[1]
+        == "DistributedError: rank 2 of 3 failed: ValueError: bad shard on rank 2"
+    )
+    assert "statistics" in got[1]["rank 2 fails in its pass"]  # rank 1 had sent its own
+    # rank 0 fails after the statistics (writing the output): the others at "done"
+    late = {r: got[r]["rank 0 fails after"]["error"] for r in range(3)}
+    assert late[0] == "ValueError: bad shard on rank 0"
+    assert (
+        late[1]
+        == late[2]
+        == "DistributedError: rank 0 of 3 failed: ValueError: bad shard on rank 0"
+    )
+
+
+def test_probe_refuses_several_processes_loudly(monkeypatch, tmp_path, capsys):
     from opsnn_quant.cli import main
 
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    for cmd in (["calibrate"], ["probe", "shapes-t2i"]):
-        assert main([*cmd, "-o", str(tmp_path / "o")]) == 2
-        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-        assert len(err) == 1 and "runs in one process" in err[0] and "WORLD_SIZE is 2" in err[0]
+    assert main(["probe", "shapes-t2i", "-o", str(tmp_path / "o")]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "runs in one process" in err[0] and "WORLD_SIZE is 2" in err[0]
     assert list(tmp_path.iterdir()) == []
     monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun with one process: nothing to shard
     from opsnn_quant.distributed import refuse_many_processes
 
-    refuse_many_processes("calibrate")
+    refuse_many_processes("probe")

@@ -46,3 +46,30 @@ def test_noise_and_signal_alone_are_the_energies_sums_bit_for_bit():
     assert signal_energy(ref, chunk=50000) == e.signal
     exact = float(((out.double() - ref.double()) ** 2).sum())
     assert abs(noise_energy(ref, out) - exact) <= 1e-12 * exact
+
+
+def test_exact_sum_does_not_depend_on_the_order_of_its_terms():
+    from opsnn_quant.numerics import ExactSum
+
+    terms = [1e16, 1.0, -1e16, 3.0, 0.1, 0.2]
+    assert sum(terms) != sum(reversed(terms))  # float addition: the order shows
+    a, b, whole = ExactSum(), ExactSum(), ExactSum()
+    for t in terms:
+        whole.add(t)
+    for t in reversed(terms[:3]):
+        a.add(t)
+    for t in terms[3:]:
+        b.add(t)
+    b.merge(a)  # shares, merged the other way round
+    # the exact sum 4 + 0.1 + 0.2 (the floats' exact values), rounded once
+    from fractions import Fraction
+
+    exact = float(Fraction(4) + Fraction(0.1) + Fraction(0.2))
+    assert float(whole) == float(b) == exact
+    special = ExactSum()
+    special.add(1.0)
+    special.add(float("inf"))
+    assert float(special) == float("inf")
+    import pickle
+
+    assert float(pickle.loads(pickle.dumps(whole))) == exact

@@ -66,3 +66,40 @@ def test_recorded_outputs_are_taken_in_the_loop_and_equal_a_replay():
         assert torch.equal(out, replay(model, call).float())
         # and it is the output of that very input
         assert any(torch.equal(call[0][0], x) for x in data)
+
+
+def _offer_batches(rec, batches):
+    from opsnn_quant.stream import at_batch
+
+    for i in batches:
+        with at_batch(i):
+            for j in range(3):  # three calls a batch
+                rec.offer((torch.tensor([10.0 * i + j]),), {})
+
+
+def test_the_reservoir_keeps_the_calls_of_smallest_priority_in_their_order():
+    from opsnn_quant.recording import RootRecorder
+    from opsnn_quant.stream import priority
+
+    rec = RootRecorder("root", max_calls=4, seed=9)
+    _offer_batches(rec, range(5))
+    positions = [(i, j + 1) for i in range(5) for j in range(3)]
+    drawn = sorted(positions, key=lambda p: priority(9, p))[:4]
+    expected = [10.0 * i + (j - 1) for i, j in sorted(drawn)]
+    assert [float(call[0][0]) for call in rec.calls] == expected
+    assert rec.seen == 15
+
+
+def test_reservoirs_of_shares_merge_into_the_reservoir_of_all_the_data():
+    from opsnn_quant.recording import RootRecorder
+
+    whole = RootRecorder("root", max_calls=4, seed=9)
+    _offer_batches(whole, range(6))
+    parts = [RootRecorder("root", max_calls=4, seed=9) for _ in range(3)]
+    for part, batches in zip(parts, (range(0, 1), range(1, 4), range(4, 6)), strict=True):
+        _offer_batches(part, batches)
+    merged = parts[0]
+    merged.merge(parts[1].portable())
+    merged.merge(parts[2])
+    assert [float(c[0][0]) for c in merged.calls] == [float(c[0][0]) for c in whole.calls]
+    assert merged.priority == whole.priority and merged.seen == whole.seen == 18

@@ -242,7 +242,7 @@ def calibrate(
                        allow_broken_baseline, resume)  # fmt: skip
     if nproc is not None and not dist.launched():
         run.check()
-        raise typer.Exit(launch(r.model.device, nproc, dist_backend))
+        raise typer.Exit(launch(r, nproc, dist_backend))
     world = dist.init_world(r.model.device, dist_backend)
     try:
         if world.distributed:  # each rank loads the model on its own device
@@ -329,14 +329,17 @@ class CalibrateRun:
         return work() if sharing is None else sharing.lockstep.run(work)
 
 
-def launch(device: str, nproc: int, backend: str | None) -> int:
+def launch(recipe: Recipe, nproc: int, backend: str | None) -> int:
     """``--nproc N``: the command again in N processes on this host (torchrun's elastic
-    agent); returns the run's exit code."""
+    agent), after checking that each gets a batch of the probe's data; returns the run's exit
+    code."""
     from opsnn_quant.cli import main
+    from opsnn_quant.pipeline.sharing import check_processes
 
-    kind = device.split(":")[0]
-    if nproc < 1:
-        raise ConfigError(f"--nproc must be at least 1, got {nproc}")
+    kind = recipe.model.device.split(":")[0]
+    data = recipe.data.load(recipe.data.calibration, recipe.data.limit)
+    records = min(len(data), recipe.probe.data_limit or len(data))
+    check_processes(nproc, records, int(getattr(recipe.model.settings, "batch_size", 1) or 1))
     dist.check_devices(kind, nproc)
     dist.check_backend(backend or {"npu": "hccl", "cuda": "nccl"}.get(kind, "gloo"))
     return dist.launch_local(nproc, main, _ui.without_nproc(_ui.ARGV))

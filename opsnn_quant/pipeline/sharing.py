@@ -45,7 +45,7 @@ class Sharing:
     @classmethod
     def of(cls, world: World) -> Sharing:
         """The sharing of a run in ``world``."""
-        return cls(world, Lockstep(world, POINTS))
+        return cls(world, Lockstep(world, POINTS, to_main=("statistics",)))
 
     def ready(self, adapter: ModelAdapter, records: Sequence[Any]) -> None:
         """Check that the data can be shared, and meet the others (every rank loaded).
@@ -55,14 +55,7 @@ class Sharing:
                 batch.
             DistributedError: another rank failed.
         """
-        batch = _batch_of(adapter)
-        batches = -(-len(records) // batch)
-        if batches < self.world.size:
-            raise ConfigError(
-                f"{self.world.size} processes share {len(records)} calibration records in "
-                f"batches of {batch}: {batches} batch(es), and a batch is never split; use at "
-                f"most {batches} processes (or a smaller batch_size)"
-            )
+        check_processes(self.world.size, len(records), _batch_of(adapter))
         self.lockstep.meet("ready")
 
     def loop(self, adapter: ModelAdapter, records: Sequence[Any]) -> ForwardLoop:
@@ -79,15 +72,32 @@ class Sharing:
 
     def send(self, watches: Watches) -> None:
         """A rank but 0: send its share's statistics to rank 0."""
-        self.lockstep.meet("statistics", watches, to_main=True)
+        self.lockstep.meet("statistics", watches)
 
     def done(self) -> None:
         """Meet the others at the end (rank 0 wrote the output)."""
         self.lockstep.meet("done")
 
     def _others(self) -> list[Watches]:
-        parts = self.lockstep.meet("statistics", None, to_main=True)
+        parts = self.lockstep.meet("statistics", None)
         return [p for p in parts[1:] if p is not None]
+
+
+def check_processes(processes: int, records: int, batch: int) -> None:
+    """Refuse a process count that leaves a rank without a batch of calibration data.
+
+    Raises:
+        ConfigError: fewer than 1 process, or more than the data's batches.
+    """
+    batches = -(-records // max(batch, 1))
+    if processes < 1:
+        raise ConfigError(f"--nproc must be at least 1, got {processes}")
+    if batches < processes:
+        raise ConfigError(
+            f"{processes} processes share {records} calibration records in batches of "
+            f"{batch}: {batches} batch(es), and a batch is never split; use at most "
+            f"{batches} processes (or a smaller batch_size)"
+        )
 
 
 def _batch_of(adapter: ModelAdapter) -> int:

@@ -212,3 +212,11 @@ def test_a_sampled_call_far_from_65504_reruns_on_a_strided_subset_of_samples(mon
     assert float(whole.err16.signal) > 0
     assert whole.err16.ratio() == alone.err16.ratio()
     assert whole.err_bf16.ratio() == alone.err_bf16.ratio()
+
+
+def test_re_runs_are_chosen_by_the_call_s_place_in_the_data():
+    import opsnn_quant.probe.fp16 as fp16
+
+    # calls 1, 4, 16 of batches 0, 3, 15: log-spaced in both
+    sampled = [(b, c) for b in range(20) for c in range(1, 20) if fp16.is_sampled_position(b, c)]
+    assert sampled == [(b, c) for b in (0, 3, 15) for c in (1, 4, 16)]

@@ -267,3 +267,29 @@ def _copy(module):
     import copy
 
     return copy.deepcopy(module)
+
+
+@pytest.mark.parametrize("spread", [4.0, 1e3])
+def test_moments_of_shares_merge_into_the_moments_of_all_the_rows(spread):
+    g = torch.Generator().manual_seed(0)
+    scales = (1.0, spread, 1.0 / spread)
+    calls = [torch.randn(m, 12, generator=g) * s for m, s in zip((30, 7, 50), scales, strict=True)]
+    whole = SplitMoments(12)
+    for x in calls:
+        whole.collect(x)
+    first, second = SplitMoments(12), SplitMoments(12)
+    first.collect(calls[0])
+    for x in calls[1:]:
+        second.collect(x)
+    first.merge(second)
+    for a, b in zip(first.halves, whole.halves, strict=True):
+        assert a.rows == b.rows
+        assert torch.equal(a.total + a.total_error, b.total + b.total_error)
+        if spread == 4.0:  # fp32 products summed in float64: exact while an entry's terms
+            assert torch.equal(a.xtx, b.xtx)  # span less than 2^29
+        else:  # products spread 1e12 (2^40) apart: the float64 sum rounds, order-dependent
+            assert torch.allclose(a.xtx, b.xtx, rtol=2**-52, atol=0)
+    assert torch.equal(first.mean(), whole.mean())
+    # the mean is the float64 mean of all rows (compensated: the scales' spread does not show)
+    rows = torch.cat(calls).double()
+    assert torch.allclose(whole.mean(), rows.mean(dim=0), rtol=1e-15, atol=0)

@@ -162,3 +162,48 @@ def test_large_batches_are_subsampled_but_counted_in_elements():
     # counts, so that histograms of shares of the data add up exactly
     assert obs.hist.sum() == 4 * 50_001
     assert (obs.min, obs.max) == (-1.0, 1.0)  # exact, not from the subsample
+
+
+def test_bins_are_exact_powers_of_two_hand_computed():
+    from opsnn_quant.quant.observers import bin_counts
+
+    # radius 1, 4 bins of width 0.5: bin floor(x / 0.5) + 2
+    x = torch.tensor([-1.0, -0.5, -1e-30, 0.0, 0.49, 0.5, 0.999])
+    assert bin_counts(x, 1.0, 4).tolist() == [1.0, 2.0, 2.0, 2.0]
+    # the same values on the doubled grid are the pairs merged (radius 2: width 1)
+    assert bin_counts(x, 2.0, 4).tolist() == [0.0, 3.0, 4.0, 0.0]
+
+
+def test_the_first_radius_is_the_power_of_two_above_the_absmax():
+    obs = PercentileObserver()
+    obs.collect(torch.tensor([-3.0, 2.0]))
+    assert obs.radius == 4.0
+    obs.collect(torch.tensor([4.0]))  # |x| must stay below the radius: doubled
+    assert obs.radius == 8.0
+
+
+@pytest.mark.parametrize("kind", ["minmax", "percentile", "mse", "kl"])
+def test_observers_of_shares_merge_into_the_observer_of_all_the_data(kind):
+    g = torch.Generator().manual_seed(1)
+    # batches of growing range (the histograms double between them), one over max_samples
+    batches = [torch.randn(n, generator=g) * s for n, s in ((500, 0.1), (70_000, 3.0), (900, 40.0))]
+    whole = make_observer(kind)
+    for b in batches:
+        whole.collect(b)
+    for cut in (1, 2):
+        first, second = make_observer(kind), make_observer(kind)
+        for b in batches[:cut]:
+            first.collect(b)
+        for b in batches[cut:]:
+            second.collect(b)
+        # either way round: a histogram merges onto the larger grid
+        for a, b in ((first, second), (second, first)):
+            merged = make_observer(kind)
+            merged.merge(a)
+            merged.merge(b)
+            assert (merged.count, merged.min, merged.max) == (whole.count, whole.min, whole.max)
+            if kind != "minmax":
+                assert merged.radius == whole.radius  # type: ignore[attr-defined]
+                assert np.array_equal(merged.hist, whole.hist)  # type: ignore[attr-defined]
+            for symmetric in (True, False):
+                assert merged.compute(symmetric) == whole.compute(symmetric)
