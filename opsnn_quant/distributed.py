@@ -363,21 +363,6 @@ def bind_device(kind: str, local_rank: int, local_size: int) -> str:
     return f"{kind}:{local_rank}"
 
 
-def refuse_many_processes(command: str) -> None:
-    """Refuse a ``command`` that runs in one process when torchrun started several.
-
-    Raises:
-        ConfigError: launched with ``WORLD_SIZE`` above 1 (each rank says so, and exits 2).
-    """
-    size = int(os.environ.get("WORLD_SIZE", "1") or 1) if launched() else 1
-    if size > 1:
-        raise ConfigError(
-            f"{command} runs in one process: sharding its calibration data across ranks (with "
-            f"the statistics merged) is not implemented yet; run it without torchrun "
-            f"(WORLD_SIZE is {size})"
-        )
-
-
 def check_nproc(nproc: int, samples: int) -> None:
     """Refuse a process count that leaves a rank without work.
 

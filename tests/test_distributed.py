@@ -202,19 +202,3 @@ def test_lockstep_every_rank_meets_every_point_and_one_failure_ends_them_all():
         == late[2]
         == "DistributedError: rank 0 of 3 failed: ValueError: bad shard on rank 0"
     )
-
-
-def test_probe_refuses_several_processes_loudly(monkeypatch, tmp_path, capsys):
-    from opsnn_quant.cli import main
-
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert main(["probe", "shapes-t2i", "-o", str(tmp_path / "o")]) == 2
-    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    assert len(err) == 1 and "runs in one process" in err[0] and "WORLD_SIZE is 2" in err[0]
-    assert list(tmp_path.iterdir()) == []
-    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun with one process: nothing to shard
-    from opsnn_quant.distributed import refuse_many_processes
-
-    refuse_many_processes("probe")

@@ -15,13 +15,13 @@ import typer
 
 from opsnn_quant import distributed as dist
 from opsnn_quant.cli import _ui
-from opsnn_quant.distributed import refuse_many_processes
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.numerics import fmt_db
 from opsnn_quant.pipeline.outputs import PROBE_FILE, TIMINGS_FILE
 
 if TYPE_CHECKING:
     from opsnn_quant.pipeline.calibrate import CalibrateResult
+    from opsnn_quant.pipeline.probe import ProbeJob
     from opsnn_quant.pipeline.sharing import Sharing
     from opsnn_quant.probe.report import Fp16Stats, SensitivityReport
     from opsnn_quant.recipe import Recipe
@@ -242,7 +242,10 @@ def calibrate(
                        allow_broken_baseline, resume)  # fmt: skip
     if nproc is not None and not dist.launched():
         run.check()
-        raise typer.Exit(launch(r, nproc, dist_backend))
+        calib = r.data.load(r.data.calibration, r.data.limit)
+        records = min(len(calib), r.probe.data_limit or len(calib))
+        batch = int(getattr(r.model.settings, "batch_size", 1) or 1)
+        raise typer.Exit(launch(r.model.device, nproc, dist_backend, records, batch))
     world = dist.init_world(r.model.device, dist_backend)
     try:
         if world.distributed:  # each rank loads the model on its own device
@@ -329,17 +332,15 @@ class CalibrateRun:
         return work() if sharing is None else sharing.lockstep.run(work)
 
 
-def launch(recipe: Recipe, nproc: int, backend: str | None) -> int:
+def launch(device: str, nproc: int, backend: str | None, records: int, batch: int) -> int:
     """``--nproc N``: the command again in N processes on this host (torchrun's elastic
-    agent), after checking that each gets a batch of the probe's data; returns the run's exit
-    code."""
+    agent), after checking that each gets a batch of the ``records`` calibration records (in
+    batches of ``batch``); returns the run's exit code."""
     from opsnn_quant.cli import main
     from opsnn_quant.pipeline.sharing import check_processes
 
-    kind = recipe.model.device.split(":")[0]
-    data = recipe.data.load(recipe.data.calibration, recipe.data.limit)
-    records = min(len(data), recipe.probe.data_limit or len(data))
-    check_processes(nproc, records, int(getattr(recipe.model.settings, "batch_size", 1) or 1))
+    kind = device.split(":")[0]
+    check_processes(nproc, records, batch)
     dist.check_devices(kind, nproc)
     dist.check_backend(backend or {"npu": "hccl", "cuda": "nccl"}.get(kind, "gloo"))
     return dist.launch_local(nproc, main, _ui.without_nproc(_ui.ARGV))
@@ -377,21 +378,86 @@ def probe_cmd(
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     allow_pickle: AllowPickleOpt = False,
+    nproc: Annotated[
+        int | None,
+        typer.Option("--nproc", help=_ui.NPROC_HELP.format(command="probe")),
+    ] = None,
+    dist_backend: Annotated[
+        str | None, typer.Option("--dist-backend", help=_ui.DIST_BACKEND_HELP)
+    ] = None,
 ) -> None:
     """Write OUT/probe.json: fp16 overflow, int8 sensitivity, end-to-end attribution (and
-    OUT/timings.json: wall-clock times)."""
-    from opsnn_quant.pipeline.probe import check_probe, run_probe_job
+    OUT/timings.json: wall-clock times).
 
-    refuse_many_processes("probe")
-    job = check_probe(target, out, data, family, limit, set_ or [], exhaustive, device, dtype,
-                      allow_pickle, force, column=data_column, split=split)  # fmt: skip
-    with _ui.reporter(quiet) as rep:
-        report = run_probe_job(job, progress=rep.phase)
+    Under torchrun (or with --nproc) the statistics pass is shared by rank (whole batches
+    each, merged exactly); rank 0 does the rest and writes."""
+    from opsnn_quant.pipeline.probe import check_probe
+
+    def check(on: str | None) -> ProbeJob:
+        return check_probe(target, out, data, family, limit, set_ or [], exhaustive, on, dtype,
+                           allow_pickle, force, column=data_column, split=split)  # fmt: skip
+
+    if nproc is not None and not dist.launched():
+        job = check(device)
+        records = _probe_records(job)
+        batch = int(job.settings.get("batch_size", 1) or 1)
+        raise typer.Exit(launch(job.device, nproc, dist_backend, records, batch))
+    world = dist.init_world(device or _recipe_device(target), dist_backend)
+    try:
+        if world.distributed:  # rank 0 checks (the one writer); each rank its own device
+            job = dataclasses.replace(
+                world.from_main(lambda: check(world.device)), device=world.device
+            )
+        else:
+            job = check(device)
+        report = _probe_ranks(job, quiet or not world.is_main, world)
+    finally:
+        dist.finish_world()
+    if report is None:  # a rank but 0: rank 0 printed
+        return
     if not quiet:
         _ui.print_table(_probe_table(report))
         for line in overflow_lines(report):  # whole lines: a log reader greps them
             _ui.console.print(line, markup=False, soft_wrap=True)
         _ui.console.print(f"wrote {out / PROBE_FILE}, {out / TIMINGS_FILE}")
+
+
+def _recipe_device(target: str) -> str:
+    """The device a recipe places its model on (a model directory: the CPU)."""
+    from opsnn_quant.recipe import builtin_recipes, load_recipe
+
+    if target.endswith((".yaml", ".yml")) or target in builtin_recipes():
+        return load_recipe(target).model.device
+    return "cpu"
+
+
+def _probe_records(job: ProbeJob) -> int:
+    from opsnn_quant.models.data import load_records
+
+    return len(load_records(job.data, job.limit, column=job.column, split=job.split))
+
+
+def _probe_ranks(job: ProbeJob, quiet: bool, world: dist.World) -> SensitivityReport | None:
+    """The probe job on this rank: the whole job in one process; rank 0's part (pass 1 over
+    its share, the rest alone) or another rank's (pass 1 over its share) under torchrun."""
+    from opsnn_quant.pipeline.probe import contribute_probe, run_probe_job
+    from opsnn_quant.pipeline.sharing import Sharing
+
+    if not world.distributed:
+        with _ui.reporter(quiet) as rep:
+            return run_probe_job(job, progress=rep.phase)
+    sharing = Sharing.of(world)
+    if not world.is_main:
+        sharing.lockstep.run(lambda: contribute_probe(job, sharing))
+        return None
+
+    def work() -> SensitivityReport:
+        with _ui.reporter(quiet) as rep, dist.alone():
+            report = run_probe_job(job, progress=rep.phase, sharing=sharing)
+        sharing.done()
+        return report
+
+    return sharing.lockstep.run(work)
 
 
 def register(app: typer.Typer) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.io import atomic_dir, check_output_dir
 from opsnn_quant.pipeline.calibrate import recipe_inputs
@@ -16,6 +16,10 @@ from opsnn_quant.pipeline.outputs import PROBE_FILE
 from opsnn_quant.probe.api import ProbeConfig
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.types import Progress
+
+if TYPE_CHECKING:
+    from opsnn_quant.models.base import ModelAdapter
+    from opsnn_quant.pipeline.sharing import Sharing
 
 PROBE_KIND = "probe"
 
@@ -110,16 +114,46 @@ def check_probe(
     )  # fmt: skip
 
 
-def run_probe_job(job: ProbeJob, progress: Progress | None = None) -> SensitivityReport:
-    """Load the data and the model, probe, write ``OUT/probe.json`` and ``OUT/timings.json``."""
-    from opsnn_quant.determinism import set_reproducible
+def run_probe_job(
+    job: ProbeJob, progress: Progress | None = None, sharing: Sharing | None = None
+) -> SensitivityReport:
+    """Load the data and the model, probe, write ``OUT/probe.json`` and ``OUT/timings.json``
+    (rank 0 of a distributed run: pass 1 over its share, the others' merged, see
+    :mod:`opsnn_quant.pipeline.sharing`)."""
     from opsnn_quant.fingerprint import probe_inputs
-    from opsnn_quant.models import load_adapter
-    from opsnn_quant.models.data import load_records
     from opsnn_quant.pipeline.timings import write_timings
-    from opsnn_quant.probe.api import probe
+    from opsnn_quant.probe.api import run_probe
 
     say = progress or (lambda m: None)
+    records, adapter = _load(job, say, sharing)
+    shard = sharing.shard(adapter, records) if sharing is not None else None
+    with atomic_dir(job.out, PROBE_KIND, force=job.force) as tmp:
+        loop = adapter.forward_loop(records)
+        report = run_probe(adapter, loop, job.config, progress=say, shard=shard).report
+        report = report.model_copy(update={"inputs": probe_inputs(job.source, records)})
+        report.save(tmp / PROBE_FILE)
+        write_timings(tmp, probe=report.costs)
+    return report
+
+
+def contribute_probe(job: ProbeJob, sharing: Sharing, progress: Progress | None = None) -> None:
+    """A rank but 0 of a distributed probe: pass 1 over this rank's share of the data, its
+    statistics sent to rank 0; then wait for rank 0 to finish."""
+    from opsnn_quant.probe.api import statistics
+
+    say = progress or (lambda m: None)
+    records, adapter = _load(job, say, sharing)
+    say("probe pass 1 over this rank's share of the calibration data")
+    sharing.send(statistics(adapter, sharing.loop(adapter, records), job.config))
+    sharing.done()
+
+
+def _load(job: ProbeJob, say: Progress, sharing: Sharing | None) -> tuple[list[Any], ModelAdapter]:
+    """The job's records and float model (and, shared, the ``ready`` meeting)."""
+    from opsnn_quant.determinism import set_reproducible
+    from opsnn_quant.models import load_adapter
+    from opsnn_quant.models.data import load_records
+
     set_reproducible(seed=job.config.seed)
     say("loading the calibration data")
     records = load_records(job.data, job.limit, column=job.column, split=job.split)
@@ -128,9 +162,6 @@ def run_probe_job(job: ProbeJob, progress: Progress | None = None) -> Sensitivit
         job.family, job.source, device=job.device, dtype=job.dtype,
         allow_pickle=job.allow_pickle, **job.settings,
     )  # fmt: skip
-    with atomic_dir(job.out, PROBE_KIND, force=job.force) as tmp:
-        report = probe(adapter, adapter.forward_loop(records), job.config, progress=say)
-        report = report.model_copy(update={"inputs": probe_inputs(job.source, records)})
-        report.save(tmp / PROBE_FILE)
-        write_timings(tmp, probe=report.costs)
-    return report
+    if sharing is not None:
+        sharing.ready(adapter, records)
+    return records, adapter

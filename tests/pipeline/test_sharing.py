@@ -97,3 +97,13 @@ def test_a_failure_on_rank_0_ends_every_rank_with_its_error(tiny, tmp_path):
     assert any(e.startswith("error: rank 0 of 2 failed: ") for e in errors), errors
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+def test_probe_on_two_ranks_writes_the_single_process_report(tiny, tmp_path):
+    args = ["probe", str(tiny / "pipe"), "--data", str(tiny / "prompts.txt"), "--set", "steps=2",
+            "--set", "batch_size=2", "--quiet"]  # fmt: skip
+    for nproc, out in ((0, "one"), (2, "two")):
+        done = _torchrun(nproc, [*args, "-o", str(tmp_path / out)], tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+    one = (tmp_path / "one" / "probe.json").read_bytes()
+    assert (tmp_path / "two" / "probe.json").read_bytes() == one  # costs: none in probe.json
