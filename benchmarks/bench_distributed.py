@@ -20,12 +20,23 @@ On a machine with C cores, N processes each get C // N OpenMP threads: on 2 core
 (2x here), and above 1x only where one process does not keep both cores busy (small models, the
 Python between kernels). On an Ascend host each rank has its own NPU.
 
-Run from the repository root: ``python benchmarks/bench_distributed.py [--samples 16 32 64]``.
+With ``--calibrate``: ``opsnn-quant calibrate`` of the demo recipe (``shapes-t2i``, 10 steps,
+batches of 4) over ``--limits`` calibration prompts, on 1 and 2 processes: wall time, rank 0's
+probe statistics pass (its share of the batches) against the single process's, the merge (rank 0
+waiting for the other rank's statistics and folding them in, from ``timings.json``) as a share
+of the run, and whether every file but the run's own (``timings.json``, run-token markers) is the
+same bytes as one process's at the threads each rank has. Only the statistics pass is shared:
+the rest of the probe (the attribution's replays of a bounded reservoir of recorded calls) and
+quantize / exports run on rank 0, so the speed-up is bounded by the pass's share of the run.
+
+Run from the repository root: ``python benchmarks/bench_distributed.py [--samples 16 32 64]``,
+``python benchmarks/bench_distributed.py --calibrate [--limits 8 16 32]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -88,20 +99,76 @@ def _without_run(report: dict) -> dict:
     return {k: v for k, v in report.items() if k not in ("created", "timings", "world")}
 
 
+def _calibrate(limit: int, out: Path, nproc: int, threads: int | None = None) -> float:
+    cmd = ["opsnn-quant", "calibrate", "shapes-t2i", "--limit", str(limit), "--set",
+           "batch_size=4", "-o", str(out), "--quiet", "--force"]  # fmt: skip
+    if nproc > 1:
+        cmd += ["--nproc", str(nproc)]
+    env = dict(os.environ)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        sys.stderr.write(done.stdout + done.stderr)
+        raise SystemExit(f"calibrate failed: {' '.join(cmd)}")
+    return time.perf_counter() - t0
+
+
+def _files(root: Path) -> dict[str, str]:
+    """sha1 of every file but the run's own (wall-clock times, run-token markers)."""
+    own = {"timings.json", ".opsnn-quant.json"}
+    return {
+        str(p.relative_to(root)): hashlib.sha1(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name not in own
+    }
+
+
+def _probe_costs(out: Path) -> dict[str, float]:
+    return dict(json.loads((out / "timings.json").read_text()).get("probe", {}))
+
+
+def calibrate_table(limits: list[int]) -> None:
+    """Time calibrate of the demo at each data size on 1 and 2 processes; print one table."""
+    per_rank = max(1, (os.cpu_count() or 1) // 2)
+    header = ("prompts", "batches", "1 proc s", "2 procs s", "speed-up", "pass 1 s (1 / 2 procs)",
+              "merge s", "merge %", f"same files as 1 proc of {per_rank} thread(s)")  # fmt: skip
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for n in limits:
+            one = _calibrate(n, work / "one", 1)
+            two = _calibrate(n, work / "two", 2)
+            pass1, shared = _probe_costs(work / "one"), _probe_costs(work / "two")
+            merge = shared.get("pass1_merge_seconds", 0.0)
+            _calibrate(n, work / "ref", 1, threads=per_rank)
+            same = "yes" if _files(work / "ref") == _files(work / "two") else "NO"
+            print(f"| {n} | {-(-n // 4)} | {one:.1f} | {two:.1f} | {one / two:.2f}x | "
+                  f"{pass1['pass1_seconds']:.1f} / {shared['pass1_seconds']:.1f} | {merge:.2f} | "
+                  f"{100 * merge / two:.1f} % | {same} |", flush=True)  # fmt: skip
+
+
 def main() -> None:
-    """Time each suite at each sample count on 1 and 2 processes; print one table."""
+    """Time each suite at each sample count on 1 and 2 processes (or calibrate at each data
+    size); print one table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, nargs="+", default=[16, 32, 64])
     ap.add_argument("--suites", nargs="+", default=["shapes-t2i", "whisper-tiny-en"])
+    ap.add_argument("--calibrate", action="store_true", help="time calibrate instead")
+    ap.add_argument("--limits", type=int, nargs="+", default=[8, 16, 32])
     args = ap.parse_args()
+    print(f"cpu: {platform.machine()}, {os.cpu_count()} cores, flags: {_cpu_flags()}; "
+          "backend cpu / cpu-reference; gloo over loopback")  # fmt: skip
+    if args.calibrate:
+        calibrate_table(args.limits)
+        return
     if "shapes-t2i" in args.suites and not (DEMO / "quant").is_dir():
         subprocess.run(["opsnn-quant", "calibrate", "-o", str(DEMO), "--quiet"], check=True)
     candidates = {
         "shapes-t2i": ["--candidate", str(DEMO)],
         "whisper-tiny-en": ["--candidate", "zoo:whisper-tiny.en", "--candidate-dtype", "float16"],
     }
-    print(f"cpu: {platform.machine()}, {os.cpu_count()} cores, flags: {_cpu_flags()}; "
-          "backend cpu / cpu-reference; gloo over loopback")  # fmt: skip
     per_rank = max(1, (os.cpu_count() or 1) // 2)
     header = ("suite", "samples", "1 proc s", "2 procs s", "speed-up", "gather s", "gather %",
               f"same report as 1 proc of {per_rank} thread(s)")  # fmt: skip

@@ -232,8 +232,10 @@ def _pass_one(run: ProbeRun, forward_loop: ForwardLoop, shard: Shard | None) -> 
     if shard is None:
         return statistics_pass(w, run.adapter, run.named, run.watched, forward_loop)
     seconds = statistics_pass(w, run.adapter, run.named, run.watched, shard.loop)
-    for other in shard.others():
+    t0 = time.perf_counter()
+    for other in shard.others():  # waits for the slowest share
         w.merge(other)
+    run.costs["pass1_merge_seconds"] = time.perf_counter() - t0
     return seconds
 
 
