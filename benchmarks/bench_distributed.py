@@ -80,18 +80,24 @@ def _evaluate(
 ) -> tuple[float, dict]:
     cmd = ["opsnn-quant", "evaluate", *candidate, "--suite", str(suite), "-o", str(out),
            "--latency", "none", "--quiet", "--force"]  # fmt: skip
+    seconds = _timed(cmd, nproc, threads, ok=(0, 3))  # 3: FAIL verdict, still a timed run
+    return seconds, json.loads((out / "report.json").read_text())
+
+
+def _timed(cmd: list[str], nproc: int, threads: int | None, ok: tuple[int, ...] = (0,)) -> float:
+    """Seconds ``cmd`` took (with ``--nproc`` above 1 process; ``threads`` OpenMP threads)."""
     if nproc > 1:
-        cmd += ["--nproc", str(nproc)]
+        cmd = [*cmd, "--nproc", str(nproc)]
     env = dict(os.environ)
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - t0
-    if done.returncode not in (0, 3):  # 3: FAIL verdict, still a timed run
+    if done.returncode not in ok:
         sys.stderr.write(done.stdout + done.stderr)
-        raise SystemExit(f"evaluate failed: {' '.join(cmd)}")
-    return seconds, json.loads((out / "report.json").read_text())
+        raise SystemExit(f"failed: {' '.join(cmd)}")
+    return seconds
 
 
 def _without_run(report: dict) -> dict:
@@ -102,17 +108,7 @@ def _without_run(report: dict) -> dict:
 def _calibrate(limit: int, out: Path, nproc: int, threads: int | None = None) -> float:
     cmd = ["opsnn-quant", "calibrate", "shapes-t2i", "--limit", str(limit), "--set",
            "batch_size=4", "-o", str(out), "--quiet", "--force"]  # fmt: skip
-    if nproc > 1:
-        cmd += ["--nproc", str(nproc)]
-    env = dict(os.environ)
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = str(threads)
-    t0 = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        sys.stderr.write(done.stdout + done.stderr)
-        raise SystemExit(f"calibrate failed: {' '.join(cmd)}")
-    return time.perf_counter() - t0
+    return _timed(cmd, nproc, threads)
 
 
 def _files(root: Path) -> dict[str, str]:

@@ -73,10 +73,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank(rank: int, size: int, port: int, results: dict) -> None:
+def _as_rank(rank: int, size: int, port: int) -> None:
+    """This process as torchrun would start rank ``rank`` of ``size`` on this host."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))  # fmt: skip
+
+
+def _spawn(fn, size: int) -> dict:  # type: ignore[no-untyped-def]
+    """``fn(rank, size, port, results)`` in ``size`` processes; every rank's ``results``."""
+    port = _free_port()
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(fn, args=(size, port, results), nprocs=size, join=True)
+        return dict(results)
+
+
+def _rank(rank: int, size: int, port: int, results: dict) -> None:
+    _as_rank(rank, size, port)
     from opsnn_quant.distributed import finish_world, init_world
 
     world = init_world("cpu")
@@ -116,11 +130,7 @@ def _rank(rank: int, size: int, port: int, results: dict) -> None:
 
 
 def test_two_gloo_ranks_gather_in_order_and_share_one_ranks_failure():
-    port = _free_port()
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_rank, args=(2, port, results), nprocs=2, join=True)
-        got = dict(results)
+    got = _spawn(_rank, 2)
     for rank in (0, 1):
         assert got[rank]["world"] == {
             "world_size": 2, "nodes": 1, "backend": "gloo", "devices": ["cpu", "cpu"],
@@ -142,9 +152,7 @@ def test_two_gloo_ranks_gather_in_order_and_share_one_ranks_failure():
 
 
 def _lockstep_rank(rank: int, size: int, port: int, results: dict) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))  # fmt: skip
+    _as_rank(rank, size, port)
     from opsnn_quant.distributed import Lockstep, finish_world, init_world
 
     world = init_world("cpu")
@@ -176,11 +184,7 @@ def _lockstep_rank(rank: int, size: int, port: int, results: dict) -> None:
 
 
 def test_lockstep_every_rank_meets_every_point_and_one_failure_ends_them_all():
-    port = _free_port()
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_lockstep_rank, args=(3, port, results), nprocs=3, join=True)
-        got = dict(results)
+    got = _spawn(_lockstep_rank, 3)
     for rank in range(3):
         ok = got[rank]["ok"]
         assert ok["ready"] == ok["done"] == ["r0", "r1", "r2"]

@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(rv, int):  # typer.Exit(code) comes back as the return value here
             return rv
     except OpsnnQuantError as err:
-        print(f"error: {err}", file=sys.stderr)
+        # one write (line and newline together): the ranks of a torchrun launch share stderr
+        sys.stderr.write(f"error: {err}\n")
+        sys.stderr.flush()
         return err.exit_code
     except Interrupted as exc:
         name = "" if exc.signum == signal.SIGINT else f" ({signal.Signals(exc.signum).name})"

@@ -41,6 +41,11 @@ DataColumnOpt = Annotated[
     ),
 ]
 SplitOpt = Annotated[str | None, typer.Option(help="split of a datasets source [default: train]")]
+# Sharing the probe's statistics pass among processes (calibrate and probe).
+NprocOpt = Annotated[
+    int | None, typer.Option("--nproc", help=_ui.NPROC_HELP.format(command="calibrate/probe"))
+]
+DistBackendOpt = Annotated[str | None, typer.Option("--dist-backend", help=_ui.DIST_BACKEND_HELP)]
 FAIL_EXIT = 3
 
 
@@ -204,13 +209,8 @@ def calibrate(
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     allow_pickle: AllowPickleOpt = False,
-    nproc: Annotated[
-        int | None,
-        typer.Option("--nproc", help=_ui.NPROC_HELP.format(command="calibrate")),
-    ] = None,
-    dist_backend: Annotated[
-        str | None, typer.Option("--dist-backend", help=_ui.DIST_BACKEND_HELP)
-    ] = None,
+    nproc: NprocOpt = None,
+    dist_backend: DistBackendOpt = None,
 ) -> None:
     """Probe, decide the policy, quantize, save and export: OUT/probe.json, policy.yaml,
     quant/, export/ (and report/ with --evaluate), OUT/recipe.yaml (the effective recipe, to
@@ -378,13 +378,8 @@ def probe_cmd(
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     allow_pickle: AllowPickleOpt = False,
-    nproc: Annotated[
-        int | None,
-        typer.Option("--nproc", help=_ui.NPROC_HELP.format(command="probe")),
-    ] = None,
-    dist_backend: Annotated[
-        str | None, typer.Option("--dist-backend", help=_ui.DIST_BACKEND_HELP)
-    ] = None,
+    nproc: NprocOpt = None,
+    dist_backend: DistBackendOpt = None,
 ) -> None:
     """Write OUT/probe.json: fp16 overflow, int8 sensitivity, end-to-end attribution (and
     OUT/timings.json: wall-clock times).

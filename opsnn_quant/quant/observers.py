@@ -221,8 +221,8 @@ def bin_counts(flat: torch.Tensor, radius: float, bins: int) -> np.ndarray:
     scaling in float64 (so a value's bin is the same on any grid of this family)."""
     inverse = bins / (2.0 * radius)  # a power of two
     index = torch.floor(flat.to(torch.float64) * inverse).long() + bins // 2
-    counts = torch.bincount(index.clamp_(0, bins - 1).cpu(), minlength=bins)
-    return counts.to(torch.float64).numpy()
+    counts = torch.bincount(index.clamp_(0, bins - 1), minlength=bins)  # on x's device
+    return counts.cpu().to(torch.float64).numpy()
 
 
 class PercentileObserver(HistogramObserver):
