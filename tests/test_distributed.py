@@ -7,6 +7,7 @@ import os
 import socket
 
 import pytest
+import torch
 import torch.multiprocessing as mp
 
 from opsnn_quant.cli._ui import without_nproc
@@ -119,6 +120,7 @@ def _rank(rank: int, size: int, port: int, results: dict) -> None:
                            throughput_per_s=1.0, samples_ms=samples)  # fmt: skip
     out["notes"] = rank_latency_notes(world, LatencyFigures(candidate=result))
     out["stability"] = sorted(stability_by_rank(world, "own row" if world.rank else "row 0"))  # type: ignore[arg-type]
+    out["features"] = _features_both_ways(world)
     try:
         world.gather(fails_on_rank_1)
     except DistributedError as exc:
@@ -127,6 +129,35 @@ def _rank(rank: int, size: int, port: int, results: dict) -> None:
         out["error"] = f"own RuntimeError: {exc}"
     finish_world()
     results[rank] = out
+
+
+class _Scaled(torch.nn.Module):
+    """uint8 pixels (what feature modules take) to floats in [0, 1]."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.float() / 255.0
+
+
+def _features_both_ways(world) -> bool:  # type: ignore[no-untyped-def]
+    """Whether the FD features each rank extracted of its share, gathered, are the bits of one
+    process's extraction (40 images: feature batches of 16, 16 and 8)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from torch import nn
+
+    from opsnn_quant.evaluation.evaluate import QualityInputs
+    from opsnn_quant.evaluation.fid import extract_features
+
+    torch.manual_seed(0)
+    module = nn.Sequential(_Scaled(), nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    rng = np.random.default_rng(0)
+    base = [rng.integers(0, 256, (12, 12, 3), dtype=np.uint8) for _ in range(40)]
+    cand = [np.flipud(img).copy() for img in base]
+    metrics = QualityInputs(SimpleNamespace(task="t2i"), [], [], [], None, module)  # type: ignore[arg-type]
+    fb, fc = metrics.shared_features(world, base, cand)  # type: ignore[misc]
+    whole = extract_features(base, module, 16), extract_features(cand, module, 16)
+    return torch.equal(fb, whole[0]) and torch.equal(fc, whole[1]) and fb.shape == (40, 4)
 
 
 def test_two_gloo_ranks_gather_in_order_and_share_one_ranks_failure():
@@ -143,6 +174,7 @@ def test_two_gloo_ranks_gather_in_order_and_share_one_ranks_failure():
             "p50 2.0 / p99 3.0 ms; rank 1 (cpu) p50 20.0 / p99 30.0 ms"
         ]
         assert got[rank]["stability"] == ["candidate (rank 0, cpu)", "candidate (rank 1, cpu)"]
+        assert got[rank]["features"]  # each rank's share of the FD features: one process's
     # the failing rank re-raises its own error; the other names it, on one line, and is not
     # left waiting in the collective
     assert got[1]["error"].startswith("own RuntimeError: out of memory on this card")

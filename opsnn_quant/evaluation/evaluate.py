@@ -32,6 +32,8 @@ from opsnn_quant.policy.targets import Target, get_target
 from opsnn_quant.types import Progress
 
 if TYPE_CHECKING:
+    import torch
+
     from opsnn_quant.evaluation.gate import LatencyPlan
     from opsnn_quant.evaluation.quality import QualityResult
     from opsnn_quant.evaluation.timing import LatencyFigures
@@ -363,8 +365,14 @@ class QualityInputs:
         refs = adapter.references(records) or [""] * len(inputs)
         return cls(suite, records, inputs, refs, None, None)
 
-    def quality(self, baseline: list[Any], candidate: list[Any]) -> QualityResult:
-        """The suite's quality metrics of ``candidate``'s outputs against ``baseline``'s."""
+    def quality(
+        self,
+        baseline: list[Any],
+        candidate: list[Any],
+        extracted: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> QualityResult:
+        """The suite's quality metrics of ``candidate``'s outputs against ``baseline``'s
+        (``extracted``: both sets' FD features, when the ranks extracted them already)."""
         from opsnn_quant.evaluation.runner import asr_quality, t2i_quality
 
         if self.suite.task != "t2i":
@@ -378,7 +386,34 @@ class QualityInputs:
             clip=self.clip,
             fid_features=self.features,
             reference_images=_reference_images(self.suite, self.records),
+            extracted=extracted,
         )
+
+    def shared_features(
+        self, world: World, baseline: list[Any], candidate: list[Any]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Several ranks, an FD metric: both sets' features, each rank extracting its share
+        (whole feature batches: the single process's batches, so the same bits) and every
+        rank getting them all in order; None otherwise (rank 0 extracts them itself)."""
+        if world.size == 1 or self.suite.task != "t2i" or self.features is None:
+            return None
+        import torch
+
+        from opsnn_quant.evaluation.fid import extract_features
+        from opsnn_quant.evaluation.quality import FEATURE_BATCH, feature_module
+
+        module = feature_module(self.features)
+
+        def share() -> list[tuple[torch.Tensor, torch.Tensor]]:
+            part = world.shard(len(baseline), FEATURE_BATCH)
+            if not part:
+                return []
+            mine = [images[part.start : part.stop] for images in (baseline, candidate)]
+            fb, fc = (extract_features(m, module, FEATURE_BATCH) for m in mine)
+            return [(fb, fc)]
+
+        parts = world.gather(share)
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 def _generate(
@@ -407,8 +442,11 @@ def _generate(
     cand_out = generate_outputs(candidate, suite, metrics.inputs)
     say("quality metrics")
     t3 = time.perf_counter()
-    # once, on rank 0, over every rank's outputs (FD over all features, not a mean of ranks')
-    quality = current_world().from_main(lambda: metrics.quality(base_out, cand_out))
+    # FD features: each rank its share; the metrics once, on rank 0, over every rank's outputs
+    # and features (FD over all features, not a mean of ranks')
+    world = current_world()
+    extracted = metrics.shared_features(world, base_out, cand_out)
+    quality = world.from_main(lambda: metrics.quality(base_out, cand_out, extracted))
     times["baseline outputs"], times["candidate outputs"] = t2 - t1, t3 - t2
     times["quality metrics"] = (t1 - t0) + (time.perf_counter() - t3)  # with loading them
     batch = metrics.inputs[: suite.generation.batch_size]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
@@ -66,6 +67,9 @@ def _delta(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else b - a
 
 
+FEATURE_BATCH = 16  # images per feature-extraction batch (FD / FID)
+
+
 def t2i_quality(
     baseline_images: ImageBatch,
     candidate_images: ImageBatch,
@@ -75,7 +79,8 @@ def t2i_quality(
     clip: ClipScorer | None = None,
     fid_features: nn.Module | str | None = None,
     reference_images: ImageBatch | None = None,
-    batch_size: int = 16,
+    batch_size: int = FEATURE_BATCH,
+    extracted: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> QualityResult:
     """Quality of candidate images against baseline images (same prompts and seeds).
 
@@ -88,6 +93,9 @@ def t2i_quality(
             :class:`~.fid.ClipImageFeatures`), ``"inception"``, or None to skip FID/FD.
         reference_images: Real images for FID against a reference set.
         batch_size: Feature-extraction batch.
+        extracted: the baseline's and the candidate's features, already extracted with
+            ``fid_features`` (a distributed run's, each rank its share: see
+            :func:`opsnn_quant.evaluation.evaluate.shared_features`).
 
     Raises:
         InputError: Counts of images, prompts and seeds disagree.
@@ -116,7 +124,12 @@ def t2i_quality(
         out.quality.append(QualityRow(metric=f"CLIP score [{clip.label}]", baseline=rb.mean,
                                       candidate=rc.mean, delta=rc.mean - rb.mean))  # fmt: skip
     if fid_features is not None:
-        _fid(out, baseline_images, candidate_images, reference_images, fid_features, batch_size)
+        module = feature_module(fid_features)
+        fb, fc = extracted or (
+            extract_features(baseline_images, module, batch_size),
+            extract_features(candidate_images, module, batch_size),
+        )
+        _fid(out, fb, fc, reference_images, module, batch_size)
     order = sorted(range(len(pairs)), key=lambda i: (pairs[i].psnr_db, pairs[i].ssim, i))
     out.image_pairs = [
         ImagePairRow(index=i, prompt=str(prompts[i]), seed=None if seeds is None else int(seeds[i]),
@@ -127,22 +140,31 @@ def t2i_quality(
     return out
 
 
-def _fid(
-    out: QualityResult,
-    baseline: ImageBatch,
-    candidate: ImageBatch,
-    reference: ImageBatch | None,
-    features: nn.Module | str,
-    batch_size: int,
-) -> None:
+def feature_module(features: nn.Module | str) -> nn.Module:
+    """The FD feature module: ``features`` itself, or TF-Inception for ``"inception"``.
+
+    Raises:
+        InputError: another name.
+    """
     if isinstance(features, str):
         if features != "inception":
             raise InputError(f"fid_features {features!r}: pass a feature module or 'inception'")
-        features = InceptionFeatures()
+        return InceptionFeatures()
+    return features
+
+
+def _fid(
+    out: QualityResult,
+    fb: torch.Tensor,
+    fc: torch.Tensor,
+    reference: ImageBatch | None,
+    features: nn.Module,
+    batch_size: int,
+) -> None:
+    """FD of the candidate's features ``fc`` against the baseline's ``fb`` (and of both
+    against the reference images' when given)."""
     space = str(getattr(features, "feature_space", f"{type(features).__name__} (FD, not FID)"))
     name = metric_name(space)
-    fb = extract_features(baseline, features, batch_size)
-    fc = extract_features(candidate, features, batch_size)
     vs_base = fid_result(fb, fc, space, "candidate vs baseline")
     m = out.measured
     m["fid_vs_baseline"] = vs_base.value
