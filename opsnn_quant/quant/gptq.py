@@ -26,6 +26,7 @@ import logging
 import torch
 
 from opsnn_quant.errors import CalibrationError
+from opsnn_quant.stream import current_batch
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +39,13 @@ class InputMoments:
     correction) and, when ``gram``, ``X^T X`` (GPTQ's Hessian, K x K).
 
     Both are summed so that the order of the calls (or of shares of the data merged with
-    :meth:`merge`) does not show in the result: each call's ``X^T X`` is an fp32 product (as the
-    reference implementation's), added into a float64 sum, where a sum of fp32 terms is exact
-    unless the terms of one entry span more than 2^29 (8 K^2 bytes per Linear); each call's row
-    sums (float64) go into a compensated float64 sum (a second float64 vector holds its
-    rounding errors: ~106 bits).
+    :meth:`merge`) does not show in the result: within one data batch
+    (:func:`opsnn_quant.stream.current_batch`; a batch is never split between processes) the
+    calls' ``X^T X`` accumulate in fp32 (``addmm``, as the reference implementation's), and each
+    batch's fp32 sum is added into a float64 sum, where a sum of fp32 terms is exact unless the
+    terms of one entry span more than 2^29 (12 K^2 bytes per Linear: the float64 sum and the
+    batch's fp32 one); each call's row sums (float64) go into a compensated float64 sum (a
+    second float64 vector holds its rounding errors: ~106 bits).
 
     Args:
         channels: K.
@@ -60,7 +63,15 @@ class InputMoments:
         self.total = torch.zeros(self.channels, dtype=torch.float64)
         self.total_error = torch.zeros(self.channels, dtype=torch.float64)
         k = self.channels
-        self.xtx = torch.zeros(k, k, dtype=torch.float64) if self.gram else None
+        self._sum = torch.zeros(k, k, dtype=torch.float64) if self.gram else None
+        self._open: torch.Tensor | None = None  # this batch's fp32 X^T X
+        self._open_batch: int | None = None
+
+    @property
+    def xtx(self) -> torch.Tensor | None:
+        """``X^T X`` of every row so far (float64; None without ``gram``)."""
+        self._close_batch()
+        return self._sum
 
     @torch.no_grad()
     def collect(self, x2d: torch.Tensor) -> None:
@@ -69,8 +80,14 @@ class InputMoments:
         self._to(x.device)
         xf = x.to(torch.float32)
         self._add_total(xf.sum(dim=0, dtype=torch.float64), None)
-        if self.xtx is not None:
-            self.xtx += (xf.T @ xf).to(torch.float64)
+        if self._sum is not None:
+            batch = current_batch() or 0
+            if batch != self._open_batch:
+                self._close_batch()
+                self._open_batch = batch
+            if self._open is None:
+                self._open = torch.zeros(self._sum.shape, dtype=torch.float32, device=x.device)
+            self._open.addmm_(xf.T, xf)
         self.rows += x.shape[0]
 
     @torch.no_grad()
@@ -79,14 +96,24 @@ class InputMoments:
         if self.rows == 0:
             self._to(other.total.device)
         self._add_total(other.total, other.total_error)
-        if self.xtx is not None and other.xtx is not None:
-            self.xtx += other.xtx.to(self.xtx.device)
+        theirs = other.xtx
+        if self._sum is not None and theirs is not None:
+            self._close_batch()
+            self._sum += theirs.to(self._sum.device)
         self.rows += other.rows
+
+    def _close_batch(self) -> None:
+        """Add the open batch's fp32 sum into the float64 one."""
+        if self._open is not None and self._sum is not None:
+            self._sum += self._open.to(self._sum.device, torch.float64)
+            self._open = None
+            self._open_batch = None
 
     def _to(self, device: torch.device) -> None:
         if self.total.device != device:
+            self._close_batch()
             self.total, self.total_error = self.total.to(device), self.total_error.to(device)
-            self.xtx = None if self.xtx is None else self.xtx.to(device)
+            self._sum = None if self._sum is None else self._sum.to(device)
 
     def _add_total(self, value: torch.Tensor, error: torch.Tensor | None) -> None:
         """``total += value`` with the rounding error kept (Knuth's TwoSum)."""

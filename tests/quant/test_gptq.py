@@ -274,22 +274,26 @@ def test_moments_of_shares_merge_into_the_moments_of_all_the_rows(spread):
     g = torch.Generator().manual_seed(0)
     scales = (1.0, spread, 1.0 / spread)
     calls = [torch.randn(m, 12, generator=g) * s for m, s in zip((30, 7, 50), scales, strict=True)]
-    whole = SplitMoments(12)
-    for x in calls:
-        whole.collect(x)
-    first, second = SplitMoments(12), SplitMoments(12)
-    first.collect(calls[0])
-    for x in calls[1:]:
-        second.collect(x)
-    first.merge(second)
+    from opsnn_quant.stream import at_batch
+
+    def over(batches: range) -> SplitMoments:  # call i is data batch i
+        moments = SplitMoments(12)
+        for i in batches:
+            with at_batch(i):
+                moments.collect(calls[i])
+                moments.collect(calls[i] * 0.5)  # two calls a batch: summed in fp32
+        return moments
+
+    whole, first = over(range(3)), over(range(1))
+    first.merge(over(range(1, 3)))
     for a, b in zip(first.halves, whole.halves, strict=True):
         assert a.rows == b.rows
         assert torch.equal(a.total + a.total_error, b.total + b.total_error)
-        if spread == 4.0:  # fp32 products summed in float64: exact while an entry's terms
+        if spread == 4.0:  # fp32 batch sums summed in float64: exact while an entry's terms
             assert torch.equal(a.xtx, b.xtx)  # span less than 2^29
         else:  # products spread 1e12 (2^40) apart: the float64 sum rounds, order-dependent
             assert torch.allclose(a.xtx, b.xtx, rtol=2**-52, atol=0)
     assert torch.equal(first.mean(), whole.mean())
     # the mean is the float64 mean of all rows (compensated: the scales' spread does not show)
-    rows = torch.cat(calls).double()
+    rows = torch.cat([c for x in calls for c in (x, x * 0.5)]).double()
     assert torch.allclose(whole.mean(), rows.mean(dim=0), rtol=1e-15, atol=0)
