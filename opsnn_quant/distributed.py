@@ -82,7 +82,8 @@ class World:
 
     def shard(self, count: int, batch: int = 1) -> range:
         """This rank's items of ``count``: a contiguous run of whole batches of ``batch`` items
-        (the batches split as evenly as they go, earlier ranks taking one more)."""
+        (the batches split as evenly as they go, later ranks taking one more: with fewer
+        batches than ranks, rank 0, which also computes and writes what follows, is idle)."""
         batches = -(-count // max(batch, 1))
         first = self.rank * batches // self.size
         last = (self.rank + 1) * batches // self.size
@@ -445,7 +446,11 @@ def gather_in_order(
     run: Callable[[Sequence[_T], int], list[Any]],
 ) -> list[Any]:
     """``run(items[shard], first_index)`` on this rank's shard of ``items`` (whole batches of
-    ``batch``), every rank's results concatenated in item order."""
+    ``batch``), every rank's results concatenated in item order.
+
+    An idle rank (fewer batches than ranks: a batch is never split) does not call ``run``: it
+    takes part in the gather with an empty share. Only when there are no items at all does
+    every rank call ``run`` on none (the same error, if any, on every rank)."""
     part = world.shard(len(items), batch)
     batches = -(-len(items) // max(batch, 1))
     if world.is_main and 0 < batches < world.size:
@@ -454,4 +459,10 @@ def gather_in_order(
             "a batch is never split (a smaller batch size shares more)",
             world.size - batches, world.size, len(items), batch, batches,
         )  # fmt: skip
-    return world.gather(lambda: run(items[part.start : part.stop], part.start))
+
+    def share() -> list[Any]:
+        if not part and len(items):  # idle: an empty share is not an error
+            return []
+        return run(items[part.start : part.stop], part.start)
+
+    return world.gather(share)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -36,6 +37,37 @@ def test_shards_are_whole_batches_in_order_and_cover_everything():
         assert [i for p in parts for i in p] == list(range(count))
         assert all(p.start % batch == 0 for p in parts if len(p))  # a rank's batches are the
         # single process's batches (same prompts together, same seeds)
+
+
+@pytest.mark.parametrize("size", [2, 8])
+def test_builtin_suites_run_on_2_and_8_ranks_an_idle_rank_runs_nothing(size):
+    # shapes-t2i / shapes-dit: 64 prompts in one batch of 64, so every rank but the last is idle;
+    # whisper-tiny-en: 8 batches of 8. An idle rank never calls the work (an adapter's
+    # generate on no prompts raises) and gathers an empty share; the whole suite comes back.
+    from opsnn_quant.distributed import gather_in_order
+    from opsnn_quant.evaluation.suite import builtin_suites, load_suite
+
+    names = builtin_suites()
+    assert {"shapes-t2i", "shapes-dit", "whisper-tiny-en"} <= set(names)
+    for name in names:
+        suite = load_suite(name)
+        count, batch = int(suite.data.samples or 0), suite.generation.batch_size
+        check_nproc(size, count)  # what --nproc checks before launching
+        items = [f"{name} #{i}" for i in range(count)]
+        ran: list[int] = []
+
+        def run(part: Sequence[str], first: int, ran: list[int] = ran) -> list[str]:
+            if not part:
+                raise AssertionError("the calibration data holds no prompts")
+            ran.append(first)
+            return [x.upper() for x in part]
+
+        gathered = [
+            x for r in range(size) for x in gather_in_order(World(r, size), items, batch, run)
+        ]
+        assert gathered == [x.upper() for x in items], name
+        assert len(ran) == min(size, -(-count // batch))  # one call per rank with a batch
+        assert ran == sorted(ran) and all(first % batch == 0 for first in ran)
 
 
 def test_one_process_runs_the_work_itself():
@@ -81,7 +113,7 @@ def _as_rank(rank: int, size: int, port: int) -> None:
                       MASTER_PORT=str(port))  # fmt: skip
 
 
-def _spawn(fn, size: int) -> dict:  # type: ignore[no-untyped-def]
+def _spawn(fn, size: int) -> dict:
     """``fn(rank, size, port, results)`` in ``size`` processes; every rank's ``results``."""
     port = _free_port()
     with mp.Manager() as manager:
@@ -101,6 +133,16 @@ def _rank(rank: int, size: int, port: int, results: dict) -> None:
     part = world.shard(len(items), 2)
     out["gathered"] = world.gather(lambda: [i * i for i in items[part.start : part.stop]])
     out["main"] = world.from_main(lambda: f"from rank {world.rank}")
+    # one batch of 2 items: rank 0 is idle (the later ranks take the extra batches), never runs
+    # the work and gathers an empty share
+    from opsnn_quant.distributed import gather_in_order
+
+    def generate(part: Sequence[str], first: int) -> list[str]:
+        if not part:
+            raise ValueError("the calibration data holds no prompts")
+        return [f"{x} from rank {world.rank}" for x in part]
+
+    out["one batch"] = gather_in_order(world, ["a", "b"], 2, generate)
 
     def fails_on_rank_1() -> list[int]:
         if world.rank == 1:
@@ -138,7 +180,7 @@ class _Scaled(torch.nn.Module):
         return x.float() / 255.0
 
 
-def _features_both_ways(world) -> bool:  # type: ignore[no-untyped-def]
+def _features_both_ways(world) -> bool:
     """Whether the FD features each rank extracted of its share, gathered, are the bits of one
     process's extraction (40 images: feature batches of 16, 16 and 8)."""
     from types import SimpleNamespace
@@ -168,6 +210,7 @@ def test_two_gloo_ranks_gather_in_order_and_share_one_ranks_failure():
         }  # fmt: skip
         assert got[rank]["gathered"] == [i * i for i in range(10)]
         assert got[rank]["main"] == "from rank 0"
+        assert got[rank]["one batch"] == ["a from rank 1", "b from rank 1"]
         # numpy's linear percentiles of 1, 2, 3, 10, 20, 30: p50 = 6.5, p99 = 20 + 0.95 * 10
         assert got[rank]["notes"] == [
             "candidate latency over 2 ranks: p50 6.5 ms, p99 29.5 ms; per rank: rank 0 (cpu) "

@@ -117,6 +117,32 @@ def test_two_ranks_on_one_or_two_hosts_write_the_single_process_report(tiny, tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts", "one", "three", "two"]
 
 
+@pytest.mark.slow  # ~22 s on 2 shared cores: two ranks start, load both models
+def test_an_idle_rank_takes_part_with_an_empty_share(tiny, tmp_path, monkeypatch, capfd):
+    # a suite of one batch (as the built-in shapes suites: 64 prompts in one batch of 64) on 2
+    # ranks: rank 0 has no work (the later ranks take the extra batches); it skips generation
+    # and gathers an empty share (it used to fail "the calibration data holds no prompts", with
+    # torchrun's traceback), and still computes the metrics and writes the report
+    root, _ = tiny
+    suite = tmp_path / "one-batch.yaml"
+    suite.write_text(
+        "schema_version: 1\nname: one-batch\ntask: t2i\n"
+        f"data: {{folder: {root / 'data'}, samples: 2}}\nseeds: [0]\n"
+        "generation: {steps: 2, guidance_scale: 4.0, batch_size: 2}\n"
+        "metrics: {fid_features: null, thresholds: {psnr_min: 5.0}}\n"
+    )
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert main([*_args(root, suite, tmp_path / "one")]) == 0
+    capfd.readouterr()
+    assert main([*_args(root, suite, tmp_path / "two"), "--nproc", "2"]) == 0
+    logs = "".join(capfd.readouterr())
+    assert "Traceback" not in logs and "error" not in logs.lower(), logs[-3000:]
+    one, _, md1 = _without_run(tmp_path / "one")
+    two, run, md2 = _without_run(tmp_path / "two")
+    assert two == one and md2 == md1  # rank 0's batch is the whole suite, as in one process
+    assert len(two["image_pairs"]) == 2 and run["world"]["world_size"] == 2
+
+
 def test_bad_distributed_input_is_one_line_exit_2_nothing_written(tiny, tmp_path, capsys):
     root, suite = tiny
     out = tmp_path / "r"
