@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -52,6 +53,11 @@ WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQU
 
 class OutputError(InputError):
     """An output path that cannot or must not be written (exists, not ours, read-only, full)."""
+
+
+class OutputChangedError(OutputError):
+    """The output location changed while a run built its replacement (a user's file appeared
+    there): nothing was replaced, and the finished output is kept in its temporary sibling."""
 
 
 def _umask() -> int:
@@ -346,11 +352,23 @@ def atomic_dir(
             permission (the previous output is left as it was).
     """
     target = Path(path)
-    check_output_dir(target, kind, force=force, keep_unfinished=resume is not None)
-    tmp, token, lock = _open_tmp(target, kind) if resume is None else _adopt_tmp(resume)
+    with output_lock(target):
+        check_output_dir(target, kind, force=force, keep_unfinished=resume is not None)
+        tmp, token, lock = _open_tmp(target, kind) if resume is None else _adopt_tmp(resume)
+        with _built(tmp, target, lock, keep_if):
+            yield tmp
+            _swap(tmp, target, Marker(kind, token, manifest_of(tmp)), lock, force=force)
+            _record_in_enclosing(target)
+
+
+@contextlib.contextmanager
+def _built(tmp: Path, target: Path, lock: IO[str], keep_if: str | None) -> Iterator[None]:
+    """What becomes of ``tmp`` when building or swapping it fails (see :func:`atomic_dir`)."""
     try:
-        yield tmp
-        _swap(tmp, target, Marker(kind, token, manifest_of(tmp)), lock)
+        yield
+    except OutputChangedError:
+        lock.close()  # the finished output stays where it is; the message says where
+        raise
     except OutputError as exc:
         _discard(tmp, lock)  # writing failed (no space, no permission): keep nothing
         # A nested output (OUT/quant) failed: name it where the user will look for it.
@@ -363,6 +381,48 @@ def atomic_dir(
     except BaseException:
         _fail(tmp, lock, keep_if)
         raise
+
+
+@contextlib.contextmanager
+def output_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold, while the block runs, the lock every command writing into the output directory
+    ``path`` takes (a ``calibrate`` replacing it, an ``export-weights`` redoing its exports), so
+    two of them never mix their files in one output. Nothing is held where ``path`` is not an
+    existing directory (there is nothing to mix into yet; the swap checks it again).
+
+    Raises:
+        OutputError: another opsnn-quant run holds the lock.
+    """
+    target = Path(path)
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): the temporary directory's lock still holds
+        yield
+        return
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:  # absent, a file or a link: refused or replaced by the checks, not locked
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _busy(target) from None
+        now = os.stat(target, follow_symlinks=False)
+        held = os.fstat(fd)
+        if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            raise _busy(target)  # swapped for another directory between the open and the lock
+        yield
+    finally:
+        os.close(fd)
+
+
+def _busy(target: Path) -> OutputError:
+    return OutputError(
+        f"output {target} is being written by another opsnn-quant run; wait for it to finish "
+        "or choose another output"
+    )
 
 
 def _open_tmp(target: Path, kind: str) -> tuple[Path, str, IO[str]]:
@@ -380,19 +440,59 @@ def _open_tmp(target: Path, kind: str) -> tuple[Path, str, IO[str]]:
         raise
 
 
-def _adopt_tmp(tmp: Path) -> tuple[Path, str, IO[str]]:
+def check_adoptable(tmp: Path) -> Marker:
+    """The marker of ``tmp``, an unfinished output kept for ``--resume``, once ``tmp`` proves to
+    hold what the interrupted run left there: only directories and regular files (a link would
+    send the resumed run's writes outside the output) and, when the run recorded it on the way
+    out, the same manifest (paths and sizes).
+
+    Raises:
+        OutputError: ``tmp`` is not such an output, is live, or was changed since.
+    """
     marker = read_marker(tmp).marker
     if marker is None or is_live(tmp):
         raise OutputError(f"{tmp} is not an unfinished output this run can take over")
+    for root, dirs, files in os.walk(tmp):
+        for name in sorted([*dirs, *files]):
+            entry = Path(root) / name
+            mode = entry.lstat().st_mode
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                raise OutputError(
+                    f"--resume: {entry} is not a regular file or directory (a link?): the kept "
+                    "output was changed since its run stopped; run without --resume"
+                )
+    found = manifest_of(tmp)
+    if marker.manifest and found != marker.manifest:
+        changed = sorted(set(found.items()) ^ set(marker.manifest.items()))[0][0]
+        raise OutputError(
+            f"--resume: {tmp / changed} was added, removed or changed since the interrupted run "
+            "kept its output; run without --resume"
+        )
+    return marker
+
+
+def _adopt_tmp(tmp: Path) -> tuple[Path, str, IO[str]]:
+    marker = check_adoptable(tmp)
     return tmp, marker.token, hold(tmp / MARKER)
 
 
 def _fail(tmp: Path, lock: IO[str], keep_if: str | None) -> None:
     if keep_if is not None and (tmp / keep_if).exists():
+        kept = read_marker(tmp).marker
+        if kept is not None:  # what is kept, so that --resume can tell it is untouched
+            _rewrite_marker(lock, Marker(kept.kind, kept.token, manifest_of(tmp)))
         lock.close()
         log.warning("kept the finished work in %s: the same command with --resume goes on", tmp)
         return
     _discard(tmp, lock)
+
+
+def _rewrite_marker(lock: IO[str], marker: Marker) -> None:
+    # Through the locked handle: the lock stays on the same file.
+    lock.seek(0)
+    lock.truncate()
+    lock.write(marker.to_json())
+    lock.flush()
 
 
 def _discard(tmp: Path, lock: IO[str]) -> None:
@@ -400,17 +500,25 @@ def _discard(tmp: Path, lock: IO[str]) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _swap(tmp: Path, target: Path, marker: Marker, lock: IO[str]) -> None:
-    # The marker is rewritten through the locked handle: the lock stays on the same file.
-    lock.seek(0)
-    lock.truncate()
-    lock.write(marker.to_json())
-    lock.flush()
+def _swap(tmp: Path, target: Path, marker: Marker, lock: IO[str], *, force: bool) -> None:
+    _rewrite_marker(lock, marker)
     old = None
     if target.is_dir() and not target.is_symlink():
         old = target.parent / f"{target.name}.old-{marker.token}"
         os.replace(target, old)
+        # Checked again once aside (nothing can be added to it by name any more): a user's
+        # file put there while this run built its output is never removed with it.
+        reason = None if force or not any(old.iterdir()) else _why_not_replaceable(old, marker.kind)
+        if reason is not None and read_marker(old).kind is None:
+            reason = (
+                f"holds {min(p.name for p in old.iterdir())}, which is not an opsnn-quant output"
+            )
+        if reason is not None:
+            os.replace(old, target)
+            raise _changed(target, tmp, reason)
     elif target.exists() or target.is_symlink():
+        if not force:  # appeared while this run built its output (refused at the start)
+            raise _changed(target, tmp, "is now a file or a link")
         target.unlink()  # a file or a link, replaced with --force (refused otherwise)
     try:
         os.replace(tmp, target)
@@ -423,6 +531,47 @@ def _swap(tmp: Path, target: Path, marker: Marker, lock: IO[str]) -> None:
     lock.close()
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _changed(target: Path, tmp: Path, reason: str) -> OutputChangedError:
+    return OutputChangedError(
+        f"output {target} changed while this run built it: it {reason}; nothing was replaced, "
+        f"the new output is in {tmp} (move it away: the next run into {target.name} removes it)"
+    )
+
+
+def _enclosing_outputs(path: Path) -> Iterator[tuple[Path, Marker]]:
+    """The outputs ``path`` lies in, innermost first (each ancestor with a complete marker)."""
+    for parent in path.absolute().parents:
+        marker = read_marker(parent).marker
+        if marker is not None:
+            yield parent, marker
+
+
+def _record_in_enclosing(path: Path) -> None:
+    """Record what is now at ``path`` (a nested output just swapped in, a loose file written or
+    removed) in the manifest of every output it lies in, so that each stays ours entry by entry
+    (``export-weights`` redoing ``OUT/export/ascendv1`` leaves ``OUT`` replaceable). An output
+    being built is left alone: its swap writes its whole manifest."""
+    path = path.absolute()
+    now: dict[Path, int] = {}
+    if path.is_dir() and not path.is_symlink():
+        now = {path / rel: size for rel, size in manifest_of(path).items()}
+        if (path / MARKER).is_file():
+            now[path / MARKER] = (path / MARKER).stat().st_size
+    elif path.exists() or path.is_symlink():
+        now = {path: path.lstat().st_size}
+    for top, marker in _enclosing_outputs(path):
+        if is_live(top):
+            return
+        rel = path.relative_to(top).as_posix()
+        manifest = {
+            k: v for k, v in marker.manifest.items() if k != rel and not k.startswith(rel + "/")
+        }
+        manifest.update({p.relative_to(top).as_posix(): size for p, size in now.items()})
+        text = Marker(marker.kind, marker.token, dict(sorted(manifest.items()))).to_json()
+        atomic_write_text(top / MARKER, text)
+        now[top / MARKER] = len(text.encode("utf-8"))  # the next output up lists this marker
 
 
 # ---- single files -------------------------------------------------------------------------
@@ -474,6 +623,8 @@ def write_output_file(
     raw = data.encode("utf-8") if isinstance(data, str) else data
     atomic_write_bytes(target, raw)
     atomic_write_text(target.parent / LEDGER, ledger_text(target.parent, target.name, kind, raw))
+    _record_in_enclosing(target)
+    _record_in_enclosing(target.parent / LEDGER)
     return target
 
 
@@ -487,6 +638,8 @@ def remove_output_file(path: str | os.PathLike[str], kind: str) -> bool:
         return False
     target.unlink()
     atomic_write_text(target.parent / LEDGER, ledger_text(target.parent, target.name, kind, None))
+    _record_in_enclosing(target)
+    _record_in_enclosing(target.parent / LEDGER)
     return True
 
 

@@ -125,36 +125,19 @@ def manifest_of(directory: Path) -> dict[str, int]:
 
 
 def first_foreign_entry(directory: Path, marker: Marker) -> str | None:
-    """The first entry under ``directory`` (sorted) that no record of ours vouches for.
+    """The first entry under ``directory`` (sorted) that its manifest does not list with the
+    same size.
 
-    An entry is vouched for by the directory's manifest (same size), by the marker of a
-    sub-directory that was itself replaced later (``export-weights`` redoing
-    ``export/ascendv1``), or by the ledger beside it (a loose file written later).
+    Only the directory's own marker vouches for its entries: a nested output replaced later
+    (``export-weights`` redoing ``export/ascendv1``) or a loose file written into it later is
+    recorded in that manifest when it is written (:mod:`opsnn_quant.io`); the marker of a
+    copied sub-directory (``cp -a OUT/quant OUT/quant.bak``) or a copied ledger vouches for
+    nothing.
     """
     for rel, size in manifest_of(directory).items():
-        if marker.manifest.get(rel) != size and not _vouched_below(directory, Path(rel)):
+        if marker.manifest.get(rel) != size:
             return rel
     return None
-
-
-def _vouched_below(top: Path, rel: Path) -> bool:
-    path = top / rel
-    if path.name == LEDGER and _read_ledger(path.parent) is not None:
-        return True
-    if owned_file(path, kind=None):
-        return True
-    for parent in rel.parents:
-        if parent == Path("."):
-            break
-        found = read_marker(top / parent)
-        if found.marker is None:
-            continue
-        if path.name == MARKER and path.parent == top / parent:
-            return True
-        inner = path.relative_to(top / parent).as_posix()
-        if found.marker.manifest.get(inner) == path.lstat().st_size:
-            return True
-    return False
 
 
 # ---- loose files --------------------------------------------------------------------------

@@ -15,11 +15,13 @@ import pytest
 
 from opsnn_quant.io import (
     MARKER,
+    OutputChangedError,
     OutputError,
     atomic_dir,
     atomic_write_text,
     check_output_dir,
     check_output_file,
+    output_lock,
     remove_output_file,
     repair_siblings,
     unfinished_output,
@@ -388,3 +390,164 @@ def test_checks_create_nothing(tmp_path):
     with atomic_dir(tmp_path / "a" / "b" / "out", "calibrate") as tmp:
         (tmp / "f").write_text("1")
     assert (tmp_path / "a" / "b" / "out" / "f").is_file()
+
+
+# ---- issue 41 §2: data loss at the swap, copied sub-outputs, two commands, adopted trees ----
+
+
+@pytest.mark.parametrize("existed", [False, True])
+def test_a_file_put_into_the_output_while_a_run_builds_it_is_never_removed(tmp_path, existed):
+    # probe ... -o X; meanwhile mkdir X; echo mine > X/precious.txt: the swap deleted it.
+    out = _ours(tmp_path / "out") if existed else tmp_path / "out"
+    with pytest.raises(OutputChangedError) as err, atomic_dir(out, "calibrate") as tmp:
+        (tmp / "policy.yaml").write_text("new\n")
+        out.mkdir(exist_ok=True)
+        (out / "precious.txt").write_text("mine\n")
+    msg = str(err.value)
+    assert f"output {out} changed while this run built it" in msg and "precious.txt" in msg
+    assert (out / "precious.txt").read_text() == "mine\n"  # the user's file, where it was
+    if existed:
+        assert (out / "policy.yaml").read_text() == "old\n"  # nothing replaced
+    # the finished output is kept where the message says, whole
+    assert f"the new output is in {tmp}" in msg and (tmp / "policy.yaml").read_text() == "new\n"
+
+
+def test_a_file_put_where_the_output_goes_is_never_replaced(tmp_path):
+    out = tmp_path / "out"
+    with (
+        pytest.raises(OutputChangedError, match="is now a file or a link"),
+        atomic_dir(out, "probe"),
+    ):
+        out.write_text("mine\n")
+    assert out.read_text() == "mine\n"
+
+
+def test_an_emptied_or_unchanged_output_is_still_swapped(tmp_path):
+    out = tmp_path / "out"
+    with atomic_dir(out, "calibrate") as tmp:
+        (tmp / "f").write_text("1")
+        out.mkdir()  # an empty directory holds nothing of anyone's
+    assert (out / "f").read_text() == "1"
+    with atomic_dir(out, "calibrate") as tmp:  # ours, unchanged during the run
+        (tmp / "f").write_text("2")
+    assert (out / "f").read_text() == "2"
+
+
+def test_a_copied_sub_output_is_the_users(tmp_path):
+    # cp -a OUT/quant OUT/quant.bak; calibrate -o OUT deleted quant.bak: the copy's marker
+    # vouched for it.
+    out = tmp_path / "out"
+    with atomic_dir(out, "calibrate") as tmp, atomic_dir(tmp / "quant", "quant") as inner:
+        (inner / "model.safetensors").write_bytes(b"weights")
+    shutil.copytree(out / "quant", out / "quant.bak", symlinks=True)
+    with pytest.raises(OutputError, match=r"holds quant\.bak/\.opsnn-quant\.json, which is not"):
+        check_output_dir(out, "calibrate")
+    with pytest.raises(OutputError, match=r"holds quant\.bak/"), atomic_dir(out, "calibrate"):
+        pass
+    assert (out / "quant.bak" / "model.safetensors").read_bytes() == b"weights"
+    # the same for a copied loose file with its ledger (export-weights' notes)
+    shutil.rmtree(out / "quant.bak")
+    write_output_file(out / "export" / "a.notes.txt", "note\n", "ascendv1.notes")
+    assert check_output_dir(out, "calibrate") == out  # written into OUT: recorded in its manifest
+    shutil.copytree(out / "export", out / "export.bak")
+    with pytest.raises(OutputError, match=r"holds export\.bak/"):
+        check_output_dir(out, "calibrate")
+
+
+def test_a_nested_output_added_later_is_recorded_up_every_enclosing_output(tmp_path):
+    # export-weights -f atc adds OUT/export/atc, which calibrate never wrote there
+    out = tmp_path / "out"
+    with atomic_dir(out, "calibrate") as tmp, atomic_dir(tmp / "export", "export") as inner:
+        (inner / "amct.cfg").write_text("x\n")
+    with atomic_dir(out / "export" / "atc", "atc") as inner:
+        (inner / "model.onnx").write_bytes(b"graph")
+    assert _marker(out)["manifest"]["export/atc/model.onnx"] == 5
+    assert _marker(out / "export")["manifest"]["atc/model.onnx"] == 5
+    assert check_output_dir(out, "calibrate") == out
+    assert check_output_dir(out / "export", "export") == out / "export"
+    (out / "export" / "mine.txt").write_text("user\n")  # a user's file stays the user's
+    with atomic_dir(out / "export" / "atc", "atc") as inner:
+        (inner / "model.onnx").write_bytes(b"graph2")
+    with pytest.raises(OutputError, match=r"holds export/mine\.txt"):
+        check_output_dir(out, "calibrate")
+
+
+_HOLD = """
+import sys, time
+from opsnn_quant.io import output_lock
+with output_lock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_two_commands_writing_into_one_output_exclude_each_other(tmp_path):
+    # export-weights OUT and calibrate -o OUT at once mixed a new checkpoint with an old export
+    out = _ours(tmp_path / "out")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(out)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with (
+            pytest.raises(OutputError, match="being written by another opsnn-quant run"),
+            atomic_dir(out, "calibrate") as tmp,
+        ):
+            (tmp / "policy.yaml").write_text("new\n")
+        with pytest.raises(OutputError, match="being written by another"), output_lock(out):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (out / "policy.yaml").read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    # and the other way round: a run building OUT holds it against an export-weights
+    code = "import sys; from opsnn_quant.io import output_lock\nwith output_lock(sys.argv[1]): pass"
+    with atomic_dir(out, "calibrate") as tmp:
+        (tmp / "policy.yaml").write_text("new\n")
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(out)], capture_output=True, text=True
+        )
+        assert proc.returncode != 0 and "being written by another" in proc.stderr
+    with output_lock(out):  # free again; and re-entrant use by one process is not needed
+        pass
+
+
+def test_a_kept_output_changed_since_is_not_adopted(tmp_path):
+    # --resume adopted a kept OUT.tmp-* whose export/ was replaced by a link: ~30 files were
+    # written outside OUT.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    def kept_run():
+        out = tmp_path / "out"
+        with pytest.raises(KeyboardInterrupt), atomic_dir(out, "calibrate", keep_if=".done") as t:
+            (t / "export").mkdir()
+            (t / "export" / "a.cfg").write_text("a\n")
+            (t / ".done").write_text("probe\n")
+            raise KeyboardInterrupt
+        return out, unfinished_output(out, "calibrate")
+
+    out, kept = kept_run()
+    assert kept is not None
+    shutil.rmtree(kept / "export")
+    (kept / "export").symlink_to(elsewhere, target_is_directory=True)
+    with (
+        pytest.raises(OutputError, match=r"export is not a regular file or directory"),
+        atomic_dir(out, "calibrate", resume=kept, keep_if=".done") as again,
+    ):
+        (again / "export" / "b.cfg").write_text("outside\n")
+    assert list(elsewhere.iterdir()) == [] and not out.exists()
+    # a file added (or changed) since it was kept: refused too, by the recorded manifest
+    shutil.rmtree(kept)
+    out, kept = kept_run()
+    (kept / "export" / "extra.bin").write_bytes(b"x")
+    with (
+        pytest.raises(OutputError, match=r"export/extra\.bin was added, removed or changed"),
+        atomic_dir(out, "calibrate", resume=kept, keep_if=".done"),
+    ):
+        pass
+    (kept / "export" / "extra.bin").unlink()
+    with atomic_dir(out, "calibrate", resume=kept, keep_if=".done") as again:  # untouched: fine
+        (again / ".done").unlink()
+    assert (out / "export" / "a.cfg").read_text() == "a\n"

@@ -93,7 +93,20 @@ def check_export_weights(
 
 
 def run_export_weights(job: ExportWeightsJob, progress: Progress | None = None) -> list[str]:
-    """Load the quantized model, record one call per root, write the exports; their notes."""
+    """Load the quantized model, record one call per root, write the exports; their notes.
+
+    Holds the lock of ``job.out`` throughout (:func:`opsnn_quant.io.output_lock`).
+
+    Raises:
+        OutputError: another run is writing ``job.out``.
+    """
+    from opsnn_quant.io import output_lock
+
+    with output_lock(job.out):  # a calibrate replacing OUT meanwhile would mix the two
+        return _export_weights(job, progress)
+
+
+def _export_weights(job: ExportWeightsJob, progress: Progress | None) -> list[str]:
     from opsnn_quant.deploy.model_exports import write_model_exports
     from opsnn_quant.models import load_adapter
     from opsnn_quant.models.data import load_records

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.io import atomic_write_text, unfinished_output
+from opsnn_quant.io import atomic_write_text, check_adoptable, unfinished_output
 from opsnn_quant.version import __version__
 
 RESUME_FILE = ".resume.json"
@@ -76,6 +76,7 @@ def resumable(out: Path, kind: str, run: dict[str, Any]) -> tuple[Path, Journal]
 
     Raises:
         ConfigError: nothing to resume, or it was a run with other settings.
+        OutputError: what was kept was changed since (a link in it, a file added or resized).
     """
     tmp = unfinished_output(out, kind)
     record = tmp / RESUME_FILE if tmp is not None else None
@@ -91,6 +92,7 @@ def resumable(out: Path, kind: str, run: dict[str, Any]) -> tuple[Path, Journal]
         raise ConfigError(
             f"--resume: {record} is unreadable ({exc}); run without --resume"
         ) from exc
+    check_adoptable(tmp)  # no links, nothing changed since: before any work
     changed = sorted(k for k in set(run) | set(earlier) if run.get(k) != earlier.get(k))
     if changed:
         raise ConfigError(

@@ -192,12 +192,16 @@ def test_only_few_row_calls_keep_an_fp32_weight_copy_and_results_are_the_same(sp
 @pytest.mark.parametrize("spec", ["w8a8", "w8a8_dynamic"])
 def test_a_native_int8_gemm_keeps_no_weight_copy_and_gives_the_fp32_path_results(spec, monkeypatch):
     import opsnn_quant.ascend.matmul as matmul
+    from opsnn_quant.ascend.gemm_path import ENV
 
     _, q, _ = calibrated_linear(spec)
     x = torch.randn(300, 48) * 3
 
     def use_native(native: bool) -> None:
+        # Both the kernel's exactness and the race decide the path: force the path, so the
+        # test means the same on a VNNI machine (the race picks native) and an AVX2 one.
         monkeypatch.setattr(matmul, "int8_gemm_is_exact", lambda: native)
+        monkeypatch.setenv(ENV, "native" if native else "fp32-chunk")
 
     # a stand-in for an exact native GEMM wherever this runs: int64 products, cast to int32
     calls = []
