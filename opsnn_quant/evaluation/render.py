@@ -4,6 +4,11 @@
 The HTML page is self-contained: CSS inline, figures and image pairs as base64 PNG data URIs,
 no script and no external URL, so it opens from an archive or an air-gapped machine. Markdown
 links the same PNGs under ``plots/``. The directory is written atomically.
+
+Every string that reaches a page is text, never markup: prompts, transcripts, suite, model and
+module names, notes and policy keys come from users and models, so the HTML escapes them and
+the Markdown escapes them (:func:`md_text`) — a ``<script>`` prompt shows as the characters
+``<script>`` in any CommonMark/GFM renderer, and a ``|`` cannot split a table cell.
 """
 
 from __future__ import annotations
@@ -11,9 +16,11 @@ from __future__ import annotations
 import base64
 import html
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
+from urllib.parse import quote
 
 from opsnn_quant.evaluation.images import ImageBatch, as_uint8_nhwc
 from opsnn_quant.evaluation.plots import latency_chart, pair_strip, sensitivity_chart
@@ -207,13 +214,14 @@ def _detail_sections(r: ReportSchema) -> list[Section]:
 
 
 def _diff_md(t: TranscriptRow) -> str:
+    # The words are escaped; only the ~~ and ** around them are markup.
     parts = []
     for c in t.diff:
         if c.op == "equal":
-            parts.append(c.ref)
+            parts.append(md_text(c.ref))
         else:
-            old = f"~~{c.ref}~~" if c.ref else ""
-            new = f"**{c.hyp}**" if c.hyp else ""
+            old = f"~~{md_text(c.ref)}~~" if c.ref else ""
+            new = f"**{md_text(c.hyp)}**" if c.hyp else ""
             parts.append(" ".join(x for x in (old, new) if x))
     return " ".join(parts) or "(empty)"
 
@@ -231,45 +239,99 @@ def _diff_html(t: TranscriptRow) -> str:
     return " ".join(parts) or "<i>(empty)</i>"
 
 
-def _md_cell(s: str) -> str:
-    return s.replace("|", "\\|").replace("\n", " ")
+# Characters a backslash makes literal wherever they stand in a line: code spans (`), emphasis
+# (*), links and images ([ ]), GFM strikethrough (~) and table cells (|), an ATX heading's
+# closing #s, and the backslash itself. ``_`` is handled apart; ``<``, ``>``, ``&`` become
+# entities (below). Line-start constructs (lists, headings, quotes, setext underlines, code
+# indents) need no escape: md_text leaves no line break, so user text never starts a line.
+_MD_BACKSLASHED = frozenset("\\`*[]~|#")
+# As entities rather than ``\<``: every Markdown dialect decodes entities in text, while some
+# (Python-Markdown) do not take ``\<`` as an escape and would pass ``<script>`` through raw.
+_MD_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+# Every line break a CommonMark renderer (\n, \r) or Python's splitlines knows.
+_LINE_BREAKS = re.compile(r"\r\n|[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
+
+
+def md_text(text: object) -> str:
+    """``text`` as Markdown that renders as exactly those characters, on one line.
+
+    Safe in a table cell, a heading, a list item or a paragraph: raw HTML, autolinks, links,
+    images, emphasis, code spans and strikethrough become literal text and ``|`` cannot end a
+    cell. Line breaks become spaces (a table row is one line; a break could also start a block
+    such as an HTML block). Deterministic: the same text gives the same bytes.
+
+    Args:
+        text: Any value; ``str()`` of it is escaped.
+
+    Returns:
+        The escaped text.
+    """
+    s = _LINE_BREAKS.sub(" ", str(text))
+    out = []
+    for i, ch in enumerate(s):
+        if ch in _MD_ENTITIES:
+            out.append(_MD_ENTITIES[ch])
+        elif ch in _MD_BACKSLASHED:
+            out.append("\\" + ch)
+        elif ch == "_" and not (0 < i < len(s) - 1 and s[i - 1].isalnum() and s[i + 1].isalnum()):
+            # An intraword _ can neither open nor close emphasis (CommonMark flanking rules),
+            # so module names like text_encoder stay readable in the raw file.
+            out.append("\\_")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _md_url(path: str) -> str:
+    """A link destination that is a relative path whatever ``path`` holds: percent-encoded, so
+    ``javascript:x`` turns into the harmless file name ``javascript%3Ax`` and spaces or
+    parentheses cannot end the destination early."""
+    return quote(path, safe="/")
+
+
+def _md_row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(md_text(c) for c in cells) + " |"
 
 
 def render_markdown(r: ReportSchema, figures: dict[str, str] | None = None) -> str:
     """``report.md``; ``figures`` maps a figure name to its path relative to the report."""
     figures = figures or {}
-    lines = [f"# Acceptance report: {r.suite} — **{r.verdict}**", ""]
-    lines.append(f"- task: {r.task}; {r.baseline_label} vs {r.candidate_label}")
-    lines.append(f"- target: {r.target or 'unknown'}")
-    lines += [f"- backend ({k}): {v}" for k, v in r.backends.items()]
+    m = md_text  # every string below that is not this function's own markup goes through it
+    lines = [f"# Acceptance report: {m(r.suite)} — **{r.verdict}**", ""]
+    lines.append(f"- task: {m(r.task)}; {m(r.baseline_label)} vs {m(r.candidate_label)}")
+    lines.append(f"- target: {m(r.target or 'unknown')}")
+    lines += [f"- backend ({m(k)}): {m(v)}" for k, v in r.backends.items()]
     if r.created:
-        lines.append(f"- created: {r.created}")
+        lines.append(f"- created: {m(r.created)}")
     if r.world:
-        lines.append(f"- run: {world_line(r.world)}")
-    lines += [f"- note: {n}" for n in r.notes]
+        lines.append(f"- run: {m(world_line(r.world))}")
+    lines += [f"- note: {m(n)}" for n in r.notes]
     lines.append("")
     for sec in _sections(r):
-        lines += [f"## {sec.title}", ""]
+        lines += [f"## {m(sec.title)}", ""]
         if sec.header:
-            lines += ["| " + " | ".join(sec.header) + " |", "|" + "---|" * len(sec.header)]
-            lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in sec.rows]
+            # The header is escaped too: "max |diff|" unescaped made 9 header cells over an
+            # 8-cell delimiter row, and a GFM renderer then drops the table altogether.
+            lines += [_md_row(sec.header), "|" + "---|" * len(sec.header)]
+            lines += [_md_row(row) for row in sec.rows]
             lines.append("")
         if sec.lines:
-            lines += [f"- {x}" for x in sec.lines] + [""]
+            lines += [f"- {m(x)}" for x in sec.lines] + [""]
     for name in ("sensitivity", "latency"):
         if name in figures:
-            lines += [f"![{name}]({figures[name]})", ""]
+            lines += [f"![{m(name)}]({_md_url(figures[name])})", ""]
     pairs = [p for p in r.image_pairs if p.image]
     if pairs:
+        # An ATX heading is never a table row, so its pipes stay as they read.
         lines += ["## Image pairs: baseline | candidate | |diff| x4", ""]
-        lines += [f"**#{p.index}** {p.prompt} (PSNR {fmt(p.psnr_db)} dB)\n\n![pair {p.index}]({p.image})\n"
-                  for p in pairs]  # fmt: skip
+        lines += [f"**#{p.index}** {m(p.prompt)} (PSNR {fmt(p.psnr_db)} dB)\n\n"
+                  f"![pair {p.index}]({_md_url(p.image or '')})\n" for p in pairs]  # fmt: skip
     if r.transcripts:
         lines += ["## Transcripts (worst first; ~~baseline~~ **candidate**)", ""]
         for t in r.transcripts:
             lines.append(
                 f"- #{t.index} errors {t.baseline_errors} → {t.candidate_errors} "
-                f"of {t.ref_words} words; reference: {t.reference}  \n  {_diff_md(t)}"
+                f"of {t.ref_words} words; reference: {m(t.reference)}  \n  {_diff_md(t)}"
             )
         lines.append("")
     return "\n".join(lines) + "\n"

@@ -5,12 +5,14 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from opsnn_quant.evaluation.render import render_html, render_markdown, write_report
+from opsnn_quant.evaluation.render import md_text, render_html, render_markdown, write_report
 from opsnn_quant.evaluation.report import AcceptanceReport
 from opsnn_quant.io import MARKER, atomic_dir
 from opsnn_quant.policy.targets import get_target
@@ -64,6 +66,9 @@ def test_markdown(t2i_dir: Path):
     assert md.startswith("# Acceptance report: sample-t2i — **FAIL**")
     assert "![sensitivity](plots/sensitivity.png)" in md and "](plots/pair-" in md
     assert "| mean SSIM vs baseline |" in md and "| FAIL |" in md
+    # the pipes of "max |diff|" are escaped: 8 header cells over the 8-cell delimiter row
+    assert ("| \\# | prompt | seed | PSNR dB | SSIM | MAE | max \\|diff\\| | CLIP b/c |\n"
+            "|---|---|---|---|---|---|---|---|\n") in md  # fmt: skip
     for link in re.findall(r"\]\((plots/[^)]+)\)", md):
         assert (t2i_dir / link).is_file()
 
@@ -72,7 +77,7 @@ def test_criteria_rows_name_their_backend(t2i_dir: Path):
     md = (t2i_dir / "report.md").read_text()
     assert "| criterion | backend | value | threshold | status | note |" in md
     # 140 / 100 ms on cpu-reference for an Ascend (npu) policy: reported, not judged.
-    assert ("| p99 latency candidate / baseline | cpu-reference | 1.400 | <= 1.000 | NOT JUDGED "
+    assert ("| p99 latency candidate / baseline | cpu-reference | 1.400 | &lt;= 1.000 | NOT JUDGED "
             "| not judged on cpu-reference: the policy targets ascend910b-eager (judged on npu) |"
             ) in md  # fmt: skip
     assert "| median PSNR vs baseline (dB) | cpu-reference |" in md
@@ -187,3 +192,194 @@ def test_html_renders_in_headless_chromium(t2i_dir: Path, tmp_path: Path):
     px = np.asarray(Image.open(shot).convert("RGB")).astype(int)
     red = (px[..., 0] > 150) & (px[..., 1] < 80) & (px[..., 2] < 80)
     assert red.sum() > 200, "the red FAIL badge should be visible at the top"
+
+
+# --- user text is text: report.md through a CommonMark renderer, report.html through a parser ---
+
+# What users and models write (prompts, transcripts, suite, label and module names, notes, policy
+# keys), at its most hostile: raw HTML, a javascript: link and autolink, every inline construct,
+# a table pipe, an entity, a trailing backslash and a line break that would start a new block.
+HOSTILE = ("<script>alert(1)</script> [x](javascript:alert(1)) <javascript:alert(1)> a|b *bold* "
+           "_em_ `code` ~~gone~~ &amp; <img src=x onerror=alert(1)>\n# line two\n\n<b>raw</b> \\ #")  # fmt: skip
+# The characters a reader must see: the same, the line breaks as spaces.
+SHOWN = HOSTILE.replace("\n", " ")
+
+
+def _commonmark() -> Any:
+    """markdown-it (CommonMark, raw HTML on) with GFM tables and strikethrough. Its own link
+    filter is switched off: the report must be safe in renderers that do not filter links."""
+    from markdown_it import MarkdownIt
+
+    md = MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"])
+    md.validateLink = lambda url: True  # type: ignore[method-assign]
+    return md
+
+
+def _with_user_text(report: AcceptanceReport, u: str) -> AcceptanceReport:
+    """``report`` with ``u`` in every field a user or model writes."""
+    from opsnn_quant.evaluation.report import DiffChunkRow, TranscriptRow
+
+    pairs = [p.model_copy(update={"prompt": u}) for p in report.image_pairs]
+    # a report.json edited by hand (or a hostile one) can point an image anywhere
+    pairs[:1] = [p.model_copy(update={"image": "javascript:alert(1)"}) for p in pairs[:1]]
+    diff = [DiffChunkRow(op="equal", ref=u, hyp=u), DiffChunkRow(op="replace", ref=u, hyp=u)]
+    transcript = TranscriptRow(index=0, reference=u, baseline=u, candidate=u, ref_words=3,
+                               baseline_errors=0, candidate_errors=1, agreement_errors=1, diff=diff)  # fmt: skip
+    return report.model_copy(update={
+        "suite": u, "baseline_label": u, "candidate_label": u, "target": u, "created": u,
+        "backends": {u: u}, "notes": [u],
+        "world": {"world_size": u, "nodes": 1, "backend": u, "devices": [u]},
+        "criteria": [c.model_copy(update={"label": u, "note": u}) for c in report.criteria],
+        "quality": [q.model_copy(update={"metric": u, "note": u}) for q in report.quality],
+        "sensitivity": [s.model_copy(update={"name": u, "type": u}) for s in report.sensitivity],
+        "stages": dict.fromkeys([u], next(iter(report.stages.values()), [])),
+        "top_modules": dict.fromkeys([u], next(iter(report.top_modules.values()), [])),
+        "policy": {"model": u, u: u, "modalities": {u: {"chosen": u, u: 1.0}}},
+        "image_pairs": pairs, "transcripts": [transcript], "timings": {u: 1.0},
+        "latency_skipped": [u],
+    })  # fmt: skip
+
+
+def _plain(inline: Any) -> str:
+    """The text an inline token renders to, asserting it is nothing but text (no markup)."""
+    kinds = {c.type for c in inline.children}
+    assert kinds <= {"text"}, (kinds, inline.content)
+    return "".join(c.content for c in inline.children)
+
+
+def _structure(tokens: list[Any]) -> list[tuple[str, ...]]:
+    """Block and inline token kinds, in order: what the page is built of, not what it says."""
+    return [(t.type, t.tag, *(c.type for c in t.children or ())) for t in tokens]
+
+
+@pytest.fixture(scope="module")
+def hostile(t2i_dir: Path) -> list[tuple[AcceptanceReport, AcceptanceReport]]:
+    """(hostile, benign) pairs of a t2i and an asr report: the same report with HOSTILE or "x"
+    in every user-written field."""
+    t2i = AcceptanceReport.load(t2i_dir / "report.json")
+    return [(_with_user_text(r, HOSTILE), _with_user_text(r, "x")) for r in (t2i, asr_report())]
+
+
+def test_md_text_escapes_markup_and_keeps_names_readable():
+    assert md_text("<script>&") == "&lt;script&gt;&amp;"
+    assert md_text("a|b\nc\r\nd") == "a\\|b c d"
+    assert md_text("*b* [l](u) `c` ~~s~~ #") == "\\*b\\* \\[l\\](u) \\`c\\` \\~\\~s\\~\\~ \\#"
+    assert md_text("_em_ x_") == "\\_em\\_ x\\_" and md_text("a\\") == "a\\\\"
+    # intraword underscores cannot make emphasis: module and policy names stay as written
+    assert md_text("text_encoder.down_blocks.0") == "text_encoder.down_blocks.0"
+
+
+def test_markdown_user_text_renders_as_text(hostile):
+    md = _commonmark()
+    for bad, benign in hostile:
+        source = render_markdown(bad)
+        tokens = md.parse(source)
+        # user text adds or removes no block, link, emphasis, code or HTML: the page is built of
+        # the same tokens as with "x" in its place
+        assert _structure(tokens) == _structure(md.parse(render_markdown(benign)))
+        page = md.render(source)
+        assert "<script" not in page and "<img src=x" not in page and "<b>" not in page
+        kinds = {t.type for t in tokens} | {c.type for t in tokens for c in t.children or ()}
+        assert not kinds & {"html_block", "html_inline", "link_open", "code_inline", "em_open"}
+        for child in [c for t in tokens for c in t.children or ()]:
+            for value in (child.attrs or {}).values():
+                assert "javascript:" not in str(value).lower(), (child.type, value)
+        # and a reader sees exactly what was written, the line breaks as spaces
+        inlines = [t for t in tokens if t.type == "inline"]
+        assert f"note: {SHOWN}" in [_plain(t) for t in inlines if t.content.startswith("note:")]
+        heading = next(t for t in inlines if t.content.startswith("Acceptance report:"))
+        assert heading.children[0].content == f"Acceptance report: {SHOWN} — "
+        transcript = next(t for t in inlines if t.content.startswith("#0 errors"))
+        parts = [c for c in transcript.children if c.content or c.type != "text"]
+        assert [c.type for c in parts] == [
+            "text", "hardbreak", "text", "s_open", "text", "s_close", "text", "strong_open",
+            "text", "strong_close"]  # fmt: skip
+        words = [c.content for c in parts if c.type == "text"]
+        assert words == [f"#0 errors 0 → 1 of 3 words; reference: {SHOWN}", f"{SHOWN} ",
+                         SHOWN, " ", SHOWN]  # fmt: skip
+
+
+def test_markdown_tables_hold_their_shape(hostile):
+    from markdown_it.rules_block.table import escapedSplit  # the renderer's own cell splitter
+
+    md = _commonmark()
+    for bad, _ in hostile:
+        source = render_markdown(bad)
+        lines = source.splitlines()
+        tokens = md.parse(source)
+        tables = [i for i, t in enumerate(tokens) if t.type == "table_open"]
+        # every table the renderer wrote is one a CommonMark/GFM renderer draws (a header with
+        # a cell count other than the delimiter row's is not a table at all)
+        assert len(tables) == sum(ln.startswith("|---|") for ln in lines) > 0
+        for i in tables:
+            start, end = tokens[i].map
+            counts = {len(escapedSplit(ln.strip()[1:-1])) for ln in lines[start:end]}
+            assert len(counts) == 1, lines[start:end]  # every row has the header's cells
+            head = tokens[i:]
+            head = head[: next(k for k, t in enumerate(head) if t.type == "tr_close")]
+            assert counts == {sum(t.type == "th_open" for t in head)}
+        cells = [_plain(t) for t in tokens if t.type == "inline" and t.map and
+                 lines[t.map[0]].startswith("|")]  # fmt: skip
+        assert cells.count(SHOWN) >= 3  # user text is one whole cell, never split or cut
+    t2i = render_markdown(hostile[0][0])
+    tokens = md.parse(t2i)
+    start = next(i for i, t in enumerate(tokens)
+                 if t.type == "inline" and t.content == "Image pairs (worst PSNR first)")  # fmt: skip
+    table = tokens[start:]
+    table = table[: next(i for i, t in enumerate(table) if t.type == "table_close")]
+    header = [_plain(t) for t, o in zip(table[1:], table[:-1], strict=True) if o.type == "th_open"]
+    assert header == ["#", "prompt", "seed", "PSNR dB", "SSIM", "MAE", "max |diff|", "CLIP b/c"]
+    body = [_plain(t) for t, o in zip(table[1:], table[:-1], strict=True) if o.type == "td_open"]
+    assert body[1::8] == [SHOWN] * 4 and body[2::8] == ["0"] * 4  # prompt, then its seed
+
+
+def test_markdown_image_links_stay_relative(hostile):
+    md = _commonmark()
+    tokens = md.parse(render_markdown(hostile[0][0], {"latency": "plots/latency.png"}))
+    srcs = [c.attrs["src"] for t in tokens for c in t.children or () if c.type == "image"]
+    # the hand-edited javascript: path is a file name in the report's directory, not a scheme
+    assert srcs == ["plots/latency.png", "javascript%3Aalert%281%29", "plots/pair-0000.png",
+                    "plots/pair-0003.png"]  # fmt: skip
+
+
+class _Page(HTMLParser):
+    """Every start tag with its attributes, the text, and each table's rows' cell counts."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text: list[str] = []
+        self.rows: list[list[int]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+        if tag == "table":
+            self.rows.append([])
+        elif tag == "tr":
+            self.rows[-1].append(0)
+        elif tag in ("td", "th"):
+            self.rows[-1][-1] += 1
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def test_html_user_text_is_escaped(hostile):
+    allowed = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "span", "ul", "li",
+               "b", "i", "table", "tr", "th", "td", "figure", "img", "figcaption", "div", "del",
+               "ins"}  # fmt: skip
+    for bad, benign in hostile:
+        pngs = {p.index: b"png" for p in bad.image_pairs}
+        page = _Page()
+        page.feed(render_html(bad, {"latency": b"png"}, pngs))
+        twin = _Page()
+        twin.feed(render_html(benign, {"latency": b"png"}, pngs))
+        assert [t for t, _ in page.tags] == [t for t, _ in twin.tags]  # no tag from user text
+        assert {t for t, _ in page.tags} <= allowed
+        for tag, attrs in page.tags:
+            assert not any(k.startswith("on") or k == "href" for k in attrs), (tag, attrs)
+            if "src" in attrs:
+                assert (attrs["src"] or "").startswith("data:image/png;base64,")
+        assert page.rows == twin.rows and all(len(set(t)) == 1 for t in page.rows)
+        text = "".join(page.text)
+        assert text.count(HOSTILE) >= 5  # shown as written, in cells, notes and captions
