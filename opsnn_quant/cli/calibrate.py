@@ -46,6 +46,14 @@ NprocOpt = Annotated[
     int | None, typer.Option("--nproc", help=_ui.NPROC_HELP.format(command="calibrate/probe"))
 ]
 DistBackendOpt = Annotated[str | None, typer.Option("--dist-backend", help=_ui.DIST_BACKEND_HELP)]
+MaxMemoryOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--max-memory",
+        help="host memory a model call may take, e.g. 64GiB: a diffusion pipeline's sizes "
+        "whose floor exceeds it are refused before loading [default: what is free]",
+    ),
+]
 FAIL_EXIT = 3
 
 
@@ -211,6 +219,7 @@ def calibrate(
     allow_pickle: AllowPickleOpt = False,
     nproc: NprocOpt = None,
     dist_backend: DistBackendOpt = None,
+    max_memory: MaxMemoryOpt = None,
 ) -> None:
     """Probe, decide the policy, quantize, save and export: OUT/probe.json, policy.yaml,
     quant/, export/ (and report/ with --evaluate), OUT/recipe.yaml (the effective recipe, to
@@ -218,6 +227,7 @@ def calibrate(
 
     Under torchrun (or with --nproc) the probe's statistics pass is shared by rank (whole
     batches each, merged exactly); rank 0 does the rest and writes."""
+    from opsnn_quant.models.footprint import parse_size
     from opsnn_quant.pipeline.calibrate import contribute_statistics
     from opsnn_quant.pipeline.context import ENGINES
     from opsnn_quant.pipeline.sharing import Sharing
@@ -227,6 +237,7 @@ def calibrate(
     from opsnn_quant.user_config import check_seed
 
     check_seed(seed)
+    budget = parse_size(max_memory) if max_memory is not None else None
     if engine not in ENGINES:
         raise ConfigError(f"--engine must be {' or '.join(ENGINES)}, got {engine!r}")
     if strategy is not None and strategy not in STRATEGIES:
@@ -239,7 +250,7 @@ def calibrate(
         r = r.model_copy(update={"model": r.model.model_copy(update={"allow_pickle": True})})
     out = out if out is not None else Path("out") / r.name
     run = CalibrateRun(r, out, recipe, seed, engine, evaluate, force, latency, from_probe,
-                       allow_broken_baseline, resume)  # fmt: skip
+                       allow_broken_baseline, resume, budget)  # fmt: skip
     if nproc is not None and not dist.launched():
         run.check()
         calib = r.data.load(r.data.calibration, r.data.limit)
@@ -295,6 +306,7 @@ class CalibrateRun:
     from_probe: Path | None
     allow_broken_baseline: bool
     resume: bool
+    max_memory: int | None = None
 
     def check(self) -> None:
         """Check the weights and the output location (before any load)."""
@@ -323,7 +335,7 @@ class CalibrateRun:
                     engine=self.engine, suite=self.suite, force=self.force,
                     latency=self.latency, from_probe=self.from_probe,
                     allow_broken_baseline=self.allow_broken_baseline, resume=self.resume,
-                    sharing=sharing,
+                    sharing=sharing, max_memory=self.max_memory,
                 )  # fmt: skip
             if sharing is not None:
                 sharing.done()
@@ -380,17 +392,22 @@ def probe_cmd(
     allow_pickle: AllowPickleOpt = False,
     nproc: NprocOpt = None,
     dist_backend: DistBackendOpt = None,
+    max_memory: MaxMemoryOpt = None,
 ) -> None:
     """Write OUT/probe.json: fp16 overflow, int8 sensitivity, end-to-end attribution (and
     OUT/timings.json: wall-clock times).
 
     Under torchrun (or with --nproc) the statistics pass is shared by rank (whole batches
     each, merged exactly); rank 0 does the rest and writes."""
+    from opsnn_quant.models.footprint import parse_size
     from opsnn_quant.pipeline.probe import check_probe
+
+    budget = parse_size(max_memory) if max_memory is not None else None
 
     def check(on: str | None) -> ProbeJob:
         return check_probe(target, out, data, family, limit, set_ or [], exhaustive, on, dtype,
-                           allow_pickle, force, column=data_column, split=split)  # fmt: skip
+                           allow_pickle, force, column=data_column, split=split,
+                           max_memory=budget)  # fmt: skip
 
     if nproc is not None and not dist.launched():
         job = check(device)

@@ -27,6 +27,7 @@ from opsnn_quant.evaluation.suite import Suite, load_suite, suite_inputs
 from opsnn_quant.fingerprint import differences, probe_inputs
 from opsnn_quant.io import atomic_dir, atomic_write_text, check_output_dir
 from opsnn_quant.models import ModelAdapter, check_model_source, check_weights
+from opsnn_quant.models.footprint import check_source_memory
 from opsnn_quant.models.settings import check_source_fits
 from opsnn_quant.numerics import fmt_db
 from opsnn_quant.pipeline.context import ENGINES, Engine, RunContext, load_recipe_model
@@ -113,6 +114,7 @@ def run_calibrate(
     allow_broken_baseline: bool = False,
     resume: bool = False,
     sharing: Sharing | None = None,
+    max_memory: int | None = None,
 ) -> CalibrateResult:
     """Probe, decide, quantize, save and export, all into ``out`` (atomically).
 
@@ -137,6 +139,9 @@ def run_calibrate(
         sharing: rank 0 of a distributed run: the probe's pass 1 runs over this rank's share
             of the data, the other ranks' (:func:`contribute_statistics`) merged in (see
             :mod:`opsnn_quant.pipeline.sharing`).
+        max_memory: host memory (bytes) a call of the model may take; a diffusion pipeline's
+            settings whose floor exceeds it are refused before anything loads (None: what this
+            machine has free; see :mod:`opsnn_quant.models.footprint`).
 
     Raises:
         OpsnnQuantError: bad input (checked before the model loads where it can be: output
@@ -151,7 +156,7 @@ def run_calibrate(
         recipe=recipe_yaml(effective), engine=engine, suite=suite, latency=latency,
         from_probe=from_probe, allow_broken_baseline=allow_broken_baseline,
     )  # fmt: skip
-    checked = check_before_work(recipe, out, engine, suite, latency, force, resume)
+    checked = check_before_work(recipe, out, engine, suite, latency, force, resume, max_memory)
     unfinished, journal = resumable(out, OUTPUT_KIND, identity) if resume else (None, None)
     set_reproducible(seed=seed)
     started = time.perf_counter()
@@ -277,8 +282,10 @@ def check_before_work(
     latency: str,
     force: bool,
     resume: bool = False,
+    max_memory: int | None = None,
 ) -> Checked:
-    """Everything checkable before data and model load."""
+    """Everything checkable before data and model load (``max_memory``: the host memory a
+    call of the model may take, None: what the machine has free)."""
     check_model_source(recipe.model.source)
     check_weights(recipe.model.source, allow_pickle=recipe.model.allow_pickle)
     metric = recipe.budget.metric
@@ -286,6 +293,11 @@ def check_before_work(
     check_calibrate_output(recipe, out, force=force, suite=suite, inputs=inputs, resume=resume)
     resolve_device(recipe.model.device)  # an npu recipe on a machine without torch_npu: now
     check_source_fits(recipe.model.source, recipe.model.settings)  # e.g. steps vs the scheduler
+    if recipe.model.device.startswith("cpu"):  # the activations of one call, in host memory
+        check_source_memory(
+            recipe.model.source, recipe.model.settings, records=recipe.data.limit,
+            max_memory=max_memory,
+        )  # fmt: skip
     check_latency_mode(latency)  # with or without a suite: a typo is never silently ignored
     loaded = load_suite(suite) if suite is not None else None
     if metric is not None and engine == "amct":

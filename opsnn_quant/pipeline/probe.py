@@ -69,13 +69,16 @@ def check_probe(
     *,
     column: str | None = None,
     split: str | None = None,
+    max_memory: int | None = None,
 ) -> ProbeJob:
     """Resolve ``probe TARGET``'s options (a recipe's fields, or a model with ``--data``) and
-    check them: limit, family, settings against the model's own config files, device, weights,
-    and last the output location."""
+    check them: limit, family, settings, the model's files (weights, classes, configs,
+    safetensors headers), settings against its config files, device, the host memory a call
+    takes against ``max_memory`` (None: what is free), and last the output location."""
     from opsnn_quant.backends.devices import resolve_device
     from opsnn_quant.errors import ConfigError
     from opsnn_quant.models import FAMILIES, check_weights, guess_family
+    from opsnn_quant.models.footprint import check_source_memory
     from opsnn_quant.models.settings import check_source_fits, parse_set_options, settings_for
     from opsnn_quant.recipe import builtin_recipes, load_recipe, resolve_recipe
     from opsnn_quant.sources import local_paths
@@ -104,9 +107,12 @@ def check_probe(
         inputs = [str(p) for s in (target, data) for p in local_paths(s)]
         cfg = ProbeConfig(exhaustive=exhaustive)
     checked = settings_for(family, {**settings, **parse_set_options(sets)})
-    check_source_fits(source, checked, "--set " if sets or not is_recipe else "model.settings.")
+    check_weights(source, allow_pickle=allow_pickle)  # the model's configs before their limits
+    where = "--set " if sets or not is_recipe else "model.settings."
+    check_source_fits(source, checked, where)
     resolve_device(device or "cpu")
-    check_weights(source, allow_pickle=allow_pickle)
+    if (device or "cpu").startswith("cpu"):  # the activations of one call, in host memory
+        check_source_memory(source, checked, records=n, where=where, max_memory=max_memory)
     check_output_dir(out, PROBE_KIND, force=force, inputs=inputs)
     return ProbeJob(
         family, source, checked.model_dump(), source_data, n, cfg, device or "cpu",
