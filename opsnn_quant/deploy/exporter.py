@@ -32,15 +32,22 @@ from opsnn_quant.deploy.fold_check import Fold
 from opsnn_quant.deploy.safetensors_io import read_header, tensor_bytes, write_tensors
 from opsnn_quant.deploy.smooth_fold import Call, plan_folds
 from opsnn_quant.deploy.writer import CONV_REASON, ComponentExport, component_export
+from opsnn_quant.errors import ModelLoadError
 from opsnn_quant.io import atomic_dir
 from opsnn_quant.models.base import ModelAdapter
+from opsnn_quant.models.confine import (
+    DIRECTORY,
+    WEIGHT_SUFFIXES,
+    check_export_sources,
+    escape,
+    export_refusal,
+)
 from opsnn_quant.ownership import LEDGER, MARKER
 from opsnn_quant.quant.modules import QuantModule
 
 log = logging.getLogger(__name__)
 OUTPUT_KIND = "ascendv1"
 DEFAULT_SHARD_BYTES = 4 * 2**30  # msModelSlim's part_file_size default, 4 GB
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack", ".h5", ".onnx")
 OURS = (MARKER, LEDGER)  # our bookkeeping in a source directory is not the model's
 
 
@@ -90,22 +97,38 @@ def _source_keys(directory: Path) -> set[str] | None:
     return {k for f in files for k in read_header(f)}
 
 
-def _copy_helpers(src: Path, dst: Path) -> None:
+def _files(src: Path, root: Path) -> list[Path]:
+    """The files under ``src`` an export may copy, each a regular file inside the model
+    directory ``root`` (a link resolving inside it stands for the file it names).
+
+    Raises:
+        ModelLoadError: a link leading out of ``root`` (a folder's included), or an entry that
+            is no regular file (a FIFO, a device, a broken link).
+    """
+    out = []
     for path in sorted(src.rglob("*")):
-        rel = path.relative_to(src)
-        if (
-            path.is_dir()
-            or path.name.endswith(WEIGHT_SUFFIXES)
-            or path.name.endswith(".index.json")
-        ):
+        if path.name in OURS:
             continue
-        if path.name.startswith("quant_model_") or path.name in OURS:
+        why = escape(path, root)
+        if why is not None and why != DIRECTORY:
+            raise ModelLoadError(export_refusal(path, why))
+        if why is None:
+            out.append(path)
+    return out
+
+
+def _copy_helpers(src: Path, dst: Path, root: Path) -> None:
+    for path in _files(src, root):
+        rel = path.relative_to(src)
+        if path.name.endswith(WEIGHT_SUFFIXES) or path.name.endswith(".index.json"):
+            continue
+        if path.name.startswith("quant_model_"):
             continue
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
         if rel == Path("config.json"):
             (dst / rel).write_text(_strip_quant_config(path.read_text(encoding="utf-8")))
         else:
-            shutil.copyfile(path, dst / rel)
+            shutil.copyfile(path, dst / rel)  # a link inside the model: the file it names
 
 
 def _strip_quant_config(text: str) -> str:
@@ -124,16 +147,20 @@ def _strip_quant_config(text: str) -> str:
     return json.dumps(doc, indent=2, sort_keys=True) + "\n" if changed else text
 
 
-def _copy_tree(src: Path, dst: Path) -> None:
-    for path in sorted(src.rglob("*")):
-        if path.is_file() and path.name not in OURS:
-            (dst / path.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, dst / path.relative_to(src))
+def _copy_tree(src: Path, dst: Path, root: Path) -> None:
+    why = escape(src, root)
+    if why is not None and why != DIRECTORY:
+        raise ModelLoadError(export_refusal(src, why))
+    for path in _files(src, root):
+        (dst / path.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dst / path.relative_to(src))
 
 
-def _write_component(export: ComponentExport, src: Path, dst: Path, shard_bytes: int) -> None:
+def _write_component(
+    export: ComponentExport, src: Path, dst: Path, shard_bytes: int, root: Path
+) -> None:
     dst.mkdir(parents=True, exist_ok=True)
-    _copy_helpers(src, dst)
+    _copy_helpers(src, dst, root)
     total = sum(tensor_bytes(t) for t in export.tensors.values())
     write_tensors(
         export.tensors, dst, WEIGHTS_PREFIX, shard_bytes if total >= shard_bytes else None
@@ -164,10 +191,15 @@ def export_ascendv1(
 
     Returns:
         The :class:`AscendV1Export`; same model and inputs give byte-identical files.
+
+    Raises:
+        ModelLoadError: a file to copy from the source that is no regular file inside it (a
+            link leading out of it, a FIFO): the output is not written.
     """
     from opsnn_quant.sources import model_path
 
     source = source_dir or model_path(adapter.model_id)
+    check_export_sources(str(source))  # the files copied below: before anything is written
     model = adapter.model
     components = _components(model, source)
     smooth: dict[str, torch.Tensor] = {}
@@ -198,13 +230,13 @@ def export_ascendv1(
                 v != "FLOAT" for k, v in export.description.items() if k.endswith(".weight")
             )
             if cname and not quantized:
-                _copy_tree(src, dst)
+                _copy_tree(src, dst, source)
                 result.copied.append(cname)
                 convs = [n for n, r in export.exported_float.items() if r == CONV_REASON]
                 export.exported_float = {n: CONV_REASON + " (original float weights: the "
                                          "component is copied from the source)" for n in convs}  # fmt: skip
             else:
-                _write_component(export, src, dst, shard_bytes)
+                _write_component(export, src, dst, shard_bytes, source)
                 result.components[cname] = export
             result.notes += _notes(cname, export)
     return result
@@ -213,10 +245,15 @@ def export_ascendv1(
 def _copy_top(source: Path, tmp: Path, components: list[str]) -> None:
     """A pipeline's top-level files and the directories that are not model components."""
     for path in sorted(source.iterdir()):
-        if path.is_file():
+        if path.name in OURS:
+            continue
+        why = escape(path, source)
+        if why is None:
             shutil.copyfile(path, tmp / path.name)
-        elif path.is_dir() and path.name not in components:
-            _copy_tree(path, tmp / path.name)
+        elif why != DIRECTORY:
+            raise ModelLoadError(export_refusal(path, why))
+        elif path.name not in components:
+            _copy_tree(path, tmp / path.name, source)
 
 
 def _notes(cname: str, export: ComponentExport) -> list[str]:

@@ -6,9 +6,11 @@ A source string is one of:
 * a ``datasets`` source (:mod:`opsnn_quant.models.hf_data`): a ``.jsonl``/``.json``/``.csv``/
   ``.parquet`` file, a ``save_to_disk`` directory, a ``metadata.jsonl``/``.csv`` folder, a
   directory of data files (e.g. a hub cache snapshot);
-* a ``.txt`` file of prompts, one per line;
+* a ``.txt`` file of prompts, one per line (read line by line up to the prompts asked for; a
+  line longer than :data:`~opsnn_quant.models.hf_data.MAX_RECORD_BYTES` is refused);
 * a folder of ``.wav`` (16-bit PCM mono) and/or ``.flac`` (mono) files, with an optional
-  ``transcripts.tsv`` or ``transcripts.txt`` (``<file name or its stem><TAB><text>`` per line).
+  ``transcripts.tsv`` or ``transcripts.txt`` (``<file name or its stem><TAB><text>`` per line);
+  each must be a regular file inside the folder (no link out of it, no FIFO).
 
 Records come back as dicts (``caption``/``prompt``/``text``, ``audio`` + ``sampling_rate``).
 """
@@ -25,7 +27,8 @@ import numpy as np
 
 from opsnn_quant.errors import CalibrationError, ConfigError
 from opsnn_quant.io import read_text
-from opsnn_quant.models.hf_data import hf_records, is_hf_source, read_mono
+from opsnn_quant.models.confine import escape
+from opsnn_quant.models.hf_data import hf_records, is_hf_source, read_mono, text_lines
 from opsnn_quant.sources import named_records
 
 PROMPT_KEYS = ("prompt", "caption", "text")
@@ -61,8 +64,7 @@ def load_records(
     elif is_hf_source(path):
         records = hf_records(path, column=column, split=split, limit=limit)
     elif path.is_file() and path.suffix == ".txt":
-        lines = [ln.strip() for ln in read_text(path).splitlines()]
-        records = [{"prompt": ln} for ln in lines if ln]
+        records = _prompt_lines(path, limit)
     elif path.is_dir() and any(f.suffix in AUDIO_SUFFIXES for f in path.iterdir()):
         records = _audio_folder(path)
     else:
@@ -84,12 +86,39 @@ AUDIO_SUFFIXES = (".wav", ".flac")
 TRANSCRIPT_FILES = ("transcripts.tsv", "transcripts.txt")
 
 
+def _prompt_lines(path: Path, limit: int | None) -> list[dict[str, Any]]:
+    """The first ``limit`` non-blank lines of a ``.txt``, stripped; reading stops there.
+
+    Raises:
+        ConfigError: not UTF-8, or a line longer than ``MAX_RECORD_BYTES``
+            (:func:`~opsnn_quant.models.hf_data.text_lines`).
+    """
+    records: list[dict[str, Any]] = []
+    if limit is not None and limit <= 0:
+        return records
+    for _, line in text_lines(path):
+        # str.splitlines' line ends (\r, \x85, \u2028...), as the whole file's were split
+        records += [{"prompt": p.strip()} for p in line.splitlines() if p.strip()]
+        if limit is not None and len(records) >= limit:
+            break  # the next line is not read
+    return records[:limit]
+
+
+def _confined(file: Path, folder: Path) -> None:
+    """Refuse a file of an audio folder that leads out of it or is no regular file."""
+    why = escape(file, folder)
+    if why is not None:
+        raise ConfigError(f"{file} {why}; an audio folder's files must be regular files inside it")
+
+
 def _transcripts(path: Path) -> dict[str, str]:
     """``<file name or stem><TAB><text>`` lines of the folder's transcript file (either name;
     both at once is ambiguous)."""
     found = [path / name for name in TRANSCRIPT_FILES if (path / name).exists()]
     if len(found) > 1:
         raise ConfigError(f"{path} has both {' and '.join(TRANSCRIPT_FILES)}; keep one")
+    for file in found:
+        _confined(file, path)
     texts: dict[str, str] = {}
     for line in read_text(found[0]).splitlines() if found else []:
         if "\t" in line:
@@ -116,8 +145,9 @@ def _read_audio(file: Path) -> tuple[np.ndarray, int]:
 def _audio_folder(path: Path) -> list[dict[str, Any]]:
     texts = _transcripts(path)
     records = []
-    files = sorted(f for f in path.iterdir() if f.suffix in AUDIO_SUFFIXES and f.is_file())
+    files = sorted(f for f in path.iterdir() if f.suffix in AUDIO_SUFFIXES and not f.is_dir())
     for file in files:
+        _confined(file, path)
         audio, rate = _read_audio(file)
         text = texts.get(file.name, texts.get(file.stem, ""))
         records.append({"audio": audio, "sampling_rate": rate, "text": text, "id": file.name})

@@ -55,3 +55,84 @@ def test_a_stereo_or_corrupt_flac_is_one_clear_error(tmp_path):
     (tmp_path / "s.flac").write_bytes(b"fLaC but not really")
     with pytest.raises(ConfigError, match=r"s\.flac is not a readable \.flac file"):
         load_records(str(tmp_path))
+
+
+# ---- issue 41: files named by a data folder, prompts files read as far as asked ------------
+
+
+def _big_line(path: Path, head: str, size: int = 32 * 2**20) -> None:
+    """``head`` then one line of ``size`` bytes (no newline), written in pieces."""
+    with path.open("w") as f:
+        f.write(head)
+        for _ in range(size // 2**20):
+            f.write("a" * 2**20)
+
+
+def _peak(fn):
+    """``fn()``'s result and the peak of Python allocations while it ran."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        out = fn()
+        return out, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_txt_of_prompts_is_read_only_up_to_the_limit(tmp_path):
+    # before: the whole file was read (a 1 GiB one-line file: the OOM killer)
+    data = tmp_path / "p.txt"
+    _big_line(data, "\ufeffa red circle\r\n\n  a blue square \rthird\n")
+    records, peak = _peak(lambda: load_records(str(data), 3))
+    assert [r["prompt"] for r in records] == ["a red circle", "a blue square", "third"]
+    assert peak < 2**20  # the 32 MiB line after them was never read
+    # asked for more: the huge line is refused once 1 MiB of it is read
+    with pytest.raises(ConfigError) as err:
+        _peak(lambda: load_records(str(data), 4))
+    assert str(err.value) == (
+        f"{data} line 4 is longer than 1048576 bytes (1 MiB), the most one record may hold; "
+        "split it or shorten it"
+    )
+
+    def whole() -> str:
+        with pytest.raises(ConfigError) as err:
+            load_records(str(data))
+        return str(err.value)
+
+    said, peak = _peak(whole)
+    assert "line 4 is longer than" in said and peak < 4 * 2**20
+    # not UTF-8: the byte is named, as before
+    (tmp_path / "q.txt").write_bytes(b"ok\ncaf\xe9\n")
+    with pytest.raises(ConfigError, match=r"q\.txt is not UTF-8 text \(byte 6: invalid"):
+        load_records(str(tmp_path / "q.txt"))
+
+
+def test_an_audio_folder_reads_only_regular_files_inside_it(tmp_path):
+    import os
+
+    folder = tmp_path / "wavs"
+    folder.mkdir()
+    _wav(folder / "a.wav", PCM)
+    _wav(tmp_path / "secret.wav", PCM)
+    (folder / "b.wav").symlink_to("a.wav")  # a link inside: read as the file it names
+    assert [r["id"] for r in load_records(str(folder))] == ["a.wav", "b.wav"]
+    (folder / "c.wav").symlink_to(tmp_path / "secret.wav")
+    with pytest.raises(ConfigError) as err:
+        load_records(str(folder))
+    assert str(err.value) == (
+        f"{folder}/c.wav resolves to {tmp_path}/secret.wav, outside {folder}; an audio "
+        "folder's files must be regular files inside it"
+    )
+    (folder / "c.wav").unlink()
+    os.mkfifo(folder / "c.wav")  # before: skipped; a FIFO named .flac blocked soundfile
+    with pytest.raises(ConfigError, match=r"c\.wav is a named pipe \(FIFO\), not a regular file"):
+        load_records(str(folder))
+    (folder / "c.wav").unlink()
+    os.mkfifo(folder / "transcripts.tsv")  # before: read_text waited on it forever
+    with pytest.raises(ConfigError, match=r"transcripts\.tsv is a named pipe \(FIFO\)"):
+        load_records(str(folder))
+    (folder / "transcripts.tsv").unlink()
+    (folder / "transcripts.tsv").symlink_to("/etc/passwd")
+    with pytest.raises(ConfigError, match=r"transcripts\.tsv resolves to /etc/passwd, outside"):
+        load_records(str(folder))

@@ -4,6 +4,7 @@ audio decoded with soundfile (no torchcodec)."""
 from __future__ import annotations
 
 import json
+import os
 import wave
 from pathlib import Path
 
@@ -97,3 +98,152 @@ def test_an_audio_feature_dataset_saved_and_in_a_data_files_directory(tmp_path):
     ds = datasets.Dataset.from_dict({"sentence": ["one", "two"]})
     ds.to_parquet(str(snapshot / "train-00000-of-00001.parquet"))
     assert _prompts(load_records(str(snapshot.parent))) == ["one", "two"]
+
+
+# ---- issue 41: files a metadata file names; prompts that are not strings; streaming -------
+
+
+def _jsonl(path: Path, rows) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("name", ["../outside/secret.wav", "ABS", "../" * 32 + "etc/passwd"])
+def test_a_metadata_file_naming_a_file_out_of_its_folder_is_refused(name, tmp_path):
+    # before: opened (../outside/secret.wav was read silently)
+    folder = tmp_path / "speech"
+    folder.mkdir()
+    (tmp_path / "outside").mkdir()
+    _wav(folder / "a.wav", PCM)
+    _wav(tmp_path / "outside" / "secret.wav", PCM)
+    name = str(tmp_path / "outside" / "secret.wav") if name == "ABS" else name
+    meta = _jsonl(folder / "metadata.jsonl", [{"file_name": "a.wav", "text": "hi"}, {},
+                                              {"file_name": name, "text": "yo"}])  # fmt: skip
+    meta.write_text(meta.read_text().replace("{}\n", "\n"))  # a blank line 2: line 3 named
+    with pytest.raises(ConfigError) as err:
+        load_records(str(folder))
+    assert str(err.value) == (
+        f"{meta} line 3: file_name {name!r} resolves to {os.path.realpath(folder / name)}, "
+        f"outside {folder}; a metadata file names files inside its folder"
+    )
+    # the same from a metadata.csv (its data rows counted as records)
+    meta.unlink()
+    (folder / "metadata.csv").write_text(f"file_name,text\na.wav,hi\n{name},yo\n")
+    with pytest.raises(ConfigError, match=r"metadata\.csv record 2: file_name .* outside"):
+        load_records(str(folder))
+
+
+def test_a_metadata_file_naming_a_fifo_or_a_link_out_is_refused(tmp_path):
+    folder = tmp_path / "speech"
+    (folder / "clips").mkdir(parents=True)
+    _wav(tmp_path / "secret.wav", PCM)
+    os.mkfifo(folder / "clips" / "a.wav")  # before: soundfile waited on it forever
+    meta = _jsonl(folder / "metadata.jsonl", [{"file_name": "clips/a.wav", "text": "x"}])
+    with pytest.raises(ConfigError) as err:
+        load_records(str(folder))
+    assert str(err.value) == (
+        f"{meta} line 1: file_name 'clips/a.wav' is a named pipe (FIFO), not a regular file; a "
+        "metadata file names files inside its folder"
+    )
+    (folder / "clips" / "a.wav").unlink()
+    (folder / "clips" / "a.wav").symlink_to(tmp_path / "secret.wav")
+    with pytest.raises(ConfigError, match=r"line 1: file_name 'clips/a\.wav' resolves to"):
+        load_records(str(folder))
+    (folder / "clips" / "a.wav").unlink()
+    (folder / "clips" / "a.wav").symlink_to("../real.wav")  # a link inside: fine
+    _wav(folder / "real.wav", PCM)
+    assert load_records(str(folder))[0]["text"] == "x"
+    _jsonl(meta, [{"file_name": 3, "text": "x"}])
+    with pytest.raises(ConfigError, match=r"line 1: file_name is a number \(3\), not a string"):
+        load_records(str(folder))
+
+
+def test_a_hub_cache_dataset_snapshot_links_into_its_blobs(tmp_path):
+    repo = tmp_path / "hub" / "datasets--me--speech"
+    snap = repo / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    _wav(repo / "blobs" / "h1", PCM)
+    _jsonl(repo / "blobs" / "h2", [{"file_name": "a.wav", "transcription": "hello"}])
+    (snap / "a.wav").symlink_to("../../blobs/h1")
+    (snap / "metadata.jsonl").symlink_to("../../blobs/h2")
+    assert load_records(str(snap))[0]["text"] == "hello"
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [(None, "null"), (5, "a number (5)"), (["x", "y"], "a list"), ({"a": 1}, "an object"),
+     (True, "a boolean (true)")],
+)  # fmt: skip
+def test_a_prompt_that_is_not_a_string_is_refused(value, said, tmp_path):
+    # before: the prompts 'None', '5', "['x', 'y']"
+    data = _jsonl(tmp_path / "p.jsonl", [{"prompt": "ok"}, {"prompt": value}])
+    with pytest.raises(ConfigError) as err:
+        load_records(str(data))
+    assert str(err.value) == f"{data} line 2: prompt is {said}, not a string"
+    (tmp_path / "p.json").write_text(json.dumps([{"prompt": "ok"}, {"prompt": value}]))
+    with pytest.raises(ConfigError) as err:
+        load_records(str(tmp_path / "p.json"))
+    assert str(err.value) == f"{tmp_path / 'p.json'} record 2: prompt is {said}, not a string"
+
+
+def test_prompts_and_transcripts_must_be_text_in_every_form(tmp_path):
+    data = _jsonl(tmp_path / "p.jsonl", [{"text": "ok"}, {"prompt": "x"}])
+    with pytest.raises(ConfigError, match=r"p\.jsonl line 1: prompt is missing, not a string"):
+        load_records(str(data))
+    datasets.Dataset.from_dict({"prompt": ["a", None]}).to_parquet(str(tmp_path / "p.parquet"))
+    with pytest.raises(ConfigError, match=r"p\.parquet record 2: prompt is null, not a string"):
+        load_records(str(tmp_path / "p.parquet"))
+    # a .csv cell is text whatever datasets makes of it; an empty one is refused
+    (tmp_path / "p.csv").write_text("prompt,n\n007,1\n,2\n")
+    with pytest.raises(ConfigError, match=r"p\.csv record 2: prompt is empty$"):
+        load_records(str(tmp_path / "p.csv"))
+    assert _prompts(load_records(str(tmp_path / "p.csv"), 1)) == ["007"]
+    # a transcript: a string (an empty .csv cell is an empty transcript)
+    folder = tmp_path / "speech"
+    folder.mkdir()
+    _wav(folder / "a.wav", PCM)
+    meta = _jsonl(folder / "metadata.jsonl", [{"file_name": "a.wav", "sentence": 5}])
+    with pytest.raises(ConfigError) as err:
+        load_records(str(folder))
+    assert str(err.value) == f"{meta} line 1: transcript sentence is a number (5), not a string"
+    meta.unlink()
+    (folder / "metadata.csv").write_text("file_name,sentence\na.wav,\n")
+    assert load_records(str(folder))[0]["text"] == ""
+    # lines that are no JSON object, a split a .jsonl has not
+    (tmp_path / "q.jsonl").write_text('{"prompt": "a"}\n[1]\n')
+    with pytest.raises(ConfigError, match=r"q\.jsonl line 2 is a list, not a JSON object"):
+        load_records(str(tmp_path / "q.jsonl"))
+    (tmp_path / "q.jsonl").write_text('{"prompt": "a"}\n{oops\n')
+    with pytest.raises(ConfigError, match=r"q\.jsonl line 2 is not valid JSON: Expecting"):
+        load_records(str(tmp_path / "q.jsonl"))
+    assert _prompts(load_records(str(tmp_path / "q.jsonl"), 1)) == ["a"]  # never read line 2
+    with pytest.raises(ConfigError, match="has splits train; no split 'test'"):
+        load_records(str(tmp_path / "q.jsonl"), 1, split="test")
+
+
+def test_a_jsonl_is_read_only_up_to_the_limit_and_a_huge_record_refused(tmp_path):
+    import tracemalloc
+
+    data = tmp_path / "p.jsonl"
+    with data.open("w") as f:
+        f.write('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": "')
+        for _ in range(32):
+            f.write("c" * 2**20)
+    tracemalloc.start()
+    try:
+        assert _prompts(load_records(str(data), 2)) == ["a", "b"]
+        assert tracemalloc.get_traced_memory()[1] < 2**20  # the 32 MiB line: never read
+        with pytest.raises(ConfigError) as err:
+            load_records(str(data), 3)
+        assert tracemalloc.get_traced_memory()[1] < 4 * 2**20
+    finally:
+        tracemalloc.stop()
+    assert str(err.value) == (
+        f"{data} line 3 is longer than 1048576 bytes (1 MiB), the most one record may hold; "
+        "split it or shorten it"
+    )
+    # a prompt past 1 MiB from a source datasets reads
+    (tmp_path / "p.json").write_text(json.dumps([{"prompt": "d" * (2**20 + 1)}]))
+    with pytest.raises(ConfigError, match=r"p\.json record 1: prompt is longer than 1048576"):
+        load_records(str(tmp_path / "p.json"))
