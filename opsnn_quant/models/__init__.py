@@ -93,10 +93,15 @@ def check_weights(source: str, *, allow_pickle: bool = False) -> None:
     says what is wrong with those.
 
     Raises:
-        ModelLoadError: pickle-only weights and ``allow_pickle`` is False.
+        ModelLoadError: pickle-only weights and ``allow_pickle`` is False; a file an export
+            would copy that is no regular file inside the directory
+            (:func:`~opsnn_quant.models.confine.check_export_sources`).
     """
     from pathlib import Path
 
+    from opsnn_quant.models.confine import check_export_sources
+
+    check_export_sources(source)
     path = Path(source)
     if allow_pickle or source.startswith("zoo:") or not path.is_dir():
         return  # allowed: the loader says which pickles it reads
