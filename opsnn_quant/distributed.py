@@ -10,6 +10,12 @@ the same seeds, so the outputs are the same bytes), and put back together in ord
 instead, and every rank raises :class:`DistributedError` naming that rank (no rank is left
 waiting in a collective for a peer that died).
 
+A rank never outlives its launcher: :func:`watch_parent` (started by :func:`launch_local` in each
+rank it spawns, and by :func:`init_world` under an external ``torchrun``) ends the rank, with one
+``error:`` line, within seconds of its parent process going (a launcher killed by SIGKILL or the
+OOM killer); a collective whose peer died (its connection closed) fails at once with a
+:class:`DistributedError`, so the 6 h :data:`COLLECTIVE_TIMEOUT` only ever waits for a slow rank.
+
 Gathering goes through ``torch.distributed.all_gather_object``: our own in-process objects
 (images, transcripts, figures), pickled between the ranks of one job, never a user's file.
 """
@@ -19,6 +25,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +44,8 @@ BACKENDS = ("hccl", "nccl", "gloo")
 # whole shard of generation (hours on a large suite), not only for the transfer.
 COLLECTIVE_TIMEOUT = timedelta(hours=6)
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+# How often a rank checks that the process that launched it is still there.
+PARENT_POLL_SECONDS = 1.0
 
 
 class DistributedError(OpsnnQuantError):
@@ -219,7 +230,8 @@ class Lockstep:
 
         t0 = time.perf_counter()
         parts: list[Any] | None = [None] * self.world.size if self.world.is_main else None
-        dist.gather_object(payload, parts, dst=0)
+        with _collective(self.world.rank, self.world.size):
+            dist.gather_object(payload, parts, dst=0)
         _GATHER_SECONDS[0] += time.perf_counter() - t0
         return parts or []
 
@@ -267,6 +279,7 @@ def init_world(device: str = "cpu", backend: str | None = None) -> World:
         return _WORLD
     import torch.distributed as dist
 
+    watch_parent()  # torchrun's agent (already watched when launch_local spawned this rank)
     kind = device.split(":", 1)[0]
     local_rank = int(os.environ["LOCAL_RANK"])
     chosen = backend or {"npu": "hccl", "cuda": "nccl"}.get(kind, "gloo")
@@ -388,6 +401,9 @@ def launch_local(nproc: int, entry: Callable[[list[str]], int], argv: list[str])
 
     Raises:
         DistributedError: a process died without returning (a crash or a signal).
+
+    Each rank watches this process (:func:`watch_parent`): killed, even by SIGKILL, it takes its
+    ranks with it within seconds instead of leaving them waiting in a collective.
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -398,7 +414,8 @@ def launch_local(nproc: int, entry: Callable[[list[str]], int], argv: list[str])
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, start_method="spawn",
     )  # fmt: skip
     try:
-        codes = elastic_launch(config, entry)(argv)
+        # the ranks are this process's own children (spawn): each watches this pid
+        codes = elastic_launch(config, _rank_entry)(entry, argv, os.getpid())
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         raise DistributedError(
@@ -407,6 +424,75 @@ def launch_local(nproc: int, entry: Callable[[list[str]], int], argv: list[str])
         ) from exc
     ordered = [int(codes[r] or 0) for r in sorted(codes)]
     return ordered[0] or next((c for c in ordered if c), 0)
+
+
+def _rank_entry(entry: Callable[[list[str]], int], argv: list[str], launcher: int) -> int:
+    """A rank :func:`launch_local` spawned: watch the launcher first, then ``entry(argv)``."""
+    _no_death_signal()
+    watch_parent(launcher)
+    return entry(argv)
+
+
+def _no_death_signal() -> None:
+    """Drop the SIGINT torch's spawn asks the kernel to send when the launcher dies: the CLI
+    turns SIGINT into an exception the main thread raises only between Python steps (never
+    while it waits in a collective) and that makes a rank meet its peers again; the watch
+    alone ends the rank, the same way wherever it is."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(1, 0, 0, 0, 0)  # PR_SET_PDEATHSIG: none
+
+
+_WATCHED: list[int] = []  # the parent pid this process watches (one watch per process)
+
+
+def watch_parent(parent: int | None = None, interval: float = PARENT_POLL_SECONDS) -> None:
+    """End this process, with one ``error:`` line, as soon as ``parent`` is no longer its
+    parent (it died and this rank was handed to init or a subreaper): a daemon thread checks
+    ``os.getppid()`` every ``interval`` seconds. Once per process; later calls do nothing.
+
+    The check runs beside whatever the main thread does (waiting in a collective, generating,
+    waiting for its result to be read) and exits by ``os._exit``: no signal handler, no
+    ``finally`` that would meet the peers again, nothing left holding the device's memory.
+
+    Args:
+        parent: the pid to watch (default: this process's parent now); a ``parent`` that is
+            already gone ends the process at once.
+        interval: seconds between checks.
+    """
+    if _WATCHED:
+        return
+    watched = os.getppid() if parent is None else parent
+    _WATCHED.append(watched)
+    threading.Thread(
+        target=_watch, args=(watched, interval), name="opsnn-quant-parent-watch", daemon=True
+    ).start()
+
+
+def _watch(parent: int, interval: float) -> None:
+    while os.getppid() == parent:
+        time.sleep(interval)
+    rank, size = os.environ.get("RANK", "?"), os.environ.get("WORLD_SIZE", "?")
+    line = f"error: rank {rank} of {size}: its launcher (pid {parent}) is gone; exiting\n"
+    with contextlib.suppress(OSError):  # stderr may be a pipe nobody reads any more
+        os.write(2, line.encode())
+    os._exit(DistributedError.exit_code)
+
+
+@contextlib.contextmanager
+def _collective(rank: int, size: int) -> Iterator[None]:
+    """A collective's backend error (a peer that died closed its connection: gloo fails at
+    once) as one :class:`DistributedError` line, not a backend traceback."""
+    try:
+        yield
+    except RuntimeError as exc:  # torch.distributed.DistBackendError included
+        text = re.sub(r"\[[^\]]*\.(cc|cpp|h)(:\d+)?\] ", "", _one_line(exc))  # gloo's source line
+        raise DistributedError(
+            f"rank {rank} of {size}: a collective failed (a peer process is gone?): {text[:300]}"
+        ) from exc
 
 
 # Seconds this process spent in collectives (waiting for peers included): the cost of
@@ -424,7 +510,8 @@ def _all_gather(obj: Any, size: int) -> list[Any]:
 
     t0 = time.perf_counter()
     parts: list[Any] = [None] * size
-    dist.all_gather_object(parts, obj)
+    with _collective(dist.get_rank(), size):
+        dist.all_gather_object(parts, obj)
     _GATHER_SECONDS[0] += time.perf_counter() - t0
     return parts
 

@@ -169,6 +169,17 @@ def _rank(rank: int, size: int, port: int, results: dict) -> None:
         out["error"] = f"DistributedError: {exc}"
     except RuntimeError as exc:
         out["error"] = f"own RuntimeError: {exc}"
+    # a peer that dies (rank 1 exits without a word): rank 0's gather fails at once, one line
+    if world.rank == 1:
+        results[rank] = out
+        os._exit(0)
+    import time
+
+    started = time.monotonic()
+    try:
+        world.gather(lambda: [0])
+    except DistributedError as exc:
+        out["peer gone"] = (str(exc).splitlines(), time.monotonic() - started)
     finish_world()
     results[rank] = out
 
@@ -224,6 +235,9 @@ def test_two_gloo_ranks_gather_in_order_and_share_one_ranks_failure():
     assert got[0]["error"] == (
         "DistributedError: rank 1 of 2 failed: RuntimeError: out of memory on this card"
     )
+    lines, waited = got[0]["peer gone"]
+    assert len(lines) == 1 and lines[0].startswith("rank 0 of 2: a collective failed"), lines
+    assert waited < 30, waited  # not the 6 h collective timeout
 
 
 def _lockstep_rank(rank: int, size: int, port: int, results: dict) -> None:
@@ -281,3 +295,84 @@ def test_lockstep_every_rank_meets_every_point_and_one_failure_ends_them_all():
         == late[2]
         == "DistributedError: rank 0 of 3 failed: ValueError: bad shard on rank 0"
     )
+
+
+def _wait_in_a_collective(argv: list[str]) -> int:
+    """A rank that writes its pid into ``argv[0]`` and waits in a collective nobody completes
+    (a receive from its peer: the 6 h timeout), as a rank idle in a gather does."""
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from opsnn_quant.distributed import init_world
+
+    world = init_world("cpu")
+    Path(argv[0], f"rank{world.rank}.pid").write_text(str(os.getpid()))
+    dist.recv(torch.zeros(1), src=1 - world.rank)
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie nobody reaped yet does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def test_ranks_end_when_their_launcher_is_killed(tmp_path):
+    # launch_local's ranks (what --nproc starts) waiting in a collective; the launcher is
+    # SIGKILLed (or OOM-killed): each rank sees its parent gone and exits within seconds with
+    # one error line, instead of idling for the 6 h collective timeout holding its memory
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    launcher = (
+        "import sys\n"
+        "from opsnn_quant.distributed import launch_local\n"
+        "from tests.test_distributed import _wait_in_a_collective\n"
+        "sys.exit(launch_local(2, _wait_in_a_collective, [sys.argv[1]]))\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    log = tmp_path / "log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", launcher, str(tmp_path)], cwd=root,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 120  # two ranks import torch on a busy machine
+        while len(files := sorted(tmp_path.glob("rank*.pid"))) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(0.5)  # both in the receive by now
+        pids = [int(f.read_text()) for f in files]
+        assert all(_alive(p) for p in pids)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        killed = time.monotonic()
+        while any(_alive(p) for p in pids) and time.monotonic() - killed < 30:
+            time.sleep(0.1)
+        took = time.monotonic() - killed
+        assert not any(_alive(p) for p in pids), f"ranks still there {took:.0f} s after"
+        assert took < 10, took  # a check a second
+        print(f"ranks gone {took:.1f} s after the launcher was killed")
+        # the first rank to see it says so; its peer may see it too, or first see its
+        # receive fail (the connection closed) and end as a failed rank
+        said = {ln for ln in log.read_text().splitlines() if "is gone" in ln}
+        assert said and said <= {
+            f"error: rank {r} of 2: its launcher (pid {proc.pid}) is gone; exiting" for r in (0, 1)
+        }, log.read_text()[-3000:]
+    finally:
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
