@@ -159,6 +159,25 @@ def _suite(d: Path, text: str) -> str:
     return str(path)
 
 
+def _probe_edited(done: Path, d: Path, edit: Callable[[dict], None]) -> str:
+    doc = json.loads((done / "probe.json").read_text())
+    edit(doc)
+    (d / "probe.json").write_text(json.dumps(doc))  # NaN written bare, as json.dumps does
+    return str(d / "probe.json")
+
+
+def _nan_absmax(doc: dict) -> None:
+    next(m for m in doc["modules"] if m.get("fp16"))["fp16"]["output_absmax"] = float("nan")
+
+
+def _negative_macs(doc: dict) -> None:
+    next(m for m in doc["modules"] if m["type"] == "Linear")["macs"] = -1
+
+
+def _with_rules(lines: str) -> Callable[[str], str]:
+    return lambda text: text.replace("rules:\n", "rules:\n" + lines)
+
+
 SUITE = "name: s\ntask: t2i\ndata: {dataset: shapes, samples: 2}\nmetrics: {fid_features: null}\n"
 
 
@@ -322,6 +341,21 @@ CASES = [
          2, "matches no module of the model"),
     Case("policy show: bf16 on a target without it", lambda d, r, rec, done: ["policy", "show", _policy_with(done, d, _bf16_on_310p)],
          2, "target ascend310p cannot run"),
+    # issue 41: our own files read back are user files; one line whatever the path holds
+    Case("policy build: probe.json with a NaN absmax", lambda d, r, rec, done: ["policy", "build", _probe_edited(done, d, _nan_absmax), "--target", "ascend910b-atc", "-o", str(d / "p.yaml")],
+         2, "fp16.output_absmax: Input should be a number, not NaN"),
+    Case("calibrate --from-probe: negative MACs", lambda d, r, rec, done: ["calibrate", str(rec), "-o", str(d / "o"), "--from-probe", _probe_edited(done, d, _negative_macs)],
+         2, ".macs: Input should be greater than or equal to 0"),
+    Case("policy show: a glob past 4096 characters", lambda d, r, rec, done: ["policy", "show", _policy_with(done, d, _with_rules("- {match: '" + "unet.*" * 700 + "', precision: fp32}\n"))],
+         2, "rules.0.match: String should have at most 4096 characters (line"),
+    Case("policy show: a 10 MB glob", lambda d, r, rec, done: ["policy", "show", _policy_with(done, d, _with_rules("- {match: '" + "unet.*" * 1_750_000 + "', precision: fp32}\n"))],
+         2, "bytes, more than the 8388608 a policy file may hold (at most 20000 rules)"),
+    Case("policy show: 20 001 rules", lambda d, r, rec, done: ["policy", "show", _policy_with(done, d, _with_rules("- {match: unet.conv_in, precision: fp32}\n" * 20_001))],
+         2, "rules: more than the 20000 entries it may hold (line"),
+    Case("input path with a newline", lambda d, r, rec, done: ["policy", "show", str(d / "my\npolicy.yaml")],
+         2, "my\\npolicy.yaml not found"),
+    Case("output path with a newline", lambda d, r, rec, done: ["calibrate", str(rec), "-o", str(_bytes(d, "f\nx", b"x") / "o")],
+         2, "f\\nx is a file, not a directory"),
 ]  # fmt: skip
 
 

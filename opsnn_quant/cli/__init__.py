@@ -120,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(rv, int):  # typer.Exit(code) comes back as the return value here
             return rv
     except OpsnnQuantError as err:
-        # one write (line and newline together): the ranks of a torchrun launch share stderr
-        sys.stderr.write(f"error: {err}\n")
+        # one write (line and newline together): the ranks of a torchrun launch share stderr;
+        # one line even when the message quotes a path with a newline in it
+        sys.stderr.write(f"error: {_ui.one_line(str(err))}\n")
         sys.stderr.flush()
         return err.exit_code
     except Interrupted as exc:

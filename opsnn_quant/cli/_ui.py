@@ -185,6 +185,17 @@ def phases(quiet: bool) -> Iterator[Callable[[str], None]]:
         yield rep.phase
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line: every character that is not printable (newlines, carriage
+    returns, tabs, terminal escapes, Unicode line separators) written as its Python escape
+    (``\\n``, ``\\x1b``, ``\\u2028``), as a path holding one would be in ``repr``."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
+    )
+
+
 def fmt_num(x: float | None, digits: int = 3) -> str:
     """A number for people: ``0.157``, ``1.23e-05``, ``4.1e+04``, ``inf``, ``-`` for None."""
     if x is None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from opsnn_quant.errors import ConfigError
 from opsnn_quant.numerics import fmt_db
 from opsnn_quant.policy._compress import exact, plan_rules
 from opsnn_quant.policy._plan import ModalityPlan
 from opsnn_quant.policy._schemes import Choice
 from opsnn_quant.policy.rule import QuantFields, Rule
-from opsnn_quant.policy.schema import PrecisionPolicy
+from opsnn_quant.policy.schema import MAX_RULES, PrecisionPolicy
 from opsnn_quant.policy.targets import Target
 from opsnn_quant.probe.report import FP16_MAX, Fp16Stats, ModuleSensitivity, SensitivityReport
 from opsnn_quant.quant.spec import QuantSpec
@@ -130,14 +131,21 @@ def emit_rules(
             rule per decided module.
 
     Raises:
+        ConfigError: more rules than a policy may hold (:data:`~.schema.MAX_RULES`).
         RuntimeError: the compact rules would resolve a module otherwise than one rule per
             module does (a bug: it is checked on every call).
     """
     singles = one_rule_per_module(report, pins, plans)
-    if not compact:
-        return singles
-    rules = compact_rules(report, pins, plans, prefixes, defaults)
-    check_same_resolution(report, prefixes, defaults, singles, rules)
+    rules = singles
+    if compact:
+        rules = compact_rules(report, pins, plans, prefixes, defaults)
+        check_same_resolution(report, prefixes, defaults, singles, rules)
+    if len(rules) > MAX_RULES:
+        hint = "" if compact else "; build it compact"
+        raise ConfigError(
+            f"the policy of {report.model} would hold {len(rules)} rules, more than the "
+            f"{MAX_RULES} a policy may hold{hint}"
+        )
     return rules
 
 
@@ -239,7 +247,8 @@ def check_same_resolution(
     types = {m.name: m.type for m in report.modules}
 
     def resolution(rule_list: list[Rule]) -> list[tuple[str, QuantSpec | Precision, bool]]:
-        policy = PrecisionPolicy(
+        # built unvalidated: the rules are, and one per module may be more than a file holds
+        policy = PrecisionPolicy.model_construct(
             model=report.model, target="cpu-reference", modalities=prefixes,
             defaults=dict(defaults), rules=rule_list,
         )  # fmt: skip

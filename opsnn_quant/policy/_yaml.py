@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import yaml
@@ -12,6 +13,10 @@ from opsnn_quant.errors import ConfigError
 from opsnn_quant.policy.form import DocumentError, FlowMap
 
 M = TypeVar("M", bound=BaseModel)
+
+# libyaml's parser when PyYAML was built with it (about five times faster on a large policy);
+# a file it refuses is parsed again by the pure-Python one, whose messages the errors quote.
+_FAST_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 # Wide enough that PyYAML never folds a reason string over several lines (folding is
 # deterministic too, but one reason per line is easier to read and to grep).
@@ -70,11 +75,71 @@ def _line_of(node: yaml.Node | None, loc: Sequence[int | str]) -> int | None:
     return line
 
 
+def _parse(text: str, loader_cls: type[yaml.SafeLoader]) -> tuple[yaml.Node | None, Any]:
+    """The document's node tree (for line numbers) and its data, from one parse."""
+    loader = loader_cls(text)
+    try:
+        root = loader.get_single_node()
+        return root, None if root is None else loader.construct_document(root)
+    finally:
+        loader.dispose()
+
+
+@dataclass
+class _Open:
+    """A collection the event scan is inside: how many nodes it holds so far."""
+
+    mapping: bool
+    limit: int | None = None  # the most entries it may hold (a counted top-level value)
+    line: int = 0  # of its key
+    nodes: int = 0
+
+    def entries(self) -> int:
+        return (self.nodes + 1) // 2 if self.mapping else self.nodes
+
+
+def _overlong(
+    text: str, limits: Mapping[str, int], loader_cls: type[yaml.SafeLoader]
+) -> tuple[str, int, int] | None:
+    """The first top-level key of ``limits`` whose sequence or mapping holds more entries than
+    its limit: (key, limit, line of the key); None when none does, or when the text is
+    not valid YAML (the parse proper reports that). Reads parser events only (no node is built,
+    no tag resolved) and stops at the first entry past the limit, so that a file of a million
+    rules is refused in the time its first few thousand take."""
+    stack: list[_Open] = []
+    key: object = None
+    key_line = 0
+    try:
+        for ev in yaml.parse(text, Loader=loader_cls):
+            if isinstance(ev, yaml.CollectionEndEvent):
+                stack.pop()
+                continue
+            if not isinstance(ev, yaml.NodeEvent):
+                continue
+            if stack:
+                top = stack[-1]
+                top.nodes += 1
+                if top.limit is not None and top.entries() > top.limit:
+                    return str(key), top.limit, top.line
+                if len(stack) == 1 and top.mapping and top.nodes % 2:  # a top-level key
+                    key = ev.value if isinstance(ev, yaml.ScalarEvent) else None
+                    key_line = ev.start_mark.line + 1 if ev.start_mark is not None else 0
+            if isinstance(ev, yaml.CollectionStartEvent):
+                value_of = stack[0] if len(stack) == 1 and stack[0].mapping else None
+                is_value = value_of is not None and value_of.nodes % 2 == 0
+                limit = limits.get(key) if is_value and isinstance(key, str) else None
+                stack.append(_Open(isinstance(ev, yaml.MappingStartEvent), limit, key_line))
+    except yaml.YAMLError:
+        return None
+    return None
+
+
 def load_model(
     cls: type[M],
     text: str,
     source: str = "<string>",
     prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    limits: Mapping[str, int] | None = None,
 ) -> M:
     """Parse YAML ``text`` and validate it as ``cls``.
 
@@ -85,14 +150,26 @@ def load_model(
         prepare: turns the document into the model's data first (e.g. a file form's presets
             into rules); a :class:`~opsnn_quant.policy.form.DocumentError` it raises is
             reported at its location.
+        limits: top-level key -> the most entries its sequence (or mapping) may hold; checked
+            on the parser's events before the document is built.
 
     Raises:
-        ConfigError: bad YAML, or a schema violation; the message names the field path and the
-            line in ``source``.
+        ConfigError: bad YAML, a collection past its limit, or a schema violation; the message
+            names the field path and the line in ``source``.
     """
+    over = _overlong(text, limits, _FAST_LOADER) if limits else None
+    if over is not None:
+        key, limit, at_line = over
+        raise ConfigError(
+            f"{source}: {key}: more than the {limit} entries it may hold (line {at_line})"
+        )
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        try:
+            root, data = _parse(text, _FAST_LOADER)
+        except yaml.YAMLError:
+            if _FAST_LOADER is yaml.SafeLoader:
+                raise
+            root, data = _parse(text, yaml.SafeLoader)  # raises again, with its own message
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

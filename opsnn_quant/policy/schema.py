@@ -8,6 +8,14 @@ Resolution of one module name, in this order:
 2. the default of the module's modality, found by the longest matching module-name prefix in
    ``modalities`` (``""`` matches every name).
 3. otherwise the module stays float as loaded (reported as fp32).
+
+Sizes are bounded before any work: a policy file is at most :data:`MAX_POLICY_BYTES` (refused
+before it is read), holds at most :data:`MAX_RULES` rules (refused before they are validated) and
+a glob at most :data:`~opsnn_quant.policy.rule.MAX_GLOB_CHARS` characters (refused before it is
+matched). A policy holds at most one rule per decided module (the search's exact form; its
+compact form far fewer): the largest pipelines this toolkit targets (FLUX, Wan, Whisper large)
+have about a thousand Linear/Conv2d, so 20 000 rules is twenty times that. A generated rule line
+is 100-300 bytes, so 20 000 of them fit in 8 MiB.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from opsnn_quant.errors import ConfigError
 from opsnn_quant.io import atomic_write_text, read_text
 from opsnn_quant.policy import _yaml, form
 from opsnn_quant.policy.budget import Budget
-from opsnn_quant.policy.rule import Rule
+from opsnn_quant.policy.rule import Rule, glob_matcher
 from opsnn_quant.policy.targets import INT8_MODULE_TYPES, Target, get_target
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Modality, Precision, match_prefix
@@ -33,6 +41,9 @@ if TYPE_CHECKING:
     from torch import nn
 
 SCHEMA_VERSION = form.FILE_VERSION
+# Caps on what a policy may hold (see the module docstring for why these numbers).
+MAX_RULES = 20_000
+MAX_POLICY_BYTES = 8 << 20
 # Schema 1: every int8 rule with its own quant: block (read as before; written as schema 2).
 READABLE_VERSIONS = (1, SCHEMA_VERSION)
 _HEADER = (
@@ -105,7 +116,7 @@ class PrecisionPolicy(_Frozen):
     target: str
     modalities: dict[str, Modality] = Field(default_factory=dict)
     defaults: dict[Modality, Precision] = Field(default_factory=dict)
-    rules: list[Rule] = Field(default_factory=list)
+    rules: list[Rule] = Field(default_factory=list, max_length=MAX_RULES)
     smoothing_groups: dict[str, list[str]] = Field(default_factory=dict)
     budget: Budget | None = None
     figures: dict[Modality, ModalityFigures] = Field(default_factory=dict)
@@ -170,7 +181,11 @@ class PrecisionPolicy(_Frozen):
         Raises:
             ConfigError: bad YAML or a schema violation (field path and line in the message).
         """
-        return _yaml.load_model(cls, text, source, prepare=form.from_document)
+        if len(text) > MAX_POLICY_BYTES:
+            raise ConfigError(_too_big(source, len(text), "characters"))
+        return _yaml.load_model(
+            cls, text, source, prepare=form.from_document, limits={"rules": MAX_RULES}
+        )
 
     def save(self, path: str | Path) -> Path:
         """Write ``policy.yaml`` atomically."""
@@ -186,6 +201,12 @@ class PrecisionPolicy(_Frozen):
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"{p} not found")
+        try:
+            size = p.stat().st_size
+        except OSError as exc:
+            raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from exc
+        if size > MAX_POLICY_BYTES:  # refused before it is read or parsed
+            raise ConfigError(_too_big(str(p), size, "bytes"))
         return cls.from_yaml(read_text(p), source=str(p))
 
     # ---- resolution ------------------------------------------------------------------------
@@ -215,6 +236,7 @@ class PrecisionPolicy(_Frozen):
             ``{name: Resolved(precision, rule index | "default" | "unassigned", reason)}``.
         """
         literal, globs = self._split_rules()
+        matchers = [(i, glob_matcher(self.rules[i].match)) for i in globs]  # compiled once
         out: dict[str, Resolved] = {}
         for name in module_names:
             int8_ok = module_types.get(name) in INT8_MODULE_TYPES
@@ -224,10 +246,10 @@ class PrecisionPolicy(_Frozen):
 
             # First match wins: the first applicable exact-name rule, unless a glob comes earlier.
             best = next((i for i in literal.get(name, ()) if applies(i)), None)
-            for i in globs:
+            for i, match in matchers:
                 if best is not None and i > best:
                     break
-                if self.rules[i].matches(name) and applies(i):
+                if match(name) is not None and applies(i):
                     best = i
                     break
             if best is not None:
@@ -278,7 +300,7 @@ class PrecisionPolicy(_Frozen):
             if rule.match in literal:
                 matched = [rule.match] if rule.match in names else []
             else:
-                matched = [n for n in module_names if rule.matches(n)]
+                matched = rule.matching(module_names)
             label = f"rule {i} ({rule.precision.value} on {rule.match!r})"
             if not matched:
                 close = difflib.get_close_matches(rule.match, module_names, n=1)
@@ -369,6 +391,13 @@ class PrecisionPolicy(_Frozen):
     def with_notes(self, *notes: str) -> PrecisionPolicy:
         """A copy with ``notes`` appended."""
         return self.model_copy(update={"notes": [*self.notes, *notes]})
+
+
+def _too_big(source: str, size: int, unit: str) -> str:
+    return (
+        f"{source} is {size} {unit}, more than the {MAX_POLICY_BYTES} a policy file may hold "
+        f"(at most {MAX_RULES} rules)"
+    )
 
 
 def _engine_fits(spec: QuantSpec, target: Target) -> tuple[bool, str]:

@@ -2,6 +2,13 @@
 
 A typed, versioned pydantic model with a JSON round trip. The policy search reads it; the
 evaluation report draws its per-module chart from it.
+
+A ``probe.json`` read back is validated like any user file: no NaN anywhere, counts and MACs
+non-negative integers, every figure finite except the maxima of ``|x|`` over fp32 tensors
+(:data:`Magnitude`), which are ``Infinity`` where a tensor held an infinity (an additive
+``-inf`` attention mask): the writer writes them so (``json.dumps``) and they read back the
+same. The optional figures that stand for an infinity as ``null`` (``sqnr_db``, headrooms) are
+turned into ``null`` when the probe builds the report; in a file, an infinity there is refused.
 """
 
 from __future__ import annotations
@@ -11,9 +18,18 @@ import math
 import statistics
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from opsnn_quant.io import atomic_write_text, load_json_model
 from opsnn_quant.types import Modality
@@ -23,11 +39,41 @@ FP16_MAX = 65504.0
 BF16_MAX = float.fromhex("0x1.fep127")  # 3.39e38, the largest finite bfloat16
 
 
-def _finite_or_none(v: float | None) -> float | None:
-    # JSON has no inf/nan: store them as None plus flags elsewhere.
-    if v is None or math.isfinite(v):
-        return v
-    return None
+def _finite_or_none(v: Any, info: ValidationInfo) -> Any:
+    # JSON has no inf/nan: the probe's inf/nan become None (plus flags elsewhere). A file that
+    # holds one anyway is refused by the field's own type (what the writer writes is null).
+    if info.mode == "python" and isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def _not_nan(v: float) -> float:
+    if math.isnan(v):
+        raise PydanticCustomError("nan", "Input should be a number, not NaN")
+    return v
+
+
+# A figure that is always finite (SQNRs, cosines, dB gains).
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+# A finite figure that cannot be negative (percentiles, headrooms, ratios, seconds).
+NonNegativeFinite = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+# A maximum of |x| (or of x^2, or a noise energy) over fp32 tensors: never NaN or negative,
+# +inf where a tensor held an infinity (json.dumps writes it as ``Infinity``; it reads back).
+Magnitude = Annotated[float, AfterValidator(_not_nan), Field(ge=0)]
+# A value that may be infinite in either direction, but is a number.
+NotNaN = Annotated[float, AfterValidator(_not_nan)]
+
+
+def _no_nan_in(value: Any, where: str = "") -> None:
+    """Raise ValueError at the first NaN in a JSON-like value (``config``)."""
+    if isinstance(value, float) and math.isnan(value):
+        raise ValueError(f"{where or 'value'} is NaN")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _no_nan_in(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _no_nan_in(v, f"{where}.{i}" if where else str(i))
 
 
 class _Frozen(BaseModel):
@@ -53,17 +99,17 @@ class Fp16Stats(_Frozen):
         reasons: the evidence, in words.
     """
 
-    input_absmax: float = 0.0
-    output_absmax: float = 0.0
-    input_p999: float = 0.0
-    output_p999: float = 0.0
-    headroom_in: float | None = None
-    headroom_out: float | None = None
-    sumsq_absmax: float | None = None
-    inf_nan_count: int = 0
-    rel_error_fp16: float | None = None
-    rel_error_fp16_saturate: float | None = None
-    rel_error_bf16: float | None = None
+    input_absmax: Magnitude = 0.0
+    output_absmax: Magnitude = 0.0
+    input_p999: NonNegativeFinite = 0.0
+    output_p999: NonNegativeFinite = 0.0
+    headroom_in: NonNegativeFinite | None = None
+    headroom_out: NonNegativeFinite | None = None
+    sumsq_absmax: Magnitude | None = None
+    inf_nan_count: NonNegativeInt = 0
+    rel_error_fp16: NonNegativeFinite | None = None
+    rel_error_fp16_saturate: NonNegativeFinite | None = None
+    rel_error_bf16: NonNegativeFinite | None = None
     overflow: bool = False
     reasons: list[str] = Field(default_factory=list)
 
@@ -87,12 +133,13 @@ class SchemeError(_Frozen):
             output (``bfloat16``), when the scheme is infeasible in its own.
     """
 
-    sqnr_db: float | None  # None = +inf (no error)
-    cosine: float
-    smoothquant_alpha: float | None = None
+    sqnr_db: Finite | None  # None = +inf (no error)
+    cosine: Finite
+    smoothquant_alpha: NonNegativeFinite | None = None
     infeasible: str | None = None
     fits_output_dtype: str | None = None
-    timestep_bounds: list[int] | None = None  # w8a8_timestep: the groups of steps it used
+    # w8a8_timestep: the groups of steps it used
+    timestep_bounds: list[NonNegativeInt] | None = None
 
     _fix = field_validator("sqnr_db", mode="before")(_finite_or_none)
 
@@ -110,12 +157,12 @@ class TimestepRanges(_Frozen):
         groups_gain_db: modelled input SQNR those groups gain over a single scale.
     """
 
-    steps: list[int]
-    absmax: list[float]
-    max_min_ratio: float | None
-    single_scale_loss_db: float
-    bounds: list[int]
-    groups_gain_db: float
+    steps: list[NonNegativeInt]
+    absmax: list[Magnitude]
+    max_min_ratio: NonNegativeFinite | None
+    single_scale_loss_db: Finite
+    bounds: list[NonNegativeInt]
+    groups_gain_db: Finite
 
     _fix = field_validator("max_min_ratio", mode="before")(_finite_or_none)
 
@@ -130,10 +177,10 @@ class EndToEnd(_Frozen):
     """
 
     scheme: str
-    contribution: float
-    rank: int
-    exhaustive: float | None = None  # measured one-module-at-a-time, when that was run
-    schemes: dict[str, float] = Field(default_factory=dict)
+    contribution: Magnitude
+    rank: NonNegativeInt
+    exhaustive: Magnitude | None = None  # measured one-module-at-a-time, when that was run
+    schemes: dict[str, Magnitude] = Field(default_factory=dict)
 
 
 class ModuleSensitivity(_Frozen):
@@ -142,13 +189,14 @@ class ModuleSensitivity(_Frozen):
     name: str
     type: str
     modality: Modality
-    params: int = 0
-    macs: int = 0  # multiply-accumulates per forward call (average over calls)
-    calls: int = 0
+    params: NonNegativeInt = 0
+    macs: NonNegativeInt = 0  # multiply-accumulates per forward call (average over calls)
+    calls: NonNegativeInt = 0
     fp16: Fp16Stats | None = None
     w8a8: dict[str, SchemeError] = Field(default_factory=dict)
     e2e: EndToEnd | None = None
-    weight_shape: list[int] | None = None  # of a Linear/Conv2d (the targets' shape limits)
+    # of a Linear/Conv2d (the targets' shape limits)
+    weight_shape: list[NonNegativeInt] | None = None
     timesteps: TimestepRanges | None = None  # per-step input ranges (diffusion models)
 
     @property
@@ -163,7 +211,7 @@ class Finding(_Frozen):
     kind: str
     where: str
     modality: Modality
-    value: float | None = None
+    value: NotNaN | None = None  # a softmax input max is +inf past a -inf mask
     verdict: str = ""
 
 
@@ -171,13 +219,15 @@ class ModalitySummary(_Frozen):
     """Per-modality roll-up."""
 
     modality: Modality
-    modules: int
-    quantizable: int
-    overflowing: int
-    median_sqnr_db: float | None
-    predicted_sqnr_db_all_w8a8: float | None  # from the summed e2e contributions
+    modules: NonNegativeInt
+    quantizable: NonNegativeInt
+    overflowing: NonNegativeInt
+    median_sqnr_db: Finite | None
+    predicted_sqnr_db_all_w8a8: Finite | None  # from the summed e2e contributions
     output: str = ""  # what the final output of this modality is (e.g. "UNet noise prediction")
-    macs: int = 0
+    macs: NonNegativeInt = 0
+
+    _fix = field_validator("predicted_sqnr_db_all_w8a8", mode="before")(_finite_or_none)
 
 
 class SensitivityReport(_Frozen):
@@ -200,7 +250,13 @@ class SensitivityReport(_Frozen):
     # Wall-clock seconds of this run and their ratios (forward-equivalents): they differ on
     # every run, so they are not written to probe.json (whose bytes depend on the inputs only)
     # but to timings.json (opsnn_quant.pipeline.timings). Read from an older probe.json that has them.
-    costs: dict[str, float] = Field(default_factory=dict, exclude=True)
+    costs: dict[str, NonNegativeFinite] = Field(default_factory=dict, exclude=True)
+
+    @field_validator("config")
+    @classmethod
+    def _config_has_no_nan(cls, v: dict[str, Any]) -> dict[str, Any]:
+        _no_nan_in(v)
+        return v
 
     @field_validator("schema_version")
     @classmethod

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from pydantic import BaseModel
 from torch import nn
 
 from opsnn_quant.errors import ConfigError
@@ -271,3 +272,130 @@ def test_printing_a_policy_shows_each_modalitys_decision():
         "  denoiser       int8  int8  50% of its MACs, predicted 40.0 dB (>= 30 dB)",
     ]
     assert "PrecisionPolicy(" in repr(policy)
+
+
+# issue 41 §2: sizes bounded before any work (a 10 MB glob took 203 s, 100 000 rules 165 s)
+
+
+def _no_matching(monkeypatch):
+    """Make every glob compile or match, and the rules' expansion, fail loudly."""
+    import opsnn_quant.policy.rule as rule_mod
+    import opsnn_quant.policy.schema as schema_mod
+
+    def refuse(*a, **k):
+        raise AssertionError("the policy was matched or built before its size was checked")
+
+    monkeypatch.setattr(rule_mod, "glob_matcher", refuse)
+    monkeypatch.setattr(schema_mod, "glob_matcher", refuse)
+    monkeypatch.setattr("fnmatch.translate", refuse)
+    monkeypatch.setattr("difflib.get_close_matches", refuse)
+
+
+def test_a_glob_past_the_cap_is_refused_by_validation_before_any_matching(monkeypatch):
+    from opsnn_quant.policy.rule import MAX_GLOB_CHARS
+
+    _no_matching(monkeypatch)
+    text = _policy().to_yaml().replace("match: fc2", f"match: '{'fc*' * MAX_GLOB_CHARS}'")
+    with pytest.raises(ConfigError) as exc:
+        PrecisionPolicy.from_yaml(text, source="policy.yaml")
+    assert str(exc.value) == (
+        f"policy.yaml: rules.1.match: String should have at most {MAX_GLOB_CHARS} characters "
+        f"(line {_line(text, 'fc*fc*')})"
+    )
+    with pytest.raises(ValueError, match=f"at most {MAX_GLOB_CHARS} characters"):
+        Rule(match="x" * (MAX_GLOB_CHARS + 1), precision=Precision.FP16)
+    assert Rule(match="x" * MAX_GLOB_CHARS, precision=Precision.FP16)  # the cap itself is fine
+
+
+def test_too_many_rules_are_refused_before_any_rule_is_built(monkeypatch):
+    from opsnn_quant.policy import form
+    from opsnn_quant.policy.schema import MAX_RULES
+
+    _no_matching(monkeypatch)
+    monkeypatch.setattr(form, "from_document", lambda *a: pytest.fail("rules were built"))
+    lines = "".join(f"- {{match: m{i}, precision: fp16}}\n" for i in range(MAX_RULES + 1))
+    text = "model: m\ntarget: cpu-reference\nrules:\n" + lines
+    with pytest.raises(ConfigError) as exc:
+        PrecisionPolicy.from_yaml(text, source="policy.yaml")
+    assert str(exc.value) == (
+        f"policy.yaml: rules: more than the {MAX_RULES} entries it may hold (line 3)"
+    )
+    # aliases do not get around it, nor a flow sequence
+    text = "r: &r {match: m, precision: fp16}\nrules: [" + "*r, " * (MAX_RULES + 1) + "]\n"
+    with pytest.raises(ConfigError, match=r"rules: more than the \d+ entries it may hold"):
+        PrecisionPolicy.from_yaml(text)
+    with pytest.raises(ValueError, match=f"at most {MAX_RULES} items"):
+        _policy(rules=[Rule(match="fc1", precision=Precision.FP16)] * (MAX_RULES + 1))
+
+
+class _Any(BaseModel):
+    rules: list[object] = []
+
+
+def test_the_rule_count_is_checked_on_parser_events_up_to_the_limit():
+    data = "x: {rules: [1, 2, 3, 4]}\nrules:\n- a\n- [1, 2, 3, 4, 5]\n- {a: 1, b: 2}\n"
+    # nested collections count as one entry each; a key of that name elsewhere is not counted
+    assert _yaml.load_model(_Any, data, limits={"rules": 3}).rules == [
+        "a",
+        [1, 2, 3, 4, 5],
+        {"a": 1, "b": 2},
+    ]
+    with pytest.raises(
+        ConfigError, match=r"<string>: rules: more than the 2 entries it may hold \(line 2\)"
+    ):
+        _yaml.load_model(_Any, data, limits={"rules": 2})
+    with pytest.raises(ConfigError, match=r"invalid YAML at line \d+"):  # reported as before
+        _yaml.load_model(_Any, "rules: [1, 2\n", limits={"rules": 5})
+
+
+def test_a_policy_file_past_the_size_cap_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    import opsnn_quant.policy.schema as schema_mod
+    from opsnn_quant.policy.schema import MAX_POLICY_BYTES
+
+    _no_matching(monkeypatch)
+    monkeypatch.setattr(schema_mod, "read_text", lambda p: pytest.fail(f"{p} was read"))
+    path = tmp_path / "policy.yaml"
+    with path.open("wb") as f:
+        f.truncate(MAX_POLICY_BYTES + 1)  # sparse: nothing is written
+    with pytest.raises(ConfigError) as exc:
+        PrecisionPolicy.load(path)
+    assert str(exc.value) == (
+        f"{path} is {MAX_POLICY_BYTES + 1} bytes, more than the {MAX_POLICY_BYTES} a policy "
+        f"file may hold (at most {schema_mod.MAX_RULES} rules)"
+    )
+
+
+def test_the_caps_hold_a_per_module_policy_of_the_largest_models():
+    # One exact rule per module (the search's exact form) with the writer's longest reasons:
+    # MAX_RULES of them fit in MAX_POLICY_BYTES, and MAX_RULES is far above the ~1000
+    # Linear/Conv2d of FLUX, Wan or Whisper large.
+    from opsnn_quant.policy.schema import MAX_POLICY_BYTES, MAX_RULES
+
+    name = "transformer.transformer_blocks.{}.attn.to_add_out"
+    reason = (
+        "fp16 overflow: output absmax 1.2e+05 > 65504 (headroom 0.53); input absmax 9.9e+04 > "
+        "65504 (headroom 0.66) -> fp32 (bf16 rel. error 3.1e-02 >= 0.01)"
+    )
+    rules = [
+        Rule(match=name.format(i), precision=Precision.W8A8 if i % 2 else Precision.FP32,
+             quant=QuantFields(smoothquant_alpha=0.5) if i % 2 else None, reason=reason)
+        for i in range(100)
+    ]  # fmt: skip
+    per_rule = len(_policy(rules=rules).to_yaml().encode()) / len(rules)
+    assert MAX_RULES * per_rule < MAX_POLICY_BYTES and MAX_RULES >= 10 * 1000
+
+
+def test_a_search_that_would_write_more_rules_than_a_policy_holds_says_so(monkeypatch):
+    import opsnn_quant.policy._rules as rules_mod
+    from opsnn_quant.policy.budget import Budget
+    from opsnn_quant.policy.search import build_policy
+
+    from ._factory import linear, report
+
+    rep = report(*(linear(f"blocks.{i}.fc", 1e-5) for i in range(4)))
+    any_share = Budget(min_int8_mac_share=0.0)
+    monkeypatch.setattr(rules_mod, "MAX_RULES", 3)
+    # the compact form (its check against one rule per module is not held to the cap) fits
+    assert len(build_policy(rep, any_share, "cpu-reference").rules) <= 3
+    with pytest.raises(ConfigError, match=r"would hold 4 rules, more than the 3 a policy may hold"):
+        build_policy(rep, any_share, "cpu-reference", compact=False)

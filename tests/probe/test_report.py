@@ -1,10 +1,22 @@
 """SensitivityReport: JSON round trip; wall-clock costs kept out of probe.json."""
 
 import json
+import math
 
+import pytest
+from pydantic import ValidationError
+
+from opsnn_quant.errors import ConfigError
 from opsnn_quant.pipeline.timings import timings_json, write_timings
 from opsnn_quant.probe.api import ProbeConfig, probe
-from opsnn_quant.probe.report import SensitivityReport
+from opsnn_quant.probe.report import (
+    EndToEnd,
+    Finding,
+    Fp16Stats,
+    ModuleSensitivity,
+    SchemeError,
+    SensitivityReport,
+)
 from tests.tiny_models import TinyMLP, forward_loop_for
 
 
@@ -52,3 +64,89 @@ def test_an_older_probe_json_with_costs_still_loads(tmp_path):
     old = SensitivityReport.load(tmp_path / "probe.json")
     assert old.costs == {"pass1_seconds": 1.5}
     assert old.to_json() == report.to_json()  # saved again: without them
+
+
+# issue 41 §1: probe.json read back is a user file: no NaN, no negative counts, finite figures
+
+
+def _edited(tmp_path, edit) -> str:
+    doc = json.loads(_report().to_json())
+    edit(doc)
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps(doc))  # json.dumps writes NaN/Infinity bare, as a hand edit would
+    return str(path)
+
+
+def _fp16(doc):
+    return next(m for m in doc["modules"] if m.get("fp16"))["fp16"]
+
+
+def _linear(doc):
+    return next(m for m in doc["modules"] if m["type"] == "Linear")
+
+
+@pytest.mark.parametrize(
+    ("edit", "where", "msg"),
+    [
+        (lambda d: _fp16(d).update(output_absmax=math.nan), "fp16.output_absmax",
+         "Input should be a number, not NaN"),
+        (lambda d: _fp16(d).update(input_absmax=-1.0), "fp16.input_absmax",
+         "Input should be greater than or equal to 0"),
+        (lambda d: _fp16(d).update(headroom_out=math.inf), "fp16.headroom_out",
+         "Input should be a finite number"),  # the writer writes null for it
+        (lambda d: _fp16(d).update(inf_nan_count=-3), "fp16.inf_nan_count",
+         "Input should be greater than or equal to 0"),
+        (lambda d: _linear(d).update(macs=-5), "macs", "Input should be greater than or equal to 0"),
+        (lambda d: _linear(d).update(calls=1.5), "calls", "Input should be a valid integer"),
+        (lambda d: _linear(d).update(weight_shape=[-1, 4]), "weight_shape.0",
+         "Input should be greater than or equal to 0"),
+        (lambda d: next(iter(_linear(d)["w8a8"].values())).update(cosine=math.nan), "cosine",
+         "Input should be a finite number"),
+        (lambda d: next(iter(_linear(d)["w8a8"].values())).update(sqnr_db=-math.inf), "sqnr_db",
+         "Input should be a finite number"),
+        (lambda d: d["config"].update(min_headroom=math.nan), "config",
+         "min_headroom is NaN"),
+        (lambda d: next(iter(d["modalities"].values())).update(macs=-1), "macs",
+         "Input should be greater than or equal to 0"),
+    ],
+    ids=["nan-absmax", "negative-absmax", "inf-headroom", "negative-count", "negative-macs",
+         "fractional-calls", "negative-shape", "nan-cosine", "inf-sqnr", "nan-config",
+         "negative-modality-macs"],
+)  # fmt: skip
+def test_a_probe_json_with_bad_figures_is_refused_naming_the_file_and_the_field(
+    tmp_path, edit, where, msg
+):
+    path = _edited(tmp_path, edit)
+    with pytest.raises(ConfigError) as exc:
+        SensitivityReport.load(path)
+    text = str(exc.value)
+    assert text.startswith(f"{path}: ") and where in text and msg in text, text
+    assert "\n" not in text
+
+
+def test_infinite_maxima_are_written_as_the_writer_writes_them_and_read_back_the_same(tmp_path):
+    # A module fed an additive -inf attention mask has an fp32 |x| max of inf: json.dumps writes
+    # it as Infinity, and it reads back; the figures stored as null for an infinity stay null.
+    fp16 = Fp16Stats(
+        input_absmax=math.inf, output_absmax=1.0, headroom_in=0.0, headroom_out=math.inf,
+        sumsq_absmax=math.inf, rel_error_fp16=math.nan,
+    )  # fmt: skip
+    assert fp16.headroom_out is None and fp16.rel_error_fp16 is None  # normalised by the probe
+    module = ModuleSensitivity(
+        name="attn", type="Linear", modality="denoiser", macs=10, calls=1, fp16=fp16,
+        w8a8={"w8a8": SchemeError(sqnr_db=math.inf, cosine=1.0)},
+        e2e=EndToEnd(scheme="w8a8", contribution=math.inf, rank=1),
+    )  # fmt: skip
+    report = SensitivityReport(
+        model="m", modules=[module],
+        findings=[Finding(kind="softmax_input", where="attn", modality="denoiser", value=math.inf)],
+    )  # fmt: skip
+    path = report.save(tmp_path / "probe.json")
+    assert '"input_absmax": Infinity' in path.read_text()
+    again = SensitivityReport.load(path)
+    assert again == report and again.to_json() == report.to_json()
+
+
+def test_a_report_built_with_a_negative_count_is_refused():
+    with pytest.raises(ValidationError, match="greater than or equal to 0"):
+        ModuleSensitivity(name="a", type="Linear", modality="denoiser", macs=-1)
