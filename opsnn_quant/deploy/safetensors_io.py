@@ -24,9 +24,8 @@ from pathlib import Path
 import torch
 
 from opsnn_quant.deploy.contract import AscendV1Error
+from opsnn_quant.safetensors_header import MAX_HEADER_BYTES, read_safetensors_header
 
-# safetensors itself refuses headers over 100 MB (MAX_HEADER_SIZE in its Rust source).
-MAX_HEADER_BYTES = 100_000_000
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
@@ -36,67 +35,22 @@ TensorInfo = tuple[torch.dtype, tuple[int, ...]]
 
 
 def read_header(path: Path, max_header_bytes: int = MAX_HEADER_BYTES) -> dict[str, TensorInfo]:
-    """Tensor name -> (dtype, shape) from a safetensors header, every entry checked.
-
-    Only the first ``8 + N`` bytes are read, after ``N`` is checked against ``max_header_bytes``
-    and the file size.
+    """Tensor name -> (dtype, shape) from a safetensors header, every entry checked
+    (:func:`~opsnn_quant.safetensors_header.read_safetensors_header`: only the first ``8 + N``
+    bytes are read, after ``N`` is checked against ``max_header_bytes`` and the file size).
 
     Raises:
-        AscendV1Error: unreadable file, a header too large or malformed, an unknown dtype, or data
-            offsets that do not fit the file or the tensor's size.
+        AscendV1Error: unreadable file, a header too large or malformed, a dtype that is not
+            one of :data:`DTYPES`, or data offsets that do not fit the file or the tensor's size.
     """
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise AscendV1Error(f"{path}: not a safetensors file (shorter than 8 bytes)")
-            (n,) = struct.unpack("<Q", head)
-            if n > max_header_bytes or n > size - 8:
-                raise AscendV1Error(
-                    f"{path}: safetensors header of {n} bytes refused (limit "
-                    f"{min(max_header_bytes, size - 8)} for this {size}-byte file)"
-                )
-            raw = f.read(n)
-    except OSError as exc:
-        raise AscendV1Error(f"{path}: cannot read ({exc.strerror or exc})") from exc
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AscendV1Error(f"{path}: safetensors header is not valid JSON") from exc
-    if not isinstance(header, dict):
-        raise AscendV1Error(f"{path}: safetensors header is not a JSON object")
-    data_bytes = size - 8 - n
+    header = read_safetensors_header(path, error=AscendV1Error, max_header_bytes=max_header_bytes)
     out: dict[str, TensorInfo] = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        out[name] = _entry(path, name, entry, data_bytes)
+    for name, entry in header.tensors.items():
+        dtype = DTYPES.get(entry.dtype)
+        if dtype is None:
+            raise AscendV1Error(f"{path}: tensor {name} has unsupported dtype {entry.dtype!r}")
+        out[name] = dtype, entry.shape
     return out
-
-
-def _entry(path: Path, name: str, entry: object, data_bytes: int) -> TensorInfo:
-    if not isinstance(entry, dict):
-        raise AscendV1Error(f"{path}: header entry {name!r} is not an object")
-    dtype = DTYPES.get(str(entry.get("dtype")))
-    if dtype is None:
-        raise AscendV1Error(f"{path}: tensor {name} has unsupported dtype {entry.get('dtype')!r}")
-    shape, offsets = entry.get("shape"), entry.get("data_offsets")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise AscendV1Error(f"{path}: tensor {name} has a malformed shape {shape!r}")
-    ok = (
-        isinstance(offsets, list)
-        and len(offsets) == 2
-        and all(isinstance(o, int) for o in offsets)
-        and 0 <= offsets[0] <= offsets[1] <= data_bytes
-    )
-    if not ok:
-        raise AscendV1Error(f"{path}: tensor {name} has data offsets {offsets!r} outside the file")
-    assert isinstance(offsets, list)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if offsets[1] - offsets[0] != math.prod(shape) * itemsize:
-        raise AscendV1Error(f"{path}: tensor {name}: data size does not match its shape and dtype")
-    return dtype, tuple(shape)
 
 
 class TensorFiles:

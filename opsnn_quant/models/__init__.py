@@ -7,6 +7,7 @@ from typing import Any
 
 from opsnn_quant.errors import ModelLoadError
 from opsnn_quant.models.base import ModelAdapter, modality_of
+from opsnn_quant.models.checks import check_model_files
 from opsnn_quant.models.settings import (
     DiTSettings,
     SDSettings,
@@ -59,6 +60,7 @@ def load_adapter(
     if family not in FAMILIES:
         raise ModelLoadError(f"unknown model family {family!r}; known: {', '.join(FAMILIES)}")
     checked = settings_for(family, settings)
+    check_model_files(source)  # before the configs' values are read as limits
     check_source_fits(source, checked, where="settings.")
     place = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
@@ -88,9 +90,10 @@ def load_adapter(
 
 def check_weights(source: str, *, allow_pickle: bool = False) -> None:
     """Refuse a model directory whose weights are pickles only (unless ``allow_pickle``) from
-    its file names, before a command reads data or prepares an output; the loaders check the
-    same again. Zoo models (safetensors) and paths that are no model directory pass: loading
-    says what is wrong with those.
+    its file names, or whose classes, configs or safetensors headers are wrong
+    (:func:`~opsnn_quant.models.checks.check_model_files`), before a command reads data or
+    prepares an output; the loaders check the same again. Zoo models (safetensors) and paths
+    that are no model directory pass: loading says what is wrong with those.
 
     Raises:
         ModelLoadError: pickle-only weights and ``allow_pickle`` is False; a file an export
@@ -103,6 +106,7 @@ def check_weights(source: str, *, allow_pickle: bool = False) -> None:
 
     check_export_sources(source)
     path = Path(source)
+    check_model_files(source)
     if allow_pickle or source.startswith("zoo:") or not path.is_dir():
         return  # allowed: the loader says which pickles it reads
     if (path / "model_index.json").is_file():

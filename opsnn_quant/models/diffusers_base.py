@@ -32,6 +32,7 @@ from opsnn_quant.hub import (
     weights_only_torch_load,
 )
 from opsnn_quant.models.base import ModelAdapter
+from opsnn_quant.models.checks import check_pipeline_files
 from opsnn_quant.models.data import batched, prompts_from
 from opsnn_quant.models.settings import DiTSettings, SDSettings
 from opsnn_quant.sources import model_path
@@ -140,7 +141,9 @@ def load_pipeline(
         allow_pickle: read the components that have pickle weights only.
 
     Raises:
-        ModelLoadError: not a loadable pipeline, or pickle-only weights without ``allow_pickle``.
+        ModelLoadError: not a loadable pipeline (a class, config or safetensors header that
+            :func:`~opsnn_quant.models.checks.check_pipeline_files` refuses included), or
+            pickle-only weights without ``allow_pickle``.
     """
     try:
         import diffusers
@@ -150,6 +153,7 @@ def load_pipeline(
         ) from exc
     diffusers.utils.logging.disable_progress_bar()
     path, index = pipeline_index(source)
+    check_pipeline_files(path)  # classes, configs and safetensors headers, before they load
     pickled = check_pipeline_weights(source, path, index, allow_pickle=allow_pickle)
     set_offline_env()
     quiet_progress_bars()

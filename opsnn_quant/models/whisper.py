@@ -24,6 +24,7 @@ from opsnn_quant.hub import (
     weights_only_torch_load,
 )
 from opsnn_quant.models.base import ModelAdapter
+from opsnn_quant.models.checks import check_component
 from opsnn_quant.models.data import audio_from, batched
 from opsnn_quant.models.settings import WhisperSettings
 from opsnn_quant.sources import model_path
@@ -54,8 +55,9 @@ def load_whisper(
     then read with ``torch.load(weights_only=True)``.
 
     Raises:
-        ModelLoadError: not a Whisper directory, or pickle-only weights without
-            ``allow_pickle``.
+        ModelLoadError: not a Whisper directory (a config or safetensors header that
+            :func:`~opsnn_quant.models.checks.check_component` refuses included), or
+            pickle-only weights without ``allow_pickle``.
     """
     try:
         import transformers
@@ -70,6 +72,7 @@ def load_whisper(
         )
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{source} is not a transformers model directory (no config.json)")
+    check_component(path, "transformers")  # its config and safetensors headers
     pickled = check_whisper_weights(source, path, allow_pickle=allow_pickle)
     set_offline_env()
     quiet_progress_bars()

@@ -22,6 +22,7 @@ from opsnn_quant.io import atomic_dir
 from opsnn_quant.quant.engine import TORCH_DTYPES
 from opsnn_quant.quant.modules import QuantModule, quant_module_named, set_submodule
 from opsnn_quant.quant.spec import QuantSpec
+from opsnn_quant.safetensors_header import read_safetensors_header
 from opsnn_quant.types import Precision
 from opsnn_quant.version import __version__
 
@@ -213,6 +214,7 @@ def load_quantized(float_model: nn.Module, directory: str | Path) -> nn.Module:
     weights = Path(directory) / WEIGHTS_FILE
     if not weights.is_file():
         raise CheckpointError(f"{weights} not found")
+    read_safetensors_header(weights, error=CheckpointError)  # before a byte of data is read
     try:
         tensors = load_file(str(weights))
     except (SafetensorError, OSError) as exc:
