@@ -316,7 +316,6 @@ def check_classes(entries: Mapping[str, tuple[str, str]], where: str) -> None:
             library. (A library that is not installed is left to the loader to name.)
     """
     import importlib
-    import inspect
 
     for name, (library, cls) in entries.items():
         label = "_class_name" if name == "_class_name" else f"{name}'s class"
@@ -338,11 +337,27 @@ def check_classes(entries: Mapping[str, tuple[str, str]], where: str) -> None:
                     raise ModelLoadError(_library_message(where, name, library))
         except ImportError:
             continue  # the loader says which extra to install
-        if not inspect.isclass(getattr(module, cls, None)):
+        # dir() of diffusers' and transformers' lazy modules lists every name they export
+        # without importing the submodule behind it (getattr would import a whole pipeline
+        # module here, seconds before the loader needs it).
+        if not _exports_class(module, cls):
             raise ModelLoadError(
                 f"{where}: {label} {cls!r} is not a class of {library}: check the file, or "
                 f"the {library} version it needs"
             )
+
+
+def _exports_class(module: Any, name: str) -> bool:
+    """Whether ``module`` exports a class ``name``: one already imported is looked at; one its
+    lazy module has not loaded yet is taken on the library's word unless it is a submodule."""
+    import inspect
+
+    if name not in dir(module):
+        return False
+    found = vars(module).get(name)
+    if found is not None:
+        return inspect.isclass(found)
+    return name not in getattr(module, "_modules", set())  # a lazy submodule is no class
 
 
 def _library_message(where: str, name: str, library: str) -> str:
