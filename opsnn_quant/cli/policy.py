@@ -33,7 +33,7 @@ def _resolved(policy_path: Path, probe: Path | None) -> tuple[ResolvedPolicy, Se
 
     policy = PrecisionPolicy.load(policy_path)
     report = SensitivityReport.load(_probe_path(policy_path, probe))
-    return policy.resolved(report.inventory(), report.weight_shapes()), report
+    return policy.resolved(report.inventory(), report.weight_shapes(), tied=report.tied()), report
 
 
 def _op_types(pairs: list[str]) -> dict[str, str]:

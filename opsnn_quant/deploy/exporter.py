@@ -117,7 +117,7 @@ def _files(src: Path, root: Path) -> list[Path]:
     return out
 
 
-def _copy_helpers(src: Path, dst: Path, root: Path) -> None:
+def _copy_helpers(src: Path, dst: Path, root: Path, params_dtype: str | None = None) -> None:
     for path in _files(src, root):
         rel = path.relative_to(src)
         if path.name.endswith(WEIGHT_SUFFIXES) or path.name.endswith(".index.json"):
@@ -126,14 +126,25 @@ def _copy_helpers(src: Path, dst: Path, root: Path) -> None:
             continue
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
         if rel == Path("config.json"):
-            (dst / rel).write_text(_strip_quant_config(path.read_text(encoding="utf-8")))
+            text = path.read_text(encoding="utf-8")
+            (dst / rel).write_text(_engine_config(text, params_dtype))
         else:
             shutil.copyfile(path, dst / rel)  # a link inside the model: the file it names
 
 
-def _strip_quant_config(text: str) -> str:
-    """``config.json`` without ``quantization_config`` (top level and ``text_config``), as
-    msModelSlim's ``remove_quantization_config``; other text is kept byte for byte."""
+def _engine_config(text: str, params_dtype: str | None) -> str:
+    """``config.json`` as the engine must read it: without ``quantization_config`` (top level and
+    ``text_config``), as msModelSlim's ``remove_quantization_config``, and with ``dtype`` and
+    ``torch_dtype`` the params dtype the quantized Linears were calibrated and written for.
+
+    vLLM's ``--dtype auto`` takes the model dtype from ``config.json`` alone (``dtype``, which
+    transformers fills from ``torch_dtype``; vllm 0.23.0 ``transformers_utils/
+    model_arch_config_convertor.py`` ``get_torch_dtype``, ``config/model.py``
+    ``_resolve_auto_dtype``: fp16 stays fp16) and never reads the description: a float16 source
+    config made ``vllm serve`` run a bfloat16 export in fp16, where vllm-ascend's static
+    ``deq_scale`` parameter is int64 (``w8a8_static.py`` ``get_perchannel_param``) and our float32
+    values were cast to 0. Other text is kept byte for byte when nothing changes.
+    """
     try:
         doc = json.loads(text)
     except json.JSONDecodeError:
@@ -144,6 +155,10 @@ def _strip_quant_config(text: str) -> str:
     sub = doc.get("text_config")
     if isinstance(sub, dict):
         changed |= sub.pop("quantization_config", None) is not None
+    if params_dtype is not None:
+        for key in ("dtype", "torch_dtype"):
+            changed |= doc.get(key) != params_dtype
+            doc[key] = params_dtype
     return json.dumps(doc, indent=2, sort_keys=True) + "\n" if changed else text
 
 
@@ -160,7 +175,7 @@ def _write_component(
     export: ComponentExport, src: Path, dst: Path, shard_bytes: int, root: Path
 ) -> None:
     dst.mkdir(parents=True, exist_ok=True)
-    _copy_helpers(src, dst, root)
+    _copy_helpers(src, dst, root, export.params_dtype if export.int8 else None)
     total = sum(tensor_bytes(t) for t in export.tensors.values())
     write_tensors(
         export.tensors, dst, WEIGHTS_PREFIX, shard_bytes if total >= shard_bytes else None

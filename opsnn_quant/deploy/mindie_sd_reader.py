@@ -274,7 +274,9 @@ class MindieSdLinear(nn.Module):
             )
         else:  # WeightQuantLinear accepts a mul_scale and never applies it
             y = engines.weight_only(x2d, self.weight_t, self.weight_scale, self.bias, self.dtype)
-        return y.to(x.dtype).reshape(*lead, self.out_features)
+        # in the engine's dtype, whatever came in: mindiesd 3.1.0 quantization/layer.py 347-363
+        # (output_dtype=self.dtype); an fp32 pipeline around it fails as it does on the NPU
+        return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, {self.algorithm}"

@@ -434,7 +434,7 @@ def policy_phase(
     else:
         policy, walked = decide(ctx, probed, data, checked)
         policy.save(ctx.out.policy)
-    resolved = policy.resolved(report.inventory(), report.weight_shapes())
+    resolved = policy.resolved(report.inventory(), report.weight_shapes(), tied=report.tied())
     exports = write_policy_exports(ctx, resolved)
     ctx.journal.mark("policy")
     return resolved, exports, walked
@@ -575,11 +575,17 @@ def acceptance_phase(
     report in ``report/``; returns the verdict (None without a suite, or with AMCT)."""
     if suite is None or ctx.engine != "opsnn":
         return None
+    import torch
+
     from opsnn_quant.evaluation.evaluate import evaluate
+    from opsnn_quant.pipeline.evaluate import cast_adapter, run_dtype
     from opsnn_quant.policy.summary import policy_summary
 
     ctx.say("loading the float baseline for the acceptance run")
     baseline = load_recipe_model(ctx.recipe)
+    dtype = run_dtype(resolved.target, ctx.recipe.model.dtype)
+    if dtype != ctx.recipe.model.dtype:  # the engine's pipeline dtype, as evaluate judges it
+        cast_adapter(ctx.adapter, getattr(torch, dtype))
     acc = evaluate(
         baseline,
         ctx.adapter,

@@ -217,7 +217,8 @@ def load_candidate(
     allow_pickle: bool = False,
 ) -> tuple[ModelAdapter, SensitivityReport | None]:
     """The candidate: a calibrate output directory (float source + ``quant/``), a MindIE-SD
-    directory (``export/mindie-sd``: each component through MindIE-SD's consumer, bfloat16), an
+    directory (``export/mindie-sd``: each component through MindIE-SD's consumer, the pipeline
+    in the engine's dtype: :func:`engine_dtype`), an
     AscendV1 directory (ours or msModelSlim's: :mod:`opsnn_quant.deploy.candidate`), or a model
     source.
 
@@ -239,13 +240,17 @@ def load_candidate(
     from opsnn_quant.quant.checkpoint import load_quantized, read_description
 
     kind = classify(out_dir)
+    dtype = engine_dtype(out_dir, kind, dtype)
     placement: dict[str, Any] = {"device": device, "dtype": dtype, "allow_pickle": allow_pickle}
     if kind is DirectoryKind.MINDIE_SD:
+        import torch
+
         from opsnn_quant.deploy.mindie_sd_reader import apply_mindie_sd_dir
 
         source = baseline or float_source(out_dir, None, kind)
         adapter = load_adapter(family, source, **placement)
-        apply_mindie_sd_dir(adapter.model, out_dir)  # mindiesd.quantize per component, bf16
+        # mindiesd.quantize per component, in the dtype the pipeline runs
+        apply_mindie_sd_dir(adapter.model, out_dir, dtype=getattr(torch, dtype))
         return adapter, None
     if kind is DirectoryKind.ASCENDV1:
         recorded = baseline or recorded_source(out_dir)
@@ -265,6 +270,33 @@ def load_candidate(
     load_quantized(adapter.model, calib.quant)
     sensitivity = SensitivityReport.load(calib.probe) if calib.probe.is_file() else None
     return adapter, sensitivity
+
+
+def engine_dtype(candidate: Path, kind: DirectoryKind, dtype: str) -> str:
+    """The dtype the candidate's pipeline runs in: ``dtype``, except where the engine that runs
+    the candidate has a dtype of its own. MindIE-SD runs its Linears in ``float16`` or
+    ``bfloat16`` and returns that dtype (mindiesd 3.1.0 ``quantization/layer.py`` 347-363,
+    ``QuantConfig.dtype`` default bfloat16), so its whole pipeline runs so: a MindIE-SD
+    directory, and a calibrate output for a MindIE-SD target, are judged in ``dtype`` when it is
+    one of those, else in bfloat16."""
+    if kind is DirectoryKind.CALIBRATE_OUTPUT:
+        from opsnn_quant.policy.schema import PrecisionPolicy
+        from opsnn_quant.policy.targets import get_target
+
+        path = CalibrateOutput(candidate).policy
+        target = get_target(PrecisionPolicy.load(path).target) if path.is_file() else None
+        return run_dtype(target, dtype)
+    return run_dtype("mindie-sd", dtype) if kind is DirectoryKind.MINDIE_SD else dtype
+
+
+def run_dtype(target: Target | str | None, dtype: str) -> str:
+    """The dtype a pipeline whose int8 modules ``target``'s engine runs (or the engine named)
+    runs in: ``dtype``, or for MindIE-SD ``dtype`` when it is float16/bfloat16, else bfloat16
+    (see :func:`engine_dtype`)."""
+    engine = target if isinstance(target, str) or target is None else target.engine
+    if engine != "mindie-sd" or dtype in ("float16", "bfloat16"):
+        return dtype
+    return "bfloat16"
 
 
 def candidate_inputs(candidate: Path) -> list[str]:

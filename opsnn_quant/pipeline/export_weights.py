@@ -123,7 +123,7 @@ def _export_weights(job: ExportWeightsJob, progress: Progress | None) -> list[st
             f"{job.out} has no probe.json (the module inventory); give a calibrate output"
         )
     policy = PrecisionPolicy.load(CalibrateOutput(job.out).policy)
-    resolved = policy.resolved(report.inventory(), report.weight_shapes())
+    resolved = policy.resolved(report.inventory(), report.weight_shapes(), tied=report.tied())
     calls = {}
     if records:
         say("recording one call per root")

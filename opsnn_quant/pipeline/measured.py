@@ -150,7 +150,9 @@ def _measure(
 ) -> Measurement:
     """Quantize a fresh float copy with ``policy`` as the quantize phase would, score it."""
     adapter = load_recipe_model(ctx.recipe)
-    resolved = policy.resolved(search.report.inventory(), search.report.weight_shapes())
+    resolved = policy.resolved(
+        search.report.inventory(), search.report.weight_shapes(), tied=search.report.tied()
+    )
     set_reproducible(seed=ctx.seed)
     loop = adapter.forward_loop(list(search.calibration))
     quantize(adapter.model, resolved, loop, statistics=search.statistics)

@@ -46,6 +46,8 @@ def naive_policy(report: SensitivityReport, target: str | Target, strategy: str)
         for e in report.modules:
             if not e.quantizable or e.calls == 0:  # never run (e.g. a t2i pipeline's VAE encoder)
                 continue
+            if t.tie_reason(e.tied_to) is not None:  # the engine runs it float, whatever we write
+                continue
             if t.can_run(e.type, precision)[0]:
                 quant = QuantFields.from_spec(t.spec_for(QuantSpec(precision)))
                 rules.append(Rule(match=e.name, precision=precision, quant=quant, reason=reason))

@@ -87,7 +87,7 @@ class Candidate:
     @classmethod
     def of(cls, label: str, policy: PrecisionPolicy, report: SensitivityReport) -> Candidate:
         """``policy`` resolved against ``report``'s modules, its int8 share counted."""
-        resolved = policy.resolved(report.inventory(), report.weight_shapes())
+        resolved = policy.resolved(report.inventory(), report.weight_shapes(), tied=report.tied())
         int8 = [n for n, s in resolved.specs.items() if isinstance(s, QuantSpec)]
         share = int8_mac_shares(report, int8)["overall"]
         return cls(label, policy, share, tuple(resolved.specs.items()))

@@ -320,6 +320,7 @@ class PrecisionPolicy(_Frozen):
         modules: Mapping[str, str],
         weight_shapes: Mapping[str, tuple[int, ...]] | None = None,
         modalities: Mapping[str, Modality] | None = None,
+        tied: Mapping[str, str] | None = None,
     ) -> ResolvedPolicy:
         """The policy checked against a module inventory and its target, resolved once: what
         quantize, the exports, summaries and evaluation take (no phase resolves it again).
@@ -330,6 +331,8 @@ class PrecisionPolicy(_Frozen):
             weight_shapes: module name -> weight shape, for the target's shape limits (unknown
                 shapes are not checked).
             modalities: module-name prefix -> modality to use instead of the policy's own.
+            tied: module name -> the embedding its weight is tied to (the target's engine may
+                run such a module float whatever the policy says: then int8 is refused).
 
         Raises:
             ConfigError: an empty inventory, a rule that matches nothing, an int8 rule that
@@ -346,6 +349,9 @@ class PrecisionPolicy(_Frozen):
         for name, res in resolution.items():
             shape = (weight_shapes or {}).get(name)
             ok, why = target.can_run(modules[name], res.precision, weight_shape=shape)
+            tie = target.tie_reason((tied or {}).get(name)) if res.precision.is_int8 else None
+            if ok and tie is not None:
+                ok, why = False, tie
             spec = specs[name]
             if ok and isinstance(spec, QuantSpec):
                 ok, why = _engine_fits(spec, target)
@@ -378,7 +384,9 @@ class PrecisionPolicy(_Frozen):
             weight = getattr(module, "weight", None)
             if weight is not None and hasattr(weight, "shape"):
                 shapes[name] = tuple(weight.shape)
-        return self.resolved(types, shapes, modalities)
+        from opsnn_quant.quant.api import tied_to_embeddings
+
+        return self.resolved(types, shapes, modalities, tied_to_embeddings(model))
 
     def module_specs(self, model: nn.Module) -> dict[str, QuantSpec | Precision]:
         """Module name -> QuantSpec (int8) or Precision (float): the ``ResolvesModules`` protocol.

@@ -74,6 +74,10 @@ def _candidates(
         if m.calls == 0:
             plan.fallback[m.name] = "stays float: never ran in the calibration forward_loop"
             continue
+        tie = target.tie_reason(m.tied_to)
+        if tie is not None:
+            plan.fallback[m.name] = f"stays float: {tie}"
+            continue
         allowed = _allowed(m, target)
         if not allowed:
             _, why = target.can_run(m.type, Precision.W8A8, weight_shape=m.weight_shape)

@@ -58,6 +58,17 @@ Engine = Literal["opsnn", "mindie-sd", "vllm-ascend"]
 Smoothing = Literal["runtime", "fold", "none"]
 
 
+# vllm 0.23.0 model_executor/models/whisper.py: load_weights skips every ``proj_out.*`` tensor
+# (AutoWeightsLoader(skip_prefixes=["proj_out."])) and ``ParallelLMHead.tie_weights`` makes the
+# head's weight the decoder's embedding Parameter; a quantized head (vllm-ascend
+# modelslim_config.py get_quant_method: AscendEmbeddingMethod) keeps unloaded scales and its
+# process_weights_after_loading transposes the shared embedding, so no token lookup works.
+TIED_HEAD_VLLM = (
+    "vLLM loads a head tied to an embedding from that embedding, in float (it skips the head's "
+    "own tensors; a quantized head would transpose the shared embedding)"
+)
+
+
 @dataclass(frozen=True)
 class Target:
     """What one deployment route can run.
@@ -87,6 +98,9 @@ class Target:
             int8 specs carry (``QuantSpec.output_dtype``); None: the spec's default (float16).
         step_smoothing: per-step static scales combine with SmoothQuant (MindIE-SD's
             ``W8A8TimeStepQuantLinear`` quantizes its input without ``mul_scale``: no).
+        tied_float: why the engine runs a module tied to an embedding (a head sharing its token
+            embedding's weight) in float, loaded from that embedding; None: it loads the
+            module's own tensors like any other.
     """
 
     name: str
@@ -106,6 +120,14 @@ class Target:
     export: str | None = None
     dtype: Literal["float16", "bfloat16"] | None = None
     step_smoothing: bool = True
+    tied_float: str | None = None
+
+    def tie_reason(self, tied_to: str | None) -> str | None:
+        """Why this target keeps a module tied to the embedding ``tied_to`` float (None: not
+        tied, or the engine loads tied modules as any other)."""
+        if tied_to is None or self.tied_float is None:
+            return None
+        return f"tied to {tied_to}: {self.tied_float}"
 
     def can_run(
         self,
@@ -281,8 +303,10 @@ TARGETS: dict[str, Target] = {
             export="ascendv1",
             # served with --dtype bfloat16: every dtype combination its Linear methods pass to
             # npu_quant_matmul is a documented one (float16 per-token takes a float16 weight
-            # scale, which the torch_npu table does not list)
+            # scale, which the torch_npu table does not list); export/ascendv1/config.json says
+            # so, since vLLM's --dtype auto reads nothing else
             dtype="bfloat16",
+            tied_float=TIED_HEAD_VLLM,
         ),
         Target(
             name="ascend910b-atc",

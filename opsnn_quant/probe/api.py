@@ -47,6 +47,7 @@ from opsnn_quant.probe.report import (
 )
 from opsnn_quant.probe.seeding import PassOneStatistics
 from opsnn_quant.producers import fold_groups
+from opsnn_quant.quant.api import tied_to_embeddings
 from opsnn_quant.recording import Call, sample_subset
 from opsnn_quant.types import ForwardLoop, Modality
 
@@ -295,8 +296,9 @@ def _start(adapter: ModelAdapter, cfg: ProbeConfig) -> ProbeRun:
 def _assemble(run: ProbeRun, e2e: dict[str, EndToEnd]) -> SensitivityReport:
     """The report: one entry per watched or quantizable module, findings, modality summaries."""
     adapter, w = run.adapter, run.watches
+    tied = tied_to_embeddings(adapter.model)
     entries = [
-        _module_entry(run, name, module, e2e.get(name))
+        _module_entry(run, name, module, e2e.get(name), tied.get(name))
         for name, module in run.named.items()
         if name and (name in run.watched or name in w.local)
     ]
@@ -319,7 +321,9 @@ def _assemble(run: ProbeRun, e2e: dict[str, EndToEnd]) -> SensitivityReport:
     )
 
 
-def _module_entry(run: ProbeRun, name: str, module: nn.Module, e2e: EndToEnd | None) -> ModuleSensitivity:  # fmt: skip
+def _module_entry(
+    run: ProbeRun, name: str, module: nn.Module, e2e: EndToEnd | None, tied_to: str | None
+) -> ModuleSensitivity:
     w = run.watches
     kind = run.watched.get(name, (module, "param"))[1]
     lp = w.local.get(name)
@@ -337,6 +341,7 @@ def _module_entry(run: ProbeRun, name: str, module: nn.Module, e2e: EndToEnd | N
         e2e=e2e,
         weight_shape=_weight_shape(lp.module) if lp is not None else None,
         timesteps=lp.timestep_ranges() if lp is not None else None,
+        tied_to=tied_to,
     )
 
 

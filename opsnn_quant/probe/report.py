@@ -198,6 +198,9 @@ class ModuleSensitivity(_Frozen):
     # of a Linear/Conv2d (the targets' shape limits)
     weight_shape: list[NonNegativeInt] | None = None
     timesteps: TimestepRanges | None = None  # per-step input ranges (diffusion models)
+    # the nn.Embedding whose weight this module's is (a head tied to its token embedding): an
+    # engine may load such a head from the embedding, in float (Target.tie_reason)
+    tied_to: str | None = None
 
     @property
     def quantizable(self) -> bool:
@@ -281,6 +284,10 @@ class SensitivityReport(_Frozen):
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """Module name -> weight shape, for the probed Linear/Conv2d (a target's shape limits)."""
         return {m.name: tuple(m.weight_shape) for m in self.modules if m.weight_shape}
+
+    def tied(self) -> dict[str, str]:
+        """Module name -> the embedding its weight is tied to (see ``ModuleSensitivity``)."""
+        return {m.name: m.tied_to for m in self.modules if m.tied_to is not None}
 
     def by_modality(self, modality: Modality | str) -> list[ModuleSensitivity]:
         """Entries of one modality, in model order."""

@@ -65,6 +65,24 @@ def quantizable_modules(model: nn.Module) -> dict[str, nn.Module]:
     return {n: m for n, m in model.named_modules() if n and quant_module_class(type(m))}
 
 
+def tied_to_embeddings(model: nn.Module) -> dict[str, str]:
+    """Module name -> the ``nn.Embedding`` whose weight it shares, for every module holding an
+    embedding's weight Parameter itself (a head tied to its token embedding, as transformers'
+    ``tie_word_embeddings`` makes Whisper's ``proj_out``)."""
+    owners: dict[int, str] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Embedding):
+            owners.setdefault(id(module.weight), name)
+    return {
+        name: owners[id(weight)]
+        for name, module in model.named_modules()
+        if name
+        and not isinstance(module, nn.Embedding)
+        and isinstance(weight := getattr(module, "weight", None), nn.Parameter)
+        and id(weight) in owners
+    }
+
+
 def resolve_globs(
     model: nn.Module, mapping: Mapping[str, SpecLike]
 ) -> dict[str, tuple[str, SpecLike]]:

@@ -148,3 +148,21 @@ def test_a_copied_components_weights_linked_out_are_refused_when_copied(model, t
     os.mkfifo(src / "scheduler" / "scheduler_config.json")
     with pytest.raises(ModelLoadError, match=r"scheduler_config\.json is a named pipe"):
         export_ascendv1(Stub(pipe), tmp_path / "av1", calls=calls, source_dir=src)  # type: ignore[arg-type]
+
+
+def test_config_json_names_the_dtype_the_quantized_linears_were_written_for(model, tmp_path):
+    # vLLM's --dtype auto reads config.json alone (vllm 0.23.0 model_arch_config_convertor.py
+    # get_torch_dtype): a source's float16 made `vllm serve` run a bfloat16 export in fp16,
+    # where vllm-ascend's static deq_scale is an int64 parameter and our float32 values became
+    # 0. The export's config says the params dtype of what it wrote (here the spec's float16).
+    import json
+
+    src = _source(tmp_path)
+    (src / "config.json").write_text(
+        json.dumps({"torch_dtype": "float32", "quantization_config": {"x": 1}, "d_model": 8})
+    )
+    _export(model, src, tmp_path / "av1")
+    doc = json.loads((tmp_path / "av1" / "config.json").read_text())
+    desc = json.loads((tmp_path / "av1" / "quant_model_description.json").read_text())
+    assert desc["metadata"]["opsnn_quant"]["params_dtype"] == "float16"
+    assert doc == {"d_model": 8, "dtype": "float16", "torch_dtype": "float16"}

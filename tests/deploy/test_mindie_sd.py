@@ -54,6 +54,18 @@ def _quantized(dtype: str = "bfloat16", engine: str = "mindie-sd") -> tuple[Bloc
     return float_model, model
 
 
+def _in(dtype: torch.dtype, model: nn.Module) -> nn.Module:
+    """``model``'s float modules in ``dtype`` (its quantized modules' tensors stay): a pipeline
+    runs so around MindIE-SD's Linears, which return the engine dtype (layer.py 347-363)."""
+    from opsnn_quant.quant.modules import is_quant_module
+
+    for module in model.modules():
+        if not is_quant_module(module):
+            for p in module.parameters(recurse=False):
+                p.data = p.data.to(dtype)
+    return model
+
+
 def _export(model: nn.Module, tmp_path):
     adapter = GenericAdapter(model, {"": Modality.DENOISER}, _loop)
     return export_mindie_sd(adapter, tmp_path / "mindie-sd")
@@ -64,12 +76,16 @@ def test_mindie_sd_runs_our_export_bit_for_bit(tmp_path, dtype):
     float_model, model = _quantized(dtype)
     _export(model, tmp_path)
     ckpt = read_mindie_sd(tmp_path / "mindie-sd" / "quant_model_description_w8a8.json")
-    engine = copy.deepcopy(float_model)
-    replaced = apply_mindie_sd(engine, ckpt, dtype=getattr(torch, dtype))
+    d = getattr(torch, dtype)
+    engine = _in(d, copy.deepcopy(float_model))
+    replaced = apply_mindie_sd(engine, ckpt, dtype=d)
     assert replaced == ["a", "b", "c"]  # the conv stays as loaded: MindIE-SD replaces Linears
-    engine.conv = model.conv  # ours is int8 (ATC-style); the comparison is of the Linears
-    x = torch.randn(6, 32) * 2
-    assert torch.equal(model(x), engine(x))
+    engine.conv = model.conv = _in(d, copy.deepcopy(float_model.conv))  # the Linears compared
+    x = (torch.randn(6, 32) * 2).to(d)
+    assert torch.equal(_in(d, model)(x), engine(x))
+    # MindIE-SD's Linear returns the engine dtype, whatever comes in: an fp32 pipeline around it
+    # fails as on the NPU (SD3 attention: "Expected query, key, and value to have the same dtype")
+    assert engine.a(torch.randn(2, 32)).dtype == d
 
 
 def test_files_as_the_saver_writes_them(tmp_path):
@@ -229,10 +245,11 @@ def test_per_step_scales_as_w8a8_timestep(tmp_path):
     assert not torch.equal(t["a.input_scale"][1], t["a.input_scale"][2])
     assert t["a.weight_scale"].shape == (48, 1)  # the dynamic branch's
     _write(files, tmp_path)
-    engine = copy.deepcopy(float_model)
+    engine = _in(torch.bfloat16, copy.deepcopy(float_model))
     apply_mindie_sd(engine, read_mindie_sd(tmp_path / "quant_model_description_w8a8_timestep.json"))
-    engine.conv = model.conv
-    x = torch.randn(6, 32) * 3
+    engine.conv = model.conv = _in(torch.bfloat16, copy.deepcopy(float_model.conv))
+    model = _in(torch.bfloat16, model)
+    x = (torch.randn(6, 32) * 3).to(torch.bfloat16)
     for step in range(4):
         with at_step(step):
             assert torch.equal(model(x), engine(x)), step

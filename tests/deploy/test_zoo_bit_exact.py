@@ -97,5 +97,8 @@ def test_whisper_consumer_reproduces_our_quantized_model_bit_for_bit(tmp_path):
     assert desc["proj_out.weight"] in {"W8A8", "W8A8_DYNAMIC", "W8A16"}
     assert desc["model.decoder.embed_tokens.weight"] == "FLOAT"
     assert (out / "tokenizer.json").is_file() and (out / "generation_config.json").is_file()
+    # what `vllm serve` picks with --dtype auto: the params dtype the Linears were written for
+    config = json.loads((out / "config.json").read_text())
+    assert config["dtype"] == config["torch_dtype"] == "bfloat16"
     consumer = load_ascendv1_candidate(out, "zoo:whisper-tiny.en")
     _compare(ours, consumer, held_out)

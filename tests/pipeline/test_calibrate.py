@@ -157,8 +157,11 @@ def test_a_mindie_sd_target_deploys_its_policy_and_mindie_sd_computes_our_module
     assert result.int8_mac_share and result.int8_mac_share > 0.5
     assert result.deployed["mindie-sd"]["overall"] == pytest.approx(result.int8_mac_share)
     assert "deployed by mindie-sd" in (out / "policy.yaml").read_text()
-    ours = load_recipe_model(recipe)
-    engine = load_recipe_model(recipe)
+    # both pipelines in MindIE-SD's dtype: its Linear returns bfloat16 whatever comes in
+    # (mindiesd 3.1.0 quantization/layer.py 347-363), so the engine runs bf16 pipelines
+    in_bf16 = recipe.with_placement(None, "bfloat16")
+    ours = load_recipe_model(in_bf16)
+    engine = load_recipe_model(in_bf16)
     calls = record_roots(ours, ours.forward_loop([{"prompt": "a red circle"}]), 1, seed=3).calls
     load_quantized(ours.model, out / "quant")
     replaced = apply_mindie_sd_dir(engine.model, out / "export" / "mindie-sd")
@@ -345,3 +348,17 @@ def test_calibrate_passes_allow_broken_baseline_to_the_acceptance_run(tmp_path, 
     assert seen == [True]
     report = (tmp_path / "out" / "report" / "report.json").read_text()
     assert '"baseline_sane"' in report
+
+
+def test_a_mindie_sd_candidate_is_judged_in_the_dtype_the_engine_runs():
+    # MindIE-SD's Linear returns its dtype (bf16 by default; fp16 or bf16 only), so its
+    # pipelines run so: evaluate and calibrate --evaluate judge such candidates in it.
+    from opsnn_quant.pipeline.evaluate import run_dtype
+    from opsnn_quant.policy.targets import get_target
+
+    mindie, vllm = get_target("ascend910b-mindie-sd"), get_target("ascend910b-vllm-ascend")
+    assert run_dtype(mindie, "float32") == "bfloat16"
+    assert run_dtype(mindie, "float16") == "float16"
+    assert run_dtype("mindie-sd", "bfloat16") == "bfloat16"
+    assert run_dtype(vllm, "float32") == "float32"  # its candidates run the params dtype inside
+    assert run_dtype(None, "float32") == "float32"

@@ -356,3 +356,58 @@ def test_resolved_refuses_a_split_fused_layer_and_another_engines_arithmetic():
         update={"rules": [Rule(match="attn.*", precision=Precision.W8A8, quant=vllm)]}
     )
     assert len(together.resolved(modules).int8()) == 3
+
+
+def test_a_head_tied_to_an_embedding_stays_float_where_the_engine_loads_it_so():
+    # vLLM skips Whisper's proj_out.* tensors and ties the head to the float embedding
+    # (vllm 0.23.0 whisper.py load_weights / tie_weights): a quantized proj_out broke decoding.
+    from opsnn_quant.errors import ConfigError
+    from opsnn_quant.policy.baselines import naive_policy
+    from opsnn_quant.policy.rule import Rule
+
+    head = linear("proj_out", 1e-9).model_copy(update={"tied_to": "model.decoder.embed_tokens"})
+    rep = report(linear("model.decoder.fc1", 1e-9), head)
+    assert rep.tied() == {"proj_out": "model.decoder.embed_tokens"}
+    p = build_policy(rep, Budget(min_int8_mac_share=0.0), "ascend910b-vllm-ascend", compact=False)
+    rules = {r.match: r for r in p.rules}
+    assert rules["model.decoder.fc1"].precision.is_int8
+    assert rules["proj_out"].precision == Precision.FP16
+    assert rules["proj_out"].reason == (
+        "stays float: tied to model.decoder.embed_tokens: vLLM loads a head tied to an "
+        "embedding from that embedding, in float (it skips the head's own tensors; a "
+        "quantized head would transpose the shared embedding)"
+    )
+    # an engine that loads the head's own tensors may quantize it
+    eager = build_policy(rep, Budget(min_int8_mac_share=0.0), "ascend910b-eager", compact=False)
+    assert {r.match: r for r in eager.rules}["proj_out"].precision.is_int8
+    # the naive baselines leave it out too
+    naive = naive_policy(rep, "ascend910b-vllm-ascend", "all-w8a8-dynamic")
+    assert [r.match for r in naive.rules] == ["model.decoder.fc1"]
+    # and a hand-written policy that quantizes it is refused for that engine only
+    mine = PrecisionPolicy(
+        model="tiny", target="ascend910b-vllm-ascend",
+        rules=[Rule(match="*", precision=Precision.W8A8_DYNAMIC, reason="mine")],
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"proj_out \(Linear, w8a8_dynamic\): tied to model"):
+        mine.resolved(rep.inventory(), rep.weight_shapes(), tied=rep.tied())
+    mine.model_copy(update={"target": "ascend910b-eager"}).resolved(
+        rep.inventory(), rep.weight_shapes(), tied=rep.tied()
+    )
+
+
+def test_ties_are_found_by_the_parameter_an_embedding_shares():
+    from torch import nn
+
+    from opsnn_quant.quant.api import tied_to_embeddings
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(10, 4)
+            self.head = nn.Linear(4, 10, bias=False)
+            self.head.weight = self.embed.weight  # tied, as tie_word_embeddings does
+            self.other = nn.Linear(4, 10, bias=False)  # same shape, own weight
+            with torch.no_grad():
+                self.other.weight.copy_(self.embed.weight)
+
+    assert tied_to_embeddings(Tiny()) == {"head": "embed"}
