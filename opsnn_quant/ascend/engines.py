@@ -6,34 +6,38 @@ the engine's dtype. This package's quantized modules (``QuantSpec.engine``) and 
 consumers that read an engine's files both run these, so that a module and the engine's view of
 its export compute the same bits; the ops themselves are the exact references of this package.
 
-MindIE-SD (``mindiesd/quantization/layer.py`` at 3066189, ``W8A8QuantLinear``): the activations
+MindIE-SD (``mindiesd`` 3.1.0 ``mindiesd/quantization/layer.py``, ``W8A8QuantLinear``; first
+written at 3066189, whose arithmetic is the same): the activations
 are cast to the engine dtype (``dtype`` kwarg of ``mindiesd.quantize``, bfloat16 by default),
 multiplied by ``mul_scale`` (the non-fusion SmoothQuant form ``<linear>.div.mul_scale``, in that
 dtype) when there is one, then
 
-* static (``forward`` lines 172-187): ``npu_quantize(x, input_scale, input_offset, qint8,
+* static (``forward`` lines 332-349): ``npu_quantize(x, input_scale, input_offset, qint8,
   axis=-1)`` with the default ``div_mode=True`` (x / s + zp; ``input_scale`` repeated to K, in
-  bfloat16 in a bfloat16 model and float32 in a float16 one, lines 118-142; ``input_offset`` int8),
+  bfloat16 in a bfloat16 model and float32 in a float16 one, lines 276-303; ``input_offset`` in
+  bfloat16 in a bfloat16 model, int8 in a float16 one: the same integer),
   then ``npu_quant_matmul(x_q, weight.T, deq_scale, bias=quant_bias, output_dtype=dtype)`` with
   ``deq_scale`` as stored (float32);
-* dynamic (lines 188-196): ``npu_dynamic_quant(x)`` then ``npu_quant_matmul(x_q, weight.T,
+* dynamic (lines 350-363, load 305-318): ``npu_dynamic_quant(x)`` then ``npu_quant_matmul(x_q, weight.T,
   weight_scale, pertoken_scale=s_t, bias=bias, output_dtype=dtype)``; ``weight_scale`` squeezed
   and cast to the engine dtype at load (float32 through float16 in a float16 model), ``bias``
   cast to the engine dtype;
-* weight-only (``WeightQuantLinear``, lines 23-74): ``npu_weight_quant_batchmatmul(x, weight.T,
+* weight-only (``WeightQuantLinear``, lines 182-232): ``npu_weight_quant_batchmatmul(x, weight.T,
   weight_scale (1, N) in the engine dtype, bias)``; no ``mul_scale`` (MindIE-SD accepts one but
   never applies it).
 
-vLLM-Ascend (``vllm_ascend/quantization/methods/w8a8_static.py`` at 182b75e, eager mode: the graph
-mode's norm-quant fusion divides instead):
+vLLM-Ascend (``vllm-ascend`` 0.23.0.post1 ``vllm_ascend/quantization/methods/w8a8_static.py``;
+first written at 182b75e, same arithmetic; eager mode: the graph mode's norm-quant fusion divides
+instead):
 
-* static (``process_weights_after_loading`` lines 122-141, ``apply`` 88-120): ``input_scale`` in
+* static (``process_weights_after_loading`` lines 142-161, ``apply`` 73-140, the quantize through
+  ``torch.ops.vllm.quantize``, ``ops/register_custom_ops.py`` 188-197): ``input_scale`` in
   the params dtype, ``reciprocal = 1 / input_scale`` computed in that dtype,
   ``input_offset`` int8 -> params dtype, ``npu_quantize(x, reciprocal, offset, qint8, -1, False)``
   (AscendQuantV3, x * (1/s) + zp in fp32), then ``npu_quant_matmul(x_q, weight, deq_scale,
   bias=quant_bias, output_dtype=params_dtype)`` with ``deq_scale`` int64 in a float16 model
   (the fp32 bits, which the kernel truncates to FP19) and float32 in a bfloat16 one;
-* dynamic (``w8a8_dynamic.py`` lines 85-162): ``npu_dynamic_quant(x)``, ``weight_scale``
+* dynamic (``w8a8_dynamic.py`` ``apply`` lines 74-125, process 127-152): ``npu_dynamic_quant(x)``, ``weight_scale``
   flattened in the params dtype, ``npu_quant_matmul(x_q, weight, weight_scale,
   pertoken_scale=s_t, bias=bias, output_dtype=x.dtype)``;
 * weight-only (``w8a16.py`` lines 29-78): ``npu_weight_quant_batchmatmul(x, weight,

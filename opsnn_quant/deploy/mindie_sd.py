@@ -9,8 +9,9 @@ msModelSlim's ``mindie_format_saver`` names them (``save/mindie_format.py`` ``po
     mindiesd.quantize(pipe.transformer, "<OUT>/export/mindie-sd/transformer/"
                       "quant_model_description_w8a8.json")
 
-Loader rules followed (MindIE-SD ``mindiesd/quantization/quantize.py`` at 3066189,
-``get_cfg_and_weights`` lines 198-241; ``utils/file_utils.py`` lines 115-146):
+Loader rules followed (``mindiesd`` 3.1.0 ``mindiesd/quantization/quantize.py``,
+``get_cfg_and_weights`` lines 247-291; ``utils/file_utils.py`` lines 115-146, unchanged since
+3066189):
 
 * the weight file is ``quant_model_weight_{model_quant_type.lower()}.safetensors`` beside the
   description, one file (no shards); ``model_quant_type`` an exact ``QuantAlgorithm`` value;

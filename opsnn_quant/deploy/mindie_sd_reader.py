@@ -1,20 +1,22 @@
 """Load a MindIE-SD quantized component as ``mindiesd.quantize`` does, and run its Linears.
 
-Written from MindIE-SD's source (``Ascend/MindIE-SD`` at 3066189), without importing it (it
-imports torch_npu at module level):
+Written from MindIE-SD's source (``mindiesd`` 3.1.0 from PyPI; first written at ``Ascend/
+MindIE-SD`` 3066189), without importing it (it imports torch_npu at module level):
 
-* files (``quantize.py`` ``get_cfg_and_weights`` lines 198-241, ``utils.py``
-  ``replace_rank_suffix`` lines 40-64, ``utils/file_utils.py`` lines 39-146): the description may
+* files (``quantize.py`` ``get_cfg_and_weights`` lines 247-291, ``utils.py``
+  ``replace_rank_suffix`` lines 194-218, ``utils/file_utils.py`` lines 39-146): the description may
   have any name, but one ending in ``_<digits>`` asks for a distributed rank; the weight file is
   ``quant_model_weight_{model_quant_type.lower()}.safetensors`` beside it; each file must be a
   regular file, not a symbolic link, owned by the user (or its group, or read by root), no
   more permissive than 0o640, at most 10 GiB (description) / 100 GiB (weights);
   ``model_quant_type`` an exact ``QuantAlgorithm`` value (``mode.py`` lines 226-249);
-* layers (``quantize.py`` lines 32-40, 82-84, 164-196): every ``nn.Linear`` of the module passed
-  in, by its ``named_modules()`` name ``p``; keys ``p.linear.weight``, ``p.weight``, ``p`` are
-  looked up in that order; any of them ``FLOAT`` leaves the layer as loaded, else the first valid
-  type decides; ``p.div.mul_scale`` in the weights moves the other tensors under ``p.linear``;
-* tensors and their load-time casts (``layer.py`` lines 23-196): see :class:`MindieSdLinear`.
+* layers (``quantize.py`` lines 53-61, 93-95, 147-149, 213-236, 382-421): every ``nn.Linear``
+  of the module passed in, by its ``named_modules()`` name ``p``; keys ``p.linear.weight``,
+  ``p.weight``, ``p``, ``p.fa_q.scale``, ``p.quant_type`` are looked up in that order; any of
+  them ``FLOAT`` leaves the layer as loaded, else the first valid type decides;
+  ``p.div.mul_scale`` in the weights moves the other tensors under ``p.linear``;
+* tensors and their load-time casts (``layer.py`` lines 182-453): see :class:`MindieSdLinear`.
+  Its output is in the engine dtype whatever the input's (lines 347-363).
 
 The arithmetic is :mod:`opsnn_quant.ascend.engines` (``mindie_sd_*``, ``weight_only``).
 """
@@ -147,7 +149,9 @@ def read_mindie_sd(description: str | Path) -> MindieSdCheckpoint:
 def layer_algorithm(name: str, description: dict[str, Any]) -> str | None:
     """The algorithm MindIE-SD gives Linear ``name``: None when a candidate key says FLOAT or
     none names a valid algorithm (the layer stays as loaded)."""
-    keys = (f"{name}.linear.weight", f"{name}.weight", name)
+    # mindiesd 3.1.0 quantization/quantize.py get_key_patterns (lines 53-61), in its order
+    keys = (f"{name}.linear.weight", f"{name}.weight", name, f"{name}.fa_q.scale",
+            f"{name}.quant_type")  # fmt: skip
     if any(description.get(k) == "FLOAT" for k in keys):
         return None
     for key in keys:
@@ -162,17 +166,19 @@ class MindieSdLinear(nn.Module):
 
     * static (``_init_static_quant_param``): ``weight`` int8 [N, K], ``quant_bias`` int32,
       ``deq_scale`` as stored, ``input_scale`` [1] cast to bfloat16 in a bfloat16 model (float32
-      in a float16 one), ``input_offset`` [1] cast to int8; ``bias`` read (unused) where the
-      float layer has one;
+      in a float16 one), ``input_offset`` [1] cast to bfloat16 in a bfloat16 model and int8 in
+      a float16 one (3.1.0 lines 294-297; the same integer either way, held here as int8);
+      ``bias`` read (unused) where the float layer has one;
     * dynamic (``_init_dynamic_quant_param``): ``weight_scale`` [N, 1] squeezed and cast to the
       engine dtype (through float16 to float32 in a float16 model), ``bias`` to the engine dtype;
     * W8A16 (``WeightQuantLinear``): ``weight_scale`` [N, 1] to the engine dtype; ``bias`` to
       float32 in a bfloat16 model;
-    * W8A8_TIMESTEP (``W8A8TimeStepQuantLinear``, lines 224-271): the dynamic tensors, then one
+    * W8A8_TIMESTEP (``W8A8TimeStepQuantLinear``, lines 395-453): the dynamic tensors, then one
       static row per denoising step (``input_scale``/``input_offset`` [T, 1], ``deq_scale`` and
       ``quant_bias`` [T, N]). The step index is this package's sampling-loop clock
       (:mod:`opsnn_quant.timesteps`) where MindIE-SD's is ``TimestepManager``; every step below
-      T runs the static row, as after ``TimestepPolicyConfig().register(range(T), "static")``;
+      T runs the static row, as after ``TimestepPolicyConfig().register(range(T), "static",
+      target="w8a8_static_linear")`` (3.1.0's default target, ``w4a4_linear``, has no static);
       outside a sampling loop the dynamic branch runs (MindIE-SD's default strategy).
     """
 

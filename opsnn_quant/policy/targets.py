@@ -96,8 +96,11 @@ class Target:
         export: the model export format the engine loads (an exporter table name).
         dtype: the engine's activation and output dtype (``float16``/``bfloat16``) that its
             int8 specs carry (``QuantSpec.output_dtype``); None: the spec's default (float16).
-        step_smoothing: per-step static scales combine with SmoothQuant (MindIE-SD's
-            ``W8A8TimeStepQuantLinear`` quantizes its input without ``mul_scale``: no).
+        step_smoothing: per-step static scales combine with SmoothQuant. MindIE-SD: no, as
+            exported here: its ``W8A8TimeStepQuantLinear`` does multiply by ``mul_scale`` in
+            both branches (mindiesd 3.1.0 ``layer.py`` 422-423, 440-441; so at 3066189 too,
+            which this once misread), but the export and the reader do not carry that
+            combination yet, so the policy never asks for it.
         tied_float: why the engine runs a module tied to an embedding (a head sharing its token
             embedding's weight) in float, loaded from that embedding; None: it loads the
             module's own tensors like any other.
