@@ -162,7 +162,9 @@ def _float_reason(module: QuantModule[Any], steps: int | None) -> str | None:
     if spec.precision not in TYPES:
         return f"{spec.precision.value}: MindIE-SD's WeightQuantLinear takes per-channel scales"
     if spec.timestep_bounds and spec.smoothquant:
-        return "per-step scales on smoothed inputs: W8A8TimeStepQuantLinear applies no mul_scale"
+        # W8A8TimeStepQuantLinear does multiply by mul_scale (mindiesd 3.1.0 layer.py 422-423,
+        # 440-441), and the reader follows it; the calibration side does not make the pair yet
+        return "per-step scales on smoothed inputs: not exported for MindIE-SD yet"
     if spec.timestep_bounds and not steps:
         return "per-step scales: the number of denoising steps (rows of the table) is unknown"
     return None

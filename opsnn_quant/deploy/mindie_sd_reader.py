@@ -179,7 +179,9 @@ class MindieSdLinear(nn.Module):
       (:mod:`opsnn_quant.timesteps`) where MindIE-SD's is ``TimestepManager``; every step below
       T runs the static row, as after ``TimestepPolicyConfig().register(range(T), "static",
       target="w8a8_static_linear")`` (3.1.0's default target, ``w4a4_linear``, has no static);
-      outside a sampling loop the dynamic branch runs (MindIE-SD's default strategy).
+      outside a sampling loop the dynamic branch runs (MindIE-SD's default strategy). Both
+      branches multiply the input by ``mul_scale`` where the file has one (lines 422-423,
+      440-441; this package's export writes no such layer, a third party's file may).
     """
 
     def __init__(
@@ -272,7 +274,7 @@ class MindieSdLinear(nn.Module):
                 )
             y = engines.mindie_sd_static(
                 x2d, self.weight_t, self.deq_scale[step], self.quant_bias[step],
-                self.input_scale[step], self.input_offset[step], None, self.dtype,
+                self.input_scale[step], self.input_offset[step], self.mul_scale, self.dtype,
             )  # fmt: skip
         elif self.algorithm in ("W8A8_DYNAMIC", TIMESTEP):
             y = engines.mindie_sd_dynamic(

@@ -1,0 +1,73 @@
+"""A CPU stand-in for ``torch_npu``: only on the engine conformance tests' PYTHONPATH.
+
+NOT torch_npu. It lets an engine's own, unmodified Python code (MindIE-SD 3.1.0 from PyPI) import
+and run on a machine without an NPU: it reports no device (so the engine loads none of its native
+libraries) and its operators are this project's exact CPU references (``opsnn_quant.ascend``), so
+what the engine computes is its own code's calls into Ascend's arithmetic, not our modules.
+
+What each name satisfies (``M`` = the mindiesd 3.1.0 package):
+
+- ``npu.device_count() -> 0``, ``npu.is_available() -> False``: ``M/utils/utils.py:16-28``
+  ``is_npu_available``, called at import (so ``M/layers/register_ops.py:88-89`` loads no
+  ``libPTAExtensionOPS.so``), and ``M/utils/get_platform.py:28-53`` ``get_npu_device``.
+- ``npu.config.allow_internal_format``: assigned at import, ``M/layers/moe/moe_mlp.py:20``.
+  (These three names are all that ``import mindiesd`` touches: traced.)
+- ``npu.get_soc_version``: ``M/utils/get_platform.py:33`` (not reached with no device: raises).
+- ``npu.empty_cache``: ``M/quantization/quantize.py:422``, the end of ``quantize()``.
+- ``npu.current_device`` (``M/layers/triton_utils.py:44``), ``npu.synchronize``
+  (``M/layers/flash_attn/attention_func.py:197``), ``npu.Stream``/``Event``/``stream``/
+  ``current_stream`` (``M/offload.py:173-233``): device API names MindIE-SD's other paths use.
+- ``npu_quantize``: ``M/quantization/layer.py:339-345`` (static W8A8: ``scales=``,
+  ``zero_points=``, ``dtype=torch.qint8``, ``axis=-1``, divide mode by default) and 424-434
+  (timestep).
+- ``npu_quant_matmul``: ``M/quantization/layer.py:347-363`` and 436-452.
+- ``npu_dynamic_quant``: ``M/quantization/layer.py:352-354`` and 441-443.
+- ``npu_weight_quant_batchmatmul``: ``M/quantization/layer.py:217`` (W8A16).
+- ``npu_format_cast`` (identity: the CPU has no NZ layout): the ``use_nz`` paths
+  (``M/quantization/layer.py:196``, 315), off by default; ``get_npu_format``:
+  ``M/layers/moe/moe_mlp.py:24``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+
+from opsnn_quant.ascend import (  # the exact references, with torch_npu's signatures
+    npu_dynamic_quant,
+    npu_quant_matmul,
+    npu_quantize,
+    npu_weight_quant_batchmatmul,
+)
+from torch_npu import npu  # the device namespace
+
+__version__ = "0.0.0+cpu-stand-in"
+STAND_IN = True  # a test can assert it runs against this, not a real torch_npu
+
+_ND = 2  # ACL_FORMAT_ND
+
+
+def npu_format_cast(t: torch.Tensor, acl_format: int, customize_dtype: Any = None) -> torch.Tensor:
+    """Identity: the CPU has no private (NZ) layout."""
+    return t
+
+
+def get_npu_format(t: torch.Tensor) -> int:
+    return _ND
+
+
+sys.modules["torch.npu"] = npu
+torch.npu = npu  # type: ignore[attr-defined]  # as torch_npu registers it: torch.npu is npu
+
+__all__ = [
+    "STAND_IN",
+    "get_npu_format",
+    "npu",
+    "npu_dynamic_quant",
+    "npu_format_cast",
+    "npu_quant_matmul",
+    "npu_quantize",
+    "npu_weight_quant_batchmatmul",
+]
