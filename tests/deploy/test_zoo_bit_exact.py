@@ -22,6 +22,7 @@ from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.modules import is_quant_module
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.recording import record_roots, replay
+from tests._deps import needs_espeak
 
 VLLM = {"engine": "vllm-ascend", "output_dtype": "bfloat16"}
 SCHEMES = [
@@ -82,6 +83,7 @@ def test_shapes_t2i_consumer_reproduces_our_quantized_pipeline_bit_for_bit(tmp_p
 
 
 @pytest.mark.slow
+@needs_espeak
 def test_whisper_consumer_reproduces_our_quantized_model_bit_for_bit(tmp_path):
     set_reproducible(seed=0)
     ours = load_adapter("whisper", "zoo:whisper-tiny.en", batch_size=2, max_new_tokens=8)

@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from opsnn_quant.cli import main
+from tests._deps import needs_espeak
 from tests.planted import PLANTED, save_planted_sd
 
 
@@ -199,6 +200,7 @@ def _evaluate_the_mindie_sd_export(tmp_path, out):
 
 
 @pytest.mark.slow
+@needs_espeak
 def test_a_vllm_target_deploys_its_policy_in_ascendv1(tmp_path):
     from opsnn_quant.pipeline.calibrate import run_calibrate
     from opsnn_quant.recipe import load_recipe

@@ -10,6 +10,7 @@ import yaml
 
 from opsnn_quant.pipeline.calibrate import run_calibrate
 from opsnn_quant.recipe import Recipe, builtin_recipes
+from tests._deps import needs_espeak
 
 
 def _recipe(name: str, **overrides: Any) -> Recipe:
@@ -51,6 +52,7 @@ def test_shapes_t2i_measured_search_dominates_the_baselines(tmp_path):
 
 
 @pytest.mark.slow
+@needs_espeak
 def test_whisper_measured_search_dominates_the_baselines(tmp_path):
     recipe = _recipe(
         "whisper-tiny-en",
