@@ -20,8 +20,9 @@ its backend and the status ``NOT JUDGED``; the verdict counts only judged criter
 ``latency.enforce_backends`` can narrow the judged set further, never widen it.
 
 :func:`plan_latency` decides what to time (``--latency none|target|all``): ``target`` (the
-default) times only the figure the suite's latency criteria use, ``all`` every measurement the
-suite configures, ``none`` nothing; what is left out is listed for the report.
+default) times only the figure the suite's latency criteria use, and only where it is judged
+(an NPU target's criteria on a CPU are NOT JUDGED: nothing is timed for them), ``all`` every
+measurement the suite configures, ``none`` nothing; what is left out is listed for the report.
 """
 
 from __future__ import annotations
@@ -144,8 +145,9 @@ def plan_latency(
 
     Args:
         suite: The suite (thresholds and ``latency`` settings).
-        mode: ``target`` times only the figure the latency criteria use (and, when that is the
-            eager timing, the profile and stability run of those same models); ``all`` every
+        mode: ``target`` times only the figure the latency criteria use, where it is judged
+            (and, when that is the eager timing, the profile and stability run of those same
+            models); ``all`` every
             measurement the suite configures; ``none`` nothing.
         target: The policy's target; None: unknown.
         baseline_backend, candidate_backend: Backends of the eager timing.
@@ -164,9 +166,9 @@ def plan_latency(
     onnx_asked = lat.onnx_speed and onnx_possible
     if mode == "all":
         eager, onnx = True, onnx_asked
-    elif mode == "target":
+    elif mode == "target" and backend in judged:
         eager, onnx = source == "eager", source == "onnxruntime"
-    else:
+    else:  # none; or target, and no criterion is judged where it would be measured
         eager = onnx = False
     profile = eager and lat.profile_top > 0
     stability = eager and lat.stability_k > 0
@@ -175,6 +177,10 @@ def plan_latency(
         "target": "no criterion uses it (--latency target; --latency all measures it)",
         "all": "",
     }[mode]
+    if mode == "target" and source is not None and backend not in judged:
+        # A figure NOT JUDGED costs as much as one judged (on Whisper a CPU timing, profiles
+        # and the stability run took longer than the transcription): time it only when asked.
+        why = f"{latency_note(backend, target, judged)} (--latency all measures it)"
     skipped = []
     if not eager:
         skipped.append(

@@ -48,7 +48,7 @@ from opsnn_quant.pipeline.outputs import PROBE_FILE, CalibrateOutput
 from opsnn_quant.pipeline.resume import RESUME_FILE, Journal, resumable, run_identity
 from opsnn_quant.pipeline.sharing import Sharing
 from opsnn_quant.pipeline.timings import write_timings
-from opsnn_quant.policy.baselines import naive_policy
+from opsnn_quant.policy.baselines import NAIVE_SCHEMES, naive_policy
 from opsnn_quant.policy.front import FrontResult
 from opsnn_quant.policy.schema import PrecisionPolicy, ResolvedPolicy
 from opsnn_quant.policy.search import build_policy
@@ -59,7 +59,15 @@ from opsnn_quant.policy.summary import (
     summarize,
 )
 from opsnn_quant.policy.targets import INT8_MODULE_TYPES, Target, get_target
-from opsnn_quant.probe.api import ProbeConfig, ProbeResult, recollect, run_probe, statistics
+from opsnn_quant.probe.api import (
+    ProbeConfig,
+    ProbeResult,
+    StagedProbe,
+    recollect,
+    run_probe,
+    start_probe,
+    statistics,
+)
 from opsnn_quant.probe.measure import measure_modalities
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.quant.api import quantize
@@ -175,8 +183,8 @@ def run_calibrate(
             sharing=sharing,
         )  # fmt: skip
         atomic_write_text(ctx.out.recipe, recipe_yaml(effective))
-        probed = probe_phase(ctx, data, checked.target, reused)  # 2. probe
-        resolved, notes, search = policy_phase(ctx, probed, data, checked)  # 3. policy, files
+        probe = probe_phase(ctx, data, checked.target, reused, checked)  # 2. probe (pass 1)
+        probed, resolved, notes, search = policy_phase(ctx, probe, data, checked)  # 3. policy
         holdout, plan = float_references(ctx, data, probed, resolved)  # 4. from the float model
         quantize_phase(ctx, resolved, data, probed)  # 5. quantize, 6. save
         measured = measure_phase(ctx, holdout)  # 7. measure
@@ -340,9 +348,15 @@ def load_model(recipe: Recipe, say: Progress) -> ModelAdapter:
 def probe_config_for(recipe: Recipe, seed: int, target: Target) -> ProbeConfig:
     """The probe configuration of a run: only the schemes the target runs (or the recipe's
     choice among them), on the module types it runs them on (the others' errors and scores
-    would never be used), in the target engine's arithmetic."""
-    schemes = recipe.probe.schemes or target.schemes()
+    would never be used), in the target engine's arithmetic; a naive baseline's only (none for
+    ``all-fp16``)."""
+    schemes = tuple(recipe.probe.schemes or target.schemes())
     type_schemes = {t: target.schemes(t) for t in sorted(INT8_MODULE_TYPES)}
+    if recipe.strategy != "search":
+        # a naive baseline reads its own scheme's pass-1 statistics and nothing else: no other
+        # scheme's observers (GPTQ's K x K moments per module, SmoothQuant's channel maxima)
+        naive = NAIVE_SCHEMES.get(recipe.strategy)
+        schemes = tuple(s for s in schemes if s == naive)
     return recipe.probe_config(
         seed, schemes=tuple(schemes), type_schemes=type_schemes,
         engine=target.engine, engine_dtype=target.dtype,
@@ -366,6 +380,11 @@ def reusable_probe(
             f"{PROBE_FILE})"
         )
     report = SensitivityReport.load(file)
+    if report.not_estimated is not None and recipe.strategy == "search":
+        raise ConfigError(
+            f"--from-probe {file}: that probe ran pass 1 alone ({report.not_estimated}); a "
+            "search may need its estimates: rerun without --from-probe"
+        )
     cfg = probe_config_for(recipe, seed, target)
     wanted = {"family": recipe.model.family, **json.loads(json.dumps(dataclasses.asdict(cfg)))}
     changed = sorted(k for k in set(wanted) | set(report.config)
@@ -385,79 +404,165 @@ def reusable_probe(
 
 
 def probe_phase(
-    ctx: RunContext, data: CalibrationData, target: Target, reused: SensitivityReport | None
-) -> ProbeResult:
+    ctx: RunContext,
+    data: CalibrationData,
+    target: Target,
+    reused: SensitivityReport | None,
+    checked: Checked,
+) -> Probed:
     """Probe on the probe's share of the calibration data (or take ``reused``, an earlier
     probe's report of the same model, data and settings, or the report of the interrupted run
-    this one resumes: then only pass 1 runs again, for the statistics later phases take);
-    writes ``probe.json``."""
+    this one resumes: then only pass 1 runs again, for the statistics later phases take).
+
+    Decide first: when the decision may read pass 1 alone (:func:`estimators_optional`), only
+    pass 1 runs here; the estimators run later, if the decision needs them. ``probe.json`` is
+    written once the probe is settled (:meth:`Probed.settle`)."""
     cfg = probe_config_for(ctx.recipe, ctx.seed, target)
     loop = ctx.adapter.forward_loop(data.probe)
     shard = ctx.sharing.shard(ctx.adapter, data.probe) if ctx.sharing is not None else None
     earlier = reused
     if earlier is None and ctx.journal.finished("probe"):
-        ctx.say("resuming after the probe (its report is in the interrupted run's output)")
         earlier = SensitivityReport.load(ctx.out.probe)
+        if earlier.not_estimated is not None and not ctx.journal.finished("policy"):
+            earlier = None  # the decision was not made: it may need the estimators, probe again
+        else:
+            ctx.say("resuming after the probe (its report is in the interrupted run's output)")
     elif earlier is not None:
         ctx.say("reusing the probe report (same model, data and settings)")
     if earlier is not None:
         with ctx.timed("probe pass 1 (statistics)"):
             earlier.save(ctx.out.probe)
             probed = recollect(ctx.adapter, loop, earlier, cfg, progress=ctx.say, shard=shard)
-    else:
+        ctx.journal.mark("probe")
+        return Probed(ctx, probed)
+    inputs = probe_inputs(ctx.recipe.model.source, data.probe)
+    if estimators_optional(ctx.recipe, checked):
         with ctx.timed("probe"):
-            probed = run_probe(ctx.adapter, loop, cfg, progress=ctx.say, shard=shard)
-            inputs = probe_inputs(ctx.recipe.model.source, data.probe)
-            probed = dataclasses.replace(
-                probed, report=probed.report.model_copy(update={"inputs": inputs})
-            )
-            probed.report.save(ctx.out.probe)
-    ctx.journal.mark("probe")
-    return probed
+            staged = start_probe(ctx.adapter, loop, cfg, progress=ctx.say, shard=shard)
+        return Probed(ctx, None, staged, inputs)
+    with ctx.timed("probe"):
+        probed = run_probe(ctx.adapter, loop, cfg, progress=ctx.say, shard=shard)
+    done = Probed(ctx, None, inputs=inputs)
+    done.settled(probed)
+    return done
+
+
+def estimators_optional(recipe: Recipe, checked: Checked) -> bool:
+    """Whether the decision may be made on pass 1 alone: a naive baseline never reads the
+    estimates; a measured search reads them only when no baseline meets the budget at full
+    int8 coverage. The estimate-only search (no ``budget.metric``) always does."""
+    return recipe.strategy != "search" or checked.metric_suite is not None
+
+
+@dataclass
+class Probed:
+    """The probe phase's outcome: pass 1 at least, the estimators when the decision asks.
+
+    Attributes:
+        ctx: the run.
+        result: the settled result (None until :meth:`settle`).
+        staged: pass 1 of a probe whose estimators have not run (None: not staged).
+        inputs: the fingerprints of the model and data, for the report.
+    """
+
+    ctx: RunContext
+    result: ProbeResult | None
+    staged: StagedProbe | None = None
+    inputs: dict[str, str] = field(default_factory=dict)
+
+    def first(self) -> ProbeResult:
+        """Pass 1's result (the settled one once settled): enough for the naive baselines."""
+        if self.result is not None:
+            return self.result
+        assert self.staged is not None
+        return self.staged.first("not settled")
+
+    def estimated(self) -> ProbeResult:
+        """The whole probe: the estimators run now on pass 1's run (if staged)."""
+        if self.result is not None and self.result.report.not_estimated is None:
+            return self.result
+        assert self.staged is not None, "a settled probe without estimates cannot run them"
+        with self.ctx.timed("probe estimators"):
+            return self.settled(self.staged.finish())
+
+    def settle(self, reason: str) -> ProbeResult:
+        """The result the run goes on with: the whole probe if it ran, else pass 1's, its
+        report saying why no estimator ran (``reason``)."""
+        if self.result is not None:
+            return self.result
+        assert self.staged is not None
+        if self.staged.finished:
+            return self.settled(self.staged.finish())
+        ctx = self.ctx
+        ctx.say(f"probe estimators skipped: {reason}")
+        result = self.settled(self.staged.first(reason))
+        self.staged.release()  # inputs and calls kept for the estimators: not needed
+        return result
+
+    def settled(self, probed: ProbeResult) -> ProbeResult:
+        """``probed`` with the inputs' fingerprints, saved as ``probe.json``."""
+        report = probed.report.model_copy(update={"inputs": self.inputs})
+        self.result = dataclasses.replace(probed, report=report)
+        report.save(self.ctx.out.probe)
+        self.ctx.journal.mark("probe")
+        return self.result
 
 
 # ---- 3. policy -----------------------------------------------------------------------------
 
 
 def policy_phase(
-    ctx: RunContext, probed: ProbeResult, data: CalibrationData, checked: Checked
-) -> tuple[ResolvedPolicy, list[str], FrontResult | None]:
+    ctx: RunContext, probe: Probed, data: CalibrationData, checked: Checked
+) -> tuple[ProbeResult, ResolvedPolicy, list[str], FrontResult | None]:
     """Decide the policy (the recipe's search, measured with ``budget.metric``, or a naive
     baseline), resolve it once against the probed modules, and write ``policy.yaml`` with the
-    policy's own exports; returns the resolved policy, the exports' notes and the measured
-    search's walk (None without ``budget.metric``, or when resumed after the policy)."""
-    report = probed.report
+    policy's own exports; returns the settled probe, the resolved policy, the exports' notes
+    and the measured search's walk (None without ``budget.metric``, or when resumed after the
+    policy)."""
     walked = None
     if ctx.journal.finished("policy"):
         ctx.say("resuming after the policy (policy.yaml is in the interrupted run's output)")
+        probed = probe.settle("resumed after the policy")
         policy = PrecisionPolicy.load(ctx.out.policy)
     else:
-        policy, walked = decide(ctx, probed, data, checked)
+        probed, policy, walked = decide(ctx, probe, data, checked)
         policy.save(ctx.out.policy)
+    report = probed.report
     resolved = policy.resolved(report.inventory(), report.weight_shapes(), tied=report.tied())
     exports = write_policy_exports(ctx, resolved)
     ctx.journal.mark("policy")
-    return resolved, exports, walked
+    return probed, resolved, exports, walked
 
 
 def decide(
-    ctx: RunContext, probed: ProbeResult, data: CalibrationData, checked: Checked
-) -> tuple[PrecisionPolicy, FrontResult | None]:
-    """The policy: the recipe's search (measured with ``budget.metric``) or naive baseline."""
-    report, target = probed.report, checked.target
+    ctx: RunContext, probe: Probed, data: CalibrationData, checked: Checked
+) -> tuple[ProbeResult, PrecisionPolicy, FrontResult | None]:
+    """The policy: the recipe's search (measured with ``budget.metric``) or naive baseline;
+    with the probe it was decided on (the estimators run only if the decision read them)."""
+    target = checked.target
     ctx.say("deciding the precision policy")
-    if ctx.recipe.strategy != "search":
-        return naive_policy(report, target, ctx.recipe.strategy), None
+    strategy = ctx.recipe.strategy
+    if strategy != "search":
+        probed = probe.settle(f"strategy {strategy} reads pass 1 only")
+        return probed, naive_policy(probed.report, target, strategy), None
     if checked.metric_suite is None:
-        return build_policy(report, ctx.recipe.budget, target), None
-    with ctx.timed("measured search"):
-        stats = probed.statistics if data.probe is data.calibration else None
-        assert data.metric is not None
-        search = MeasuredSearch(
-            report, target, data.calibration, stats, checked.metric_suite, data.metric
+        probed = probe.estimated()
+        return probed, build_policy(probed.report, ctx.recipe.budget, target), None
+
+    def search_on(result: ProbeResult) -> MeasuredSearch:
+        stats = result.statistics if data.probe is data.calibration else None
+        assert data.metric is not None and checked.metric_suite is not None
+        return MeasuredSearch(
+            result.report, target, data.calibration, stats, checked.metric_suite, data.metric
         )
-        walked = measured_policy(ctx, search)
-    return walked.policy(), walked
+
+    started, before = time.perf_counter(), ctx.timings.get("probe estimators", 0.0)
+    walked = measured_policy(ctx, search_on(probe.first()), lambda: search_on(probe.estimated()))
+    # the estimators, if the walk ran them, are timed apart ("probe estimators")
+    spent = time.perf_counter() - started - (ctx.timings.get("probe estimators", 0.0) - before)
+    ctx.timings["measured search"] = ctx.timings.get("measured search", 0.0) + spent
+    probed = probe.settle(walked.skipped or "the measured search read pass 1 only")
+    return probed, walked.policy(), walked
 
 
 # ---- 4. what later phases need from the float model ----------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,17 +23,18 @@ from opsnn_quant.evaluation.slice_scorer import SliceScorer
 from opsnn_quant.evaluation.suite import Suite, load_suite
 from opsnn_quant.models.data import load_records
 from opsnn_quant.pipeline.context import RunContext, load_recipe_model
-from opsnn_quant.policy.baselines import NAIVE_SCHEMES, naive_policy
+from opsnn_quant.policy.baselines import NAIVE_SCHEMES, int8_runnable, naive_policy
 from opsnn_quant.policy.budget import DEFAULT_MAX_EVALUATIONS, Budget, MetricBudget
 from opsnn_quant.policy.front import (
     Candidate,
     FrontResult,
+    FrontWalk,
     Measurement,
     coverage_ladder,
-    walk_front,
 )
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy
+from opsnn_quant.policy.summary import int8_mac_shares
 from opsnn_quant.policy.targets import Target
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.quant.api import SeedsCalibration, quantize
@@ -64,21 +65,53 @@ class MeasuredSearch:
     records: list[dict[str, Any]]
 
 
-def measured_policy(ctx: RunContext, search: MeasuredSearch) -> FrontResult:
-    """Measure the baselines, the estimate's proposal and the ladder; return the walk."""
+def measured_policy(
+    ctx: RunContext,
+    search: MeasuredSearch,
+    estimated: Callable[[], MeasuredSearch] | None = None,
+) -> FrontResult:
+    """Decide first: measure the naive baselines the target runs, and stop at the first that
+    meets the budget with every module the target runs in int8 (no candidate has more int8
+    MACs: the estimate could not change the choice). Otherwise ``estimated()`` (the probe's
+    estimators, run now on the same pass 1) gives the search the whole report, and the
+    estimate's proposal and the coverage ladder are measured; return the walk.
+
+    At equal coverage the baselines are preferred in the order measured: static W8A8 first
+    (no per-token quantization at run time), then W8A8 dynamic.
+    """
     budget = ctx.recipe.budget
     metric = budget.metric
     assert metric is not None, "measured_policy needs budget.metric"
     scorer = _scorer(ctx, metric, search)
-    starts = starting_points(search.report, search.target, budget, ctx.recipe.probe.schemes)
-    ctx.say("building the coverage ladder from the estimate")
-    ladder = coverage_ladder(search.report, budget, search.target)
+    current = [search]  # the search the measurements use: the whole report once estimated
 
     def measure(policy: PrecisionPolicy) -> Measurement:
-        return _measure(ctx, search, scorer, policy)
+        return _measure(ctx, current[0], scorer, policy)
 
-    evaluations = budget.max_evaluations or DEFAULT_MAX_EVALUATIONS
-    return walk_front(starts, ladder, measure, evaluations, ctx.say)
+    walk = FrontWalk(measure, budget.max_evaluations or DEFAULT_MAX_EVALUATIONS, ctx.say)
+    full = int8_mac_shares(search.report, int8_runnable(search.report, search.target))
+    for cand in baseline_candidates(search.report, search.target, ctx.recipe.probe.schemes):
+        walk.visit(cand)
+        decided = walk.passed_at(full["overall"])
+        if decided is not None:
+            return walk.result(skipped=decided_first(decided.candidate.label, full["overall"]))
+    if estimated is not None:
+        current[0] = search = estimated()
+    for cand in estimate_candidates(search.report, search.target, budget):
+        walk.visit(cand)
+    ctx.say("building the coverage ladder from the estimate")
+    ladder = coverage_ladder(search.report, budget, search.target)
+    walk.bisect(ladder)
+    return walk.result(ladder)
+
+
+def decided_first(label: str, share: float) -> str:
+    """The note of a search that stopped at a baseline with full int8 coverage."""
+    return (
+        f"{label} met budget.metric with every module the target runs in int8 ({share:.1%} of "
+        "the MACs): no candidate has more int8 MACs, so the search stopped there and the "
+        "probe's estimators (SmoothQuant search, local errors, attribution) did not run"
+    )
 
 
 def starting_points(
@@ -90,6 +123,17 @@ def starting_points(
     """The naive int8 baselines ``target`` runs (those with an int8 module; only those whose
     scheme is among ``schemes`` when given: a recipe's ``probe.schemes``), then, when the
     budget has predicted limits, the estimate's own policy at those limits."""
+    return [
+        *baseline_candidates(report, target, schemes),
+        *estimate_candidates(report, target, budget),
+    ]
+
+
+def baseline_candidates(
+    report: SensitivityReport, target: Target, schemes: Sequence[str] | None = None
+) -> list[Candidate]:
+    """The naive int8 baselines ``target`` runs (with an int8 module; whose scheme is among
+    ``schemes`` when given): they need pass 1 only."""
     starts = []
     for strategy, scheme in NAIVE_SCHEMES.items():
         if schemes is not None and scheme not in schemes:
@@ -97,10 +141,17 @@ def starting_points(
         policy = naive_policy(report, target, strategy)
         if policy.rules:
             starts.append(Candidate.of(strategy, policy, report))
-    if budget.limits or budget.default is not None:
-        estimate = build_policy(report, budget, target)
-        starts.append(Candidate.of("estimate at the recipe's limits", estimate, report))
     return starts
+
+
+def estimate_candidates(
+    report: SensitivityReport, target: Target, budget: Budget
+) -> list[Candidate]:
+    """The estimate's own policy at the budget's predicted limits (none without limits)."""
+    if not (budget.limits or budget.default is not None):
+        return []
+    estimate = build_policy(report, budget, target)
+    return [Candidate.of("estimate at the recipe's limits", estimate, report)]
 
 
 def _scorer(ctx: RunContext, metric: MetricBudget, search: MeasuredSearch) -> SliceScorer:

@@ -33,6 +33,22 @@ NAIVE_INT8 = {
 NAIVE_SCHEMES = {"all-w8a8-minmax": "w8a8", "all-w8a8-dynamic": "w8a8_dynamic"}
 
 
+def int8_runnable(report: SensitivityReport, target: str | Target) -> list[str]:
+    """The modules a policy can put in int8 on ``target`` at all: quantizable, called while
+    probing, not kept float by the engine (a head tied to an embedding on vLLM-Ascend), of a
+    type and shape the target runs in some int8 precision. A policy with all of them int8 has
+    full coverage: no candidate has more int8 MACs."""
+    t = get_target(target)
+    out = []
+    for e in report.modules:
+        if not e.quantizable or e.calls == 0 or t.tie_reason(e.tied_to) is not None:
+            continue
+        shape = e.weight_shape
+        if any(t.can_run(e.type, p, weight_shape=shape)[0] for p in t.int8_precisions(e.type)):
+            out.append(e.name)
+    return out
+
+
 def naive_policy(report: SensitivityReport, target: str | Target, strategy: str) -> PrecisionPolicy:
     """The ``strategy`` policy for the modules of ``report`` (see module docstring)."""
     t = get_target(target)

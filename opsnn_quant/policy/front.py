@@ -147,6 +147,7 @@ class FrontResult:
 
     chosen: Round
     rounds: list[Round]
+    skipped: str | None = None  # why the walk stopped before the estimate's ladder
 
     @property
     def evaluations(self) -> int:
@@ -156,10 +157,13 @@ class FrontResult:
     def notes(self, timed: bool = False) -> list[str]:
         """Every round, then the choice, one line each (``timed``: with each round's seconds)."""
         c = self.chosen.candidate
+        why = (
+            f"; {self.skipped}" if self.skipped else
+            ": the most int8 MACs among the candidates that pass, then the best measured quality"
+        )  # fmt: skip
         return [r.note(i + 1, timed) for i, r in enumerate(self.rounds)] + [
             f"measured search chose {c.label} ({c.share:.1%} of the MACs in int8) after "
-            f"{self.evaluations} evaluation(s): the most int8 MACs among the candidates that "
-            "pass, then the best measured quality"
+            f"{self.evaluations} evaluation(s){why}"
         ]
 
     def policy(self) -> PrecisionPolicy:
@@ -203,10 +207,14 @@ def coverage_ladder(
     return ladder
 
 
-class _Walk:
-    """The measured candidates and the budget left (see :func:`walk_front`)."""
+class FrontWalk:
+    """The measured candidates and the evaluations left: :func:`walk_front` in steps, for a
+    caller that decides between them whether the rest is needed (``calibrate`` measures the
+    naive baselines before paying for the estimate the ladder is built from)."""
 
     def __init__(self, measure: Measure, max_evaluations: int, say: Progress) -> None:
+        if max_evaluations < 1:
+            raise ConfigError("budget.max_evaluations must be at least 1")
         self.measure, self.left, self.say = measure, max_evaluations, say
         self.rounds: list[Round] = []
         self.done: dict[tuple[tuple[str, object], ...], Round] = {}
@@ -235,6 +243,37 @@ class _Walk:
         passing = [r for r in self.rounds if r.passed]
         return max(passing, key=Round.rank) if passing else None
 
+    def passed_at(self, share: float) -> Round | None:
+        """The best passing round if it has at least ``share`` of the MACs in int8 (None: no
+        round that passes has): no candidate can have more, so the walk may stop there."""
+        best = self.best()
+        if best is None or round(best.candidate.share, 9) < round(share, 9):
+            return None
+        return best
+
+    def bisect(self, ladder: Sequence[Candidate]) -> None:
+        """Bisect ``ladder``'s rungs above the best passing round so far (see :func:`_bisect`)."""
+        _bisect(self, list(ladder))
+
+    def result(self, ladder: Sequence[Candidate] = (), skipped: str | None = None) -> FrontResult:
+        """The choice (a float rung of ``ladder``, free, when nothing measured passed);
+        ``skipped``: why the walk stopped before the ladder (said in the notes).
+
+        Raises:
+            ConfigError: nothing passed and no float candidate was given to fall back to.
+        """
+        if self.best() is None:
+            for cand in ladder:
+                if cand.share == 0.0:
+                    self.visit(cand)
+        chosen = self.best()
+        if chosen is None:
+            raise ConfigError(
+                f"no candidate policy met budget.metric in {len(self.rounds)} round(s) and "
+                "none was float; raise max_evaluations or loosen the bound"
+            )
+        return FrontResult(chosen, self.rounds, skipped)
+
 
 def walk_front(
     starts: Sequence[Candidate],
@@ -259,26 +298,14 @@ def walk_front(
         ConfigError: ``max_evaluations`` < 1, no candidate at all, or nothing measured passes
             and no float candidate was given to fall back to.
     """
-    if max_evaluations < 1:
-        raise ConfigError("budget.max_evaluations must be at least 1")
-    walk = _Walk(measure, max_evaluations, progress or (lambda m: log.info("%s", m)))
+    walk = FrontWalk(measure, max_evaluations, progress or (lambda m: log.info("%s", m)))
     for cand in starts:
         walk.visit(cand)
-    _bisect(walk, list(ladder))
-    if walk.best() is None:  # nothing measured passed: a float rung, free, is the fallback
-        for cand in ladder:
-            if cand.share == 0.0:
-                walk.visit(cand)
-    chosen = walk.best()
-    if chosen is None:
-        raise ConfigError(
-            f"no candidate policy met budget.metric in {len(walk.rounds)} round(s) and none "
-            "was float; raise max_evaluations or loosen the bound"
-        )
-    return FrontResult(chosen, walk.rounds)
+    walk.bisect(ladder)
+    return walk.result(ladder)
 
 
-def _bisect(walk: _Walk, ladder: list[Candidate]) -> None:
+def _bisect(walk: FrontWalk, ladder: list[Candidate]) -> None:
     """Bisect the rungs with at least the int8 share of the best passing round so far (an
     equal share may still measure better): the first rung is measured, then the middle of the
     undecided span, until it closes or the budget ends."""

@@ -53,7 +53,17 @@ from opsnn_quant.types import ForwardLoop, Modality
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ProbeConfig", "ProbeResult", "Shard", "probe", "recollect", "run_probe", "statistics"]
+__all__ = [
+    "ProbeConfig",
+    "ProbeResult",
+    "Shard",
+    "StagedProbe",
+    "probe",
+    "recollect",
+    "run_probe",
+    "start_probe",
+    "statistics",
+]
 
 
 @dataclass(frozen=True)
@@ -159,6 +169,85 @@ def _probe(
     run = _start(adapter, cfg)
     say("probe pass 1: ranges, fp16/bf16 re-runs, calibration statistics")
     run.costs["pass1_seconds"] = _pass_one(run, forward_loop, shard)
+    return _estimate(run, forward_loop, say)
+
+
+class StagedProbe:
+    """A probe in two stages, for a caller that may decide on pass 1 alone (``calibrate``: a
+    naive baseline, or a measured search whose baselines meet the budget at full int8 coverage
+    reads no estimate).
+
+    :func:`start_probe` runs pass 1; :meth:`first` is the report of pass 1 alone (the modules,
+    their calls, MACs, fp16 findings and ties; no int8 error, no attribution) with the
+    statistics ``quantize`` seeds from; :meth:`finish` runs the estimators (the SmoothQuant
+    search, local errors, attribution) on the same run, as :func:`run_probe` would have after
+    pass 1, and returns the whole result. Nothing runs twice.
+    """
+
+    def __init__(self, run: ProbeRun, forward_loop: ForwardLoop, say: Callable[[str], None]):
+        self._run: ProbeRun | None = run
+        self._loop, self._say = forward_loop, say
+        self._done: ProbeResult | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether :meth:`finish` ran."""
+        return self._done is not None
+
+    def first(self, reason: str) -> ProbeResult:
+        """The result of pass 1 alone, the report saying why no estimator ran (``reason``)."""
+        if self._done is not None:
+            return self._done
+        run = self._run
+        if run is None:
+            raise RuntimeError("StagedProbe.first() after release()")
+        report = _assemble(run, {}).model_copy(update={"not_estimated": reason})
+        statistics = {n: lp.pass_one() for n, lp in run.watches.local.items()}
+        return ProbeResult(report, statistics, _root_calls(run))
+
+    def finish(self) -> ProbeResult:
+        """The estimators on the pass-1 run: the whole probe's result.
+
+        Raises:
+            RuntimeError: after :meth:`release`.
+        """
+        if self._done is None:
+            if self._run is None:
+                raise RuntimeError("StagedProbe.finish() after release()")
+            with frozen_heap():
+                self._done = _estimate(self._run, self._loop, self._say)
+        return self._done
+
+    def release(self) -> None:
+        """Drop what pass 1 kept for the estimators (inputs kept, recorded calls): the
+        decision was made without them."""
+        self._run = None
+
+
+def start_probe(
+    adapter: ModelAdapter,
+    forward_loop: ForwardLoop,
+    config: ProbeConfig,
+    *,
+    progress: Callable[[str], None] | None = None,
+    shard: Shard | None = None,
+) -> StagedProbe:
+    """Pass 1 of :func:`run_probe` (see :class:`StagedProbe`): the rest runs only when asked."""
+    say = progress or (lambda msg: log.info("%s", msg))
+    with frozen_heap():
+        run = _start(adapter, config)
+        say("probe pass 1: ranges, fp16/bf16 re-runs, calibration statistics")
+        run.costs["pass1_seconds"] = _pass_one(run, forward_loop, shard)
+    return StagedProbe(run, forward_loop, say)
+
+
+def _root_calls(run: ProbeRun) -> dict[str, list[Call]]:
+    return {r: rec.calls[:1] for r, rec in run.watches.recorders.items() if rec.calls}
+
+
+def _estimate(run: ProbeRun, forward_loop: ForwardLoop, say: Callable[[str], None]) -> ProbeResult:
+    """Everything after pass 1: the SmoothQuant search, local errors, attribution, report."""
+    adapter = run.adapter
     replayed: set[str] = set()
     if run.watches.local:
         say("SmoothQuant alpha search")
@@ -173,8 +262,7 @@ def _probe(
     if replayed:
         _measure_rest(run, forward_loop, say)
     statistics = {n: lp.pass_one() for n, lp in run.watches.local.items()}
-    root_calls = {r: rec.calls[:1] for r, rec in run.watches.recorders.items() if rec.calls}
-    return ProbeResult(_assemble(run, e2e), statistics, root_calls)
+    return ProbeResult(_assemble(run, e2e), statistics, _root_calls(run))
 
 
 def recollect(

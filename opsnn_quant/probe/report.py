@@ -254,6 +254,10 @@ class SensitivityReport(_Frozen):
     # every run, so they are not written to probe.json (whose bytes depend on the inputs only)
     # but to timings.json (opsnn_quant.pipeline.timings). Read from an older probe.json that has them.
     costs: dict[str, NonNegativeFinite] = Field(default_factory=dict, exclude=True)
+    # Why the estimators (SmoothQuant search, local errors, end-to-end attribution) did not run,
+    # when they did not: the decision read only pass 1 (a naive baseline, or one that met
+    # budget.metric at full int8 coverage). None: the report has every estimate.
+    not_estimated: str | None = None
 
     @field_validator("config")
     @classmethod

@@ -69,17 +69,28 @@ def _plan(s, mode, target="ascend910b-atc", candidate="cpu-reference", int8=True
                         candidate_backend=candidate, onnx_possible=int8)  # fmt: skip
 
 
-def test_demo_suite_on_cpu_times_only_the_onnxruntime_figure():
+def test_demo_suite_on_cpu_times_nothing_its_npu_target_does_not_judge():
+    # Issue 43: the criterion reads the ONNX Runtime figure, NOT JUDGED for an Ascend target on
+    # a CPU: under the default mode nothing is timed for it, and the report says why.
     demo = load_suite("shapes-t2i")
     p = _plan(demo, "target")
     assert (p.source, p.backend) == ("onnxruntime", "cpu-onnxruntime")
-    assert (p.eager, p.onnx, p.profile, p.stability) == (False, True, False, False)
+    assert (p.eager, p.onnx, p.profile, p.stability) == (False, False, False, False)
     assert p.judged == {"npu"}
+    why = (
+        "not judged on cpu-onnxruntime: the policy targets ascend910b-atc (judged on npu) "
+        "(--latency all measures it)"
+    )
     assert p.skipped == (
-        "eager timing of baseline (cpu) and candidate (cpu-reference): no criterion uses it "
-        "(--latency target; --latency all measures it)",
-        "stages and top-10 module profile: no criterion uses it (--latency target; "
-        "--latency all measures it)",
+        f"eager timing of baseline (cpu) and candidate (cpu-reference): {why}",
+        f"stages and top-10 module profile: {why}",
+        f"ONNX Runtime speed figure (cpu-onnxruntime): {why}",
+    )
+    # a CPU deployment judges that figure: it is timed, and only it
+    cpu = _plan(demo, "target", target="cpu-reference")
+    assert (cpu.eager, cpu.onnx, cpu.profile, cpu.stability) == (False, True, False, False)
+    assert cpu.skipped[0].endswith(
+        "no criterion uses it (--latency target; --latency all measures it)"
     )
     everything = _plan(demo, "all")
     assert (everything.eager, everything.onnx, everything.profile) == (True, True, True)

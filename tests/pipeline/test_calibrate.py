@@ -364,3 +364,52 @@ def test_a_mindie_sd_candidate_is_judged_in_the_dtype_the_engine_runs():
     assert run_dtype("mindie-sd", "bfloat16") == "bfloat16"
     assert run_dtype(vllm, "float32") == "float32"  # its candidates run the params dtype inside
     assert run_dtype(None, "float32") == "float32"
+
+
+def test_a_naive_strategy_pays_for_pass_1_only_and_writes_the_same_model(tmp_path, monkeypatch):
+    # Decide first (issue 43): all-w8a8-dynamic reads no estimate, so only pass 1 runs; the
+    # checkpoint and exports are those the whole probe's statistics give (bit for bit).
+    from opsnn_quant.pipeline import calibrate as workflow
+    from opsnn_quant.pipeline.calibrate import run_calibrate
+    from opsnn_quant.probe.report import SensitivityReport
+    from opsnn_quant.recipe import load_recipe
+    from tests.tiny_pipelines import save_tiny_whisper
+
+    save_tiny_whisper(tmp_path / "w")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        f"name: tiny_whisper\n"
+        f"model: {{family: whisper, source: {tmp_path / 'w'}, settings: {{batch_size: 2, max_new_tokens: 4}}}}\n"
+        "data: {calibration: zoo:speech/calibration, limit: 2}\n"
+        "probe: {max_root_calls: 1}\n"
+        "strategy: all-w8a8-dynamic\n"
+        "target: ascend910b-vllm-ascend\n"
+    )
+    phases: list[str] = []
+    staged = run_calibrate(load_recipe(str(recipe)), tmp_path / "staged", progress=phases.append)
+    assert not any("SmoothQuant" in p or "end-to-end" in p or "pass 2" in p for p in phases)
+    assert "probe estimators" not in staged.seconds
+    report = SensitivityReport.load(tmp_path / "staged" / "probe.json")
+    assert report.not_estimated == "strategy all-w8a8-dynamic reads pass 1 only"
+    assert all(not m.w8a8 and m.e2e is None for m in report.modules)
+    assert staged.int8_mac_share and staged.int8_mac_share > 0
+    assert report.config["schemes"] == ["w8a8_dynamic"]  # no other scheme's observers
+    # the same run with every scheme the target runs and the estimators (before issue 43)
+    real_config = workflow.probe_config_for
+    monkeypatch.setattr(workflow, "estimators_optional", lambda recipe, checked: False)
+    monkeypatch.setattr(
+        workflow,
+        "probe_config_for",
+        lambda r, seed, t: real_config(r.model_copy(update={"strategy": "search"}), seed, t),
+    )
+    whole = run_calibrate(load_recipe(str(recipe)), tmp_path / "whole")
+    assert "probe estimators" not in whole.seconds and whole.seconds["probe"] > 0
+    full = SensitivityReport.load(tmp_path / "whole" / "probe.json")
+    assert len(full.config["schemes"]) > 1 and full.not_estimated is None
+    assert any(m.w8a8 for m in full.modules)
+    for rel in (
+        "quant/model.safetensors",
+        "export/ascendv1/quant_model_weights.safetensors",
+    ):
+        a, b = (tmp_path / d / rel for d in ("staged", "whole"))
+        assert a.read_bytes() == b.read_bytes(), rel

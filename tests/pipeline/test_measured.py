@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from opsnn_quant.pipeline.calibrate import run_calibrate
+from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.recipe import Recipe, builtin_recipes
 from tests._deps import needs_espeak
 
@@ -46,6 +47,10 @@ def test_shapes_t2i_measured_search_dominates_the_baselines(tmp_path):
     )  # fmt: skip
     result = run_calibrate(recipe, tmp_path / "out")
     _assert_dominates_the_baselines(result)
+    # the baseline, measured on pass 1 alone, fails the bound: the estimators run then (once)
+    assert not result.search.rounds[0].passed and result.search.skipped is None
+    assert SensitivityReport.load(tmp_path / "out" / "probe.json").not_estimated is None
+    assert result.seconds["probe estimators"] > 0
     # ATC runs static activations only: one baseline, all-w8a8-minmax
     labels = [r.candidate.label for r in result.search.rounds]
     assert "all-w8a8-dynamic" not in labels
@@ -65,8 +70,18 @@ def test_whisper_measured_search_dominates_the_baselines(tmp_path):
     )  # fmt: skip
     result = run_calibrate(recipe, tmp_path / "out")
     _assert_dominates_the_baselines(result)
+    # Decide first (issue 43): the static baseline puts every Linear vLLM-Ascend runs in int8
+    # and meets the bound, so nothing can have more int8 MACs: the walk stops there and the
+    # probe's estimators never run (probe.json and the timings say so).
     labels = [r.candidate.label for r in result.search.rounds]
-    assert labels[:2] == ["all-w8a8-minmax", "all-w8a8-dynamic"]  # vLLM runs both
+    assert labels == ["all-w8a8-minmax"] and result.search.chosen.passed
+    assert "did not run" in result.search.skipped
+    report = SensitivityReport.load(tmp_path / "out" / "probe.json")
+    assert report.not_estimated == result.search.skipped
+    assert all(not m.w8a8 and m.e2e is None for m in report.modules)
+    assert "probe estimators" not in result.seconds
+    policy = (tmp_path / "out" / "policy.yaml").read_text()
+    assert "stopped there" in policy
 
 
 def test_the_starting_points_are_the_baselines_the_recipe_allows_then_the_estimate():

@@ -59,3 +59,24 @@ def test_all_w8a8_dynamic_takes_every_module_the_target_runs_per_token():
     assert [r.match for r in ref.rules] == ["te.fc", "unet.conv", "unet.proj"]
     # ATC's compiled graphs quantize with static scales only: nothing to take
     assert naive_policy(_report(), "ascend910b-atc", "all-w8a8-dynamic").rules == []
+
+
+def test_int8_runnable_is_what_any_policy_can_put_in_int8_on_the_target():
+    from opsnn_quant.policy.baselines import int8_runnable
+
+    rep = _report()
+    # eager 910B: Linears only (torch_npu has no int8 conv); the uncalled VAE conv never
+    assert int8_runnable(rep, "ascend910b-eager") == ["te.fc", "unet.proj"]
+    # ATC runs Conv2d in int8 too; a module that never ran still does not count
+    assert int8_runnable(rep, "ascend910b-atc") == ["te.fc", "unet.conv", "unet.proj"]
+    # vLLM-Ascend loads a head tied to the embedding float, whatever we write
+    tied = rep.model_copy(
+        update={"modules": [*rep.modules, ModuleSensitivity(
+            name="proj_out", type="Linear", modality="text_decoder", calls=2,
+            tied_to="model.decoder.embed_tokens")]}
+    )  # fmt: skip
+    assert "proj_out" not in int8_runnable(tied, "ascend910b-vllm-ascend")
+    assert "proj_out" in int8_runnable(tied, "ascend910b-eager")
+    # full coverage is exactly the naive baseline's modules where it runs everywhere
+    full = naive_policy(rep, "ascend910b-atc", "all-w8a8-minmax")
+    assert [r.match for r in full.rules] == int8_runnable(rep, "ascend910b-atc")

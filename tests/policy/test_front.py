@@ -146,3 +146,31 @@ def test_the_chosen_policy_notes_every_round():
     assert [t.rsplit("; ", 1)[0] for t in timed[:3]] == rounds
     assert all(t.endswith(" s") for t in timed[:3])
     assert policy.notes[-1].startswith("measured search chose floor 20 dB (75.0% of the MACs")
+
+
+def test_a_step_walk_stops_where_a_pass_has_full_coverage_and_says_why():
+    from opsnn_quant.policy.front import FrontWalk
+
+    measure, _ = _measure_passing({"a", "b", "c", "d"})
+    walk = FrontWalk(measure, 5, lambda m: None)
+    base = Candidate.of("all-w8a8-minmax", naive_policy(REP, ATC, "all-w8a8-minmax"), REP)
+    assert walk.passed_at(1.0) is None  # nothing measured yet
+    walk.visit(base)
+    assert walk.passed_at(1.0) is walk.rounds[0]  # all four int8 and passing: nothing has more
+    result = walk.result(skipped="a baseline decided")
+    assert result.skipped == "a baseline decided" and result.evaluations == 1
+    assert result.notes()[-1].endswith("after 1 evaluation(s); a baseline decided")
+
+
+def test_a_step_walk_does_not_stop_below_full_coverage():
+    from opsnn_quant.policy.front import FrontWalk
+
+    measure, _ = _measure_passing({"a", "b", "c"})
+    walk = FrontWalk(measure, 5, lambda m: None)
+    base = Candidate.of("all-w8a8-minmax", naive_policy(REP, ATC, "all-w8a8-minmax"), REP)
+    walk.visit(base)
+    assert not walk.rounds[0].passed and walk.passed_at(1.0) is None
+    with pytest.raises(ConfigError, match="no candidate policy met"):
+        walk.result()  # no float rung given to fall back to
+    walk.bisect(coverage_ladder(REP, NO_SHARE_RULE, ATC))
+    assert walk.best().candidate.share == 0.75  # the walk goes on as walk_front would

@@ -14,7 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from opsnn_quant.probe.api import ProbeConfig, ProbeResult, run_probe
+from opsnn_quant.models.generic import GenericAdapter
+from opsnn_quant.probe.api import ProbeConfig, ProbeResult, run_probe, start_probe
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.timesteps import at_step
@@ -136,3 +137,48 @@ def test_timestep_groups_need_every_call_in_the_sampling_loop():
     stats = keep.statistics["fc1"]
     assert stats.can_seed(QuantSpec(Precision.W8A8))
     assert not stats.can_seed(QuantSpec(Precision.W8A8, timestep_bounds=(0, 2)))
+
+
+@pytest.mark.parametrize(
+    "spec", SEEDABLE, ids=lambda s: s.short_name() if hasattr(s, "short_name") else None
+)
+def test_pass_one_alone_seeds_the_same_checkpoint_as_the_whole_probe(spec):
+    """Decide first (issue 43): a staged probe's pass-1 result (no estimator run) seeds quantize
+    exactly as the whole probe's does, before and after the estimators run on the same pass 1;
+    its report says why nothing was estimated and holds no estimate."""
+    model = Stepped()
+    float_model = copy.deepcopy(model)
+    cfg = ProbeConfig(fp16=False)
+    staged = start_probe(
+        GenericAdapter(model, {"": "denoiser"}, _sampling_loop), _sampling_loop, cfg
+    )
+    first = staged.first("a test decided on pass 1")
+    assert first.report.not_estimated == "a test decided on pass 1"
+    assert all(not m.w8a8 and m.e2e is None for m in first.report.modules)
+    assert [m.calls for m in first.report.modules if m.name.startswith("fc")] == [4, 4]
+    whole = staged.finish()
+    assert whole.report.not_estimated is None
+    assert all(whole.report.module(n).w8a8 for n in ("fc1", "fc2"))  # the estimators ran
+    reference = run_probe(
+        copy.deepcopy(float_model), _sampling_loop, cfg, modalities={"": "denoiser"}
+    )
+    states = [
+        quantize(
+            copy.deepcopy(float_model), {"fc*": spec}, _counting([]), statistics=s
+        ).state_dict()
+        for s in (first.statistics, whole.statistics, reference.statistics)
+    ]
+    for other in states[1:]:
+        assert [k for k in states[0] if not torch.equal(states[0][k], other[k])] == []
+
+
+def test_a_released_staged_probe_runs_no_estimator():
+    staged = start_probe(
+        GenericAdapter(Stepped(), {"": "denoiser"}, _sampling_loop),
+        _sampling_loop,
+        ProbeConfig(fp16=False),
+    )
+    staged.first("decided")
+    staged.release()  # what pass 1 kept for the estimators is dropped
+    with pytest.raises(RuntimeError, match="after release"):
+        staged.finish()
