@@ -13,6 +13,10 @@ file that is not a weight file (tokenizer models included) and, as its
 ``remove_quantization_config`` does, drop ``quantization_config`` from ``config.json``.
 Weights: one file below :data:`DEFAULT_SHARD_BYTES` (MindIE-SD opens exactly one file), else
 msModelSlim's shards + index.
+
+Description keys: the tensors', and for a model class whose vLLM layer prefixes differ from its
+checkpoint names (vLLM 0.23.0's Whisper), each Linear's weight key again under the prefix vLLM
+asks vLLM-Ascend's quantization config for (:mod:`opsnn_quant.deploy.vllm_prefixes`).
 """
 
 from __future__ import annotations
@@ -20,17 +24,18 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from opsnn_quant.deploy.contract import DESCRIPTION_FILE, WEIGHTS_PREFIX
+from opsnn_quant.deploy.contract import DESCRIPTION_FILE, GLOBAL_KEYS, WEIGHTS_PREFIX
 from opsnn_quant.deploy.fold_check import Fold
 from opsnn_quant.deploy.safetensors_io import read_header, tensor_bytes, write_tensors
 from opsnn_quant.deploy.smooth_fold import Call, plan_folds
+from opsnn_quant.deploy.vllm_prefixes import WHY, architectures, vllm_prefix_aliases
 from opsnn_quant.deploy.writer import CONV_REASON, ComponentExport, component_export
 from opsnn_quant.errors import ModelLoadError
 from opsnn_quant.io import atomic_dir
@@ -43,12 +48,13 @@ from opsnn_quant.models.confine import (
     export_refusal,
 )
 from opsnn_quant.ownership import LEDGER, MARKER
-from opsnn_quant.quant.modules import QuantModule
+from opsnn_quant.quant.modules import QuantLinear, QuantModule
 
 log = logging.getLogger(__name__)
 OUTPUT_KIND = "ascendv1"
 DEFAULT_SHARD_BYTES = 4 * 2**30  # msModelSlim's part_file_size default, 4 GB
 OURS = (MARKER, LEDGER)  # our bookkeeping in a source directory is not the model's
+LINEARS = (nn.Linear, QuantLinear)
 
 
 @dataclass
@@ -172,10 +178,26 @@ def _copy_tree(src: Path, dst: Path, root: Path) -> None:
 
 
 def _write_component(
-    export: ComponentExport, src: Path, dst: Path, shard_bytes: int, root: Path
+    export: ComponentExport,
+    src: Path,
+    dst: Path,
+    shard_bytes: int,
+    root: Path,
+    linears: Collection[str] = (),
 ) -> None:
     dst.mkdir(parents=True, exist_ok=True)
     _copy_helpers(src, dst, root, export.params_dtype if export.int8 else None)
+    # the keys vLLM's model class asks vLLM-Ascend's quantization config for, where its layer
+    # prefixes are not the checkpoint's names (vLLM 0.23.0's Whisper: a KeyError while the model
+    # is built otherwise; see opsnn_quant.deploy.vllm_prefixes)
+    aliases = vllm_prefix_aliases(export.description, architectures(src / "config.json"), linears)
+    if aliases:
+        described = dict(export.description)
+        globals_ = {k: described.pop(k) for k in list(described) if k in GLOBAL_KEYS}
+        meta = globals_.get("metadata")
+        if isinstance(meta, dict) and isinstance(meta.get("opsnn_quant"), dict):
+            meta["opsnn_quant"]["vllm_prefix_aliases"] = WHY
+        export.description = described | dict(sorted(aliases.items())) | globals_
     total = sum(tensor_bytes(t) for t in export.tensors.values())
     write_tensors(
         export.tensors, dst, WEIGHTS_PREFIX, shard_bytes if total >= shard_bytes else None
@@ -251,7 +273,8 @@ def export_ascendv1(
                 export.exported_float = {n: CONV_REASON + " (original float weights: the "
                                          "component is copied from the source)" for n in convs}  # fmt: skip
             else:
-                _write_component(export, src, dst, shard_bytes, source)
+                linears = [n for n, m in module.named_modules() if isinstance(m, LINEARS)]
+                _write_component(export, src, dst, shard_bytes, source, linears)
                 result.components[cname] = export
             result.notes += _notes(cname, export)
     return result

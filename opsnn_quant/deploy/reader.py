@@ -34,6 +34,7 @@ from opsnn_quant.deploy.contract import (
     linear_prefixes,
 )
 from opsnn_quant.deploy.safetensors_io import TensorFiles, open_tensor_files
+from opsnn_quant.deploy.vllm_prefixes import aliased_key, is_alias
 
 PARAMS_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -145,10 +146,21 @@ def _tensor_files(directory: Path) -> TensorFiles:
 
 
 def _tensor_types(description: dict[str, Any]) -> dict[str, str]:
-    """Tensor name -> type: every key but the global ones and per-attention ``.quant_type``."""
+    """Tensor name -> type: every key but the global ones, per-attention ``.quant_type`` and the
+    vLLM prefix aliases (:mod:`opsnn_quant.deploy.vllm_prefixes`; checked against their keys)."""
     out: dict[str, str] = {}
     for key, value in description.items():
         if key in GLOBAL_KEYS or key.endswith(".quant_type"):
+            continue
+        if is_alias(key):
+            target = aliased_key(key)
+            if target is None or description.get(target) != value:
+                why = (
+                    "no checkpoint key"
+                    if target is None
+                    else f"{target} ({description.get(target)!r})"
+                )
+                raise AscendV1Error(f"{key}: a vLLM prefix alias of {why}, typed {value!r}")
             continue
         if not isinstance(value, str):
             raise AscendV1Error(f"{key}: its quant type must be a string, got {value!r}")

@@ -1,6 +1,6 @@
 """The stand-in's ``torch_npu.npu`` (also ``torch.npu``): a machine with no NPU.
 
-See the package docstring for which MindIE-SD line each name satisfies.
+See the package docstring for which engine line each name satisfies.
 """
 
 from __future__ import annotations
@@ -80,3 +80,12 @@ class stream:  # (torch_npu.npu.stream is a context manager class, as torch.cuda
 
 def current_stream(device: Any = None) -> Stream:
     return Stream()
+
+
+class NPUGraph:  # (annotation only: vllm_ascend/compilation/acl_graph.py:57)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("torch_npu stand-in: no NPU, so no NPU graph")
+
+
+class ExternalEvent(Event):  # (annotation only: vllm_ascend/compilation/acl_graph.py:294)
+    pass
