@@ -72,6 +72,7 @@ from opsnn_quant.probe.measure import measure_modalities
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.checkpoint import save_quantized
+from opsnn_quant.quant.schemes import SCHEMES
 from opsnn_quant.recipe import Recipe
 from opsnn_quant.recipe_flags import recipe_yaml
 from opsnn_quant.recording import RecordedRoots, record_roots
@@ -437,14 +438,25 @@ def probe_phase(
         return Probed(ctx, probed)
     inputs = probe_inputs(ctx.recipe.model.source, data.probe)
     if estimators_optional(ctx.recipe, checked):
+        first = cfg if shard is not None else first_decision_config(cfg)
         with ctx.timed("probe"):
-            staged = start_probe(ctx.adapter, loop, cfg, progress=ctx.say, shard=shard)
+            staged = start_probe(ctx.adapter, loop, first, progress=ctx.say, shard=shard, full=cfg)
         return Probed(ctx, None, staged, inputs)
     with ctx.timed("probe"):
         probed = run_probe(ctx.adapter, loop, cfg, progress=ctx.say, shard=shard)
     done = Probed(ctx, None, inputs=inputs)
     done.settled(probed)
     return done
+
+
+def first_decision_config(cfg: ProbeConfig) -> ProbeConfig:
+    """Pass 1 of a measured search that decides first: the statistics of the naive baselines'
+    schemes only (the candidates measured before any estimate); the other schemes' observers
+    (GPTQ's K x K moments per module above all) are paid for only if the estimators run."""
+    schemes = cfg.schemes if cfg.schemes is not None else tuple(SCHEMES)
+    return dataclasses.replace(
+        cfg, schemes=tuple(s for s in schemes if s in NAIVE_SCHEMES.values())
+    )
 
 
 def estimators_optional(recipe: Recipe, checked: Checked) -> bool:

@@ -184,9 +184,15 @@ class StagedProbe:
     pass 1, and returns the whole result. Nothing runs twice.
     """
 
-    def __init__(self, run: ProbeRun, forward_loop: ForwardLoop, say: Callable[[str], None]):
+    def __init__(
+        self,
+        run: ProbeRun,
+        forward_loop: ForwardLoop,
+        say: Callable[[str], None],
+        full: ProbeConfig | None = None,
+    ):
         self._run: ProbeRun | None = run
-        self._loop, self._say = forward_loop, say
+        self._loop, self._say, self._full = forward_loop, say, full
         self._done: ProbeResult | None = None
 
     @property
@@ -212,10 +218,18 @@ class StagedProbe:
             RuntimeError: after :meth:`release`.
         """
         if self._done is None:
-            if self._run is None:
+            run = self._run
+            if run is None:
                 raise RuntimeError("StagedProbe.finish() after release()")
             with frozen_heap():
-                self._done = _estimate(self._run, self._loop, self._say)
+                if self._full is not None and self._full != run.cfg:
+                    # pass 1 ran with the first decision's schemes only: again with all of them
+                    self._say("probe pass 1 again, with the statistics of every candidate scheme")
+                    seconds = run.costs["pass1_seconds"]
+                    run = _start(run.adapter, self._full)
+                    run.costs["pass1_first_seconds"] = seconds
+                    run.costs["pass1_seconds"] = _pass_one(run, self._loop, None)
+                self._done = _estimate(run, self._loop, self._say)
         return self._done
 
     def release(self) -> None:
@@ -231,14 +245,31 @@ def start_probe(
     *,
     progress: Callable[[str], None] | None = None,
     shard: Shard | None = None,
+    full: ProbeConfig | None = None,
 ) -> StagedProbe:
-    """Pass 1 of :func:`run_probe` (see :class:`StagedProbe`): the rest runs only when asked."""
+    """Pass 1 of :func:`run_probe` (see :class:`StagedProbe`): the rest runs only when asked.
+
+    Args:
+        adapter, forward_loop: as :func:`run_probe`.
+        config: pass 1's configuration.
+        progress: as :func:`run_probe`.
+        shard: as :func:`run_probe`.
+        full: the configuration the estimators run with, when pass 1 gathers the statistics
+            of fewer schemes (those the first decision reads: GPTQ's K x K moments and the
+            other schemes' observers are then never paid for unless the estimators run; pass
+            1 runs again with ``full`` first). None: ``config``. Not with ``shard``.
+
+    Raises:
+        ConfigError: ``full`` with ``shard`` (the other processes' shares ran ``config``).
+    """
+    if full is not None and full != config and shard is not None:
+        raise ConfigError("start_probe: a full configuration other than pass 1's needs no shard")
     say = progress or (lambda msg: log.info("%s", msg))
     with frozen_heap():
         run = _start(adapter, config)
         say("probe pass 1: ranges, fp16/bf16 re-runs, calibration statistics")
         run.costs["pass1_seconds"] = _pass_one(run, forward_loop, shard)
-    return StagedProbe(run, forward_loop, say)
+    return StagedProbe(run, forward_loop, say, full)
 
 
 def _root_calls(run: ProbeRun) -> dict[str, list[Call]]:

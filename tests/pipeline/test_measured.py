@@ -49,7 +49,8 @@ def test_shapes_t2i_measured_search_dominates_the_baselines(tmp_path):
     _assert_dominates_the_baselines(result)
     # the baseline, measured on pass 1 alone, fails the bound: the estimators run then (once)
     assert not result.search.rounds[0].passed and result.search.skipped is None
-    assert SensitivityReport.load(tmp_path / "out" / "probe.json").not_estimated is None
+    report = SensitivityReport.load(tmp_path / "out" / "probe.json")
+    assert report.not_estimated is None and "w8a8_smoothquant" in report.config["schemes"]
     assert result.seconds["probe estimators"] > 0
     # ATC runs static activations only: one baseline, all-w8a8-minmax
     labels = [r.candidate.label for r in result.search.rounds]
@@ -79,6 +80,7 @@ def test_whisper_measured_search_dominates_the_baselines(tmp_path):
     report = SensitivityReport.load(tmp_path / "out" / "probe.json")
     assert report.not_estimated == result.search.skipped
     assert all(not m.w8a8 and m.e2e is None for m in report.modules)
+    assert report.config["schemes"] == ["w8a8", "w8a8_dynamic"]  # the baselines' statistics only
     assert "probe estimators" not in result.seconds
     policy = (tmp_path / "out" / "policy.yaml").read_text()
     assert "stopped there" in policy

@@ -182,3 +182,28 @@ def test_a_released_staged_probe_runs_no_estimator():
     staged.release()  # what pass 1 kept for the estimators is dropped
     with pytest.raises(RuntimeError, match="after release"):
         staged.finish()
+
+
+@pytest.mark.parametrize("spec", SEEDABLE[:3])
+def test_pass_one_of_the_baselines_schemes_seeds_what_pass_one_of_all_seeds(spec):
+    """A measured search's first pass 1 gathers the naive baselines' schemes only (issue 43):
+    their statistics are those of a pass 1 with every scheme, bit for bit; finishing runs pass 1
+    again with every scheme (full) before the estimators."""
+    float_model = Stepped()
+    full = ProbeConfig(fp16=False)
+    first = ProbeConfig(fp16=False, schemes=("w8a8", "w8a8_dynamic"))
+    said: list[str] = []
+    adapter = GenericAdapter(copy.deepcopy(float_model), {"": "denoiser"}, _sampling_loop)
+    staged = start_probe(adapter, _sampling_loop, first, progress=said.append, full=full)
+    cheap = staged.first("decided")
+    assert cheap.statistics["fc1"].moments is None  # no GPTQ moments gathered
+    whole = staged.finish()
+    assert "probe pass 1 again, with the statistics of every candidate scheme" in said
+    assert any(s.startswith("w8a8_gptq") for s in whole.report.module("fc1").w8a8)
+    states = [
+        quantize(
+            copy.deepcopy(float_model), {"fc*": spec}, _counting([]), statistics=s
+        ).state_dict()
+        for s in (cheap.statistics, whole.statistics)
+    ]
+    assert [k for k in states[0] if not torch.equal(states[0][k], states[1][k])] == []
