@@ -19,11 +19,11 @@ What this cannot check on a CPU: the torch_npu operators (the stand-in forwards 
 pinned to the NPU elsewhere: tests/ascend), and a full-model forward: the decoder's attention is
 vllm-ascend's ``AscendAttentionBackendImpl`` (NPU kernels on the NPU model runner's paged KV
 cache), so no decoding step, no transcript. The encoder does run through vLLM's own code (its
-attention is torch SDPA): compared with ours within bf16 rounding (vLLM runs it in bf16 end to
-end, ours keeps the float parts in fp32), not bit for bit. The dynamic export's encoder does not
-run: vllm-ascend's W8A8_DYNAMIC ``apply`` (``w8a8_dynamic.py:82-121``) passes the encoder's 3-D
-activations' per-token scale as (batch, tokens), which torch_npu's documented
-``npu_quant_matmul`` (1-D, M elements; our reference) refuses: to be confirmed on a device.
+attention is torch SDPA): the static export's equals our quantized encoder in bf16 bit for bit.
+The dynamic export's encoder does not run: vllm-ascend's W8A8_DYNAMIC ``apply``
+(``w8a8_dynamic.py:82-121``) passes the per-token scale of the encoder's 3-D activations as
+(batch, tokens), which torch_npu's documented ``npu_quant_matmul`` (1-D, M elements; our
+reference) refuses: to be confirmed on a device.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file, save_file
 
 from opsnn_quant.deploy.vllm_prefixes import aliased_key, is_alias
@@ -47,6 +48,7 @@ from opsnn_quant.models import load_adapter
 from opsnn_quant.models.data import load_records
 from opsnn_quant.quant.checkpoint import load_quantized
 from opsnn_quant.quant.modules import is_quant_module
+from opsnn_quant.recipe import builtin_recipes
 from tests._deps import needs_espeak
 
 pytestmark = needs_espeak  # the zoo's calibration speech is generated with espeak-ng
@@ -94,11 +96,15 @@ def _hf_tensor(vllm_param: str) -> str:
 
 
 def _calibrate(tmp: Path) -> dict[str, Path]:
-    """Both exports, as a user writes them (the zoo recipe, one calibration utterance), at once."""
+    """Both exports, as a user writes them (the zoo recipe; one calibration and one held-out
+    utterance, to keep CI short), at once."""
+    recipe = yaml.safe_load(builtin_recipes()["whisper-tiny-en"].read_text())
+    recipe["data"] |= {"limit": 1, "holdout_limit": 1}
+    (tmp / "whisper-tiny-en.yaml").write_text(yaml.safe_dump(recipe))
     procs = {}
     for name, strategy in STRATEGIES.items():
-        cmd = [sys.executable, "-m", "opsnn_quant", "calibrate", "whisper-tiny-en", "--strategy",
-               strategy, "--limit", "1", "-q", "-o", str(tmp / name)]  # fmt: skip
+        cmd = [sys.executable, "-m", "opsnn_quant", "calibrate", str(tmp / "whisper-tiny-en.yaml"),
+               "--strategy", strategy, "-q", "-o", str(tmp / name)]  # fmt: skip
         procs[name] = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
@@ -111,7 +117,8 @@ def _calibrate(tmp: Path) -> dict[str, Path]:
 def _ours(outs: dict[str, Path]) -> SimpleNamespace:
     """Our quantized models (the float zoo model + each OUT/quant) and the static one run on one
     held-out utterance: each quantized module's input rows (bf16: the params dtype; the same
-    rows feed both exports' modules), the encoder's features and output."""
+    rows feed both exports' modules), the utterance's features and our encoder's output on them
+    in bf16."""
     adapter = load_adapter("whisper", "zoo:whisper-tiny.en", batch_size=1, max_new_tokens=4)
     float_model = copy.deepcopy(adapter.model)
     models = {
@@ -127,19 +134,30 @@ def _ours(outs: dict[str, Path]) -> SimpleNamespace:
         )
         for n, m in model.named_modules() if is_quant_module(m)
     ]  # fmt: skip
-    enc: dict[str, torch.Tensor] = {}
-    encoder = model.model.encoder
-    hooks.append(encoder.register_forward_hook(
-        lambda m, args, kwargs, y: enc.setdefault("y", y.last_hidden_state[0]), with_kwargs=True
-    ))  # fmt: skip
     records = load_records("zoo:speech/eval", 1)
     features = adapter.features(adapter.evaluation_inputs(records))
     with torch.no_grad():
         adapter.forward_loop(records)(model)
-    for h in hooks:
-        h.remove()
+        for h in hooks:
+            h.remove()
+        # the encoder as vLLM runs it: every float parameter in the model dtype (bf16)
+        encoded = _in_bf16(copy.deepcopy(model)).model.encoder(features.to(BF16)).last_hidden_state
     inputs = {n: torch.cat(r)[:ROWS].to(BF16) for n, r in rows.items()}
-    return SimpleNamespace(models=models, inputs=inputs, features=features[0], encoder=enc["y"])
+    return SimpleNamespace(models=models, inputs=inputs, features=features[0], encoder=encoded[0])
+
+
+def _in_bf16(model: torch.nn.Module) -> torch.nn.Module:
+    """The float modules' parameters and buffers in bfloat16 (``set_default_torch_dtype`` of the
+    model dtype while vLLM builds the model, the loader's ``copy_`` casts into them); the
+    quantized modules' tensors stay as frozen."""
+    for module in model.modules():
+        if not is_quant_module(module):
+            for p in module.parameters(recurse=False):
+                p.data = p.data.to(BF16)
+            for name, b in module.named_buffers(recurse=False):
+                if b.is_floating_point():
+                    setattr(module, name, b.to(BF16))
+    return model
 
 
 def _job_inputs(ours: SimpleNamespace, layers: list[str]) -> dict[str, torch.Tensor]:
@@ -349,16 +367,16 @@ def test_the_tied_head_is_float_and_the_embedding_intact(engine_run, name):
     assert torch.equal(logits, torch.nn.functional.linear(hidden, ours))
 
 
-def test_the_encoder_runs_through_the_engine_close_to_ours(engine_run):
-    """The static export's encoder, run by vLLM's own Whisper encoder (conv, positions, torch
-    SDPA attention, vllm-ascend's quantized Linears) on one utterance's features, is ours within
-    bf16 rounding (not bit for bit: vLLM runs every float op in bf16, ours in fp32)."""
+def test_the_encoder_runs_through_the_engine_as_ours_bit_for_bit(engine_run):
+    """The static export's encoder, run by vLLM's own Whisper encoder (``embed_multimodal``:
+    conv, positions, torch SDPA attention, vllm-ascend's quantized Linears) on one utterance's
+    features, is our quantized encoder's output in bf16 (its float parts in the model dtype, as
+    vLLM's are), bit for bit."""
     case = engine_run.cases["static"]
     assert "encoder_error" not in case.result, case.result.get("encoder_error")
-    theirs, ours = case.engine["encoder"].float(), case.ours.encoder.float()
-    assert theirs.shape == ours.shape == (1500, 384)
-    cos = torch.nn.functional.cosine_similarity(theirs.flatten(), ours.flatten(), dim=0)
-    assert cos > 0.99, cos
+    theirs, ours = case.engine["encoder"], case.ours.encoder
+    assert theirs.shape == ours.shape == (1500, 384) and theirs.dtype == ours.dtype == BF16
+    assert torch.equal(theirs, ours), (theirs.float() - ours.float()).abs().max()
 
 
 def test_the_dynamic_encoder_passes_a_per_token_scale_the_op_refuses(engine_run):
