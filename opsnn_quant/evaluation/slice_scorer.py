@@ -8,6 +8,7 @@ the user's bounds with :func:`~.runner.verdict`, the rule the acceptance report 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -17,9 +18,20 @@ from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.evaluate import QualityInputs, apply_generation, generate_outputs
 from opsnn_quant.evaluation.report import Criterion
 from opsnn_quant.evaluation.runner import THRESHOLDS, verdict
+from opsnn_quant.evaluation.sequential import (
+    ALPHA,
+    Rate,
+    delta_interval,
+    early_verdict,
+    looks,
+    utterance_errors,
+)
 from opsnn_quant.evaluation.suite import Suite
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.thresholds import Thresholds
+
+# The bounds a speech slice can decide early (:mod:`.sequential`): each a delta of a rate.
+SEQUENTIAL: dict[str, Rate] = {"wer_delta_max_points": "wer", "cer_delta_max_points": "cer"}
 
 # Per task, the measured figure of closeness to the float model's outputs, and its direction:
 # the words that differ from the float transcripts; the median PSNR against the float images.
@@ -47,13 +59,15 @@ class SliceScore:
     criteria: list[Criterion]
     passed: bool
     quality: tuple[float, ...]
+    early: str | None = None  # how the verdict was reached before the whole slice
 
     def describe(self) -> str:
         """The bounds' figures in one phrase, e.g. ``wer_delta_points +0.42 (<= 0.5)``."""
-        return ", ".join(
+        figures = ", ".join(
             f"{c.measured_key} {_figure(c.measured_key, c.value)} ({c.comparator} {c.threshold:g})"
             for c in self.criteria
         )
+        return f"{figures}; {self.early}" if self.early else figures
 
 
 def _figure(key: str, value: float | None) -> str:
@@ -108,13 +122,78 @@ class SliceScorer:
         return len(self.inputs.inputs)
 
     def score(self, candidate: ModelAdapter) -> SliceScore:
-        """``candidate``'s figures on the slice, judged against the bounds."""
+        """``candidate``'s figures on the slice, judged against the bounds; a speech slice
+        whose bounds are all WER/CER deltas is transcribed in groups and its measurement ends
+        as soon as the delta's interval decides every bound (:mod:`.sequential`)."""
         apply_generation(candidate, self.suite)
-        outputs = generate_outputs(candidate, self.suite, self.inputs.inputs)
-        measured = self.inputs.quality(self.baseline, outputs).measured
+        rates = self._sequential_rates()
+        ends = looks(self.size) if rates else [self.size]
+        outputs: list[Any] = []
+        for end in ends:
+            outputs += generate_outputs(
+                candidate, self.suite, self.inputs.inputs[len(outputs) : end]
+            )
+            if end < self.size and rates:
+                early = self._early(candidate, outputs, rates, level=1 - ALPHA / (len(ends) - 1))
+                if early is not None:
+                    return early
+        return self._judge(candidate, self.inputs, self.baseline, outputs)
+
+    def _judge(
+        self,
+        candidate: ModelAdapter,
+        inputs: QualityInputs,
+        baseline: list[Any],
+        outputs: list[Any],
+    ) -> SliceScore:
+        measured = inputs.quality(baseline, outputs).measured
         rows = verdict(self.judged, measured, quality_backend=backend_label(candidate.device))
         passed = all(r.status == "PASS" for r in rows)
         return SliceScore(measured, rows, passed, _quality(rows, measured, self.suite.task))
+
+    def _sequential_rates(self) -> dict[str, tuple[Rate, float]]:
+        """Bound name -> (rate, bound) when every bound is a WER/CER delta on a speech slice
+        (the figures a paired interval is computed for); empty otherwise."""
+        if self.suite.task != "asr":
+            return {}
+        bounds = self.judged.metrics.thresholds
+        names = bounds.set_names()
+        if not names or not names <= set(SEQUENTIAL):
+            return {}
+        return {n: (SEQUENTIAL[n], float(getattr(bounds, n))) for n in sorted(names)}
+
+    def _early(
+        self,
+        candidate: ModelAdapter,
+        outputs: list[Any],
+        rates: dict[str, tuple[Rate, float]],
+        level: float,
+    ) -> SliceScore | None:
+        """The score on the first ``len(outputs)`` utterances if their intervals decide every
+        bound (a FAIL decides alone), else None."""
+        n = len(outputs)
+        refs, base = self.inputs.references[:n], self.baseline[:n]
+        decided, spans = [], []
+        for name, (rate, bound) in rates.items():
+            delta, low, high = delta_interval(
+                utterance_errors(refs, base, rate), utterance_errors(refs, outputs, rate), level
+            )
+            decided.append(early_verdict(low, high, bound))
+            spans.append(
+                f"{name.replace('_max_points', '')} {delta:+.3g} [{low:+.3g}, {high:+.3g}]"
+            )
+        if False not in decided and None in decided:
+            return None
+        part = dataclasses.replace(
+            self.inputs, records=self.inputs.records[:n], inputs=self.inputs.inputs[:n],
+            references=refs,
+        )  # fmt: skip
+        score = self._judge(candidate, part, base, outputs)
+        note = (
+            f"decided after {n} of {self.size} utterances: {', '.join(spans)} "
+            f"({level:.1%} paired bootstrap)"
+        )
+        return dataclasses.replace(score, passed=False not in decided, early=note)
 
 
 def _quality(
