@@ -343,6 +343,7 @@ def _tiny_dit_recipe(row: str, work: Path, args: argparse.Namespace) -> dict[str
 
 def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
     """Run one row (in this process): float pass, then calibrate, with times and peak RSS."""
+    _first_to_go()
     from opsnn_quant.ascend.gemm_path import ENV, describe
     from opsnn_quant.ascend.matmul import gemm_choice
     from opsnn_quant.determinism import set_reproducible
@@ -422,6 +423,16 @@ def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
     if "@" in row:
         out["width"] = width_model(row, Path(args.workdir))[1]
     return out
+
+
+def _first_to_go() -> None:
+    """Make this process the one the kernel's OOM killer picks first: a row that does not fit
+    the machine's memory fails alone (its row says so), never another process on the machine."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
 
 
 def _resolved(source: str) -> str:
@@ -523,7 +534,9 @@ def ensure_peer_venv(venv: Path) -> Path:
         [str(python), "-m", "pip", "install", "-q", *pins[1:]],
     ]
     for cmd in steps:
-        subprocess.run(cmd, check=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stdout}{proc.stderr}")
     marker.write_text(spec)
     return python
 
@@ -591,12 +604,14 @@ def _float_pass_seconds(recipe: Any, data: Any) -> float:
 
 
 def _phase_key(msg: str) -> str:
+    # "measure": the measured search (budget.metric's float slice and its candidates)
     for key, needle in (("export", "for the ATC graphs"), ("export", "for the exports"),
                         ("load", "loading"), ("pass 1", "pass 1"), ("alpha search", "SmoothQuant"),
                         ("pass 2", "pass 2"), ("attribution", "end-to-end"),
-                        ("measure", "measuring"), ("holdout", "held-out data"),
-                        ("quantize", "quantiz"), ("quantize", "calibration"),
-                        ("export", "exporting"), ("policy", "policy")):  # fmt: skip
+                        ("holdout", "held-out data"), ("measure", "measuring"),
+                        ("measure", "budget.metric"), ("quantize", "quantiz"),
+                        ("quantize", "calibration"), ("export", "exporting"),
+                        ("policy", "policy"), ("policy", "skipped")):  # fmt: skip
         if needle in msg:
             return key
     return msg
@@ -659,7 +674,7 @@ def main() -> None:
             out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # stderr: the phases
             lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
             if out.returncode != 0 or not lines:
-                why = "killed (out of memory?)" if out.returncode in (-9, 137) else "error above"
+                why = "killed: out of memory?" if out.returncode in (-9, 137) else "error above"
                 print(f"{row} ({gemm}): failed (exit {out.returncode}, {why})", flush=True)
                 rows.append({"row": row, "gemm_mode": gemm, "failed": out.returncode})
                 continue
