@@ -54,7 +54,7 @@ MaxMemoryOpt = Annotated[
         "whose floor exceeds it are refused before loading [default: what is free]",
     ),
 ]
-FAIL_EXIT = 3
+FAIL_EXIT = 3  # --evaluate's FAIL; INCONCLUSIVE exits 4 (as evaluate: verdict_exit_code)
 
 
 def _summary_table(name: str, target: str, result: CalibrateResult) -> _ui.Table:
@@ -155,7 +155,10 @@ def calibrate(
     ] = "opsnn",
     evaluate: Annotated[
         str | None,
-        typer.Option("--evaluate", help="acceptance suite to run after (exit 3 on FAIL)"),
+        typer.Option(
+            "--evaluate",
+            help="acceptance suite to run after (exit 3 on FAIL, 4 on INCONCLUSIVE)",
+        ),
     ] = None,
     strategy: Annotated[
         str | None,
@@ -288,7 +291,9 @@ def calibrate(
     if result.verdict is not None:
         typer.echo(f"acceptance ({evaluate}): {result.verdict}; report in {out}/report/")
         if result.verdict != "PASS":
-            raise typer.Exit(FAIL_EXIT)
+            from opsnn_quant.evaluation.report_schema import verdict_exit_code
+
+            raise typer.Exit(verdict_exit_code(result.verdict))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -80,13 +80,21 @@ def evaluate_cmd(
         ),
     ] = None,
 ) -> None:
-    """Run baseline and candidate on the suite; write report.{json,md,html}. Exit 0 PASS, 3 FAIL.
+    """Run baseline and candidate on the suite; write report.{json,md,html}. Exit 0 PASS, 3
+    FAIL, 4 INCONCLUSIVE.
+
+    Each quality figure (but FD) carries its paired bootstrap interval (the suite's
+    metrics.confidence, 95% by default): a criterion passes when the whole interval meets its
+    threshold, fails when none of it does, and is INCONCLUSIVE otherwise, with about how many
+    samples would decide it. Verdict: FAIL if any criterion fails, else INCONCLUSIVE if any
+    is, else PASS.
 
     Under torchrun (or with --nproc) the suite's requests are shared by rank; rank 0 writes.
     """
     import dataclasses
 
     from opsnn_quant import distributed as dist
+    from opsnn_quant.evaluation.render import interval_text
     from opsnn_quant.evaluation.report import fmt
     from opsnn_quant.pipeline.evaluate import check_evaluate, run_evaluate
 
@@ -111,9 +119,11 @@ def evaluate_cmd(
         dist.finish_world()
     if not quiet:
         for c in report.criteria:
+            ci = interval_text(c)
             _ui.console.print(
-                f"{c.status:10} {c.label} [{c.backend}]: {fmt(c.value)} "
-                f"(threshold {c.comparator} {fmt(c.threshold)})"
+                f"{c.status:12} {c.label} [{c.backend}]: {fmt(c.value)} "
+                + ("" if ci == "-" else f"{ci} n={c.n} ")
+                + f"(threshold {c.comparator} {fmt(c.threshold)})"
                 + (f"; {c.note}" if c.note else ""),
                 markup=False,
             )

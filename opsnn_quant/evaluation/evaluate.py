@@ -370,13 +370,16 @@ class QualityInputs:
         baseline: list[Any],
         candidate: list[Any],
         extracted: tuple[torch.Tensor, torch.Tensor] | None = None,
+        confidence: float | None = None,
     ) -> QualityResult:
         """The suite's quality metrics of ``candidate``'s outputs against ``baseline``'s
-        (``extracted``: both sets' FD features, when the ranks extracted them already)."""
+        (``extracted``: both sets' FD features, when the ranks extracted them already;
+        ``confidence``: with their paired bootstrap intervals at this level, by utterance or
+        prompt, see :mod:`.intervals`)."""
         from opsnn_quant.evaluation.runner import asr_quality, t2i_quality
 
         if self.suite.task != "t2i":
-            return asr_quality(self.references, baseline, candidate)
+            return asr_quality(self.references, baseline, candidate, confidence=confidence)
         n = len(self.inputs)
         return t2i_quality(
             baseline,
@@ -387,6 +390,8 @@ class QualityInputs:
             fid_features=self.features,
             reference_images=_reference_images(self.suite, self.records),
             extracted=extracted,
+            confidence=confidence,
+            prompts_count=n,
         )
 
     def shared_features(
@@ -446,7 +451,8 @@ def _generate(
     # and features (FD over all features, not a mean of ranks')
     world = current_world()
     extracted = metrics.shared_features(world, base_out, cand_out)
-    quality = world.from_main(lambda: metrics.quality(base_out, cand_out, extracted))
+    level = suite.metrics.confidence
+    quality = world.from_main(lambda: metrics.quality(base_out, cand_out, extracted, level))
     times["baseline outputs"], times["candidate outputs"] = t2 - t1, t3 - t2
     times["quality metrics"] = (t1 - t0) + (time.perf_counter() - t3)  # with loading them
     batch = metrics.inputs[: suite.generation.batch_size]

@@ -22,6 +22,7 @@ from opsnn_quant.evaluation.fid import (
 )
 from opsnn_quant.evaluation.image_similarity import pair_similarities, summarize
 from opsnn_quant.evaluation.images import ImageBatch
+from opsnn_quant.evaluation.intervals import Interval, asr_intervals, image_intervals
 from opsnn_quant.evaluation.report import ImagePairRow, QualityRow, TranscriptRow
 from opsnn_quant.evaluation.wer import agreement_wer, error_rates, utterance_rows
 
@@ -35,6 +36,9 @@ class QualityResult(BaseModel):
         quality: Table rows.
         image_pairs / transcripts: Worst first.
         notes: Caveats to print (sample counts, feature spaces).
+        intervals: Measured key -> its paired bootstrap interval (:mod:`.intervals`), when
+            asked for (``confidence``; None: not asked); a set statistic (FD) has none.
+        samples: Utterances or prompts the figures come from.
     """
 
     measured: dict[str, float | None] = Field(default_factory=dict)
@@ -43,6 +47,8 @@ class QualityResult(BaseModel):
     image_pairs: list[ImagePairRow] = Field(default_factory=list)
     transcripts: list[TranscriptRow] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    intervals: dict[str, Interval] | None = None
+    samples: int | None = None
 
 
 # A baseline output that says nothing: an image flatter than this (std of its uint8 values), or
@@ -81,6 +87,8 @@ def t2i_quality(
     reference_images: ImageBatch | None = None,
     batch_size: int = FEATURE_BATCH,
     extracted: tuple[torch.Tensor, torch.Tensor] | None = None,
+    confidence: float | None = None,
+    prompts_count: int | None = None,
 ) -> QualityResult:
     """Quality of candidate images against baseline images (same prompts and seeds).
 
@@ -96,6 +104,10 @@ def t2i_quality(
         extracted: the baseline's and the candidate's features, already extracted with
             ``fid_features`` (a distributed run's, each rank its share: see
             :func:`opsnn_quant.evaluation.evaluate.shared_features`).
+        confidence: Also each figure's paired bootstrap interval at this level
+            (:func:`~.intervals.image_intervals`); None: none (a measured search's slice).
+        prompts_count: Distinct prompts, each with one image per seed in seed-major order
+            (the resampling unit); default: every image its own prompt.
 
     Raises:
         InputError: Counts of images, prompts and seeds disagree.
@@ -130,6 +142,15 @@ def t2i_quality(
             extract_features(candidate_images, module, batch_size),
         )
         _fid(out, fb, fc, reference_images, module, batch_size)
+    units = prompts_count or len(pairs)
+    out.samples = units
+    if confidence is not None:
+        both = clip is not None
+        out.intervals = image_intervals(
+            [p.psnr_db for p in pairs], [p.ssim for p in pairs], units, confidence,
+            clip_baseline=[float(x or 0.0) for x in clip_b] if both else None,
+            clip_candidate=[float(x or 0.0) for x in clip_c] if both else None,
+        )  # fmt: skip
     order = sorted(range(len(pairs)), key=lambda i: (pairs[i].psnr_db, pairs[i].ssim, i))
     out.image_pairs = [
         ImagePairRow(index=i, prompt=str(prompts[i]), seed=None if seeds is None else int(seeds[i]),
@@ -194,11 +215,13 @@ def asr_quality(
     *,
     normalize: bool = True,
     max_rows: int | None = 50,
+    confidence: float | None = None,
 ) -> QualityResult:
     """WER/CER of both models against references, agreement WER, worst-first transcript rows.
 
     Rates are reported in points (percent) in ``measured``: ``wer_delta_points`` = 100 x
-    (WER candidate - WER baseline).
+    (WER candidate - WER baseline). ``confidence``: also their paired bootstrap intervals at
+    this level (:func:`~.intervals.asr_intervals`); None: none (a measured search's slice).
     """
     eb = error_rates(references, baseline_texts, normalize)
     ec = error_rates(references, candidate_texts, normalize)
@@ -219,6 +242,11 @@ def asr_quality(
                    delta=100 * (ec.cer - eb.cer), unit="%", note=f"{eb.ref_chars} reference chars"),
         QualityRow(metric="agreement WER (candidate vs baseline)", candidate=100 * agree, unit="%"),
     ]  # fmt: skip
+    out.samples = len(references)
+    if confidence is not None:
+        out.intervals = asr_intervals(
+            references, baseline_texts, candidate_texts, confidence, normalize=normalize
+        )
     rows = utterance_rows(references, baseline_texts, candidate_texts, normalize)
     out.transcripts = rows[:max_rows]
     out.notes.append(f"WER after Whisper English normalisation; {len(rows)} utterances"

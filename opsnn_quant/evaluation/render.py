@@ -27,6 +27,7 @@ from opsnn_quant.evaluation.plots import latency_chart, pair_strip, sensitivity_
 from opsnn_quant.evaluation.report_schema import (
     SENSITIVITY_NOTE,
     SENSITIVITY_UNIT,
+    Criterion,
     ReportSchema,
     TranscriptRow,
     fmt,
@@ -109,6 +110,27 @@ def _latency_lines(r: ReportSchema) -> list[str]:
     return lines
 
 
+def interval_text(c: Criterion) -> str:
+    """A criterion's interval as ``[low, high] (95%)``; ``-`` when it has none."""
+    if c.ci_low is None or c.ci_high is None:
+        return "-"
+    level = "" if c.ci_level is None else f" ({100 * c.ci_level:g}%)"
+    return f"[{fmt(c.ci_low)}, {fmt(c.ci_high)}]{level}"
+
+
+def _interval_lines(r: ReportSchema) -> list[str]:
+    """How the intervals were made and judged, when the report has any."""
+    if not any(c.ci_low is not None for c in r.criteria):
+        return []
+    return [
+        "interval: paired percentile bootstrap over the n utterances or prompts (baseline and "
+        "candidate resampled together; WER/CER as corpus ratios within each resample; seeded)",
+        "PASS: the whole interval meets the threshold; FAIL: none of it does; INCONCLUSIVE: "
+        "it straddles the threshold (more samples would decide it); a criterion without an "
+        "interval is judged on its value",
+    ]
+
+
 def world_line(world: dict[str, Any]) -> str:
     """One line for a distributed run: processes, hosts, backend, each rank's device."""
     devices = ", ".join(f"rank {i} {d}" for i, d in enumerate(world.get("devices", [])))
@@ -124,9 +146,10 @@ def _sections(r: ReportSchema) -> list[Section]:
     if r.criteria:
         out.append(Section(
             "Acceptance criteria",
-            ["criterion", "backend", "value", "threshold", "status", "note"],
-            [[c.label, c.backend or "-", fmt(c.value), f"{c.comparator} {fmt(c.threshold)}",
-              c.status, c.note] for c in r.criteria],
+            ["criterion", "backend", "value", "interval", "n", "threshold", "status", "note"],
+            [[c.label, c.backend or "-", fmt(c.value), interval_text(c), _cell(c.n),
+              f"{c.comparator} {fmt(c.threshold)}", c.status, c.note] for c in r.criteria],
+            _interval_lines(r),
         ))  # fmt: skip
     if r.quality:
         out.append(Section(
@@ -341,10 +364,11 @@ _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;background:#fff}
 h1 .PASS{color:#fff;background:#2a8a3a;padding:2px 10px;border-radius:4px}
 h1 .FAIL{color:#fff;background:#c62828;padding:2px 10px;border-radius:4px}
+h1 .INCONCLUSIVE{color:#fff;background:#b26a00;padding:2px 10px;border-radius:4px}
 table{border-collapse:collapse;margin:8px 0 20px;font-size:13px}
 th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f0f3f7} td.PASS{color:#2a8a3a;font-weight:bold} td.FAIL{color:#c62828;font-weight:bold}
-td.NOT-JUDGED{color:#777} img{max-width:100%} figure{margin:8px 0 16px}
+td.INCONCLUSIVE{color:#b26a00;font-weight:bold} td.NOT-JUDGED{color:#777} img{max-width:100%} figure{margin:8px 0 16px}
 del{background:#fdd;text-decoration:line-through} ins{background:#dfd;text-decoration:none}
 .notes li,.lines li{color:#555}
 .pairs{display:flex;flex-wrap:wrap;gap:12px} .pairs figure{margin:0;width:280px}

@@ -16,6 +16,7 @@ from opsnn_quant.evaluation.images import ImageBatch
 from opsnn_quant.evaluation.render import write_report
 from opsnn_quant.evaluation.report_schema import (
     EXIT_FAIL,
+    EXIT_INCONCLUSIVE,
     EXIT_PASS,
     NOT_JUDGED,
     NOTHING_JUDGED_NOTE,
@@ -31,14 +32,17 @@ from opsnn_quant.evaluation.report_schema import (
     SensitivityRow,
     Status,
     TranscriptRow,
+    Verdict,
     exit_code,
     fmt,
     overall_verdict,
     sensitivity_rows,
+    verdict_exit_code,
 )
 
 __all__ = [
     "EXIT_FAIL",
+    "EXIT_INCONCLUSIVE",
     "EXIT_PASS",
     "NOTHING_JUDGED_NOTE",
     "NOT_JUDGED",
@@ -54,10 +58,12 @@ __all__ = [
     "SensitivityRow",
     "Status",
     "TranscriptRow",
+    "Verdict",
     "exit_code",
     "fmt",
     "overall_verdict",
     "sensitivity_rows",
+    "verdict_exit_code",
 ]
 
 

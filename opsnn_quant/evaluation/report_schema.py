@@ -27,11 +27,16 @@ if TYPE_CHECKING:
     from opsnn_quant.probe.report import SensitivityReport
 
 # 2: criteria carry their backend; NOT JUDGED replaces INFO; target and latency_* fields.
-REPORT_SCHEMA_VERSION = 2
+# 3: criteria carry their interval (ci_low, ci_high, ci_level, n, samples_to_decide); the
+#    INCONCLUSIVE status and verdict. A version 2 report is a version 3 one without them: read.
+REPORT_SCHEMA_VERSION = 3
+READABLE_SCHEMA_VERSIONS = (2, 3)
 EXIT_PASS = 0
 EXIT_FAIL = 3
+EXIT_INCONCLUSIVE = 4
 
-Status = Literal["PASS", "FAIL", "NOT JUDGED"]
+Status = Literal["PASS", "FAIL", "INCONCLUSIVE", "NOT JUDGED"]
+Verdict = Literal["PASS", "FAIL", "INCONCLUSIVE"]
 NOT_JUDGED: Status = "NOT JUDGED"
 NOTHING_JUDGED_NOTE = (
     "no criterion could be judged on this machine (every one is NOT JUDGED): the verdict is FAIL"
@@ -54,11 +59,20 @@ class Criterion(ReportModel):
         value: The measured value (None: not measured, which fails).
         threshold: The suite's bound.
         comparator: ``<=`` or ``>=`` (value comparator threshold passes).
-        status: PASS, FAIL or NOT JUDGED (reported, not counted: a latency figure from a
-            backend that is not the policy target's, see :mod:`.gate`).
+        status: PASS, FAIL, INCONCLUSIVE or NOT JUDGED (reported, not counted: a latency
+            figure from a backend that is not the policy target's, see :mod:`.gate`). With an
+            interval, PASS when all of ``[ci_low, ci_high]`` meets the threshold, FAIL when none
+            of it does, else INCONCLUSIVE; without one, the value decides PASS or FAIL.
         backend: Where the value was measured (``cpu-reference``, ``cpu-onnxruntime``, ``npu``);
             for a figure not measured, where it would have been.
         note: Why NOT JUDGED / FAIL, or which backend a latency criterion is judged on.
+        ci_low, ci_high: The value's paired bootstrap interval (:mod:`.intervals`); None for a
+            figure with no per-sample decomposition (FD) or a latency ratio.
+        ci_level: The interval's confidence (the suite's ``metrics.confidence``).
+        n: Samples the value comes from (utterances or prompts); None for latency ratios.
+        samples_to_decide: INCONCLUSIVE only: about how many samples would decide it, by the
+            1/sqrt(n) shrinking of the interval (None: the interval is centred on the
+            threshold).
     """
 
     key: str
@@ -70,6 +84,11 @@ class Criterion(ReportModel):
     status: Status
     backend: str = ""
     note: str = ""
+    ci_low: float | None = None
+    ci_high: float | None = None
+    ci_level: float | None = None
+    n: int | None = None
+    samples_to_decide: int | None = None
 
 
 class QualityRow(ReportModel):
@@ -192,7 +211,7 @@ class ReportSchema(ReportModel):
     baseline_label: str = "baseline"
     candidate_label: str = "candidate"
     created: str = ""
-    verdict: Literal["PASS", "FAIL"]
+    verdict: Verdict
     target: str | None = None
     criteria: list[Criterion] = Field(default_factory=list)
     backends: dict[str, str] = Field(default_factory=dict)
@@ -235,7 +254,7 @@ class ReportSchema(ReportModel):
     @field_validator("schema_version")
     @classmethod
     def _known_version(cls, v: int) -> int:
-        if v != REPORT_SCHEMA_VERSION:
+        if v not in READABLE_SCHEMA_VERSIONS:
             raise ValueError(
                 f"report schema_version {v} is not supported (expected {REPORT_SCHEMA_VERSION})"
             )
@@ -243,7 +262,7 @@ class ReportSchema(ReportModel):
 
     @property
     def exit_code(self) -> int:
-        """0 when the verdict is PASS, 3 when it is FAIL."""
+        """0 when the verdict is PASS, 3 when it is FAIL, 4 when it is INCONCLUSIVE."""
         return exit_code(self)
 
     def to_json(self) -> str:
@@ -261,13 +280,19 @@ class ReportSchema(ReportModel):
         return load_json_model(cls, path)
 
 
+def verdict_exit_code(verdict: str) -> int:
+    """The exit code of a verdict: 0 PASS, 3 FAIL, 4 INCONCLUSIVE."""
+    return {"PASS": EXIT_PASS, "INCONCLUSIVE": EXIT_INCONCLUSIVE}.get(verdict, EXIT_FAIL)
+
+
 def exit_code(report: ReportSchema) -> int:
-    """Process exit code of ``opsnn-quant evaluate``: 0 PASS, 3 FAIL."""
-    return EXIT_PASS if report.verdict == "PASS" else EXIT_FAIL
+    """Process exit code of ``opsnn-quant evaluate``: 0 PASS, 3 FAIL, 4 INCONCLUSIVE."""
+    return verdict_exit_code(report.verdict)
 
 
-def overall_verdict(criteria: list[Criterion]) -> Literal["PASS", "FAIL"]:
-    """PASS when every judged criterion passed; NOT JUDGED rows do not count.
+def overall_verdict(criteria: list[Criterion]) -> Verdict:
+    """FAIL when a judged criterion FAILED, else INCONCLUSIVE when one is INCONCLUSIVE, else
+    PASS; NOT JUDGED rows do not count.
 
     A suite that sets thresholds none of which could be judged here FAILS: a gate that judged
     nothing has not let anything through. No thresholds at all: PASS (nothing was asked).
@@ -275,7 +300,9 @@ def overall_verdict(criteria: list[Criterion]) -> Literal["PASS", "FAIL"]:
     judged = [c for c in criteria if c.status != NOT_JUDGED]
     if criteria and not judged:
         return "FAIL"
-    return "FAIL" if any(c.status == "FAIL" for c in judged) else "PASS"
+    if any(c.status == "FAIL" for c in judged):
+        return "FAIL"
+    return "INCONCLUSIVE" if any(c.status == "INCONCLUSIVE" for c in judged) else "PASS"
 
 
 def sensitivity_rows(report: SensitivityReport, top: int | None = None) -> list[SensitivityRow]:

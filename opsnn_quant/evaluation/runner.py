@@ -27,6 +27,7 @@ from opsnn_quant.evaluation.gate import (
     latency_note,
     pick_source,
 )
+from opsnn_quant.evaluation.intervals import NO_INTERVAL_NOTE, Interval, judge
 from opsnn_quant.evaluation.latency import LatencyResult
 from opsnn_quant.evaluation.ort_speed import OrtSpeedResult
 from opsnn_quant.evaluation.profile import ModuleTimeRow, StabilityResult, StageRow
@@ -95,6 +96,8 @@ def verdict(
     quality_backend: str = "",
     target: Target | None = None,
     unmeasured_why: str = "",
+    intervals: Mapping[str, Interval] | None = None,
+    samples: int | None = None,
 ) -> list[Criterion]:
     """One criterion row per threshold the suite sets, each naming the backend of its figure.
 
@@ -103,12 +106,20 @@ def verdict(
     own backends (:func:`~.gate.judged_backends`); elsewhere they are NOT JUDGED and the note
     says why.
 
+    With ``intervals`` (the acceptance report's), a quality figure that has one is judged on
+    it (:func:`~.intervals.judge`: PASS, FAIL or INCONCLUSIVE); one without (FD) keeps the
+    point-estimate rule and says so. Without ``intervals`` (the default, as the measured
+    search's :class:`~.slice_scorer.SliceScorer` calls it, which has its own sequential
+    interval logic) every figure is judged on its point estimate: PASS or FAIL only.
+
     Args:
         latency_backend: Where the latency/memory ratios were (or would have been) measured.
         labels: Measured key -> row label (e.g. FD instead of FID).
         quality_backend: Where the quality figures were measured (the candidate's backend).
         target: The policy's target; None: unknown, so no latency criterion is judged.
         unmeasured_why: Appended to "not measured" for latency rows (e.g. ``--latency none``).
+        intervals: Measured key -> its bootstrap interval; None: point estimates only.
+        samples: Samples the quality figures come from (the rows' ``n``).
     """
     labels = labels or {}
     judged = judged_backends(target, suite.latency.enforce_backends)
@@ -124,20 +135,44 @@ def verdict(
         backend = (latency_backend or "") if is_latency else quality_backend
         missing = "not measured" + (f" ({unmeasured_why})" if is_latency and unmeasured_why else "")
         status: Status
+        interval = None if intervals is None or value is None else intervals.get(mkey)
+        decide: int | None = None
         if value is None:
             status = "FAIL"
+        elif interval is not None:
+            status, decide = judge(interval, float(threshold), comp)
         else:
             ok = value <= threshold if comp == "<=" else value >= threshold
             status = "PASS" if ok else "FAIL"
         notes = [missing] if value is None else []
+        if status == "INCONCLUSIVE":
+            notes.append(_inconclusive_note(decide))
+        elif intervals is not None and interval is None and value is not None and not is_latency:
+            notes.append(NO_INTERVAL_NOTE)
         if is_latency:
             notes.append(latency_note(latency_backend, target, judged))
             if latency_backend not in judged:
                 status = NOT_JUDGED
         rows.append(Criterion(key=key, label=labels.get(mkey, label), measured_key=mkey,
                               value=value, threshold=float(threshold), comparator=comp,
-                              status=status, backend=backend, note="; ".join(notes)))  # fmt: skip
+                              status=status, backend=backend, note="; ".join(notes),
+                              ci_low=None if interval is None else interval.low,
+                              ci_high=None if interval is None else interval.high,
+                              ci_level=None if interval is None else interval.level,
+                              n=interval.n if interval is not None else
+                              (None if is_latency else samples),
+                              samples_to_decide=decide))  # fmt: skip
     return rows
+
+
+def _inconclusive_note(decide: int | None) -> str:
+    """Why a criterion is INCONCLUSIVE, and the sample count that would likely decide it."""
+    if decide is None:
+        return "the interval straddles the threshold, centred on it: no sample count decides it"
+    return (
+        f"the interval straddles the threshold; about {decide} samples would decide it "
+        "(its width shrinks as 1/sqrt(n))"
+    )
 
 
 def _latency_pair(
@@ -276,7 +311,8 @@ def build_report(
     why = "--latency none" if latency_plan is not None and latency_plan.mode == "none" else ""
     criteria = verdict(suite, measured, latency_backend=latency_backend, labels=quality.labels,
                        quality_backend=quality_backend, target=target,
-                       unmeasured_why=why)  # fmt: skip
+                       unmeasured_why=why, intervals=quality.intervals,
+                       samples=quality.samples)  # fmt: skip
     sane = baseline_criterion(measured, baseline_backend, allow_broken_baseline)
     if sane is not None:
         criteria.append(sane)

@@ -21,7 +21,10 @@ same data, prompts and seeds:
 ``memory_ratio_max``        peak memory candidate / baseline <= value (same rule)
 ==========================  ===============================================================
 
-Quality criteria are judged wherever they are measured: the quantized candidate on a CPU runs
+Each quality figure but a Fréchet distance carries its paired bootstrap interval at
+``metrics.confidence`` (0.95 by default): a criterion PASSES when the whole interval meets its
+threshold, FAILS when none of it does, and is INCONCLUSIVE otherwise (more samples would
+decide it). Quality criteria are judged wherever they are measured: the quantized candidate on a CPU runs
 the bit-exact reference of the Ascend integer arithmetic (``cpu-reference``), so its outputs
 are the NPU's.
 """
@@ -41,6 +44,7 @@ from opsnn_quant.thresholds import Thresholds
 from opsnn_quant.user_config import MAX_SAMPLES, Seed, StrictModel, yaml_error
 
 SCHEMA_VERSION = 1
+DEFAULT_CONFIDENCE = 0.95  # metrics.confidence: level of each quality figure's interval
 SUITES_DIR = builtin_dir("suites")  # shipped in the package; the repository's evaluate/ points here
 
 T2I_THRESHOLDS = frozenset(
@@ -109,11 +113,16 @@ class MetricsSpec(StrictModel):
         clip: CLIP for CLIP score / FD: a zoo model name (``shapes-clip``) or a local Hugging
             Face CLIP directory; None: no CLIP score.
         thresholds: Acceptance thresholds.
+        confidence: Level of the paired bootstrap interval on each quality figure (by
+            utterance or prompt, :mod:`.intervals`); a criterion passes when its whole
+            interval meets the threshold, fails when none of it does, and is INCONCLUSIVE
+            otherwise. Between 0.5 and 0.999.
     """
 
     fid_features: Literal["inception", "clip"] | None = "inception"
     clip: str | None = None
     thresholds: Thresholds = Thresholds()
+    confidence: float = Field(default=DEFAULT_CONFIDENCE, ge=0.5, le=0.999)
 
     @model_validator(mode="after")
     def _clip_named(self) -> MetricsSpec:

@@ -69,7 +69,8 @@ def t2i_report() -> tuple[AcceptanceReport, np.ndarray, np.ndarray]:
     cand = np.clip(base + rng.normal(0, 6, base.shape), 0, 255).astype(np.uint8)
     cand[2] = base[2]
     q = t2i_quality(base, cand, ["a red circle", "a blue <square> & co", "two stars", "moon"],
-                    seeds=[0, 0, 0, 0], fid_features=PooledFeatures())  # fmt: skip
+                    seeds=[0, 0, 0, 0], fid_features=PooledFeatures(),
+                    confidence=0.95)  # fmt: skip
     stages = {"candidate": [StageRow(stage="denoise_step", module="UNet2DConditionModel", calls=20,
                                      total_ms=400.0, mean_ms=20.0, p50_ms=19.0, p90_ms=25.0,
                                      max_ms=30.0, first_ms=30.0)]}  # fmt: skip

@@ -1,4 +1,5 @@
-"""``opsnn-quant evaluate`` end to end on a tiny pipeline: PASS exits 0, FAIL exits 3."""
+"""``opsnn-quant evaluate`` end to end on a tiny pipeline: PASS exits 0, FAIL exits 3,
+INCONCLUSIVE exits 4."""
 
 import json
 
@@ -40,18 +41,21 @@ def _suite(root, psnr_min):
 def test_pass_and_fail_exit_codes(candidate, tmp_path, monkeypatch):
     # The latency bound (0.001) cannot hold, but the cpu-reference figure is not the target's:
     # reported, not judged, and the run passes on PSNR.
+    # (--latency all: since issue 43 §1 the default --latency target times nothing the target
+    # does not judge, and this run checks the eager figures' rows.)
     ok = main(["evaluate", "--candidate", str(candidate / "out"), "--suite", str(_suite(candidate, 5.0)),
-               "-o", str(tmp_path / "r1"), "--quiet", "--target", "ascend910b-atc"])  # fmt: skip
+               "-o", str(tmp_path / "r1"), "--quiet", "--target", "ascend910b-atc",
+               "--latency", "all"])  # fmt: skip
     assert ok == 0
     report = json.loads((tmp_path / "r1" / "report.json").read_text())
     assert report["verdict"] == "PASS" and report["target"] == "ascend910b-atc"
     assert report["backends"]["quality"] == "cpu-reference"
     lat = {c["key"]: c for c in report["criteria"]}["latency_p99_ratio_max"]
     assert lat["status"] == "NOT JUDGED" and lat["backend"] == "cpu-reference" and lat["value"] > 0
-    # No ONNX figure asked: the eager timing is what the criterion reads, so it was measured
-    # (with stages and one profile) under the default --latency target.
+    # No ONNX figure asked: the eager timing is what the criterion reads, measured (with stages
+    # and one profile) under --latency all.
     assert [x["result"]["backend"] for x in report["latency"]] == ["cpu", "cpu-reference"]
-    assert report["latency_mode"] == "target" and report["latency_skipped"] == []
+    assert report["latency_mode"] == "all" and report["latency_skipped"] == []
     assert len(report["top_modules"]["candidate"]) == 3
     assert (tmp_path / "r1" / "report.html").stat().st_size > 1000
     # PSNR fails; nothing is timed, and with no policy.yaml no latency criterion is judged.
@@ -98,3 +102,55 @@ def test_bad_options_exit_2_with_one_error_line(candidate, tmp_path, capsys, opt
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(message)
     assert not (tmp_path / "r").exists()
+
+
+def _ssim_suite(root, ssim_min):
+    path = root / f"ssim_{ssim_min}.yaml"
+    path.write_text(
+        "schema_version: 1\nname: tiny\ntask: t2i\n"
+        f"data: {{folder: {root / 'data'}, samples: 2}}\n"
+        "generation: {steps: 2, guidance_scale: 4.0, batch_size: 2}\n"
+        f"metrics: {{fid_features: null, thresholds: {{ssim_min: {ssim_min}}}}}\n"
+    )
+    return path
+
+
+@pytest.mark.slow
+def test_an_interval_across_the_threshold_exits_4(candidate, tmp_path, capsys):
+    # Two prompts: a resample's mean SSIM is either pair's or their mean, so the interval runs
+    # from the lower pair's SSIM to the higher's; a bound between them is INCONCLUSIVE.
+    base = ["evaluate", "--candidate", str(candidate / "out"), "--latency", "none"]
+    assert main([*base, "--suite", str(_ssim_suite(candidate, 0.5)), "-o", str(tmp_path / "r1"),
+                 "-q"]) == 0  # fmt: skip
+    first = json.loads((tmp_path / "r1" / "report.json").read_text())
+    low, high = sorted(p["ssim"] for p in first["image_pairs"])
+    assert low < high
+    ssim = {c["key"]: c for c in first["criteria"]}["ssim_min"]
+    assert (ssim["ci_level"], ssim["n"]) == (0.95, 2)
+    assert (ssim["ci_low"], ssim["ci_high"]) == (pytest.approx(low), pytest.approx(high))
+    capsys.readouterr()
+    bound = (low + high) / 2 + (high - low) / 8
+    rc = main([*base, "--suite", str(_ssim_suite(candidate, bound)), "-o", str(tmp_path / "r2")])
+    assert rc == 4
+    report = json.loads((tmp_path / "r2" / "report.json").read_text())
+    row = {c["key"]: c for c in report["criteria"]}["ssim_min"]
+    assert report["verdict"] == "INCONCLUSIVE" and row["status"] == "INCONCLUSIVE"
+    assert row["samples_to_decide"] > 2 and "samples would decide it" in row["note"]
+    printed = " ".join(capsys.readouterr().out.split())  # the console wraps at 80 columns
+    assert printed.startswith("INCONCLUSIVE mean SSIM vs baseline [cpu-reference]: ")
+    assert "(95%) n=2 (threshold >= " in printed
+
+
+def test_calibrate_evaluate_exits_4_when_inconclusive(tmp_path, monkeypatch, capsys):
+    # calibrate --evaluate maps the acceptance verdict to evaluate's exit codes.
+    from types import SimpleNamespace
+
+    from opsnn_quant.cli import calibrate as cli
+
+    for verdict, code in (("INCONCLUSIVE", 4), ("FAIL", 3), ("PASS", 0)):
+        fake = SimpleNamespace(verdict=verdict)
+        monkeypatch.setattr(cli.CalibrateRun, "main", lambda self, quiet, sharing, f=fake: f)
+        out = tmp_path / verdict
+        argv = ["calibrate", "shapes-t2i", "-o", str(out), "--evaluate", "shapes-t2i", "-q"]
+        assert main(argv) == code
+        assert f"acceptance (shapes-t2i): {verdict}" in capsys.readouterr().out

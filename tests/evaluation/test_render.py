@@ -75,12 +75,18 @@ def test_markdown(t2i_dir: Path):
 
 def test_criteria_rows_name_their_backend(t2i_dir: Path):
     md = (t2i_dir / "report.md").read_text()
-    assert "| criterion | backend | value | threshold | status | note |" in md
+    assert "| criterion | backend | value | interval | n | threshold | status | note |" in md
     # 140 / 100 ms on cpu-reference for an Ascend (npu) policy: reported, not judged.
-    assert ("| p99 latency candidate / baseline | cpu-reference | 1.400 | &lt;= 1.000 | NOT JUDGED "
+    assert ("| p99 latency candidate / baseline | cpu-reference | 1.400 | - | - | &lt;= 1.000 "
+            "| NOT JUDGED "
             "| not judged on cpu-reference: the policy targets ascend910b-eager (judged on npu) |"
             ) in md  # fmt: skip
     assert "| median PSNR vs baseline (dB) | cpu-reference |" in md
+    # each quality figure with its interval (one identical pair: PSNR inf at the top) and n;
+    # FD, a set statistic, with none
+    assert ("| median PSNR vs baseline (dB) | cpu-reference | 32.691 | \\[32.612, inf\\] (95%) "
+            "| 4 | &gt;= 20.000 | PASS |") in md  # fmt: skip
+    assert "| - | 4 | &lt;= 100.000 | PASS | no interval: a set statistic" in md
     html = (t2i_dir / "report.html").read_text()
     assert "<td class='NOT-JUDGED'>NOT JUDGED</td>" in html and "td.NOT-JUDGED{" in html
 

@@ -32,7 +32,7 @@ def test_json_round_trip_with_infinite_psnr(tmp_path):
     path = out / "report.json"
     text = path.read_text()
     data = json.loads(text)  # strict JSON: inf is the string "Infinity"
-    assert data["schema_version"] == 2 and data["verdict"] == report.verdict
+    assert data["schema_version"] == 3 and data["verdict"] == report.verdict
     assert "Infinity" in text and "NaN" not in text.replace('"NaN"', "")
     back = AcceptanceReport.load(path)
     assert back == report
