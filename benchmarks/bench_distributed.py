@@ -80,7 +80,7 @@ def _evaluate(
 ) -> tuple[float, dict]:
     cmd = ["opsnn-quant", "evaluate", *candidate, "--suite", str(suite), "-o", str(out),
            "--latency", "none", "--quiet", "--force"]  # fmt: skip
-    seconds = _timed(cmd, nproc, threads, ok=(0, 3))  # 3: FAIL verdict, still a timed run
+    seconds = _timed(cmd, nproc, threads, ok=(0, 3, 4))  # 3 FAIL, 4 INCONCLUSIVE: still timed runs
     return seconds, json.loads((out / "report.json").read_text())
 
 

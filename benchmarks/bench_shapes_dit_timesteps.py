@@ -70,7 +70,7 @@ def _recipe(workdir: Path, name: str, schemes: list[str] | None) -> Path:
 def _run(cmd: list[str]) -> str:
     env = {**os.environ, "COLUMNS": "200"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    if proc.returncode not in (0, 3):  # 3: evaluate's FAIL verdict, a result like any other
+    if proc.returncode not in (0, 3, 4):  # 3 FAIL, 4 INCONCLUSIVE: verdicts like any other
         sys.stderr.write(proc.stdout + proc.stderr)
         raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}")
     return proc.stdout
