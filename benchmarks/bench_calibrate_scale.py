@@ -683,10 +683,8 @@ def main() -> None:
                 peers[row] = _peer_for(r, row, inputs, peer_python, args)
             rows.append(r)
             _print([r], peers)
-    for r in rows:
-        if "failed" not in r and r["row"] in peers:
-            _attach_peer(r, peers[r["row"]])
-    done = [r for r in rows if "failed" not in r]
+            _write_json(args, rows, peers)  # after every row: a long run cut short keeps its rows
+    done = _write_json(args, rows, peers)
     print("\nall rows (cpu backend; fwd-eq = seconds / one float pass of the data):")
     _print(done, peers)
     if peers:
@@ -694,15 +692,28 @@ def main() -> None:
     depth = _depth_summary(done)
     if depth:
         _print_depth(depth)
-    flags = done[0]["gemm"]["cpu_flags"] if done else {}
     if done:
+        flags = done[0]["gemm"]["cpu_flags"]
         print("CPU flags: " + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in flags.items())
               + f"; torch CPU capability {done[0]['gemm']['cpu_capability']}")  # fmt: skip
+
+
+def _write_json(
+    args: argparse.Namespace, rows: list[dict[str, Any]], peers: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Attach the peer's results to their rows and write ``--json`` (if given); the rows that
+    ran."""
+    for r in rows:
+        if "failed" not in r and r["row"] in peers:
+            _attach_peer(r, peers[r["row"]])
+    done = [r for r in rows if "failed" not in r]
     if args.json:
+        flags = done[0]["gemm"]["cpu_flags"] if done else {}
         Path(args.json).write_text(json.dumps(
-            {"rows": rows, "depth": depth, "cpu_flags": flags, "peer": args.peer,
+            {"rows": rows, "depth": _depth_summary(done), "cpu_flags": flags, "peer": args.peer,
              "peer_version": PEER_VERSION if args.peer else None, "argv": sys.argv[1:]},
             indent=1))  # fmt: skip
+    return done
 
 
 def _peer_for(

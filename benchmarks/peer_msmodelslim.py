@@ -21,6 +21,12 @@ API: msModelSlim's ``msmodelslim.pytorch.llm_ptq.llm_ptq_tools`` (``Calibrator``
 ``disable_last_linear=True`` (the LM head of Whisper stays float). Then ``Calibrator.run()`` and
 ``Calibrator.save(OUT, save_type=['safe_tensor'])`` (its deployable weights and description).
 
+The calls: Whisper's as keyword dicts (``input_features``, ``decoder_input_ids``): for a model
+with ``generate`` msModelSlim's first pass (``get_features`` in ``Calibrator.__init__``) runs
+``model.generate(**call)`` (its LLM path: the prompt, then new tokens) and ``run()`` runs
+``model(**call)``. A diffusion transformer has no ``generate``: its calls go as positional lists
+(``model(*call)``, the form msModelSlim's DiT examples use and its error message asks for).
+
 Its one-click ``msmodelslim quant`` (v1 API) has no Whisper adapter in 26.1.0; its FLUX.1 /
 Wan2.1 adapters drive an NPU pipeline (``torch.npu.Stream``, ``enable_model_cpu_offload``), so
 the v1 path cannot run here. Those adapters quantize only the ``transformer``; for a diffusion
@@ -33,6 +39,7 @@ five calls and the quantizer set-up), ``run()``, ``save()``; peak RSS; the Linea
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import time
 from pathlib import Path
@@ -47,26 +54,42 @@ def _hwm_kb() -> int:
     return 0
 
 
-def load(kind: str, model_dir: Path, dtype_name: str) -> Any:
-    """The model msModelSlim calibrates, in the row's dtype: the Whisper model, or a pipeline's
-    transformer."""
-    import torch
-
-    dtype = getattr(torch, dtype_name)
+def model_class(kind: str, model_dir: Path) -> tuple[Any, Path]:
+    """The class of the model msModelSlim calibrates (imported here, before the clock starts:
+    our calibrate's imports are not timed either) and its directory: the Whisper model, or a
+    pipeline's transformer."""
     if kind == "whisper":
         from transformers import WhisperForConditionalGeneration
 
-        model = WhisperForConditionalGeneration.from_pretrained(str(model_dir), dtype=dtype).eval()
-        # Whisper ties its LM head to the token embedding; msModelSlim's safetensors saver
-        # refuses tensors that share memory, so the head gets its own copy (it stays float:
-        # disable_last_linear), as a user of msModelSlim must do to save the result at all.
-        model.proj_out.weight = torch.nn.Parameter(model.proj_out.weight.detach().clone())
-        return model
+        return WhisperForConditionalGeneration, model_dir
     import diffusers
 
     sub = model_dir / "transformer"
-    cls_name = json.loads((sub / "config.json").read_text())["_class_name"]
-    return getattr(diffusers, cls_name).from_pretrained(str(sub), torch_dtype=dtype).eval()
+    return getattr(diffusers, json.loads((sub / "config.json").read_text())["_class_name"]), sub
+
+
+def load(kind: str, cls: Any, model_dir: Path, dtype_name: str) -> Any:
+    """The model, in the row's dtype."""
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    if kind != "whisper":
+        return cls.from_pretrained(str(model_dir), torch_dtype=dtype).eval()
+    model = cls.from_pretrained(str(model_dir), dtype=dtype).eval()
+    # Whisper ties its LM head to the token embedding; msModelSlim's safetensors saver refuses
+    # tensors that share memory, so the head gets its own copy (it stays float:
+    # disable_last_linear), as a user of msModelSlim must do to save the result at all.
+    model.proj_out.weight = torch.nn.Parameter(model.proj_out.weight.detach().clone())
+    return model
+
+
+def positional(model: Any, call: dict[str, Any]) -> list[Any]:
+    """One recorded keyword call as the positional list msModelSlim runs as ``model(*call)``
+    (the forward's parameters in order, defaults where the call left one out)."""
+    params = list(inspect.signature(model.forward).parameters.values())
+    names = [p.name for p in params]
+    last = max(names.index(k) for k in call)
+    return [call[n] if n in call else params[i].default for i, n in enumerate(names[: last + 1])]
 
 
 def main() -> None:
@@ -84,9 +107,12 @@ def main() -> None:
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
+    cls, model_dir = model_class(args.kind, args.model)
     t0 = time.perf_counter()
-    model = load(args.kind, args.model, args.dtype)
+    model = load(args.kind, cls, model_dir, args.dtype)
     data = torch.load(str(args.data), weights_only=False)
+    if args.kind == "transformer":
+        data = [positional(model, call) for call in data]
     t_load = time.perf_counter()
     base_kb = _hwm_kb()
 
