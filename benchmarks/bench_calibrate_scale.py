@@ -25,6 +25,11 @@ Rows (each in a child process, so its peak RSS is its own):
   - ``whisper-large-v3-width``: d_model 1280, 20 heads, ffn 5120, 128 mel bins (full depth:
     32 + 32 layers).
 
+  ``--text-layers N`` cuts the FLUX/Wan text encoders to N layers instead (memory), and
+  ``--width-probe quick`` swaps in the cheapest estimator knobs (``QUICK_PROBE``: the diagonal
+  estimator, one recorded root call, one replayed sample): every scheme, pass 1's statistics,
+  the SmoothQuant search and the exports stay, so what is kept per module is the same.
+
   For these the benchmark prints the peak RSS increment per block (from the two depths,
   apportioned to block kinds by their parameter bytes), and the peaks of calibrate and of the
   float inference extrapolated linearly to the full depth.
@@ -95,7 +100,8 @@ and the per-block and extrapolated peaks of the width rows.
 
 Run: ``python benchmarks/bench_calibrate_scale.py [--rows sd15-256,whisper-base,...]
 [--gemm auto,native,fp32-chunk] [--slow-native] [--prompts 4] [--steps 10] [--utterances 8]
-[--depths 1,2] [--steps-width 2] [--peer msmodelslim] [--peer-schemes w8a8_dynamic,w8a8]
+[--depths 1,2] [--steps-width 2] [--text-layers 2] [--width-probe template|quick]
+[--peer msmodelslim] [--peer-schemes w8a8_dynamic,w8a8]
 [--json FILE] [--workdir DIR]``.
 """
 
@@ -117,6 +123,9 @@ ROOT = Path(__file__).resolve().parent.parent
 ROWS = ("shapes-t2i", "whisper-tiny-en", "whisper-base", "whisper-small", "sd15-256", "sd3-tiny",
         "flux-tiny")  # fmt: skip
 WIDTH_ROWS = ("flux-dev-width", "wan14b-width", "whisper-large-v3-width")
+# --width-probe quick: the probe knobs that cut a width row's time without changing what is
+# kept per module (every scheme, pass 1's statistics, SmoothQuant search, exports stay).
+QUICK_PROBE: dict[str, Any] = {"estimator": "diagonal", "max_root_calls": 1, "estimator_samples": 1}
 PEER_VERSION = "26.1.0"
 PEER_SCHEMES = ("w8a8_dynamic", "w8a8")
 # What the peer's environment gets besides torch and msModelSlim (--no-deps): its llm_ptq import
@@ -260,7 +269,7 @@ def _whisper_recipe(row: str, source: Path, args: argparse.Namespace) -> dict[st
     }  # fmt: skip
 
 
-def width_model(row: str, workdir: Path) -> tuple[Path, dict[str, Any]]:
+def width_model(row: str, workdir: Path, text_layers: int = 2) -> tuple[Path, dict[str, Any]]:
     """Build (once per workdir) the random model of a width row ``NAME@DEPTH``; its directory
     and parameter counts (``real_widths``' figures plus the full depth's block parameters)."""
     sys.path.insert(0, str(ROOT))
@@ -268,16 +277,16 @@ def width_model(row: str, workdir: Path) -> tuple[Path, dict[str, Any]]:
 
     name, depth = row.split("@")
     d = int(depth)
-    path = workdir / "_models" / row
+    path = workdir / "_models" / (row if text_layers == 2 else f"{row}-text{text_layers}")
     info_file = path / "bench_info.json"
     if info_file.exists():
         return path, json.loads(info_file.read_text())
     shutil.rmtree(path, ignore_errors=True)
     if name == "flux-dev-width":
-        info = real_widths.build_flux(path, double=d, single=d)
+        info = real_widths.build_flux(path, double=d, single=d, text_layers=text_layers)
         full = real_widths.FULL_DEPTH["flux"]
     elif name == "wan14b-width":
-        info = real_widths.build_wan(path, blocks=d)
+        info = real_widths.build_wan(path, blocks=d, text_layers=text_layers)
         full = real_widths.FULL_DEPTH["wan"]
     else:
         info = real_widths.build_whisper(path, encoder_layers=d, decoder_layers=d)
@@ -295,17 +304,23 @@ def width_model(row: str, workdir: Path) -> tuple[Path, dict[str, Any]]:
 def _width_recipe(row: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """A width row's recipe: the shipped template's settings at a small size."""
     name = row.split("@")[0]
-    source, _ = width_model(row, Path(args.workdir))
+    source, _ = width_model(row, Path(args.workdir), args.text_layers)
     if name == "whisper-large-v3-width":
-        return _whisper_recipe(row, source, args)
+        recipe = _whisper_recipe(row, source, args)
+        if args.width_probe == "quick":
+            recipe["probe"].update(QUICK_PROBE)
+        return recipe
     prompts = _prompts(work / "prompts.txt", args.prompts)
     size = {"height": 128, "width": 128}
+    probe: dict[str, Any]
     if name == "wan14b-width":
         settings = {**size, "num_frames": 5, "guidance_scale": 5.0, "max_sequence_length": 32}
         probe = {"min_headroom": 2.0, "max_root_calls": 3, "estimator_batch": 1, "bf16": False}
     else:
         settings = {**size, "guidance_scale": 3.5, "max_sequence_length": 32}
         probe = {"min_headroom": 2.0, "max_root_calls": 4, "estimator_batch": 1, "bf16": False}
+    if args.width_probe == "quick":
+        probe.update(QUICK_PROBE)
     return {
         "name": name,
         "model": {"family": "diffusers-dit", "source": str(source), "dtype": "bfloat16",
@@ -421,7 +436,8 @@ def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
         "model_source": _resolved(recipe.model.source),
     }
     if "@" in row:
-        out["width"] = width_model(row, Path(args.workdir))[1]
+        out["width"] = width_model(row, Path(args.workdir), args.text_layers)[1]
+        out["width_probe"] = args.width_probe
     return out
 
 
@@ -639,6 +655,18 @@ def main() -> None:
     p.add_argument("--utterances", type=int, default=8)
     p.add_argument("--depths", default=None,
                    help="depths (units) of the width rows, e.g. 1,2 (default)")  # fmt: skip
+    p.add_argument(
+        "--width-probe",
+        default="template",
+        choices=("template", "quick"),
+        help="width rows: the template's probe settings, or quick: " + str(QUICK_PROBE),
+    )
+    p.add_argument(
+        "--text-layers",
+        type=int,
+        default=2,
+        help="text encoder layers of the FLUX/Wan width rows (T5-XXL/umT5 width)",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--workdir", default=None)
     p.add_argument("--gemm", default="auto", help="comma list of auto, native, fp32-chunk")
@@ -667,7 +695,8 @@ def main() -> None:
             want_peer = peer_python is not None and row not in peers
             cmd = [sys.executable, __file__, "--child", row, "--workdir", args.workdir,
                    "--prompts", str(args.prompts), "--steps", str(args.steps), "--gemm", gemm,
-                   "--steps-width", str(args.steps_width),
+                   "--steps-width", str(args.steps_width), "--width-probe", args.width_probe,
+                   "--text-layers", str(args.text_layers),
                    "--utterances", str(args.utterances), "--threads", str(args.threads),
                    *(["--slow-native"] if args.slow_native else []),
                    *(["--peer-inputs", str(inputs)] if want_peer else [])]  # fmt: skip
