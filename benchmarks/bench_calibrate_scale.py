@@ -691,7 +691,8 @@ def main() -> None:
     peers: dict[str, dict[str, Any]] = {}  # per row name: the peer's results (one per row)
     for row in _expand(args.rows, args.depths):
         for gemm in args.gemm.split(","):
-            inputs = Path(args.workdir) / f"{row}-peer" / "inputs.pt"
+            # (no "@" in the peer's paths: msModelSlim's path check refuses the character)
+            inputs = Path(args.workdir) / f"{row.replace('@', '-depth')}-peer" / "inputs.pt"
             want_peer = peer_python is not None and row not in peers
             cmd = [sys.executable, __file__, "--child", row, "--workdir", args.workdir,
                    "--prompts", str(args.prompts), "--steps", str(args.steps), "--gemm", gemm,
