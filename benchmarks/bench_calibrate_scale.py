@@ -434,6 +434,7 @@ def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
         "model_dtype": recipe.model.dtype,
         "family": recipe.model.family,
         "model_source": _resolved(recipe.model.source),
+        "max_new_tokens": getattr(recipe.model.settings, "max_new_tokens", None),
     }
     if "@" in row:
         out["width"] = width_model(row, Path(args.workdir), args.text_layers)[1]
@@ -564,6 +565,7 @@ def run_peer(
     inputs: Path,
     out: Path,
     dtype: str,
+    max_new_tokens: int | None,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
     """msModelSlim's calibration of each ``--peer-schemes`` scheme, one process each."""
@@ -571,7 +573,8 @@ def run_peer(
     for scheme in args.peer_schemes.split(","):
         cmd = [str(python), str(ROOT / "benchmarks" / "peer_msmodelslim.py"), "--kind", kind,
                "--model", str(model_dir), "--data", str(inputs), "--scheme", scheme,
-               "--out", str(out / scheme), "--threads", str(args.threads), "--dtype", dtype]  # fmt: skip
+               "--out", str(out / scheme), "--threads", str(args.threads), "--dtype", dtype,
+               *(["--max-new-tokens", str(max_new_tokens)] if max_new_tokens else [])]  # fmt: skip
         shutil.rmtree(out / scheme, ignore_errors=True)
         load_before = os.getloadavg()[0]
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -754,7 +757,7 @@ def _peer_for(
         return {"n/a": PEER_NONE.get(r["family"], "no msModelSlim path for this row")}
     kind = PEER_KIND[r["family"]]
     return run_peer(python, kind, Path(r["model_source"]), inputs, inputs.parent,
-                    r["model_dtype"], args)  # fmt: skip
+                    r["model_dtype"], r.get("max_new_tokens"), args)  # fmt: skip
 
 
 def _attach_peer(r: dict[str, Any], peer: dict[str, Any]) -> None:

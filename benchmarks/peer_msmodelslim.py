@@ -23,7 +23,9 @@ API: msModelSlim's ``msmodelslim.pytorch.llm_ptq.llm_ptq_tools`` (``Calibrator``
 
 The calls: Whisper's as keyword dicts (``input_features``, ``decoder_input_ids``): for a model
 with ``generate`` msModelSlim's first pass (``get_features`` in ``Calibrator.__init__``) runs
-``model.generate(**call)`` (its LLM path: the prompt, then new tokens) and ``run()`` runs
+``model.generate(**call)`` (its LLM path: the prompt, then new tokens; capped by
+``--max-new-tokens`` at our forward loop's ``max_new_tokens``, as a random-weight model never
+ends a transcript and would run to the 448 positions of ``max_length``) and ``run()`` runs
 ``model(**call)``. A diffusion transformer has no ``generate``: its calls go as positional lists
 (``model(*call)``, the form msModelSlim's DiT examples use and its error message asks for).
 
@@ -101,6 +103,8 @@ def main() -> None:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="Whisper: the tokens its generate pass may decode (our loop's setting)")  # fmt: skip
     args = p.parse_args()
 
     import torch
@@ -110,6 +114,8 @@ def main() -> None:
     cls, model_dir = model_class(args.kind, args.model)
     t0 = time.perf_counter()
     model = load(args.kind, cls, model_dir, args.dtype)
+    if args.max_new_tokens is not None:  # as our forward loop decodes (else up to max_length)
+        model.generation_config.max_new_tokens = args.max_new_tokens
     data = torch.load(str(args.data), weights_only=False)
     if args.kind == "transformer":
         data = [positional(model, call) for call in data]
