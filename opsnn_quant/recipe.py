@@ -57,6 +57,26 @@ class _ModelBase(StrictModel):
         description="read weights that exist as pickles only (*.bin, *.pt, *.pth, *.ckpt) with "
         "torch.load(weights_only=True); false: safetensors only, such a model is refused",
     )
+    max_memory: int | None = Field(
+        default=None,
+        description="host memory the model may take, e.g. 2GiB (bytes once read): the "
+        "transformer blocks beyond it are offloaded to disk and run one at a time (the same "
+        "files as in memory); --max-memory overrides it",
+    )
+
+    @field_validator("max_memory", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> int | None:
+        from opsnn_quant.models.footprint import parse_size
+
+        if v is None or (type(v) is int and v >= 1):
+            return v
+        if not isinstance(v, str):
+            raise ValueError(f"takes a size such as 64GiB or 512MiB, got {v!r}")
+        try:
+            return parse_size(v, "model.max_memory")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
 
 
 class SDModel(_ModelBase):

@@ -155,4 +155,6 @@ def recipe_yaml(recipe: Recipe) -> str:
     output, and loading it gives the same recipe."""
     header = "# the effective recipe of this run: `opsnn-quant calibrate recipe.yaml` repeats it\n"
     body = recipe.model_dump(mode="json", exclude_none=True)
+    # where the weights live, not what is written: an offloaded run writes the same files
+    body["model"].pop("max_memory", None)
     return header + yaml.safe_dump(body, sort_keys=False, allow_unicode=True)

@@ -51,7 +51,9 @@ MaxMemoryOpt = Annotated[
     typer.Option(
         "--max-memory",
         help="host memory a model call may take, e.g. 64GiB: a diffusion pipeline's sizes "
-        "whose floor exceeds it are refused before loading [default: what is free]",
+        "whose floor exceeds it are refused before loading [default: what is free]; "
+        "calibrate (or a recipe's model.max_memory) also offloads the model's blocks beyond it "
+        "to disk, one block in memory at a time (same files)",
     ),
 ]
 FAIL_EXIT = 3  # --evaluate's FAIL; INCONCLUSIVE exits 4 (as evaluate: verdict_exit_code)
@@ -251,6 +253,14 @@ def calibrate(
         r = r.with_strategy(strategy)
     if allow_pickle:  # as the recipe's model.allow_pickle: true
         r = r.model_copy(update={"model": r.model.model_copy(update={"allow_pickle": True})})
+    if budget is not None:  # the recipe's model.max_memory, overridden
+        r = r.model_copy(update={"model": r.model.model_copy(update={"max_memory": budget})})
+    if r.model.max_memory is not None and (nproc is not None or dist.launched()):
+        raise ConfigError(
+            "--max-memory: the probe's statistics pass is not shared among processes with an "
+            "offloaded model yet; leave out --nproc (or torchrun) or --max-memory"
+        )
+    budget = r.model.max_memory
     out = out if out is not None else Path("out") / r.name
     run = CalibrateRun(r, out, recipe, seed, engine, evaluate, force, latency, from_probe,
                        allow_broken_baseline, resume, budget)  # fmt: skip

@@ -29,6 +29,7 @@ def load_adapter(
     device: str = "cpu",
     dtype: str = "float32",
     allow_pickle: bool = False,
+    max_memory: int | None = None,
     **settings: Any,
 ) -> ModelAdapter:
     """Load ``source`` (``zoo:<name>`` or a directory) with the adapter of ``family``.
@@ -45,6 +46,8 @@ def load_adapter(
         allow_pickle: read weights that exist as pickles only (``*.bin``, ``*.pt``, ``*.pth``,
             ``*.ckpt``), with ``torch.load(weights_only=True)``; False (default): safetensors
             only, a model with pickle weights only is refused before anything loads.
+        max_memory: bytes the model may hold in memory: the blocks beyond it are offloaded
+            to disk (:class:`~opsnn_quant.models.offload.BlockOffload`); None: all in memory.
         **settings: the family's settings fields (steps, guidance_scale, batch_size, ...).
 
     Raises:
@@ -85,6 +88,10 @@ def load_adapter(
         assert isinstance(checked, WhisperSettings)
         adapter = WhisperAdapter.load(source, checked, dtype=torch_dtype, allow_pickle=allow_pickle)
     adapter.place(place)
+    if max_memory is not None:
+        from opsnn_quant.models.offload import BlockOffload
+
+        BlockOffload(adapter.model, max_memory)
     return adapter
 
 

@@ -204,6 +204,7 @@ def check_source_memory(
     records: int | None = None,
     where: str = "model.settings.",
     max_memory: int | None = None,
+    offload: bool = False,
 ) -> None:
     """:func:`check_footprint` of a diffusion pipeline's settings on a model source (``zoo:``
     or a directory), before it loads; other families and unresolved sources pass.
@@ -214,10 +215,14 @@ def check_source_memory(
         records: at most this many prompts run (a ``--limit``): a call's batch is no larger.
         where: what the message puts before a setting's name.
         max_memory: the user's budget in bytes (None: what this machine has free).
+        offload: the model's blocks are offloaded beyond ``max_memory``
+            (:mod:`opsnn_quant.models.offload`): the floor is the activations alone.
 
     Raises:
         ConfigError: the run's floor exceeds the budget.
     """
+    import dataclasses
+
     from opsnn_quant.models.settings import DiTSettings, SDSettings
     from opsnn_quant.sources import model_path
 
@@ -235,6 +240,8 @@ def check_source_memory(
         path, batch=batch, height=settings.height, width=settings.width, frames=frames,
         guidance=guidance,
     )  # fmt: skip
+    if offload:
+        need = dataclasses.replace(need, weights=0)
     sizes = [
         f"{where}{k} {getattr(settings, k)}" for k in ("height", "width") if getattr(settings, k)
     ]

@@ -28,6 +28,7 @@ from opsnn_quant.fingerprint import differences, probe_inputs
 from opsnn_quant.io import atomic_dir, atomic_write_text, check_output_dir
 from opsnn_quant.models import ModelAdapter, check_model_source, check_weights
 from opsnn_quant.models.footprint import check_source_memory
+from opsnn_quant.models.offload import offload_of, resident
 from opsnn_quant.models.settings import check_source_fits
 from opsnn_quant.numerics import fmt_db
 from opsnn_quant.pipeline.context import ENGINES, Engine, RunContext, load_recipe_model
@@ -148,9 +149,14 @@ def run_calibrate(
         sharing: rank 0 of a distributed run: the probe's pass 1 runs over this rank's share
             of the data, the other ranks' (:func:`contribute_statistics`) merged in (see
             :mod:`opsnn_quant.pipeline.sharing`).
-        max_memory: host memory (bytes) a call of the model may take; a diffusion pipeline's
-            settings whose floor exceeds it are refused before anything loads (None: what this
-            machine has free; see :mod:`opsnn_quant.models.footprint`).
+        max_memory: host memory (bytes) a call of the model may take (``--max-memory``, or
+            the recipe's ``model.max_memory``): the model's blocks beyond it are offloaded to
+            disk and run one at a time (:mod:`opsnn_quant.models.offload`; the same files as in
+            memory), what does not run offloaded yet is refused before any work
+            (:func:`check_offloadable`); a diffusion pipeline's settings whose activations
+            exceed it are refused before anything loads (None: all in memory, and the floor
+            is checked against what this machine has free; see
+            :mod:`opsnn_quant.models.footprint`).
 
     Raises:
         OpsnnQuantError: bad input (checked before the model loads where it can be: output
@@ -160,6 +166,16 @@ def run_calibrate(
     say = progress or (lambda m: log.info("%s", m))
     check_seed(seed, "seed")  # the recipe's is checked by its schema
     seed = recipe.seed if seed is None else seed
+    if max_memory is not None:  # every model this run loads is offloaded beyond it
+        recipe = recipe.model_copy(
+            update={"model": recipe.model.model_copy(update={"max_memory": max_memory})}
+        )
+    max_memory = recipe.model.max_memory
+    if max_memory is not None and sharing is not None:
+        raise ConfigError(
+            "--max-memory: the probe's statistics pass is not shared among processes with an "
+            "offloaded model yet; leave out --nproc (or torchrun) or --max-memory"
+        )
     effective = recipe.model_copy(update={"seed": seed})  # what ran, to repeat it
     identity = run_identity(
         recipe=recipe_yaml(effective), engine=engine, suite=suite, latency=latency,
@@ -189,7 +205,8 @@ def run_calibrate(
         holdout, plan = float_references(ctx, data, probed, resolved)  # 4. from the float model
         quantize_phase(ctx, resolved, data, probed)  # 5. quantize, 6. save
         measured = measure_phase(ctx, holdout)  # 7. measure
-        exported = write_exports(ctx, resolved, plan)  # 8. export
+        with resident(ctx.adapter.model):  # an offloaded model: its blocks loaded meanwhile
+            exported = write_exports(ctx, resolved, plan)  # 8. export
         notes += exported.notes
         deployed = deployed_shares(probed.report, exported.int8)
         add_policy_notes(ctx, resolved, deployed, measured)
@@ -200,6 +217,9 @@ def run_calibrate(
         # The run's wall-clock times, apart: every other file is the same bytes on a rerun.
         ctx.timings["total"] = time.perf_counter() - started
         write_timings(tmp, probe=probed.report.costs, phases=ctx.timings)
+    offloaded = offload_of(adapter.model)
+    if offloaded is not None:
+        offloaded.release()  # its temporary files
     rows = summarize(resolved, probed.report)
     share = int8_mac_share(probed.report, rows)
     return CalibrateResult(
@@ -305,8 +325,10 @@ def check_before_work(
     if recipe.model.device.startswith("cpu"):  # the activations of one call, in host memory
         check_source_memory(
             recipe.model.source, recipe.model.settings, records=recipe.data.limit,
-            max_memory=max_memory,
+            max_memory=max_memory, offload=max_memory is not None,
         )  # fmt: skip
+    if max_memory is not None:
+        check_offloadable(recipe, engine)
     check_latency_mode(latency)  # with or without a suite: a typo is never silently ignored
     loaded = load_suite(suite) if suite is not None else None
     if metric is not None and engine == "amct":
@@ -315,6 +337,37 @@ def check_before_work(
             "the written model is AMCT's: leave budget.metric out"
         )
     return Checked(get_target(recipe.target), loaded, check_engine(engine), metric_suite(metric))
+
+
+# What an offloaded model (--max-memory) cannot run yet: the probe's estimators (local errors,
+# the SmoothQuant search, end-to-end attribution replays, GPTQ's candidates) read recorded
+# calls and weights outside a forward, module by module across blocks.
+OFFLOAD_UNSUPPORTED = (
+    "the probe's estimators (local errors, SmoothQuant search, end-to-end attribution) do not "
+    "run with --max-memory (an offloaded model) yet"
+)
+
+
+def check_offloadable(recipe: Recipe, engine: str) -> None:
+    """Refuse, before any work, what does not run on an offloaded model (``--max-memory``):
+    a search without ``budget.metric`` (it always reads the estimators) and AMCT (which runs
+    the model itself). A measured search may decide on pass 1 alone (a naive baseline meets
+    the budget); if it does not, :meth:`Probed.estimated` refuses then.
+
+    Raises:
+        ConfigError: the run needs what does not run offloaded.
+    """
+    if engine == "amct":
+        raise ConfigError(
+            "--max-memory: --engine amct runs the model in AMCT, which does not run an "
+            "offloaded model; leave out --max-memory or use --engine opsnn"
+        )
+    if recipe.strategy == "search" and recipe.budget.metric is None:
+        raise ConfigError(
+            f"--max-memory: {OFFLOAD_UNSUPPORTED}, and a search without budget.metric always "
+            "reads them; give --strategy all-w8a8-minmax, all-w8a8-dynamic or all-fp16, a "
+            "budget.metric a naive baseline meets, or leave out --max-memory"
+        )
 
 
 # ---- 1. load -------------------------------------------------------------------------------
@@ -494,6 +547,12 @@ class Probed:
         if self.result is not None and self.result.report.not_estimated is None:
             return self.result
         assert self.staged is not None, "a settled probe without estimates cannot run them"
+        if self.ctx.recipe.model.max_memory is not None:
+            raise ConfigError(
+                f"--max-memory: no naive baseline met budget.metric, and {OFFLOAD_UNSUPPORTED}; "
+                "leave out --max-memory, or give --strategy all-w8a8-dynamic (or another naive "
+                "baseline)"
+            )
         with self.ctx.timed("probe estimators"):
             return self.settled(self.staged.finish())
 
@@ -617,13 +676,14 @@ def quantize_phase(
         stats = probed.statistics if data.probe is data.calibration else None
         quantize(ctx.adapter.model, resolved, loop, progress=ctx.say, statistics=stats)
         probed.statistics.clear()  # observers' state: not needed past this point
-        save_quantized(
-            ctx.adapter.model,
-            ctx.out.quant,
-            source_model=ctx.adapter.model_id,
-            extra={"policy_model": resolved.policy.model},
-            allow_empty=True,
-        )
+        with resident(ctx.adapter.model):  # an offloaded model: its blocks loaded meanwhile
+            save_quantized(
+                ctx.adapter.model,
+                ctx.out.quant,
+                source_model=ctx.adapter.model_id,
+                extra={"policy_model": resolved.policy.model},
+                allow_empty=True,
+            )
 
 
 # ---- 7. measure ----------------------------------------------------------------------------

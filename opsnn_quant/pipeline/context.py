@@ -65,5 +65,6 @@ def load_recipe_model(recipe: Recipe) -> ModelAdapter:
         device=m.device,
         dtype=m.dtype,
         allow_pickle=m.allow_pickle,
+        max_memory=m.max_memory,  # the blocks beyond it offloaded (BlockOffload)
         **recipe.settings_dict(),
     )

@@ -21,6 +21,7 @@ from opsnn_quant.deploy.model_exports import (
     stage_float_graphs,
     write_model_exports,
 )
+from opsnn_quant.models.offload import resident
 from opsnn_quant.pipeline.context import RunContext
 from opsnn_quant.policy.export import export_policy, write_export
 from opsnn_quant.policy.exporters import exporter
@@ -73,7 +74,8 @@ def plan_model_exports(
     calls = _export_calls(ctx, calibration, root_calls, holdout) if wanted else {}
     staged = None
     if "atc" in wanted:
-        staged = stage_float_graphs(ctx.adapter, resolved, calls, ctx.out.export, say=ctx.say)
+        with resident(ctx.adapter.model):  # an offloaded model: all its blocks, to trace
+            staged = stage_float_graphs(ctx.adapter, resolved, calls, ctx.out.export, say=ctx.say)
     return ExportPlan(wanted, notes, calls, staged)
 
 

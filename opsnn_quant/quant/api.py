@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from opsnn_quant.errors import CalibrationError, ConfigError
+from opsnn_quant.models.offload import offload_of, touch, window
 from opsnn_quant.quant.modules import (
     QuantModule,
     is_quant_module,
@@ -194,9 +195,12 @@ def quantize(
     if any(is_quant_module(m) for m in model.modules()):
         raise ConfigError("the model already holds quantized modules; quantize the float model")
     lenient = _glob_assigned(model, config)
-    swapped, floats, skipped = _swap(model, specs, lenient)
+    # an offloaded model (--max-memory): the block of each module read here is opened in turn
+    with window(model):
+        swapped, floats, skipped = _swap(model, specs, lenient)
     groups = config.smoothing_groups if isinstance(config, SharesSmoothing) else {}
-    _share_weight_absmax(model, swapped, groups)
+    with window(model):
+        _share_weight_absmax(model, swapped, groups)
     needs_data = {
         n: q
         for n, q in swapped.items()
@@ -213,18 +217,22 @@ def quantize(
             progress("calibration (statistics)" if two_pass else "calibration")
         forward_loop(model)
         skipped.update(_restore_uncalled(model, needs_data, swapped, floats))
-        for q in swapped.values():
-            q.input_quantizer.end_first_pass()
-            if q.spec.smoothquant:
-                q.decide_smoothing()
+        with window(model) as off:
+            for name, q in swapped.items():
+                q.input_quantizer.end_first_pass()
+                if q.spec.smoothquant:
+                    touch(off, name)
+                    q.decide_smoothing()
         if two_pass:
             if progress:
                 progress("calibration (activation ranges after SmoothQuant)")
             forward_loop(model)
     floats.clear()  # before the weights become int8: the float copies are not kept
     _warn_skipped(skipped)
-    for q in swapped.values():
-        q.freeze()
+    with window(model) as off:
+        for name, q in swapped.items():
+            touch(off, name)
+            q.freeze()
     _check_shared(swapped, groups)
     log.info("quantized %d modules", len(swapped))
     return model
@@ -248,7 +256,9 @@ def _share_weight_absmax(
         if not smoothed:
             continue
         absmax = None
+        off = offload_of(model)
         for name in members:
+            touch(off, name)
             module = model.get_submodule(name)
             weight = getattr(module, "weight", None)
             if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
@@ -293,6 +303,7 @@ def _swap(
     lenient ones, kept until calibration says whether they ran, lenient modules that cannot
     take their spec -> why)."""
     modules = dict(model.named_modules())
+    off = offload_of(model)
     swapped: dict[str, QuantModule[Any]] = {}
     floats: dict[str, nn.Module] = {}
     skipped: dict[str, str] = {}
@@ -300,6 +311,7 @@ def _swap(
         # popped: once swapped out, the float module is freed (not held here beside its copy,
         # which for a whole UNet was a second float copy of every quantized weight)
         module = modules.pop(name)
+        touch(off, name)  # its weights in memory (an offloaded block: opened)
         qclass = quant_module_class(type(module))
         assert qclass is not None  # int8_specs only keeps quantizable_modules
         try:

@@ -1,0 +1,308 @@
+"""Block-wise offload (``--max-memory SIZE``, ``model.max_memory``): a model larger than the
+memory it may take runs one transformer block at a time.
+
+:class:`BlockOffload` finds a model's repeated blocks (the elements of its outermost
+``nn.ModuleList`` s whose elements are containers: ``transformer.transformer_blocks.N``,
+``model.encoder.layers.N``, ``unet.down_blocks.N``), keeps as many resident as the budget allows
+beside the rest of the model and one block in flight, and writes each other block's tensors
+(parameters and buffers) to a safetensors file in its own temporary directory, leaving them on
+the ``meta`` device (shapes intact, no storage). A forward pre-hook loads the block's tensors
+back on entry, a forward hook frees them on exit: the values a forward sees are the bytes the
+block held, so every result is the same bits as the in-memory run's.
+
+Code that reads weights outside a forward (quantize's swap and freeze, the exports) opens the
+blocks it needs: :meth:`BlockOffload.window` keeps one block open at a time (``touch(name)``
+opens the block owning module ``name``, closing the previous one), :meth:`BlockOffload.resident`
+opens them all. A block closed after such a use is written again when its tensors changed
+(modules swapped, weights frozen to int8, a tensor changed in place), so quantized blocks are
+offloaded as well. :func:`offload_of` gives a model's offloader (None: all in memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+ATTRIBUTE = "_opsnn_offload"
+
+
+def offload_of(model: nn.Module) -> BlockOffload | None:
+    """The offloader attached to ``model`` (None: the model is all in memory)."""
+    found = model.__dict__.get(ATTRIBUTE)
+    return found if isinstance(found, BlockOffload) else None
+
+
+def find_blocks(model: nn.Module) -> dict[str, nn.Module]:
+    """The model's blocks, in model order: the elements of each outermost ``nn.ModuleList``
+    whose elements hold parameters below them (containers, not bare layers such as the
+    ``[Linear, Dropout]`` of an attention's output)."""
+    blocks: dict[str, nn.Module] = {}
+    taken: list[str] = []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList):
+            continue
+        if any(name == t or name.startswith(t + ".") for t in taken):
+            continue
+        elements = [
+            (f"{name}.{i}" if name else str(i), m)
+            for i, m in enumerate(module)
+            if any(True for _ in m.children()) and any(True for _ in m.parameters())
+        ]
+        if elements:
+            taken.append(name)
+            blocks.update(elements)
+    return blocks
+
+
+def _tensors(module: nn.Module) -> dict[str, tuple[torch.Tensor, bool]]:
+    """Every parameter and buffer below ``module``: name -> (tensor, is a parameter)."""
+    out: dict[str, tuple[torch.Tensor, bool]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        out[name] = (p, True)
+    for name, b in module.named_buffers(remove_duplicate=False):
+        out[name] = (b, False)
+    return out
+
+
+def _nbytes(module: nn.Module) -> int:
+    seen: set[int] = set()
+    total = 0
+    for t, _ in _tensors(module).values():
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _set(module: nn.Module, name: str, value: torch.Tensor, param: bool, grad: bool) -> None:
+    owner_name, _, leaf = name.rpartition(".")
+    owner = module.get_submodule(owner_name) if owner_name else module
+    if param:
+        owner._parameters[leaf] = nn.Parameter(value, requires_grad=grad)
+    else:
+        owner._buffers[leaf] = value
+
+
+@dataclass
+class _Block:
+    module: nn.Module
+    file: Path
+    device: torch.device
+    # name -> (is a parameter, requires_grad, alias of: the first name holding the same tensor)
+    entries: dict[str, tuple[bool, bool, str]] = field(default_factory=dict)
+    loaded: bool = True
+    depth: int = 0  # forwards in flight
+    opened: bool = False  # open outside a forward (window or resident)
+    versions: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+class BlockOffload:
+    """Offload a model's blocks beyond ``budget`` bytes to safetensors files in a temporary
+    directory (removed by :meth:`close`, or when the offloader is collected).
+
+    Args:
+        model: the loaded model (all in memory).
+        budget: bytes the model's weights may hold in memory: the blocks that do not fit beside
+            the rest of the model and one block in flight are offloaded (in model order, the
+            first ones stay).
+        directory: where the temporary directory goes (None: the system's temporary folder).
+
+    Attributes:
+        loads: blocks loaded from their files so far (forwards and opens).
+        offloaded: the names of the offloaded blocks.
+    """
+
+    def __init__(self, model: nn.Module, budget: int, directory: Path | None = None) -> None:
+        self.model = model
+        self.dir = Path(tempfile.mkdtemp(prefix="opsnn-quant-offload-", dir=directory))
+        self._finalizer = weakref.finalize(self, shutil.rmtree, self.dir, True)
+        self.loads = 0
+        self.blocks: dict[str, _Block] = {}
+        self._window: str | None = None
+        self._handles: list[Any] = []
+        found = find_blocks(model)
+        sizes = {n: _nbytes(m) for n, m in found.items()}
+        resident = _nbytes(model) - sum(sizes.values())
+        largest = max(sizes.values(), default=0)
+        for i, (name, module) in enumerate(found.items()):
+            if resident + sizes[name] + largest <= budget:
+                resident += sizes[name]
+                continue
+            device = next(module.parameters()).device
+            block = _Block(module, self.dir / f"block{i}.safetensors", device)
+            self.blocks[name] = block
+            self._write(block)
+            self._free(block)
+            self._handles.append(module.register_forward_pre_hook(self._enter(name), prepend=True))
+            self._handles.append(module.register_forward_hook(self._exit(name), always_call=True))
+        model.__dict__[ATTRIBUTE] = self
+
+    @property
+    def offloaded(self) -> list[str]:
+        """The offloaded blocks' names, in model order."""
+        return list(self.blocks)
+
+    # ---- one block -----------------------------------------------------------------------
+
+    def _write(self, block: _Block) -> None:
+        from safetensors.torch import save_file
+
+        data: dict[str, torch.Tensor] = {}
+        first: dict[int, str] = {}
+        block.entries = {}
+        for name, (t, param) in _tensors(block.module).items():
+            alias = first.setdefault(id(t), name)
+            block.entries[name] = (param, bool(t.requires_grad), alias)
+            if alias == name:
+                data[name] = t.detach().contiguous()
+        save_file(data, str(block.file))
+
+    def _free(self, block: _Block) -> None:
+        metas: dict[str, torch.Tensor] = {}
+        tensors = _tensors(block.module)
+        for name, (param, grad, alias) in block.entries.items():
+            if alias not in metas:
+                metas[alias] = torch.empty_like(tensors[alias][0], device="meta")
+            _set(block.module, name, metas[alias], param, grad)
+        block.loaded = False
+        block.versions = {}
+
+    def _load(self, block: _Block) -> None:
+        from safetensors import safe_open
+
+        with safe_open(str(block.file), framework="pt", device=str(block.device)) as f:
+            values = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open)
+        for name, (param, grad, alias) in block.entries.items():
+            _set(block.module, name, values[alias], param, grad)
+        block.loaded = True
+        block.versions = self._versions(block)
+        self.loads += 1
+
+    @staticmethod
+    def _versions(block: _Block) -> dict[str, tuple[int, int]]:
+        return {n: (id(t), t._version) for n, (t, _) in _tensors(block.module).items()}
+
+    def _close(self, block: _Block) -> None:
+        """Free an opened block, written again first when its tensors changed."""
+        block.opened = False
+        if block.depth or not block.loaded:
+            return
+        if self._versions(block) != block.versions:
+            self._write(block)
+        self._free(block)
+
+    def _open(self, block: _Block) -> None:
+        if not block.loaded:
+            self._load(block)
+        block.opened = True
+
+    def _enter(self, name: str) -> Any:
+        def hook(_module: nn.Module, _args: Any) -> None:
+            block = self.blocks[name]
+            if not block.loaded:
+                self._load(block)
+            block.depth += 1
+
+        return hook
+
+    def _exit(self, name: str) -> Any:
+        def hook(_module: nn.Module, _args: Any, _output: Any) -> None:
+            block = self.blocks[name]
+            block.depth -= 1
+            if block.depth == 0 and not block.opened:
+                if self._versions(block) != block.versions:
+                    self._write(block)  # a tensor changed in the forward: kept
+                self._free(block)
+
+        return hook
+
+    # ---- outside a forward ---------------------------------------------------------------
+
+    def owner(self, module_name: str) -> str | None:
+        """The offloaded block holding module ``module_name`` (None: it stays in memory)."""
+        for name in self.blocks:
+            if module_name == name or module_name.startswith(name + "."):
+                return name
+        return None
+
+    def touch(self, module_name: str) -> None:
+        """Inside :meth:`window`: open the block holding ``module_name`` (closing the block
+        opened before), so that its weights can be read or changed outside a forward."""
+        name = self.owner(module_name)
+        if name == self._window:
+            return
+        if self._window is not None:
+            self._close(self.blocks[self._window])
+        self._window = name
+        if name is not None:
+            self._open(self.blocks[name])
+
+    @contextlib.contextmanager
+    def window(self) -> Iterator[BlockOffload]:
+        """One block open at a time (:meth:`touch`); the last one closed at the end."""
+        try:
+            yield self
+        finally:
+            if self._window is not None:
+                self._close(self.blocks[self._window])
+            self._window = None
+
+    @contextlib.contextmanager
+    def resident(self) -> Iterator[None]:
+        """Every block open (an export tracing or writing the whole model); closed after."""
+        for block in self.blocks.values():
+            self._open(block)
+        try:
+            yield
+        finally:
+            for block in self.blocks.values():
+                self._close(block)
+
+    def close(self) -> None:
+        """Load every block back (the model is all in memory again), remove the hooks and the
+        temporary directory."""
+        for block in self.blocks.values():
+            if not block.loaded:
+                self._load(block)
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.blocks.clear()
+        self.model.__dict__.pop(ATTRIBUTE, None)
+        self._finalizer()
+
+    def release(self) -> None:
+        """Remove the temporary directory (the model is not used any more)."""
+        self._finalizer()
+
+
+@contextlib.contextmanager
+def window(model: nn.Module) -> Iterator[BlockOffload | None]:
+    """:meth:`BlockOffload.window` of ``model``'s offloader (None: all in memory)."""
+    off = offload_of(model)
+    if off is None:
+        yield None
+        return
+    with off.window():
+        yield off
+
+
+def resident(model: nn.Module) -> contextlib.AbstractContextManager[None]:
+    """:meth:`BlockOffload.resident` of ``model``'s offloader (nothing when all in memory)."""
+    off = offload_of(model)
+    return off.resident() if off is not None else contextlib.nullcontext()
+
+
+def touch(off: BlockOffload | None, module_name: str) -> None:
+    """``off.touch(module_name)`` where there is an offloader."""
+    if off is not None:
+        off.touch(module_name)

@@ -1,0 +1,105 @@
+"""``calibrate --max-memory`` (issue 43 §5): a tiny diffusion transformer pipeline calibrated in
+memory and with its blocks offloaded writes the same files; what does not run offloaded yet
+is refused before any work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from opsnn_quant.cli import main
+from opsnn_quant.models import offload
+from tests.pipeline.conftest import run_files
+from tests.tiny_pipelines import save_tiny_sd3, tiny_dit_recipe
+
+NAIVE = ["--strategy", "all-w8a8-dynamic", "--limit", "2", "--set", "steps=2", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dit(tmp_path_factory):
+    root = tmp_path_factory.mktemp("offload")
+    save_tiny_sd3(root / "pipe")
+    return root, tiny_dit_recipe(root, "offload", target="ascend910b-mindie-sd")
+
+
+def test_an_offloaded_calibrate_writes_the_same_files(tiny_dit, tmp_path, monkeypatch):
+    _root, recipe = tiny_dit
+    made: list[offload.BlockOffload] = []
+    init = offload.BlockOffload.__init__
+
+    def record(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(offload.BlockOffload, "__init__", record)
+    assert main(["calibrate", str(recipe), "-o", str(tmp_path / "mem"), *NAIVE]) == 0
+    assert made == []
+    # the weights need ~1.4 MB; 128 KiB holds the activations' floor but none of the blocks
+    cap = ["--max-memory", "128KiB"]
+    assert main(["calibrate", str(recipe), "-o", str(tmp_path / "off"), *NAIVE, *cap]) == 0
+    (off,) = made  # the run's one model (a naive strategy loads no other copy)
+    assert "transformer.transformer_blocks.0" in off.offloaded
+    assert "text_encoder_3.encoder.block.1" in off.offloaded
+    # each block was loaded for its forwards (2 steps x classifier-free guidance, the text
+    # encoders, the VAE...), then freed: the quantized blocks are on the meta device again
+    assert off.loads > 2 * len(off.offloaded)
+    blocks = off.model.get_submodule("transformer.transformer_blocks")
+    tensors = [*blocks.parameters(), *blocks.buffers()]
+    assert tensors and all(t.device.type == "meta" for t in tensors)
+    assert not off.dir.exists()  # the temporary files removed
+    mem, offloaded = run_files(tmp_path / "mem"), run_files(tmp_path / "off")
+    assert mem.keys() == offloaded.keys()
+    assert any(k.startswith("quant/") and k.endswith(".safetensors") for k in mem)
+    assert any(k.startswith("export/mindie-sd/") for k in mem)
+    assert any(k.startswith("export/ascendv1/") for k in mem)
+    assert [k for k in mem if mem[k] != offloaded[k]] == []
+    timings = json.loads((tmp_path / "off" / "timings.json").read_text())
+    assert timings  # the one file that may differ
+
+
+@pytest.mark.parametrize("size", ["lots", "0", "-1GiB", "12XB", "nan"])
+def test_bad_max_memory_is_one_error_line(tiny_dit, tmp_path, capsys, size):
+    _root, recipe = tiny_dit
+    code = main(["calibrate", str(recipe), "-o", str(tmp_path / "o"), *NAIVE, "--max-memory", size])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ")
+    assert "--max-memory" in err[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_recipe_max_memory_is_read_as_bytes(tiny_dit, tmp_path, capsys):
+    from opsnn_quant.recipe import load_recipe
+
+    _root, recipe = tiny_dit
+    data = json.loads(recipe.read_text())
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text(json.dumps({**data, "model": {**data["model"], "max_memory": "2GiB"}}))
+    bad.write_text(json.dumps({**data, "model": {**data["model"], "max_memory": "two gigs"}}))
+    assert load_recipe(str(good)).model.max_memory == 2 << 30
+    code = main(["calibrate", str(bad), "-o", str(tmp_path / "o"), *NAIVE])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ")
+    assert "max_memory" in err[0] and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--quiet"], "the probe's estimators"),  # the recipe's search: no budget.metric
+        (["--strategy", "all-w8a8-minmax", "--engine", "amct", "--quiet"], "--engine amct"),
+    ],
+)
+def test_what_does_not_run_offloaded_is_refused_before_work(
+    tiny_dit, tmp_path, capsys, monkeypatch, flags, words
+):
+    _root, recipe = tiny_dit
+    monkeypatch.setattr(
+        "opsnn_quant.pipeline.calibrate.load_data",
+        lambda *a, **k: pytest.fail("work started"),
+    )
+    code = main(["calibrate", str(recipe), "-o", str(tmp_path / "o"), *flags,
+                 "--max-memory", "1GiB"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: --max-memory")
+    assert words in err[0] and list(tmp_path.iterdir()) == []
