@@ -1,17 +1,27 @@
-"""A measured candidate's verdict before the whole slice: the paired bootstrap interval of a
-WER/CER delta, looked at every few utterances.
+"""A measured candidate's verdict on the paired bootstrap interval of a WER/CER delta, looked
+at every few utterances (issue 43 §2, issue 44 §4).
 
 The measured search of ``calibrate`` (:mod:`opsnn_quant.evaluation.slice_scorer`) judges each
-candidate on a slice of utterances. Most candidates are far from the bound (a static W8A8
-Whisper at +3 WER points against a 0.5 bound), and transcribing the rest of the slice cannot
-change their verdict. So the candidate is transcribed in groups of :data:`LOOK_EVERY`
-utterances and, after each group but the last, the paired bootstrap interval of the delta (the
-utterances resampled with their float and candidate errors together, the corpus rate's ratio of
-sums recomputed) is compared with the bound: wholly inside it is a PASS, wholly beyond it a
-FAIL, either ends the measurement. The interval of each look is at level ``1 - alpha / looks``
-(Bonferroni over the early looks), so the chance that any early look decides wrongly stays
-below ``alpha``; without an early decision the whole slice's point estimate decides, as it did
-before. The resampling is seeded: the same outputs give the same verdict.
+candidate on a slice of utterances, and a candidate passes only when its interval does, as in
+the acceptance report. Most candidates are far from the bound (a static W8A8 Whisper at +3 WER
+points against a 0.5 bound), and transcribing the rest of the slice cannot change their verdict.
+So the candidate is transcribed in groups of :data:`LOOK_EVERY` utterances and, after each
+group, the paired bootstrap interval of the delta (the utterances resampled with their float and
+candidate errors together, the corpus rate's ratio of sums recomputed) is compared with the
+bound (:func:`levels`):
+
+* at level ``1 - alpha / looks`` (Bonferroni over every look, the last one included): wholly
+  inside the bound is a PASS, wholly beyond it a FAIL; either ends the measurement, and the
+  chance that any look passes a candidate whose true delta is beyond the bound stays below
+  ``alpha``;
+* at an early look, a *futility* stop (non-binding, as group-sequential trials use): when the
+  one-sided lower bound at ``1 - beta / early looks`` already lies beyond the bound, the
+  candidate is very unlikely ever to be shown to pass, and it FAILS there. This only turns
+  would-be passes into fails (the search is never less safe); the chance that it stops a
+  candidate whose true delta meets the bound stays below ``beta``;
+* at the last look, an interval still across the bound is INCONCLUSIVE: not a pass.
+
+The resampling is seeded: the same outputs give the same verdict.
 """
 
 from __future__ import annotations
@@ -25,7 +35,8 @@ import numpy as np
 from opsnn_quant.evaluation.wer import normalize_all
 
 LOOK_EVERY = 16  # utterances between looks (a few whole batches of the zoo's Whisper settings)
-ALPHA = 0.05  # the chance that any early look decides otherwise than the truth
+ALPHA = 0.05  # default chance that any look passes a candidate beyond its bound
+BETA = 0.2  # the chance that a futility stop fails a candidate within its bound
 RESAMPLES = 2000
 SEED = 0
 
@@ -84,18 +95,21 @@ def delta_interval(
     return float(delta), float(low), float(high)
 
 
-def early_verdict(low: float, high: float, bound: float) -> bool | None:
-    """A delta bound ``delta <= bound`` judged on an interval: True (the whole interval meets
-    it), False (none of it does), None (undecided: look again)."""
-    if high <= bound:
-        return True
-    if low > bound:
-        return False
-    return None
-
-
 def looks(size: int, every: int = LOOK_EVERY) -> list[int]:
     """The slice sizes after which the verdict is looked at: every ``every`` utterances, the
     last one the whole slice (a slice of at most ``every`` has only that look)."""
     ends = list(range(every, size, every))
     return [*ends, size]
+
+
+def levels(n_looks: int, confidence: float = 1 - ALPHA, beta: float = BETA) -> tuple[float, float]:
+    """The two-sided levels of a slice judged at ``n_looks`` looks: ``(decide, futility)``.
+
+    ``decide`` is ``1 - alpha / n_looks`` (``alpha = 1 - confidence``, the suite's
+    ``metrics.confidence``); ``futility`` is the two-sided level whose lower bound is the
+    one-sided ``1 - beta / (n_looks - 1)`` bound of the early looks (1.0, never futile, with a
+    single look).
+    """
+    decide = 1 - (1 - confidence) / n_looks
+    futility = 1.0 if n_looks < 2 else 1 - 2 * beta / (n_looks - 1)
+    return decide, futility

@@ -1,28 +1,29 @@
 """``SliceScorer``: a suite's quality metrics on a small slice of its data, for a search.
 
 The measured search of ``calibrate`` (:mod:`opsnn_quant.pipeline.measured`) scores many candidate
-policies: the float model's outputs on the slice are generated once, each candidate's are scored
-against them with the suite's own metrics (:class:`~.evaluate.QualityInputs`) and judged against
-the user's bounds with :func:`~.runner.verdict`, the rule the acceptance report applies.
+policies: the float model's outputs on the slice are generated once each (only as far as a
+candidate needed them), each candidate's are scored against them with the suite's own metrics
+(:class:`~.evaluate.QualityInputs`) and judged on their paired bootstrap intervals against the
+user's bounds with :func:`~.runner.verdict`, the rule the acceptance report applies.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from opsnn_quant.backends.devices import backend_label
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.evaluate import QualityInputs, apply_generation, generate_outputs
-from opsnn_quant.evaluation.report import Criterion
+from opsnn_quant.evaluation.report import Criterion, Status
 from opsnn_quant.evaluation.runner import THRESHOLDS, verdict
 from opsnn_quant.evaluation.sequential import (
-    ALPHA,
     Rate,
     delta_interval,
-    early_verdict,
+    levels,
     looks,
     utterance_errors,
 )
@@ -60,14 +61,28 @@ class SliceScore:
     passed: bool
     quality: tuple[float, ...]
     early: str | None = None  # how the verdict was reached before the whole slice
+    status: Status = "PASS"  # PASS, FAIL, or INCONCLUSIVE (not a pass) on the intervals
 
     def describe(self) -> str:
-        """The bounds' figures in one phrase, e.g. ``wer_delta_points +0.42 (<= 0.5)``."""
-        figures = ", ".join(
-            f"{c.measured_key} {_figure(c.measured_key, c.value)} ({c.comparator} {c.threshold:g})"
-            for c in self.criteria
-        )
-        return f"{figures}; {self.early}" if self.early else figures
+        """The bounds' figures with their intervals in one phrase, e.g.
+        ``wer_delta_points +0.42 [-0.2, +0.48] (<= 0.5, 98.8%)``, then how it was decided."""
+        text = ", ".join(_criterion(c) for c in self.criteria)
+        if self.status == "INCONCLUSIVE":
+            text += "; INCONCLUSIVE on the whole slice: not a pass"
+        return f"{text}; {self.early}" if self.early else text
+
+
+def _criterion(c: Criterion) -> str:
+    """One criterion as described: figure, interval, bound and level, and why undecided."""
+    figure = f"{c.measured_key} {_figure(c.measured_key, c.value)}"
+    if c.ci_low is None or c.ci_high is None:
+        return f"{figure} ({c.comparator} {c.threshold:g})"
+    span = f"[{_figure(c.measured_key, c.ci_low)}, {_figure(c.measured_key, c.ci_high)}]"
+    level = f", {c.ci_level:.1%}" if c.ci_level is not None else ""
+    text = f"{figure} {span} ({c.comparator} {c.threshold:g}{level})"
+    if c.status == "INCONCLUSIVE" and c.samples_to_decide is not None:
+        text += f", about {c.samples_to_decide} samples would decide it"
+    return text
 
 
 def _figure(key: str, value: float | None) -> str:
@@ -80,12 +95,21 @@ def _figure(key: str, value: float | None) -> str:
 class SliceScorer:
     """Scores candidates with a suite's metrics on ``records`` (a slice of data).
 
+    A candidate passes only when the interval of every bound's figure meets it, at the level
+    of :func:`~.sequential.levels` (the suite's ``metrics.confidence`` shared by the looks). A
+    speech slice whose bounds are all WER/CER deltas is transcribed in groups and looked at
+    after each (:mod:`.sequential`); any other slice is judged once, whole. The float model's
+    outputs are generated only as far as a candidate needed them: those of the first look when
+    the scorer is built, the rest by a float model from ``reload`` when a candidate goes on.
+
     Args:
         baseline: the float model (its settings take the suite's generation settings).
         suite: the suite whose generation settings and metrics are used.
         bounds: the user's bounds (suite threshold names), judged instead of the suite's.
         records: the slice (e.g. :func:`~.evaluate.suite_records` after the suite's samples).
         allow_pickle: as :func:`~.evaluate.evaluate`'s (the suite's CLIP).
+        reload: loads a fresh float model for the float outputs of later looks, so that the
+            scorer keeps none between candidates; None: ``baseline`` is kept for them.
 
     Raises:
         ConfigError: bad bounds, or a task the model does not have.
@@ -99,6 +123,7 @@ class SliceScorer:
         records: list[dict[str, Any]],
         *,
         allow_pickle: bool = False,
+        reload: Callable[[], ModelAdapter] | None = None,
     ) -> None:
         problem = bounds.quality_problem()
         if problem:
@@ -114,42 +139,100 @@ class SliceScorer:
         )
         apply_generation(baseline, suite)
         self.inputs = QualityInputs.load(suite, baseline, records, allow_pickle)
-        self.baseline: list[Any] = generate_outputs(baseline, suite, self.inputs.inputs)
+        self.rates = self._sequential_rates()
+        self.ends = looks(self.size) if self.rates else [self.size]
+        self.level, self.futility = levels(len(self.ends), suite.metrics.confidence)
+        self._reload = reload
+        self._float: ModelAdapter | None = None if reload is not None else baseline
+        self.baseline: list[Any] = []
+        self._extend_float(self.ends[0], baseline)
 
     @property
     def size(self) -> int:
         """Inputs in the slice."""
         return len(self.inputs.inputs)
 
+    def _extend_float(self, end: int, adapter: ModelAdapter | None = None) -> None:
+        """The float outputs of the first ``end`` inputs (generated once each)."""
+        if len(self.baseline) >= end:
+            return
+        if adapter is None:
+            adapter = self._float if self._float is not None else self._reload_float()
+        self.baseline += generate_outputs(
+            adapter, self.suite, self.inputs.inputs[len(self.baseline) : end]
+        )
+
+    def _reload_float(self) -> ModelAdapter:
+        assert self._reload is not None
+        adapter = self._reload()
+        apply_generation(adapter, self.suite)
+        return adapter
+
     def score(self, candidate: ModelAdapter) -> SliceScore:
-        """``candidate``'s figures on the slice, judged against the bounds; a speech slice
-        whose bounds are all WER/CER deltas is transcribed in groups and its measurement ends
-        as soon as the delta's interval decides every bound (:mod:`.sequential`)."""
+        """``candidate``'s figures on the slice, judged on their intervals against the bounds;
+        a sequential slice ends as soon as a look decides (:mod:`.sequential`)."""
         apply_generation(candidate, self.suite)
-        rates = self._sequential_rates()
-        ends = looks(self.size) if rates else [self.size]
         outputs: list[Any] = []
-        for end in ends:
+        for end in self.ends:
             outputs += generate_outputs(
                 candidate, self.suite, self.inputs.inputs[len(outputs) : end]
             )
-            if end < self.size and rates:
-                early = self._early(candidate, outputs, rates, level=1 - ALPHA / (len(ends) - 1))
-                if early is not None:
-                    return early
-        return self._judge(candidate, self.inputs, self.baseline, outputs)
+            self._extend_float(end)
+            score = self._look(candidate, outputs, last=end == self.size)
+            if score is not None:
+                return score
+        raise AssertionError("the last look always decides")  # pragma: no cover
 
-    def _judge(
-        self,
-        candidate: ModelAdapter,
-        inputs: QualityInputs,
-        baseline: list[Any],
-        outputs: list[Any],
-    ) -> SliceScore:
-        measured = inputs.quality(baseline, outputs).measured
-        rows = verdict(self.judged, measured, quality_backend=backend_label(candidate.device))
-        passed = all(r.status == "PASS" for r in rows)
-        return SliceScore(measured, rows, passed, _quality(rows, measured, self.suite.task))
+    def _look(
+        self, candidate: ModelAdapter, outputs: list[Any], *, last: bool
+    ) -> SliceScore | None:
+        """The score on the first ``len(outputs)`` inputs when it is decided (PASS or FAIL on
+        the intervals, or a futility stop), or at the last look; None: look again."""
+        n = len(outputs)
+        part = dataclasses.replace(
+            self.inputs, records=self.inputs.records[:n], inputs=self.inputs.inputs[:n],
+            references=self.inputs.references[:n],
+        )  # fmt: skip
+        base = self.baseline[:n]
+        result = part.quality(base, outputs, confidence=self.level)
+        rows = verdict(
+            self.judged, result.measured, quality_backend=backend_label(candidate.device),
+            intervals=result.intervals, samples=n,
+        )  # fmt: skip
+        statuses = {r.status for r in rows}
+        status: Status = (
+            "FAIL" if "FAIL" in statuses else "PASS" if statuses == {"PASS"} else "INCONCLUSIVE"
+        )
+        where = f"{n} of {self.size} {self._unit}"
+        note = None
+        if status == "INCONCLUSIVE" and not last:
+            note = self._futile(part.references, base, outputs)
+            if note is None:
+                return None
+            status = "FAIL"
+            note = f"cannot pass after {where}: {note}"
+        elif not last:
+            note = f"decided after {where}"
+        quality = _quality(rows, result.measured, self.suite.task)
+        return SliceScore(result.measured, rows, status == "PASS", quality, note, status)
+
+    @property
+    def _unit(self) -> str:
+        return "utterances" if self.suite.task == "asr" else "prompts"
+
+    def _futile(self, refs: list[str], base: list[Any], outputs: list[Any]) -> str | None:
+        """Why an undecided look stops for futility: a bound's one-sided lower bound at the
+        futility level lies beyond it (None: none does)."""
+        tail = (1 + self.futility) / 2
+        for name, (rate, bound) in self.rates.items():
+            _, low, _ = delta_interval(
+                utterance_errors(refs, base, rate), utterance_errors(refs, outputs, rate),
+                self.futility,
+            )  # fmt: skip
+            if low > bound:
+                key = name.replace("_max_points", "_points")
+                return f"the {tail:.1%} lower bound of {key} is {low:+.3g} > {bound:g} (futility)"
+        return None
 
     def _sequential_rates(self) -> dict[str, tuple[Rate, float]]:
         """Bound name -> (rate, bound) when every bound is a WER/CER delta on a speech slice
@@ -161,39 +244,6 @@ class SliceScorer:
         if not names or not names <= set(SEQUENTIAL):
             return {}
         return {n: (SEQUENTIAL[n], float(getattr(bounds, n))) for n in sorted(names)}
-
-    def _early(
-        self,
-        candidate: ModelAdapter,
-        outputs: list[Any],
-        rates: dict[str, tuple[Rate, float]],
-        level: float,
-    ) -> SliceScore | None:
-        """The score on the first ``len(outputs)`` utterances if their intervals decide every
-        bound (a FAIL decides alone), else None."""
-        n = len(outputs)
-        refs, base = self.inputs.references[:n], self.baseline[:n]
-        decided, spans = [], []
-        for name, (rate, bound) in rates.items():
-            delta, low, high = delta_interval(
-                utterance_errors(refs, base, rate), utterance_errors(refs, outputs, rate), level
-            )
-            decided.append(early_verdict(low, high, bound))
-            spans.append(
-                f"{name.replace('_max_points', '')} {delta:+.3g} [{low:+.3g}, {high:+.3g}]"
-            )
-        if False not in decided and None in decided:
-            return None
-        part = dataclasses.replace(
-            self.inputs, records=self.inputs.records[:n], inputs=self.inputs.inputs[:n],
-            references=refs,
-        )  # fmt: skip
-        score = self._judge(candidate, part, base, outputs)
-        note = (
-            f"decided after {n} of {self.size} utterances: {', '.join(spans)} "
-            f"({level:.1%} paired bootstrap)"
-        )
-        return dataclasses.replace(score, passed=False not in decided, early=note)
 
 
 def _quality(

@@ -1,4 +1,5 @@
-"""The paired interval of a WER delta and the early verdict of a speech slice (issue 43 §2)."""
+"""The paired interval of a WER delta and the sequential verdict of a speech slice (issue 43 §2,
+issue 44 §4: a candidate passes only when its interval does)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from opsnn_quant.evaluation.sequential import (
     Errors,
     delta_interval,
-    early_verdict,
+    levels,
     looks,
     utterance_errors,
 )
@@ -41,10 +42,11 @@ def test_delta_interval_by_hand():
     assert one == delta_interval(base, Errors((2, 0, 0, 0), (10, 10, 10, 10)), 0.95)  # seeded
 
 
-def test_early_verdict_needs_the_whole_interval_on_one_side():
-    assert early_verdict(-1.0, 0.4, 0.5) is True
-    assert early_verdict(0.6, 3.0, 0.5) is False
-    assert early_verdict(-1.0, 0.6, 0.5) is None
+def test_levels_share_alpha_over_the_looks_and_beta_over_the_early_ones():
+    # 4 looks at 95 %: each at 1 - 0.05/4; futility one-sided 1 - 0.2/3, i.e. two-sided 1 - 0.4/3
+    assert levels(4) == pytest.approx((0.9875, 1 - 0.4 / 3))
+    assert levels(3, confidence=0.9) == pytest.approx((1 - 0.1 / 3, 0.8))
+    assert levels(1) == pytest.approx((0.95, 1.0))  # one look: no futility stop
 
 
 def test_looks():
@@ -97,27 +99,73 @@ def _records(n: int) -> list[dict[str, Any]]:
 
 
 def test_a_candidate_far_beyond_the_bound_fails_after_the_first_look(asr_suite):
-    scorer = SliceScorer(FakeASR(), asr_suite, Thresholds(wer_delta_max_points=0.5), _records(48))
+    base = FakeASR()
+    scorer = SliceScorer(base, asr_suite, Thresholds(wer_delta_max_points=0.5), _records(48))
+    assert base.asked == list(range(16))  # the float outputs of the first look only
     bad = FakeASR({i: 2 for i in range(48)})  # 2 of 5 words lost everywhere: +40 points
     score = scorer.score(bad)
-    assert not score.passed and bad.asked == list(range(16))  # 16 of 48 transcribed
+    assert not score.passed and score.status == "FAIL" and bad.asked == list(range(16))
     assert score.measured["wer_delta_points"] == pytest.approx(40.0)
-    assert score.early is not None and score.early.startswith("decided after 16 of 48")
-    assert "decided after 16 of 48 utterances: wer_delta +40 [+40, +40]" in score.describe()
+    # 3 looks: each at 1 - 0.05/3 = 98.3 %
+    assert score.describe() == (
+        "wer_delta_points +40 [+40, +40] (<= 0.5, 98.3%); decided after 16 of 48 utterances"
+    )
+    assert base.asked == list(range(16))  # no float output beyond what the candidate needed
 
 
 def test_an_identical_candidate_passes_after_the_first_look(asr_suite):
     scorer = SliceScorer(FakeASR(), asr_suite, Thresholds(wer_delta_max_points=0.5), _records(48))
     same = FakeASR()
     score = scorer.score(same)
-    assert score.passed and same.asked == list(range(16))
+    assert score.passed and score.status == "PASS" and same.asked == list(range(16))
 
 
-def test_a_candidate_near_the_bound_is_judged_on_the_whole_slice(asr_suite):
-    # One word lost in one utterance of 48 (240 words): +0.42 points, under the 0.5 bound; in
-    # the first 16 utterances (80 words) the interval reaches +1.25: no early verdict.
+def test_an_undecided_candidate_stops_for_futility(asr_suite):
+    # Utterances 0-2 of the first 16 lose 2 of their 5 words: +7.5 points. The 98.3 % interval
+    # reaches 0 (a draw of 16 misses all three with chance (13/16)^16 = 3.6 %, more than the
+    # 0.83 % tail): undecided. The futility level (3 looks: two-sided 80 %, lower tail 10 %)
+    # puts the lower bound at one copy of 2 words in 80 = +2.5 > 0.5: it cannot pass.
     scorer = SliceScorer(FakeASR(), asr_suite, Thresholds(wer_delta_max_points=0.5), _records(48))
+    cand = FakeASR({0: 2, 1: 2, 2: 2})
+    score = scorer.score(cand)
+    assert cand.asked == list(range(16)) and not score.passed and score.status == "FAIL"
+    assert score.criteria[0].ci_low == 0.0  # undecided on the decision level
+    assert score.early == (
+        "cannot pass after 16 of 48 utterances: the 90.0% lower bound of wer_delta_points is "
+        "+2.5 > 0.5 (futility)"
+    )
+
+
+def test_a_candidate_near_the_bound_is_inconclusive_on_the_whole_slice(asr_suite):
+    # One word lost in one utterance of 48 (240 words): +0.42 points, under the 0.5 bound, but
+    # a resample may draw that utterance 3 times (+1.25): the interval straddles the bound at
+    # every look, so the whole slice is transcribed and the candidate does not pass.
+    base = FakeASR()
+    scorer = SliceScorer(base, asr_suite, Thresholds(wer_delta_max_points=0.5), _records(48))
     near = FakeASR({3: 1})
     score = scorer.score(near)
     assert near.asked == list(range(48)) and score.early is None
-    assert score.passed and score.measured["wer_delta_points"] == pytest.approx(100 / 240)
+    assert base.asked == list(range(48))  # the float outputs followed the candidate
+    assert not score.passed and score.status == "INCONCLUSIVE"
+    assert score.measured["wer_delta_points"] == pytest.approx(100 / 240)
+    row = score.criteria[0]
+    assert row.ci_low is not None and row.ci_low <= 0.5 < row.ci_high  # type: ignore[operator]
+    assert row.samples_to_decide is not None and row.samples_to_decide > 48
+
+
+def test_later_float_outputs_come_from_a_reloaded_model(asr_suite):
+    first = FakeASR()
+    loaded: list[FakeASR] = []
+
+    def reload() -> FakeASR:
+        loaded.append(FakeASR())
+        return loaded[-1]
+
+    scorer = SliceScorer(
+        first, asr_suite, Thresholds(wer_delta_max_points=0.5), _records(48), reload=reload
+    )
+    assert first.asked == list(range(16)) and not loaded  # first look: the model given
+    scorer.score(FakeASR({3: 1}))  # goes to the end: two more looks, each a reload
+    assert [m.asked for m in loaded] == [list(range(16, 32)), list(range(32, 48))]
+    scorer.score(FakeASR({3: 1}))  # the float outputs are kept: no reload
+    assert len(loaded) == 2

@@ -60,19 +60,31 @@ def test_slice_starts_after_the_suites_own_samples(suite):
 
 
 def test_psnr_bound_is_judged_on_the_slice_with_the_users_bound(suite):
-    # Slice = prompts 2, 3, 4 with errors 1, 4, 16: median PSNR = that of 4 (36.09 dB). The
-    # user's bound (30 dB) is judged, not the suite's own 99 dB.
+    # Slice = prompts 2, 3, 4, each with error 4: median PSNR 36.09 dB whatever the resample.
+    # The user's bound (30 dB) is judged, not the suite's own 99 dB.
     base = FakeT2I()
     scorer = SliceScorer(base, suite, Thresholds(psnr_min=30.0), suite_records(suite, 2, 3))
     assert base.seen == [(PROMPTS[2:5], 0)]  # the float outputs: generated once
-    cand = FakeT2I({"prompt 2": 1, "prompt 3": 4, "prompt 4": 16})
+    cand = FakeT2I({"prompt 2": 4, "prompt 3": 4, "prompt 4": 4})
     score = scorer.score(cand)
     assert score.measured["psnr_median_db"] == pytest.approx(_psnr(4))
     # quality: the bound's figure, then the t2i closeness figure (the same median PSNR)
     assert score.passed and score.quality == pytest.approx((_psnr(4), _psnr(4)))
-    assert score.describe() == f"psnr_median_db {_psnr(4):.4g} (>= 30)"
+    assert score.describe() == (
+        f"psnr_median_db {_psnr(4):.4g} [{_psnr(4):.4g}, {_psnr(4):.4g}] (>= 30, 95.0%)"
+    )
     strict = SliceScorer(FakeT2I(), suite, Thresholds(psnr_min=40.0), suite_records(suite, 2, 3))
-    assert not strict.score(cand).passed
+    assert strict.score(cand).status == "FAIL"
+
+
+def test_a_slice_whose_interval_straddles_the_bound_does_not_pass(suite):
+    # Errors 1, 4, 16: median PSNR that of 4 (36.09 dB, above the 30 dB bound), but a resample
+    # of three prompts may draw the worst one twice (24.05 dB): INCONCLUSIVE, not a pass.
+    scorer = SliceScorer(FakeT2I(), suite, Thresholds(psnr_min=30.0), suite_records(suite, 2, 3))
+    score = scorer.score(FakeT2I({"prompt 2": 1, "prompt 3": 4, "prompt 4": 16}))
+    assert score.measured["psnr_median_db"] == pytest.approx(_psnr(4))
+    assert not score.passed and score.status == "INCONCLUSIVE"
+    assert score.criteria[0].ci_low == pytest.approx(_psnr(16))
 
 
 def test_bounds_that_cannot_judge_a_slice_are_refused(suite):
