@@ -3,7 +3,7 @@
 With ``budget.metric`` in the recipe, the policy phase does not stop at the estimate: it
 measures candidates (:mod:`opsnn_quant.policy.front`) on a slice of the metric suite's data
 (:class:`~opsnn_quant.evaluation.slice_scorer.SliceScorer`). Each measurement quantizes a fresh
-float copy of the recipe's model with the candidate exactly as the quantize phase will (same
+float copy of the recipe's model (:func:`float_copy`) with the candidate exactly as the quantize phase will (same
 calibration data, the probe's statistics where they seed it), generates on the slice and judges
 the bounds on their intervals (a candidate passes only when its interval does). The float
 model's slice outputs are generated once each, only as far as a candidate needed them.
@@ -11,6 +11,7 @@ model's slice outputs are generated once each, only as far as a candidate needed
 
 from __future__ import annotations
 
+import copy
 import gc
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -22,6 +23,7 @@ from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.evaluate import suite_records
 from opsnn_quant.evaluation.slice_scorer import SliceScorer
 from opsnn_quant.evaluation.suite import Suite, load_suite
+from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.data import load_records
 from opsnn_quant.pipeline.context import RunContext, load_recipe_model
 from opsnn_quant.policy.baselines import NAIVE_SCHEMES, int8_runnable, naive_policy
@@ -160,13 +162,23 @@ def _scorer(ctx: RunContext, metric: MetricBudget, search: MeasuredSearch) -> Sl
     the candidates need them (a copy is loaded again for a later look)."""
     ctx.say(f"budget.metric: the float model on the slice ({len(search.records)} records)")
     return SliceScorer(
-        load_recipe_model(ctx.recipe),
+        float_copy(ctx),
         search.suite,
         metric.bounds(),
         search.records,
         allow_pickle=ctx.recipe.model.allow_pickle,
-        reload=lambda: load_recipe_model(ctx.recipe),
+        reload=lambda: float_copy(ctx),
     )
+
+
+def float_copy(ctx: RunContext) -> ModelAdapter:
+    """A fresh float copy of the run's model: a deep copy of the run's own (still float: the
+    policy phase runs before quantize swaps its modules), the same tensors as a load from disk
+    without its cost; loaded again where the run offloads blocks (``--max-memory``: a copy
+    would have to copy the offload files)."""
+    if ctx.recipe.model.max_memory is not None:
+        return load_recipe_model(ctx.recipe)
+    return copy.deepcopy(ctx.adapter)
 
 
 def slice_records(metric: MetricBudget, suite: Suite) -> list[dict[str, Any]]:
@@ -202,7 +214,7 @@ def _measure(
     ctx: RunContext, search: MeasuredSearch, scorer: SliceScorer, policy: PrecisionPolicy
 ) -> Measurement:
     """Quantize a fresh float copy with ``policy`` as the quantize phase would, score it."""
-    adapter = load_recipe_model(ctx.recipe)
+    adapter = float_copy(ctx)
     resolved = policy.resolved(
         search.report.inventory(), search.report.weight_shapes(), tied=search.report.tied()
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 import yaml
 
 from opsnn_quant.pipeline.calibrate import run_calibrate
@@ -105,3 +106,37 @@ def test_the_starting_points_are_the_baselines_the_recipe_allows_then_the_estima
     starts = starting_points(rep, atc, limits)
     assert labels(starts) == ["all-w8a8-minmax", "estimate at the recipe's limits"]
     assert starts[1].share == 0.5  # b (1e-2 > 10^-2.5) falls back: half the MACs
+
+
+@pytest.mark.slow
+@needs_espeak
+def test_a_candidates_float_copy_after_pass_one_equals_a_fresh_load():
+    """The measured search copies the run's model after probe pass 1 instead of loading it
+    again (issue 43 §2): every tensor of the copy equals a fresh load's, bit for bit, and no
+    hook of the probe is left on it."""
+    from types import SimpleNamespace
+
+    from opsnn_quant.models.data import load_records
+    from opsnn_quant.pipeline.calibrate import probe_config_for
+    from opsnn_quant.pipeline.context import load_recipe_model
+    from opsnn_quant.pipeline.measured import float_copy
+    from opsnn_quant.policy.targets import get_target
+    from opsnn_quant.probe.api import start_probe
+
+    recipe = _recipe("whisper-tiny-en", data={"limit": 2, "holdout": None, "holdout_limit": None})
+    adapter = load_recipe_model(recipe)
+    cfg = probe_config_for(recipe, 0, get_target(recipe.target))
+    records = load_records(recipe.data.calibration, 2)
+    start_probe(adapter, adapter.forward_loop(records), cfg).release()
+    copied = float_copy(SimpleNamespace(recipe=recipe, adapter=adapter))  # type: ignore[arg-type]
+    assert copied.model is not adapter.model
+    fresh = load_recipe_model(recipe).model.state_dict()
+    state = copied.model.state_dict()
+    assert state.keys() == fresh.keys()
+    for name, tensor in state.items():
+        assert tensor.dtype == fresh[name].dtype and torch.equal(tensor, fresh[name]), name
+    hooked = [
+        n for n, m in copied.model.named_modules()
+        if m._forward_hooks or m._forward_pre_hooks
+    ]  # fmt: skip
+    assert not hooked
