@@ -91,6 +91,10 @@ def test_generated_calibration_split() -> None:
         assert 0.5 < seconds / (60 * words / row["speed"]) < 2.5
     again = sd.synthesize(utts[0])
     np.testing.assert_array_equal(again, ds[0]["audio"])
+    # the split is synthesized in parallel (one espeak-ng per core): each utterance, in order,
+    # the same samples as one at a time
+    for i, u in enumerate(utts):
+        np.testing.assert_array_equal(sd.synthesize(u), ds[i]["audio"])
 
 
 def test_normalize_english() -> None:
