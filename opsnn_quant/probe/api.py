@@ -28,6 +28,7 @@ from opsnn_quant.models.generic import GenericAdapter
 from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.probe.e2e import ProbeRun, attribute_modalities, replay_measured
 from opsnn_quant.probe.hooks import NORMS, count_params, watched_modules
+from opsnn_quant.probe.moments import collect_groups, plan_groups
 from opsnn_quant.probe.passes import (
     Watches,
     local_error_pass,
@@ -288,7 +289,11 @@ def _estimate(run: ProbeRun, forward_loop: ForwardLoop, say: Callable[[str], Non
         if not replayed:
             run.watches.inputs.clear()  # pass 2 measures every module over the forward loop
             say("probe pass 2: local int8 error of every candidate scheme")
-            run.costs["pass2_seconds"] = local_error_pass(run.watches, adapter.model, forward_loop)
+            # the diagonal estimator reads pass 2's noise powers, not the candidates
+            release = run.cfg.estimator == "diagonal" and not run.cfg.exhaustive
+            run.costs["pass2_seconds"] = local_error_pass(
+                run.watches, adapter.model, forward_loop, release=release
+            )
     e2e = attribute_modalities(run, say, replayed)
     if replayed:
         _measure_rest(run, forward_loop, say)
@@ -350,7 +355,15 @@ def _pass_one(run: ProbeRun, forward_loop: ForwardLoop, shard: Shard | None) -> 
     seconds (this process's own pass)."""
     w = run.watches
     if shard is None:
-        return statistics_pass(w, run.adapter, run.named, run.watched, forward_loop)
+        # GPTQ's moments beyond what memory allows: the first group's here, the others' in
+        # passes of their own, each spilled to a file (see opsnn_quant.probe.moments)
+        groups = plan_groups(w.local)
+        seconds = statistics_pass(w, run.adapter, run.named, run.watched, forward_loop)
+        if len(groups) > 1:
+            model = run.adapter.model
+            run.costs["moments_seconds"] = collect_groups(w.local, model, forward_loop, groups)
+            run.costs["moments_passes"] = len(groups) - 1
+        return seconds
     seconds = statistics_pass(w, run.adapter, run.named, run.watched, shard.loop)
     t0 = time.perf_counter()
     for other in shard.others():  # waits for the slowest share
@@ -381,7 +394,9 @@ def _measure_rest(run: ProbeRun, forward_loop: ForwardLoop, say: Callable[[str],
     run.costs["pass2_seconds"] = 0.0
     if rest:
         say(f"probe pass 2: local int8 error of the {len(rest)} modules the replay did not reach")
-        run.costs["pass2_seconds"] = local_error_pass(w, run.adapter.model, forward_loop, only=rest)
+        run.costs["pass2_seconds"] = local_error_pass(
+            w, run.adapter.model, forward_loop, only=rest, release=True
+        )
     for lp in w.local.values():
         lp.release()
     w.inputs.clear()

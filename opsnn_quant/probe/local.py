@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from opsnn_quant.memory import TRIM
+from opsnn_quant.memory import TRIM, trim_heap
 from opsnn_quant.probe.config import DEFAULT_ERROR_ROWS
 from opsnn_quant.probe.crossfit import SplitMoments, crossfit_pixels, crossfit_rows
 from opsnn_quant.probe.energy import SchemeEnergy
@@ -88,7 +88,12 @@ class LocalProbe:
     _elements: int = 0  # input elements pass 1 saw (all calls, in a sampling loop or not)
     _pending: dict[tuple[Any, ...], PendingBatch] = field(default_factory=dict)
     moments: SplitMoments | None = None  # raw inputs' moments in halves (GPTQ), pass 1
+    # whether pass 1 collects them (False: a pass of their own does, see probe/moments.py)
+    collect_moments: bool = True
     _replay_share: float | None = None  # rows per replayed call measured (plan_replay)
+    # pass 2: measure the kept small calls and drop the candidates at the module's last call
+    # (when nothing after pass 2 runs them: its candidates are not all held at once)
+    release_after_pass2: bool = False
 
     def __post_init__(self) -> None:
         if any(SCHEMES[s].template.needs_moments for s in self.schemes):
@@ -150,10 +155,18 @@ class LocalProbe:
         if self.stats is not None:
             channels = xf.reshape(-1, self.stats.channels).abs().amax(dim=0)
             self.stats.collect(xf, channels)
-        if self.moments is not None:
+        if self.moments is not None and self.collect_moments:
             self.moments.collect(self.rows(xf))
         if step is not None:
             self.steps.collect(step, x, max(-span[0], span[1]), channels)
+
+    @torch.no_grad()
+    def collect_moments_only(self, x: torch.Tensor) -> None:
+        """One call's input, for the moments alone (a pass of their own: the rows and their
+        conversion exactly as :meth:`collect` gives them)."""
+        if self.moments is None or self.only == () or not x.numel():
+            return
+        self.moments.collect(self.rows(x.detach().to(torch.float32)))
 
     @torch.no_grad()
     def merge(self, other: LocalProbe) -> None:
@@ -275,12 +288,17 @@ class LocalProbe:
         index = self._pass2_calls
         self._pass2_calls += 1
         stride = max(1, -(-self.calls // self.error_calls()))
-        if index % stride:
-            return
-        rows = max(1, math.ceil(self.error_rows / self.error_calls()))
-        args, y = strided_samples(args, y, rows, self._channels())
-        if not self._pend(args, y):
-            self._measure_now(args, y)
+        if not index % stride:
+            rows = max(1, math.ceil(self.error_rows / self.error_calls()))
+            args, y = strided_samples(args, y, rows, self._channels())
+            if not self._pend(args, y):
+                self._measure_now(args, y)
+        if self.release_after_pass2 and self._pass2_calls == self.calls:
+            # the module's last call (pass 1 counted them): what :meth:`flush` would measure
+            # at the end of the pass, measured now, in the same order; then its candidates
+            # (int8 weights, a quarter of the float weight per variant) go
+            self.flush()
+            self.release()
 
     @torch.no_grad()
     def measure_kept(self, args: tuple, y: torch.Tensor, calls: int) -> None:
@@ -483,8 +501,11 @@ class LocalProbe:
         return tuple(s for s in self.schemes if s in res and not res[s].infeasible)
 
     def release(self) -> None:
-        """Drop the cached candidates."""
-        self._shadows.clear()
+        """Drop the cached candidates (and give the heap's free pages back)."""
+        if self._shadows:
+            self._shadows.clear()
+            self._variant.clear()
+            trim_heap()
 
 
 def decide_shared(members: Sequence[LocalProbe]) -> bool:

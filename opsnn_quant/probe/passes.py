@@ -240,19 +240,32 @@ def smoothquant_search(w: Watches, groups: Mapping[str, Sequence[str]]) -> tuple
 
 
 def local_error_pass(
-    w: Watches, model: nn.Module, forward_loop: ForwardLoop, only: set[str] | None = None
+    w: Watches,
+    model: nn.Module,
+    forward_loop: ForwardLoop,
+    only: set[str] | None = None,
+    release: bool = False,
 ) -> float:
     """Pass 2: every candidate's output error on the module's real inputs (after
-    :func:`smoothquant_search`), for every called module or those in ``only``. Returns the
+    :func:`smoothquant_search`), for every called module or those in ``only``. With
+    ``release`` (nothing after this pass runs the candidates), each module's candidates are
+    dropped after its last call: one module's at a time, not every module's. Returns the
     pass's seconds."""
     hooks = HookSet()
     measured = [lp for n, lp in w.local.items() if lp.calls and (only is None or n in only)]
     for lp in measured:
+        lp.release_after_pass2 = release
         hooks.add(lp.module.register_forward_hook(partial(_measure_hook, lp)))
     t0 = time.perf_counter()
-    _run(forward_loop, model, hooks)
+    try:
+        _run(forward_loop, model, hooks)
+    finally:
+        for lp in measured:
+            lp.release_after_pass2 = False
     for lp in measured:
         lp.flush()  # the small calls kept to measure together
+        if release:
+            lp.release()
     return time.perf_counter() - t0
 
 

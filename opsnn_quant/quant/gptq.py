@@ -22,10 +22,15 @@ it (with static activations the bias lives in the int32 ``quant_bias``).
 from __future__ import annotations
 
 import logging
+import tempfile
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 
 import torch
 
 from opsnn_quant.errors import CalibrationError
+from opsnn_quant.memory import trim_heap
 from opsnn_quant.stream import current_batch
 
 log = logging.getLogger(__name__)
@@ -47,6 +52,10 @@ class InputMoments:
     batch's fp32 one); each call's row sums (float64) go into a compensated float64 sum (a
     second float64 vector holds its rounding errors: ~106 bits).
 
+    The K x K sums are allocated at the first rows (a module never called takes none), and
+    :meth:`spill` moves the float64 one to a file (:class:`MomentStore`) once collecting is
+    over: then every read of :attr:`xtx` loads it back, and nothing is kept in memory.
+
     Args:
         channels: K.
         gram: also accumulate ``X^T X``.
@@ -62,50 +71,83 @@ class InputMoments:
         self.rows = 0
         self.total = torch.zeros(self.channels, dtype=torch.float64)
         self.total_error = torch.zeros(self.channels, dtype=torch.float64)
-        k = self.channels
-        self._sum = torch.zeros(k, k, dtype=torch.float64) if self.gram else None
+        self._sum: torch.Tensor | None = None  # float64 X^T X of the closed batches (lazy)
         self._open: torch.Tensor | None = None  # this batch's fp32 X^T X
         self._open_batch: int | None = None
+        self._load: Callable[[], torch.Tensor] | None = None  # X^T X spilled to a file
 
     @property
     def xtx(self) -> torch.Tensor | None:
         """``X^T X`` of every row so far (float64; None without ``gram``)."""
+        if not self.gram:
+            return None
+        if self._load is not None:
+            return self._load()
         self._close_batch()
+        return self._gram_sum()
+
+    @property
+    def spilled(self) -> bool:
+        """Whether ``X^T X`` lives in a file (see :meth:`spill`)."""
+        return self._load is not None
+
+    def _gram_sum(self) -> torch.Tensor:
+        """The float64 sum, allocated (zeros, on the totals' device) at its first use."""
+        if self._sum is None:
+            k = self.channels
+            self._sum = torch.zeros(k, k, dtype=torch.float64, device=self.total.device)
         return self._sum
+
+    @torch.no_grad()
+    def spill(self, store: MomentStore) -> None:
+        """Close the open batch and move ``X^T X`` to a file of ``store``: read back whole on
+        each use of :attr:`xtx` (the same float64 bits), nothing more collected or merged."""
+        if self.gram and self._load is None:
+            self._close_batch()
+            self._load = store.write(self._gram_sum())
+            self._sum = None
 
     @torch.no_grad()
     def collect(self, x2d: torch.Tensor) -> None:
         """Add (M, K) rows."""
+        if self._load is not None:
+            raise CalibrationError("input moments spilled to a file take no more rows")
         x = x2d.detach().reshape(-1, self.channels)
         self._to(x.device)
         xf = x.to(torch.float32)
         self._add_total(xf.sum(dim=0, dtype=torch.float64), None)
-        if self._sum is not None:
+        if self.gram:
             batch = current_batch() or 0
             if batch != self._open_batch:
                 self._close_batch()
                 self._open_batch = batch
             if self._open is None:
-                self._open = torch.zeros(self._sum.shape, dtype=torch.float32, device=x.device)
+                k = self.channels
+                self._open = torch.zeros(k, k, dtype=torch.float32, device=x.device)
             self._open.addmm_(xf.T, xf)
         self.rows += x.shape[0]
 
     @torch.no_grad()
     def merge(self, other: InputMoments) -> None:
         """Add the moments of ``other`` (the same K)."""
+        if self._load is not None:
+            raise CalibrationError("input moments spilled to a file take no more rows")
         if self.rows == 0:
             self._to(other.total.device)
         self._add_total(other.total, other.total_error)
-        theirs = other.xtx
-        if self._sum is not None and theirs is not None:
+        if self.gram and other.gram:
+            theirs = other.xtx
+            assert theirs is not None
             self._close_batch()
-            self._sum += theirs.to(self._sum.device)
+            total = self._gram_sum()
+            total += theirs.to(total.device)
         self.rows += other.rows
 
     def _close_batch(self) -> None:
         """Add the open batch's fp32 sum into the float64 one."""
-        if self._open is not None and self._sum is not None:
-            self._sum += self._open.to(self._sum.device, torch.float64)
+        if self._open is not None:
+            total = self._gram_sum()
+            total += self._open.to(total.device, torch.float64)
             self._open = None
             self._open_batch = None
 
@@ -180,12 +222,31 @@ class SplitMoments:
         self.halves[0].collect(rows[~second])
         self.halves[1].collect(rows[second])
 
+    @property
+    def spilled(self) -> bool:
+        """Whether both halves' ``X^T X`` live in files (see :meth:`spill`)."""
+        return all(h.spilled for h in self.halves)
+
+    def spill(self, store: MomentStore) -> None:
+        """Move both halves' ``X^T X`` to files of ``store`` (:meth:`InputMoments.spill`)."""
+        for half in self.halves:
+            half.spill(store)
+
     def merged(self) -> InputMoments:
-        """The moments of all rows (what quantize() fits the deployed module on)."""
+        """The moments of all rows (what quantize() fits the deployed module on). Of spilled
+        halves, moments whose ``X^T X`` is summed from the files at each read (the same
+        operations, so the same bits): nothing K x K is held until then."""
         a, b = self.halves
-        out = InputMoments(a.channels, a.gram)
+        if not (a.gram and self.spilled):
+            out = InputMoments(a.channels, a.gram)
+            out.merge(a)
+            out.merge(b)
+            return out
+        out = InputMoments(a.channels, gram=False)
         out.merge(a)
         out.merge(b)
+        out.gram = True
+        out._load = partial(_merged_xtx, a, b)
         return out
 
     def merge(self, other: SplitMoments) -> None:
@@ -206,6 +267,57 @@ class SplitMoments:
         (all rows when the other half is empty: too little data to split)."""
         other = self.halves[1 - half]
         return other if other.rows else self.merged()
+
+
+def _merged_xtx(a: InputMoments, b: InputMoments) -> torch.Tensor:
+    """``X^T X`` of two spilled halves, summed as :meth:`SplitMoments.merged` sums them."""
+    first, second = a.xtx, b.xtx
+    assert first is not None and second is not None
+    total = torch.zeros(a.channels, a.channels, dtype=torch.float64, device=a.total.device)
+    total += first.to(total.device)
+    total += second.to(total.device)
+    return total
+
+
+class MomentStore:
+    """A temporary directory that input moments are spilled to (:meth:`InputMoments.spill`):
+    one raw file per tensor, read back whole on each use; the directory goes when the last
+    moments read from it are gone.
+
+    Args:
+        directory: where to make the temporary directory (None: the system's default).
+    """
+
+    def __init__(self, directory: str | None = None) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="opsnn-quant-moments-", dir=directory)
+        self._count = 0
+        self.bytes = 0
+
+    @torch.no_grad()
+    def write(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """Write ``tensor`` to a file of its own; returns what reads it back (same dtype,
+        shape and device)."""
+        path = Path(self._dir.name) / f"{self._count}.bin"
+        self._count += 1
+        host = tensor.detach().to("cpu").contiguous()
+        host.numpy().tofile(path)
+        self.bytes += host.numel() * host.element_size()
+        return partial(_read, self, path, tuple(host.shape), host.dtype, tensor.device)
+
+
+def _read(
+    store: MomentStore,
+    path: Path,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """One spilled tensor, read back (``store`` keeps its directory alive)."""
+    numel = 1
+    for d in shape:
+        numel *= d
+    flat = torch.from_file(str(path), shared=False, size=numel, dtype=dtype)
+    return flat.reshape(shape).to(device)
 
 
 # Either form of the moments a module is fitted on: collected in halves by its own pass, or
@@ -240,6 +352,23 @@ def gptq_round(
     Raises:
         CalibrationError: shapes that do not fit, or a Hessian no damping makes invertible.
     """
+    try:
+        return _gptq_round(w, scale, hessian, damp, block, act_order)
+    finally:
+        # its float64 copies (K x K, N x K) are freed: give the pages back now, or the heap
+        # keeps them, and every module's GPTQ leaves its holes (a model's depth of them)
+        trim_heap()
+
+
+def _gptq_round(
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    hessian: torch.Tensor,
+    damp: float,
+    block: int,
+    act_order: bool,
+) -> torch.Tensor:
+    """:func:`gptq_round` (its arguments)."""
     n, k = w.shape
     if scale.shape != (n,) or hessian.shape != (k, k):
         raise CalibrationError(
