@@ -40,11 +40,13 @@ calibrated for another target) is written with the same tensors; MindIE-SD then 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +54,10 @@ import torch
 from torch import nn
 
 from opsnn_quant.deploy.fold_check import dequantized_weight, effective_bias
-from opsnn_quant.deploy.safetensors_io import write_safetensors
+from opsnn_quant.deploy.safetensors_io import LazyTensor, Tensorish, write_safetensors
 from opsnn_quant.io import atomic_dir
 from opsnn_quant.models.base import ModelAdapter
+from opsnn_quant.models.offload import BlockOffload, offload_of
 from opsnn_quant.quant.engine import TORCH_DTYPES, mul_scale_of
 from opsnn_quant.quant.modules import QuantLinear, QuantModule
 from opsnn_quant.timesteps import group_of
@@ -83,22 +86,37 @@ class ComponentFiles:
     """One component's MindIE-SD files.
 
     Attributes:
-        tensors: tensor name -> tensor, in the description's order.
+        tensors: tensor name -> tensor, in the description's order (a model whose blocks are
+            offloaded: their tensors are :class:`~opsnn_quant.deploy.safetensors_io.LazyTensor`
+            read again from the block's file when written).
         description: tensor name -> type, ``model_quant_type`` last.
         exported_float: quantized module -> why it is written FLOAT.
         int8: the quantized Linears written in int8 (component-relative names).
         other_arithmetic: int8 Linears made for another engine's arithmetic.
+        off: the model's offloader (None: all in memory).
     """
 
-    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    tensors: dict[str, Tensorish] = field(default_factory=dict)
     description: dict[str, str] = field(default_factory=dict)
     exported_float: dict[str, str] = field(default_factory=dict)
     int8: list[str] = field(default_factory=list)
     other_arithmetic: list[str] = field(default_factory=list)
+    off: BlockOffload | None = field(default=None, repr=False, compare=False)
 
-    def add(self, name: str, kind: str, tensor: torch.Tensor) -> None:
-        """One tensor and its description entry."""
-        self.tensors[name] = tensor.detach().cpu().contiguous()
+    def add(self, name: str, kind: str, tensor: Tensorish) -> None:
+        """One tensor and its description entry (a view of an offloaded block's tensor:
+        read again from the block's file when written)."""
+        make = (
+            self.off.deferred(tensor)
+            if self.off is not None and isinstance(tensor, torch.Tensor)
+            else None
+        )
+        if make is not None:
+            self.tensors[name] = LazyTensor(tensor.dtype, tuple(tensor.shape), make)
+        elif isinstance(tensor, torch.Tensor):
+            self.tensors[name] = tensor.detach().cpu().contiguous()
+        else:
+            self.tensors[name] = tensor
         self.description[name] = kind
 
 
@@ -112,7 +130,12 @@ class MindieSdExport:
 
 
 def component_files(
-    component: nn.Module, dtype: torch.dtype, steps: int | None = None
+    component: nn.Module,
+    dtype: torch.dtype,
+    steps: int | None = None,
+    *,
+    off: BlockOffload | None = None,
+    prefix: str = "",
 ) -> ComponentFiles:
     """The MindIE-SD tensors and description of one component (names relative to it).
 
@@ -121,27 +144,59 @@ def component_files(
         dtype: the engine dtype (``mul_scale`` is written in it; MindIE-SD's default bfloat16).
         steps: the denoising steps a per-step module's table has a row for (None: such a
             module is written FLOAT).
+        off: the model's offloader (``--max-memory``): each block is opened in turn, and
+            what is taken from its tensors is read again from its file when written.
+        prefix: the component's name in the offloaded model, with its dot ("" for the model).
     """
-    out = ComponentFiles()
+    out = ComponentFiles(off=off)
     quantized = {n: m for n, m in component.named_modules() if isinstance(m, QuantModule)}
-    for name, module in quantized.items():
-        why = _float_reason(module, steps)
-        if why is None:
-            _add_linear(out, name, module, dtype, steps)
-        else:
-            out.exported_float[name] = why
-    inside = tuple(f"{q}." for q in quantized)
-    for name, param in component.named_parameters():
-        if not name.startswith(inside):  # every float parameter, as on_float_module writes it
-            out.add(name, "FLOAT", param)
-    for name in out.exported_float:  # their float equivalents, tagged FLOAT
-        module = quantized[name]
-        out.add(f"{name}.weight", "FLOAT", dequantized_weight(module).to(dtype))
-        bias = effective_bias(module)
-        if bias is not None:
-            out.add(f"{name}.bias", "FLOAT", bias.to(dtype))
+    with off.window() if off is not None else contextlib.nullcontext():
+        for name, module in quantized.items():
+            why = _float_reason(module, steps)
+            if off is not None:
+                off.touch(prefix + name)
+            if why is None:
+                _add_linear(out, name, module, dtype, steps)
+            else:
+                out.exported_float[name] = why
+        inside = tuple(f"{q}." for q in quantized)
+        for name, param in component.named_parameters():
+            if name.startswith(inside):
+                continue
+            # every float parameter, as on_float_module writes it
+            if off is not None and off.owner(prefix + name) is not None:
+                full = prefix + name
+                out.add(name, "FLOAT", LazyTensor(param.dtype, tuple(param.shape),
+                                                  partial(_stored, off, full)))  # fmt: skip
+            else:
+                out.add(name, "FLOAT", param)
+        for name in out.exported_float:  # their float equivalents, tagged FLOAT
+            module = quantized[name]
+            if off is not None:
+                off.touch(prefix + name)
+            weight = dequantized_weight(module).to(dtype)
+            if off is not None and off.owner(prefix + name) is not None:
+                make = partial(_dequantized, off, prefix + name, module, dtype)
+                out.add(f"{name}.weight", "FLOAT", LazyTensor(dtype, tuple(weight.shape), make))
+            else:
+                out.add(f"{name}.weight", "FLOAT", weight)
+            del weight
+            bias = effective_bias(module)
+            if bias is not None:
+                out.add(f"{name}.bias", "FLOAT", bias.to(dtype))
     out.description["model_quant_type"] = model_quant_type(out)
     return out
+
+
+def _stored(off: BlockOffload, name: str) -> torch.Tensor:
+    return off.stored(name).cpu().contiguous()
+
+
+def _dequantized(
+    off: BlockOffload, name: str, module: QuantModule[Any], dtype: torch.dtype
+) -> torch.Tensor:
+    with off.opened(name):
+        return dequantized_weight(module).to(dtype).cpu().contiguous()
 
 
 def model_quant_type(files: ComponentFiles) -> str:
@@ -248,10 +303,12 @@ def export_mindie_sd(
     """
     result = MindieSdExport(Path(out))
     steps = getattr(getattr(adapter, "settings", None), "steps", None)
+    off = offload_of(adapter.model)
     with atomic_dir(out, OUTPUT_KIND, force=force) as tmp:
         for cname, component in _components(adapter).items():
             dtype = _engine_dtype(component)
-            files = component_files(component, dtype, steps)
+            prefix = f"{cname}." if cname else ""
+            files = component_files(component, dtype, steps, off=off, prefix=prefix)
             if not files.int8:
                 result.notes += _notes(cname, files)
                 continue

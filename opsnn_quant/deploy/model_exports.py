@@ -23,6 +23,7 @@ from opsnn_quant.deploy.exporter import export_ascendv1
 from opsnn_quant.deploy.mindie_sd import export_mindie_sd
 from opsnn_quant.io import atomic_dir, remove_output_file, write_output_file
 from opsnn_quant.models.base import ModelAdapter
+from opsnn_quant.models.offload import resident
 from opsnn_quant.policy.exporters import exporters
 from opsnn_quant.policy.schema import ResolvedPolicy
 from opsnn_quant.quant.modules import QuantModule
@@ -121,7 +122,9 @@ class ModelExportContext:
 def ascendv1(ctx: ModelExportContext, directory: Path) -> ExportOutcome:
     """``export/ascendv1/``: AscendV1 weights (vLLM-Ascend / SGLang)."""
     ctx.say("exporting AscendV1 weights (vLLM-Ascend / SGLang)")
-    done = export_ascendv1(ctx.adapter, directory, calls=ctx.calls, force=ctx.force)
+    # an offloaded model (--max-memory): every block loaded meanwhile (not streamed yet)
+    with resident(ctx.adapter.model):
+        done = export_ascendv1(ctx.adapter, directory, calls=ctx.calls, force=ctx.force)
     int8 = [_full(c, n) for c, e in done.components.items() for n in e.int8]
     return ExportOutcome(done.notes, int8)
 
@@ -129,7 +132,7 @@ def ascendv1(ctx: ModelExportContext, directory: Path) -> ExportOutcome:
 def mindie_sd(ctx: ModelExportContext, directory: Path) -> ExportOutcome:
     """``export/mindie-sd/``: per component, the files ``mindiesd.quantize`` loads."""
     ctx.say("exporting MindIE-SD weights (mindiesd.quantize)")
-    done = export_mindie_sd(ctx.adapter, directory, force=ctx.force)
+    done = export_mindie_sd(ctx.adapter, directory, force=ctx.force)  # offloaded: block by block
     int8 = [_full(c, n) for c, f in done.components.items() for n in f.int8]
     return ExportOutcome(done.notes, int8)
 
@@ -142,7 +145,8 @@ def atc_graphs(ctx: ModelExportContext, directory: Path) -> ExportOutcome:
     """``export/atc/``: ONNX graphs and ATC/AOE commands (the float graphs staged before
     quantizing moved in). Its int8 modules: the quantized ones under each root whose QDQ graph
     was written."""
-    with atomic_dir(directory, "atc", force=ctx.force) as tmp:
+    # an offloaded model (--max-memory): every block loaded while the QDQ graphs are traced
+    with atomic_dir(directory, "atc", force=ctx.force) as tmp, resident(ctx.adapter.model):
         staged = None
         if ctx.float_graphs is not None:
             for f in sorted(ctx.float_graphs.directory.iterdir()):

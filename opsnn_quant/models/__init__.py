@@ -47,7 +47,10 @@ def load_adapter(
             ``*.ckpt``), with ``torch.load(weights_only=True)``; False (default): safetensors
             only, a model with pickle weights only is refused before anything loads.
         max_memory: bytes the model may hold in memory: the blocks beyond it are offloaded
-            to disk (:class:`~opsnn_quant.models.offload.BlockOffload`); None: all in memory.
+            to disk (:class:`~opsnn_quant.models.offload.BlockOffload`); the denoisers of a
+            pipeline and a Whisper model are built on the ``meta`` device and their tensors
+            read one at a time from their files (:mod:`opsnn_quant.models.streamed`), so that
+            the offloaded blocks are never all in memory; None: all in memory.
         **settings: the family's settings fields (steps, guidance_scale, batch_size, ...).
 
     Raises:
@@ -68,30 +71,43 @@ def load_adapter(
     place = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
     adapter: ModelAdapter
+    # --max-memory: the denoisers (Whisper: the model) built on the meta device, their blocks
+    # streamed from the files (opsnn_quant.models.streamed) instead of loaded whole first
+    skeletons: list[Any] | None = [] if max_memory is not None else None
     if family == "diffusers-sd":
         from opsnn_quant.models.diffusers_sd import DiffusersSDAdapter
 
         assert isinstance(checked, SDSettings)
         adapter = DiffusersSDAdapter.load(
-            source, checked, dtype=torch_dtype, allow_pickle=allow_pickle
+            source, checked, dtype=torch_dtype, allow_pickle=allow_pickle, skeletons=skeletons
         )
     elif family == "diffusers-dit":
         from opsnn_quant.models.diffusers_dit import DiffusersDiTAdapter
 
         assert isinstance(checked, DiTSettings)
         adapter = DiffusersDiTAdapter.load(
-            source, checked, dtype=torch_dtype, allow_pickle=allow_pickle
+            source, checked, dtype=torch_dtype, allow_pickle=allow_pickle, skeletons=skeletons
         )
     else:
         from opsnn_quant.models.whisper import WhisperAdapter
 
         assert isinstance(checked, WhisperSettings)
-        adapter = WhisperAdapter.load(source, checked, dtype=torch_dtype, allow_pickle=allow_pickle)
-    adapter.place(place)
-    if max_memory is not None:
-        from opsnn_quant.models.offload import BlockOffload
+        adapter = WhisperAdapter.load(
+            source, checked, dtype=torch_dtype, allow_pickle=allow_pickle, skeletons=skeletons
+        )
+    if max_memory is None:
+        adapter.place(place)
+        return adapter
+    from opsnn_quant.models.offload import BlockOffload
 
+    if not skeletons:
+        adapter.place(place)
         BlockOffload(adapter.model, max_memory)
+        return adapter
+    from opsnn_quant.models.streamed import filler
+
+    off = BlockOffload(adapter.model, max_memory, fill=filler(adapter.model, skeletons))
+    off.place(lambda: adapter.place(place), place)
     return adapter
 
 

@@ -126,6 +126,7 @@ def load_pipeline(
     *,
     safety_checker_off: bool = True,
     allow_pickle: bool = False,
+    skeletons: list[Any] | None = None,
 ) -> Any:
     """A diffusers pipeline from ``zoo:<name>`` or a local diffusers directory (offline).
 
@@ -139,6 +140,10 @@ def load_pipeline(
         safety_checker_off: pass ``safety_checker=None`` (the SD pipelines' NSFW filter would
             blank calibration images; pipelines without one would warn about the argument).
         allow_pickle: read the components that have pickle weights only.
+        skeletons: streamed loading (``--max-memory``): the denoisers (``unet``,
+            ``transformer``, ``transformer_2``) are built on the ``meta`` device and their
+            :class:`~opsnn_quant.models.streamed.StreamedSource` appended here (a denoiser that
+            cannot stream loads whole); None: every component loads whole.
 
     Raises:
         ModelLoadError: not a loadable pipeline (a class, config or safetensors header that
@@ -164,6 +169,8 @@ def load_pipeline(
         extra.update(
             {k: None for k, v in index.items() if not k.startswith("_") and v == [None, None]}
         )
+        if skeletons is not None and not pickled:
+            extra.update(_denoiser_skeletons(path, index, torch_dtype, skeletons))
         # use_safetensors=None: each component's safetensors where it has them, else (allowed
         # above) its pickle, read with weights_only=True.
         with weights_only_torch_load() if pickled else contextlib.nullcontext():
@@ -179,6 +186,32 @@ def load_pipeline(
             f"cannot load the pipeline in {source}: {str(exc).splitlines()[0]}"
         ) from exc
     return pipe
+
+
+DENOISERS = ("unet", "transformer", "transformer_2")
+
+
+def _denoiser_skeletons(
+    path: Path, index: dict[str, Any], dtype: torch.dtype, skeletons: list[Any]
+) -> dict[str, Any]:
+    """The pipeline's diffusers denoisers built on ``meta`` (streamed loading), by name."""
+    import diffusers
+
+    from opsnn_quant.models.streamed import diffusers_skeleton
+
+    out: dict[str, Any] = {}
+    for name in DENOISERS:
+        entry = index.get(name)
+        if not (isinstance(entry, list) and len(entry) == 2 and entry[0] == "diffusers"):
+            continue
+        cls = getattr(diffusers, str(entry[1]), None)
+        if cls is None or not (path / name).is_dir():
+            continue
+        source = diffusers_skeleton(cls, path / name, dtype, str(path / name))
+        if source is not None:
+            skeletons.append(source)
+            out[name] = source.module
+    return out
 
 
 class StepClock:

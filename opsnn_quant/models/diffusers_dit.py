@@ -146,10 +146,12 @@ class DiffusersDiTAdapter(DiffusersAdapter):
         dtype: torch.dtype = torch.float32,
         *,
         allow_pickle: bool = False,
+        skeletons: list[Any] | None = None,
     ) -> DiffusersDiTAdapter:
         """Load from ``zoo:<name>`` or a diffusers directory, in ``dtype``; a video pipeline
         comes back as a :class:`DiffusersDiTVideoAdapter`. Safetensors only unless
-        ``allow_pickle`` (see :func:`~opsnn_quant.models.diffusers_base.load_pipeline`).
+        ``allow_pickle`` (see :func:`~opsnn_quant.models.diffusers_base.load_pipeline`, which
+        also says what ``skeletons`` does).
 
         Raises:
             ModelLoadError: not a supported transformer-denoiser pipeline, or pickle-only
@@ -162,7 +164,9 @@ class DiffusersDiTAdapter(DiffusersAdapter):
             _check_settings(source, cls_name, spec, settings)
         adapter_cls = DiffusersDiTVideoAdapter if spec.task == "t2v" else DiffusersDiTAdapter
         # safety_checker: none to turn off
-        pipe = load_pipeline(source, dtype, safety_checker_off=False, allow_pickle=allow_pickle)
+        pipe = load_pipeline(
+            source, dtype, safety_checker_off=False, allow_pickle=allow_pickle, skeletons=skeletons
+        )
         return adapter_cls(pipe, source, settings)
 
     def extra_call_kwargs(self) -> dict[str, Any]:

@@ -10,6 +10,8 @@ PixArt, Wan) are the ``diffusers-dit`` family.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from opsnn_quant.errors import ModelLoadError
@@ -51,9 +53,11 @@ class DiffusersSDAdapter(DiffusersAdapter):
         dtype: torch.dtype = torch.float32,
         *,
         allow_pickle: bool = False,
+        skeletons: list[Any] | None = None,
     ) -> DiffusersSDAdapter:
         """Load from ``zoo:<name>`` or a diffusers directory, in ``dtype`` (safetensors only
-        unless ``allow_pickle``: see :func:`~opsnn_quant.models.diffusers_base.load_pipeline`).
+        unless ``allow_pickle``: see :func:`~opsnn_quant.models.diffusers_base.load_pipeline`,
+        which also says what ``skeletons`` does).
 
         Raises:
             ModelLoadError: not a diffusers pipeline, one whose denoiser is a transformer
@@ -66,7 +70,8 @@ class DiffusersSDAdapter(DiffusersAdapter):
                 f"{source} is a {index.get('_class_name', 'diffusers pipeline')} whose denoiser "
                 "is a transformer, not a UNet: use family diffusers-dit"
             )
-        return cls(load_pipeline(source, dtype, allow_pickle=allow_pickle), source, settings)
+        pipe = load_pipeline(source, dtype, allow_pickle=allow_pickle, skeletons=skeletons)
+        return cls(pipe, source, settings)
 
     def stages(self) -> dict[str, str]:
         """Text encoding, one denoising step, VAE decoding."""

@@ -21,10 +21,11 @@ offloaded as well. :func:`offload_of` gives a model's offloader (None: all in me
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import tempfile
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,10 +87,21 @@ def _nbytes(module: nn.Module) -> int:
 def _set(module: nn.Module, name: str, value: torch.Tensor, param: bool, grad: bool) -> None:
     owner_name, _, leaf = name.rpartition(".")
     owner = module.get_submodule(owner_name) if owner_name else module
-    if param:
-        owner._parameters[leaf] = nn.Parameter(value, requires_grad=grad)
+    if param:  # one Parameter for tied names (an alias's value is passed as the Parameter)
+        made = value if isinstance(value, nn.Parameter) else nn.Parameter(value, requires_grad=grad)
+        owner._parameters[leaf] = made
     else:
         owner._buffers[leaf] = value
+
+
+Fill = Callable[[str, torch.Tensor], "torch.Tensor | None"]
+
+
+def _filled(fill: Fill, name: str, like: torch.Tensor) -> torch.Tensor:
+    value = fill(name, like)
+    if value is None:
+        raise RuntimeError(f"offload: no stored value for {name} (built on the meta device)")
+    return value.detach().contiguous()
 
 
 @dataclass
@@ -115,13 +127,26 @@ class BlockOffload:
             the rest of the model and one block in flight are offloaded (in model order, the
             first ones stay).
         directory: where the temporary directory goes (None: the system's temporary folder).
+        fill: a model built on the ``meta`` device (:mod:`opsnn_quant.models.streamed`): the
+            value of each ``meta`` tensor (full dotted name, the meta tensor), read one at a
+            time. The offloaded blocks' files are written from it, block by block, and the
+            rest of the model is filled from it; None: the model is all in memory.
+        device: where the blocks load (None: where their parameters are; ``fill``: cpu).
 
     Attributes:
         loads: blocks loaded from their files so far (forwards and opens).
         offloaded: the names of the offloaded blocks.
     """
 
-    def __init__(self, model: nn.Module, budget: int, directory: Path | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        budget: int,
+        directory: Path | None = None,
+        *,
+        fill: Fill | None = None,
+        device: torch.device | None = None,
+    ) -> None:
         self.model = model
         self.dir = Path(tempfile.mkdtemp(prefix="opsnn-quant-offload-", dir=directory))
         self._finalizer = weakref.finalize(self, shutil.rmtree, self.dir, True)
@@ -137,14 +162,48 @@ class BlockOffload:
             if resident + sizes[name] + largest <= budget:
                 resident += sizes[name]
                 continue
-            device = next(module.parameters()).device
-            block = _Block(module, self.dir / f"block{i}.safetensors", device)
+            where = device or next(module.parameters()).device
+            if where.type == "meta":
+                where = torch.device("cpu")
+            block = _Block(module, self.dir / f"block{i}.safetensors", where)
             self.blocks[name] = block
-            self._write(block)
+            self._write(block, fill, name)
             self._free(block)
             self._handles.append(module.register_forward_pre_hook(self._enter(name), prepend=True))
             self._handles.append(module.register_forward_hook(self._exit(name), always_call=True))
         model.__dict__[ATTRIBUTE] = self
+        if fill is not None:
+            self._fill_rest(fill)
+
+    def _fill_rest(self, fill: Fill) -> None:
+        """Every ``meta`` tensor outside the offloaded blocks, from ``fill`` (tied names: one
+        read, one tensor)."""
+        made: dict[int, torch.Tensor] = {}
+        for name, (t, param) in _tensors(self.model).items():
+            if t.device.type != "meta" or self.owner(name) is not None:
+                continue
+            if id(t) not in made:
+                value = _filled(fill, name, t)
+                made[id(t)] = nn.Parameter(value, bool(t.requires_grad)) if param else value
+            _set(self.model, name, made[id(t)], param, bool(t.requires_grad))
+
+    def place(self, move: Callable[[], None], device: torch.device) -> None:
+        """Run ``move`` (an adapter's ``place``: ``.to(device)`` of the model) with the
+        offloaded blocks taken out of the model (their ``meta`` tensors cannot move); they load
+        on ``device`` from then on."""
+        taken: list[tuple[nn.Module, str, nn.Module]] = []
+        for name, block in self.blocks.items():
+            parent_name, _, leaf = name.rpartition(".")
+            parent = self.model.get_submodule(parent_name) if parent_name else self.model
+            taken.append((parent, leaf, block.module))
+            parent._modules[leaf] = nn.Module()
+        try:
+            move()
+        finally:
+            for parent, leaf, module in taken:
+                parent._modules[leaf] = module
+        for block in self.blocks.values():
+            block.device = device
 
     @property
     def offloaded(self) -> list[str]:
@@ -153,7 +212,7 @@ class BlockOffload:
 
     # ---- one block -----------------------------------------------------------------------
 
-    def _write(self, block: _Block) -> None:
+    def _write(self, block: _Block, fill: Fill | None = None, prefix: str = "") -> None:
         from safetensors.torch import save_file
 
         data: dict[str, torch.Tensor] = {}
@@ -163,8 +222,12 @@ class BlockOffload:
             alias = first.setdefault(id(t), name)
             block.entries[name] = (param, bool(t.requires_grad), alias)
             if alias == name:
-                data[name] = t.detach().contiguous()
+                if t.device.type == "meta" and fill is not None:
+                    data[name] = _filled(fill, f"{prefix}.{name}", t)
+                else:
+                    data[name] = t.detach().contiguous()
         save_file(data, str(block.file))
+        data.clear()
 
     def _free(self, block: _Block) -> None:
         metas: dict[str, torch.Tensor] = {}
@@ -181,8 +244,11 @@ class BlockOffload:
 
         with safe_open(str(block.file), framework="pt", device=str(block.device)) as f:
             values = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open)
+        made: dict[str, torch.Tensor] = {}
         for name, (param, grad, alias) in block.entries.items():
-            _set(block.module, name, values[alias], param, grad)
+            if alias not in made:
+                made[alias] = nn.Parameter(values[alias], grad) if param else values[alias]
+            _set(block.module, name, made[alias], param, grad)
         block.loaded = True
         block.versions = self._versions(block)
         self.loads += 1
@@ -255,6 +321,65 @@ class BlockOffload:
             if self._window is not None:
                 self._close(self.blocks[self._window])
             self._window = None
+
+    def stored(self, name: str) -> torch.Tensor:
+        """Tensor ``name`` (a full dotted name of a parameter or buffer in an offloaded block)
+        without loading its block: read alone from the block's file, or the live tensor while
+        the block is loaded. A writer's lazy tensors call this when they write."""
+        from safetensors import safe_open
+
+        owner = self.owner(name)
+        if owner is None:
+            raise KeyError(f"{name} is not in an offloaded block")
+        block, rel = self.blocks[owner], name[len(owner) + 1 :]
+        if block.loaded:
+            return _tensors(block.module)[rel][0].detach()
+        alias = block.entries[rel][2]
+        with safe_open(str(block.file), framework="pt", device="cpu") as f:
+            return f.get_tensor(alias)
+
+    def deferred(self, t: torch.Tensor) -> Callable[[], torch.Tensor] | None:
+        """For ``t``, a view of a tensor of a loaded offloaded block (an int8 weight
+        reshaped, a float parameter): a function that reads the same values again from the
+        block's file (:meth:`stored`) when called, so that a writer need not hold ``t`` (and
+        with it the block's storage) until it writes; None for any other tensor."""
+        if t.device.type == "meta" or t.numel() == 0:
+            return None
+        ptr = t.untyped_storage().data_ptr()
+        for owner, block in self.blocks.items():
+            if not block.loaded:
+                continue
+            for rel, (value, _) in _tensors(block.module).items():
+                if value.device.type == "meta" or value.untyped_storage().data_ptr() != ptr:
+                    continue
+                if value.dtype != t.dtype or not value.is_contiguous():
+                    return None
+                offset = int(t.storage_offset()) - int(value.storage_offset())
+                return functools.partial(
+                    self._view, f"{owner}.{rel}", tuple(t.shape), tuple(t.stride()), offset
+                )
+        return None
+
+    def _view(
+        self, name: str, shape: tuple[int, ...], stride: tuple[int, ...], offset: int
+    ) -> torch.Tensor:
+        base = self.stored(name)
+        return base.as_strided(shape, stride, base.storage_offset() + offset).contiguous()
+
+    @contextlib.contextmanager
+    def opened(self, module_name: str) -> Iterator[None]:
+        """The block holding ``module_name`` open meanwhile (a lazy tensor computed from a
+        module's weights when written); nothing for a module in memory."""
+        name = self.owner(module_name)
+        block = self.blocks[name] if name is not None else None
+        if block is None or block.loaded:
+            yield
+            return
+        self._open(block)
+        try:
+            yield
+        finally:
+            self._close(block)
 
     @contextlib.contextmanager
     def resident(self) -> Iterator[None]:

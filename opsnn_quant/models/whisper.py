@@ -46,13 +46,21 @@ def check_whisper_weights(source: str, path: Path, *, allow_pickle: bool = False
 
 
 def load_whisper(
-    source: str, dtype: torch.dtype = torch.float32, *, allow_pickle: bool = False
+    source: str,
+    dtype: torch.dtype = torch.float32,
+    *,
+    allow_pickle: bool = False,
+    skeletons: list[Any] | None = None,
 ) -> tuple[nn.Module, Any]:
     """(model, processor) from ``zoo:whisper-tiny.en`` or a local transformers directory.
 
     The weights load from safetensors only; a directory with pickle weights only
     (``pytorch_model.bin``, ...) is refused before anything loads unless ``allow_pickle``, and
     then read with ``torch.load(weights_only=True)``.
+
+    ``skeletons`` (streamed loading, ``--max-memory``): the model is built on the ``meta``
+    device and its :class:`~opsnn_quant.models.streamed.StreamedSource` appended here (where it
+    cannot stream, e.g. pickles, it loads whole); None: it loads whole.
 
     Raises:
         ModelLoadError: not a Whisper directory (a config or safetensors header that
@@ -79,19 +87,36 @@ def load_whisper(
     try:
         # The dtype explicitly (fp32 by default): transformers 5 would keep a checkpoint's
         # stored dtype (the zoo's converted weights are fp16).
-        with weights_only_torch_load() if pickled else contextlib.nullcontext():
-            model = transformers.WhisperForConditionalGeneration.from_pretrained(
-                str(path),
-                local_files_only=True,
-                use_safetensors=None if pickled else True,
-                **transformers_dtype(dtype),
-            )
+        streamed = None
+        if skeletons is not None and not pickled:
+            from opsnn_quant.models.streamed import whisper_skeleton
+
+            streamed = whisper_skeleton(path, dtype)
+        if streamed is not None:
+            assert skeletons is not None
+            skeletons.append(streamed)
+            model = streamed.module
+        else:
+            model = _load_whole(path, pickled, dtype)
         processor = transformers.WhisperProcessor.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, TypeError) as exc:
         raise ModelLoadError(
             f"cannot load Whisper from {source}: {str(exc).splitlines()[0]}"
         ) from exc
     return model.eval(), processor
+
+
+def _load_whole(path: Path, pickled: bool, dtype: torch.dtype) -> nn.Module:
+    import transformers
+
+    with weights_only_torch_load() if pickled else contextlib.nullcontext():
+        model: nn.Module = transformers.WhisperForConditionalGeneration.from_pretrained(
+            str(path),
+            local_files_only=True,
+            use_safetensors=None if pickled else True,
+            **transformers_dtype(dtype),
+        )
+    return model
 
 
 class WhisperAdapter(ModelAdapter):
@@ -128,10 +153,13 @@ class WhisperAdapter(ModelAdapter):
         dtype: torch.dtype = torch.float32,
         *,
         allow_pickle: bool = False,
+        skeletons: list[Any] | None = None,
     ) -> WhisperAdapter:
         """Load from ``zoo:whisper-tiny.en`` or a transformers directory, in ``dtype`` (safetensors
-        only unless ``allow_pickle``: see :func:`load_whisper`)."""
-        model, processor = load_whisper(source, dtype, allow_pickle=allow_pickle)
+        only unless ``allow_pickle``; ``skeletons``: streamed loading; see :func:`load_whisper`)."""
+        model, processor = load_whisper(
+            source, dtype, allow_pickle=allow_pickle, skeletons=skeletons
+        )
         return cls(model, processor, source, settings)
 
     def modalities(self) -> dict[str, Modality]:

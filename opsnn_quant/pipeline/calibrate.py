@@ -28,7 +28,7 @@ from opsnn_quant.fingerprint import differences, probe_inputs
 from opsnn_quant.io import atomic_dir, atomic_write_text, check_output_dir
 from opsnn_quant.models import ModelAdapter, check_model_source, check_weights
 from opsnn_quant.models.footprint import check_source_memory
-from opsnn_quant.models.offload import offload_of, resident
+from opsnn_quant.models.offload import offload_of
 from opsnn_quant.models.settings import check_source_fits
 from opsnn_quant.numerics import fmt_db
 from opsnn_quant.pipeline.context import ENGINES, Engine, RunContext, load_recipe_model
@@ -205,8 +205,7 @@ def run_calibrate(
         holdout, plan = float_references(ctx, data, probed, resolved)  # 4. from the float model
         quantize_phase(ctx, resolved, data, probed)  # 5. quantize, 6. save
         measured = measure_phase(ctx, holdout)  # 7. measure
-        with resident(ctx.adapter.model):  # an offloaded model: its blocks loaded meanwhile
-            exported = write_exports(ctx, resolved, plan)  # 8. export
+        exported = write_exports(ctx, resolved, plan)  # 8. export (an offloaded model: see there)
         notes += exported.notes
         deployed = deployed_shares(probed.report, exported.int8)
         add_policy_notes(ctx, resolved, deployed, measured)
@@ -676,14 +675,14 @@ def quantize_phase(
         stats = probed.statistics if data.probe is data.calibration else None
         quantize(ctx.adapter.model, resolved, loop, progress=ctx.say, statistics=stats)
         probed.statistics.clear()  # observers' state: not needed past this point
-        with resident(ctx.adapter.model):  # an offloaded model: its blocks loaded meanwhile
-            save_quantized(
-                ctx.adapter.model,
-                ctx.out.quant,
-                source_model=ctx.adapter.model_id,
-                extra={"policy_model": resolved.policy.model},
-                allow_empty=True,
-            )
+        # an offloaded model: written block by block (save_quantized opens one at a time)
+        save_quantized(
+            ctx.adapter.model,
+            ctx.out.quant,
+            source_model=ctx.adapter.model_id,
+            extra={"policy_model": resolved.policy.model},
+            allow_empty=True,
+        )
 
 
 # ---- 7. measure ----------------------------------------------------------------------------

@@ -9,8 +9,9 @@ quantized model from the float model it came from, and checks every shape.
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import SafetensorError
@@ -19,12 +20,16 @@ from torch import nn
 
 from opsnn_quant.errors import CheckpointError
 from opsnn_quant.io import atomic_dir
+from opsnn_quant.models.offload import offload_of
 from opsnn_quant.quant.engine import TORCH_DTYPES
 from opsnn_quant.quant.modules import QuantModule, quant_module_named, set_submodule
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.safetensors_header import read_safetensors_header
 from opsnn_quant.types import Precision
 from opsnn_quant.version import __version__
+
+if TYPE_CHECKING:
+    from opsnn_quant.models.offload import BlockOffload
 
 FORMAT = "opsnn-quant/quantized-model"
 SCHEMA_VERSION = 1
@@ -68,6 +73,9 @@ def save_quantized(
     modules = quantized_modules(model)
     if not modules and not allow_empty:
         raise CheckpointError("the model holds no quantized modules; run quantize() first")
+    off = offload_of(model)
+    if off is not None:  # --max-memory: block by block, each tensor read again when written
+        return _save_offloaded(model, off, modules, directory, source_model, extra, force)
     tensors: dict[str, torch.Tensor] = {}
     described: dict[str, Any] = {}
     for name, module in modules.items():
@@ -76,7 +84,19 @@ def save_quantized(
         for key, value in module.state_dict().items():
             tensors[f"{name}.{key}"] = value.detach().cpu().contiguous()
         described[name] = module.describe()
-    description = {
+    description = _description(described, source_model, extra)
+    with atomic_dir(directory, OUTPUT_KIND, force=force) as tmp:
+        (tmp / WEIGHTS_FILE).write_bytes(save(tensors, metadata={"format": "pt"}))
+        (tmp / DESCRIPTION_FILE).write_text(
+            json.dumps(description, indent=2, sort_keys=True) + "\n"
+        )
+    return Path(directory)
+
+
+def _description(
+    described: dict[str, Any], source_model: str | None, extra: dict[str, Any] | None
+) -> dict[str, Any]:
+    return {
         "format": FORMAT,
         "schema_version": SCHEMA_VERSION,
         "versions": {"opsnn_quant": __version__, "torch": torch.__version__},
@@ -84,12 +104,51 @@ def save_quantized(
         "modules": described,
         **(extra or {}),
     }
+
+
+def _save_offloaded(
+    model: nn.Module,
+    off: BlockOffload,
+    modules: dict[str, QuantModule[Any]],
+    directory: str | Path,
+    source_model: str | None,
+    extra: dict[str, Any] | None,
+    force: bool,
+) -> Path:
+    """:func:`save_quantized` of a model whose blocks are offloaded: each block opened in
+    turn for its modules' descriptions, every tensor of an offloaded block written from the
+    block's file when its turn comes (one tensor in memory, not the quantized model), the
+    rest from memory; the same bytes as ``safetensors.torch.save`` (the writer lays the file
+    out as safetensors does)."""
+    from opsnn_quant.deploy.safetensors_io import LazyTensor, Tensorish, write_safetensors
+
+    tensors: dict[str, Tensorish] = {}
+    described: dict[str, Any] = {}
+    with off.window():
+        for name, module in modules.items():
+            off.touch(name)
+            if not module.frozen:
+                raise CheckpointError(f"module '{name}' is not frozen; finish calibration first")
+            for key, value in module.state_dict().items():
+                full = f"{name}.{key}"
+                if off.owner(full) is not None:
+                    tensors[full] = LazyTensor(
+                        value.dtype, tuple(value.shape), partial(_stored, off, full)
+                    )
+                else:
+                    tensors[full] = value.detach().cpu().contiguous()
+            described[name] = module.describe()
+    description = _description(described, source_model, extra)
     with atomic_dir(directory, OUTPUT_KIND, force=force) as tmp:
-        (tmp / WEIGHTS_FILE).write_bytes(save(tensors, metadata={"format": "pt"}))
+        write_safetensors(tensors, tmp / WEIGHTS_FILE, {"format": "pt"})
         (tmp / DESCRIPTION_FILE).write_text(
             json.dumps(description, indent=2, sort_keys=True) + "\n"
         )
     return Path(directory)
+
+
+def _stored(off: BlockOffload, name: str) -> torch.Tensor:
+    return off.stored(name).cpu().contiguous()
 
 
 def read_description(directory: str | Path) -> dict[str, Any]:
