@@ -21,6 +21,7 @@ asks vLLM-Ascend's quantization config for (:mod:`opsnn_quant.deploy.vllm_prefix
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -47,6 +48,7 @@ from opsnn_quant.models.confine import (
     escape,
     export_refusal,
 )
+from opsnn_quant.models.offload import BlockOffload, offload_of
 from opsnn_quant.ownership import LEDGER, MARKER
 from opsnn_quant.quant.modules import QuantLinear, QuantModule
 
@@ -244,6 +246,27 @@ def export_ascendv1(
         factor = getattr(m.input_quantizer, "smooth", None) if isinstance(m, QuantModule) else None
         if isinstance(factor, torch.Tensor):
             smooth[n] = factor
+    # an offloaded model (--max-memory): block by block, each tensor read again from its
+    # block's file when written; SmoothQuant folds (traced and checked on the whole model, and
+    # written into the producers' weights) still want every block loaded
+    off = offload_of(model)
+    stream = off if off is not None and not smooth else None
+    with off.resident() if off is not None and smooth else contextlib.nullcontext():
+        return _export(adapter, out, components, smooth, calls, source, shard_bytes, force, stream)
+
+
+def _export(
+    adapter: ModelAdapter,
+    out: str | Path,
+    components: dict[str, nn.Module],
+    smooth: dict[str, torch.Tensor],
+    calls: Mapping[str, Sequence[Call]],
+    source: Path,
+    shard_bytes: int,
+    force: bool,
+    off: BlockOffload | None,
+) -> AscendV1Export:
+    model = adapter.model
     scope = _component_of(list(components))
     folds, refused = plan_folds(model, smooth, calls, scope) if smooth else ([], {})
     result = AscendV1Export(Path(out))
@@ -262,6 +285,7 @@ def export_ascendv1(
                 module, folds=mine,
                 refused={_relative(k, cname): v for k, v in refused.items() if scope(k) == cname},
                 source_keys=_source_keys(src), source_model=adapter.model_id,
+                off=off, prefix=f"{cname}." if cname else "",
             )  # fmt: skip
             quantized = any(
                 v != "FLOAT" for k, v in export.description.items() if k.endswith(".weight")

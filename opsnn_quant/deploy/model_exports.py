@@ -122,9 +122,8 @@ class ModelExportContext:
 def ascendv1(ctx: ModelExportContext, directory: Path) -> ExportOutcome:
     """``export/ascendv1/``: AscendV1 weights (vLLM-Ascend / SGLang)."""
     ctx.say("exporting AscendV1 weights (vLLM-Ascend / SGLang)")
-    # an offloaded model (--max-memory): every block loaded meanwhile (not streamed yet)
-    with resident(ctx.adapter.model):
-        done = export_ascendv1(ctx.adapter, directory, calls=ctx.calls, force=ctx.force)
+    # an offloaded model (--max-memory): block by block (with SmoothQuant folds: resident)
+    done = export_ascendv1(ctx.adapter, directory, calls=ctx.calls, force=ctx.force)
     int8 = [_full(c, n) for c, e in done.components.items() for n in e.int8]
     return ExportOutcome(done.notes, int8)
 

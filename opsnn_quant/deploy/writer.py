@@ -23,8 +23,9 @@ reciprocal is exactly our multiplier when one exists (about 9 in 10 do); the oth
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -35,6 +36,7 @@ from torch import nn
 from opsnn_quant.deploy.contract import VERSION, model_quant_type
 from opsnn_quant.deploy.fold_check import Fold, dequantized_weight, effective_bias
 from opsnn_quant.deploy.safetensors_io import LazyTensor, Tensorish
+from opsnn_quant.models.offload import BlockOffload
 from opsnn_quant.quant.engine import TORCH_DTYPES, deqscale2int64
 from opsnn_quant.quant.modules import QuantLinear, QuantModule
 from opsnn_quant.types import Precision
@@ -201,6 +203,8 @@ def component_export(
     refused: Mapping[str, str],
     source_keys: set[str] | None,
     source_model: str | None = None,
+    off: BlockOffload | None = None,
+    prefix: str = "",
 ) -> ComponentExport:
     """AscendV1 tensors + description of ``component`` (names relative to it).
 
@@ -214,7 +218,12 @@ def component_export(
             has a bias (our static modules fold it away); None: the module names, and a
             non-zero int32 bias taken as one.
         source_model: the float model's id, recorded in ``metadata.opsnn_quant``.
+        off: the model's offloader (``--max-memory``, no folds): each block is opened in turn,
+            and what is taken from its tensors is read again from its file when written
+            (:class:`~opsnn_quant.deploy.safetensors_io.LazyTensor`).
+        prefix: the component's name in the offloaded model, with its dot ("" for the model).
     """
+    assert off is None or not folds, "folds are written with every block loaded"
     qmods = {n: m for n, m in component.named_modules() if isinstance(m, QuantModule)}
     linears = {n: m for n, m in qmods.items() if type(m) is QuantLinear or _precision(m) == "w4a16"}
     params = _params_dtype(linears) if linears else "float16"
@@ -222,44 +231,98 @@ def component_export(
     state = {k: v for k, v in component.state_dict().items()
              if not any(k.startswith(f"{q}.") for q in qmods)}  # fmt: skip
     model_dtype = _model_dtype(state)
-    floats, types = _float_state(state)
-    _apply_folds(floats, folds)
-    tensors: dict[str, Tensorish] = dict(floats)
+    where = prefix
+    if off is not None:
+        tensors: dict[str, Tensorish] = {
+            k: LazyTensor(v.dtype, tuple(v.shape), partial(_stored, off, where + k))
+            if off.owner(where + k) is not None
+            else v.detach().cpu()
+            for k, v in state.items()
+        }
+        types = dict.fromkeys(tensors, "FLOAT")
+    else:
+        floats, types = _float_state(state)
+        _apply_folds(floats, folds)
+        tensors = dict(floats)
+    del state
     prefix = checkpoint_prefix(set(component.state_dict()), source_keys)
     out = ComponentExport({}, {}, params_dtype=params)
-    for name, module in qmods.items():
-        had_bias = _had_bias(prefix + name, module, source_keys)
-        qtype = "W4A16" if _precision(module) == "w4a16" else _QTYPES.get(module.spec.precision)
-        reason = None
-        part: Mapping[str, Tensorish]
-        if name not in linears or qtype is None:
-            reason = (
-                CONV_REASON if name not in linears else f"{_precision(module)} has no AscendV1 form"
-            )
-        elif getattr(module.spec, "timestep_bounds", None):
-            reason = TIMESTEP_REASON
-        elif module.spec.output_dtype != params:
-            reason = f"output dtype {module.spec.output_dtype}, but the component's is {params}"
-        elif getattr(module.input_quantizer, "smooth", None) is not None and name not in folded:
-            reason = "SmoothQuant: " + refused.get(name, "no producer to fold its factor into")
-        if reason is not None:
-            out.exported_float[name] = reason
-            part = _float_tensors(module, model_dtype, had_bias)
-            suffix_types = dict.fromkeys(part, "FLOAT")
-        else:
-            assert qtype is not None
-            part, exact = _quant_tensors(module, qtype, params, name in folded, had_bias)
-            out.int8.append(name)
-            if not exact:
-                out.inexact_input_scale.append(name)
-            suffix_types = {s: ("FLOAT" if s == "bias" else qtype) for s in part}
-        for suffix, t in part.items():
-            tensors[f"{name}.{suffix}"] = t
-            types[f"{name}.{suffix}"] = suffix_types[suffix]
+    with off.window() if off is not None else contextlib.nullcontext():
+        for name, module in qmods.items():
+            if off is not None:
+                off.touch(where + name)
+            _export_module(out, tensors, types, name, module, linears, params, folded,
+                           refused, prefix, source_keys, model_dtype, off, where)  # fmt: skip
     out.tensors = {prefix + k: v for k, v in tensors.items()}
     types = {prefix + k: v for k, v in types.items()}
     out.description = _description(types, out, folds, source_model)
     return out
+
+
+def _stored(off: BlockOffload, name: str) -> torch.Tensor:
+    return off.stored(name).cpu().contiguous()
+
+
+def _deferred(off: BlockOffload | None, where: str, t: Tensorish) -> Tensorish:
+    """``t``, or where it is a view of an offloaded block's tensor (or a derived weight made
+    when written), a lazy tensor that reads it again when written."""
+    if off is None:
+        return t
+    if isinstance(t, LazyTensor):  # made from the module's weights: its block opened then
+        return LazyTensor(t.dtype, t.shape, partial(_opened, off, where, t.make))
+    make = off.deferred(t)
+    return t if make is None else LazyTensor(t.dtype, tuple(t.shape), make)
+
+
+def _opened(off: BlockOffload, name: str, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    with off.opened(name):
+        return make()
+
+
+def _export_module(
+    out: ComponentExport,
+    tensors: dict[str, Tensorish],
+    types: dict[str, str],
+    name: str,
+    module: QuantModule[Any],
+    linears: Mapping[str, QuantModule[Any]],
+    params: str,
+    folded: Mapping[str, Fold],
+    refused: Mapping[str, str],
+    prefix: str,
+    source_keys: set[str] | None,
+    model_dtype: torch.dtype,
+    off: BlockOffload | None,
+    where: str,
+) -> None:
+    had_bias = _had_bias(prefix + name, module, source_keys)
+    qtype = "W4A16" if _precision(module) == "w4a16" else _QTYPES.get(module.spec.precision)
+    reason = None
+    part: Mapping[str, Tensorish]
+    if name not in linears or qtype is None:
+        reason = (
+            CONV_REASON if name not in linears else f"{_precision(module)} has no AscendV1 form"
+        )
+    elif getattr(module.spec, "timestep_bounds", None):
+        reason = TIMESTEP_REASON
+    elif module.spec.output_dtype != params:
+        reason = f"output dtype {module.spec.output_dtype}, but the component's is {params}"
+    elif getattr(module.input_quantizer, "smooth", None) is not None and name not in folded:
+        reason = "SmoothQuant: " + refused.get(name, "no producer to fold its factor into")
+    if reason is not None:
+        out.exported_float[name] = reason
+        part = _float_tensors(module, model_dtype, had_bias)
+        suffix_types = dict.fromkeys(part, "FLOAT")
+    else:
+        assert qtype is not None
+        part, exact = _quant_tensors(module, qtype, params, name in folded, had_bias)
+        out.int8.append(name)
+        if not exact:
+            out.inexact_input_scale.append(name)
+        suffix_types = {s: ("FLOAT" if s == "bias" else qtype) for s in part}
+    for suffix, t in part.items():
+        tensors[f"{name}.{suffix}"] = _deferred(off, where + name, t)
+        types[f"{name}.{suffix}"] = suffix_types[suffix]
 
 
 def checkpoint_prefix(state_keys: set[str], source_keys: set[str] | None) -> str:
