@@ -47,8 +47,8 @@ def load_adapter(
             ``*.ckpt``), with ``torch.load(weights_only=True)``; False (default): safetensors
             only, a model with pickle weights only is refused before anything loads.
         max_memory: bytes the model may hold in memory: the blocks beyond it are offloaded
-            to disk (:class:`~opsnn_quant.models.offload.BlockOffload`); the denoisers of a
-            pipeline and a Whisper model are built on the ``meta`` device and their tensors
+            to disk (:class:`~opsnn_quant.models.offload.BlockOffload`); the models of a
+            pipeline (denoisers, VAE, text encoders) and a Whisper model are built on the ``meta`` device and their tensors
             read one at a time from their files (:mod:`opsnn_quant.models.streamed`), so that
             the offloaded blocks are never all in memory; None: all in memory.
         **settings: the family's settings fields (steps, guidance_scale, batch_size, ...).
@@ -71,7 +71,7 @@ def load_adapter(
     place = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
     adapter: ModelAdapter
-    # --max-memory: the denoisers (Whisper: the model) built on the meta device, their blocks
+    # --max-memory: the pipeline's models (Whisper: the model) built on the meta device, blocks
     # streamed from the files (opsnn_quant.models.streamed) instead of loaded whole first
     skeletons: list[Any] | None = [] if max_memory is not None else None
     if family == "diffusers-sd":

@@ -140,9 +140,9 @@ def load_pipeline(
         safety_checker_off: pass ``safety_checker=None`` (the SD pipelines' NSFW filter would
             blank calibration images; pipelines without one would warn about the argument).
         allow_pickle: read the components that have pickle weights only.
-        skeletons: streamed loading (``--max-memory``): the denoisers (``unet``,
-            ``transformer``, ``transformer_2``) are built on the ``meta`` device and their
-            :class:`~opsnn_quant.models.streamed.StreamedSource` appended here (a denoiser that
+        skeletons: streamed loading (``--max-memory``): the models (denoisers, VAE, text
+            encoders) are built on the ``meta`` device and their
+            :class:`~opsnn_quant.models.streamed.StreamedSource` appended here (a model that
             cannot stream loads whole); None: every component loads whole.
 
     Raises:
@@ -170,7 +170,7 @@ def load_pipeline(
             {k: None for k, v in index.items() if not k.startswith("_") and v == [None, None]}
         )
         if skeletons is not None and not pickled:
-            extra.update(_denoiser_skeletons(path, index, torch_dtype, skeletons))
+            extra.update(_skeletons(path, index, torch_dtype, skeletons))
         # use_safetensors=None: each component's safetensors where it has them, else (allowed
         # above) its pickle, read with weights_only=True.
         with weights_only_torch_load() if pickled else contextlib.nullcontext():
@@ -188,26 +188,35 @@ def load_pipeline(
     return pipe
 
 
-DENOISERS = ("unet", "transformer", "transformer_2")
-
-
-def _denoiser_skeletons(
+def _skeletons(
     path: Path, index: dict[str, Any], dtype: torch.dtype, skeletons: list[Any]
 ) -> dict[str, Any]:
-    """The pipeline's diffusers denoisers built on ``meta`` (streamed loading), by name."""
+    """The pipeline's models (diffusers denoisers and VAE, transformers text encoders) built
+    on ``meta`` (streamed loading), by component name; one that cannot stream is left out."""
     import diffusers
+    import transformers
 
-    from opsnn_quant.models.streamed import diffusers_skeleton
+    from opsnn_quant.models.streamed import diffusers_skeleton, transformers_skeleton
 
     out: dict[str, Any] = {}
-    for name in DENOISERS:
-        entry = index.get(name)
-        if not (isinstance(entry, list) and len(entry) == 2 and entry[0] == "diffusers"):
+    for name, entry in index.items():
+        if name.startswith("_") or not (isinstance(entry, list) and len(entry) == 2):
             continue
-        cls = getattr(diffusers, str(entry[1]), None)
-        if cls is None or not (path / name).is_dir():
+        if not (path / name).is_dir():
             continue
-        source = diffusers_skeleton(cls, path / name, dtype, str(path / name))
+        library, cls_name = entry
+        if library == "diffusers":
+            cls = getattr(diffusers, str(cls_name), None)
+            if not (isinstance(cls, type) and issubclass(cls, diffusers.ModelMixin)):
+                continue
+            source = diffusers_skeleton(cls, path / name, dtype, str(path / name))
+        elif library == "transformers":
+            cls = getattr(transformers, str(cls_name), None)
+            if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+                continue
+            source = transformers_skeleton(cls, path / name, dtype, str(path / name))
+        else:
+            continue
         if source is not None:
             skeletons.append(source)
             out[name] = source.module

@@ -3,8 +3,8 @@ and its tensors are read one at a time from its own safetensors files, so that t
 :class:`~opsnn_quant.models.offload.BlockOffload` offloads never sit in memory all at once.
 
 A *skeleton* is the component built the way its library's ``from_pretrained`` builds it
-(config, default dtype, ``eval()``, ``_name_or_path``; Whisper: its generation config and tied
-head), with every parameter on ``meta`` (accelerate's ``init_empty_weights``: buffers made in
+(config, default dtype, ``eval()``, ``_name_or_path``; transformers models: tied weights, a
+generation config), with every parameter on ``meta`` (accelerate's ``init_empty_weights``: buffers made in
 ``__init__`` stay real). :class:`StreamedSource` then gives each tensor from the files, cast to
 the skeleton's dtype where it is floating (as ``from_pretrained`` casts), and
 :class:`BlockOffload` (``fill=``) writes the offloaded blocks' files straight from it and fills
@@ -121,36 +121,50 @@ def diffusers_skeleton(
     return StreamedSource(model.eval(), where)
 
 
-def whisper_skeleton(directory: Path, dtype: torch.dtype) -> StreamedSource | None:
-    """``WhisperForConditionalGeneration``'s skeleton from ``directory`` as ``from_pretrained``
-    builds it (config in ``dtype``, generation config, tied head); None where it cannot stream."""
+def transformers_skeleton(
+    cls: Any, directory: Path, dtype: torch.dtype, name_or_path: str
+) -> StreamedSource | None:
+    """A transformers model class's skeleton from ``directory`` as transformers 5's
+    ``from_pretrained`` builds it (config in ``dtype``, tied weights, every parameter trainable,
+    ``eval()``; a generation config where the directory has one); None where it cannot stream."""
     import accelerate
     import transformers
 
     from opsnn_quant.models.checks import weight_files
 
+    if int(transformers.__version__.split(".")[0]) < 5:
+        return None  # what from_pretrained does differs before 5: loaded whole
+    if getattr(cls, "_keep_in_fp32_modules", None) and dtype != torch.float32:
+        return None
     files = weight_files(directory)
     where = _file_map(files) if files else None
     if not where:
         return None
-    cls = transformers.WhisperForConditionalGeneration
-    if getattr(cls, "_keep_in_fp32_modules", None):
-        return None
-    config = transformers.WhisperConfig.from_pretrained(str(directory), local_files_only=True)
+    config = cls.config_class.from_pretrained(str(directory), local_files_only=True)
     config.dtype = dtype
     with _default_dtype(dtype), accelerate.init_empty_weights():
         model = cls(config)
     model.tie_weights()
     for p in model.parameters():  # transformers 5's from_pretrained makes every one anew
         p.requires_grad_(True)
-    if (directory / "generation_config.json").is_file():
+    has_generation = getattr(model, "generation_config", None) is not None
+    if has_generation and (directory / "generation_config.json").is_file():
         model.generation_config = transformers.GenerationConfig.from_pretrained(
             str(directory), local_files_only=True
         )
-    model.config.name_or_path = str(directory)
+    model.config.name_or_path = name_or_path
     if not _covered(model, where):
         return None
     return StreamedSource(model.eval(), where)
+
+
+def whisper_skeleton(directory: Path, dtype: torch.dtype) -> StreamedSource | None:
+    """``WhisperForConditionalGeneration``'s skeleton from ``directory`` as ``from_pretrained``
+    builds it (config in ``dtype``, generation config, tied head); None where it cannot stream."""
+    import transformers
+
+    cls = transformers.WhisperForConditionalGeneration
+    return transformers_skeleton(cls, directory, dtype, str(directory))
 
 
 def filler(model: nn.Module, sources: list[StreamedSource]) -> Any:

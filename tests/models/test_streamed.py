@@ -22,26 +22,43 @@ def _same_model(whole: torch.nn.Module, streamed: torch.nn.Module) -> None:
         assert grads == {n: p.requires_grad for n, p in streamed.named_parameters()}
 
 
-def test_a_streamed_pipeline_denoiser_equals_the_whole_load(tmp_path, monkeypatch):
+def _config(module: torch.nn.Module) -> dict:
+    config = module.config  # diffusers: a FrozenDict; transformers: a PretrainedConfig
+    return config.to_dict() if hasattr(config, "to_dict") else dict(config)
+
+
+def test_a_streamed_pipeline_equals_the_whole_load(tmp_path, monkeypatch):
     from opsnn_quant.models import streamed
 
     save_tiny_sd3(tmp_path / "pipe")
-    built: list[object] = []
-    skeleton = streamed.diffusers_skeleton
-    monkeypatch.setattr(
-        streamed, "diffusers_skeleton", lambda *a, **k: built.append(a) or skeleton(*a, **k)
-    )
+    built: list[str] = []
+    for kind in ("diffusers_skeleton", "transformers_skeleton"):
+        make = getattr(streamed, kind)
+
+        def record(cls, *a, _make=make, **k):
+            source = _make(cls, *a, **k)
+            built.append(cls.__name__ if source is not None else f"not {cls.__name__}")
+            return source
+
+        monkeypatch.setattr(streamed, kind, record)
     settings = {"steps": 2, "height": 16, "width": 16}
     whole = load_adapter("diffusers-dit", str(tmp_path / "pipe"), **settings)
     assert built == []
     capped = load_adapter("diffusers-dit", str(tmp_path / "pipe"), max_memory=128 << 10, **settings)
-    assert len(built) == 1  # the transformer
+    # every model of the pipeline built on the meta device, its tensors streamed
+    assert sorted(built) == [
+        "AutoencoderKL", "CLIPTextModelWithProjection", "CLIPTextModelWithProjection",
+        "SD3Transformer2DModel", "T5EncoderModel",
+    ]  # fmt: skip
     off = offload_of(capped.model)
     assert off is not None and "transformer.transformer_blocks.1" in off.offloaded
+    assert "text_encoder_3.encoder.block.1" in off.offloaded
     blocks = capped.pipe.transformer.transformer_blocks
     assert all(t.device.type == "meta" for t in blocks.parameters())
-    assert capped.pipe.transformer.config == whole.pipe.transformer.config
-    assert not capped.pipe.transformer.training
+    for name, component in whole.model.named_children():
+        mine = getattr(capped.pipe, name)
+        assert _config(mine) == _config(component), name
+        assert mine.training is component.training is False
     _same_model(whole.model, capped.model)
     off.release()
 
