@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,19 @@ class StreamedSource:
         return t
 
 
+def _built(make: Callable[[], Any], dtype: torch.dtype, directory: Path) -> Any:
+    """``make()`` on the meta device (parameters only) in ``dtype``; None where a model's
+    ``__init__`` cannot run there (it then loads whole)."""
+    import accelerate
+
+    try:
+        with _default_dtype(dtype), accelerate.init_empty_weights():
+            return make()
+    except Exception as exc:
+        log.info("%s: not built on the meta device (%s); loaded whole", directory, exc)
+        return None
+
+
 def _file_map(files: list[Path]) -> dict[str, Path] | None:
     from opsnn_quant.safetensors_header import read_safetensors_header
 
@@ -102,7 +115,6 @@ def diffusers_skeleton(
 ) -> StreamedSource | None:
     """A diffusers model class's skeleton from ``directory`` (a pipeline component), as
     ``ModelMixin.from_pretrained`` builds it; None where it cannot stream (see the module)."""
-    import accelerate
 
     from opsnn_quant.models.checks import weight_files
 
@@ -113,8 +125,9 @@ def diffusers_skeleton(
     if not where:
         return None
     config = cls.load_config(str(directory))
-    with _default_dtype(dtype), accelerate.init_empty_weights():
-        model = cls.from_config(config)
+    model = _built(lambda: cls.from_config(config), dtype, directory)
+    if model is None:
+        return None
     if getattr(model, "_from_deprecated_attn_block", False) or not _covered(model, where):
         return None
     model.register_to_config(_name_or_path=name_or_path)
@@ -127,7 +140,6 @@ def transformers_skeleton(
     """A transformers model class's skeleton from ``directory`` as transformers 5's
     ``from_pretrained`` builds it (config in ``dtype``, tied weights, every parameter trainable,
     ``eval()``; a generation config where the directory has one); None where it cannot stream."""
-    import accelerate
     import transformers
 
     from opsnn_quant.models.checks import weight_files
@@ -142,8 +154,9 @@ def transformers_skeleton(
         return None
     config = cls.config_class.from_pretrained(str(directory), local_files_only=True)
     config.dtype = dtype
-    with _default_dtype(dtype), accelerate.init_empty_weights():
-        model = cls(config)
+    model = _built(lambda: cls(config), dtype, directory)
+    if model is None:
+        return None
     model.tie_weights()
     for p in model.parameters():  # transformers 5's from_pretrained makes every one anew
         p.requires_grad_(True)

@@ -99,3 +99,28 @@ def test_a_view_of_an_offloaded_block_is_read_again_from_its_file(tmp_path):
         assert net.blocks[2].fc.weight.device.type == "cpu"
     assert net.blocks[2].fc.weight.device.type == "meta"
     off.release()
+
+
+def test_a_model_that_cannot_be_built_on_meta_loads_whole_and_is_offloaded(tmp_path, monkeypatch):
+    from opsnn_quant.models import streamed
+
+    save_tiny_whisper(tmp_path / "w")
+    whole = load_adapter("whisper", str(tmp_path / "w"), max_new_tokens=8)
+
+    def fails() -> None:
+        raise RuntimeError("an __init__ that reads its weights")
+
+    real = streamed._built
+    calls: list[object] = []
+
+    def built(make, *args):
+        calls.append(make)
+        return real(fails, *args)  # logged, None: the whole load
+
+    monkeypatch.setattr(streamed, "_built", built)
+    capped = load_adapter("whisper", str(tmp_path / "w"), max_new_tokens=8, max_memory=1)
+    off = offload_of(capped.model)
+    assert off is not None and off.offloaded == ["model.encoder.layers.0", "model.decoder.layers.0"]
+    _same_model(whole.model, capped.model)
+    assert len(calls) >= 1
+    off.release()
