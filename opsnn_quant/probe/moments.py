@@ -32,6 +32,7 @@ from typing import Any
 from torch import nn
 
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.memory import trim_heap
 from opsnn_quant.probe.hooks import in_rerun
 from opsnn_quant.probe.local import LocalProbe
 from opsnn_quant.probe.passes import HookSet, _run
@@ -120,6 +121,7 @@ def collect_groups(
         for lp in members:
             assert lp.moments is not None
             lp.moments.spill(store)
+        trim_heap()  # the group's sums are freed: their pages back before the next group's
     return seconds
 
 

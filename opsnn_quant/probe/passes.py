@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from opsnn_quant.errors import CalibrationError
-from opsnn_quant.memory import release_memory
+from opsnn_quant.memory import release_memory, trim_heap
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.probe.findings import GeluWatch, SoftmaxWatch, attention_parts
@@ -236,6 +236,7 @@ def smoothquant_search(w: Watches, groups: Mapping[str, Sequence[str]]) -> tuple
     for name, lp in w.local.items():
         if name not in done:
             lp.decide()
+    trim_heap()  # the row reservoirs and the search's temporaries are freed
     return time.perf_counter() - t0, shared
 
 

@@ -375,7 +375,6 @@ def _gptq_round(
             f"GPTQ: weight {tuple(w.shape)}, scale {tuple(scale.shape)} and Hessian "
             f"{tuple(hessian.shape)} do not fit"
         )
-    weight = w.detach().to(torch.float64).clone()
     h = hessian.detach().to(torch.float64).clone()
     dead = torch.diagonal(h) == 0
     h[dead, dead] = 1.0  # an input never seen: its column is rounded alone
@@ -384,10 +383,14 @@ def _gptq_round(
         if act_order
         else torch.arange(k, device=h.device)
     )
-    weight, h = weight[:, perm], h[perm][:, perm]
+    # one float64 copy of the weight, permuted (indexing copies: the caller's stays as it is)
+    weight = w.detach().to(torch.float64)[:, perm]
+    h = h[perm][:, perm]
     upper = _inverse_cholesky(h, damp)
+    del h
     s = scale.detach().to(torch.float64).unsqueeze(1)
-    q = torch.empty_like(weight)
+    # the integers as they are rounded (exact in int8: clamped to [-128, 127])
+    q = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
     for i1 in range(0, k, block):
         i2 = min(i1 + block, k)
         w1, u1 = weight[:, i1:i2].clone(), upper[i1:i2, i1:i2]
@@ -400,7 +403,7 @@ def _gptq_round(
             w1[:, i:] -= err.unsqueeze(1) * u1[i, i:].unsqueeze(0)
             err1[:, i] = err
         weight[:, i2:] -= err1 @ upper[i1:i2, i2:]
-    return q[:, torch.argsort(perm)].to(torch.int8)
+    return q[:, torch.argsort(perm)]
 
 
 def _inverse_cholesky(h: torch.Tensor, damp: float) -> torch.Tensor:
