@@ -4,8 +4,9 @@ A width-heavy, tiny-depth FLUX pipeline (transformer 1152 wide = 9 heads x 128, 
 encoders and VAE, a 16 px image: its weights dominate the process's memory) is built at depth 1
 (one double- + one single-stream block) and depth 2; ``run_calibrate`` runs on each in a child
 process of its own (the int8 GEMM path forced to ``fp32-chunk``, so the CPU kind does not
-matter), and the children's peak RSS (VmHWM) are compared: doubling the depth may add at most the
-extra parameters' bytes + 10 %.
+matter), and the children's peak RSS (VmHWM) are compared. The issue's goal: doubling the depth
+adds at most the extra parameters' bytes + 10 %; not met yet, so the test guards what is reached
+(less than twice the extra bytes; see ``GUARD``).
 
 The recipe is the user's default search (every scheme the target runs, GPTQ candidates
 included, the SmoothQuant search, attribution, every export) made cheap only where the
@@ -73,18 +74,17 @@ def _peak_bytes(source: Path, prompts: Path, out: Path) -> int:
     return int(peaks[-1].split()[1])
 
 
+# Issue 43 §4's goal is +10 % (x1.10): NOT MET. Measured 2026-12-05 (AVX-512 VNNI, 2 busy
+# cores, seven runs): depth 1 -> 2 adds 250-370 MB for 258 MB more weights (x0.97-1.42; with
+# MALLOC_MMAP_THRESHOLD_=131072 x1.66): freed heap pages glibc keeps between trims and pass 1's
+# per-module statistics (SmoothQuant's row reservoirs, histograms), with +-60 MB of run-to-run
+# noise in the peaks. Before GPTQ's K x K moments were grouped and spilled (d68420a) it was
+# x4.1. This test guards against that term coming back: it fails above x2.
+GUARD = 2.0
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 43 §4, measured 2026-12-05 on 2 shared (busy) cores, seven runs: depth 1 -> "
-    "2 adds 250-370 MB to calibrate's peak (1120-1340 -> 1480-1590 MB) for 258 MB more weights "
-    "(x0.97-1.42, most runs x1.1-1.4; was 1063 MB, x4.1, before GPTQ's K x K moments were "
-    "grouped and spilled and pass 2 dropped each module's candidates): the 30-90 MB beyond the "
-    "weights are freed heap pages glibc keeps between trims and pass 1's per-module statistics "
-    "(SmoothQuant's 256-row reservoirs, histograms), within the peaks' run-to-run noise (+-60 "
-    "MB); not strict, as it passes on some runs",
-)
-def test_doubling_depth_adds_no_more_than_the_extra_weights(tmp_path: Path) -> None:
+def test_doubling_depth_adds_less_than_twice_the_extra_weights(tmp_path: Path) -> None:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red circle\n")
     params = {}
@@ -98,8 +98,8 @@ def test_doubling_depth_adds_no_more_than_the_extra_weights(tmp_path: Path) -> N
     extra = (params[2] - params[1]) * 4  # float32 weights
     added = peaks[2] - peaks[1]
     mb = 2**20
-    assert added <= 1.1 * extra, (
+    assert added <= GUARD * extra, (
         f"doubling the depth added {added / mb:.0f} MB to calibrate's peak RSS "
         f"({peaks[1] / mb:.0f} -> {peaks[2] / mb:.0f} MB) for {extra / mb:.0f} MB more weights "
-        f"(x{added / extra:.2f}; allowed x1.10)"
+        f"(x{added / extra:.2f}; guard x{GUARD}, goal x1.10)"
     )
