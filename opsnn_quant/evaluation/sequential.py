@@ -5,8 +5,9 @@ The measured search of ``calibrate`` (:mod:`opsnn_quant.evaluation.slice_scorer`
 candidate on a slice of utterances, and a candidate passes only when its interval does, as in
 the acceptance report. Most candidates are far from the bound (a static W8A8 Whisper at +3 WER
 points against a 0.5 bound), and transcribing the rest of the slice cannot change their verdict.
-So the candidate is transcribed in groups of :data:`LOOK_EVERY` utterances and, after each
-group, the paired bootstrap interval of the delta (the utterances resampled with their float and
+So the candidate is transcribed in groups of :data:`LOOK_EVERY` utterances, the first group
+halved (:func:`looks`: a decisive candidate, with transcripts equal to the float model's or far
+beyond the bound, is settled on 8 utterances), and, after each group, the paired bootstrap interval of the delta (the utterances resampled with their float and
 candidate errors together, the corpus rate's ratio of sums recomputed) is compared with the
 bound (:func:`levels`):
 
@@ -96,10 +97,12 @@ def delta_interval(
 
 
 def looks(size: int, every: int = LOOK_EVERY) -> list[int]:
-    """The slice sizes after which the verdict is looked at: every ``every`` utterances, the
-    last one the whole slice (a slice of at most ``every`` has only that look)."""
-    ends = list(range(every, size, every))
-    return [*ends, size]
+    """The slice sizes after which the verdict is looked at: after ``every // 2`` utterances,
+    then every ``every``, the last one the whole slice (a slice of at most ``every // 2`` has
+    only that look)."""
+    first = every // 2
+    ends = [first, *range(every, size, every)] if first < size else []
+    return [*[e for e in ends if e < size], size]
 
 
 def levels(n_looks: int, confidence: float = 1 - ALPHA, beta: float = BETA) -> tuple[float, float]:

@@ -50,9 +50,10 @@ def test_levels_share_alpha_over_the_looks_and_beta_over_the_early_ones():
 
 
 def test_looks():
-    assert looks(64) == [16, 32, 48, 64]
-    assert looks(40) == [16, 32, 40]
-    assert looks(16) == [16] and looks(8) == [8]
+    # a first look after half a group, then every 16
+    assert looks(64) == [8, 16, 32, 48, 64]
+    assert looks(40) == [8, 16, 32, 40]
+    assert looks(16) == [8, 16] and looks(8) == [8] and looks(5) == [5]
 
 
 TRUTH = [f"w{chr(97 + i % 26)}{chr(97 + i // 26)} alpha beta gamma delta" for i in range(48)]
@@ -101,38 +102,38 @@ def _records(n: int) -> list[dict[str, Any]]:
 def test_a_candidate_far_beyond_the_bound_fails_after_the_first_look(asr_suite):
     base = FakeASR()
     scorer = SliceScorer(base, asr_suite, Thresholds(wer_delta_max_points=0.5), _records(48))
-    assert base.asked == list(range(16))  # the float outputs of the first look only
+    assert base.asked == list(range(8))  # the float outputs of the first look only
     bad = FakeASR({i: 2 for i in range(48)})  # 2 of 5 words lost everywhere: +40 points
     score = scorer.score(bad)
-    assert not score.passed and score.status == "FAIL" and bad.asked == list(range(16))
+    assert not score.passed and score.status == "FAIL" and bad.asked == list(range(8))
     assert score.measured["wer_delta_points"] == pytest.approx(40.0)
-    # 3 looks: each at 1 - 0.05/3 = 98.3 %
+    # 4 looks (8, 16, 32, 48): each at 1 - 0.05/4 = 98.75 %
     assert score.describe() == (
-        "wer_delta_points +40 [+40, +40] (<= 0.5, 98.3%); decided after 16 of 48 utterances"
+        "wer_delta_points +40 [+40, +40] (<= 0.5, 98.8%); decided after 8 of 48 utterances"
     )
-    assert base.asked == list(range(16))  # no float output beyond what the candidate needed
+    assert base.asked == list(range(8))  # no float output beyond what the candidate needed
 
 
 def test_an_identical_candidate_passes_after_the_first_look(asr_suite):
     scorer = SliceScorer(FakeASR(), asr_suite, Thresholds(wer_delta_max_points=0.5), _records(48))
     same = FakeASR()
     score = scorer.score(same)
-    assert score.passed and score.status == "PASS" and same.asked == list(range(16))
+    assert score.passed and score.status == "PASS" and same.asked == list(range(8))
 
 
 def test_an_undecided_candidate_stops_for_futility(asr_suite):
-    # Utterances 0-2 of the first 16 lose 2 of their 5 words: +7.5 points. The 98.3 % interval
-    # reaches 0 (a draw of 16 misses all three with chance (13/16)^16 = 3.6 %, more than the
-    # 0.83 % tail): undecided. The futility level (3 looks: two-sided 80 %, lower tail 10 %)
-    # puts the lower bound at one copy of 2 words in 80 = +2.5 > 0.5: it cannot pass.
+    # Utterances 0-2 of the first 8 lose 2 of their 5 words: +15 points. The 98.75 % interval
+    # reaches 0 (a draw of 8 misses all three with chance (5/8)^8 = 2.3 %, more than the
+    # 0.625 % tail): undecided. The futility level (4 looks, 3 early: one-sided 1 - 0.2/3,
+    # lower tail 6.7 %) puts the lower bound at one copy of 2 words in 40 = +5 > 0.5.
     scorer = SliceScorer(FakeASR(), asr_suite, Thresholds(wer_delta_max_points=0.5), _records(48))
     cand = FakeASR({0: 2, 1: 2, 2: 2})
     score = scorer.score(cand)
-    assert cand.asked == list(range(16)) and not score.passed and score.status == "FAIL"
+    assert cand.asked == list(range(8)) and not score.passed and score.status == "FAIL"
     assert score.criteria[0].ci_low == 0.0  # undecided on the decision level
     assert score.early == (
-        "cannot pass after 16 of 48 utterances: the 90.0% lower bound of wer_delta_points is "
-        "+2.5 > 0.5 (futility)"
+        "cannot pass after 8 of 48 utterances: the 93.3% lower bound of wer_delta_points is "
+        "+5 > 0.5 (futility)"
     )
 
 
@@ -164,8 +165,12 @@ def test_later_float_outputs_come_from_a_reloaded_model(asr_suite):
     scorer = SliceScorer(
         first, asr_suite, Thresholds(wer_delta_max_points=0.5), _records(48), reload=reload
     )
-    assert first.asked == list(range(16)) and not loaded  # first look: the model given
-    scorer.score(FakeASR({3: 1}))  # goes to the end: two more looks, each a reload
-    assert [m.asked for m in loaded] == [list(range(16, 32)), list(range(32, 48))]
+    assert first.asked == list(range(8)) and not loaded  # first look: the model given
+    scorer.score(FakeASR({3: 1}))  # goes to the end: three more looks, each a reload
+    assert [m.asked for m in loaded] == [
+        list(range(8, 16)),
+        list(range(16, 32)),
+        list(range(32, 48)),
+    ]
     scorer.score(FakeASR({3: 1}))  # the float outputs are kept: no reload
-    assert len(loaded) == 2
+    assert len(loaded) == 3
