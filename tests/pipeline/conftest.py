@@ -4,6 +4,7 @@ files are compared."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,3 +35,19 @@ def tiny_sd_calibrated(tmp_path_factory) -> tuple[Path, Path, Path]:
     out = root / "out"
     assert main(["calibrate", str(recipe), "-o", str(out), "--quiet"]) == 0
     return root, recipe, out
+
+
+@pytest.fixture
+def offloads(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every ``BlockOffload`` the test's runs make (``--max-memory``), in order."""
+    from opsnn_quant.models import offload
+
+    made: list[offload.BlockOffload] = []
+    init = offload.BlockOffload.__init__
+
+    def record(self: offload.BlockOffload, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(offload.BlockOffload, "__init__", record)
+    return made

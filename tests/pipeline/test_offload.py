@@ -9,7 +9,6 @@ import json
 import pytest
 
 from opsnn_quant.cli import main
-from opsnn_quant.models import offload
 from tests.pipeline.conftest import run_files
 from tests.tiny_pipelines import save_tiny_sd3, tiny_dit_recipe
 
@@ -23,16 +22,9 @@ def tiny_dit(tmp_path_factory):
     return root, tiny_dit_recipe(root, "offload", target="ascend910b-mindie-sd")
 
 
-def test_an_offloaded_calibrate_writes_the_same_files(tiny_dit, tmp_path, monkeypatch):
+def test_an_offloaded_calibrate_writes_the_same_files(tiny_dit, tmp_path, offloads):
     _root, recipe = tiny_dit
-    made: list[offload.BlockOffload] = []
-    init = offload.BlockOffload.__init__
-
-    def record(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        made.append(self)
-
-    monkeypatch.setattr(offload.BlockOffload, "__init__", record)
+    made = offloads
     assert main(["calibrate", str(recipe), "-o", str(tmp_path / "mem"), *NAIVE]) == 0
     assert made == []
     # the weights need ~1.4 MB; 128 KiB holds the activations' floor but none of the blocks

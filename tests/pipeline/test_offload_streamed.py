@@ -4,13 +4,12 @@ quantized checkpoint and AscendV1 export written block by block: the same files 
 
 from __future__ import annotations
 
-from opsnn_quant.models import offload
 from tests._deps import needs_espeak
 from tests.pipeline.conftest import run_files
 
 
 @needs_espeak
-def test_an_offloaded_whisper_calibrate_writes_the_same_files(tmp_path, monkeypatch):
+def test_an_offloaded_whisper_calibrate_writes_the_same_files(tmp_path, offloads):
     from opsnn_quant.pipeline.calibrate import run_calibrate
     from opsnn_quant.recipe import load_recipe
     from tests.tiny_pipelines import save_tiny_whisper
@@ -26,14 +25,7 @@ def test_an_offloaded_whisper_calibrate_writes_the_same_files(tmp_path, monkeypa
         "strategy: all-w8a8-dynamic\n"
         "target: ascend910b-vllm-ascend\n"
     )
-    made: list[offload.BlockOffload] = []
-    init = offload.BlockOffload.__init__
-
-    def record(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        made.append(self)
-
-    monkeypatch.setattr(offload.BlockOffload, "__init__", record)
+    made = offloads
     run_calibrate(load_recipe(str(recipe)), tmp_path / "mem")
     assert made == []
     run_calibrate(load_recipe(str(recipe)), tmp_path / "off", max_memory=1)
@@ -45,7 +37,7 @@ def test_an_offloaded_whisper_calibrate_writes_the_same_files(tmp_path, monkeypa
     assert [k for k in mem if mem[k] != offloaded[k]] == []
 
 
-def test_an_offloaded_unet_static_calibrate_writes_the_same_files(tmp_path, monkeypatch):
+def test_an_offloaded_unet_static_calibrate_writes_the_same_files(tmp_path, offloads):
     # static int8 (quant_bias, deq_scale) and quantized Conv2d written FLOAT (their dequantized
     # weights made from the block's file when written) in both exports
     from opsnn_quant.pipeline.calibrate import run_calibrate
@@ -54,14 +46,7 @@ def test_an_offloaded_unet_static_calibrate_writes_the_same_files(tmp_path, monk
 
     save_tiny_sd(tmp_path / "pipe")
     recipe = tiny_sd_recipe(tmp_path, "unet", target="ascend910b-mindie-sd")
-    made: list[offload.BlockOffload] = []
-    init = offload.BlockOffload.__init__
-
-    def record(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        made.append(self)
-
-    monkeypatch.setattr(offload.BlockOffload, "__init__", record)
+    made = offloads
     r = load_recipe(str(recipe)).with_strategy("all-w8a8-minmax")
     run_calibrate(r, tmp_path / "mem")
     run_calibrate(r, tmp_path / "off", max_memory=1 << 20)  # above the activations floor
