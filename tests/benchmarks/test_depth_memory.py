@@ -31,25 +31,16 @@ from pathlib import Path
 import pytest
 
 from benchmarks.real_widths import build_flux
+from tests.benchmarks._child import PRELUDE
 
-CHILD = r"""
-import json, os, sys
-os.environ["OPSNN_QUANT_INT8_GEMM"] = "fp32-chunk"
-from opsnn_quant.determinism import set_reproducible
-set_reproducible(seed=0, threads=1)
-from opsnn_quant.pipeline.calibrate import run_calibrate
-from opsnn_quant.recipe import Recipe
-
-def hwm():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-
+CHILD = (
+    PRELUDE
+    + r"""
 recipe = Recipe.model_validate(json.loads(sys.argv[1]))
 run_calibrate(recipe, sys.argv[2], force=True)
 print("PEAK", hwm())
 """
+)
 
 
 def _peak_bytes(source: Path, prompts: Path, out: Path) -> int:

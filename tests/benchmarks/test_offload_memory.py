@@ -21,14 +21,11 @@ from pathlib import Path
 import pytest
 
 from benchmarks.real_widths import build_flux
+from tests.benchmarks._child import PRELUDE
 
-CHILD = r"""
-import json, os, sys
-os.environ["OPSNN_QUANT_INT8_GEMM"] = "fp32-chunk"
-from opsnn_quant.determinism import set_reproducible
-set_reproducible(seed=0, threads=1)
-from opsnn_quant.pipeline.calibrate import run_calibrate
-from opsnn_quant.recipe import Recipe
+CHILD = (
+    PRELUDE
+    + r"""
 from opsnn_quant.models import offload
 
 init = offload.BlockOffload.__init__
@@ -40,17 +37,12 @@ def record(self, *args, **kwargs):
 
 offload.BlockOffload.__init__ = record
 
-def hwm():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-
 recipe = Recipe.model_validate(json.loads(sys.argv[1]))
 cap = None if sys.argv[3] == "none" else int(sys.argv[3])
 run_calibrate(recipe, sys.argv[2], force=True, max_memory=cap)
 print("PEAK", hwm())
 """
+)
 CAP = 32 << 20  # below the rest of the pipeline and one block: every block offloaded
 
 
