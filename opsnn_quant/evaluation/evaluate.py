@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -67,6 +68,20 @@ def suite_records(suite: Suite, start: int = 0, count: int | None = None) -> lis
             f"fewer than the {start + count} needed for {count} from record {start}"
         )
     return records
+
+
+@contextmanager
+def generation_of(adapter: ModelAdapter, suite: Suite) -> Iterator[None]:
+    """The suite's generation settings on ``adapter`` inside the block, its own restored after
+    (a run that goes on with the model, e.g. calibrate's float model after its measured search,
+    keeps its own batch size and decoding length)."""
+    before = getattr(adapter, "settings", None)
+    apply_generation(adapter, suite)
+    try:
+        yield
+    finally:
+        if before is not None:
+            adapter.settings = before  # type: ignore[attr-defined]
 
 
 def apply_generation(adapter: ModelAdapter, suite: Suite) -> None:

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from opsnn_quant.backends.devices import backend_label
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.evaluation.evaluate import QualityInputs, apply_generation, generate_outputs
+from opsnn_quant.evaluation.evaluate import QualityInputs, generate_outputs, generation_of
 from opsnn_quant.evaluation.report import Criterion, Status
 from opsnn_quant.evaluation.runner import THRESHOLDS, verdict
 from opsnn_quant.evaluation.sequential import (
@@ -100,16 +99,16 @@ class SliceScorer:
     speech slice whose bounds are all WER/CER deltas is transcribed in groups and looked at
     after each (:mod:`.sequential`); any other slice is judged once, whole. The float model's
     outputs are generated only as far as a candidate needed them: those of the first look when
-    the scorer is built, the rest by a float model from ``reload`` when a candidate goes on.
+    the scorer is built, the rest when a candidate goes on to a later look.
 
     Args:
-        baseline: the float model (its settings take the suite's generation settings).
+        baseline: the float model, kept for the float outputs of later looks (no copy: a
+            calibrate run goes on with the same model); it generates with the suite's
+            generation settings, its own restored after each look.
         suite: the suite whose generation settings and metrics are used.
         bounds: the user's bounds (suite threshold names), judged instead of the suite's.
         records: the slice (e.g. :func:`~.evaluate.suite_records` after the suite's samples).
         allow_pickle: as :func:`~.evaluate.evaluate`'s (the suite's CLIP).
-        reload: loads a fresh float model for the float outputs of later looks, so that the
-            scorer keeps none between candidates; None: ``baseline`` is kept for them.
 
     Raises:
         ConfigError: bad bounds, or a task the model does not have.
@@ -123,7 +122,6 @@ class SliceScorer:
         records: list[dict[str, Any]],
         *,
         allow_pickle: bool = False,
-        reload: Callable[[], ModelAdapter] | None = None,
     ) -> None:
         problem = bounds.quality_problem()
         if problem:
@@ -137,46 +135,38 @@ class SliceScorer:
         self.judged = suite.model_copy(
             update={"metrics": suite.metrics.model_copy(update={"thresholds": bounds.bounds()})}
         )
-        apply_generation(baseline, suite)
-        self.inputs = QualityInputs.load(suite, baseline, records, allow_pickle)
+        with generation_of(baseline, suite):
+            self.inputs = QualityInputs.load(suite, baseline, records, allow_pickle)
         self.rates = self._sequential_rates()
         self.ends = looks(self.size) if self.rates else [self.size]
         self.level, self.futility = levels(len(self.ends), suite.metrics.confidence)
-        self._reload = reload
-        self._float: ModelAdapter | None = None if reload is not None else baseline
+        self._float = baseline
         self.baseline: list[Any] = []
-        self._extend_float(self.ends[0], baseline)
+        self._extend_float(self.ends[0])
 
     @property
     def size(self) -> int:
         """Inputs in the slice."""
         return len(self.inputs.inputs)
 
-    def _extend_float(self, end: int, adapter: ModelAdapter | None = None) -> None:
+    def _extend_float(self, end: int) -> None:
         """The float outputs of the first ``end`` inputs (generated once each)."""
         if len(self.baseline) >= end:
             return
-        if adapter is None:
-            adapter = self._float if self._float is not None else self._reload_float()
-        self.baseline += generate_outputs(
-            adapter, self.suite, self.inputs.inputs[len(self.baseline) : end]
-        )
-
-    def _reload_float(self) -> ModelAdapter:
-        assert self._reload is not None
-        adapter = self._reload()
-        apply_generation(adapter, self.suite)
-        return adapter
+        with generation_of(self._float, self.suite):
+            self.baseline += generate_outputs(
+                self._float, self.suite, self.inputs.inputs[len(self.baseline) : end]
+            )
 
     def score(self, candidate: ModelAdapter) -> SliceScore:
         """``candidate``'s figures on the slice, judged on their intervals against the bounds;
         a sequential slice ends as soon as a look decides (:mod:`.sequential`)."""
-        apply_generation(candidate, self.suite)
         outputs: list[Any] = []
         for end in self.ends:
-            outputs += generate_outputs(
-                candidate, self.suite, self.inputs.inputs[len(outputs) : end]
-            )
+            with generation_of(candidate, self.suite):
+                outputs += generate_outputs(
+                    candidate, self.suite, self.inputs.inputs[len(outputs) : end]
+                )
             self._extend_float(end)
             score = self._look(candidate, outputs, last=end == self.size)
             if score is not None:

@@ -202,7 +202,7 @@ def run_calibrate(
         atomic_write_text(ctx.out.recipe, recipe_yaml(effective))
         probe = probe_phase(ctx, data, checked.target, reused, checked)  # 2. probe (pass 1)
         probed, resolved, notes, search = policy_phase(ctx, probe, data, checked)  # 3. policy
-        holdout, plan = float_references(ctx, data, probed, resolved)  # 4. from the float model
+        holdout, plan = float_references(ctx, data, probed, resolved, search)  # 4. float refs
         quantize_phase(ctx, resolved, data, probed)  # 5. quantize, 6. save
         measured = measure_phase(ctx, holdout)  # 7. measure
         exported = write_exports(ctx, resolved, plan)  # 8. export (an offloaded model: see there)
@@ -639,18 +639,44 @@ def decide(
 
 
 def float_references(
-    ctx: RunContext, data: CalibrationData, probed: ProbeResult, resolved: ResolvedPolicy
+    ctx: RunContext,
+    data: CalibrationData,
+    probed: ProbeResult,
+    resolved: ResolvedPolicy,
+    search: FrontResult | None = None,
 ) -> tuple[RecordedRoots | None, ExportPlan]:
     """Before quantize swaps the modules in place: the float model's root outputs on held-out
-    data (to measure the quantized model against), and what the model exports need of it."""
+    data (to measure the quantized model against), and what the model exports need of it.
+
+    The held-out SQNR is not measured when the measured search judged the chosen policy end
+    to end (``search``): it decides nothing then and cost ~1.5 float passes (issue 43)."""
     holdout = None
-    if data.holdout is not None:
+    judged = judged_end_to_end(search)
+    if data.holdout is not None and judged:
+        ctx.say(f"held-out SQNR not measured: {judged}")
+    elif data.holdout is not None:
         ctx.say("recording float outputs on held-out data")
         max_calls = ctx.recipe.probe_config(ctx.seed).max_root_calls
         loop = ctx.adapter.forward_loop(data.holdout)
         holdout = record_roots(ctx.adapter, loop, max_calls, seed=ctx.seed + 1)
     plan = plan_model_exports(ctx, resolved, data.calibration, probed.root_calls, holdout)
+    if data.holdout is not None and judged:  # in the summary's notes too
+        plan = dataclasses.replace(
+            plan, notes=[f"held-out SQNR not measured: {judged}", *plan.notes]
+        )
     return holdout, plan
+
+
+def judged_end_to_end(search: FrontResult | None) -> str:
+    """Why the held-out measurement would decide nothing: the measured search passed the
+    chosen policy on its slice ("" when it did not, or did not run)."""
+    if search is None or search.chosen.measurement is None or not search.chosen.passed:
+        return ""
+    return (
+        f"budget.metric judged the chosen policy ({search.chosen.candidate.label}) end to end "
+        "on held-out data (see the measured rounds); data.holdout is measured when no "
+        "measured search decides"
+    )
 
 
 # ---- 5. quantize, 6. save ------------------------------------------------------------------

@@ -26,6 +26,7 @@ from opsnn_quant.pipeline.context import RunContext
 from opsnn_quant.policy.export import export_policy, write_export
 from opsnn_quant.policy.exporters import exporter
 from opsnn_quant.policy.schema import ResolvedPolicy
+from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.recording import Call, RecordedRoots, record_roots
 
 
@@ -71,7 +72,9 @@ def plan_model_exports(
     gets (none but with our engine: AMCT writes its own model), their root calls and ATC's
     float graphs."""
     wanted, notes = _wanted(ctx, resolved)
-    calls = _export_calls(ctx, calibration, root_calls, holdout) if wanted else {}
+    calls = (
+        _export_calls(ctx, calibration, root_calls, holdout) if _traced(wanted, resolved) else {}
+    )
     staged = None
     if "atc" in wanted:
         with resident(ctx.adapter.model):  # an offloaded model: all its blocks, to trace
@@ -92,6 +95,13 @@ def _wanted(ctx: RunContext, resolved: ResolvedPolicy) -> tuple[list[str], list[
             "(opsnn-quant export-weights OUT -f atc --data SRC writes them)"
         )
     return wanted, notes
+
+
+def _traced(wanted: Sequence[str], resolved: ResolvedPolicy) -> bool:
+    """Whether a wanted export reads root calls: ATC (the ONNX graphs' shapes) and AscendV1
+    with SmoothQuant (its folds are traced); MindIE-SD and a fold-free AscendV1 read none."""
+    smoothed = any(isinstance(s, QuantSpec) and s.smoothquant for s in resolved.specs.values())
+    return "atc" in wanted or ("ascendv1" in wanted and smoothed)
 
 
 def _export_calls(

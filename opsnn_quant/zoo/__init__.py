@@ -45,6 +45,8 @@ _DATASETS: dict[str, str] = {
     "shapes": "opsnn_quant.zoo.shapes_data:load_split",
     "speech": "opsnn_quant.zoo.speech_data:load_split",
 }
+# Datasets that give records directly (no ``datasets.Dataset`` to build and convert back).
+_RECORDS: dict[str, str] = {"speech": "opsnn_quant.zoo.speech_data:split_records"}
 
 
 def _resolve(table: dict[str, str], name: str, kind: str) -> Callable[..., Any]:
@@ -104,3 +106,17 @@ def dataset(name: str, split: str, **kwargs: Any) -> Any:
     """
     set_offline_env()
     return _resolve(_DATASETS, name, "dataset")(split, **kwargs)
+
+
+def records(name: str, split: str, limit: int | None = None) -> builtins.list[dict[str, Any]]:
+    """A zoo dataset split offline as records (dicts), the rows of :func:`dataset`.
+
+    Args:
+        name: One of :func:`datasets`.
+        split: As :func:`dataset`.
+        limit: The first ``limit`` records.
+    """
+    if name in _RECORDS:
+        set_offline_env()
+        return _resolve(_RECORDS, name, "dataset")(split, limit=limit)
+    return [dict(r) for r in dataset(name, split, limit=limit)]

@@ -27,4 +27,4 @@ class ZooProvider:
         dataset, _, split = name.partition("/")
         if not split:
             raise ConfigError(f"zoo data source 'zoo:{name}' needs a split: zoo:<name>/<split>")
-        return [dict(r) for r in zoo.dataset(dataset, split, limit=limit)]
+        return zoo.records(dataset, split, limit)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from pydantic import BaseModel
 
 from opsnn_quant.evaluation.sequential import (
     Errors,
@@ -154,23 +155,40 @@ def test_a_candidate_near_the_bound_is_inconclusive_on_the_whole_slice(asr_suite
     assert row.samples_to_decide is not None and row.samples_to_decide > 48
 
 
-def test_later_float_outputs_come_from_a_reloaded_model(asr_suite):
-    first = FakeASR()
-    loaded: list[FakeASR] = []
+class Settings(BaseModel):
+    batch_size: int = 4
+    max_new_tokens: int = 40
 
-    def reload() -> FakeASR:
-        loaded.append(FakeASR())
-        return loaded[-1]
 
-    scorer = SliceScorer(
-        first, asr_suite, Thresholds(wer_delta_max_points=0.5), _records(48), reload=reload
-    )
-    assert first.asked == list(range(8)) and not loaded  # first look: the model given
-    scorer.score(FakeASR({3: 1}))  # goes to the end: three more looks, each a reload
-    assert [m.asked for m in loaded] == [
-        list(range(8, 16)),
-        list(range(16, 32)),
-        list(range(32, 48)),
-    ]
-    scorer.score(FakeASR({3: 1}))  # the float outputs are kept: no reload
-    assert len(loaded) == 3
+class SettledASR(FakeASR):
+    """A FakeASR with an adapter's settings; records those each generate call ran with."""
+
+    def __init__(self, wrong: dict[int, int] | None = None) -> None:
+        super().__init__(wrong)
+        self.settings = Settings()
+        self.seen: set[tuple[int, int]] = set()
+
+    def generate(self, ids: list[int]) -> list[str]:
+        self.seen.add((self.settings.batch_size, self.settings.max_new_tokens))
+        return super().generate(ids)
+
+
+def test_the_float_model_generates_with_the_suites_settings_and_keeps_its_own(tmp_path):
+    # The measured search scores on the run's own float model (no copy), which calibrate goes
+    # on with: it must generate with the suite's settings and get its own back after each look.
+    (tmp_path / "prompts.txt").write_text("\n".join(str(i) for i in range(48)) + "\n")
+    suite = parse_suite({
+        "name": "s", "task": "asr", "data": {"folder": str(tmp_path), "samples": 48},
+        "generation": {"batch_size": 8, "max_new_tokens": 128},
+        "metrics": {"thresholds": {"wer_delta_max_points": 0.5}},
+    })  # fmt: skip
+    base = SettledASR()
+    scorer = SliceScorer(base, suite, Thresholds(wer_delta_max_points=0.5), _records(48))
+    assert base.asked == list(range(8)) and base.settings == Settings()
+    candidate = SettledASR({3: 1})
+    scorer.score(candidate)  # to the end: the later float outputs from the same model
+    assert base.asked == list(range(48)) and base.seen == {(8, 128)}
+    assert base.settings == Settings() and candidate.settings == Settings()
+    assert candidate.seen == {(8, 128)}
+    scorer.score(SettledASR({3: 1}))  # the float outputs are kept: not generated again
+    assert base.asked == list(range(48))

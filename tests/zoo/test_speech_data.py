@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
+from opsnn_quant import zoo
 from opsnn_quant.errors import ConfigError, InputError, MissingDependencyError
 from opsnn_quant.text_norm import normalize_english, word_error_rate
 from opsnn_quant.zoo import speech_data as sd
@@ -95,6 +96,22 @@ def test_generated_calibration_split() -> None:
     # the same samples as one at a time
     for i, u in enumerate(utts):
         np.testing.assert_array_equal(sd.synthesize(u), ds[i]["audio"])
+
+
+@pytest.mark.parametrize("split", ["calibration", "eval"])
+def test_records_are_the_rows_of_the_dataset(split: str) -> None:
+    # zoo:speech/<split> sources read records directly (no datasets.Dataset round trip): the
+    # same keys, values and dtypes as the Dataset's rows
+    rows = [dict(r) for r in sd.load_split(split, limit=3)]
+    got = zoo.records("speech", split, 3)
+    assert [sorted(r) for r in got] == [sorted(r) for r in rows]
+    for a, b in zip(got, rows, strict=True):
+        assert a["audio"].dtype == b["audio"].dtype == np.float32
+        np.testing.assert_array_equal(a["audio"], b["audio"])
+        assert {k: v for k, v in a.items() if k != "audio"} == {
+            k: v for k, v in b.items() if k != "audio"
+        }
+        assert [type(a[k]) for k in sorted(a)] == [type(b[k]) for k in sorted(b)]
 
 
 def test_normalize_english() -> None:
