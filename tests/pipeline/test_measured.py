@@ -63,7 +63,7 @@ def test_shapes_t2i_measured_search_dominates_the_baselines(tmp_path):
 def test_whisper_measured_search_dominates_the_baselines(tmp_path):
     recipe = _recipe(
         "whisper-tiny-en",
-        data={"limit": 2, "holdout": None, "holdout_limit": None},
+        data={"limit": 2},  # the recipe's held-out data stays: not measured (below)
         # the probe at its cheapest (the search is under test, not the estimator)
         probe={"max_root_calls": 2, "schemes": ["w8a8", "w8a8_dynamic"], "estimator": "diagonal"},
         budget={"metric": {"suite": "whisper-tiny-en", "data": "zoo:speech/train", "samples": 8,
@@ -85,6 +85,29 @@ def test_whisper_measured_search_dominates_the_baselines(tmp_path):
     assert "probe estimators" not in result.seconds
     policy = (tmp_path / "out" / "policy.yaml").read_text()
     assert "stopped there" in policy
+    # nor the held-out SQNR: the search judged the chosen policy end to end (the summary says)
+    assert result.measured == {}
+    assert any(
+        n.startswith("held-out SQNR not measured: budget.metric judged") for n in result.notes
+    )
+
+
+def test_the_held_out_sqnr_is_skipped_only_after_a_passing_measured_choice():
+    from types import SimpleNamespace
+
+    from opsnn_quant.pipeline.calibrate import judged_end_to_end
+
+    def walk(measured: bool, passed: bool) -> Any:
+        m = SimpleNamespace(passed=passed) if measured else None
+        chosen = SimpleNamespace(
+            measurement=m, passed=m is None or passed, candidate=SimpleNamespace(label="x")
+        )
+        return SimpleNamespace(chosen=chosen)
+
+    assert judged_end_to_end(None) == ""  # no measured search: the held-out SQNR is the figure
+    assert judged_end_to_end(walk(measured=False, passed=True)) == ""  # float, unmeasured
+    assert judged_end_to_end(walk(measured=True, passed=False)) == ""  # nothing passed
+    assert "(x) end to end" in judged_end_to_end(walk(measured=True, passed=True))
 
 
 def test_the_starting_points_are_the_baselines_the_recipe_allows_then_the_estimate():
