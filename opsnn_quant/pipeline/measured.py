@@ -2,9 +2,10 @@
 
 With ``budget.metric`` in the recipe, the policy phase does not stop at the estimate: it
 measures candidates (:mod:`opsnn_quant.policy.front`) on a slice of the metric suite's data
-(:class:`~opsnn_quant.evaluation.slice_scorer.SliceScorer`). Each measurement quantizes a fresh
-float copy of the recipe's model (:func:`float_copy`) with the candidate exactly as the quantize phase will (same
-calibration data, the probe's statistics where they seed it), generates on the slice and judges
+(:class:`~opsnn_quant.evaluation.slice_scorer.SliceScorer`). Each measurement quantizes a float
+copy of the run's model (:func:`float_copy`: new modules over the same tensors) with the
+candidate exactly as the quantize phase will (same calibration data, the probe's statistics
+where they seed it), generates on the slice and judges
 the bounds on their intervals (a candidate passes only when its interval does). The float
 model's slice outputs are generated once each, only as far as a candidate needed them.
 """
@@ -172,13 +173,24 @@ def _scorer(ctx: RunContext, metric: MetricBudget, search: MeasuredSearch) -> Sl
 
 
 def float_copy(ctx: RunContext) -> ModelAdapter:
-    """A fresh float copy of the run's model: a deep copy of the run's own (still float: the
-    policy phase runs before quantize swaps its modules), the same tensors as a load from disk
-    without its cost; loaded again where the run offloads blocks (``--max-memory``: a copy
-    would have to copy the offload files)."""
+    """A float copy of the run's model for a candidate to be quantized in: new module objects
+    over the run's own tensors (still float: the policy phase runs before quantize swaps its
+    modules). ``quantize`` swaps the copy's modules and builds new tensors, never writing into
+    a float one (a test holds it to that on every scheme), so the copy costs no weights: a
+    candidate adds only its int8 weights, where a deep copy added the whole float model again.
+    Loaded again where the run offloads blocks (``--max-memory``: the offload files are the
+    run's)."""
     if ctx.recipe.model.max_memory is not None:
         return load_recipe_model(ctx.recipe)
-    return copy.deepcopy(ctx.adapter)
+    return sharing_copy(ctx.adapter)
+
+
+def sharing_copy(adapter: ModelAdapter) -> ModelAdapter:
+    """``adapter`` deep-copied but for its model's parameters and buffers, which the copy
+    shares (ties kept)."""
+    model = adapter.model
+    shared: dict[int, Any] = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return copy.deepcopy(adapter, shared)
 
 
 def slice_records(metric: MetricBudget, suite: Suite) -> list[dict[str, Any]]:

@@ -11,6 +11,8 @@ import yaml
 
 from opsnn_quant.pipeline.calibrate import run_calibrate
 from opsnn_quant.probe.report import SensitivityReport
+from opsnn_quant.quant.api import quantize
+from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.recipe import Recipe, builtin_recipes
 from tests._deps import needs_espeak
 
@@ -183,3 +185,53 @@ def _defined_in(hook: Any) -> str:
     target = getattr(hook, "func", hook)
     owner = getattr(target, "__self__", None)
     return type(owner).__module__ if owner is not None else getattr(target, "__module__", "")
+
+
+_SCHEMES = [
+    QuantSpec(),
+    QuantSpec(observer="mse"),
+    QuantSpec(observer="percentile"),
+    QuantSpec(observer="kl", activation_symmetric=False),
+    QuantSpec(bias_correction=True),
+    QuantSpec(smoothquant_alpha=0.5),
+    QuantSpec(smoothquant_alpha="auto", weight_rounding="gptq"),
+    QuantSpec(weight_rounding="gptq"),
+    QuantSpec(precision="w8a8_dynamic"),
+    QuantSpec(precision="w8a8_dynamic", smoothquant_alpha=0.5, weight_rounding="gptq"),
+    QuantSpec(precision="w8a16"),
+    QuantSpec(precision="w4a16", group_size=32),
+    QuantSpec(engine="vllm-ascend", smoothquant_alpha=0.5),
+    QuantSpec(precision="w8a8_dynamic", engine="vllm-ascend", output_dtype="bfloat16"),
+    QuantSpec(engine="mindie-sd", output_dtype="bfloat16", smoothquant_alpha=0.5),
+    QuantSpec(precision="w8a8_dynamic", engine="mindie-sd"),
+]
+
+
+@pytest.mark.parametrize("spec", _SCHEMES, ids=lambda s: repr(s)[10:70])
+def test_a_candidate_quantized_in_a_sharing_copy_leaves_the_float_model_bit_for_bit(spec):
+    """The measured search quantizes each candidate in a copy that shares the float model's
+    tensors (no second float model in memory): quantize, calibration and the int8 forward of
+    every scheme must never write into a float tensor, nor swap a module of the float model."""
+    from types import SimpleNamespace
+
+    from opsnn_quant.pipeline.measured import sharing_copy
+    from opsnn_quant.quant.modules import QuantLinear
+    from tests.tiny_models import TinyMLP, forward_loop_for
+
+    model = TinyMLP().eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = model.example_inputs()[0]
+    with torch.no_grad():
+        float_out = model(x)
+    copied = sharing_copy(SimpleNamespace(model=model)).model  # type: ignore[arg-type]
+    assert copied.fc1.weight is model.fc1.weight  # shared, not copied
+    quantize(copied, {"fc*": spec}, forward_loop_for(copied))
+    assert isinstance(copied.fc1, QuantLinear) and type(model.fc1) is torch.nn.Linear
+    with torch.no_grad():
+        copied(x)
+    state = model.state_dict()
+    assert state.keys() == before.keys()
+    for name, tensor in state.items():
+        assert torch.equal(tensor, before[name]), name
+    with torch.no_grad():
+        assert torch.equal(model(x), float_out)
