@@ -7,7 +7,7 @@ Rows (each in a child process, so its peak RSS is its own):
   encoder, 83M VAE) with random weights, built and saved by this script, sampled at 256 px;
 * ``whisper-base`` / ``whisper-small``: Whisper base.en / small.en architectures with random
   weights (the zoo's tiny.en processor: same English tokenizer and features);
-* ``shapes-t2i``, ``whisper-tiny-en``: the zoo recipes as they ship;
+* ``shapes-t2i``, ``shapes-dit``, ``whisper-tiny-en``: the zoo recipes as they ship;
 * ``sd3-tiny``, ``flux-tiny``: the tests' 2-layer random SD3 / FLUX pipelines at 32 px (a float
   pass is a fraction of a second there, so fixed costs dominate their ratios);
 * the users' real widths at a cut depth, random weights (``benchmarks/real_widths.py``), each
@@ -120,8 +120,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-ROWS = ("shapes-t2i", "whisper-tiny-en", "whisper-base", "whisper-small", "sd15-256", "sd3-tiny",
-        "flux-tiny")  # fmt: skip
+ROWS = ("shapes-t2i", "shapes-dit", "whisper-tiny-en", "whisper-base", "whisper-small", "sd15-256",
+        "sd3-tiny", "flux-tiny")  # fmt: skip
 WIDTH_ROWS = ("flux-dev-width", "wan14b-width", "whisper-large-v3-width")
 # --width-probe quick: the probe knobs that cut a width row's time without changing what is
 # kept per module (every scheme, pass 1's statistics, SmoothQuant search, exports stay).
@@ -235,7 +235,7 @@ def recipe_for(row: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
     """The recipe (as a dict) a row calibrates with (a width row: ``NAME@DEPTH``)."""
     if "@" in row:
         return _width_recipe(row, work, args)
-    if row in ("shapes-t2i", "whisper-tiny-en"):
+    if row in ("shapes-t2i", "shapes-dit", "whisper-tiny-en"):
         from opsnn_quant.recipe import load_recipe
 
         return load_recipe(row).model_dump(mode="json")

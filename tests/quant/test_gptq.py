@@ -65,6 +65,23 @@ def test_matches_the_unblocked_algorithm_and_does_not_depend_on_the_block(act_or
     assert torch.equal(gptq_round(w, scale, h, block=5, act_order=act_order), got)
 
 
+@pytest.mark.parametrize(("n", "k", "block"), [(16, 24, 128), (33, 70, 16), (64, 300, 128)])
+def test_the_cpus_numpy_column_loop_gives_the_torch_loops_bits(monkeypatch, n, k, block):
+    # On a CPU the column loop runs in NumPy (speed); a device keeps the torch loop. Both do
+    # the same float64 operations in the same order: the same integers, bit for bit.
+    from opsnn_quant.quant import gptq
+
+    x = _correlated(rows=4 * k, k=k, seed=n)
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(k)) * 0.1
+    w[:, 3] *= 20  # one large column: large errors to spread
+    _, scale = quantize_weight_per_channel(w)
+    h = 2 * x.double().T @ x.double() / x.shape[0]
+    cpu = gptq_round(w, scale, h, block=block)
+    monkeypatch.setattr(gptq, "_columns_numpy", gptq._columns_torch)
+    assert torch.equal(gptq_round(w, scale, h, block=block), cpu)
+    assert (cpu != quantize_weight_per_channel(w)[0]).any()  # GPTQ moved some integers
+
+
 def test_its_output_error_is_below_round_to_nearest():
     x = _correlated(seed=3)
     w = torch.randn(32, 24, generator=torch.Generator().manual_seed(4))
