@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from opsnn_quant.probe.api import ProbeConfig, probe
+from opsnn_quant.quant import gptq
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Precision
@@ -46,6 +47,9 @@ def test_probe_and_calibration_make_no_activation_sized_host_copy(monkeypatch):
 
     monkeypatch.setattr(torch.Tensor, "cpu", cpu)
     monkeypatch.setattr(torch.Tensor, "numpy", numpy)
+    # GPTQ's column loop takes NumPy views of CPU tensors (no copy); a device's weights take
+    # the torch loop: the path a device runs is the one checked here
+    monkeypatch.setattr(gptq, "_columns_numpy", gptq._columns_torch)
     probe(model, loop, ProbeConfig(max_root_calls=2), modalities={"": "denoiser"})
     specs = {
         "to_q": QuantSpec(Precision.W8A8, smoothquant_alpha="auto"),
