@@ -13,7 +13,9 @@ vectorised kernels (``ATEN_CPU_CAPABILITY``) take the AVX2 code paths on an AVX-
 the other int8 GEMM path (``OPSNN_QUANT_INT8_GEMM=fp32-chunk`` there, native here where it is
 exact: the int8 modules must give the same integers on both). Both run the shipped recipe's
 candidate and its float model through :func:`~opsnn_quant.evaluation.evaluate.evaluate` on the
-suite's first :data:`WHISPER_UTTERANCES` eval utterances; the test asserts that the other
+suite with its data set to the first :data:`WHISPER_UTTERANCES` utterances of the committed eval
+split (the figures below were measured there; the suite itself judges eval-large, whose audio
+depends on the local espeak-ng); the test asserts that the other
 machine changed at least one transcript (else it proves nothing) and that, over the four
 pairings of each model's transcripts from either machine, no criterion and no verdict is PASS
 in one and FAIL in another. The old point-estimate rule (``value <= threshold``:
@@ -69,7 +71,7 @@ import torch
 from tests._deps import needs_espeak
 
 ROOT = Path(__file__).resolve().parents[2]
-WHISPER_UTTERANCES = 16  # the suite's first N eval utterances
+WHISPER_UTTERANCES = 16  # the first N utterances of the committed eval split
 
 DECIDED = {"PASS", "FAIL"}
 SIDES = ("baseline", "candidate")
@@ -97,16 +99,17 @@ def other_cpu_kind() -> dict[str, str]:
 
 
 def judge_slice(calibrated: Path, samples: int) -> tuple[Any, Any, Any]:
-    """``evaluate`` of the calibrated candidate against its float model on the suite's first
-    ``samples`` utterances: the suite slice, the float model and the report (with both
-    models' transcripts)."""
+    """``evaluate`` of the calibrated candidate against its float model on the first
+    ``samples`` utterances of the committed eval split: the suite so sliced, the float model
+    and the report (with both models' transcripts)."""
     from opsnn_quant.evaluation.evaluate import evaluate
     from opsnn_quant.evaluation.suite import load_suite
     from opsnn_quant.models import load_adapter
     from opsnn_quant.pipeline.evaluate import load_candidate
 
     suite = load_suite("whisper-tiny-en")
-    suite = suite.model_copy(update={"data": suite.data.model_copy(update={"samples": samples})})
+    data = suite.data.model_copy(update={"split": "eval", "samples": samples})
+    suite = suite.model_copy(update={"data": data})
     candidate, _ = load_candidate(calibrated)
     baseline = load_adapter(None, "zoo:whisper-tiny.en")
     return suite, baseline, evaluate(baseline, candidate, suite, latency="none", created="")
