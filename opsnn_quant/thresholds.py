@@ -21,6 +21,7 @@ class Thresholds(StrictModel):
 
     fid_vs_baseline_max: float | None = Field(default=None, ge=0.0)
     fid_delta_max: float | None = None
+    kid_delta_max: float | None = None
     clip_score_delta_min: float | None = None
     psnr_min: float | None = Field(default=None, ge=0.0)
     ssim_min: float | None = Field(default=None, ge=-1.0, le=1.0)

@@ -43,9 +43,12 @@ _INCEPTION_SIZE = 299
 _TF_RANGE = (-1.0, 0.9921875)
 
 
+FD_SUFFIX = " (FD, not FID)"  # what a non-Inception space's label ends with
+
+
 def clip_feature_space(name: str) -> str:
     """The label of a CLIP image-tower feature space, e.g. ``"shapes-clip (FD, not FID)"``."""
-    return f"{name} (FD, not FID)"
+    return f"{name}{FD_SUFFIX}"
 
 
 def metric_name(feature_space: str) -> str:

@@ -9,7 +9,10 @@ statistic of the drawn prompts' values. The percentile interval at the suite's
 (:data:`~.sequential.SEED`), so the same outputs give the same bytes.
 
 A Fréchet distance is a statistic of the whole set (its means and covariances) with no
-per-sample decomposition: it gets no interval and is judged on its point estimate.
+per-sample decomposition: it gets no interval and is judged on its point estimate. KID, the
+distribution criterion, is a U-statistic over pairs of prompts: its interval
+(:func:`~.kid.kid_delta`) resamples the same prompts, and each resample's estimate leaves out
+the pairs of draws that are copies of one prompt.
 """
 
 from __future__ import annotations
@@ -75,6 +78,30 @@ def asr_intervals(
     return out
 
 
+def draw_groups(groups: int, resamples: int = RESAMPLES, *, stream: int = 0) -> np.ndarray:
+    """The seeded bootstrap draws: ``resamples x groups`` indices, each resample drawing
+    ``groups`` of them with replacement. Stream 0 is every interval's draws of the prompts or
+    utterances (the same indices for every figure of a report); another stream gives draws
+    independent of those (e.g. of reference images that are not one per prompt)."""
+    rng = np.random.default_rng(SEED if stream == 0 else (SEED, stream))
+    return rng.integers(0, groups, size=(resamples, groups))
+
+
+def percentile_interval(stats: np.ndarray, level: float) -> tuple[float, float]:
+    """The percentile interval at ``level`` of the resamples' statistics. Infinite statistics
+    (identical images' PSNR) stay infinite; NaN ones (a resample the statistic is undefined
+    on) are left out."""
+    values = np.asarray(stats, dtype=np.float64)
+    values = values[~np.isnan(values)]
+    if values.size == 0:
+        return math.nan, math.nan
+    big = np.finfo(np.float64).max
+    finite = np.clip(values, -big, big)  # quantiles interpolate: inf - inf would be NaN
+    tail = (1.0 - level) / 2
+    low, high = (float(x) for x in np.quantile(finite, [tail, 1.0 - tail]))
+    return _unclip(low, big), _unclip(high, big)
+
+
 def group_bootstrap(
     values: np.ndarray,
     statistic: Callable[[np.ndarray], np.ndarray],
@@ -83,20 +110,13 @@ def group_bootstrap(
     resamples: int = RESAMPLES,
 ) -> tuple[float, float]:
     """Percentile interval of ``statistic`` over resamples of the rows of ``values``
-    (``groups x members x ...``): each resample draws whole groups with replacement (seeded),
-    and ``statistic`` maps the ``resamples x drawn samples x ...`` array to one value per
-    resample. Infinite statistics (identical images' PSNR) stay infinite."""
-    rng = np.random.default_rng(SEED)
+    (``groups x members x ...``): each resample draws whole groups with replacement
+    (:func:`draw_groups`), and ``statistic`` maps the ``resamples x drawn samples x ...``
+    array to one value per resample (:func:`percentile_interval`)."""
     groups = values.shape[0]
-    draws = rng.integers(0, groups, size=(resamples, groups))
-    drawn = values[draws]  # resamples x groups x members x ...
+    drawn = values[draw_groups(groups, resamples)]  # resamples x groups x members x ...
     drawn = drawn.reshape(resamples, -1, *values.shape[2:])
-    stats = np.asarray(statistic(drawn), dtype=np.float64)
-    big = np.finfo(np.float64).max
-    finite = np.clip(stats, -big, big)  # quantiles interpolate: inf - inf would be NaN
-    tail = (1.0 - level) / 2
-    low, high = (float(x) for x in np.quantile(finite, [tail, 1.0 - tail]))
-    return _unclip(low, big), _unclip(high, big)
+    return percentile_interval(np.asarray(statistic(drawn), dtype=np.float64), level)
 
 
 def _unclip(x: float, big: float) -> float:

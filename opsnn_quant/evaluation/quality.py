@@ -1,4 +1,4 @@
-"""Quality measurements of candidate vs baseline outputs: images (PSNR/SSIM, CLIP score, FID/FD)
+"""Quality measurements of candidate vs baseline outputs: images (PSNR/SSIM, CLIP score, FID/FD, KID)
 and transcripts (WER/CER, agreement WER), as a :class:`QualityResult` for
 :func:`~opsnn_quant.evaluation.runner.build_report`."""
 
@@ -14,6 +14,7 @@ from torch import nn
 from opsnn_quant.errors import InputError
 from opsnn_quant.evaluation.clip_score import ClipScorer
 from opsnn_quant.evaluation.fid import (
+    FD_SUFFIX,
     INCEPTION_SPACE,
     InceptionFeatures,
     extract_features,
@@ -23,6 +24,7 @@ from opsnn_quant.evaluation.fid import (
 from opsnn_quant.evaluation.image_similarity import pair_similarities, summarize
 from opsnn_quant.evaluation.images import ImageBatch
 from opsnn_quant.evaluation.intervals import Interval, asr_intervals, image_intervals
+from opsnn_quant.evaluation.kid import kid_delta, kid_space
 from opsnn_quant.evaluation.report import ImagePairRow, QualityRow, TranscriptRow
 from opsnn_quant.evaluation.wer import agreement_wer, error_rates, utterance_rows
 
@@ -36,8 +38,9 @@ class QualityResult(BaseModel):
         quality: Table rows.
         image_pairs / transcripts: Worst first.
         notes: Caveats to print (sample counts, feature spaces).
-        intervals: Measured key -> its paired bootstrap interval (:mod:`.intervals`), when
-            asked for (``confidence``; None: not asked); a set statistic (FD) has none.
+        intervals: Measured key -> its paired bootstrap interval (:mod:`.intervals`, KID's
+            :mod:`.kid`), when asked for (``confidence``; None: not asked); a set statistic
+            (FD) has none.
         samples: Utterances or prompts the figures come from.
     """
 
@@ -98,8 +101,9 @@ def t2i_quality(
         seeds: The N seeds (shown with the pairs).
         clip: CLIP scorer; None skips CLIP score.
         fid_features: Feature module (:class:`~.fid.InceptionFeatures`,
-            :class:`~.fid.ClipImageFeatures`), ``"inception"``, or None to skip FID/FD.
-        reference_images: Real images for FID against a reference set.
+            :class:`~.fid.ClipImageFeatures`), ``"inception"``, or None to skip FID/FD and KID.
+        reference_images: Real images for FID and KID against a reference set (one per
+            prompt: KID is paired by prompt, :mod:`.kid`).
         batch_size: Feature-extraction batch.
         extracted: the baseline's and the candidate's features, already extracted with
             ``fid_features`` (a distributed run's, each rank its share: see
@@ -135,22 +139,25 @@ def t2i_quality(
                  clip_score_delta=rc.mean - rb.mean)  # fmt: skip
         out.quality.append(QualityRow(metric=f"CLIP score [{clip.label}]", baseline=rb.mean,
                                       candidate=rc.mean, delta=rc.mean - rb.mean))  # fmt: skip
+    units = prompts_count or len(pairs)
+    out.samples = units
+    kid_intervals: dict[str, Interval] = {}
     if fid_features is not None:
         module = feature_module(fid_features)
         fb, fc = extracted or (
             extract_features(baseline_images, module, batch_size),
             extract_features(candidate_images, module, batch_size),
         )
-        _fid(out, fb, fc, reference_images, module, batch_size)
-    units = prompts_count or len(pairs)
-    out.samples = units
+        fr = _fid(out, fb, fc, reference_images, module, batch_size)
+        if fr is not None:
+            kid_intervals = _kid(out, (fb, fc, fr), units, confidence, _feature_space(module))
     if confidence is not None:
         both = clip is not None
         out.intervals = image_intervals(
             [p.psnr_db for p in pairs], [p.ssim for p in pairs], units, confidence,
             clip_baseline=[float(x or 0.0) for x in clip_b] if both else None,
             clip_candidate=[float(x or 0.0) for x in clip_c] if both else None,
-        )  # fmt: skip
+        ) | kid_intervals  # fmt: skip
     order = sorted(range(len(pairs)), key=lambda i: (pairs[i].psnr_db, pairs[i].ssim, i))
     out.image_pairs = [
         ImagePairRow(index=i, prompt=str(prompts[i]), seed=None if seeds is None else int(seeds[i]),
@@ -174,6 +181,11 @@ def feature_module(features: nn.Module | str) -> nn.Module:
     return features
 
 
+def _feature_space(features: nn.Module) -> str:
+    """The label of a feature module's space (FD for any but TF-Inception's)."""
+    return str(getattr(features, "feature_space", f"{type(features).__name__}{FD_SUFFIX}"))
+
+
 def _fid(
     out: QualityResult,
     fb: torch.Tensor,
@@ -181,11 +193,13 @@ def _fid(
     reference: ImageBatch | None,
     features: nn.Module,
     batch_size: int,
-) -> None:
+) -> torch.Tensor | None:
     """FD of the candidate's features ``fc`` against the baseline's ``fb`` (and of both
-    against the reference images' when given)."""
-    space = str(getattr(features, "feature_space", f"{type(features).__name__} (FD, not FID)"))
+    against the reference images' when given); returns the reference's features (None: no
+    reference)."""
+    space = _feature_space(features)
     name = metric_name(space)
+    fr = None
     vs_base = fid_result(fb, fc, space, "candidate vs baseline")
     m = out.measured
     m["fid_vs_baseline"] = vs_base.value
@@ -206,6 +220,51 @@ def _fid(
     if space != INCEPTION_SPACE:
         out.notes.append(f"{space}: a Fréchet distance in a non-Inception feature space; "
                          "not comparable with published FID values")  # fmt: skip
+    return fr
+
+
+KID_NOTE = (
+    "KID: the unbiased MMD² of the FD's features under the kernel (x·y/d + 1)^3 (unlike FD, "
+    "unbiased at any n); "
+)
+KID_PAIRED = (
+    "paired by prompt: over pairs of distinct prompts (an image and its own prompt's reference "
+    "image are a dependent pair, left out); the interval resamples the prompts with their "
+    "baseline, candidate and reference images"
+)
+KID_UNPAIRED = (
+    "the reference images are not one per prompt: an independent set, resampled apart from "
+    "the prompts in the interval"
+)
+
+
+def _kid(
+    out: QualityResult,
+    features: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    prompts: int,
+    confidence: float | None,
+    space: str,
+) -> dict[str, Interval]:
+    """KID of baseline and candidate (``features``: theirs and the reference's) against the
+    reference, their delta (the distribution criterion) and its interval when asked for."""
+    fb, fc, fr = features
+    if prompts < 2 or fr.shape[0] < 2 or fb.shape[0] % prompts:
+        out.notes.append("KID not computed: it needs at least 2 prompts and 2 reference images")
+        return {}
+    result = kid_delta(fb, fc, fr, prompts, confidence)
+    out.measured.update(kid_baseline_vs_reference=result.baseline,
+                        kid_candidate_vs_reference=result.candidate, kid_delta=result.delta)  # fmt: skip
+    where = kid_space(space)
+    out.labels["kid_delta"] = f"KID vs reference, candidate - baseline [{where}]"
+    pairing = ("paired by prompt" if result.paired
+               else f"vs {result.references} reference images, unpaired")  # fmt: skip
+    out.quality.append(QualityRow(metric=f"KID vs reference [{where}]", baseline=result.baseline,
+                                  candidate=result.candidate, delta=result.delta,
+                                  note=f"n={prompts} prompts, {pairing}"))  # fmt: skip
+    out.notes.append(KID_NOTE + (KID_PAIRED if result.paired else KID_UNPAIRED))
+    if space != INCEPTION_SPACE:
+        out.notes.append(f"KID in {where} features: not comparable with published KID values")
+    return {} if result.interval is None else {"kid_delta": result.interval}
 
 
 def asr_quality(

@@ -124,7 +124,8 @@ def _interval_lines(r: ReportSchema) -> list[str]:
         return []
     return [
         "interval: paired percentile bootstrap over the n utterances or prompts (baseline and "
-        "candidate resampled together; WER/CER as corpus ratios within each resample; seeded)",
+        "candidate resampled together; WER/CER as corpus ratios within each resample; KID with "
+        "each drawn prompt's reference image, pairs of copies of one prompt left out; seeded)",
         "PASS: the whole interval meets the threshold; FAIL: none of it does; INCONCLUSIVE: "
         "it straddles the threshold (more samples would decide it); a criterion without an "
         "interval is judged on its value",

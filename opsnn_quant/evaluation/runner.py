@@ -63,6 +63,7 @@ THRESHOLDS: dict[str, tuple[str, Literal["<=", ">="], str]] = {
     # Neutral labels: t2i_quality replaces them with "FID ..." or "FD ..." per feature space.
     "fid_vs_baseline_max": ("fid_vs_baseline", "<=", "Fréchet distance candidate vs baseline"),
     "fid_delta_max": ("fid_delta", "<=", "Fréchet distance vs reference, candidate - baseline"),
+    "kid_delta_max": ("kid_delta", "<=", "KID vs reference, candidate - baseline"),
     "clip_score_delta_min": ("clip_score_delta", ">=", "CLIP score, candidate - baseline"),
     "psnr_min": ("psnr_median_db", ">=", "median PSNR vs baseline (dB)"),
     "ssim_min": ("ssim_mean", ">=", "mean SSIM vs baseline"),

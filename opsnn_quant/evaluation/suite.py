@@ -8,6 +8,8 @@ same data, prompts and seeds:
 ``fid_vs_baseline_max``     FID/FD between candidate and baseline image sets  <= value
 ``fid_delta_max``           FID(candidate, reference) - FID(baseline, reference) <= value
                             (needs ``data.reference``)
+``kid_delta_max``           KID(candidate, reference) - KID(baseline, reference) <= value,
+                            in the FD's features (needs ``data.reference``; :mod:`.kid`)
 ``clip_score_delta_min``    CLIP score candidate - baseline >= value (e.g. -0.5)
 ``psnr_min``                median per-pair PSNR, dB >= value
 ``ssim_min``                mean per-pair SSIM >= value
@@ -21,7 +23,7 @@ same data, prompts and seeds:
 ``memory_ratio_max``        peak memory candidate / baseline <= value (same rule)
 ==========================  ===============================================================
 
-Each quality figure but a Fréchet distance carries its paired bootstrap interval at
+Each quality figure but a Fréchet distance (KID included) has its paired bootstrap interval at
 ``metrics.confidence`` (0.95 by default): a criterion PASSES when the whole interval meets its
 threshold, FAILS when none of it does, and is INCONCLUSIVE otherwise (more samples would
 decide it). Quality criteria are judged wherever they are measured: the quantized candidate on a CPU runs
@@ -48,7 +50,14 @@ DEFAULT_CONFIDENCE = 0.95  # metrics.confidence: level of each quality figure's 
 SUITES_DIR = builtin_dir("suites")  # shipped in the package; the repository's evaluate/ points here
 
 T2I_THRESHOLDS = frozenset(
-    {"fid_vs_baseline_max", "fid_delta_max", "clip_score_delta_min", "psnr_min", "ssim_min"}
+    {
+        "fid_vs_baseline_max",
+        "fid_delta_max",
+        "kid_delta_max",
+        "clip_score_delta_min",
+        "psnr_min",
+        "ssim_min",
+    }
 )
 ASR_THRESHOLDS = frozenset(
     {"wer_delta_max_points", "cer_delta_max_points", "agreement_wer_max_points"}
@@ -109,7 +118,8 @@ class MetricsSpec(StrictModel):
 
     Attributes:
         fid_features: ``inception`` (FID, TF-Inception) or ``clip`` (FD in the CLIP image space
-            named by ``clip``; never called FID); None: no Fréchet distance.
+            named by ``clip``; never called FID); KID is computed in the same features;
+            None: no Fréchet distance, no KID.
         clip: CLIP for CLIP score / FD: a zoo model name (``shapes-clip``) or a local Hugging
             Face CLIP directory; None: no CLIP score.
         thresholds: Acceptance thresholds.
@@ -187,12 +197,12 @@ class Suite(StrictModel):
         if wrong:
             raise ValueError(f"thresholds {wrong} do not apply to task {self.task!r}")
         t = self.metrics.thresholds
-        if t.fid_delta_max is not None and self.data.reference is None:
-            raise ValueError("metrics.thresholds.fid_delta_max needs data.reference (real images)")
-        if (t.fid_delta_max is not None or t.fid_vs_baseline_max is not None) and (
-            self.metrics.fid_features is None
-        ):
-            raise ValueError("FID thresholds need metrics.fid_features")
+        for name in ("fid_delta_max", "kid_delta_max"):
+            if getattr(t, name) is not None and self.data.reference is None:
+                raise ValueError(f"metrics.thresholds.{name} needs data.reference (real images)")
+        distribution = (t.fid_delta_max, t.fid_vs_baseline_max, t.kid_delta_max)
+        if any(x is not None for x in distribution) and self.metrics.fid_features is None:
+            raise ValueError("FID and KID thresholds need metrics.fid_features")
         if t.clip_score_delta_min is not None and self.metrics.clip is None:
             raise ValueError("clip_score_delta_min needs metrics.clip")
         if self.task == "asr" and self.data.reference is not None:

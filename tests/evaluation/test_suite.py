@@ -37,6 +37,25 @@ def test_builtin_by_name():
     assert load_suite("whisper-tiny-en").task == "asr"
 
 
+@pytest.mark.parametrize("name", ["shapes-t2i", "shapes-dit"])
+def test_shapes_suites_judge_kid_on_512_prompts_and_report_fd_unjudged(name):
+    # issue 44 §3: at least 500 prompts; KID (unbiased at any n) is the judged distribution
+    # criterion; FD is still measured (fid_features, reference) but sets no bound
+    suite = load_suite(name)
+    t = suite.metrics.thresholds
+    assert suite.data.samples == 512 and suite.data.reference == "dataset"
+    assert t.kid_delta_max is not None and t.kid_delta_max > 0
+    assert t.fid_delta_max is None and t.fid_vs_baseline_max is None
+    assert suite.metrics.fid_features == "clip"
+    # the measured search's default slice, the suite's data after its own samples, still fits
+    # in the shapes eval split
+    from opsnn_quant.policy.budget import MetricBudget
+    from opsnn_quant.zoo.shapes_data import DEFAULT_SIZES
+
+    slice_size = MetricBudget.model_fields["samples"].default
+    assert suite.data.samples + slice_size <= DEFAULT_SIZES[suite.data.split]
+
+
 def _base(**over):
     data = {"name": "x", "task": "t2i", "data": {"dataset": "shapes", "samples": 8}}
     data.update(over)
@@ -52,6 +71,17 @@ def _base(**over):
         (_base(metrics={"thresholds": {"wer_delta_max_points": 1}}), "do not apply to task 't2i'"),
         (_base(metrics={"thresholds": {"psnr_min": "high"}}), "metrics.thresholds.psnr_min"),
         (_base(metrics={"thresholds": {"fid_delta_max": 1.0}}), "needs data.reference"),
+        (
+            _base(metrics={"thresholds": {"kid_delta_max": 0.01}}),
+            "kid_delta_max needs data.reference",
+        ),
+        (
+            _base(
+                data={"dataset": "shapes", "samples": 8, "reference": "dataset"},
+                metrics={"fid_features": None, "thresholds": {"kid_delta_max": 0.01}},
+            ),
+            "KID thresholds need metrics.fid_features",
+        ),
         (_base(metrics={"thresholds": {"clip_score_delta_min": -1}}), "needs metrics.clip"),
         (_base(metrics={"fid_features": "clip"}), "needs metrics.clip"),
         (_base(metrics={"thresholds": {"psnr_minimum": 20}}), "metrics.thresholds.psnr_minimum"),
