@@ -1,4 +1,5 @@
-"""PNG figures for the report: sensitivity bars, latency distributions, image-pair strips.
+"""PNG figures for the report: criteria intervals, sensitivity bars, latency distributions,
+image-pair strips.
 
 matplotlib's object API with the Agg canvas (no pyplot, no global state, no display needed).
 """
@@ -11,7 +12,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from opsnn_quant.evaluation.report_schema import SENSITIVITY_UNIT, LatencyRow, SensitivityRow
+from opsnn_quant.evaluation.report_schema import (
+    SENSITIVITY_UNIT,
+    Criterion,
+    LatencyRow,
+    SensitivityRow,
+)
 
 _PAIR_MIN_SIDE = 160  # small demo images (32×32) are upscaled, nearest, to be seen
 
@@ -23,6 +29,62 @@ def _png(fig: object) -> bytes:
     buf = io.BytesIO()
     canvas.print_png(buf)
     return buf.getvalue()
+
+
+_STATUS_COLOR = {"PASS": "#2a8a3a", "FAIL": "#c62828", "INCONCLUSIVE": "#b26a00"}
+_BOUND_COLOR = "#6a1b9a"  # the threshold line: a colour no status uses
+
+
+def interval_span(c: Criterion, pad: float = 0.15) -> tuple[float, float]:
+    """The x range of a criterion's panel: its interval, value and threshold, padded by ``pad``
+    of their spread on each side (a panel always shows where the bound lies against the
+    interval, which is what decides PASS / FAIL / INCONCLUSIVE). An infinite end (a PSNR of
+    identical images) is left out of the range; the bar then runs to the panel's edge."""
+    points = [c.threshold] + [
+        v for v in (c.value, c.ci_low, c.ci_high) if v is not None and math.isfinite(v)
+    ]
+    lo, hi = min(points), max(points)
+    width = hi - lo or max(abs(hi), 1.0) * 0.1  # all equal: a small window around them
+    return lo - pad * width, hi + pad * width
+
+
+def interval_chart(criteria: Sequence[Criterion]) -> bytes | None:
+    """One panel per criterion with an interval: the value, its interval, the threshold and the
+    failing side shaded; None when no criterion has an interval.
+
+    Each panel has its own x axis (a WER delta in points and an SSIM do not share a unit).
+    """
+    from matplotlib.figure import Figure
+
+    rows = [
+        (c, c.ci_low, c.ci_high) for c in criteria if c.ci_low is not None and c.ci_high is not None
+    ]
+    if not rows:
+        return None
+    fig = Figure(figsize=(7, 0.9 * len(rows) + 0.6), dpi=100)
+    axes = fig.subplots(len(rows), 1, squeeze=False)[:, 0]
+    for ax, (c, ci_low, ci_high) in zip(axes, rows, strict=True):
+        lo, hi = interval_span(c)
+        color = _STATUS_COLOR.get(c.status, "#777")
+        # the side of the threshold that fails: above it for "<=", below it for ">="
+        fail_lo, fail_hi = (c.threshold, hi) if c.comparator == "<=" else (lo, c.threshold)
+        ax.axvspan(fail_lo, fail_hi, color="#c62828", alpha=0.08, lw=0)
+        ax.axvline(c.threshold, color=_BOUND_COLOR, ls="--", lw=2)
+        ends = [min(max(v, lo), hi) for v in (ci_low, ci_high)]  # inf: to the edge
+        ax.plot(ends, [0, 0], color=color, lw=3, solid_capstyle="butt")
+        if c.value is not None and math.isfinite(c.value):
+            ax.plot([c.value], [0], "o", color=color, ms=6)
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(-1, 1)
+        ax.set_yticks([])
+        level = "" if c.ci_level is None else f" {100 * c.ci_level:g}%"
+        n = "" if c.n is None else f", n={c.n}"
+        value = "-" if c.value is None else f"{c.value:.4g}"
+        ax.set_title(f"{c.key} {c.comparator} {c.threshold:g}: {c.status}; {value} "
+                     f"[{ci_low:.4g}, {ci_high:.4g}]{level}{n}", fontsize=8, loc="left")  # fmt: skip
+        ax.tick_params(axis="x", labelsize=7)
+    fig.tight_layout()
+    return _png(fig)
 
 
 def sensitivity_bars(

@@ -23,7 +23,12 @@ from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from opsnn_quant.evaluation.images import ImageBatch, as_uint8_nhwc
-from opsnn_quant.evaluation.plots import latency_chart, pair_strip, sensitivity_chart
+from opsnn_quant.evaluation.plots import (
+    interval_chart,
+    latency_chart,
+    pair_strip,
+    sensitivity_chart,
+)
 from opsnn_quant.evaluation.report_schema import (
     SENSITIVITY_NOTE,
     SENSITIVITY_UNIT,
@@ -341,7 +346,7 @@ def render_markdown(r: ReportSchema, figures: dict[str, str] | None = None) -> s
             lines.append("")
         if sec.lines:
             lines += [f"- {m(x)}" for x in sec.lines] + [""]
-    for name in ("sensitivity", "latency"):
+    for name in ("intervals", "sensitivity", "latency"):
         if name in figures:
             lines += [f"![{m(name)}]({_md_url(figures[name])})", ""]
     pairs = [p for p in r.image_pairs if p.image]
@@ -414,7 +419,10 @@ def render_html(r: ReportSchema, figures: dict[str, bytes] | None = None,
         if sec.lines:
             body.append("<ul class='lines'>" + "".join(f"<li>{e(x)}</li>" for x in sec.lines)
                         + "</ul>")  # fmt: skip
-    for name, caption in (("sensitivity", "Per-module sensitivity"), ("latency", "Latency")):
+    captions = (("intervals", "Each criterion: value (dot), interval (bar), threshold (dashed; "
+                             "the shaded side fails)"),
+                ("sensitivity", "Per-module sensitivity"), ("latency", "Latency"))  # fmt: skip
+    for name, caption in captions:
         if name in figures:
             body.append(f"<figure><img alt='{name}' src='{_data_uri(figures[name])}'>"
                         f"<figcaption>{caption}</figcaption></figure>")  # fmt: skip
@@ -469,6 +477,9 @@ def write_report(
         ``out_dir``.
     """
     figures: dict[str, bytes] = {}
+    intervals = interval_chart(report.criteria)
+    if intervals is not None:
+        figures["intervals"] = intervals
     sens = sensitivity_chart(report.sensitivity)
     if sens is not None:
         figures["sensitivity"] = sens

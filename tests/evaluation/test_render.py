@@ -36,7 +36,7 @@ def t2i_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_files_written(t2i_dir: Path):
     names = sorted(p.relative_to(t2i_dir).as_posix() for p in t2i_dir.rglob("*") if p.is_file())
     assert names == [
-        MARKER, "plots/latency.png", "plots/pair-0000.png", "plots/pair-0001.png", "plots/pair-0003.png",
+        MARKER, "plots/intervals.png", "plots/latency.png", "plots/pair-0000.png", "plots/pair-0001.png", "plots/pair-0003.png",
         "plots/sensitivity.png", "report.html", "report.json", "report.md",
     ]  # fmt: skip
     for png in (t2i_dir / "plots").glob("*.png"):
@@ -53,7 +53,7 @@ def test_html_is_self_contained(t2i_dir: Path):
     text = (t2i_dir / "report.html").read_text()
     assert not re.search(r"(?:src|href)\s*=\s*['\"](?!data:)", text), "only data: URIs allowed"
     assert "http://" not in text and "https://" not in text and "<script" not in text
-    assert text.count("data:image/png;base64,") == 2 + 3  # two plots, three pairs
+    assert text.count("data:image/png;base64,") == 3 + 3  # three plots, three pairs
     assert "a blue &lt;square&gt; &amp; co" in text  # prompts are escaped
     assert "FAIL" in text and "cpu-reference" in text
     # the pairs: a grid of small strips after every table, not a column of full-width images
@@ -65,6 +65,7 @@ def test_markdown(t2i_dir: Path):
     md = (t2i_dir / "report.md").read_text()
     assert md.startswith("# Acceptance report: sample-t2i — **FAIL**")
     assert "![sensitivity](plots/sensitivity.png)" in md and "](plots/pair-" in md
+    assert "![intervals](plots/intervals.png)" in md
     assert "| mean SSIM vs baseline |" in md and "| FAIL |" in md
     # the pipes of "max |diff|" are escaped: 8 header cells over the 8-cell delimiter row
     assert ("| \\# | prompt | seed | PSNR dB | SSIM | MAE | max \\|diff\\| | CLIP b/c |\n"
@@ -170,6 +171,62 @@ def test_transcript_diffs_render():
     assert "~~cat~~ **bat**" in md and "~~the~~" in md
     html = render_html(report)
     assert "<del>cat</del> <ins>bat</ins>" in html and "PASS" in html
+
+
+def _rgb(hex_color: str) -> tuple[int, int, int]:
+    return int(hex_color[1:3], 16), int(hex_color[3:5], 16), int(hex_color[5:7], 16)
+
+
+def _columns(png: bytes, rgb: tuple[int, int, int]) -> np.ndarray:
+    """x positions of the pixels within 30 of ``rgb`` in every channel."""
+    import io
+
+    from PIL import Image
+
+    px = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(int)
+    hit = (np.abs(px - np.array(rgb)) < 30).all(axis=2)
+    return np.nonzero(hit.any(axis=0))[0]
+
+
+@pytest.mark.parametrize(
+    ("comparator", "threshold", "interval", "status", "bar_left_of_bound"),
+    [
+        ("<=", 1.0, (-0.5, 0.8), "PASS", True),  # a WER delta under its bound
+        (">=", 40.0, (35.0, 38.0), "FAIL", True),  # a PSNR below its floor
+        ("<=", 0.0, (0.5, 1.5), "FAIL", False),
+    ],
+)
+def test_interval_chart_draws_the_interval_against_the_bound(
+    comparator: str,
+    threshold: float,
+    interval: tuple[float, float],
+    status: str,
+    bar_left_of_bound: bool,
+):
+    from opsnn_quant.evaluation.plots import (
+        _BOUND_COLOR,
+        _STATUS_COLOR,
+        interval_chart,
+        interval_span,
+    )
+    from opsnn_quant.evaluation.report_schema import Criterion
+
+    lo, hi = interval
+    c = Criterion(key="k", label="k", measured_key="k", value=(lo + hi) / 2, threshold=threshold,
+                  comparator=comparator, status=status, ci_low=lo, ci_high=hi, ci_level=0.95,
+                  n=64)  # type: ignore[arg-type]  # fmt: skip
+    span = interval_span(c)
+    assert span[0] < min(lo, threshold) and span[1] > max(hi, threshold)
+    assert interval_chart([c.model_copy(update={"ci_low": None, "ci_high": None})]) is None
+    png = interval_chart([c])
+    assert png is not None
+    bar = _columns(png, _rgb(_STATUS_COLOR[status]))
+    bound = _columns(png, _rgb(_BOUND_COLOR))  # the dashed threshold line
+    assert bar.size > 20 and 0 < bound.size < 6
+    if bar_left_of_bound:
+        assert bar.max() < bound.min() + 3, (bar.max(), bound.min())
+    else:
+        assert bar.min() > bound.max() - 3, (bar.min(), bound.max())
 
 
 def _non_blank(png: Path) -> tuple[float, float]:
