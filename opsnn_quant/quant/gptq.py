@@ -420,21 +420,37 @@ def _columns_numpy(
     w1: torch.Tensor, u1: torch.Tensor, s: torch.Tensor, q: torch.Tensor
 ) -> torch.Tensor:
     """:func:`_columns_torch` on a CPU in NumPy: the same float64 operations in the same order
-    (elementwise: each IEEE-rounded alike; ``rint`` and ``round`` both round half to even), so
-    the same bits, at a fraction of torch's per-call overhead on one column of N values (the
-    loop is K steps of ~10 small operations: most of the probe's GPTQ time on small models).
-    The block's matmul stays in torch (its summation order is torch's BLAS')."""
-    w, u, sn = w1.numpy(), u1.numpy(), s.numpy()
-    qn = q.numpy()  # a view: rounded values written through
-    err1 = np.zeros_like(w)
-    for i in range(w.shape[1]):
-        col = w[:, i]
-        qi = np.clip(np.rint(col / sn), -128, 127)
-        qn[:, i] = qi
-        err = (col - qi * sn) / u[i, i]
-        w[:, i:] -= err[:, None] * u[i, i:][None, :]
-        err1[:, i] = err
-    return torch.from_numpy(err1)
+    (elementwise: each IEEE-rounded alike, whatever the layout; ``rint`` and ``round`` both
+    round half to even; a product and a difference are two roundings in both), so the same
+    bits, at a fraction of torch's per-call overhead on one column of N values (the loop is K
+    steps of ~10 small operations: most of the probe's GPTQ time on small models).
+
+    The block is held transposed (a column of the weight is a contiguous row), and the
+    temporaries are allocated once: each step's rank-1 update then runs over contiguous
+    memory, 1.3-1.9x faster than on the strided columns at N >= 1152 (the loop is memory-bound:
+    N x block / 2 products and differences per column). The block's matmul stays in torch (its
+    summation order is torch's BLAS')."""
+    wt = np.ascontiguousarray(w1.numpy().T)  # (block, N)
+    u, sn = u1.numpy(), s.numpy()
+    b, n = wt.shape
+    err_t = np.empty((b, n))
+    q_t = np.empty((b, n))  # the integers, as float64 (exact), written into ``q`` at the end
+    tmp = np.empty((b, n))
+    e = np.empty(n)
+    for i in range(b):
+        col, qi = wt[i], q_t[i]
+        np.divide(col, sn, out=qi)
+        np.rint(qi, out=qi)
+        np.clip(qi, -128, 127, out=qi)
+        np.multiply(qi, sn, out=e)
+        np.subtract(col, e, out=e)
+        np.divide(e, u[i, i], out=err_t[i])
+        # the later columns of the block: w[:, j] -= err * u[i, j], j >= i
+        t = tmp[: b - i]
+        np.multiply(u[i, i:][:, None], err_t[i][None, :], out=t)
+        np.subtract(wt[i:], t, out=wt[i:])
+    q.copy_(torch.from_numpy(q_t.T))
+    return torch.from_numpy(np.ascontiguousarray(err_t.T))
 
 
 def _inverse_cholesky(h: torch.Tensor, damp: float) -> torch.Tensor:
