@@ -357,7 +357,8 @@ def _pass_one(run: ProbeRun, forward_loop: ForwardLoop, shard: Shard | None) -> 
     if shard is None:
         # GPTQ's moments beyond what memory allows: the first group's here, the others' in
         # passes of their own, each spilled to a file (see opsnn_quant.probe.moments)
-        groups = plan_groups(w.local)
+        weights = sum(p.numel() * p.element_size() for p in run.adapter.model.parameters())
+        groups = plan_groups(w.local, weight_bytes=weights)
         seconds = statistics_pass(w, run.adapter, run.named, run.watched, forward_loop)
         if len(groups) > 1:
             model = run.adapter.model

@@ -7,7 +7,7 @@ after. At a model's real widths that is far more than its weights (FLUX.1-dev: 2
 3072-wide Linear, about 400 of them), so:
 
 * When all of them take at most :func:`moments_memory` bytes, pass 1 collects them and they
-  stay in memory, as they always did (the shipped recipes' models: no extra pass, no file).
+  stay in memory, as they always did.
 * Above it, the modules are cut, in the model's order, into groups of at most that many bytes.
   Pass 1 collects the first group's; each later group's takes one more pass over the forward
   loop with the moments hook alone (no other statistic is collected twice); and each group's
@@ -41,21 +41,39 @@ from opsnn_quant.tensors import first_tensor
 from opsnn_quant.types import ForwardLoop
 
 MOMENTS_MEMORY_ENV = "OPSNN_QUANT_MOMENTS_MEMORY"
-DEFAULT_MOMENTS_MEMORY = 512 * 2**20
+# The cap, unless the environment sets one (see moments_memory): half the model's weights, so
+# the moments stay a term of the size of what a float inference holds anyway (peak RSS <= 1.5x
+# a float inference is the goal), within these bounds; but no smaller than a share of all the
+# moments that makes at most MAX_EXTRA_PASSES more passes, up to the ceiling (a 3x3 conv's K is
+# 9x its input channels: a small UNet's moments are 40x its weights, 494 MB for 13 MB).
+DEFAULT_MOMENTS_MEMORY = 512 * 2**20  # the ceiling: at a model's real widths, more passes
+MIN_MOMENTS_MEMORY = 64 * 2**20
+MAX_EXTRA_PASSES = 4
 # bytes per K^2 of one module's moments while a batch is open: two halves, float64 + float32
 BYTES_PER_K2 = 2 * (8 + 4)
 
 
-def moments_memory() -> int:
+def moments_memory(total: int | None = None, weight_bytes: int = 0) -> int:
     """The bytes the moments being collected may take at once: ``OPSNN_QUANT_MOMENTS_MEMORY``
-    (bytes) or :data:`DEFAULT_MOMENTS_MEMORY`.
+    (bytes) when set; else, for moments of ``total`` bytes in all and a model of
+    ``weight_bytes``, half the weights within [:data:`MIN_MOMENTS_MEMORY`,
+    :data:`DEFAULT_MOMENTS_MEMORY`], raised to ``total / (1 + MAX_EXTRA_PASSES)`` (at most
+    that many more passes) but never above the ceiling; ``total`` None: the ceiling.
+
+    Measured (``bench_calibrate_scale.py --rows shapes-t2i --gemm fp32-chunk --threads 1``,
+    Intel Xeon with AMX, busy): the ceiling alone, 31.6 s, peak RSS 2.00x a float inference;
+    a 64 MiB cap, 42.2 s, 1.35x.
 
     Raises:
         ConfigError: the variable is not a positive integer.
     """
     raw = os.environ.get(MOMENTS_MEMORY_ENV)
     if raw is None or raw == "":
-        return DEFAULT_MOMENTS_MEMORY
+        if total is None:
+            return DEFAULT_MOMENTS_MEMORY
+        share = -(-total // (1 + MAX_EXTRA_PASSES))
+        own = min(max(weight_bytes // 2, MIN_MOMENTS_MEMORY), DEFAULT_MOMENTS_MEMORY)
+        return min(max(own, share), DEFAULT_MOMENTS_MEMORY)
     try:
         value = int(raw)
     except ValueError:
@@ -73,11 +91,20 @@ def moment_bytes(lp: LocalProbe) -> int:
     return BYTES_PER_K2 * k * k
 
 
-def plan_groups(local: Mapping[str, LocalProbe], cap: int | None = None) -> list[list[str]]:
+def plan_groups(
+    local: Mapping[str, LocalProbe], cap: int | None = None, weight_bytes: int = 0
+) -> list[list[str]]:
     """The modules that keep moments, in groups collected together (model order, each of at
     most ``cap`` bytes, or one module alone when that is more): one group when all fit.
-    Every module outside the first group stops collecting its moments in pass 1."""
-    cap = moments_memory() if cap is None else cap
+    Every module outside the first group stops collecting its moments in pass 1.
+
+    Args:
+        local: the probe's modules, in model order.
+        cap: bytes per group; None: :func:`moments_memory` of these moments and
+            ``weight_bytes`` (the model's weights).
+    """
+    if cap is None:
+        cap = moments_memory(sum(moment_bytes(lp) for lp in local.values()), weight_bytes)
     groups: list[list[str]] = [[]]
     used = 0
     for name, lp in local.items():

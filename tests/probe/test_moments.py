@@ -131,3 +131,20 @@ def test_pass_two_that_drops_each_modules_candidates_early_measures_the_same(mon
         reports.append(run_probe(Three(), _loop([]), cfg, modalities={"": "denoiser"}).report)
     assert [m.w8a8 for m in reports[0].modules] == [m.w8a8 for m in reports[1].modules]
     assert all(m.w8a8 for m in reports[1].modules if m.type == "Linear")
+
+
+def test_the_automatic_cap_follows_the_weights_within_bounds_and_bounds_the_passes(monkeypatch):
+    monkeypatch.delenv(MOMENTS_MEMORY_ENV, raising=False)
+    mib = 2**20
+    # a small UNet: 494 MiB of moments for 13 MiB of weights -> a fifth of the moments (at most
+    # four more passes), above the 64 MiB floor
+    assert moments_memory(494 * mib, 13 * mib) == -(-494 * mib // 5)
+    # tiny moments, tiny weights: the floor (one group: no extra pass)
+    assert moments_memory(5 * mib, 2 * mib) == 64 * mib
+    # 400 MiB of weights: half of them
+    assert moments_memory(100 * mib, 400 * mib) == 200 * mib
+    # a model's real widths: the 512 MiB ceiling, however many passes that takes
+    assert moments_memory(10 * 1024 * mib, 24 * 1024 * mib) == 512 * mib
+    assert moments_memory() == 512 * mib
+    monkeypatch.setenv(MOMENTS_MEMORY_ENV, "1000")  # the environment decides
+    assert moments_memory(494 * mib, 13 * mib) == 1000
