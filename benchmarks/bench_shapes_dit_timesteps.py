@@ -2,7 +2,7 @@
 
 Calibrates the zoo's ``shapes-dit`` (an SD3 pipeline; built-in recipe, target 910B eager) under
 each configuration below, evaluates each against the fp32 pipeline on the built-in
-``shapes-dit`` suite (64 held-out prompts, 8 Euler steps, seed 0), and prints one markdown table
+``shapes-dit`` suite (its 512 held-out prompts, 8 Euler steps, seed 0), and prints one markdown table
 (FD / CLIP / PSNR / SSIM and their deltas, int8 MAC share, verdict) plus the per-step input
 range table of the denoiser's modules from the probe of the timestep run.
 

@@ -41,9 +41,10 @@ def test_shards_are_whole_batches_in_order_and_cover_everything():
 
 @pytest.mark.parametrize("size", [2, 8])
 def test_builtin_suites_run_on_2_and_8_ranks_an_idle_rank_runs_nothing(size):
-    # shapes-t2i / shapes-dit: 64 prompts in one batch of 64, so every rank but the last is idle;
-    # whisper-tiny-en: 8 batches of 8. An idle rank never calls the work (an adapter's
-    # generate on no prompts raises) and gathers an empty share; the whole suite comes back.
+    # shapes-t2i / shapes-dit: 512 prompts in 8 batches of 64 (one batch per rank on 8 ranks);
+    # whisper-tiny-en: 512 utterances in 64 batches of 8. Where a suite has fewer batches than
+    # ranks, an idle rank never calls the work (an adapter's generate on no prompts raises) and
+    # gathers an empty share; the whole suite comes back either way.
     from opsnn_quant.distributed import gather_in_order
     from opsnn_quant.evaluation.suite import builtin_suites, load_suite
 
