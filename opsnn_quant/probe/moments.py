@@ -60,9 +60,9 @@ def moments_memory(total: int | None = None, weight_bytes: int = 0) -> int:
     :data:`DEFAULT_MOMENTS_MEMORY`], raised to ``total / (1 + MAX_EXTRA_PASSES)`` (at most
     that many more passes) but never above the ceiling; ``total`` None: the ceiling.
 
-    Measured (``bench_calibrate_scale.py --rows shapes-t2i --gemm fp32-chunk --threads 1``,
-    Intel Xeon with AMX, busy): the ceiling alone, 31.6 s, peak RSS 2.00x a float inference;
-    a 64 MiB cap, 42.2 s, 1.35x.
+    Measured (``bench_calibrate_scale.py --rows shapes-t2i --gemm native``, a quiet 2-core
+    Intel Xeon with AMX): the 512 MiB ceiling alone, 34.3 s, peak RSS 1.99x a float inference;
+    this rule (a fifth of the moments, four more passes), 34.3 s, 1.36x.
 
     Raises:
         ConfigError: the variable is not a positive integer.
