@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from opsnn_quant.errors import ConfigError, MissingDependencyError
+from opsnn_quant.zoo.cache_dir import build_cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -618,16 +619,8 @@ def ensure_eval_large(n: int | None = None, seed: int = EVAL_LARGE_SEED) -> Path
         )
     log = logger.info if problem == "none cached yet" else logger.warning
     log("generating the speech eval-large split (%d utterances) into %s: %s", n, final, problem)
-    root = final.parent
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{EVAL_LARGE_DIR_NAME}.tmp-", dir=root))
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary directory
-    except OSError as err:
-        raise ConfigError(
-            f"cannot write the speech cache {root}: {err}; set OPSNN_QUANT_CACHE"
-        ) from err
-    try:
+
+    def fill(tmp: Path) -> None:
         _write_set(tmp, utts, synthesize_all(utts), EVAL_LARGE)
         manifest = {
             **expected,
@@ -638,22 +631,13 @@ def ensure_eval_large(n: int | None = None, seed: int = EVAL_LARGE_SEED) -> Path
         (tmp / EVAL_LARGE_MANIFEST).write_text(
             json.dumps(manifest, indent=2) + "\n", encoding="utf-8"
         )
-        if _large_problem(final, expected) is None:
-            return final  # another process finished the same set meanwhile
-        if final.exists():
-            # rename() cannot replace a non-empty directory: move the stale one aside first.
-            stale = Path(tempfile.mkdtemp(prefix=f".{EVAL_LARGE_DIR_NAME}.old-", dir=root))
-            os.replace(final, stale / "set")
-            shutil.rmtree(stale, ignore_errors=True)
-        try:
-            os.replace(tmp, final)
-        except OSError:
-            # Another process renamed its set into place first; keep it if it is valid.
-            if _large_problem(final, expected) is not None:
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+
+    def unwritable(err: OSError) -> Exception:
+        return ConfigError(
+            f"cannot write the speech cache {final.parent}: {err}; set OPSNN_QUANT_CACHE"
+        )
+
+    return build_cache_dir(final, fill, lambda: _large_problem(final, expected) is None, unwritable)
 
 
 def eval_large_split(limit: int | None = None) -> tuple[list[Utterance], list[np.ndarray]]:

@@ -15,8 +15,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +24,7 @@ import numpy as np
 import torch
 
 from opsnn_quant.errors import ModelLoadError
+from opsnn_quant.zoo.cache_dir import build_cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -100,32 +99,16 @@ def ensure_converted() -> Path:
         return final
 
     logger.info("converting Whisper tiny.en from %s into %s", src, final)
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_DIR_NAME}.tmp-", dir=root))
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary directory
-    except OSError as err:
-        raise ModelLoadError(
-            f"cannot write the model cache {root}: {err}; set {CACHE_ENV}"
-        ) from err
-    try:
+
+    def fill(tmp: Path) -> None:
         _convert_into(src, tmp)
         # The stamp is written last: a directory without it is never trusted.
         (tmp / STAMP_NAME).write_text(json.dumps(stamp, indent=2) + "\n", encoding="utf-8")
-        if final.exists():
-            # rename() cannot replace a non-empty directory: move the stale one aside first.
-            stale = Path(tempfile.mkdtemp(prefix=f".{MODEL_DIR_NAME}.old-", dir=root))
-            os.replace(final, stale / "model")
-            shutil.rmtree(stale, ignore_errors=True)
-        try:
-            os.replace(tmp, final)
-        except OSError:
-            # Another process finished the same conversion first; keep its result if valid.
-            if _read_stamp(final) != stamp:
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+
+    def unwritable(err: OSError) -> Exception:
+        return ModelLoadError(f"cannot write the model cache {root}: {err}; set {CACHE_ENV}")
+
+    return build_cache_dir(final, fill, lambda: _read_stamp(final) == stamp, unwritable)
 
 
 def load_whisper_tiny_en(torch_dtype: torch.dtype = torch.float32) -> Any:
