@@ -688,19 +688,7 @@ def split_records(split: str, limit: int | None = None, seed: int = 0) -> list[d
 
 
 def _split(split: str, limit: int | None, seed: int) -> tuple[list[Utterance], list[np.ndarray]]:
-    """The utterances of a split and their audio.
-
-    Args:
-        split: ``eval`` (committed), ``calibration`` or ``train`` (espeak-ng), or
-            ``eval-large`` (generated once into the cache).
-        limit: Keep only the first ``limit`` utterances.
-        seed: Seed of the generated splits (the eval sets are fixed).
-
-    Raises:
-        ConfigError: Unknown split.
-        MissingDependencyError: espeak-ng (generated splits, an eval-large set not cached yet)
-            or soundfile (eval, eval-large) is missing.
-    """
+    """The utterances of a split and their audio (arguments and errors: :func:`load_split`)."""
     if split == "eval":
         return eval_split(limit)
     if split == EVAL_LARGE:
