@@ -8,6 +8,7 @@ directory another process finished meanwhile is kept when it is valid.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -61,3 +62,9 @@ def build_cache_dir(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file, read in blocks (what the cache's stamps and manifests record)."""
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()

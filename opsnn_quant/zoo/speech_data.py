@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from opsnn_quant.errors import ConfigError, MissingDependencyError
-from opsnn_quant.zoo.cache_dir import build_cache_dir
+from opsnn_quant.zoo.cache_dir import build_cache_dir, file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -534,14 +534,6 @@ def _utterances_sha256(utts: Sequence[Utterance]) -> str:
     return hashlib.sha256(json.dumps(rows).encode("utf-8")).hexdigest()
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _large_manifest(utts: Sequence[Utterance], seed: int) -> dict[str, Any]:
     """The manifest fields that depend on what is asked for (the files' hashes come after)."""
     return {
@@ -582,7 +574,7 @@ def _large_problem(directory: Path, expected: dict[str, Any]) -> str | None:
         return "its manifest lists no file hashes"
     for name, digest in files.items():
         try:
-            if _file_sha256(directory / name) != digest:
+            if file_sha256(directory / name) != digest:
                 return f"{name} does not match its hash"
         except OSError as err:
             return f"{name} is unreadable ({err})"
@@ -625,7 +617,7 @@ def ensure_eval_large(n: int | None = None, seed: int = EVAL_LARGE_SEED) -> Path
         manifest = {
             **expected,
             "espeak_ng": espeak_version(),
-            "files": {name: _file_sha256(tmp / name) for name in (EVAL_AUDIO, EVAL_TABLE)},
+            "files": {name: file_sha256(tmp / name) for name in (EVAL_AUDIO, EVAL_TABLE)},
         }
         # Written last: a directory without it is never trusted.
         (tmp / EVAL_LARGE_MANIFEST).write_text(

@@ -11,7 +11,6 @@ renamed into place, so an interrupted conversion never leaves a half-written mod
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -24,7 +23,7 @@ import numpy as np
 import torch
 
 from opsnn_quant.errors import ModelLoadError
-from opsnn_quant.zoo.cache_dir import build_cache_dir
+from opsnn_quant.zoo.cache_dir import build_cache_dir, file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -45,21 +44,13 @@ def cache_root() -> Path:
     return Path(platformdirs.user_cache_dir("opsnn-quant"))
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _expected_stamp(src: Path) -> dict[str, Any]:
     import transformers
 
     return {
         "converter_version": CONVERTER_VERSION,
         "transformers": transformers.__version__,
-        "source_sha256": _sha256(src / "model.bin"),
+        "source_sha256": file_sha256(src / "model.bin"),
     }
 
 

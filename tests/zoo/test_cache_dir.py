@@ -69,3 +69,11 @@ def test_an_unwritable_cache_raises_the_callers_error(tmp_path: Path):
     with pytest.raises(Unwritable):
         build_cache_dir(blocker / "set", _fill("x"), lambda: False, Unwritable)
     assert blocker.read_text().startswith("a file")
+
+
+def test_file_sha256_is_the_standard_digest(tmp_path: Path):
+    from opsnn_quant.zoo.cache_dir import file_sha256
+
+    f = tmp_path / "abc"
+    f.write_bytes(b"abc")  # FIPS 180-2's example
+    assert file_sha256(f) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
