@@ -241,18 +241,25 @@ def export_ascendv1(
     check_export_sources(str(source))  # the files copied below: before anything is written
     model = adapter.model
     components = _components(model, source)
+    # an offloaded model (--max-memory): block by block, each tensor read again from its
+    # block's file when written; SmoothQuant folds (traced and checked on the whole model, and
+    # written into the producers' weights) still want every block loaded
+    off = offload_of(model)
+    folding = bool(_smooth_factors(model))
+    stream = off if off is not None and not folding else None
+    with off.resident() if off is not None and folding else contextlib.nullcontext():
+        smooth = _smooth_factors(model)  # read once loaded: an offloaded block's are on meta
+        return _export(adapter, out, components, smooth, calls, source, shard_bytes, force, stream)
+
+
+def _smooth_factors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Each SmoothQuant module's factor (name -> the input quantizer's ``smooth``)."""
     smooth: dict[str, torch.Tensor] = {}
     for n, m in model.named_modules():
         factor = getattr(m.input_quantizer, "smooth", None) if isinstance(m, QuantModule) else None
         if isinstance(factor, torch.Tensor):
             smooth[n] = factor
-    # an offloaded model (--max-memory): block by block, each tensor read again from its
-    # block's file when written; SmoothQuant folds (traced and checked on the whole model, and
-    # written into the producers' weights) still want every block loaded
-    off = offload_of(model)
-    stream = off if off is not None and not smooth else None
-    with off.resident() if off is not None and smooth else contextlib.nullcontext():
-        return _export(adapter, out, components, smooth, calls, source, shard_bytes, force, stream)
+    return smooth
 
 
 def _export(

@@ -109,8 +109,9 @@ class _Block:
     module: nn.Module
     file: Path
     device: torch.device
-    # name -> (is a parameter, requires_grad, alias of: the first name holding the same tensor)
-    entries: dict[str, tuple[bool, bool, str]] = field(default_factory=dict)
+    # name -> (is a parameter, alias of: the first name holding the same tensor); each
+    # tensor's requires_grad is carried by the tensor the module holds (loaded or meta)
+    entries: dict[str, tuple[bool, str]] = field(default_factory=dict)
     loaded: bool = True
     depth: int = 0  # forwards in flight
     opened: bool = False  # open outside a forward (window or resident)
@@ -220,7 +221,7 @@ class BlockOffload:
         block.entries = {}
         for name, (t, param) in _tensors(block.module).items():
             alias = first.setdefault(id(t), name)
-            block.entries[name] = (param, bool(t.requires_grad), alias)
+            block.entries[name] = (param, alias)
             if alias == name:
                 if t.device.type == "meta" and fill is not None:
                     data[name] = _filled(fill, f"{prefix}.{name}", t)
@@ -232,10 +233,11 @@ class BlockOffload:
     def _free(self, block: _Block) -> None:
         metas: dict[str, torch.Tensor] = {}
         tensors = _tensors(block.module)
-        for name, (param, grad, alias) in block.entries.items():
+        for name, (param, alias) in block.entries.items():
             if alias not in metas:
                 metas[alias] = torch.empty_like(tensors[alias][0], device="meta")
-            _set(block.module, name, metas[alias], param, grad)
+            # requires_grad as the tensor has it now (a caller may have turned it off)
+            _set(block.module, name, metas[alias], param, tensors[alias][0].requires_grad)
         block.loaded = False
         block.versions = {}
 
@@ -245,7 +247,9 @@ class BlockOffload:
         with safe_open(str(block.file), framework="pt", device=str(block.device)) as f:
             values = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open)
         made: dict[str, torch.Tensor] = {}
-        for name, (param, grad, alias) in block.entries.items():
+        now = _tensors(block.module)  # the meta stand-ins: their requires_grad is the one kept
+        for name, (param, alias) in block.entries.items():
+            grad = now[alias][0].requires_grad
             if alias not in made:
                 made[alias] = nn.Parameter(values[alias], grad) if param else values[alias]
             _set(block.module, name, made[alias], param, grad)
@@ -334,7 +338,7 @@ class BlockOffload:
         block, rel = self.blocks[owner], name[len(owner) + 1 :]
         if block.loaded:
             return _tensors(block.module)[rel][0].detach()
-        alias = block.entries[rel][2]
+        alias = block.entries[rel][1]
         with safe_open(str(block.file), framework="pt", device="cpu") as f:
             return f.get_tensor(alias)
 
@@ -392,6 +396,46 @@ class BlockOffload:
             for block in self.blocks.values():
                 self._close(block)
 
+    @contextlib.contextmanager
+    def checkpointed(self) -> Iterator[None]:
+        """Meanwhile, each offloaded block's forward runs under activation checkpointing
+        (``torch.utils.checkpoint``, non-reentrant), its tensors loaded again from its file
+        for the recompute: a forward with gradients through the whole model (the probe's
+        attribution) keeps each block's inputs, not the tensors autograd would save inside
+        it (its weights among them), so its backward holds one block's weights at a time.
+        The recompute repeats the same operations on the same bytes: the same gradients, bit
+        for bit, as a backward that kept everything."""
+        for name, block in self.blocks.items():
+            block.module.forward = self._checkpointing(name, block.module.forward)
+        try:
+            yield
+        finally:
+            for block in self.blocks.values():
+                block.module.__dict__.pop("forward", None)  # the class's forward again
+
+    def _checkpointing(self, name: str, forward: Callable[..., Any]) -> Callable[..., Any]:
+        from torch.utils.checkpoint import checkpoint
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            # the first forward: the pre-hook loaded the block; the recompute in the
+            # backward: loaded here, freed when it ends (nothing changed: no write)
+            block = self.blocks[name]
+            loaded_here = not block.loaded
+            if loaded_here:
+                self._load(block)
+            block.depth += 1
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                block.depth -= 1
+                if loaded_here and block.depth == 0 and not block.opened:
+                    self._free(block)
+
+        def checkpointed(*args: Any, **kwargs: Any) -> Any:
+            return checkpoint(run, *args, use_reentrant=False, **kwargs)
+
+        return checkpointed
+
     def close(self) -> None:
         """Load every block back (the model is all in memory again), remove the hooks and the
         temporary directory."""
@@ -425,6 +469,13 @@ def resident(model: nn.Module) -> contextlib.AbstractContextManager[None]:
     """:meth:`BlockOffload.resident` of ``model``'s offloader (nothing when all in memory)."""
     off = offload_of(model)
     return off.resident() if off is not None else contextlib.nullcontext()
+
+
+def checkpointed(model: nn.Module) -> contextlib.AbstractContextManager[None]:
+    """:meth:`BlockOffload.checkpointed` of ``model``'s offloader (nothing when all in
+    memory: autograd keeps what it saves, as usual)."""
+    off = offload_of(model)
+    return off.checkpointed() if off is not None else contextlib.nullcontext()
 
 
 def touch(off: BlockOffload | None, module_name: str) -> None:

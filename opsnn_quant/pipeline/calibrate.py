@@ -64,6 +64,7 @@ from opsnn_quant.probe.api import (
     ProbeConfig,
     ProbeResult,
     StagedProbe,
+    check_offloaded_estimators,
     recollect,
     run_probe,
     start_probe,
@@ -338,20 +339,13 @@ def check_before_work(
     return Checked(get_target(recipe.target), loaded, check_engine(engine), metric_suite(metric))
 
 
-# What an offloaded model (--max-memory) cannot run yet: the probe's estimators (local errors,
-# the SmoothQuant search, end-to-end attribution replays, GPTQ's candidates) read recorded
-# calls and weights outside a forward, module by module across blocks.
-OFFLOAD_UNSUPPORTED = (
-    "the probe's estimators (local errors, SmoothQuant search, end-to-end attribution) do not "
-    "run with --max-memory (an offloaded model) yet"
-)
-
-
 def check_offloadable(recipe: Recipe, engine: str) -> None:
     """Refuse, before any work, what does not run on an offloaded model (``--max-memory``):
-    a search without ``budget.metric`` (it always reads the estimators) and AMCT (which runs
-    the model itself). A measured search may decide on pass 1 alone (a naive baseline meets
-    the budget); if it does not, :meth:`Probed.estimated` refuses then.
+    a search without ``budget.metric`` whose probe needs an estimator that does not run
+    offloaded (it always reads the estimators; see
+    :func:`~opsnn_quant.probe.api.check_offloaded_estimators`) and AMCT (which runs the model
+    itself). A measured search may decide on pass 1 alone (a naive baseline meets the budget);
+    if it does not, :meth:`Probed.estimated` refuses then.
 
     Raises:
         ConfigError: the run needs what does not run offloaded.
@@ -362,11 +356,16 @@ def check_offloadable(recipe: Recipe, engine: str) -> None:
             "offloaded model; leave out --max-memory or use --engine opsnn"
         )
     if recipe.strategy == "search" and recipe.budget.metric is None:
-        raise ConfigError(
-            f"--max-memory: {OFFLOAD_UNSUPPORTED}, and a search without budget.metric always "
-            "reads them; give --strategy all-w8a8-minmax, all-w8a8-dynamic or all-fp16, a "
-            "budget.metric a naive baseline meets, or leave out --max-memory"
-        )
+        try:
+            check_offloaded_estimators(recipe.probe_config())
+        except ConfigError as e:
+            raise ConfigError(f"{e}; {OFFLOAD_REMEDY}") from None
+
+
+OFFLOAD_REMEDY = (
+    "set probe.estimator: diagonal in the recipe, give --strategy all-w8a8-minmax, "
+    "all-w8a8-dynamic or all-fp16, or leave out --max-memory"
+)
 
 
 # ---- 1. load -------------------------------------------------------------------------------
@@ -547,11 +546,13 @@ class Probed:
             return self.result
         assert self.staged is not None, "a settled probe without estimates cannot run them"
         if self.ctx.recipe.model.max_memory is not None:
-            raise ConfigError(
-                f"--max-memory: no naive baseline met budget.metric, and {OFFLOAD_UNSUPPORTED}; "
-                "leave out --max-memory, or give --strategy all-w8a8-dynamic (or another naive "
-                "baseline)"
-            )
+            try:
+                check_offloaded_estimators(self.staged.config)
+            except ConfigError as e:
+                raise ConfigError(
+                    f"{e}; no naive baseline met budget.metric, so the search needs them: "
+                    f"{OFFLOAD_REMEDY}"
+                ) from None
         with self.ctx.timed("probe estimators"):
             return self.settled(self.staged.finish())
 

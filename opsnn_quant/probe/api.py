@@ -25,6 +25,7 @@ from opsnn_quant.errors import ConfigError
 from opsnn_quant.memory import frozen_heap
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.generic import GenericAdapter
+from opsnn_quant.models.offload import checkpointed, offload_of
 from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.probe.e2e import ProbeRun, attribute_modalities, replay_measured
 from opsnn_quant.probe.hooks import NORMS, count_params, watched_modules
@@ -167,6 +168,8 @@ def _probe(
     say: Callable[[str], None],
     shard: Shard | None,
 ) -> ProbeResult:
+    if offload_of(adapter.model) is not None:
+        check_offloaded_estimators(cfg)  # before pass 1, not after it
     run = _start(adapter, cfg)
     say("probe pass 1: ranges, fp16/bf16 re-runs, calibration statistics")
     run.costs["pass1_seconds"] = _pass_one(run, forward_loop, shard)
@@ -194,6 +197,7 @@ class StagedProbe:
     ):
         self._run: ProbeRun | None = run
         self._loop, self._say, self._full = forward_loop, say, full
+        self.config = full if full is not None else run.cfg  # what the estimators run with
         self._done: ProbeResult | None = None
 
     @property
@@ -280,10 +284,15 @@ def _root_calls(run: ProbeRun) -> dict[str, list[Call]]:
 def _estimate(run: ProbeRun, forward_loop: ForwardLoop, say: Callable[[str], None]) -> ProbeResult:
     """Everything after pass 1: the SmoothQuant search, local errors, attribution, report."""
     adapter = run.adapter
+    offloaded = offload_of(adapter.model) is not None
+    if offloaded:
+        check_offloaded_estimators(run.cfg)
     replayed: set[str] = set()
     if run.watches.local:
         say("SmoothQuant alpha search")
-        seconds, run.smoothing_groups = smoothquant_search(run.watches, _fold_groups(run))
+        seconds, run.smoothing_groups = smoothquant_search(
+            run.watches, _fold_groups(run), adapter.model
+        )
         run.costs["smoothquant_search_seconds"] = seconds
         replayed = replay_measured(run)
         if not replayed:
@@ -292,13 +301,35 @@ def _estimate(run: ProbeRun, forward_loop: ForwardLoop, say: Callable[[str], Non
             # the diagonal estimator reads pass 2's noise powers, not the candidates
             release = run.cfg.estimator == "diagonal" and not run.cfg.exhaustive
             run.costs["pass2_seconds"] = local_error_pass(
-                run.watches, adapter.model, forward_loop, release=release
+                run.watches, adapter.model, forward_loop, release=release, transient=offloaded
             )
-    e2e = attribute_modalities(run, say, replayed)
+    with checkpointed(adapter.model):  # an offloaded model's backward: one block at a time
+        e2e = attribute_modalities(run, say, replayed)
     if replayed:
         _measure_rest(run, forward_loop, say)
     statistics = {n: lp.pass_one() for n, lp in run.watches.local.items()}
     return ProbeResult(_assemble(run, e2e), statistics, _root_calls(run))
+
+
+OFFLOADED_ESTIMATOR = (
+    "an offloaded model (--max-memory) runs the probe's estimators with probe.estimator: "
+    "diagonal only (the structured estimator runs every module's candidates at gradient time, "
+    "its block's weights gone by then; the exhaustive reference runs the whole model per module)"
+)
+
+
+def check_offloaded_estimators(cfg: ProbeConfig) -> None:
+    """Refuse the estimators that do not run on an offloaded model (``--max-memory``): those
+    that run candidates at gradient time (the structured estimator) or quantize one module
+    at a time through the whole model (the exhaustive reference). The diagonal estimator's
+    local errors are measured in pass 2, inside each module's forward (its block loaded),
+    and its backward is checkpointed block by block.
+
+    Raises:
+        ConfigError: the configuration needs what does not run offloaded.
+    """
+    if cfg.attribution and (cfg.estimator != "diagonal" or cfg.exhaustive):
+        raise ConfigError(f"--max-memory: {OFFLOADED_ESTIMATOR}")
 
 
 def recollect(

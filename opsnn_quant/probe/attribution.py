@@ -164,7 +164,9 @@ def estimate(
             result.seconds_exhaustive = time.perf_counter() - t0
         return result
     finally:
-        for p, f in zip(params, flags, strict=True):
+        # the parameters as the root holds them now: an offloaded block's are new tensors
+        # each time it loads (the flags they carry are the ones set above, kept by the loads)
+        for p, f in zip(root.parameters(), flags, strict=True):
             p.requires_grad_(f)
 
 

@@ -94,6 +94,11 @@ class LocalProbe:
     # pass 2: measure the kept small calls and drop the candidates at the module's last call
     # (when nothing after pass 2 runs them: its candidates are not all held at once)
     release_after_pass2: bool = False
+    # pass 2 on an offloaded model (--max-memory): candidates are built while the module's
+    # block is loaded (in its forward hook; the pass opens it for the last batch of small
+    # calls) and dropped after each call, none kept for later calls (the int8 weights of
+    # every block would add up); the same calls batched the same way: the same sums
+    transient: bool = False
 
     def __post_init__(self) -> None:
         if any(SCHEMES[s].template.needs_moments for s in self.schemes):
@@ -293,6 +298,8 @@ class LocalProbe:
             args, y = strided_samples(args, y, rows, self._channels())
             if not self._pend(args, y):
                 self._measure_now(args, y)
+            if self.transient:
+                self.release()  # built again, from the loaded block, where next measured
         if self.release_after_pass2 and self._pass2_calls == self.calls:
             # the module's last call (pass 1 counted them): what :meth:`flush` would measure
             # at the end of the pass, measured now, in the same order; then its candidates

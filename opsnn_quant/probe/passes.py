@@ -11,6 +11,7 @@ feed, so every watch is visible in :class:`Watches` and nothing hides in closure
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from torch.utils.hooks import RemovableHandle
 from opsnn_quant.errors import CalibrationError
 from opsnn_quant.memory import release_memory, trim_heap
 from opsnn_quant.models.base import ModelAdapter
+from opsnn_quant.models.offload import touch, window
 from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.probe.findings import GeluWatch, SoftmaxWatch, attention_parts
 from opsnn_quant.probe.fp16 import Fp16Accumulator
@@ -219,23 +221,34 @@ def measure_kept_inputs(w: Watches, names: set[str]) -> set[str]:
     return measured
 
 
-def smoothquant_search(w: Watches, groups: Mapping[str, Sequence[str]]) -> tuple[float, dict[str, list[str]]]:  # fmt: skip
+def smoothquant_search(
+    w: Watches, groups: Mapping[str, Sequence[str]], model: nn.Module | None = None
+) -> tuple[float, dict[str, list[str]]]:
     """Between the passes: every module's SmoothQuant alphas, one shared factor per group of
     ``groups`` (producer -> the Linears it feeds) whose members all saw the same inputs.
+    ``model`` (the model the modules are in): where it is offloaded (``--max-memory``), the
+    blocks whose weights the search reads are opened one at a time, in model order.
 
     Returns:
         (seconds it took, the groups that share a factor).
     """
     t0 = time.perf_counter()
     shared: dict[str, list[str]] = {}
-    for producer, names in groups.items():
-        members = [w.local[n] for n in names if n in w.local]
-        if len(members) == len(names) and decide_shared(members):
-            shared[producer] = list(names)
-    done = {n for names in shared.values() for n in names}
-    for name, lp in w.local.items():
-        if name not in done:
-            lp.decide()
+    with window(model) if model is not None else contextlib.nullcontext() as off:
+        for producer, names in groups.items():
+            members = [w.local[n] for n in names if n in w.local]
+            with contextlib.ExitStack() as opened:
+                if off is not None:
+                    touch(off, names[0])
+                    for name in names[1:]:  # a group across blocks (none seen): all open
+                        opened.enter_context(off.opened(name))
+                if len(members) == len(names) and decide_shared(members):
+                    shared[producer] = list(names)
+        done = {n for names in shared.values() for n in names}
+        for name, lp in w.local.items():
+            if name not in done:
+                touch(off, name)
+                lp.decide()
     trim_heap()  # the row reservoirs and the search's temporaries are freed
     return time.perf_counter() - t0, shared
 
@@ -246,27 +259,33 @@ def local_error_pass(
     forward_loop: ForwardLoop,
     only: set[str] | None = None,
     release: bool = False,
+    transient: bool = False,
 ) -> float:
     """Pass 2: every candidate's output error on the module's real inputs (after
     :func:`smoothquant_search`), for every called module or those in ``only``. With
     ``release`` (nothing after this pass runs the candidates), each module's candidates are
-    dropped after its last call: one module's at a time, not every module's. Returns the
-    pass's seconds."""
+    dropped after its last call: one module's at a time, not every module's; with
+    ``transient`` (an offloaded model), after each call they measure
+    (:attr:`LocalProbe.transient`). Returns the pass's seconds."""
     hooks = HookSet()
     measured = [lp for n, lp in w.local.items() if lp.calls and (only is None or n in only)]
     for lp in measured:
         lp.release_after_pass2 = release
+        lp.transient = transient
         hooks.add(lp.module.register_forward_hook(partial(_measure_hook, lp)))
     t0 = time.perf_counter()
     try:
         _run(forward_loop, model, hooks)
     finally:
         for lp in measured:
-            lp.release_after_pass2 = False
-    for lp in measured:
-        lp.flush()  # the small calls kept to measure together
-        if release:
-            lp.release()
+            lp.release_after_pass2 = lp.transient = False
+    with window(model) as off:  # an offloaded model: the block of each module flushed open
+        for lp in measured:
+            if lp.pending_batches:
+                touch(off, lp.name)
+            lp.flush()  # the small calls kept to measure together
+            if release or transient:
+                lp.release()
     return time.perf_counter() - t0
 
 

@@ -206,7 +206,7 @@ def quantize(
         for n, q in swapped.items()
         if q.spec.static_activations or q.spec.smoothquant or q.spec.needs_moments
     }
-    if needs_data and statistics is not None and _seed_all(needs_data, statistics):
+    if needs_data and statistics is not None and _seed_all(needs_data, statistics, model):
         if progress:
             progress("calibration: the probe's statistics of the same data (no pass)")
     elif needs_data:
@@ -356,11 +356,16 @@ def _warn_skipped(skipped: Mapping[str, str]) -> None:
 
 
 def _seed_all(
-    modules: Mapping[str, QuantModule[Any]], stats: Mapping[str, SeedsCalibration]
+    modules: Mapping[str, QuantModule[Any]],
+    stats: Mapping[str, SeedsCalibration],
+    model: nn.Module,
 ) -> bool:
-    """Seed every module from ``stats`` if each can be (else touch none and return False)."""
+    """Seed every module from ``stats`` if each can be (else touch none and return False);
+    the SmoothQuant decision reads the weight: an offloaded module's block is opened."""
     if not all(n in stats and stats[n].can_seed(q.spec) for n, q in modules.items()):
         return False
-    for name, q in modules.items():
-        stats[name].seed(q)
+    with window(model) as off:
+        for name, q in modules.items():
+            touch(off, name)
+            stats[name].seed(q)
     return True

@@ -6,7 +6,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from opsnn_quant.models.offload import BlockOffload, find_blocks, offload_of, resident, window
+from opsnn_quant.models.offload import (
+    BlockOffload,
+    checkpointed,
+    find_blocks,
+    offload_of,
+    resident,
+    window,
+)
 
 
 class Block(nn.Module):
@@ -86,3 +93,43 @@ def test_changes_outside_a_forward_are_written_back(tmp_path):
     off.close()  # all in memory again, hooks and files gone
     assert not any(_on_meta(b) for b in net.blocks) and offload_of(net) is None
     assert not off.dir.exists()
+
+
+def _input_gradient(net: nn.Module, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    x = x.clone().requires_grad_(True)
+    net(x).backward(v)
+    assert x.grad is not None
+    return x.grad
+
+
+def test_a_checkpointed_backward_holds_one_block_and_gives_the_same_gradient(tmp_path):
+    torch.manual_seed(0)
+    net, x, v = Net().eval(), torch.randn(3, 4), torch.randn(3, 2)
+    for p in net.parameters():
+        p.requires_grad_(False)  # as the probe's attribution: gradients of activations only
+    want = _input_gradient(net, x, v)
+    off = BlockOffload(net, budget=1, directory=tmp_path)
+    loaded: list[int] = []
+    load = off._load
+
+    def counting(block):  # how many blocks hold real tensors once one more has loaded
+        load(block)
+        loaded.append(sum(not _on_meta(b) for b in net.blocks))
+
+    off._load = counting  # type: ignore[method-assign]
+    # Without checkpointing, the backward needs no load: the graph kept every block's
+    # weight alive (on meta in the module, in memory in autograd's saved tensors).
+    assert torch.equal(_input_gradient(net, x, v), want) and len(loaded) == 3
+    loaded.clear()
+    with checkpointed(net):
+        got = _input_gradient(net, x, v)
+    assert torch.equal(got, want)  # bit for bit: the recompute repeats the same operations
+    # three loads for the forward, three for the backward's recomputes: the graph kept no
+    # weight, and one block at a time held real tensors
+    assert len(loaded) == 6 and max(loaded) == 1
+    assert all(_on_meta(b) for b in net.blocks)
+    assert "forward" not in net.blocks[0].__dict__  # the class's forward again
+    loaded.clear()
+    assert torch.equal(_input_gradient(net, x, v), want) and len(loaded) == 3  # plain again
+    with checkpointed(Net()):  # a model all in memory: nothing to do
+        pass

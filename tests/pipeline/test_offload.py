@@ -50,6 +50,39 @@ def test_an_offloaded_calibrate_writes_the_same_files(tiny_dit, tmp_path, offloa
     assert timings  # the one file that may differ
 
 
+def test_the_search_with_the_diagonal_estimator_runs_offloaded_to_the_same_files(
+    tiny_dit, tmp_path, offloads
+):
+    """The recipe's own search (no naive strategy): pass 1, GPTQ's moments, the SmoothQuant
+    search (blocks opened one at a time), pass 2 (each call's candidates built while its
+    block is loaded), the diagonal estimator's backward (checkpointed block by block), then
+    quantize and the exports: every file the same bytes as the run all in memory."""
+    root, recipe = tiny_dit
+    data = json.loads(recipe.read_text())
+    data["probe"] = {**data["probe"], "estimator": "diagonal"}
+    diagonal = root / "diagonal.yaml"
+    diagonal.write_text(json.dumps(data))
+    flags = ["--limit", "2", "--set", "steps=2", "--quiet"]
+    assert main(["calibrate", str(diagonal), "-o", str(tmp_path / "mem"), *flags]) == 0
+    assert offloads == []
+    cap = ["--max-memory", "128KiB"]
+    assert main(["calibrate", str(diagonal), "-o", str(tmp_path / "off"), *flags, *cap]) == 0
+    off = offloads[0]  # the run's model (the held-out measurement may load another copy)
+    assert "transformer.transformer_blocks.0" in off.offloaded
+    assert all(o.loads > 2 * len(o.offloaded) for o in offloads)
+    mem, offloaded = run_files(tmp_path / "mem"), run_files(tmp_path / "off")
+    assert mem.keys() == offloaded.keys()
+    report = json.loads(mem["probe.json"])
+    assert report.get("not_estimated") is None  # the estimators ran (nothing decided first)
+    # the gradient crossed the checkpointed blocks: every module of the first block moves
+    # the output; GPTQ and SmoothQuant candidates scored there
+    first = [m["e2e"] for m in report["modules"]
+             if m["name"].startswith("transformer.transformer_blocks.0.") and m["e2e"]]  # fmt: skip
+    assert len(first) >= 12 and all(e["contribution"] > 0 for e in first)
+    assert {"w8a8_dynamic_gptq", "w8a8_dynamic_smoothquant"} <= set(first[0]["schemes"])
+    assert [k for k in mem if mem[k] != offloaded[k]] == []
+
+
 @pytest.mark.parametrize("size", ["lots", "0", "-1GiB", "12XB", "nan"])
 def test_bad_max_memory_is_one_error_line(tiny_dit, tmp_path, capsys, size):
     _root, recipe = tiny_dit
@@ -78,7 +111,8 @@ def test_a_recipe_max_memory_is_read_as_bytes(tiny_dit, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("flags", "words"),
     [
-        (["--quiet"], "the probe's estimators"),  # the recipe's search: no budget.metric
+        # the recipe's search (no budget.metric) with the structured estimator
+        (["--quiet"], "probe.estimator: diagonal"),
         (["--strategy", "all-w8a8-minmax", "--engine", "amct", "--quiet"], "--engine amct"),
     ],
 )
