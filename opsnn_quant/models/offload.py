@@ -154,6 +154,7 @@ class BlockOffload:
         self.loads = 0
         self.blocks: dict[str, _Block] = {}
         self._window: str | None = None
+        self._recomputed: _Block | None = None  # loaded for a checkpointed backward
         self._handles: list[Any] = []
         found = find_blocks(model)
         sizes = {n: _nbytes(m) for n, m in found.items()}
@@ -404,7 +405,12 @@ class BlockOffload:
         attribution) keeps each block's inputs, not the tensors autograd would save inside
         it (its weights among them), so its backward holds one block's weights at a time.
         The recompute repeats the same operations on the same bytes: the same gradients, bit
-        for bit, as a backward that kept everything."""
+        for bit, as a backward that kept everything.
+
+        A block loaded for its recompute stays loaded while the backward goes through it
+        (gradient hooks there may read its modules' weights: the structured estimator's
+        candidates), until the next block's recompute loads or the context ends: at most two
+        blocks at a time."""
         for name, block in self.blocks.items():
             block.module.forward = self._checkpointing(name, block.module.forward)
         try:
@@ -412,24 +418,31 @@ class BlockOffload:
         finally:
             for block in self.blocks.values():
                 block.module.__dict__.pop("forward", None)  # the class's forward again
+            self._free_recomputed()
+
+    def _free_recomputed(self) -> None:
+        block, self._recomputed = self._recomputed, None
+        if block is not None and block.loaded and block.depth == 0 and not block.opened:
+            self._free(block)
 
     def _checkpointing(self, name: str, forward: Callable[..., Any]) -> Callable[..., Any]:
         from torch.utils.checkpoint import checkpoint
 
         def run(*args: Any, **kwargs: Any) -> Any:
             # the first forward: the pre-hook loaded the block; the recompute in the
-            # backward: loaded here, freed when it ends (nothing changed: no write)
+            # backward: loaded here, kept through the block's backward, freed when the next
+            # block's recompute loads (nothing changes in a backward: no write)
             block = self.blocks[name]
-            loaded_here = not block.loaded
-            if loaded_here:
+            if not block.loaded:
+                if self._recomputed is not block:
+                    self._free_recomputed()
                 self._load(block)
+                self._recomputed = block
             block.depth += 1
             try:
                 return forward(*args, **kwargs)
             finally:
                 block.depth -= 1
-                if loaded_here and block.depth == 0 and not block.opened:
-                    self._free(block)
 
         def checkpointed(*args: Any, **kwargs: Any) -> Any:
             return checkpoint(run, *args, use_reentrant=False, **kwargs)

@@ -342,7 +342,7 @@ def check_before_work(
 def check_offloadable(recipe: Recipe, engine: str) -> None:
     """Refuse, before any work, what does not run on an offloaded model (``--max-memory``):
     a search without ``budget.metric`` whose probe needs an estimator that does not run
-    offloaded (it always reads the estimators; see
+    offloaded (it always reads the estimators: the exhaustive reference; see
     :func:`~opsnn_quant.probe.api.check_offloaded_estimators`) and AMCT (which runs the model
     itself). A measured search may decide on pass 1 alone (a naive baseline meets the budget);
     if it does not, :meth:`Probed.estimated` refuses then.
@@ -363,8 +363,8 @@ def check_offloadable(recipe: Recipe, engine: str) -> None:
 
 
 OFFLOAD_REMEDY = (
-    "set probe.estimator: diagonal in the recipe, give --strategy all-w8a8-minmax, "
-    "all-w8a8-dynamic or all-fp16, or leave out --max-memory"
+    "leave out probe.exhaustive, give --strategy all-w8a8-minmax, all-w8a8-dynamic or "
+    "all-fp16, or leave out --max-memory"
 )
 
 

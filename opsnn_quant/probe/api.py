@@ -306,29 +306,28 @@ def _estimate(run: ProbeRun, forward_loop: ForwardLoop, say: Callable[[str], Non
     with checkpointed(adapter.model):  # an offloaded model's backward: one block at a time
         e2e = attribute_modalities(run, say, replayed)
     if replayed:
-        _measure_rest(run, forward_loop, say)
+        _measure_rest(run, forward_loop, say, offloaded)
     statistics = {n: lp.pass_one() for n, lp in run.watches.local.items()}
     return ProbeResult(_assemble(run, e2e), statistics, _root_calls(run))
 
 
 OFFLOADED_ESTIMATOR = (
-    "an offloaded model (--max-memory) runs the probe's estimators with probe.estimator: "
-    "diagonal only (the structured estimator runs every module's candidates at gradient time, "
-    "its block's weights gone by then; the exhaustive reference runs the whole model per module)"
+    "the exhaustive reference (probe.exhaustive) does not run on an offloaded model "
+    "(--max-memory): it swaps one module at a time and replays the whole model for each"
 )
 
 
 def check_offloaded_estimators(cfg: ProbeConfig) -> None:
-    """Refuse the estimators that do not run on an offloaded model (``--max-memory``): those
-    that run candidates at gradient time (the structured estimator) or quantize one module
-    at a time through the whole model (the exhaustive reference). The diagonal estimator's
-    local errors are measured in pass 2, inside each module's forward (its block loaded),
-    and its backward is checkpointed block by block.
+    """Refuse the estimators that do not run on an offloaded model (``--max-memory``): the
+    exhaustive reference. The others do: the estimator's backward is checkpointed block by
+    block (:meth:`~opsnn_quant.models.offload.BlockOffload.checkpointed`), each block kept
+    loaded through its backward, where the structured estimator builds a module's candidates
+    (and drops them for the next module's); pass 2 builds them inside each module's forward.
 
     Raises:
         ConfigError: the configuration needs what does not run offloaded.
     """
-    if cfg.attribution and (cfg.estimator != "diagonal" or cfg.exhaustive):
+    if cfg.attribution and cfg.exhaustive:
         raise ConfigError(f"--max-memory: {OFFLOADED_ESTIMATOR}")
 
 
@@ -414,20 +413,23 @@ def _fold_groups(run: ProbeRun) -> dict[str, list[str]]:
     return fold_groups(run.adapter.model, roots)
 
 
-def _measure_rest(run: ProbeRun, forward_loop: ForwardLoop, say: Callable[[str], None]) -> None:
+def _measure_rest(
+    run: ProbeRun, forward_loop: ForwardLoop, say: Callable[[str], None], offloaded: bool
+) -> None:
     """The local errors the attribution's replay did not measure: of modules outside every
     root from the calls pass 1 kept of them, and pass 2 over the forward loop for any left (in
     a root without recorded calls, or never called by a replayed call); none left: no pass."""
     w = run.watches
+    model = run.adapter.model
     rest = {n for n, lp in w.local.items() if lp.calls and lp.schemes and not lp.energies}
     t0 = time.perf_counter()
-    rest -= measure_kept_inputs(w, rest)
+    rest -= measure_kept_inputs(w, rest, model)
     run.costs["kept_inputs_seconds"] = time.perf_counter() - t0
     run.costs["pass2_seconds"] = 0.0
     if rest:
         say(f"probe pass 2: local int8 error of the {len(rest)} modules the replay did not reach")
         run.costs["pass2_seconds"] = local_error_pass(
-            w, run.adapter.model, forward_loop, only=rest, release=True
+            w, model, forward_loop, only=rest, release=True, transient=offloaded
         )
     for lp in w.local.values():
         lp.release()

@@ -17,8 +17,9 @@ Two ways to get there, chosen by :func:`replay_measured`:
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +27,7 @@ from torch import nn
 
 from opsnn_quant.memory import release_memory
 from opsnn_quant.models.base import ModelAdapter
+from opsnn_quant.models.offload import BlockOffload, offload_of
 from opsnn_quant.probe.attribution import Attribution, estimate
 from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.probe.local import LocalProbe
@@ -203,17 +205,18 @@ def _estimate_root(
     for name in members:
         if name in replayed:
             local[name].plan_replay(parts)
+    weights = _Weights(local, offload_of(run.adapter.model))
     return estimate(
         run.named[root_name],
         calls,
         members,
-        _candidates(local, replayed),
+        _candidates(local, replayed, weights),
         schemes,
         seed=cfg.seed,
         exhaustive=cfg.exhaustive,
         max_batch=max_batch,
         steps=run.watches.recorders[root_name].steps,
-        unreached=_measure_unreached(local, replayed),
+        unreached=_measure_unreached(local, replayed, weights),
         step_key=_step_key(local),
         noise_power=(
             (lambda n, scheme: local[n].noise_power(scheme))
@@ -223,18 +226,43 @@ def _estimate_root(
     )
 
 
-def _candidates(local: Mapping[str, LocalProbe], replayed: set[str]) -> NoiseFn:
+def _candidates(local: Mapping[str, LocalProbe], replayed: set[str], weights: _Weights) -> NoiseFn:
     """The estimator's candidate outputs; those of ``replayed`` modules also add their local
-    error (:meth:`LocalProbe.replayed_output`)."""
+    error (:meth:`LocalProbe.replayed_output`); built from weights ``weights`` opens."""
 
     def output(
         name: str, scheme: str, args: tuple, y: torch.Tensor, calls: int = 1
     ) -> torch.Tensor:
-        if name in replayed:
-            return local[name].replayed_output(scheme, args, y, calls)
-        return local[name].candidate_output(scheme, args)
+        with weights.of(name):
+            if name in replayed:
+                return local[name].replayed_output(scheme, args, y, calls)
+            return local[name].candidate_output(scheme, args)
 
     return output
+
+
+class _Weights:
+    """Where the attribution's candidates read their module's weights: in memory, or on an
+    offloaded model (``--max-memory``) in the module's block, opened for the candidate when
+    the backward is not in it (usually it is: a checkpointed block stays loaded through its
+    backward), and each module's candidates dropped once another module's are built (the
+    int8 weights of every block, in every variant, would add up)."""
+
+    def __init__(self, local: Mapping[str, LocalProbe], off: BlockOffload | None) -> None:
+        self.local, self.off = local, off
+        self.last: str | None = None
+
+    @contextlib.contextmanager
+    def of(self, name: str) -> Iterator[None]:
+        """Module ``name``'s weights readable meanwhile."""
+        if self.off is None:
+            yield
+            return
+        if self.last is not None and self.last != name:
+            self.local[self.last].release()
+        self.last = name
+        with self.off.opened(name):
+            yield
 
 
 def _step_key(local: Mapping[str, LocalProbe]) -> StepKey:
@@ -251,15 +279,16 @@ def _step_key(local: Mapping[str, LocalProbe]) -> StepKey:
 
 
 def _measure_unreached(
-    local: Mapping[str, LocalProbe], replayed: set[str]
+    local: Mapping[str, LocalProbe], replayed: set[str], weights: _Weights
 ) -> Callable[[str, tuple, torch.Tensor], None]:
     """For a ``replayed`` module that ran in a replayed call but got no gradient (the root
     output does not depend on it: its contribution is 0), its local errors all the same."""
 
     def measure(name: str, args: tuple, y: torch.Tensor) -> None:
         if name in replayed:
-            for scheme in local[name].schemes:
-                local[name].replayed_output(scheme, args, y)
+            with weights.of(name):
+                for scheme in local[name].schemes:
+                    local[name].replayed_output(scheme, args, y)
 
     return measure
 

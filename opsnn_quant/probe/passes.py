@@ -200,24 +200,29 @@ def inside_root(adapter: ModelAdapter, name: str, root: str, modality: Modality)
     return match_prefix(name, (root,)) is not None and adapter.modality_of(name) == modality
 
 
-def measure_kept_inputs(w: Watches, names: set[str]) -> set[str]:
+def measure_kept_inputs(w: Watches, names: set[str], model: nn.Module | None = None) -> set[str]:
     """The local errors of the modules in ``names`` that pass 1 kept calls of (``w.inputs``),
-    from those calls: the float output by the module itself, at the call's step. Returns the
-    names measured so."""
+    from those calls: the float output by the module itself, at the call's step (``model``
+    offloaded: the module's block opened meanwhile, and its candidates dropped after). Returns
+    the names measured so."""
     measured = set()
-    for name in sorted(names):
-        rec = w.inputs.get(name)
-        if rec is None or not rec.calls:
-            continue
-        lp = w.local[name]
-        with torch.no_grad():
-            for (args, kwargs), step in zip(rec.calls, rec.steps, strict=True):
-                with at_step(step):
-                    y = first_tensor(lp.module(*args, **kwargs))
-                    if y is not None:
-                        lp.measure_kept(args, y, len(rec.calls))
-        lp.flush()
-        measured.add(name)
+    with window(model) if model is not None else contextlib.nullcontext() as off:
+        for name in sorted(names):
+            rec = w.inputs.get(name)
+            if rec is None or not rec.calls:
+                continue
+            touch(off, name)
+            lp = w.local[name]
+            with torch.no_grad():
+                for (args, kwargs), step in zip(rec.calls, rec.steps, strict=True):
+                    with at_step(step):
+                        y = first_tensor(lp.module(*args, **kwargs))
+                        if y is not None:
+                            lp.measure_kept(args, y, len(rec.calls))
+            lp.flush()
+            if off is not None:
+                lp.release()
+            measured.add(name)
     return measured
 
 

@@ -1,5 +1,5 @@
-"""The probe on an offloaded model (``--max-memory``): the estimators that need a module's
-weights at gradient time or the whole model per module are refused before pass 1."""
+"""The probe on an offloaded model (``--max-memory``): the exhaustive reference (one module
+swapped at a time through the whole model) is refused before pass 1; the estimators run."""
 
 from __future__ import annotations
 
@@ -26,21 +26,22 @@ class _Net(nn.Module):
 @pytest.mark.parametrize(
     ("config", "refused"),
     [
-        (ProbeConfig(), True),  # the structured estimator (the default)
+        (ProbeConfig(), False),  # the structured estimator (the default)
         (ProbeConfig(estimator="diagonal"), False),
+        (ProbeConfig(exhaustive=True), True),
         (ProbeConfig(estimator="diagonal", exhaustive=True), True),
-        (ProbeConfig(attribution=False), False),  # no estimator at all
+        (ProbeConfig(attribution=False, exhaustive=True), False),  # no estimator at all
     ],
 )
 def test_which_estimators_run_offloaded(config, refused):
     if refused:
-        with pytest.raises(ConfigError, match=r"--max-memory: .*probe\.estimator: diagonal"):
+        with pytest.raises(ConfigError, match=r"--max-memory: .*exhaustive reference"):
             check_offloaded_estimators(config)
     else:
         check_offloaded_estimators(config)
 
 
-def test_a_probe_of_an_offloaded_model_refuses_the_structured_estimator_before_pass_one(
+def test_a_probe_of_an_offloaded_model_refuses_the_exhaustive_reference_before_pass_one(
     tmp_path,
 ):
     net = _Net().eval()
@@ -50,6 +51,6 @@ def test_a_probe_of_an_offloaded_model_refuses_the_structured_estimator_before_p
     def loop(model: nn.Module) -> None:
         pytest.fail("pass 1 ran")
 
-    with pytest.raises(ConfigError, match="structured estimator"):
-        run_probe(net, loop, ProbeConfig())
+    with pytest.raises(ConfigError, match="exhaustive reference"):
+        run_probe(net, loop, ProbeConfig(exhaustive=True))
     off.release()
