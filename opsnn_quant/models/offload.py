@@ -21,6 +21,7 @@ offloaded as well. :func:`offload_of` gives a model's offloader (None: all in me
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import shutil
 import tempfile
@@ -34,6 +35,17 @@ import torch
 from torch import nn
 
 ATTRIBUTE = "_opsnn_offload"
+# set while a checkpointed block recomputes its forward in the backward (see
+# BlockOffload.checkpointed): forward hooks there see each of its calls a second time
+_RECOMPUTING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "opsnn_quant_recomputing", default=False
+)
+
+
+def in_recompute() -> bool:
+    """Whether a checkpointed block is recomputing its forward (:meth:`BlockOffload.checkpointed`):
+    a forward hook that records calls (the probe's taps) must not count this one again."""
+    return _RECOMPUTING.get()
 
 
 def offload_of(model: nn.Module) -> BlockOffload | None:
@@ -428,24 +440,34 @@ class BlockOffload:
     def _checkpointing(self, name: str, forward: Callable[..., Any]) -> Callable[..., Any]:
         from torch.utils.checkpoint import checkpoint
 
+        first: list[int] = [0]  # the block's first forwards in flight (the rest: recomputes)
+
         def run(*args: Any, **kwargs: Any) -> Any:
             # the first forward: the pre-hook loaded the block; the recompute in the
             # backward: loaded here, kept through the block's backward, freed when the next
             # block's recompute loads (nothing changes in a backward: no write)
             block = self.blocks[name]
+            recompute = first[0] == 0
             if not block.loaded:
                 if self._recomputed is not block:
                     self._free_recomputed()
                 self._load(block)
                 self._recomputed = block
             block.depth += 1
+            token = _RECOMPUTING.set(True) if recompute else None
             try:
                 return forward(*args, **kwargs)
             finally:
                 block.depth -= 1
+                if token is not None:
+                    _RECOMPUTING.reset(token)
 
         def checkpointed(*args: Any, **kwargs: Any) -> Any:
-            return checkpoint(run, *args, use_reentrant=False, **kwargs)
+            first[0] += 1
+            try:
+                return checkpoint(run, *args, use_reentrant=False, **kwargs)
+            finally:
+                first[0] -= 1
 
         return checkpointed
 

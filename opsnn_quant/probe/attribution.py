@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from opsnn_quant.errors import CalibrationError
+from opsnn_quant.models.offload import in_recompute
 from opsnn_quant.numerics import signal_energy
 from opsnn_quant.probe.exhaustive import float_outputs, one_at_a_time
 from opsnn_quant.probe.projections import KeptCalls, NoiseFn, Projector, StepKey
@@ -190,6 +191,8 @@ class _StructuredTap:
         y = first_tensor(out)
         if y is None or not isinstance(out, torch.Tensor):
             return None
+        if in_recompute():  # a checkpointed block's second run of this call: the same graph
+            return self.call.watch(out)
         # Detached views, not copies: autograd usually holds these activations anyway. The
         # version counters catch an in-place change before the gradient arrives.
         saved = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
@@ -258,7 +261,8 @@ class _DiagonalTap:
         if not isinstance(out, torch.Tensor) or not out.is_floating_point():
             return None
         y_out = self.call.watch(out)
-        y_out.register_hook(self.on_gradient)
+        if not in_recompute():  # a checkpointed block's second run: its hook is on the first
+            y_out.register_hook(self.on_gradient)
         return y_out
 
     def on_gradient(self, g: torch.Tensor) -> None:

@@ -10,6 +10,7 @@ from opsnn_quant.models.offload import (
     BlockOffload,
     checkpointed,
     find_blocks,
+    in_recompute,
     offload_of,
     resident,
     window,
@@ -121,8 +122,12 @@ def test_a_checkpointed_backward_holds_one_block_and_gives_the_same_gradient(tmp
     # weight alive (on meta in the module, in memory in autograd's saved tensors).
     assert torch.equal(_input_gradient(net, x, v), want) and len(loaded) == 3
     loaded.clear()
+    seen: list[bool] = []  # a hook inside a block: the first run, then the recompute's
+    hook = net.blocks[1].fc.register_forward_hook(lambda m, a, o: seen.append(in_recompute()))
     with checkpointed(net):
         got = _input_gradient(net, x, v)
+    hook.remove()
+    assert seen == [False, True] and not in_recompute()
     assert torch.equal(got, want)  # bit for bit: the recompute repeats the same operations
     # three loads for the forward, three for the backward's recomputes: the graph kept no
     # weight, and one block at a time held real tensors

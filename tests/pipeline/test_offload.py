@@ -58,10 +58,8 @@ def test_the_search_runs_its_estimators_offloaded_to_the_same_files(
     search (blocks opened one at a time), the estimator's backward (checkpointed block by
     block; the structured estimator's candidates built in the block loaded for it, the local
     errors measured there; the diagonal one's in pass 2, each call's in its loaded block),
-    then quantize and the exports: every file the same bytes as the run all in memory, but
-    for the structured estimator's local SQNR/cosine figures in ``probe.json`` (their float64
-    sums in the last bits: the estimator's batches of small calls are flushed at a global
-    byte limit, crossed in the order the backward's hooks fire, which checkpointing changes)."""
+    then quantize and the exports: every file the same bytes as the run all in memory
+    (``probe.json`` too: a checkpointed block's recompute is not counted as another call)."""
     root, recipe = tiny_dit
     data = json.loads(recipe.read_text())
     data["probe"] = {**data["probe"], "estimator": estimator}
@@ -85,28 +83,7 @@ def test_the_search_runs_its_estimators_offloaded_to_the_same_files(
              if m["name"].startswith("transformer.transformer_blocks.0.") and m["e2e"]]  # fmt: skip
     assert len(first) >= 12 and all(e["contribution"] > 0 for e in first)
     assert {"w8a8_dynamic_gptq", "w8a8_dynamic_smoothquant"} <= set(first[0]["schemes"])
-    differ = [k for k in mem if mem[k] != offloaded[k]]
-    if estimator == "diagonal":
-        assert differ == []
-        return
-    assert differ in ([], ["probe.json"])
-    _same_but_local_last_bits(report, json.loads(offloaded["probe.json"]))
-
-
-def _same_but_local_last_bits(a: object, b: object, path: str = "") -> None:
-    """``a == b``, except local ``cosine``/``sqnr_db`` figures equal to 1e-12 relative."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        assert a.keys() == b.keys(), path
-        for key in a:
-            _same_but_local_last_bits(a[key], b[key], f"{path}.{key}")
-    elif isinstance(a, list) and isinstance(b, list):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _same_but_local_last_bits(x, y, f"{path}[{i}]")
-    elif ".w8a8." in path and path.rsplit(".", 1)[-1] in ("cosine", "sqnr_db"):
-        assert a == pytest.approx(b, rel=1e-12), path
-    else:
-        assert a == b, path  # e2e contributions, ranks, ranges, findings: exactly
+    assert [k for k in mem if mem[k] != offloaded[k]] == []
 
 
 @pytest.mark.parametrize("size", ["lots", "0", "-1GiB", "12XB", "nan"])
