@@ -11,8 +11,7 @@ in memory and with a cap that offloads every block, for each strategy of ``--str
   each call's candidates built in its loaded block).
 
 Prints each child's peak RSS (VmHWM), its wall time, the bytes offloaded, and whether the two
-runs wrote the same files (``timings.json`` and the run record aside; ``search``: its
-``probe.json`` may differ in the last bits of local SQNR figures, see tests/pipeline/test_offload.py). Backend: cpu, the int8
+runs wrote the same files (``timings.json`` and the run record aside). Backend: cpu, the int8
 GEMM forced to ``fp32-chunk``, one thread.
 
     python benchmarks/bench_offload_memory.py [--strategies all-w8a8-dynamic,search,search-diagonal]

@@ -51,9 +51,9 @@ MaxMemoryOpt = Annotated[
     typer.Option(
         "--max-memory",
         help="host memory a model call may take, e.g. 64GiB: a diffusion pipeline's sizes "
-        "whose floor exceeds it are refused before loading [default: what is free]; "
-        "calibrate (or a recipe's model.max_memory) also offloads the model's blocks beyond it "
-        "to disk, one block in memory at a time (same files)",
+        "whose floor exceeds it are refused before loading [default: what is free]; the "
+        "model's blocks beyond it are also offloaded to disk, one block in memory at a time "
+        "(same files; calibrate also reads a recipe's model.max_memory)",
     ),
 ]
 FAIL_EXIT = 3  # --evaluate's FAIL; INCONCLUSIVE exits 4 (as evaluate: verdict_exit_code)
@@ -418,6 +418,11 @@ def probe_cmd(
     from opsnn_quant.pipeline.probe import check_probe
 
     budget = parse_size(max_memory) if max_memory is not None else None
+    if budget is not None and (nproc is not None or dist.launched()):
+        raise ConfigError(
+            "--max-memory: the probe's statistics pass is not shared among processes with an "
+            "offloaded model yet; leave out --nproc (or torchrun) or --max-memory"
+        )
 
     def check(on: str | None) -> ProbeJob:
         return check_probe(target, out, data, family, limit, set_ or [], exhaustive, on, dtype,

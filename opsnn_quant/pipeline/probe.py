@@ -36,6 +36,8 @@ class ProbeJob:
         inputs: the local paths the run reads (an output may not replace them).
         out: the output directory; force: replace it even when it is not a probe output.
         column, split: the column and split of a ``datasets`` source.
+        max_memory: host memory (bytes) the model may take: its blocks beyond it are
+            offloaded (:mod:`opsnn_quant.models.offload`); None: all in memory.
     """
 
     family: str
@@ -52,6 +54,7 @@ class ProbeJob:
     force: bool
     column: str | None = None
     split: str | None = None
+    max_memory: int | None = None  # --max-memory: the blocks beyond it offloaded
 
 
 def check_probe(
@@ -80,6 +83,7 @@ def check_probe(
     from opsnn_quant.models import FAMILIES, check_weights, guess_family
     from opsnn_quant.models.footprint import check_source_memory
     from opsnn_quant.models.settings import check_source_fits, parse_set_options, settings_for
+    from opsnn_quant.probe.api import check_offloaded_estimators
     from opsnn_quant.recipe import builtin_recipes, load_recipe, resolve_recipe
     from opsnn_quant.sources import local_paths
     from opsnn_quant.user_config import check_limit
@@ -112,11 +116,16 @@ def check_probe(
     check_source_fits(source, checked, where)
     resolve_device(device or "cpu")
     if (device or "cpu").startswith("cpu"):  # the activations of one call, in host memory
-        check_source_memory(source, checked, records=n, where=where, max_memory=max_memory)
+        check_source_memory(
+            source, checked, records=n, where=where, max_memory=max_memory,
+            offload=max_memory is not None,  # the blocks beyond it offloaded: activations alone
+        )  # fmt: skip
+    if max_memory is not None:
+        check_offloaded_estimators(cfg)  # --exhaustive does not run offloaded
     check_output_dir(out, PROBE_KIND, force=force, inputs=inputs)
     return ProbeJob(
         family, source, checked.model_dump(), source_data, n, cfg, device or "cpu",
-        dtype or "float32", allow_pickle, inputs, out, force, column, split,
+        dtype or "float32", allow_pickle, inputs, out, force, column, split, max_memory,
     )  # fmt: skip
 
 
@@ -127,18 +136,24 @@ def run_probe_job(
     (rank 0 of a distributed run: pass 1 over its share, the others' merged, see
     :mod:`opsnn_quant.pipeline.sharing`)."""
     from opsnn_quant.fingerprint import probe_inputs
+    from opsnn_quant.models.offload import offload_of
     from opsnn_quant.pipeline.timings import write_timings
     from opsnn_quant.probe.api import run_probe
 
     say = progress or (lambda m: None)
     records, adapter = _load(job, say, sharing)
     shard = sharing.shard(adapter, records) if sharing is not None else None
-    with atomic_dir(job.out, PROBE_KIND, force=job.force) as tmp:
-        loop = adapter.forward_loop(records)
-        report = run_probe(adapter, loop, job.config, progress=say, shard=shard).report
-        report = report.model_copy(update={"inputs": probe_inputs(job.source, records)})
-        report.save(tmp / PROBE_FILE)
-        write_timings(tmp, probe=report.costs)
+    try:
+        with atomic_dir(job.out, PROBE_KIND, force=job.force) as tmp:
+            loop = adapter.forward_loop(records)
+            report = run_probe(adapter, loop, job.config, progress=say, shard=shard).report
+            report = report.model_copy(update={"inputs": probe_inputs(job.source, records)})
+            report.save(tmp / PROBE_FILE)
+            write_timings(tmp, probe=report.costs)
+    finally:
+        offloaded = offload_of(adapter.model)
+        if offloaded is not None:
+            offloaded.release()  # its temporary files
     return report
 
 
@@ -166,7 +181,7 @@ def _load(job: ProbeJob, say: Progress, sharing: Sharing | None) -> tuple[list[A
     say(f"loading {job.source}")
     adapter = load_adapter(
         job.family, job.source, device=job.device, dtype=job.dtype,
-        allow_pickle=job.allow_pickle, **job.settings,
+        allow_pickle=job.allow_pickle, max_memory=job.max_memory, **job.settings,
     )  # fmt: skip
     if sharing is not None:
         sharing.ready(adapter, records)

@@ -86,6 +86,30 @@ def test_the_search_runs_its_estimators_offloaded_to_the_same_files(
     assert [k for k in mem if mem[k] != offloaded[k]] == []
 
 
+def test_an_offloaded_probe_writes_the_same_report(tiny_dit, tmp_path, offloads):
+    """``probe --max-memory`` offloads too (it checked the memory floor only): the same
+    ``probe.json``, the temporary files removed; ``--exhaustive`` is refused before work."""
+    _root, recipe = tiny_dit
+    flags = ["--limit", "2", "--set", "steps=2", "--quiet"]
+    assert main(["probe", str(recipe), "-o", str(tmp_path / "mem"), *flags]) == 0
+    cap = ["--max-memory", "128KiB"]
+    assert main(["probe", str(recipe), "-o", str(tmp_path / "off"), *flags, *cap]) == 0
+    (off,) = offloads
+    assert "transformer.transformer_blocks.0" in off.offloaded and not off.dir.exists()
+    assert off.loads > 2 * len(off.offloaded)
+    mem, offloaded = (tmp_path / d / "probe.json" for d in ("mem", "off"))
+    assert mem.read_bytes() == offloaded.read_bytes()
+
+
+def test_an_offloaded_exhaustive_probe_is_refused_before_work(tiny_dit, tmp_path, capsys):
+    _root, recipe = tiny_dit
+    code = main(["probe", str(recipe), "-o", str(tmp_path / "o"), "--exhaustive",
+                 "--max-memory", "128KiB", "--quiet"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: --max-memory")
+    assert "exhaustive reference" in err[0] and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("size", ["lots", "0", "-1GiB", "12XB", "nan"])
 def test_bad_max_memory_is_one_error_line(tiny_dit, tmp_path, capsys, size):
     _root, recipe = tiny_dit
