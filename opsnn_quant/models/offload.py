@@ -15,7 +15,10 @@ blocks it needs: :meth:`BlockOffload.window` keeps one block open at a time (``t
 opens the block owning module ``name``, closing the previous one), :meth:`BlockOffload.resident`
 opens them all. A block closed after such a use is written again when its tensors changed
 (modules swapped, weights frozen to int8, a tensor changed in place), so quantized blocks are
-offloaded as well. :func:`offload_of` gives a model's offloader (None: all in memory).
+offloaded as well. A backward through the whole model (the probe's attribution) runs under
+:meth:`BlockOffload.checkpointed`: each block's forward checkpointed, its weights loaded again
+for the recompute, so the graph does not keep every block's weights alive.
+:func:`offload_of` gives a model's offloader (None: all in memory).
 """
 
 from __future__ import annotations
