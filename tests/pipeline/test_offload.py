@@ -50,22 +50,15 @@ def test_an_offloaded_calibrate_writes_the_same_files(tiny_dit, tmp_path, offloa
     assert timings  # the one file that may differ
 
 
-@pytest.mark.parametrize("estimator", ["structured", "diagonal"])
-def test_the_search_runs_its_estimators_offloaded_to_the_same_files(
-    tiny_dit, tmp_path, offloads, estimator
-):
+def test_the_search_runs_its_estimators_offloaded_to_the_same_files(tiny_dit, tmp_path, offloads):
     """The recipe's own search (no naive strategy): pass 1, GPTQ's moments, the SmoothQuant
-    search (blocks opened one at a time), the estimator's backward (checkpointed block by
-    block; the structured estimator's candidates built in the block loaded for it, the local
-    errors measured there; the diagonal one's in pass 2, each call's in its loaded block),
-    then quantize and the exports: every file the same bytes as the run all in memory
-    (``probe.json`` too: a checkpointed block's recompute is not counted as another call)."""
-    root, recipe = tiny_dit
-    data = json.loads(recipe.read_text())
-    data["probe"] = {**data["probe"], "estimator": estimator}
-    path = root / f"{estimator}.yaml"
-    path.write_text(json.dumps(data))
-    flags = ["--limit", "2", "--set", "steps=2", "--quiet"]
+    search (blocks opened one at a time), the structured estimator's backward (checkpointed
+    block by block; the candidates built in the block loaded for it, the local errors
+    measured there), then quantize and the exports: every file the same bytes as the run all
+    in memory (``probe.json`` too: a checkpointed block's recompute is not counted as another
+    call). The diagonal estimator: the next test."""
+    _root, path = tiny_dit
+    flags = ["--limit", "1", "--set", "steps=1", "--quiet"]
     assert main(["calibrate", str(path), "-o", str(tmp_path / "mem"), *flags]) == 0
     assert offloads == []
     cap = ["--max-memory", "128KiB"]
@@ -88,9 +81,14 @@ def test_the_search_runs_its_estimators_offloaded_to_the_same_files(
 
 def test_an_offloaded_probe_writes_the_same_report(tiny_dit, tmp_path, offloads):
     """``probe --max-memory`` offloads too (it checked the memory floor only): the same
-    ``probe.json``, the temporary files removed; ``--exhaustive`` is refused before work."""
-    _root, recipe = tiny_dit
-    flags = ["--limit", "2", "--set", "steps=2", "--quiet"]
+    ``probe.json``, the temporary files removed. With the diagonal estimator: its local
+    errors in pass 2, each call's candidates built while their block is loaded."""
+    root, plain = tiny_dit
+    data = json.loads(plain.read_text())
+    data["probe"] = {**data["probe"], "estimator": "diagonal"}
+    recipe = root / "diagonal.yaml"
+    recipe.write_text(json.dumps(data))
+    flags = ["--limit", "1", "--set", "steps=1", "--quiet"]
     assert main(["probe", str(recipe), "-o", str(tmp_path / "mem"), *flags]) == 0
     cap = ["--max-memory", "128KiB"]
     assert main(["probe", str(recipe), "-o", str(tmp_path / "off"), *flags, *cap]) == 0
@@ -99,6 +97,11 @@ def test_an_offloaded_probe_writes_the_same_report(tiny_dit, tmp_path, offloads)
     assert off.loads > 2 * len(off.offloaded)
     mem, offloaded = (tmp_path / d / "probe.json" for d in ("mem", "off"))
     assert mem.read_bytes() == offloaded.read_bytes()
+    report = json.loads(mem.read_text())
+    assert report["config"]["estimator"] == "diagonal"
+    first = [m["e2e"] for m in report["modules"]
+             if m["name"].startswith("transformer.transformer_blocks.0.") and m["e2e"]]  # fmt: skip
+    assert len(first) >= 12 and all(e["contribution"] > 0 for e in first)
 
 
 def test_an_offloaded_exhaustive_probe_is_refused_before_work(tiny_dit, tmp_path, capsys):
