@@ -27,7 +27,7 @@ from torch import nn
 
 from opsnn_quant.memory import release_memory
 from opsnn_quant.models.base import ModelAdapter
-from opsnn_quant.models.offload import BlockOffload, offload_of
+from opsnn_quant.models.offload import BlockOffload, offload_of, window
 from opsnn_quant.probe.attribution import Attribution, estimate
 from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.probe.local import LocalProbe
@@ -205,7 +205,23 @@ def _estimate_root(
     for name in members:
         if name in replayed:
             local[name].plan_replay(parts)
-    weights = _Weights(local, offload_of(run.adapter.model))
+    weights = _Weights(local, offload_of(run.adapter.model), replayed)
+    with window(run.adapter.model):  # the blocks weights.of opens: the last one closed after
+        return _estimate_with(run, root_name, calls, members, schemes, max_batch, weights)
+
+
+def _estimate_with(
+    run: ProbeRun,
+    root_name: str,
+    calls: list[tuple[tuple, dict]],
+    members: dict[str, nn.Module],
+    schemes: dict[str, tuple[str, ...]],
+    max_batch: int | None,
+    weights: _Weights,
+) -> Attribution:
+    """:func:`~opsnn_quant.probe.attribution.estimate` of one root's ``members``, their
+    candidates' weights read where ``weights`` says."""
+    local, cfg, replayed = run.watches.local, run.cfg, weights.replayed
     return estimate(
         run.named[root_name],
         calls,
@@ -243,26 +259,36 @@ def _candidates(local: Mapping[str, LocalProbe], replayed: set[str], weights: _W
 
 class _Weights:
     """Where the attribution's candidates read their module's weights: in memory, or on an
-    offloaded model (``--max-memory``) in the module's block, opened for the candidate when
-    the backward is not in it (usually it is: a checkpointed block stays loaded through its
-    backward), and each module's candidates dropped once another module's are built (the
-    int8 weights of every block, in every variant, would add up)."""
+    offloaded model (``--max-memory``) in the module's block: loaded for the backward through
+    it (a checkpointed block stays loaded through its backward), else opened and kept open
+    until a module of another block needs its own (the batched small calls run module by
+    module at the end of the replay). A block's candidates are dropped once a module of
+    another block builds its own: one block's int8 weights at a time, in every variant."""
 
-    def __init__(self, local: Mapping[str, LocalProbe], off: BlockOffload | None) -> None:
-        self.local, self.off = local, off
-        self.last: str | None = None
+    def __init__(
+        self, local: Mapping[str, LocalProbe], off: BlockOffload | None, replayed: set[str]
+    ) -> None:
+        self.local, self.off, self.replayed = local, off, replayed
+        self.block: str | None = None  # the block whose modules' candidates are built
+        self.built: set[str] = set()
 
     @contextlib.contextmanager
     def of(self, name: str) -> Iterator[None]:
         """Module ``name``'s weights readable meanwhile."""
-        if self.off is None:
+        off = self.off
+        if off is None:
             yield
             return
-        if self.last is not None and self.last != name:
-            self.local[self.last].release()
-        self.last = name
-        with self.off.opened(name):
-            yield
+        owner = off.owner(name)
+        if owner != self.block:
+            for built in self.built:
+                self.local[built].release()
+            self.built.clear()
+            self.block = owner
+        self.built.add(name)
+        if owner is not None and not off.blocks[owner].loaded:
+            off.touch(name)  # open until another block's module is touched (see window())
+        yield
 
 
 def _step_key(local: Mapping[str, LocalProbe]) -> StepKey:
