@@ -321,8 +321,9 @@ def check_offloaded_estimators(cfg: ProbeConfig) -> None:
     """Refuse the estimators that do not run on an offloaded model (``--max-memory``): the
     exhaustive reference. The others do: the estimator's backward is checkpointed block by
     block (:meth:`~opsnn_quant.models.offload.BlockOffload.checkpointed`), each block kept
-    loaded through its backward, where the structured estimator builds a module's candidates
-    (and drops them for the next module's); pass 2 builds them inside each module's forward.
+    loaded through its backward, where the structured estimator builds its modules'
+    candidates (kept until another block's are built); pass 2 builds them inside each
+    module's forward.
 
     Raises:
         ConfigError: the configuration needs what does not run offloaded.
