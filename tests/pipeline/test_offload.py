@@ -104,13 +104,19 @@ def test_an_offloaded_probe_writes_the_same_report(tiny_dit, tmp_path, offloads)
     assert len(first) >= 12 and all(e["contribution"] > 0 for e in first)
 
 
-def test_an_offloaded_exhaustive_probe_is_refused_before_work(tiny_dit, tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("flag", "words"),
+    [("--exhaustive", "exhaustive reference"), ("--nproc=2", "leave out --nproc")],
+)
+def test_what_an_offloaded_probe_does_not_run_is_refused_before_work(
+    tiny_dit, tmp_path, capsys, flag, words
+):
     _root, recipe = tiny_dit
-    code = main(["probe", str(recipe), "-o", str(tmp_path / "o"), "--exhaustive",
+    code = main(["probe", str(recipe), "-o", str(tmp_path / "o"), flag,
                  "--max-memory", "128KiB", "--quiet"])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error: --max-memory")
-    assert "exhaustive reference" in err[0] and list(tmp_path.iterdir()) == []
+    assert words in err[0] and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("size", ["lots", "0", "-1GiB", "12XB", "nan"])
