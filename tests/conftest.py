@@ -36,3 +36,16 @@ def native_int8_gemm(monkeypatch):
     if not matmul.int8_gemm_is_exact():
         pytest.skip("this CPU's torch._int_mm is not exact")
     monkeypatch.setenv(ENV, "native")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The modules holding a ``slow`` test first, each module's tests kept together and in
+    order: ``-n 2 --dist loadscope`` hands modules out in this order, so the long ones start
+    early and the suite does not end on one worker still running a 3-minute module while the
+    other idles."""
+
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
+
+    slow = {module(item) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: module(item) not in slow)  # stable: order kept within each

@@ -59,7 +59,7 @@ from opsnn_quant.policy.summary import (
     int8_mac_shares,
     summarize,
 )
-from opsnn_quant.policy.targets import INT8_MODULE_TYPES, Target, get_target
+from opsnn_quant.policy.targets import Target, get_target
 from opsnn_quant.probe.api import (
     ProbeConfig,
     ProbeResult,
@@ -403,16 +403,15 @@ def probe_config_for(recipe: Recipe, seed: int, target: Target) -> ProbeConfig:
     would never be used), in the target engine's arithmetic; a naive baseline's only (none for
     ``all-fp16``)."""
     schemes = tuple(recipe.probe.schemes or target.schemes())
-    type_schemes = {t: target.schemes(t) for t in sorted(INT8_MODULE_TYPES)}
     if recipe.strategy != "search":
         # a naive baseline reads its own scheme's pass-1 statistics and nothing else: no other
         # scheme's observers (GPTQ's K x K moments per module, SmoothQuant's channel maxima)
         naive = NAIVE_SCHEMES.get(recipe.strategy)
         schemes = tuple(s for s in schemes if s == naive)
+    fixed = target.probe_config()  # the target's module types, engine arithmetic, smoothing
     return recipe.probe_config(
-        seed, schemes=tuple(schemes), type_schemes=type_schemes,
-        engine=target.engine, engine_dtype=target.dtype,
-        fold_smoothing=target.smoothing == "fold",
+        seed, schemes=schemes, type_schemes=fixed.type_schemes, engine=fixed.engine,
+        engine_dtype=fixed.engine_dtype, fold_smoothing=fixed.fold_smoothing,
     )  # fmt: skip
 
 

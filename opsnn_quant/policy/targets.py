@@ -35,9 +35,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.quant.spec import DEFAULT_GROUP_SIZE, QuantSpec
 from opsnn_quant.types import Precision
 
@@ -212,6 +213,35 @@ class Target:
             and (self.timestep_scales or not s.per_step)
             and (self.smoothing != "none" or not s.smoothquant)
             and (self.step_smoothing or not (s.per_step and s.smoothquant))
+        )
+
+    def probe_config(self, **overrides: Any) -> ProbeConfig:
+        """A :class:`~opsnn_quant.probe.config.ProbeConfig` that measures what this target
+        runs and nothing else: its schemes, on the module types it runs each on, in its
+        engine's arithmetic and dtype (a probe of every scheme pays for candidates no policy
+        for this target can choose).
+
+        Args:
+            **overrides: other ProbeConfig fields (e.g. ``max_root_calls=4``); ``schemes``
+                narrows the target's.
+
+        Raises:
+            ConfigError: a scheme in ``schemes`` the target does not run.
+        """
+        runs = self.schemes()
+        schemes = tuple(overrides.pop("schemes", runs))
+        unknown = [s for s in schemes if s not in runs]
+        if unknown:
+            raise ConfigError(f"{self.name} cannot run {', '.join(unknown)}")
+        return ProbeConfig(
+            **{
+                "schemes": schemes,
+                "type_schemes": {t: self.schemes(t) for t in sorted(INT8_MODULE_TYPES)},
+                "engine": self.engine,
+                "engine_dtype": self.dtype,
+                "fold_smoothing": self.smoothing == "fold",
+                **overrides,
+            }
         )
 
     def spec_for(self, spec: QuantSpec) -> QuantSpec:

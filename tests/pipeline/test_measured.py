@@ -44,7 +44,8 @@ def test_shapes_t2i_measured_search_dominates_the_baselines(tmp_path):
     recipe = _recipe(
         "shapes-t2i",
         data={"limit": 4, "holdout": None, "holdout_limit": None},
-        probe={"max_root_calls": 2},
+        # the search is under test, not GPTQ: the target's schemes without its roundings
+        probe={"max_root_calls": 2, "schemes": ["w8a8", "w8a8_mse", "w8a8_smoothquant"]},
         budget={"metric": {"suite": "shapes-t2i", "samples": 8, "psnr_min": 40.0},
                 "max_evaluations": 3},
     )  # fmt: skip

@@ -87,6 +87,23 @@ def test_cpu_reference_runs_everything_on_linear_and_conv():
     assert t.can_run("Conv2d", "w8a8_dynamic", weight_shape=(8, 4, 3, 3))[0]
 
 
+def test_a_targets_probe_config_measures_what_it_runs_in_its_engines_arithmetic():
+    atc = get_target("ascend910b-atc").probe_config()
+    assert atc.schemes == ("w8a8", "w8a8_mse", "w8a8_smoothquant", "w8a8_gptq",
+                           "w8a8_smoothquant_gptq")  # fmt: skip
+    assert atc.type_schemes == {"Conv2d": ("w8a8", "w8a8_mse", "w8a8_gptq"),
+                                "Linear": atc.schemes}  # fmt: skip
+    assert (atc.engine, atc.engine_dtype, atc.fold_smoothing) == ("opsnn", None, False)
+    # vLLM-Ascend folds SmoothQuant into the norm before (fold_smoothing) and computes in bf16
+    vllm = get_target("ascend910b-vllm-ascend").probe_config(max_root_calls=2)
+    assert (vllm.engine, vllm.engine_dtype, vllm.fold_smoothing) == ("vllm-ascend", "bfloat16",
+                                                                      True)  # fmt: skip
+    assert vllm.max_root_calls == 2 and vllm.type_schemes["Conv2d"] == ()
+    assert get_target("ascend910b-atc").probe_config(schemes=("w8a8",)).schemes == ("w8a8",)
+    with pytest.raises(ConfigError, match="ascend910b-atc cannot run w8a8_dynamic"):
+        get_target("ascend910b-atc").probe_config(schemes=("w8a8", "w8a8_dynamic"))
+
+
 def test_the_schemes_of_a_module_type_are_those_the_target_runs_on_it():
     eager, atc = get_target("ascend910b-eager"), get_target("ascend910b-atc")
     assert eager.schemes("Conv2d") == ()  # no int8 conv among the torch_npu ops we rely on
