@@ -89,7 +89,8 @@ SCHEMES = ("w8a8", "w8a8_dynamic", "w8a8_smoothquant_gptq")
 # MALLOC_MMAP_THRESHOLD_=131072 x1.66): freed heap pages glibc keeps between trims and pass 1's
 # per-module statistics (SmoothQuant's row reservoirs, histograms), with +-60 MB of run-to-run
 # noise in the peaks. Before GPTQ's K x K moments were grouped and spilled (d68420a) it was
-# x4.1. This test guards against that term coming back: it fails above x2.
+# x4.1. This test guards against that term coming back: it fails above x2. With SCHEMES
+# (2026-12-06, same machine, one run): 1139 -> 1487 MB, x1.35, inside that range.
 GUARD = 2.0
 
 
@@ -112,6 +113,8 @@ def test_doubling_depth_adds_less_than_twice_the_extra_weights(tmp_path: Path) -
     extra = (params[2] - params[1]) * 4  # float32 weights
     added = peaks[2] - peaks[1]
     mb = 2**20
+    print(f"depth 1 -> 2: {peaks[1] / mb:.0f} -> {peaks[2] / mb:.0f} MB, +{added / mb:.0f} MB for "
+          f"{extra / mb:.0f} MB more weights (x{added / extra:.2f})")  # fmt: skip
     assert added <= GUARD * extra, (
         f"doubling the depth added {added / mb:.0f} MB to calibrate's peak RSS "
         f"({peaks[1] / mb:.0f} -> {peaks[2] / mb:.0f} MB) for {extra / mb:.0f} MB more weights "
