@@ -1,5 +1,6 @@
 """Test-session setup: reproducible math before torch loads MKL (see opsnn_quant.cli)."""
 
+import collections
 import os
 
 import pytest
@@ -38,14 +39,24 @@ def native_int8_gemm(monkeypatch):
     monkeypatch.setenv(ENV, "native")
 
 
+def pytest_configure(config):
+    # pytest-xdist's loadscope hands modules out by their number of tests, most first, unless
+    # told to keep the collection's order: keep it, the order below (its default put the
+    # one-test modules, the depth guard among them, last: the suite ended on one worker).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
-    """The modules holding a ``slow`` test first, each module's tests kept together and in
-    order: ``-n 2 --dist loadscope`` hands modules out in this order, so the long ones start
-    early and the suite does not end on one worker still running a 3-minute module while the
-    other idles."""
+    """The modules holding a ``slow`` test first, then the others by their number of tests,
+    most first (pytest-xdist's own order); each module's tests kept together and in order.
+    ``-n 2 --dist loadscope`` hands modules out in this order, so the long ones start early
+    and the suite does not end on one worker still running a 3-minute module while the other
+    idles."""
 
     def module(item: pytest.Item) -> str:
         return item.nodeid.split("::")[0]
 
     slow = {module(item) for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: module(item) not in slow)  # stable: order kept within each
+    count = collections.Counter(module(item) for item in items)
+    items.sort(key=lambda item: (module(item) not in slow, -count[module(item)]))  # stable
