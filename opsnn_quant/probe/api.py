@@ -29,7 +29,7 @@ from opsnn_quant.models.offload import checkpointed, offload_of
 from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.probe.e2e import ProbeRun, attribute_modalities, replay_measured
 from opsnn_quant.probe.hooks import NORMS, count_params, watched_modules
-from opsnn_quant.probe.moments import collect_groups, plan_groups
+from opsnn_quant.probe.moments import collect_groups, plan_groups, start_streaming
 from opsnn_quant.probe.passes import (
     Watches,
     local_error_pass,
@@ -386,15 +386,16 @@ def _pass_one(run: ProbeRun, forward_loop: ForwardLoop, shard: Shard | None) -> 
     seconds (this process's own pass)."""
     w = run.watches
     if shard is None:
-        # GPTQ's moments beyond what memory allows: the first group's here, the others' in
-        # passes of their own, each spilled to a file (see opsnn_quant.probe.moments)
+        # GPTQ's moments beyond what memory allows: streamed to files, the first group's here,
+        # the others' in passes of their own (see opsnn_quant.probe.moments)
         weights = sum(p.numel() * p.element_size() for p in run.adapter.model.parameters())
-        groups = plan_groups(w.local, weight_bytes=weights)
+        plan = plan_groups(w.local, weight_bytes=weights)
+        store = start_streaming(w.local, plan)
         seconds = statistics_pass(w, run.adapter, run.named, run.watched, forward_loop)
-        if len(groups) > 1:
+        if store is not None:
             model = run.adapter.model
-            run.costs["moments_seconds"] = collect_groups(w.local, model, forward_loop, groups)
-            run.costs["moments_passes"] = len(groups) - 1
+            run.costs["moments_seconds"] = collect_groups(w.local, model, forward_loop, plan, store)
+            run.costs["moments_passes"] = len(plan.groups) - 1
         return seconds
     seconds = statistics_pass(w, run.adapter, run.named, run.watched, shard.loop)
     t0 = time.perf_counter()

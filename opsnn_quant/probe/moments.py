@@ -1,19 +1,22 @@
-"""GPTQ's input moments when they do not all fit in memory at once: collected group by group.
+"""GPTQ's input moments when they do not all fit in memory at once: streamed to files, collected
+group by group.
 
 Every Linear/Conv2d with a GPTQ or bias-corrected candidate keeps the K x K second moments of its
 inputs, in two halves of its rows (:class:`~opsnn_quant.quant.gptq.SplitMoments`): 24 bytes per
-K^2 while a data batch is open (a float64 sum and a float32 batch accumulator per half), 16
-after. At a model's real widths that is far more than its weights (FLUX.1-dev: 226 MB per
-3072-wide Linear, about 400 of them), so:
+K^2 in memory while a data batch is open (a float64 sum and a float32 batch accumulator per
+half), 16 after. At a model's real widths that is far more than its weights (FLUX.1-dev: 226 MB
+per 3072-wide Linear, about 400 of them), so:
 
 * When all of them take at most :func:`moments_memory` bytes, pass 1 collects them and they
   stay in memory, as they always did.
-* Above it, the modules are cut, in the model's order, into groups of at most that many bytes.
-  Pass 1 collects the first group's; each later group's takes one more pass over the forward
-  loop with the moments hook alone (no other statistic is collected twice); and each group's
-  moments are spilled to a temporary directory (:class:`~opsnn_quant.quant.gptq.MomentStore`)
-  as soon as its pass ends. They are read back one module at a time, when a GPTQ candidate is
-  fitted or ``quantize()`` fits the deployed module, and dropped again.
+* Above it, every module's moments stream to a temporary directory
+  (:class:`~opsnn_quant.quant.gptq.MomentStore`) from their first rows: only the open batch's
+  float32 sums stay in memory (8 bytes per K^2), each closed batch is added into the float64
+  sums in the files. The modules are cut, in the model's order, into groups of at most that many
+  streamed bytes: pass 1 collects the first group's; each later group's takes one more pass over
+  the forward loop with the moments hook alone (no other statistic is collected twice). They
+  are read back one module at a time, when a GPTQ candidate is fitted or ``quantize()`` fits
+  the deployed module, and dropped again.
 
 The forward loop is deterministic (pass 1 and :func:`~opsnn_quant.probe.api.recollect` rely on
 it already) and a module's moments see the same rows in the same batches in either pass, so the
@@ -27,7 +30,7 @@ import os
 import time
 from collections.abc import Mapping
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import nn
 
@@ -51,6 +54,8 @@ MIN_MOMENTS_MEMORY = 64 * 2**20
 MAX_EXTRA_PASSES = 4
 # bytes per K^2 of one module's moments while a batch is open: two halves, float64 + float32
 BYTES_PER_K2 = 2 * (8 + 4)
+# ... streamed to files: the two halves' float32 batch sums (the float64 ones in the files)
+STREAMED_BYTES_PER_K2 = 2 * 4
 
 
 def moments_memory(total: int | None = None, weight_bytes: int = 0) -> int:
@@ -83,32 +88,43 @@ def moments_memory(total: int | None = None, weight_bytes: int = 0) -> int:
     return value
 
 
-def moment_bytes(lp: LocalProbe) -> int:
-    """What one module's moments take while a batch is open (0: it keeps none)."""
+def moment_bytes(lp: LocalProbe, streamed: bool = False) -> int:
+    """What one module's moments take in memory while a batch is open (0: it keeps none)."""
     if lp.moments is None:
         return 0
     k = lp.moments.channels
-    return BYTES_PER_K2 * k * k
+    return (STREAMED_BYTES_PER_K2 if streamed else BYTES_PER_K2) * k * k
+
+
+class MomentPlan(NamedTuple):
+    """How the moments are collected: ``groups`` of modules (model order), the first by pass
+    1, each later one by a pass of its own; ``streamed``: into files from their first rows."""
+
+    groups: list[list[str]]
+    streamed: bool
 
 
 def plan_groups(
     local: Mapping[str, LocalProbe], cap: int | None = None, weight_bytes: int = 0
-) -> list[list[str]]:
-    """The modules that keep moments, in groups collected together (model order, each of at
-    most ``cap`` bytes, or one module alone when that is more): one group when all fit.
-    Every module outside the first group stops collecting its moments in pass 1.
+) -> MomentPlan:
+    """The modules that keep moments: all in memory in one group when they take at most
+    ``cap`` bytes there; else streamed, in groups of at most ``cap`` streamed bytes (one module
+    alone when that is more). Every module outside the first group stops collecting its
+    moments in pass 1.
 
     Args:
         local: the probe's modules, in model order.
-        cap: bytes per group; None: :func:`moments_memory` of these moments and
+        cap: bytes; None: :func:`moments_memory` of these moments (in memory) and
             ``weight_bytes`` (the model's weights).
     """
+    in_memory = sum(moment_bytes(lp) for lp in local.values())
     if cap is None:
-        cap = moments_memory(sum(moment_bytes(lp) for lp in local.values()), weight_bytes)
+        cap = moments_memory(in_memory, weight_bytes)
+    streamed = in_memory > cap
     groups: list[list[str]] = [[]]
     used = 0
     for name, lp in local.items():
-        size = moment_bytes(lp)
+        size = moment_bytes(lp, streamed)
         if not size:
             continue
         if groups[-1] and used + size > cap:
@@ -119,23 +135,34 @@ def plan_groups(
     for group in groups[1:]:
         for name in group:
             local[name].collect_moments = False
-    return groups if groups[0] else []
+    return MomentPlan(groups if groups[0] else [], streamed and bool(groups[0]))
+
+
+def start_streaming(local: Mapping[str, LocalProbe], plan: MomentPlan) -> MomentStore | None:
+    """Before pass 1: a streamed plan's moments into the files of a new store (returned)."""
+    if not plan.streamed:
+        return None
+    store = MomentStore()
+    for group in plan.groups:
+        for name in group:
+            moments = local[name].moments
+            assert moments is not None
+            moments.stream_to(store)
+    return store
 
 
 def collect_groups(
     local: Mapping[str, LocalProbe],
     model: nn.Module,
     forward_loop: ForwardLoop,
-    groups: list[list[str]],
+    plan: MomentPlan,
+    store: MomentStore,
 ) -> float:
-    """After pass 1 (which collected ``groups[0]``): spill the first group's moments, then one
-    pass over ``forward_loop`` per later group, its moments spilled when the pass ends. Nothing
-    to do for one group (the moments stay in memory). Returns the passes' seconds."""
-    if len(groups) < 2:
-        return 0.0
-    store = MomentStore()
+    """After pass 1 (which collected ``plan.groups[0]``): close the first group's files, then
+    one pass over ``forward_loop`` per later group, its files closed when the pass ends.
+    Returns the passes' seconds."""
     seconds = 0.0
-    for index, group in enumerate(groups):
+    for index, group in enumerate(plan.groups):
         members = [local[n] for n in group]
         if index:
             hooks = HookSet()
@@ -148,7 +175,7 @@ def collect_groups(
         for lp in members:
             assert lp.moments is not None
             lp.moments.spill(store)
-        trim_heap()  # the group's sums are freed: their pages back before the next group's
+        trim_heap()  # the group's batch sums are freed: their pages back before the next group's
     return seconds
 
 

@@ -22,6 +22,7 @@ it (with static activations the bias lives in the int32 ``quant_bias``).
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 from collections.abc import Callable
 from functools import partial
@@ -31,13 +32,15 @@ import numpy as np
 import torch
 
 from opsnn_quant.errors import CalibrationError
-from opsnn_quant.memory import trim_heap
+from opsnn_quant.memory import TrimBudget
 from opsnn_quant.stream import current_batch
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DAMP = 0.01
 DEFAULT_BLOCK = 128
+# the heap's freed pages after GPTQ's roundings: trimmed every 64 MiB of them (see gptq_round)
+_TRIMS = TrimBudget(64 << 20)
 
 
 class InputMoments:
@@ -55,7 +58,10 @@ class InputMoments:
 
     The K x K sums are allocated at the first rows (a module never called takes none), and
     :meth:`spill` moves the float64 one to a file (:class:`MomentStore`) once collecting is
-    over: then every read of :attr:`xtx` loads it back, and nothing is kept in memory.
+    over: then every read of :attr:`xtx` loads it back, and nothing is kept in memory. Moments
+    that :meth:`stream_to` a store keep only the open batch's fp32 sum in memory (4 K^2 bytes):
+    each closed batch is added into the float64 sum in the file (read, the same ``+=``,
+    written back), so the file holds the bits the in-memory sum would.
 
     Args:
         channels: K.
@@ -76,21 +82,31 @@ class InputMoments:
         self._open: torch.Tensor | None = None  # this batch's fp32 X^T X
         self._open_batch: int | None = None
         self._load: Callable[[], torch.Tensor] | None = None  # X^T X spilled to a file
+        self._store: MomentStore | None = None  # streaming: closed batches go to its file
 
     @property
     def xtx(self) -> torch.Tensor | None:
         """``X^T X`` of every row so far (float64; None without ``gram``)."""
         if not self.gram:
             return None
+        self._close_batch()
         if self._load is not None:
             return self._load()
-        self._close_batch()
         return self._gram_sum()
 
     @property
     def spilled(self) -> bool:
-        """Whether ``X^T X`` lives in a file (see :meth:`spill`)."""
-        return self._load is not None
+        """Whether ``X^T X`` lives in a file and takes no more rows (see :meth:`spill`)."""
+        return self._load is not None and self._store is None
+
+    def stream_to(self, store: MomentStore) -> None:
+        """From now on, add each closed batch's ``X^T X`` into a float64 sum in a file of
+        ``store`` (the same bits as in memory), keeping only the open batch's fp32 sum;
+        :meth:`spill` ends it. Only before the first rows."""
+        if self.rows or self._load is not None:
+            raise CalibrationError("input moments stream to a file from their first rows only")
+        if self.gram:
+            self._store = store
 
     def _gram_sum(self) -> torch.Tensor:
         """The float64 sum, allocated (zeros, on the totals' device) at its first use."""
@@ -103,7 +119,13 @@ class InputMoments:
     def spill(self, store: MomentStore) -> None:
         """Close the open batch and move ``X^T X`` to a file of ``store``: read back whole on
         each use of :attr:`xtx` (the same float64 bits), nothing more collected or merged."""
-        if self.gram and self._load is None:
+        if self.gram and self._store is not None:  # streamed: the file has it all once closed
+            self._close_batch()
+            if self._load is None:  # never called: the zeros an in-memory sum would hold
+                self._load = self._store.write(self._gram_sum())
+                self._sum = None
+            self._store = None
+        elif self.gram and self._load is None:
             self._close_batch()
             self._load = store.write(self._gram_sum())
             self._sum = None
@@ -111,7 +133,7 @@ class InputMoments:
     @torch.no_grad()
     def collect(self, x2d: torch.Tensor) -> None:
         """Add (M, K) rows."""
-        if self._load is not None:
+        if self.spilled:
             raise CalibrationError("input moments spilled to a file take no more rows")
         x = x2d.detach().reshape(-1, self.channels)
         self._to(x.device)
@@ -131,8 +153,8 @@ class InputMoments:
     @torch.no_grad()
     def merge(self, other: InputMoments) -> None:
         """Add the moments of ``other`` (the same K)."""
-        if self._load is not None:
-            raise CalibrationError("input moments spilled to a file take no more rows")
+        if self._load is not None or self._store is not None:
+            raise CalibrationError("input moments in a file take no more rows")
         if self.rows == 0:
             self._to(other.total.device)
         self._add_total(other.total, other.total_error)
@@ -145,12 +167,21 @@ class InputMoments:
         self.rows += other.rows
 
     def _close_batch(self) -> None:
-        """Add the open batch's fp32 sum into the float64 one."""
-        if self._open is not None:
+        """Add the open batch's fp32 sum into the float64 one (streaming: the file's)."""
+        if self._open is None:
+            return
+        if self._store is None:
             total = self._gram_sum()
             total += self._open.to(total.device, torch.float64)
-            self._open = None
-            self._open_batch = None
+        else:
+            # the file's sum, or the zeros the in-memory one starts from: the same additions
+            total = self._gram_sum() if self._load is None else self._load()
+            total += self._open.to(total.device, torch.float64)
+            self._load = self._store.write(total, replacing=self._load)
+            self._sum = None
+            del total
+        self._open = None
+        self._open_batch = None
 
     def _to(self, device: torch.device) -> None:
         if self.total.device != device:
@@ -233,6 +264,11 @@ class SplitMoments:
         for half in self.halves:
             half.spill(store)
 
+    def stream_to(self, store: MomentStore) -> None:
+        """Both halves' closed batches into files of ``store`` (:meth:`InputMoments.stream_to`)."""
+        for half in self.halves:
+            half.stream_to(store)
+
     def merged(self) -> InputMoments:
         """The moments of all rows (what quantize() fits the deployed module on). Of spilled
         halves, moments whose ``X^T X`` is summed from the files at each read (the same
@@ -295,14 +331,25 @@ class MomentStore:
         self.bytes = 0
 
     @torch.no_grad()
-    def write(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
-        """Write ``tensor`` to a file of its own; returns what reads it back (same dtype,
+    def write(
+        self, tensor: torch.Tensor, replacing: Callable[[], torch.Tensor] | None = None
+    ) -> Callable[[], torch.Tensor]:
+        """Write ``tensor`` to a file of its own (``replacing``: over the file that reader of
+        this store reads, a tensor of the same size); returns what reads it back (same dtype,
         shape and device)."""
-        path = Path(self._dir.name) / f"{self._count}.bin"
-        self._count += 1
         host = tensor.detach().to("cpu").contiguous()
-        host.numpy().tofile(path)
-        self.bytes += host.numel() * host.element_size()
+        if isinstance(replacing, partial) and replacing.args[:1] == (self,):
+            # a new file renamed over the old one: a tensor read from the old one maps it (a
+            # private mapping: truncating that file under it would fault), ``tensor`` included
+            path = replacing.args[1]
+            fresh = path.with_suffix(".new")
+            host.numpy().tofile(fresh)
+            os.replace(fresh, path)
+        else:
+            path = Path(self._dir.name) / f"{self._count}.bin"
+            self._count += 1
+            self.bytes += host.numel() * host.element_size()
+            host.numpy().tofile(path)
         return partial(_read, self, path, tuple(host.shape), host.dtype, tensor.device)
 
 
@@ -356,9 +403,12 @@ def gptq_round(
     try:
         return _gptq_round(w, scale, hessian, damp, block, act_order)
     finally:
-        # its float64 copies (K x K, N x K) are freed: give the pages back now, or the heap
-        # keeps them, and every module's GPTQ leaves its holes (a model's depth of them)
-        trim_heap()
+        # its float64 copies (K x K, N x K, a few of each) are freed: give the pages back once
+        # 64 MiB of them add up, or the heap keeps them and every module's GPTQ leaves its
+        # holes (a model's depth of them); a trim per call was 1.1 of a demo calibrate's 55 s
+        # (627 roundings of small modules, ~1.4 ms each)
+        n, k = w.shape
+        _TRIMS.add(8 * (6 * k * k + 2 * n * k))
 
 
 def _gptq_round(

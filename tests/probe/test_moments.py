@@ -50,14 +50,22 @@ def _probe(monkeypatch: pytest.MonkeyPatch, cap: int | None, calls: list[int]) -
     return run_probe(Three(), _loop(calls), cfg, modalities={"": "denoiser"})
 
 
-def test_moments_in_groups_spilled_give_the_one_pass_report_and_bits(monkeypatch):
+# streamed, the moments hold 8 bytes per K^2 in memory: fc1 (K = 32) 8 KiB, fc2 (K = 64) 32 KiB,
+# fc3 (K = 48) 18 KiB; in memory 24 bytes per K^2: 24 + 96 + 54 KiB
+@pytest.mark.parametrize(
+    ("cap", "passes"),
+    [
+        (8 * 64 * 64, 2),  # fc1 and fc2 cannot share a group, fc3 alone: two more passes
+        (8 * (32 * 32 + 64 * 64 + 48 * 48), 0),  # too much in memory, all streamed in pass 1
+    ],
+)
+def test_moments_streamed_in_groups_give_the_one_pass_report_and_bits(monkeypatch, cap, passes):
     calls_one: list[int] = []
     one = _probe(monkeypatch, None, calls_one)
     calls_grouped: list[int] = []
-    # 24 * 64^2 bytes: fc1 (K = 32) and fc2 (K = 64) cannot share a group, fc3 (K = 48) alone
-    grouped = _probe(monkeypatch, 24 * 64 * 64, calls_grouped)
-    assert len(calls_grouped) == len(calls_one) + 2  # one more pass per later group
-    assert grouped.report.costs["moments_passes"] == 2
+    grouped = _probe(monkeypatch, cap, calls_grouped)
+    assert len(calls_grouped) == len(calls_one) + passes  # one more pass per later group
+    assert grouped.report.costs["moments_passes"] == passes
     assert "moments_passes" not in one.report.costs
     keys = ("modules", "findings", "modalities")
     assert grouped.report.model_dump(include=set(keys)) == one.report.model_dump(include=set(keys))
@@ -78,6 +86,38 @@ def test_moments_in_groups_spilled_give_the_one_pass_report_and_bits(monkeypatch
         assert torch.equal(value, outs[1][key]), key
 
 
+def test_streamed_moments_keep_only_the_open_batchs_fp32_sum_and_the_in_memory_bits():
+    from opsnn_quant.stream import at_batch
+
+    torch.manual_seed(0)
+    kept, streamed = SplitMoments(16), SplitMoments(16)
+    store = MomentStore()
+    streamed.stream_to(store)
+    for batch in range(3):  # three batches of two calls: each batch's fp32 sum added in float64
+        with at_batch(batch):
+            for _ in range(2):
+                x = torch.randn(40, 16) * 1e3
+                kept.collect(x)
+                streamed.collect(x)
+                for half in streamed.halves:
+                    assert half._sum is None and half._open is not None  # 4 bytes per K^2
+                    assert half._open.dtype == torch.float32
+    # one file per half, rewritten at each closed batch
+    assert not streamed.spilled and store.bytes == 2 * 16 * 16 * 8
+    streamed.spill(store)
+    assert streamed.spilled and store.bytes == 2 * 16 * 16 * 8
+    for half in (0, 1):
+        a, b = kept.halves[half], streamed.halves[half]
+        assert torch.equal(a.xtx, b.xtx) and a.rows == b.rows
+    assert torch.equal(kept.merged().hessian(), streamed.merged().hessian())
+    with pytest.raises(Exception, match="spilled"):
+        streamed.collect(torch.randn(4, 16))
+    late = InputMoments(16)
+    late.collect(torch.randn(4, 16))
+    with pytest.raises(Exception, match="first rows"):
+        late.stream_to(store)
+
+
 def test_the_groups_follow_the_model_and_the_cap():
     model = Three()
     named = dict(model.named_modules())
@@ -86,9 +126,10 @@ def test_the_groups_follow_the_model_and_the_cap():
     adapter = GenericAdapter(model, {"": "denoiser"}, lambda m: None)
     w = watches_for(adapter, ProbeConfig(fp16=False, attribution=False), named, {}, {})
     big = copy.copy(w.local)
-    assert plan_groups(big, 10**9) == [["fc1", "fc2", "fc3"]]
+    assert plan_groups(big, 10**9) == ([["fc1", "fc2", "fc3"]], False)  # in memory
     assert all(lp.collect_moments for lp in big.values())
-    assert plan_groups(w.local, 1) == [["fc1"], ["fc2"], ["fc3"]]  # one module alone at least
+    # streamed (8 bytes per K^2), one module alone at least
+    assert plan_groups(w.local, 1) == ([["fc1"], ["fc2"], ["fc3"]], True)
     assert [lp.collect_moments for lp in w.local.values()] == [True, False, False]
 
 
