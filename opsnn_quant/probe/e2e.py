@@ -34,6 +34,7 @@ from opsnn_quant.probe.local import LocalProbe
 from opsnn_quant.probe.passes import Watches, inside_root
 from opsnn_quant.probe.projections import NoiseFn, StepKey
 from opsnn_quant.probe.report import EndToEnd
+from opsnn_quant.quant.gptq import MomentStore
 from opsnn_quant.quant.schemes import SCHEMES
 from opsnn_quant.recording import sample_subset, split_batch
 from opsnn_quant.timesteps import group_of
@@ -115,6 +116,8 @@ def attribute_modalities(
             )
             result = _estimate_root(run, root_name, calls, members, best, replayed)
             results.append(_with_local_best(result, local, best, replayed))
+            for name in members:  # nothing reads a root's candidates after its attribution
+                local[name].release()
             release_memory()
         if results:
             e2e.update(_ranked(_merged(results), best, run.cfg))
@@ -205,9 +208,24 @@ def _estimate_root(
     for name in members:
         if name in replayed:
             local[name].plan_replay(parts)
-    weights = _Weights(local, offload_of(run.adapter.model), replayed)
+    model_bytes = sum(p.numel() * p.element_size() for p in run.adapter.model.parameters())
+    weights = _Weights(
+        local, offload_of(run.adapter.model), replayed, candidates_memory(model_bytes)
+    )
     with window(run.adapter.model):  # the blocks weights.of opens: the last one closed after
         return _estimate_with(run, root_name, calls, members, schemes, max_batch, weights)
+
+
+# The candidates' integer weights the attribution keeps in memory (see _Weights): half the
+# model's weights within these bounds (as GPTQ's moments, opsnn_quant.probe.moments)
+MIN_CANDIDATES_MEMORY = 64 * 2**20
+MAX_CANDIDATES_MEMORY = 512 * 2**20
+
+
+def candidates_memory(weight_bytes: int) -> int:
+    """The bytes of candidate weights an in-memory attribution keeps unparked, for a model of
+    ``weight_bytes``: half of them, within [64 MiB, 512 MiB]."""
+    return min(max(weight_bytes // 2, MIN_CANDIDATES_MEMORY), MAX_CANDIDATES_MEMORY)
 
 
 def _estimate_with(
@@ -266,18 +284,38 @@ class _Weights:
     another block builds its own: one block's int8 weights at a time, in every variant."""
 
     def __init__(
-        self, local: Mapping[str, LocalProbe], off: BlockOffload | None, replayed: set[str]
+        self,
+        local: Mapping[str, LocalProbe],
+        off: BlockOffload | None,
+        replayed: set[str],
+        budget: int = 2**62,
     ) -> None:
         self.local, self.off, self.replayed = local, off, replayed
         self.block: str | None = None  # the block whose modules' candidates are built
         self.built: set[str] = set()
+        # in memory: the candidates of the modules measured last, up to ``budget`` bytes; the
+        # others' integer weights parked in files (LocalProbe.park) until their module is
+        # measured again (the next replayed call, the batched small calls). A root's
+        # candidates all held at once are 7.5 bytes per weight for the eager target's schemes
+        # (Whisper-base's decoder: +700 MB, the row's peak); parking every module at each
+        # switch cost the demo's attribution +60 % (its candidates fit the budget: none parked)
+        self.budget = budget
+        self.resident: dict[str, int] = {}  # unparked modules, least recently measured first
+        self.store: MomentStore | None = None
 
     @contextlib.contextmanager
     def of(self, name: str) -> Iterator[None]:
         """Module ``name``'s weights readable meanwhile."""
         off = self.off
         if off is None:
+            self.resident.pop(name, None)
             yield
+            self.resident[name] = self.local[name].candidate_bytes()
+            while sum(self.resident.values()) > self.budget and len(self.resident) > 1:
+                oldest = next(iter(self.resident))
+                self.store = self.store or MomentStore()
+                self.local[oldest].park(self.store)
+                del self.resident[oldest]
             return
         owner = off.owner(name)
         if owner != self.block:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ from opsnn_quant.probe.report import SchemeError, TimestepRanges
 from opsnn_quant.probe.seeding import PassOneStatistics, all_stepped, group_range, symmetric_range
 from opsnn_quant.probe.steps import StepRanges
 from opsnn_quant.probe.subsets import strided_rows, strided_samples
+from opsnn_quant.quant.gptq import MomentStore
 from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, QuantModule, im2col_conv
 from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver, observed_span
 from opsnn_quant.quant.schemes import SCHEMES, scheme_spec, schemes_for
@@ -73,6 +74,9 @@ class LocalProbe:
     energies: dict[str, SchemeEnergy] = field(default_factory=dict)
     _shadows: dict[str, QuantModule[Any]] = field(default_factory=dict)
     _variant: dict[str, str] = field(default_factory=dict)
+    # the candidates' integer weights parked in files (see park): a reader per variant
+    _parked: dict[str, Callable[[], torch.Tensor]] = field(default_factory=dict)
+    _in_files: bool = False  # whether the candidates' weights are parked now
     calls: int = 0
     max_error_calls: int = 32
     error_rows: int = DEFAULT_ERROR_ROWS  # input rows pass 2 measures per module (see error_calls)
@@ -218,6 +222,8 @@ class LocalProbe:
         fitted to the inputs' moments (GPTQ) is fitted for measuring rows of ``half``
         (:mod:`opsnn_quant.probe.crossfit`; None: on all rows)."""
         slot = scheme if half is None else f"{scheme}@{half}"
+        if self._in_files:
+            self._unpark()
         if slot in self._shadows:
             return self._shadows[slot]
         key = _alpha_key(scheme)
@@ -509,10 +515,46 @@ class LocalProbe:
 
     def release(self) -> None:
         """Drop the cached candidates (and give the heap's free pages back)."""
+        self._parked.clear()
+        self._in_files = False
         if self._shadows:
             self._shadows.clear()
             self._variant.clear()
             trim_heap()
+
+    def candidate_bytes(self) -> int:
+        """The built candidates' integer weights in memory (0 when parked), each variant once."""
+        if self._in_files:
+            return 0
+        seen: dict[str, int] = {}
+        for slot, q in self._shadows.items():
+            seen[self._variant[slot]] = q.weight.numel() * q.weight.element_size()
+        return sum(seen.values())
+
+    @torch.no_grad()
+    def park(self, store: MomentStore) -> None:
+        """Move the built candidates' integer weights (the only term of their size) to files of
+        ``store``, written once per variant (they never change once built), until the next
+        :meth:`shadow` reads them back: the same bits, still shared by the candidates of one
+        variant. What keeps a root's attribution to about one module's candidates in memory
+        (GPTQ's per-half integers included: 7.5 bytes per weight for the eager target's
+        schemes) instead of all of them."""
+        if self._in_files or not self._shadows:
+            return
+        for slot, q in self._shadows.items():
+            variant = self._variant[slot]
+            if variant not in self._parked:
+                self._parked[variant] = store.write(q.weight)
+        for q in self._shadows.values():
+            q.weight = torch.empty(0, dtype=q.weight.dtype)
+        self._in_files = True
+
+    def _unpark(self) -> None:
+        """The parked weights back into the candidates (one tensor per variant, shared)."""
+        loaded = {v: read() for v, read in self._parked.items()}
+        for slot, q in self._shadows.items():
+            q.weight = loaded[self._variant[slot]]
+        self._in_files = False
 
 
 def decide_shared(members: Sequence[LocalProbe]) -> bool:

@@ -205,3 +205,55 @@ def test_probe_config_narrows_the_schemes_per_module_type():
     assert cfg.schemes_of("Conv2d") == ()
     assert ProbeConfig(schemes=("w8a8",)).schemes_of("Conv2d") == ("w8a8",)
     assert ProbeConfig().schemes_of("Linear") is None
+
+
+def test_candidates_parked_in_files_past_the_budget_give_the_same_report(monkeypatch):
+    # The attribution keeps the candidates of the modules it measured last, up to a budget;
+    # the others' integer weights wait in files (LocalProbe.park) and come back bit for bit
+    # when their module is measured again (the next replayed call). A budget of one byte
+    # parks every module once another is measured: the same figures as all held in memory.
+    import opsnn_quant.probe.e2e as e2e_mod
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8)
+    )
+    cfg = ProbeConfig(fp16=False, schemes=("w8a8", "w8a8_dynamic", "w8a8_gptq"))
+    kept, _ = _probe_counting(model, cfg)
+    parks: list[str] = []
+    park = LocalProbe.park
+
+    def counting(self: LocalProbe, store) -> None:
+        parks.append(self.name)
+        park(self, store)
+
+    monkeypatch.setattr(LocalProbe, "park", counting)
+    monkeypatch.setattr(e2e_mod, "candidates_memory", lambda weight_bytes: 1)
+    parked, _ = _probe_counting(model, cfg)
+    assert len(set(parks)) >= 2  # every module but the one measured last
+    keys = {"modules", "findings", "modalities"}
+    assert parked.model_dump(include=keys) == kept.model_dump(include=keys)
+
+
+def test_a_parked_module_reads_its_candidates_back_shared_and_bit_for_bit():
+    from opsnn_quant.quant.gptq import MomentStore
+
+    torch.manual_seed(0)
+    layer = nn.Linear(16, 8)
+    lp = LocalProbe("fc", layer)
+    x = torch.randn(32, 16)
+    lp.collect(x)
+    lp.decide()
+    before = {s: lp.candidate_output(s, (x,)) for s in ("w8a8", "w8a8_mse", "w8a8_dynamic")}
+    held = lp.candidate_bytes()
+    assert held == 8 * 16  # one int8 (8, 16) weight: the three candidates share it
+    store = MomentStore()
+    lp.park(store)
+    assert lp.candidate_bytes() == 0 and store.bytes == held  # written once, per variant
+    assert all(q.weight.numel() == 0 for q in lp._shadows.values())
+    after = {s: lp.candidate_output(s, (x,)) for s in before}
+    assert all(torch.equal(before[s], after[s]) for s in before)
+    weights = {id(q.weight) for q in lp._shadows.values()}
+    assert len(weights) == 1 and lp.candidate_bytes() == held  # shared again
+    lp.park(store)  # parked again: nothing written twice
+    assert store.bytes == held

@@ -82,6 +82,35 @@ def test_the_cpus_numpy_column_loop_gives_the_torch_loops_bits(monkeypatch, n, k
     assert (cpu != quantize_weight_per_channel(w)[0]).any()  # GPTQ moved some integers
 
 
+@pytest.mark.parametrize("block", [70, 16])
+def test_rows_rounded_in_chunks_give_the_whole_weights_integers(monkeypatch, block):
+    # GPTQ's rows are independent (one Hessian; a row's errors spread over its own columns):
+    # a weight too big for one float64 chunk (Whisper's vocabulary projection) is rounded
+    # rows at a time. One block (no matmul, elementwise only): the same bits; several blocks:
+    # the blocks' matmul sums each row in the same K order, whatever the number of rows.
+    from opsnn_quant.quant import gptq
+
+    n, k = 101, 70
+    x = _correlated(rows=4 * k, k=k, seed=3)
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(4)) * 0.1
+    w[:, 3] *= 20
+    _, scale = quantize_weight_per_channel(w)
+    h = 2 * x.double().T @ x.double() / x.shape[0]
+    whole = gptq_round(w, scale, h, block=block)
+    monkeypatch.setattr(gptq, "ROW_CHUNK_BYTES", 8 * k * 7)  # 7 rows a chunk: 15 chunks
+    chunked = gptq_round(w, scale, h, block=block)
+    if block >= k:
+        assert torch.equal(chunked, whole)
+    else:
+        assert (chunked != whole).sum() <= 2  # a float64 tie may fall otherwise, no more
+    assert (whole != quantize_weight_per_channel(w)[0]).any()  # GPTQ moved some integers
+    # the bias correction in the same row chunks: each row's shift (W_q s - W) E[x] alone
+    mean = x.double().mean(dim=0)
+    bias = corrected_bias(None, w, whole, scale, mean)
+    want = -((whole.double() * scale.double().unsqueeze(1) - w.double()) @ mean).float()
+    assert torch.allclose(bias, want, rtol=1e-6, atol=1e-9)
+
+
 def test_its_output_error_is_below_round_to_nearest():
     x = _correlated(seed=3)
     w = torch.randn(32, 24, generator=torch.Generator().manual_seed(4))
