@@ -297,8 +297,8 @@ class _Weights:
         # others' integer weights parked in files (LocalProbe.park) until their module is
         # measured again (the next replayed call, the batched small calls). A root's
         # candidates all held at once are 7.5 bytes per weight for the eager target's schemes
-        # (Whisper-base's decoder: +700 MB, the row's peak); parking every module at each
-        # switch cost the demo's attribution +60 % (its candidates fit the budget: none parked)
+        # (Whisper-base's decoder: +700 MB, the row's peak). A budget, not a park at each
+        # switch of module: a model whose candidates fit (the demos) writes and reads nothing
         self.budget = budget
         self.resident: dict[str, int] = {}  # unparked modules, least recently measured first
         self.store: MomentStore | None = None

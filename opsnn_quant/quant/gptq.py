@@ -319,9 +319,10 @@ def _merged_xtx(a: InputMoments, b: InputMoments) -> torch.Tensor:
 
 
 class MomentStore:
-    """A temporary directory that input moments are spilled to (:meth:`InputMoments.spill`):
-    one raw file per tensor, read back whole on each use; the directory goes when the last
-    moments read from it are gone.
+    """A temporary directory that tensors are spilled to (input moments:
+    :meth:`InputMoments.spill`, :meth:`InputMoments.stream_to`; the probe's parked candidate
+    weights): one raw file per tensor, read back whole on each use; the directory goes when the
+    last reader of it is gone.
 
     Args:
         directory: where to make the temporary directory (None: the system's default).
