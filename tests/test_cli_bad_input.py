@@ -492,3 +492,25 @@ def test_probe_of_a_model_dir_runs_at_the_models_own_limit(tmp_path):
     argv += ["--set", "max_new_tokens=14", "--set", "batch_size=2", "-o", str(tmp_path / "o")]
     assert main(argv) == 0  # the default max_new_tokens (64) would have been refused
     assert json.loads((tmp_path / "o" / "probe.json").read_text())["modules"]
+
+
+@pytest.mark.parametrize("command", ["calibrate", "probe"])
+def test_a_bad_moments_cap_is_one_line_before_the_model_loads(
+    command, tiny, tmp_path, monkeypatch, capsys
+):
+    # OPSNN_QUANT_MOMENTS_MEMORY is read at pass 1 (opsnn_quant.probe.moments); a bad value was
+    # refused only after the model had loaded
+    _, recipe, _ = tiny
+    import opsnn_quant.models
+
+    def refuse(*a, **k):
+        raise AssertionError("a model was loaded before the input was checked")
+
+    monkeypatch.setattr(opsnn_quant.models, "load_adapter", refuse)
+    monkeypatch.setattr("opsnn_quant.pipeline.context.load_adapter", refuse)
+    monkeypatch.setenv("OPSNN_QUANT_MOMENTS_MEMORY", "lots")
+    monkeypatch.chdir(tmp_path)
+    assert main([command, str(recipe), "-o", str(tmp_path / "o")]) == 2
+    err = _errors(capsys.readouterr().err)
+    assert err == ["error: OPSNN_QUANT_MOMENTS_MEMORY='lots': give a positive number of bytes"]
+    assert not (tmp_path / "o").exists()

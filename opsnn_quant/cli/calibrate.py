@@ -327,8 +327,10 @@ class CalibrateRun:
         """Check the weights and the output location (before any load)."""
         from opsnn_quant.models import check_weights
         from opsnn_quant.pipeline.calibrate import check_calibrate_output
+        from opsnn_quant.probe.moments import moments_memory
         from opsnn_quant.recipe import resolve_recipe
 
+        moments_memory()  # OPSNN_QUANT_MOMENTS_MEMORY, read at pass 1: refused before any load
         r = self.recipe
         check_weights(r.model.source, allow_pickle=r.model.allow_pickle)
         read = [str(resolve_recipe(self.recipe_arg))] if self.recipe_arg is not None else []

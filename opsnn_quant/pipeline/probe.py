@@ -84,11 +84,13 @@ def check_probe(
     from opsnn_quant.models.footprint import check_source_memory
     from opsnn_quant.models.settings import check_source_fits, parse_set_options, settings_for
     from opsnn_quant.probe.api import check_offloaded_estimators
+    from opsnn_quant.probe.moments import moments_memory
     from opsnn_quant.recipe import builtin_recipes, load_recipe, resolve_recipe
     from opsnn_quant.sources import local_paths
     from opsnn_quant.user_config import check_limit
 
     check_limit(limit)
+    moments_memory()  # OPSNN_QUANT_MOMENTS_MEMORY, read at pass 1: refused before any load
     is_recipe = target.endswith((".yaml", ".yml")) or target in builtin_recipes()
     if is_recipe:
         r = load_recipe(target).with_placement(device, dtype)
