@@ -689,7 +689,9 @@ def main() -> None:
         print("RESULT " + json.dumps(child(args.child, args)), flush=True)
         return
     args.workdir = args.workdir or tempfile.mkdtemp(prefix="bench-scale-")
-    peer_python = ensure_peer_venv(Path(args.peer_venv)) if args.peer else None
+    # absolute, not resolved: the peer runs in another directory, and a venv's python is a link
+    # that resolving would follow out of the venv
+    peer_python = ensure_peer_venv(Path(args.peer_venv).absolute()) if args.peer else None
     rows: list[dict[str, Any]] = []
     peers: dict[str, dict[str, Any]] = {}  # per row name: the peer's results (one per row)
     for row in _expand(args.rows, args.depths):

@@ -322,6 +322,6 @@ def test_mindie_sd_refuses_a_weights_file_readable_by_others(engine_run):
 
 def test_timestep_registration_needs_its_target(engine_run):
     # 3.1.0's TimestepPolicyConfig.register defaults to target="w4a4_linear", which has no
-    # "static" (quantization/config.py 81-95): README's call names target="w8a8_static_linear"
+    # "static" (quantization/config.py 81-95): docs/deploy.md's call names target="w8a8_static_linear"
     err = engine_run.result["register_default_target"]
     assert err is not None and err["type"] == "ValueError" and "static" in err["message"]

@@ -260,7 +260,7 @@ def test_a_group_cannot_search_its_alpha_per_member():
 
 @pytest.mark.slow
 def test_the_readme_glob_example_quantizes_a_pipeline(tmp_path, caplog):
-    # README: {"unet.*.attn2.*": "fp16", "*": QuantSpec("w8a8", smoothquant_alpha="auto")} on
+    # docs/python-api.md: {"unet.*.attn2.*": "fp16", "*": QuantSpec("w8a8", smoothquant_alpha="auto")} on
     # a whole text-to-image pipeline: the convs (no SmoothQuant) and the VAE encoder (never run
     # in text-to-image) stay float with one warning; every Linear that ran is int8.
     import opsnn_quant as oq
