@@ -6,7 +6,7 @@ text to video; ``tests/tiny_pipelines.py``) calibrated for ``ascend910b-mindie-s
 Whisper for ``ascend910b-vllm-ascend``. For each: the policy's int8 MAC share (what it asks),
 the share each model export writes in int8 (``export/mindie-sd``, ``export/ascendv1``), and the
 quantized Linears whose output through the engine's consumer (MindIE-SD's or vLLM-Ascend's Linear
-on the written files: ``opsnn_quant/deploy/mindie_sd_reader.py``, ``deploy/consumer.py``)
+on the written files: ``opsnn_quant/formats/mindie_sd/reader.py``, ``opsnn_quant/formats/ascendv1/consumer.py``)
 differs from our module's on the inputs one recorded call gives it (bit for bit; a Linear whose
 vLLM SmoothQuant factor is folded into its norm is handed ``x / s``, what that norm gives it).
 
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' ti
 
 from opsnn_quant.determinism import set_reproducible
 from opsnn_quant.pipeline.calibrate import load_recipe_model, run_calibrate
-from opsnn_quant.quant.checkpoint import load_quantized
+from opsnn_quant.formats.checkpoint import load_quantized
 from opsnn_quant.quant.modules import is_quant_module
 from opsnn_quant.recipe import load_recipe
 from opsnn_quant.recording import record_roots, replay
@@ -64,8 +64,8 @@ def _whisper_recipe(root: Path) -> Path:
 def _differing(recipe_path: Path, out: Path, consumer: str) -> tuple[int, int]:
     """(quantized Linears whose engine output differs from ours, quantized Linears compared) on
     one recorded call per root."""
-    from opsnn_quant.deploy import apply_ascendv1, read_ascendv1
-    from opsnn_quant.deploy.mindie_sd_reader import apply_mindie_sd_dir
+    from opsnn_quant.formats.ascendv1 import apply_ascendv1, read_ascendv1
+    from opsnn_quant.formats.mindie_sd.reader import apply_mindie_sd_dir
 
     recipe = load_recipe(str(recipe_path))
     ours = load_recipe_model(recipe)

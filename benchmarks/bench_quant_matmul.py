@@ -10,7 +10,7 @@ candidate alike) after a warm-up, and prints medians:
 * ``ref fp32``: the same on the fp32 K-chunk path with the fp32 weight cache (``x2_float``)
   QuantLinear passes there (what a CPU without an exact int8 GEMM runs);
 * ``ORT fp32`` / ``ORT QDQ``: a one-layer Linear (w8a8, static) exported by
-  :func:`opsnn_quant.deploy.onnx.export.export_onnx` as QDQ, and with ``fp32_baseline=True``,
+  :func:`opsnn_quant.formats.atc.onnx.export.export_onnx` as QDQ, and with ``fp32_baseline=True``,
   run by ORT's CPU EP; goal: QDQ faster. The QDQ model is checked to have been fused by ORT into
   an int8 kernel (QGemm) by reading the graph ORT optimized. On x86 CPUs without VNNI the
   weights are converted to uint8 (:func:`to_uint8_weights`): ORT's U8S8 kernels would saturate.
@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import opsnn_quant.ascend.matmul as matmul
 from opsnn_quant.ascend import npu_quant_matmul, npu_trans_quant_param
 from opsnn_quant.ascend.matmul import quant_matmul_cached
-from opsnn_quant.deploy.onnx.export import export_onnx
-from opsnn_quant.deploy.onnx.runtime import (
+from opsnn_quant.formats.atc.onnx.export import export_onnx
+from opsnn_quant.formats.atc.onnx.runtime import (
     onnxruntime_session,
     ort_int8_weights_saturate,
     to_uint8_weights,

@@ -17,17 +17,17 @@ if TYPE_CHECKING:
     from opsnn_quant.evaluation.evaluate import evaluate
     from opsnn_quant.evaluation.render import write_report
     from opsnn_quant.evaluation.suite import load_suite
+    from opsnn_quant.formats.checkpoint import load_quantized, save_quantized
+    from opsnn_quant.formats.policy_files import export_policy
     from opsnn_quant.models import load_adapter
     from opsnn_quant.models.data import load_records
     from opsnn_quant.policy.budget import Budget
-    from opsnn_quant.policy.export import export_policy
     from opsnn_quant.policy.schema import PrecisionPolicy, ResolvedPolicy
     from opsnn_quant.policy.search import build_policy
     from opsnn_quant.policy.targets import get_target
     from opsnn_quant.probe.api import ProbeConfig, ProbeResult, probe, run_probe
     from opsnn_quant.probe.report import SensitivityReport
     from opsnn_quant.quant.api import quantize
-    from opsnn_quant.quant.checkpoint import load_quantized, save_quantized
     from opsnn_quant.quant.modules import QuantModule, register_quant_module
     from opsnn_quant.quant.spec import QuantSpec
     from opsnn_quant.types import ForwardLoop, Modality, Precision
@@ -45,8 +45,8 @@ _EXPORTS: dict[str, str] = {
     "QuantModule": "opsnn_quant.quant.modules",
     "register_quant_module": "opsnn_quant.quant.modules",
     "quantize": "opsnn_quant.quant.api",
-    "save_quantized": "opsnn_quant.quant.checkpoint",
-    "load_quantized": "opsnn_quant.quant.checkpoint",
+    "save_quantized": "opsnn_quant.formats.checkpoint",
+    "load_quantized": "opsnn_quant.formats.checkpoint",
     "probe": "opsnn_quant.probe.api",
     "ProbeConfig": "opsnn_quant.probe.api",
     "ProbeResult": "opsnn_quant.probe.api",
@@ -55,7 +55,7 @@ _EXPORTS: dict[str, str] = {
     "SensitivityReport": "opsnn_quant.probe.report",
     "PrecisionPolicy": "opsnn_quant.policy.schema",
     "build_policy": "opsnn_quant.policy.search",
-    "export_policy": "opsnn_quant.policy.export",
+    "export_policy": "opsnn_quant.formats.policy_files",
     "Budget": "opsnn_quant.policy.budget",
     "get_target": "opsnn_quant.policy.targets",
     "evaluate": "opsnn_quant.evaluation.evaluate",

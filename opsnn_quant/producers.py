@@ -3,7 +3,7 @@
 A module whose input tensor is another module's output (the same tensor, or a view of its storage
 with the same last dim) has that module as producer. Used where a SmoothQuant factor must go
 into the op before a Linear (a norm's gain or a float Linear's rows): by the AscendV1 writer's
-folds (:mod:`opsnn_quant.deploy.smooth_fold`) and by the policy of a target whose engine takes
+folds (:mod:`opsnn_quant.folding.smooth_fold`) and by the policy of a target whose engine takes
 its smoothing folded (:func:`fold_groups`). Hooks see module calls only; a fold is also checked
 numerically where it is written.
 """

@@ -22,11 +22,11 @@ from pydantic import (
 )
 
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.formats.policy_files import FORMATS
 from opsnn_quant.io import read_text
 from opsnn_quant.models.settings import DiTSettings, SDSettings, WhisperSettings
 from opsnn_quant.policy.baselines import Strategy
 from opsnn_quant.policy.budget import Budget
-from opsnn_quant.policy.export import FORMATS
 from opsnn_quant.policy.targets import get_target
 from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.resources import builtin_files

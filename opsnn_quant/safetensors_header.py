@@ -10,8 +10,8 @@ corrupt or hostile file is refused in one line before a loader memory-maps it or
 tensor of the size it claims.
 
 A neutral module: the model checks (:mod:`opsnn_quant.models.checks`), the quantized
-checkpoint reader (:mod:`opsnn_quant.quant.checkpoint`) and the AscendV1 reader
-(:mod:`opsnn_quant.deploy.safetensors_io`) share it, each raising its own error class.
+checkpoint reader (:mod:`opsnn_quant.formats.checkpoint`) and the AscendV1 reader
+(:mod:`opsnn_quant.formats.safetensors_io`) share it, each raising its own error class.
 """
 
 from __future__ import annotations

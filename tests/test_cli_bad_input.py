@@ -408,7 +408,7 @@ def test_a_full_disk_after_the_model_loaded_is_one_line_and_the_old_output_survi
     def full(*a, **k):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr("opsnn_quant.quant.checkpoint.save", full)
+    monkeypatch.setattr("opsnn_quant.formats.checkpoint.save", full)
     assert main(["calibrate", str(recipe), "-o", str(out), "--quiet"]) == 2
     err = _errors(capsys.readouterr().err)
     assert err == [f"error: cannot write {out}/quant: No space left on device"]

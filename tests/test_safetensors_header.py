@@ -145,8 +145,8 @@ def test_the_pure_check_takes_a_parsed_header():
 
 
 def test_a_quantized_checkpoint_with_a_lying_header_is_a_checkpoint_error(tmp_path):
+    from opsnn_quant.formats.checkpoint import load_quantized, save_quantized
     from opsnn_quant.quant.api import quantize
-    from opsnn_quant.quant.checkpoint import load_quantized, save_quantized
     from tests.tiny_models import TinyMLP, forward_loop_for
 
     model = TinyMLP()

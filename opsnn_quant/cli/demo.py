@@ -45,10 +45,10 @@ def register(app: typer.Typer) -> None:
 
         import torch
 
+        from opsnn_quant.formats.checkpoint import OUTPUT_KIND, save_quantized
         from opsnn_quant.io import check_output_dir
         from opsnn_quant.numerics import cosine, sqnr_db
         from opsnn_quant.quant.api import quantize
-        from opsnn_quant.quant.checkpoint import OUTPUT_KIND, save_quantized
         from opsnn_quant.quant.spec import QuantSpec
         from opsnn_quant.types import Precision
         from opsnn_quant.user_config import check_seed

@@ -84,9 +84,9 @@ def export(
     ] = False,
 ) -> None:
     """Write POLICY in a format AMCT or ATC reads (never over one of its inputs)."""
+    from opsnn_quant.formats.atc.precision import onnx_node_io
+    from opsnn_quant.formats.policy_files import export_policy, write_export
     from opsnn_quant.io import load_node_map
-    from opsnn_quant.policy.export import export_policy, write_export
-    from opsnn_quant.policy.export_atc import onnx_node_io
 
     result = export_policy(
         _resolved(policy, probe)[0],

@@ -41,9 +41,9 @@ def onnx_speed(
     """
     import tempfile
 
-    from opsnn_quant.deploy.onnx.export import export_onnx
-    from opsnn_quant.deploy.onnx.runtime import to_uint8_weights
     from opsnn_quant.evaluation.ort_speed import ort_speed
+    from opsnn_quant.formats.atc.onnx.export import export_onnx
+    from opsnn_quant.formats.atc.onnx.runtime import to_uint8_weights
     from opsnn_quant.recording import record_roots
 
     modality = candidate.primary_modality()

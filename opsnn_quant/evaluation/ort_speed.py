@@ -1,6 +1,6 @@
 """fp32 vs QDQ ONNX models on ONNX Runtime (CPU), measured with the same code as torch models.
 
-Takes paths, so it works with any exporter (``opsnn_quant.deploy.onnx.export.export_onnx``
+Takes paths, so it works with any exporter (``opsnn_quant.formats.atc.onnx.export.export_onnx``
 writes such a pair). Results are labelled ``cpu-onnxruntime``: a relative figure on this host,
 not an Ascend number.
 """
@@ -43,7 +43,7 @@ class OrtSpeedResult(BaseModel):
 def _session(path: Path, threads: int) -> Any:
     # The package's one session factory: int8 weights on a CPU whose ORT int8 GEMM saturates
     # (no VNNI) run with QDQ fusion off, so the figure is never computed on saturated weights.
-    from opsnn_quant.deploy.onnx.runtime import onnxruntime_session
+    from opsnn_quant.formats.atc.onnx.runtime import onnxruntime_session
 
     if not path.is_file():
         raise InputError(f"ONNX model {path} not found")

@@ -25,6 +25,7 @@ from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.gate import check_latency_mode
 from opsnn_quant.evaluation.suite import Suite, load_suite, suite_inputs
 from opsnn_quant.fingerprint import differences, probe_inputs
+from opsnn_quant.formats.checkpoint import save_quantized
 from opsnn_quant.io import atomic_dir, atomic_write_text, check_output_dir
 from opsnn_quant.models import ModelAdapter, check_model_source, check_weights
 from opsnn_quant.models.footprint import check_source_memory
@@ -73,7 +74,6 @@ from opsnn_quant.probe.api import (
 from opsnn_quant.probe.measure import measure_modalities
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.quant.api import quantize
-from opsnn_quant.quant.checkpoint import save_quantized
 from opsnn_quant.quant.schemes import SCHEMES
 from opsnn_quant.recipe import Recipe
 from opsnn_quant.recipe_flags import recipe_yaml

@@ -4,7 +4,7 @@
 kind, its float source, the suite, the target, the output location); :func:`run_evaluate`
 loads both models, runs :func:`opsnn_quant.evaluation.evaluate.evaluate` and writes the report.
 The candidate may be our calibrate output (float source + ``quant/``), an AscendV1 directory
-(ours or msModelSlim's, :mod:`opsnn_quant.deploy.candidate`) or a model source.
+(ours or msModelSlim's, :mod:`opsnn_quant.formats.ascendv1.candidate`) or a model source.
 """
 
 from __future__ import annotations
@@ -162,8 +162,8 @@ def float_source(candidate: Path, baseline: str | None, kind: DirectoryKind) -> 
         ConfigError: an AscendV1 directory without a known float model (pass ``baseline``).
         AscendV1Error: an AscendV1 directory that breaks the format's contract.
     """
-    from opsnn_quant.deploy.candidate import check_ascendv1_candidate, recorded_source
-    from opsnn_quant.quant.checkpoint import read_description
+    from opsnn_quant.formats.ascendv1.candidate import check_ascendv1_candidate, recorded_source
+    from opsnn_quant.formats.checkpoint import read_description
 
     if kind is DirectoryKind.ASCENDV1:
         check_ascendv1_candidate(candidate)  # whole (every header, every tensor) before output
@@ -179,7 +179,7 @@ def float_source(candidate: Path, baseline: str | None, kind: DirectoryKind) -> 
             baseline or read_description(CalibrateOutput(candidate).quant).get("source_model")
         )
     if kind is DirectoryKind.MINDIE_SD:
-        from opsnn_quant.deploy.mindie_sd_reader import component_descriptions, read_mindie_sd
+        from opsnn_quant.formats.mindie_sd.reader import component_descriptions, read_mindie_sd
 
         for desc in component_descriptions(candidate).values():  # every file check, up front
             read_mindie_sd(desc)
@@ -219,7 +219,7 @@ def load_candidate(
     """The candidate: a calibrate output directory (float source + ``quant/``), a MindIE-SD
     directory (``export/mindie-sd``: each component through MindIE-SD's consumer, the pipeline
     in the engine's dtype: :func:`engine_dtype`), an
-    AscendV1 directory (ours or msModelSlim's: :mod:`opsnn_quant.deploy.candidate`), or a model
+    AscendV1 directory (ours or msModelSlim's: :mod:`opsnn_quant.formats.ascendv1.candidate`), or a model
     source.
 
     A model source (``zoo:<name>`` or a model directory without ``quant/``) is loaded as is,
@@ -234,10 +234,10 @@ def load_candidate(
         ModelLoadError: a float model that cannot be loaded (pickle-only weights without
             ``allow_pickle`` included).
     """
-    from opsnn_quant.deploy.candidate import load_ascendv1_candidate, recorded_source
+    from opsnn_quant.formats.ascendv1.candidate import load_ascendv1_candidate, recorded_source
+    from opsnn_quant.formats.checkpoint import load_quantized, read_description
     from opsnn_quant.models import load_adapter
     from opsnn_quant.probe.report import SensitivityReport
-    from opsnn_quant.quant.checkpoint import load_quantized, read_description
 
     kind = classify(out_dir)
     dtype = engine_dtype(out_dir, kind, dtype)
@@ -245,7 +245,7 @@ def load_candidate(
     if kind is DirectoryKind.MINDIE_SD:
         import torch
 
-        from opsnn_quant.deploy.mindie_sd_reader import apply_mindie_sd_dir
+        from opsnn_quant.formats.mindie_sd.reader import apply_mindie_sd_dir
 
         source = baseline or float_source(out_dir, None, kind)
         adapter = load_adapter(family, source, **placement)

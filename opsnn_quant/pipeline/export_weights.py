@@ -3,7 +3,7 @@
 ``-f ascendv1`` writes ``OUT/export/ascendv1/`` (AscendV1 weights for vLLM-Ascend / SGLang);
 ``-f mindie-sd`` ``OUT/export/mindie-sd/`` (per component, what ``mindiesd.quantize`` loads);
 ``-f atc`` ``OUT/export/atc/`` (ONNX graphs + ATC/AOE commands): what ``calibrate`` writes,
-through the same handlers (:mod:`opsnn_quant.deploy.model_exports`).
+through the same handlers (:mod:`opsnn_quant.pipeline.model_exports`).
 """
 
 from __future__ import annotations
@@ -57,11 +57,11 @@ def check_export_weights(
             ATC graphs or SmoothQuant folding need one call per root.
         OutputError: an output that must not be replaced.
     """
-    from opsnn_quant.deploy.model_exports import notes_file
+    from opsnn_quant.formats.checkpoint import read_description
+    from opsnn_quant.formats.registry import exporters
     from opsnn_quant.io import check_output_dir, check_output_file
     from opsnn_quant.models import check_weights
-    from opsnn_quant.policy.exporters import exporters
-    from opsnn_quant.quant.checkpoint import read_description
+    from opsnn_quant.pipeline.model_exports import notes_file
     from opsnn_quant.sources import local_paths
     from opsnn_quant.user_config import check_limit
 
@@ -107,10 +107,10 @@ def run_export_weights(job: ExportWeightsJob, progress: Progress | None = None) 
 
 
 def _export_weights(job: ExportWeightsJob, progress: Progress | None) -> list[str]:
-    from opsnn_quant.deploy.model_exports import write_model_exports
     from opsnn_quant.models import load_adapter
     from opsnn_quant.models.data import load_records
     from opsnn_quant.pipeline.evaluate import load_candidate
+    from opsnn_quant.pipeline.model_exports import write_model_exports
     from opsnn_quant.policy.schema import PrecisionPolicy
     from opsnn_quant.recording import record_roots
 

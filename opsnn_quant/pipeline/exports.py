@@ -5,8 +5,8 @@ The policy's own files (AMCT/ATC configs, msModelSlim YAML) come with the policy
 model exports the target gets (:class:`ExportPlan`), the one call per root they trace and ATC's
 float graphs come while the model is still float (quantize swaps its modules in place, and no
 second float copy is loaded for them); the model exports themselves
-(:mod:`opsnn_quant.deploy.model_exports`) after quantizing. Every format is an entry of the
-exporter table (:mod:`opsnn_quant.policy.exporters`).
+(:mod:`opsnn_quant.pipeline.model_exports`) after quantizing. Every format is an entry of the
+exporter table (:mod:`opsnn_quant.formats.registry`).
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opsnn_quant.deploy.model_exports import (
+from opsnn_quant.formats.policy_files import export_policy, write_export
+from opsnn_quant.formats.registry import exporter
+from opsnn_quant.models.offload import resident
+from opsnn_quant.pipeline.context import RunContext
+from opsnn_quant.pipeline.model_exports import (
     ModelExports,
     StagedGraphs,
     stage_float_graphs,
     write_model_exports,
 )
-from opsnn_quant.models.offload import resident
-from opsnn_quant.pipeline.context import RunContext
-from opsnn_quant.policy.export import export_policy, write_export
-from opsnn_quant.policy.exporters import exporter
 from opsnn_quant.policy.schema import ResolvedPolicy
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.recording import Call, RecordedRoots, record_roots

@@ -97,8 +97,8 @@ def classify(path: Path) -> DirectoryKind:
     """What ``path`` is: a MindIE-SD directory (``quant_model_description_<type>.json`` in it or
     a subfolder), an AscendV1 directory (other ``quant_model_*`` files), our calibrate output (a
     ``quant/`` folder), or else a model source."""
-    from opsnn_quant.deploy.candidate import looks_ascendv1
-    from opsnn_quant.deploy.mindie_sd_reader import is_mindie_sd_dir
+    from opsnn_quant.formats.ascendv1.candidate import looks_ascendv1
+    from opsnn_quant.formats.mindie_sd.reader import is_mindie_sd_dir
 
     if is_mindie_sd_dir(path):
         return DirectoryKind.MINDIE_SD

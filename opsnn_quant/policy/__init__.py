@@ -22,8 +22,8 @@ _EXPORTS: dict[str, str] = {
     "FinalCheckResult": "opsnn_quant.policy.budget",
     "build_policy": "opsnn_quant.policy.search",
     "summarize": "opsnn_quant.policy.summary",
-    "export_policy": "opsnn_quant.policy.export",
-    "FORMATS": "opsnn_quant.policy.export",
+    "export_policy": "opsnn_quant.formats.policy_files",
+    "FORMATS": "opsnn_quant.formats.policy_files",
 }
 
 

@@ -8,7 +8,7 @@ output equals what torch_npu computes on the same inputs.
 :class:`QuantModule` is the base (in :mod:`opsnn_quant.quant.qmodule`, re-exported here with
 the registry); :class:`QuantLinear` and :class:`QuantConv2d` register
 themselves for ``nn.Linear`` and ``nn.Conv2d`` with :func:`register_quant_module`, the table
-:func:`~opsnn_quant.quant.api.quantize` and :func:`~opsnn_quant.quant.checkpoint.load_quantized`
+:func:`~opsnn_quant.quant.api.quantize` and :func:`~opsnn_quant.formats.checkpoint.load_quantized`
 look classes up in. Another module type needs no change here: subclass ``QuantModule[FloatType]``
 (store the float ``weight``/``bias``, call :meth:`QuantModule.init_quant`; ``forward`` reshapes
 the input to (M, K) rows for :meth:`QuantModule.matmul_rows`; override

@@ -297,7 +297,7 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
     def _engine_rows(self, x2d: torch.Tensor, wf: torch.Tensor | None) -> torch.Tensor:
         """(M, K) -> (M, N) in the engine dtype: the serving engine's own Linear
         (:mod:`opsnn_quant.ascend.engines`) on this module's parameters as the engine loads
-        them (the same casts as its loader: see :mod:`opsnn_quant.deploy`'s consumers)."""
+        them (the same casts as its loader: see :mod:`opsnn_quant.formats.ascendv1`'s consumers)."""
         spec, iq = self.spec, self.input_quantizer
         dtype = OUTPUT_DTYPES[spec.output_dtype]
         w_t = self.weight.reshape(self.out_n, self.in_k).t()

@@ -34,9 +34,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from opsnn_quant.deploy.mindie_sd import description_name, export_mindie_sd, weight_name
-from opsnn_quant.deploy.mindie_sd_reader import apply_mindie_sd, read_mindie_sd
-from opsnn_quant.deploy.safetensors_io import write_safetensors
+from opsnn_quant.formats.mindie_sd.export import description_name, export_mindie_sd, weight_name
+from opsnn_quant.formats.mindie_sd.reader import apply_mindie_sd, read_mindie_sd
+from opsnn_quant.formats.safetensors_io import write_safetensors
 from opsnn_quant.models.generic import GenericAdapter
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.qmodule import is_quant_module

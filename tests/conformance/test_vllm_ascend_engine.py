@@ -43,10 +43,10 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
-from opsnn_quant.deploy.vllm_prefixes import aliased_key, is_alias
+from opsnn_quant.formats.ascendv1.vllm_prefixes import aliased_key, is_alias
+from opsnn_quant.formats.checkpoint import load_quantized
 from opsnn_quant.models import load_adapter
 from opsnn_quant.models.data import load_records
-from opsnn_quant.quant.checkpoint import load_quantized
 from opsnn_quant.quant.modules import is_quant_module
 from opsnn_quant.recipe import builtin_recipes
 from tests._deps import needs_espeak
@@ -390,7 +390,7 @@ def test_the_dynamic_encoder_passes_a_per_token_scale_the_op_refuses(engine_run)
 
 
 def test_without_the_prefix_aliases_vllm_ascend_cannot_build_whisper(engine_run):
-    """The engine rule our aliases answer (opsnn_quant/deploy/vllm_prefixes.py): vLLM 0.23.0's
+    """The engine rule our aliases answer (opsnn_quant/formats/ascendv1/vllm_prefixes.py): vLLM 0.23.0's
     Whisper asks for '.encoder.layers.0.layers.self_attn.qkv_proj' (whisper.py 478-483, 962),
     vllm-ascend looks up each shard's '<prefix>.weight' (modelslim_config.py 691): a description
     with the checkpoint's names only is a KeyError while the model is built."""

@@ -13,9 +13,9 @@ import sys
 import pytest
 
 from opsnn_quant.cli import main
+from opsnn_quant.formats.checkpoint import save_quantized
 from opsnn_quant.models import load_adapter
 from opsnn_quant.quant.api import quantize
-from opsnn_quant.quant.checkpoint import save_quantized
 from tests.tiny_pipelines import save_tiny_sd
 
 PROMPTS = ["a red circle", "a blue square", "a green circle", "a small red square", "a big blue circle"]  # fmt: skip

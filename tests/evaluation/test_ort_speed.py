@@ -89,9 +89,9 @@ def test_onnx_speed_skips_a_candidate_without_int8_modules():
 def test_ort_speed_sessions_keep_the_int8_saturation_guard(tmp_path, monkeypatch, saturates):
     # ORT's fused U8S8 GEMM saturates int16 pair sums on x86 CPUs without VNNI: there the speed
     # figure must not run int8 weights fused (its outputs would be wrong), exactly as every other
-    # ORT session of the package (deploy.onnx.runtime.onnxruntime_session) does.
-    from opsnn_quant.deploy.onnx import runtime as onnx_runtime
+    # ORT session of the package (formats.atc.onnx.runtime.onnxruntime_session) does.
     from opsnn_quant.evaluation import ort_speed as mod
+    from opsnn_quant.formats.atc.onnx import runtime as onnx_runtime
 
     monkeypatch.setattr(onnx_runtime, "ort_int8_weights_saturate", lambda: saturates)
     _, qdq, _ = _models(tmp_path)

@@ -94,9 +94,9 @@ def test_calibrate_evaluate_prints_the_verdict_and_exits_3_on_fail(tmp_path, cap
 
 def test_run_calibrate_on_a_tiny_pipeline_writes_every_artifact(tmp_path, monkeypatch):
     # The library entry point itself (no CLI), kept small to stay fast: one prompt, one step.
+    from opsnn_quant.formats.policy_files import EXPORT_FILES
     from opsnn_quant.pipeline import calibrate as workflow
     from opsnn_quant.pipeline.calibrate import run_calibrate
-    from opsnn_quant.policy.export import EXPORT_FILES
     from opsnn_quant.recipe import load_recipe
     from tests.tiny_pipelines import save_tiny_sd
 
@@ -142,9 +142,9 @@ def test_a_mindie_sd_target_deploys_its_policy_and_mindie_sd_computes_our_module
     # files gives our quantized transformer's output bit for bit.
     import torch
 
-    from opsnn_quant.deploy.mindie_sd_reader import apply_mindie_sd_dir
+    from opsnn_quant.formats.checkpoint import load_quantized
+    from opsnn_quant.formats.mindie_sd.reader import apply_mindie_sd_dir
     from opsnn_quant.pipeline.calibrate import load_recipe_model, run_calibrate
-    from opsnn_quant.quant.checkpoint import load_quantized
     from opsnn_quant.recipe import load_recipe
     from opsnn_quant.recording import record_roots, replay
     from tests.tiny_pipelines import save_tiny_sd3, tiny_sd_recipe

@@ -155,9 +155,9 @@ def test_random_reports_resolve_identically(seed, target):
 @pytest.mark.slow
 def test_a_real_probe_of_a_tiny_sd_pipeline(tmp_path):
     pytest.importorskip("diffusers")
+    from opsnn_quant.formats.policy_files import modules_from_model
     from opsnn_quant.models import load_adapter
     from opsnn_quant.models.data import load_records
-    from opsnn_quant.policy.export import modules_from_model
     from opsnn_quant.probe.api import ProbeConfig, probe
     from tests.tiny_pipelines import save_tiny_sd
 

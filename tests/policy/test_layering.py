@@ -18,10 +18,10 @@ def _loaded_after(module: str) -> set[str]:
     ("module", "must_not_load"),
     [
         ("opsnn_quant.policy._rules", "opsnn_quant.policy.search"),
-        ("opsnn_quant.policy.export_atc", "opsnn_quant.policy.export"),
+        ("opsnn_quant.formats.atc.precision", "opsnn_quant.formats.policy_files"),
         ("opsnn_quant.io", "onnx"),
-        ("opsnn_quant.onnx_io", "onnx"),
-        ("opsnn_quant.policy.export", "torch"),
+        ("opsnn_quant.formats.atc.onnx.files", "onnx"),
+        ("opsnn_quant.formats.policy_files", "torch"),
     ],
 )
 def test_module_does_not_pull_in(module, must_not_load):
@@ -30,8 +30,8 @@ def test_module_does_not_pull_in(module, must_not_load):
 
 def test_onnx_helpers_have_one_home_each():
     pytest.importorskip("onnx")
-    from opsnn_quant.deploy.onnx import export as onnx_export
-    from opsnn_quant.deploy.onnx import runtime as onnx_runtime
+    from opsnn_quant.formats.atc.onnx import export as onnx_export
+    from opsnn_quant.formats.atc.onnx import runtime as onnx_runtime
 
     assert callable(onnx_runtime.to_uint8_weights) and callable(onnx_runtime.onnxruntime_session)
     for moved in ("to_uint8_weights", "onnxruntime_session", "load_node_map"):

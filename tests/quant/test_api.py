@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from opsnn_quant.errors import CalibrationError, CheckpointError, ConfigError
+from opsnn_quant.formats.checkpoint import load_quantized, save_quantized
 from opsnn_quant.quant.api import quantize
-from opsnn_quant.quant.checkpoint import load_quantized, save_quantized
 from opsnn_quant.quant.modules import QuantLinear
 from opsnn_quant.quant.spec import QuantSpec
 from tests.tiny_models import TinyAttention, TinyMLP, forward_loop_for
@@ -178,7 +178,7 @@ def test_save_is_atomic_and_keeps_previous_output_on_failure(tmp_path, monkeypat
     def boom(*a, **k):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr("opsnn_quant.quant.checkpoint.save", boom)
+    monkeypatch.setattr("opsnn_quant.formats.checkpoint.save", boom)
     with pytest.raises(RuntimeError):
         save_quantized(model, tmp_path / "q")
     assert (tmp_path / "q" / "model.safetensors").read_bytes() == before

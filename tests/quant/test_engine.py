@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.formats.checkpoint import load_quantized, save_quantized
 from opsnn_quant.quant.api import quantize
-from opsnn_quant.quant.checkpoint import load_quantized, save_quantized
 from opsnn_quant.quant.engine import (
     deqscale2int64,
     engine_input_scale,

@@ -255,7 +255,7 @@ def test_gptq_specs_are_checked_and_round_trip():
 
 
 def test_a_gptq_checkpoint_reloads_bit_for_bit(tmp_path):
-    from opsnn_quant.quant.checkpoint import load_quantized, save_quantized
+    from opsnn_quant.formats.checkpoint import load_quantized, save_quantized
     from opsnn_quant.quant.spec import QuantSpec
 
     model = _quantized(QuantSpec("w8a8", weight_rounding="gptq", bias_correction=True))

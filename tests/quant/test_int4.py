@@ -9,9 +9,9 @@ from torch import nn
 
 from opsnn_quant.ascend import unpack_int4
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.formats.checkpoint import load_quantized, save_quantized
 from opsnn_quant.policy.targets import get_target
 from opsnn_quant.quant.api import quantize
-from opsnn_quant.quant.checkpoint import load_quantized, save_quantized
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Precision
 

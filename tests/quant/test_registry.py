@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.formats.checkpoint import load_quantized, save_quantized
 from opsnn_quant.quant.api import quantizable_modules, quantize
-from opsnn_quant.quant.checkpoint import load_quantized, save_quantized
 from opsnn_quant.quant.modules import (
     QuantLinear,
     QuantModule,
@@ -129,7 +129,7 @@ def test_registry_lookups_and_misuse():
 
 
 def test_the_onnx_export_refuses_a_type_it_has_no_form_for(tmp_path):
-    from opsnn_quant.deploy.onnx.export import export_onnx
+    from opsnn_quant.formats.atc.onnx.export import export_onnx
 
     model = PointwiseNet().eval()
     quantize(model, {"*": "w8a8"}, _loop)

@@ -1,0 +1,1 @@
+"""MindIE-SD: each component's quantized Linears as ``mindiesd.quantize`` loads them (write, read)."""
