@@ -109,6 +109,29 @@ def write_error(path: Path, exc: OSError) -> OutputError:
     return OutputError(f"cannot write {path}: {reason}")
 
 
+def empty_dir(path: str | os.PathLike[str]) -> Path:
+    """The directory a format writes into: made (with its parents) when missing; one that exists
+    must hold nothing but a command's marker. A format writes files; it never replaces or
+    removes anything: replacing an output whole is the commands' (:func:`atomic_dir`).
+
+    Raises:
+        OutputError: ``path`` is a file, or a directory with entries in it, or cannot be made.
+    """
+    target = Path(path)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise OutputError(f"{target} exists and is not a directory") from None
+    except OSError as exc:
+        raise write_error(target, exc) from exc
+    if any(p.name != MARKER for p in target.iterdir()):
+        raise OutputError(
+            f"{target} is not empty: give a new or empty directory (the opsnn-quant commands "
+            "replace their own outputs, with --force any)"
+        )
+    return target
+
+
 def _is_within(path: Path, ancestor: Path) -> bool:
     return path == ancestor or ancestor in path.parents
 

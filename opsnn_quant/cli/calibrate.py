@@ -16,8 +16,8 @@ import typer
 from opsnn_quant import distributed as dist
 from opsnn_quant.cli import _ui
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.formats.calibrate_output import PROBE_FILE, TIMINGS_FILE
 from opsnn_quant.numerics import fmt_db
-from opsnn_quant.pipeline.outputs import PROBE_FILE, TIMINGS_FILE
 
 if TYPE_CHECKING:
     from opsnn_quant.pipeline.calibrate import CalibrateResult

@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
         import torch
 
         from opsnn_quant.formats.checkpoint import OUTPUT_KIND, save_quantized
-        from opsnn_quant.io import check_output_dir
+        from opsnn_quant.io import atomic_dir, check_output_dir
         from opsnn_quant.numerics import cosine, sqnr_db
         from opsnn_quant.quant.api import quantize
         from opsnn_quant.quant.spec import QuantSpec
@@ -88,5 +88,6 @@ def register(app: typer.Typer) -> None:
                 best = (snr, q, label)
         _ui.print_table(table)
         assert best is not None
-        save_quantized(best[1], out, source_model=f"engine-demo-block(seed={seed})", force=force)
+        with atomic_dir(out, OUTPUT_KIND, force=force) as tmp:
+            save_quantized(best[1], tmp, source_model=f"engine-demo-block(seed={seed})")
         _ui.console.print(f"saved the best static W8A8 model ({best[2]}) to {out}")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.pipeline.outputs import PROBE_FILE
+from opsnn_quant.formats.calibrate_output import PROBE_FILE
 
 if TYPE_CHECKING:
     from opsnn_quant.policy.schema import ResolvedPolicy

@@ -37,7 +37,7 @@ from opsnn_quant.evaluation.report_schema import (
     TranscriptRow,
     fmt,
 )
-from opsnn_quant.io import atomic_dir
+from opsnn_quant.io import empty_dir
 
 OUTPUT_KIND = "report"
 RUN_TIMES = "Run times"  # the one section whose figures differ between two runs of one command
@@ -459,17 +459,14 @@ def write_report(
     baseline_images: ImageBatch | None = None,
     candidate_images: ImageBatch | None = None,
     max_pairs: int = 16,
-    force: bool = False,
 ) -> Path:
     """Write ``report.json``, ``report.md``, ``report.html`` and ``plots/`` into ``out_dir``.
-
-    ``out_dir`` is replaced as a whole when it is empty or an earlier report (else refused
-    unless ``force``).
 
     Args:
         report: The report. Its ``image_pairs`` are kept in order (worst first); the first
             ``max_pairs`` get a side-by-side PNG when the images are given.
-        out_dir: Replaced atomically (a crash leaves the previous report or none).
+        out_dir: A new or empty directory (see :func:`~opsnn_quant.io.empty_dir`; the commands
+            replace an earlier report whole, atomically).
         baseline_images, candidate_images: The images ``image_pairs[*].index`` points into
             (default: the report's own :attr:`~ReportSchema.outputs`, when they are images).
 
@@ -499,17 +496,17 @@ def write_report(
         if p.index in pair_pngs else p for p in report.image_pairs
     ]  # fmt: skip
     report = report.model_copy(update={"image_pairs": pairs})
-    with atomic_dir(out_dir, OUTPUT_KIND, force=force) as tmp:
-        plots = tmp / "plots"
-        plots.mkdir()
-        for name, png in figures.items():
-            (plots / f"{name}.png").write_bytes(png)
-        for idx, png in pair_pngs.items():
-            (plots / f"pair-{idx:04d}.png").write_bytes(png)
-        (tmp / "report.json").write_text(report.to_json(), encoding="utf-8")
-        rel = {name: f"plots/{name}.png" for name in figures}
-        (tmp / "report.md").write_text(render_markdown(report, rel), encoding="utf-8")
-        (tmp / "report.html").write_text(render_html(report, figures, pair_pngs), encoding="utf-8")
+    tmp = empty_dir(out_dir)
+    plots = tmp / "plots"
+    plots.mkdir()
+    for name, png in figures.items():
+        (plots / f"{name}.png").write_bytes(png)
+    for idx, png in pair_pngs.items():
+        (plots / f"pair-{idx:04d}.png").write_bytes(png)
+    (tmp / "report.json").write_text(report.to_json(), encoding="utf-8")
+    rel = {name: f"plots/{name}.png" for name in figures}
+    (tmp / "report.md").write_text(render_markdown(report, rel), encoding="utf-8")
+    (tmp / "report.html").write_text(render_html(report, figures, pair_pngs), encoding="utf-8")
     return Path(out_dir)
 
 

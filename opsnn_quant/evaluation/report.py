@@ -77,22 +77,19 @@ class AcceptanceReport(ReportSchema):
         *,
         baseline_images: ImageBatch | None = None,
         candidate_images: ImageBatch | None = None,
-        force: bool = False,
     ) -> Path:
         """Write ``report.json``, ``report.md``, ``report.html`` and ``plots/`` into ``out_dir``,
         as the CLI does (see :func:`~opsnn_quant.evaluation.render.write_report`).
 
         Args:
-            out_dir: Replaced atomically when it is empty or an earlier report (else refused
-                unless ``force``).
+            out_dir: A new or empty directory (see :func:`~opsnn_quant.io.empty_dir`; the
+                commands replace an earlier report whole).
             baseline_images, candidate_images: The images the image pairs point into (default:
                 the run's own outputs, when the report carries them).
-            force: Replace ``out_dir`` whatever it holds.
 
         Returns:
             ``out_dir``.
         """
         return write_report(
-            self, out_dir, baseline_images=baseline_images, candidate_images=candidate_images,
-            force=force,
-        )  # fmt: skip
+            self, out_dir, baseline_images=baseline_images, candidate_images=candidate_images
+        )

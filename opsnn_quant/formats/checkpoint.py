@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save
 from torch import nn
 
 from opsnn_quant.errors import CheckpointError
-from opsnn_quant.io import atomic_dir
+from opsnn_quant.io import empty_dir
 from opsnn_quant.models.offload import offload_of
 from opsnn_quant.quant.engine import TORCH_DTYPES
 from opsnn_quant.quant.modules import QuantModule, quant_module_named, set_submodule
@@ -54,18 +54,16 @@ def save_quantized(
     source_model: str | None = None,
     extra: dict[str, Any] | None = None,
     allow_empty: bool = False,
-    force: bool = False,
 ) -> Path:
-    """Write the quantized modules of ``model`` to ``directory`` (atomically).
+    """Write the quantized modules of ``model`` into ``directory``.
 
     Args:
         model: a model returned by :func:`opsnn_quant.quant.api.quantize`.
-        directory: output directory (replaced as a whole).
+        directory: a new or empty directory (made when missing; see
+            :func:`~opsnn_quant.io.empty_dir`).
         source_model: id of the float model (recorded in the description).
         extra: more JSON-able fields for the description (e.g. the policy's hash).
         allow_empty: write a checkpoint with no int8 module (a policy that keeps all float).
-        force: replace ``directory`` even when it is not a quantized checkpoint (by default only
-            an empty directory or an earlier checkpoint is replaced).
 
     Returns:
         The directory. Same model and inputs give byte-identical files.
@@ -75,7 +73,7 @@ def save_quantized(
         raise CheckpointError("the model holds no quantized modules; run quantize() first")
     off = offload_of(model)
     if off is not None:  # --max-memory: block by block, each tensor read again when written
-        return _save_offloaded(model, off, modules, directory, source_model, extra, force)
+        return _save_offloaded(model, off, modules, directory, source_model, extra)
     tensors: dict[str, torch.Tensor] = {}
     described: dict[str, Any] = {}
     for name, module in modules.items():
@@ -85,11 +83,9 @@ def save_quantized(
             tensors[f"{name}.{key}"] = value.detach().cpu().contiguous()
         described[name] = module.describe()
     description = _description(described, source_model, extra)
-    with atomic_dir(directory, OUTPUT_KIND, force=force) as tmp:
-        (tmp / WEIGHTS_FILE).write_bytes(save(tensors, metadata={"format": "pt"}))
-        (tmp / DESCRIPTION_FILE).write_text(
-            json.dumps(description, indent=2, sort_keys=True) + "\n"
-        )
+    tmp = empty_dir(directory)
+    (tmp / WEIGHTS_FILE).write_bytes(save(tensors, metadata={"format": "pt"}))
+    (tmp / DESCRIPTION_FILE).write_text(json.dumps(description, indent=2, sort_keys=True) + "\n")
     return Path(directory)
 
 
@@ -113,7 +109,6 @@ def _save_offloaded(
     directory: str | Path,
     source_model: str | None,
     extra: dict[str, Any] | None,
-    force: bool,
 ) -> Path:
     """:func:`save_quantized` of a model whose blocks are offloaded: each block opened in
     turn for its modules' descriptions, every tensor of an offloaded block written from the
@@ -139,11 +134,9 @@ def _save_offloaded(
                     tensors[full] = value.detach().cpu().contiguous()
             described[name] = module.describe()
     description = _description(described, source_model, extra)
-    with atomic_dir(directory, OUTPUT_KIND, force=force) as tmp:
-        write_safetensors(tensors, tmp / WEIGHTS_FILE, {"format": "pt"})
-        (tmp / DESCRIPTION_FILE).write_text(
-            json.dumps(description, indent=2, sort_keys=True) + "\n"
-        )
+    tmp = empty_dir(directory)
+    write_safetensors(tensors, tmp / WEIGHTS_FILE, {"format": "pt"})
+    (tmp / DESCRIPTION_FILE).write_text(json.dumps(description, indent=2, sort_keys=True) + "\n")
     return Path(directory)
 
 

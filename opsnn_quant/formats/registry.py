@@ -7,7 +7,7 @@ format up here; nothing dispatches on format names elsewhere. Two kinds:
   YAML); its handler is ``(fmt, resolved policy, options) -> ExportResult``.
 * ``model``: a directory written from the quantized model (AscendV1 weights, MindIE-SD weights,
   ATC graphs); its handler is ``(ModelExportContext, directory) -> ExportOutcome`` (notes, the
-  modules written in int8; :mod:`opsnn_quant.pipeline.model_exports`).
+  modules written in int8; :mod:`opsnn_quant.formats.model_writers`).
 
 Handlers are named ``"module:function"`` and imported on first use, so that validating a recipe's
 ``exports`` needs neither torch nor the deploy code. :func:`register_exporter` adds a format (a
@@ -91,6 +91,6 @@ for _name, _output, _func in (
     ("msmodelslim-v1", "msmodelslim_v1.yaml", "msmodelslim_v1"),
 ):
     register_exporter(_name, "policy", _output, f"{_POLICY}:{_func}")
-register_exporter("ascendv1", "model", "ascendv1", "opsnn_quant.pipeline.model_exports:ascendv1")
-register_exporter("mindie-sd", "model", "mindie-sd", "opsnn_quant.pipeline.model_exports:mindie_sd")
-register_exporter("atc", "model", "atc", "opsnn_quant.pipeline.model_exports:atc_graphs")
+register_exporter("ascendv1", "model", "ascendv1", "opsnn_quant.formats.model_writers:ascendv1")
+register_exporter("mindie-sd", "model", "mindie-sd", "opsnn_quant.formats.model_writers:mindie_sd")
+register_exporter("atc", "model", "atc", "opsnn_quant.formats.model_writers:atc_graphs")

@@ -23,8 +23,11 @@ from opsnn_quant.backends.devices import backend_label, resolve_device
 from opsnn_quant.determinism import set_reproducible
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.gate import check_latency_mode
+from opsnn_quant.evaluation.render import OUTPUT_KIND as REPORT_KIND
 from opsnn_quant.evaluation.suite import Suite, load_suite, suite_inputs
 from opsnn_quant.fingerprint import differences, probe_inputs
+from opsnn_quant.formats.calibrate_output import PROBE_FILE, CalibrateOutput
+from opsnn_quant.formats.checkpoint import OUTPUT_KIND as CHECKPOINT_KIND
 from opsnn_quant.formats.checkpoint import save_quantized
 from opsnn_quant.io import atomic_dir, atomic_write_text, check_output_dir
 from opsnn_quant.models import ModelAdapter, check_model_source, check_weights
@@ -46,7 +49,6 @@ from opsnn_quant.pipeline.measured import (
     metric_suite,
     slice_records,
 )
-from opsnn_quant.pipeline.outputs import PROBE_FILE, CalibrateOutput
 from opsnn_quant.pipeline.resume import RESUME_FILE, Journal, resumable, run_identity
 from opsnn_quant.pipeline.sharing import Sharing
 from opsnn_quant.pipeline.timings import write_timings
@@ -702,13 +704,14 @@ def quantize_phase(
         quantize(ctx.adapter.model, resolved, loop, progress=ctx.say, statistics=stats)
         probed.statistics.clear()  # observers' state: not needed past this point
         # an offloaded model: written block by block (save_quantized opens one at a time)
-        save_quantized(
-            ctx.adapter.model,
-            ctx.out.quant,
-            source_model=ctx.adapter.model_id,
-            extra={"policy_model": resolved.policy.model},
-            allow_empty=True,
-        )
+        with atomic_dir(ctx.out.quant, CHECKPOINT_KIND) as tmp:
+            save_quantized(
+                ctx.adapter.model,
+                tmp,
+                source_model=ctx.adapter.model_id,
+                extra={"policy_model": resolved.policy.model},
+                allow_empty=True,
+            )
 
 
 # ---- 7. measure ----------------------------------------------------------------------------
@@ -780,7 +783,7 @@ def acceptance_phase(
     import torch
 
     from opsnn_quant.evaluation.evaluate import evaluate
-    from opsnn_quant.pipeline.evaluate import cast_adapter, run_dtype
+    from opsnn_quant.formats.candidates import cast_adapter, run_dtype
     from opsnn_quant.policy.summary import policy_summary
 
     ctx.say("loading the float baseline for the acceptance run")
@@ -802,7 +805,8 @@ def acceptance_phase(
     )
     # the report's run times: calibrate's phases, then the acceptance run's own
     acc.timings = {**{k: round(v, 3) for k, v in ctx.timings.items()}, **acc.timings}
-    acc.save(ctx.out.report)
+    with atomic_dir(ctx.out.report, REPORT_KIND) as tmp:
+        acc.save(tmp)
     return str(acc.verdict)
 
 

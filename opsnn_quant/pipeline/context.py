@@ -8,9 +8,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
+from opsnn_quant.formats.calibrate_output import CalibrateOutput
 from opsnn_quant.models import load_adapter
 from opsnn_quant.models.base import ModelAdapter
-from opsnn_quant.pipeline.outputs import CalibrateOutput
 from opsnn_quant.pipeline.resume import Journal
 from opsnn_quant.pipeline.sharing import Sharing
 from opsnn_quant.recipe import Recipe

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.pipeline.outputs import CalibrateOutput
+from opsnn_quant.formats.calibrate_output import CalibrateOutput
 from opsnn_quant.types import Progress
 
 
@@ -107,9 +107,9 @@ def run_export_weights(job: ExportWeightsJob, progress: Progress | None = None) 
 
 
 def _export_weights(job: ExportWeightsJob, progress: Progress | None) -> list[str]:
+    from opsnn_quant.formats.candidates import load_candidate
     from opsnn_quant.models import load_adapter
     from opsnn_quant.models.data import load_records
-    from opsnn_quant.pipeline.evaluate import load_candidate
     from opsnn_quant.pipeline.model_exports import write_model_exports
     from opsnn_quant.policy.schema import PrecisionPolicy
     from opsnn_quant.recording import record_roots

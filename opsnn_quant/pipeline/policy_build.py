@@ -13,8 +13,8 @@ import yaml
 from pydantic import ValidationError
 
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.formats.calibrate_output import PROBE_FILE
 from opsnn_quant.io import atomic_write_text, read_text
-from opsnn_quant.pipeline.outputs import PROBE_FILE
 from opsnn_quant.policy.budget import Budget
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from opsnn_quant.formats.calibrate_output import PROBE_FILE
 from opsnn_quant.io import atomic_dir, check_output_dir
 from opsnn_quant.pipeline.calibrate import recipe_inputs
-from opsnn_quant.pipeline.outputs import PROBE_FILE
 from opsnn_quant.probe.api import ProbeConfig
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.types import Progress

@@ -15,8 +15,8 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
+from opsnn_quant.formats.calibrate_output import TIMINGS_FILE
 from opsnn_quant.io import atomic_write_text
-from opsnn_quant.pipeline.outputs import TIMINGS_FILE
 
 SCHEMA_VERSION = 1
 

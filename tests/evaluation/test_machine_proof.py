@@ -104,8 +104,8 @@ def judge_slice(calibrated: Path, samples: int) -> tuple[Any, Any, Any]:
     and the report (with both models' transcripts)."""
     from opsnn_quant.evaluation.evaluate import evaluate
     from opsnn_quant.evaluation.suite import load_suite
+    from opsnn_quant.formats.candidates import load_candidate
     from opsnn_quant.models import load_adapter
-    from opsnn_quant.pipeline.evaluate import load_candidate
 
     suite = load_suite("whisper-tiny-en")
     data = suite.data.model_copy(update={"split": "eval", "samples": samples})

@@ -26,7 +26,6 @@ from opsnn_quant.io import load_node_map
 from opsnn_quant.policy.rule import QuantFields, Rule
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.types import Precision
-
 from tests.policy._factory import linear, other, report
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -118,7 +118,7 @@ def test_allow_pickle_calibrates_and_the_commands_after_it_need_it_too(pickled, 
     assert main([*argv, "-o", str(tmp_path / "e2"), "--quiet", "--allow-pickle"]) == 0
     assert (tmp_path / "e2" / "ascendv1" / "unet" / "quant_model_description.json").is_file()
 
-    from opsnn_quant.pipeline.evaluate import load_candidate
+    from opsnn_quant.formats.candidates import load_candidate
 
     with pytest.raises(ModelLoadError, match="pickle weights only"):
         load_candidate(out)

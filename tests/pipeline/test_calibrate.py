@@ -355,7 +355,7 @@ def test_calibrate_passes_allow_broken_baseline_to_the_acceptance_run(tmp_path, 
 def test_a_mindie_sd_candidate_is_judged_in_the_dtype_the_engine_runs():
     # MindIE-SD's Linear returns its dtype (bf16 by default; fp16 or bf16 only), so its
     # pipelines run so: evaluate and calibrate --evaluate judge such candidates in it.
-    from opsnn_quant.pipeline.evaluate import run_dtype
+    from opsnn_quant.formats.candidates import run_dtype
     from opsnn_quant.policy.targets import get_target
 
     mindie, vllm = get_target("ascend910b-mindie-sd"), get_target("ascend910b-vllm-ascend")

@@ -169,20 +169,24 @@ def test_checkpoint_into_a_model_of_different_shapes(tmp_path):
         load_quantized(TinyMLP(), tmp_path / "missing")
 
 
-def test_save_is_atomic_and_keeps_previous_output_on_failure(tmp_path, monkeypatch):
+def test_save_writes_into_a_new_directory_and_never_over_files(tmp_path):
+    # the library writes into a directory it is given (made when missing) and never replaces or
+    # removes anything: replacing an output whole, atomically, is the commands' (io.atomic_dir)
+    from opsnn_quant.io import OutputError
+
     model = TinyMLP()
     quantize(model, {"*": "w8a8"}, forward_loop_for(model))
-    save_quantized(model, tmp_path / "q")
-    before = (tmp_path / "q" / "model.safetensors").read_bytes()
-
-    def boom(*a, **k):
-        raise RuntimeError("disk full")
-
-    monkeypatch.setattr("opsnn_quant.formats.checkpoint.save", boom)
-    with pytest.raises(RuntimeError):
-        save_quantized(model, tmp_path / "q")
-    assert (tmp_path / "q" / "model.safetensors").read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]
+    save_quantized(model, tmp_path / "new" / "q")
+    before = (tmp_path / "new" / "q" / "model.safetensors").read_bytes()
+    with pytest.raises(OutputError, match="not empty"):
+        save_quantized(model, tmp_path / "new" / "q")
+    assert (tmp_path / "new" / "q" / "model.safetensors").read_bytes() == before
+    assert sorted(p.name for p in (tmp_path / "new" / "q").iterdir()) == [
+        "description.json", "model.safetensors"
+    ]  # fmt: skip
+    (tmp_path / "empty").mkdir()
+    save_quantized(model, tmp_path / "empty")  # an empty one is written into
+    assert (tmp_path / "empty" / "model.safetensors").read_bytes() == before
 
 
 class _Fed(nn.Module):

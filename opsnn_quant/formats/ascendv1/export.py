@@ -39,7 +39,7 @@ from opsnn_quant.formats.ascendv1.contract import DESCRIPTION_FILE, GLOBAL_KEYS,
 from opsnn_quant.formats.ascendv1.vllm_prefixes import WHY, architectures, vllm_prefix_aliases
 from opsnn_quant.formats.ascendv1.writer import CONV_REASON, ComponentExport, component_export
 from opsnn_quant.formats.safetensors_io import read_header, tensor_bytes, write_tensors
-from opsnn_quant.io import atomic_dir
+from opsnn_quant.io import empty_dir
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.confine import (
     DIRECTORY,
@@ -215,18 +215,16 @@ def export_ascendv1(
     calls: Mapping[str, Sequence[Call]],
     source_dir: Path | None = None,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
-    force: bool = False,
 ) -> AscendV1Export:
-    """Write ``adapter``'s quantized model to ``out`` (atomically) in the AscendV1 layout.
+    """Write ``adapter``'s quantized model into ``out`` in the AscendV1 layout.
 
     Args:
         adapter: an adapter whose model holds frozen quantized modules.
-        out: output directory (replaced as a whole).
+        out: a new or empty directory (see :func:`~opsnn_quant.io.empty_dir`).
         calls: recorded calls per root (:class:`opsnn_quant.recording.RecordedRoots.calls`):
             one per root is run to find where SmoothQuant factors can be folded.
         source_dir: the float model's directory (default: the adapter's source).
         shard_bytes: shard size; a model below it is written as one file.
-        force: replace ``out`` even when it is not an AscendV1 output of ours.
 
     Returns:
         The :class:`AscendV1Export`; same model and inputs give byte-identical files.
@@ -249,7 +247,7 @@ def export_ascendv1(
     stream = off if off is not None and not folding else None
     with off.resident() if off is not None and folding else contextlib.nullcontext():
         smooth = _smooth_factors(model)  # read once loaded: an offloaded block's are on meta
-        return _export(adapter, out, components, smooth, calls, source, shard_bytes, force, stream)
+        return _export(adapter, out, components, smooth, calls, source, shard_bytes, stream)
 
 
 def _smooth_factors(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -270,44 +268,43 @@ def _export(
     calls: Mapping[str, Sequence[Call]],
     source: Path,
     shard_bytes: int,
-    force: bool,
     off: BlockOffload | None,
 ) -> AscendV1Export:
     model = adapter.model
     scope = _component_of(list(components))
     folds, refused = plan_folds(model, smooth, calls, scope) if smooth else ([], {})
     result = AscendV1Export(Path(out))
-    with atomic_dir(out, OUTPUT_KIND, force=force) as tmp:
-        if "" not in components:
-            _copy_top(source, tmp, list(components))
-        for cname, module in components.items():
-            src, dst = (source / cname, tmp / cname) if cname else (source, tmp)
-            mine = [
-                Fold(_relative(f.producer, cname), f.factor,
-                     tuple(_relative(c, cname) for c in f.consumers),
-                     tuple(_relative(c, cname) for c in f.compensated))
-                for f in folds if scope(f.producer) == cname
-            ]  # fmt: skip
-            export = component_export(
-                module, folds=mine,
-                refused={_relative(k, cname): v for k, v in refused.items() if scope(k) == cname},
-                source_keys=_source_keys(src), source_model=adapter.model_id,
-                off=off, prefix=f"{cname}." if cname else "",
-            )  # fmt: skip
-            quantized = any(
-                v != "FLOAT" for k, v in export.description.items() if k.endswith(".weight")
-            )
-            if cname and not quantized:
-                _copy_tree(src, dst, source)
-                result.copied.append(cname)
-                convs = [n for n, r in export.exported_float.items() if r == CONV_REASON]
-                export.exported_float = {n: CONV_REASON + " (original float weights: the "
-                                         "component is copied from the source)" for n in convs}  # fmt: skip
-            else:
-                linears = [n for n, m in module.named_modules() if isinstance(m, LINEARS)]
-                _write_component(export, src, dst, shard_bytes, source, linears)
-                result.components[cname] = export
-            result.notes += _notes(cname, export)
+    tmp = empty_dir(out)
+    if "" not in components:
+        _copy_top(source, tmp, list(components))
+    for cname, module in components.items():
+        src, dst = (source / cname, tmp / cname) if cname else (source, tmp)
+        mine = [
+            Fold(_relative(f.producer, cname), f.factor,
+                 tuple(_relative(c, cname) for c in f.consumers),
+                 tuple(_relative(c, cname) for c in f.compensated))
+            for f in folds if scope(f.producer) == cname
+        ]  # fmt: skip
+        export = component_export(
+            module, folds=mine,
+            refused={_relative(k, cname): v for k, v in refused.items() if scope(k) == cname},
+            source_keys=_source_keys(src), source_model=adapter.model_id,
+            off=off, prefix=f"{cname}." if cname else "",
+        )  # fmt: skip
+        quantized = any(
+            v != "FLOAT" for k, v in export.description.items() if k.endswith(".weight")
+        )
+        if cname and not quantized:
+            _copy_tree(src, dst, source)
+            result.copied.append(cname)
+            convs = [n for n, r in export.exported_float.items() if r == CONV_REASON]
+            export.exported_float = {n: CONV_REASON + " (original float weights: the "
+                                     "component is copied from the source)" for n in convs}  # fmt: skip
+        else:
+            linears = [n for n, m in module.named_modules() if isinstance(m, LINEARS)]
+            _write_component(export, src, dst, shard_bytes, source, linears)
+            result.components[cname] = export
+        result.notes += _notes(cname, export)
     return result
 
 

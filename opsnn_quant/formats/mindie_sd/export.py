@@ -55,7 +55,7 @@ from torch import nn
 
 from opsnn_quant.folding.fold_check import dequantized_weight, effective_bias
 from opsnn_quant.formats.safetensors_io import LazyTensor, Tensorish, write_safetensors
-from opsnn_quant.io import atomic_dir
+from opsnn_quant.io import empty_dir
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.offload import BlockOffload, offload_of
 from opsnn_quant.quant.engine import TORCH_DTYPES, mul_scale_of
@@ -288,15 +288,12 @@ def _components(adapter: ModelAdapter) -> dict[str, nn.Module]:
     return {n: m for n, m in model.named_children() if (source / n).is_dir()}
 
 
-def export_mindie_sd(
-    adapter: ModelAdapter, out: str | Path, *, force: bool = False
-) -> MindieSdExport:
-    """Write every component holding an int8 Linear to ``out`` (atomically), as MindIE-SD loads it.
+def export_mindie_sd(adapter: ModelAdapter, out: str | Path) -> MindieSdExport:
+    """Write every component holding an int8 Linear into ``out``, as MindIE-SD loads it.
 
     Args:
         adapter: an adapter whose model holds frozen quantized modules.
-        out: the output directory (replaced as a whole).
-        force: replace ``out`` even when it is not a MindIE-SD output of ours.
+        out: a new or empty directory (see :func:`~opsnn_quant.io.empty_dir`).
 
     Returns:
         The :class:`MindieSdExport`; the same model gives the same bytes.
@@ -304,17 +301,17 @@ def export_mindie_sd(
     result = MindieSdExport(Path(out))
     steps = getattr(getattr(adapter, "settings", None), "steps", None)
     off = offload_of(adapter.model)
-    with atomic_dir(out, OUTPUT_KIND, force=force) as tmp:
-        for cname, component in _components(adapter).items():
-            dtype = _engine_dtype(component)
-            prefix = f"{cname}." if cname else ""
-            files = component_files(component, dtype, steps, off=off, prefix=prefix)
-            if not files.int8:
-                result.notes += _notes(cname, files)
-                continue
-            _write(files, tmp / cname if cname else tmp)
-            result.components[cname] = files
+    tmp = empty_dir(out)
+    for cname, component in _components(adapter).items():
+        dtype = _engine_dtype(component)
+        prefix = f"{cname}." if cname else ""
+        files = component_files(component, dtype, steps, off=off, prefix=prefix)
+        if not files.int8:
             result.notes += _notes(cname, files)
+            continue
+        _write(files, tmp / cname if cname else tmp)
+        result.components[cname] = files
+        result.notes += _notes(cname, files)
     return result
 
 

@@ -13,8 +13,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from opsnn_quant.cli import main
+from opsnn_quant.formats.candidates import load_candidate
 from opsnn_quant.models import load_adapter
-from opsnn_quant.pipeline.evaluate import load_candidate
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.modules import QuantModule
 from opsnn_quant.quant.spec import QuantSpec

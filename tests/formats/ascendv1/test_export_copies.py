@@ -16,6 +16,7 @@ from torch import nn
 from opsnn_quant.errors import ModelLoadError
 from opsnn_quant.folding.smooth_fold import Call
 from opsnn_quant.formats.ascendv1 import export_ascendv1
+from opsnn_quant.io import atomic_dir
 from opsnn_quant.models import check_weights
 from opsnn_quant.models.confine import check_export_sources
 from opsnn_quant.quant.api import quantize
@@ -140,8 +141,13 @@ def test_a_copied_components_weights_linked_out_are_refused_when_copied(model, t
     check_weights(str(src), allow_pickle=True)  # passes: weights are the loader's
     pipe = _Pipe(model)
     calls: dict[str, list[Call]] = {"": [(model.example_inputs(), {})]}
-    with pytest.raises(ModelLoadError, match=r"diffusion_pytorch_model\.safetensors resolves to"):
-        export_ascendv1(Stub(pipe), tmp_path / "av1", calls=calls, source_dir=src)  # type: ignore[arg-type]
+    # as the commands write it: into their atomic directory, which a refusal leaves behind
+    linked = r"diffusion_pytorch_model\.safetensors resolves to"
+    with (
+        pytest.raises(ModelLoadError, match=linked),
+        atomic_dir(tmp_path / "av1", "ascendv1") as tmp,
+    ):
+        export_ascendv1(Stub(pipe), tmp, calls=calls, source_dir=src)  # type: ignore[arg-type]
     assert not (tmp_path / "av1").exists() and not list(tmp_path.glob("av1.tmp-*"))
     # a FIFO in a folder copied whole (the scheduler) is refused too
     (src / "vae" / "diffusion_pytorch_model.safetensors").unlink()

@@ -1,15 +1,12 @@
-"""The layout of a calibrate output directory, and what a directory a user passes is.
-
-One owner for the names every command reads and writes (``probe.json``, ``policy.yaml``,
-``quant/``, ``export/``, ``report/``, ``timings.json``, ``recipe.yaml``), instead of the literals spread over the
-commands, and one classification of a path given as ``--candidate``, ``export-weights OUT`` or
-a policy's folder: our calibrate output, an AscendV1 (engine) directory, or a model source.
+"""The layout of a calibrate output directory: one owner for the names every command reads and
+writes (``probe.json``, ``policy.yaml``, ``quant/``, ``export/``, ``report/``, ``timings.json``,
+``recipe.yaml``), instead of literals spread over the commands. What a directory a user passes
+is, is :func:`opsnn_quant.formats.candidates.recognise`'s answer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
 PROBE_FILE = "probe.json"
@@ -19,15 +16,6 @@ RECIPE_FILE = "recipe.yaml"
 QUANT_DIR = "quant"
 EXPORT_DIR = "export"
 REPORT_DIR = "report"
-
-
-class DirectoryKind(StrEnum):
-    """What a directory passed by a user holds."""
-
-    CALIBRATE_OUTPUT = "calibrate-output"  # ours: quant/ (+ probe.json, policy.yaml)
-    MINDIE_SD = "mindie-sd"  # quant_model_description_<type>.json per component (mindiesd)
-    ASCENDV1 = "ascendv1"  # quant_model_* files: ours under export/, or msModelSlim's
-    MODEL = "model"  # anything else: a model source (directory or named)
 
 
 @dataclass(frozen=True)
@@ -91,19 +79,3 @@ class CalibrateOutput:
         if up.name == EXPORT_DIR and cls(up.parent).quant.is_dir():
             return cls(up.parent)
         return None
-
-
-def classify(path: Path) -> DirectoryKind:
-    """What ``path`` is: a MindIE-SD directory (``quant_model_description_<type>.json`` in it or
-    a subfolder), an AscendV1 directory (other ``quant_model_*`` files), our calibrate output (a
-    ``quant/`` folder), or else a model source."""
-    from opsnn_quant.formats.ascendv1.candidate import looks_ascendv1
-    from opsnn_quant.formats.mindie_sd.reader import is_mindie_sd_dir
-
-    if is_mindie_sd_dir(path):
-        return DirectoryKind.MINDIE_SD
-    if looks_ascendv1(path):
-        return DirectoryKind.ASCENDV1
-    if CalibrateOutput(path).quant.is_dir():
-        return DirectoryKind.CALIBRATE_OUTPUT
-    return DirectoryKind.MODEL

@@ -1,0 +1,53 @@
+"""The three wings, held by the imports: the library computes values, ``formats/`` owns the bytes
+of each format, and only the command layer (``pipeline/``, ``cli/``) owns an output directory."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "opsnn_quant"
+COMMANDS = ("pipeline", "cli")
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {
+        p.relative_to(PACKAGE).as_posix(): ast.parse(p.read_text(encoding="utf-8"))
+        for p in sorted(PACKAGE.rglob("*.py"))
+    }
+
+
+def _imported(tree: ast.Module) -> set[str]:
+    """Every module and name an ``import`` or ``from ... import`` of the file names."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names |= {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def test_only_the_command_layer_owns_an_output_directory():
+    owners = sorted(
+        path for path, tree in _modules().items()
+        if any(n.endswith(".atomic_dir") for n in _imported(tree))
+    )  # fmt: skip
+    assert owners and all(p.split("/")[0] in COMMANDS for p in owners), owners
+
+
+def test_the_library_never_imports_the_command_layer():
+    upward = {
+        path: sorted(n for n in _imported(tree)
+                     if n.split(".")[:2] in (["opsnn_quant", "pipeline"], ["opsnn_quant", "cli"]))
+        for path, tree in _modules().items()
+        if path.split("/")[0] not in COMMANDS and path not in ("__main__.py", "__init__.py")
+    }  # fmt: skip
+    assert {p: n for p, n in upward.items() if n} == {}
+
+
+def test_the_format_table_names_no_handler_in_the_command_layer():
+    from opsnn_quant.formats.registry import exporters
+
+    assert [e.handler for e in exporters() if e.handler.startswith("opsnn_quant.pipeline")] == []
