@@ -51,3 +51,33 @@ def test_the_format_table_names_no_handler_in_the_command_layer():
     from opsnn_quant.formats.registry import exporters
 
     assert [e.handler for e in exporters() if e.handler.startswith("opsnn_quant.pipeline")] == []
+
+
+def test_every_format_module_imports_first():
+    # an import circle shows only when a module of it is imported before the others (a test
+    # module that imported the shared safetensors reader first broke on one): each format module
+    # is imported first in a fresh module table, in one child process
+    import subprocess
+    import sys
+
+    names = sorted(
+        "opsnn_quant." + p.relative_to(PACKAGE).with_suffix("").as_posix().replace("/", ".")
+        .removesuffix(".__init__")
+        for p in (PACKAGE / "formats").rglob("*.py")
+    )  # fmt: skip
+    script = (
+        "import importlib, sys\n"
+        "bad = []\n"
+        f"for name in {names!r}:\n"
+        "    for m in [m for m in sys.modules if m.startswith('opsnn_quant')]:\n"
+        "        del sys.modules[m]\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except ImportError as exc:\n"
+        "        bad.append(f'{name}: {exc}')\n"
+        "print('\\n'.join(bad))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=PACKAGE.parent)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == ""
