@@ -304,6 +304,15 @@ class Recipe(StrictModel):
         return self.model_copy(update={"model": model})
 
 
+def recipe_inputs(recipe: Recipe) -> list[str]:
+    """The local paths a recipe reads (the model's directory, resolved for a named source, and
+    the data): an output may not replace them, contain them or lie inside them."""
+    from opsnn_quant.sources import local_paths
+
+    sources = [recipe.model.source, recipe.data.calibration, recipe.data.holdout]
+    return [str(p) for s in sources if s is not None for p in local_paths(s)]
+
+
 def builtin_recipes() -> dict[str, Path]:
     """Name -> path of the built-in recipes."""
     return builtin_files("recipes")

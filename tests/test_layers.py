@@ -81,3 +81,17 @@ def test_every_format_module_imports_first():
                           timeout=300, cwd=PACKAGE.parent)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == ""
+
+
+def test_no_command_imports_another_commands_module():
+    # shared helpers live below the commands (recipe.py, formats/, pipeline/context.py ...)
+    commands = ("calibrate", "probe", "evaluate", "export_weights", "policy_build")
+    modules = _modules()
+    crossing = {
+        cmd: sorted(n for n in _imported(modules[f"pipeline/{cmd}.py"])
+                    for other in commands if other != cmd
+                    if n == f"opsnn_quant.pipeline.{other}"
+                    or n.startswith(f"opsnn_quant.pipeline.{other}."))
+        for cmd in commands
+    }  # fmt: skip
+    assert {c: n for c, n in crossing.items() if n} == {}

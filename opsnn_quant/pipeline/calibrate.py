@@ -77,10 +77,9 @@ from opsnn_quant.probe.measure import measure_modalities
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.schemes import SCHEMES
-from opsnn_quant.recipe import Recipe
+from opsnn_quant.recipe import Recipe, recipe_inputs
 from opsnn_quant.recipe_flags import recipe_yaml
 from opsnn_quant.recording import RecordedRoots, record_roots
-from opsnn_quant.sources import local_paths
 from opsnn_quant.types import Modality, Progress
 from opsnn_quant.user_config import check_seed
 
@@ -252,13 +251,6 @@ def contribute_statistics(
     cfg = probe_config_for(recipe, seed, get_target(recipe.target))
     sharing.send(statistics(adapter, sharing.loop(adapter, data.probe), cfg))
     sharing.done()
-
-
-def recipe_inputs(recipe: Recipe) -> list[str]:
-    """The local paths a recipe reads (the model's directory, resolved for a named source, and
-    the data): an output may not replace them, contain them or lie inside them."""
-    sources = [recipe.model.source, recipe.data.calibration, recipe.data.holdout]
-    return [str(p) for s in sources if s is not None for p in local_paths(s)]
 
 
 def check_calibrate_output(

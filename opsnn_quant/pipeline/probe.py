@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.formats.calibrate_output import PROBE_FILE
 from opsnn_quant.io import atomic_dir, check_output_dir
-from opsnn_quant.pipeline.calibrate import recipe_inputs
 from opsnn_quant.probe.api import ProbeConfig
 from opsnn_quant.probe.report import SensitivityReport
+from opsnn_quant.recipe import recipe_inputs
 from opsnn_quant.types import Progress
 
 if TYPE_CHECKING:
