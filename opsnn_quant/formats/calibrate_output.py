@@ -8,6 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from opsnn_quant.errors import ConfigError
+from opsnn_quant.formats.base import Format
+
+if TYPE_CHECKING:
+    from opsnn_quant.models.base import ModelAdapter
+    from opsnn_quant.probe.report import SensitivityReport
 
 PROBE_FILE = "probe.json"
 POLICY_FILE = "policy.yaml"
@@ -79,3 +87,67 @@ class CalibrateOutput:
         if up.name == EXPORT_DIR and cls(up.parent).quant.is_dir():
             return cls(up.parent)
         return None
+
+
+class CalibrateOutputFormat(Format):
+    """Our calibrate output, read as a candidate: the float source recorded in ``quant/``, our
+    quantized modules loaded from it, its ``probe.json`` and ``policy.yaml`` beside."""
+
+    name = "calibrate-output"
+    kind = "directory"
+    read_order = 30
+
+    @classmethod
+    def recognises(cls, path: Path) -> bool:
+        return CalibrateOutput(path).quant.is_dir()
+
+    def float_source(self, path: Path, baseline: str | None) -> str:
+        from opsnn_quant.formats.checkpoint import read_description
+
+        return str(baseline or read_description(CalibrateOutput(path).quant).get("source_model"))
+
+    def inputs(self, path: Path) -> list[str]:
+        return [str(p) for p in CalibrateOutput(path).read_by_consumers()]
+
+    def policy_file(self, path: Path) -> Path | None:
+        return CalibrateOutput(path).policy
+
+    def run_dtype(self, path: Path, dtype: str) -> str:
+        from opsnn_quant.formats.candidates import run_dtype
+        from opsnn_quant.policy.schema import PrecisionPolicy
+        from opsnn_quant.policy.targets import get_target
+
+        policy = CalibrateOutput(path).policy
+        target = get_target(PrecisionPolicy.load(policy).target) if policy.is_file() else None
+        return run_dtype(target, dtype)
+
+    def load_candidate(
+        self, path: Path, family: str | None, baseline: str | None, placement: dict[str, Any]
+    ) -> tuple[ModelAdapter, SensitivityReport | None]:
+        from opsnn_quant.formats.checkpoint import load_quantized, read_description
+        from opsnn_quant.models import load_adapter
+        from opsnn_quant.probe.report import SensitivityReport
+
+        calib = CalibrateOutput(path)
+        source = str(read_description(calib.quant).get("source_model") or "")
+        if not source:
+            raise ConfigError(f"{calib.quant}/description.json names no source model")
+        adapter = load_adapter(family, source, **placement)
+        load_quantized(adapter.model, calib.quant)
+        sensitivity = SensitivityReport.load(calib.probe) if calib.probe.is_file() else None
+        return adapter, sensitivity
+
+
+class ExportedDirectory(Format):
+    """An engine's directory: ours sits in ``OUT/export/<fmt>``, beside OUT's policy and
+    ``quant/`` (which records the float source); evaluating it reads those too."""
+
+    engine = True
+
+    def inputs(self, path: Path) -> list[str]:
+        holder = CalibrateOutput.holding(path)
+        return [str(path), *([str(holder.policy), str(holder.quant)] if holder else [])]
+
+    def policy_file(self, path: Path) -> Path | None:
+        holder = CalibrateOutput.holding(path)
+        return holder.policy if holder else None

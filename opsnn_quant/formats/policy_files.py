@@ -270,7 +270,7 @@ def export_policy(
             f"opsnn-quant export-weights OUT -f {fmt}"
         )
     options = PolicyExportOptions(node_map, node_io, op_types, batch_num)
-    result: ExportResult = entry.load()(fmt, policy, options)
+    result: ExportResult = entry.writer()(fmt, policy, options)
     return result
 
 

@@ -1,96 +1,109 @@
-"""One table of every export format: what it is written from, where it goes, who writes it.
+"""The table of every format (:mod:`opsnn_quant.formats.base`), with the built-in ones
+registered, and where callers look them up.
 
-``calibrate`` (a recipe's ``exports``), ``policy export -f`` and ``export-weights -f`` all look a
-format up here; nothing dispatches on format names elsewhere. Two kinds:
-
-* ``policy``: a file written from the resolved policy (AMCT, ATC precision files, msModelSlim
-  YAML); its handler is ``(fmt, resolved policy, options) -> ExportResult``.
-* ``model``: a directory written from the quantized model (AscendV1 weights, MindIE-SD weights,
-  ATC graphs); its handler is ``(ModelExportContext, directory) -> ExportOutcome`` (notes, the
-  modules written in int8; :mod:`opsnn_quant.formats.model_writers`).
-
-Handlers are named ``"module:function"`` and imported on first use, so that validating a recipe's
-``exports`` needs neither torch nor the deploy code. :func:`register_exporter` adds a format (a
-team's own engine format, say) to the same table.
+``calibrate`` (a recipe's ``exports``), ``policy export -f`` and ``export-weights -f`` find a
+format to write by name (:func:`exporter`, :func:`exporters`); ``evaluate --candidate`` and
+``export-weights OUT`` find what a directory is (:func:`recognise`). Nothing dispatches on
+format names elsewhere. The built-in formats, in the export order: the policy files (AMCT,
+ATC's precision files, msModelSlim YAML), then the model directories (AscendV1, MindIE-SD,
+ATC graphs); our calibrate output is read only. :func:`register_format` (a class) or
+:func:`register_exporter` (a name and its writer) adds a team's own.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+from pathlib import Path
 
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.formats.ascendv1.format import AscendV1Format
+from opsnn_quant.formats.atc.format import (
+    ATCCustomizeDtypes,
+    ATCGraphsFormat,
+    ATCKeepDtype,
+    ATCModifyMixlist,
+)
+from opsnn_quant.formats.base import TABLE, Format, Kind, ModelSource, register_format
+from opsnn_quant.formats.calibrate_output import CalibrateOutputFormat
+from opsnn_quant.formats.mindie_sd.format import MindIESDFormat
 
-Kind = Literal["policy", "model"]
+__all__ = [
+    "TABLE",
+    "Format",
+    "Kind",
+    "ModelSource",
+    "exporter",
+    "exporters",
+    "recognise",
+    "register_exporter",
+    "register_format",
+]
 
-
-@dataclass(frozen=True)
-class Exporter:
-    """One export format.
-
-    Attributes:
-        name: the format's name (``amct-cfg``, ``ascendv1``...).
-        kind: ``policy`` (a file from the policy) or ``model`` (a directory from the model).
-        output: the file or directory name it takes in a calibrate output's ``export/``.
-        handler: ``"module:function"`` that writes it.
-    """
-
-    name: str
-    kind: Kind
-    output: str
-    handler: str
-
-    def load(self) -> Callable[..., Any]:
-        """The handler function."""
-        module, _, func = self.handler.partition(":")
-        handler: Callable[..., Any] = getattr(importlib.import_module(module), func)
-        return handler
-
-
-# name -> format, in registration order (register_exporter adds to it)
-EXPORTERS: dict[str, Exporter] = {}
+_POLICY = "opsnn_quant.formats.policy_files"
 
 
-def register_exporter(name: str, kind: Kind, output: str, handler: str) -> Exporter:
-    """Add export format ``name`` to the table (in order: model exports run in it).
+class AMCTConfig(Format):
+    """AMCT's simplified quantization config (``amct.cfg``)."""
+
+    name, kind, output, handler = "amct-cfg", "policy", "amct.cfg", f"{_POLICY}:amct_cfg"
+
+
+class AMCTEager(Format):
+    """AMCT's eager-mode JSON config."""
+
+    name, kind, output, handler = "amct-eager", "policy", "amct_eager.json", f"{_POLICY}:amct_eager"
+
+
+class MsModelSlimV1(Format):
+    """msModelSlim's one-click ``modelslim_v1`` YAML."""
+
+    name, kind, output, handler = (
+        "msmodelslim-v1", "policy", "msmodelslim_v1.yaml", f"{_POLICY}:msmodelslim_v1"
+    )  # fmt: skip
+
+
+for _cls in (AMCTConfig, AMCTEager, ATCKeepDtype, ATCCustomizeDtypes, ATCModifyMixlist,
+             MsModelSlimV1, AscendV1Format, MindIESDFormat, ATCGraphsFormat,
+             CalibrateOutputFormat):  # fmt: skip
+    register_format(_cls)
+
+
+def register_exporter(name: str, kind: Kind, output: str, handler: str) -> Format:
+    """Add a written format by its name and writer (``"module:function"``); see
+    :class:`~opsnn_quant.formats.base.Format` for the writer's arguments.
 
     Raises:
         ConfigError: ``name`` is taken.
     """
-    if name in EXPORTERS:
-        raise ConfigError(f"export format {name!r} is registered already")
-    EXPORTERS[name] = Exporter(name, kind, output, handler)
-    return EXPORTERS[name]
+    attrs = {"name": name, "kind": kind, "output": output, "handler": handler,
+             "__doc__": f"Export format {name!r} (registered by name)."}  # fmt: skip
+    cls = register_format(type(f"Format_{name}", (Format,), attrs))
+    return TABLE[cls]
 
 
-def exporter(name: str) -> Exporter:
-    """The export format ``name``.
+def exporter(name: str) -> Format:
+    """The written format ``name``.
 
     Raises:
         ConfigError: no such format (the message lists them).
     """
-    if name not in EXPORTERS:
-        raise ConfigError(f"unknown export format {name!r}; choose one of {', '.join(EXPORTERS)}")
-    return EXPORTERS[name]
+    for fmt in exporters():
+        if fmt.name == name:
+            return fmt
+    names = ", ".join(f.name for f in exporters())
+    raise ConfigError(f"unknown export format {name!r}; choose one of {names}")
 
 
-def exporters(kind: Kind | None = None) -> list[Exporter]:
-    """The registered formats (of ``kind``), in registration order."""
-    return [e for e in EXPORTERS.values() if kind is None or e.kind == kind]
+def exporters(kind: Kind | None = None) -> list[Format]:
+    """The written formats (of ``kind``), in registration order (model exports run in it)."""
+    return [f for f in TABLE.values() if f.handler and (kind is None or f.kind == kind)]
 
 
-_POLICY = "opsnn_quant.formats.policy_files"
-for _name, _output, _func in (
-    ("amct-cfg", "amct.cfg", "amct_cfg"),
-    ("amct-eager", "amct_eager.json", "amct_eager"),
-    ("atc-keep-dtype", "atc_keep_dtype.cfg", "atc_config"),
-    ("atc-customize-dtypes", "atc_customize_dtypes.cfg", "atc_config"),
-    ("atc-modify-mixlist", "atc_modify_mixlist.json", "atc_config"),
-    ("msmodelslim-v1", "msmodelslim_v1.yaml", "msmodelslim_v1"),
-):
-    register_exporter(_name, "policy", _output, f"{_POLICY}:{_func}")
-register_exporter("ascendv1", "model", "ascendv1", "opsnn_quant.formats.model_writers:ascendv1")
-register_exporter("mindie-sd", "model", "mindie-sd", "opsnn_quant.formats.model_writers:mindie_sd")
-register_exporter("atc", "model", "atc", "opsnn_quant.formats.model_writers:atc_graphs")
+def recognise(path: Path) -> Format:
+    """What the directory ``path`` is: the first format (by ``read_order``) that recognises it,
+    else a model source (a model directory, or a named source such as ``zoo:NAME``)."""
+    readers = sorted((f for f in TABLE.values() if f.read_order is not None),
+                     key=lambda f: f.read_order or 0)  # fmt: skip
+    for fmt in readers:
+        if fmt.recognises(path):
+            return fmt
+    return ModelSource()

@@ -3,7 +3,7 @@
 :func:`check_evaluate` resolves and checks every option before a model loads (the candidate's
 format, its float source, the suite, the target, the output location); :func:`run_evaluate`
 loads both models, runs :func:`opsnn_quant.evaluation.evaluate.evaluate` and writes the report.
-What the candidate is, and how it loads, is its format's (:mod:`opsnn_quant.formats.candidates`):
+What the candidate is, and how it loads, is its format's (the format table, :mod:`opsnn_quant.formats.registry`):
 our calibrate output, a MindIE-SD or AscendV1 directory (ours or msModelSlim's), or a model
 source.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.formats.candidates import CandidateFormat, recognise
+from opsnn_quant.formats.registry import Format, recognise
 from opsnn_quant.types import Progress
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class EvaluateJob:
     """
 
     candidate: Path
-    fmt: CandidateFormat
+    fmt: Format
     source: str
     suite: Suite
     out: Path

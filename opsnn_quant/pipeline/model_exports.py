@@ -75,7 +75,7 @@ def write_model_exports(
         if entry.name in wanted:
             # each export its own output (its marker's kind: the format's name)
             with atomic_dir(export_dir / entry.output, entry.name, force=force) as tmp:
-                outcome: ExportOutcome = entry.load()(ctx, tmp)
+                outcome: ExportOutcome = entry.writer()(ctx, tmp)
             done.notes += _write_notes(export_dir, entry.name, outcome.notes, force)
             done.int8[entry.name] = outcome.int8
     return done

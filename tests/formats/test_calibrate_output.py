@@ -1,5 +1,5 @@
 """The calibrate output's layout (opsnn_quant/formats/calibrate_output.py) and what a directory a
-user passes is (opsnn_quant/formats/candidates.py recognise)."""
+user passes is (opsnn_quant/formats/registry.py recognise, one class per format)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,10 @@ from pathlib import Path
 import pytest
 
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.formats.calibrate_output import CalibrateOutput
-from opsnn_quant.formats.candidates import (
-    AscendV1Directory,
-    CalibrateOutputDirectory,
-    CandidateFormat,
-    MindIESDDirectory,
-    ModelSource,
-    recognise,
-    register_format,
-)
+from opsnn_quant.formats.ascendv1.format import AscendV1Format
+from opsnn_quant.formats.calibrate_output import CalibrateOutput, CalibrateOutputFormat
+from opsnn_quant.formats.mindie_sd.format import MindIESDFormat
+from opsnn_quant.formats.registry import Format, ModelSource, recognise, register_format
 
 
 def test_the_layout_names_every_file_once(tmp_path):
@@ -41,9 +35,9 @@ def test_directories_are_classified_by_what_they_hold(tmp_path):
     mindie = calib / "export" / "mindie-sd"
     (mindie / "transformer").mkdir(parents=True)
     (mindie / "transformer" / "quant_model_description_w8a8_dynamic.json").write_text("{}")
-    assert type(recognise(calib)) is CalibrateOutputDirectory
-    assert type(recognise(av1)) is AscendV1Directory
-    assert type(recognise(mindie)) is MindIESDDirectory
+    assert type(recognise(calib)) is CalibrateOutputFormat
+    assert type(recognise(av1)) is AscendV1Format
+    assert type(recognise(mindie)) is MindIESDFormat
     assert type(recognise(model)) is ModelSource
     assert type(recognise(tmp_path / "missing")) is ModelSource  # a named source, say
     # what evaluating each reads: an export also reads the policy and quant/ beside it
@@ -62,17 +56,19 @@ def test_an_engine_directory_without_a_known_float_model_asks_for_the_baseline(t
     mindie = tmp_path / "elsewhere"
     (mindie / "transformer").mkdir(parents=True)
     with pytest.raises(ConfigError, match="pass --baseline"):
-        MindIESDDirectory().float_source(mindie, None)
-    assert MindIESDDirectory().float_source(mindie, "zoo:shapes-dit") == "zoo:shapes-dit"
+        MindIESDFormat().float_source(mindie, None)
+    assert MindIESDFormat().float_source(mindie, "zoo:shapes-dit") == "zoo:shapes-dit"
     assert ModelSource().float_source(tmp_path / "m", None) == str(tmp_path / "m")
 
 
 def test_a_format_of_ones_own_is_recognised_ahead_of_the_fallback_and_named_once(tmp_path):
-    from opsnn_quant.formats import candidates
+    from opsnn_quant.formats import base
 
     @register_format
-    class Marked(CandidateFormat):
+    class Marked(Format):
         name = "marked-test"
+        kind = "directory"
+        read_order = 5  # tried first
 
         @classmethod
         def recognises(cls, path):
@@ -81,7 +77,7 @@ def test_a_format_of_ones_own_is_recognised_ahead_of_the_fallback_and_named_once
         def float_source(self, path, baseline):
             return "zoo:shapes-t2i"
 
-        def load(self, path, family, baseline, placement):
+        def load_candidate(self, path, family, baseline, placement):
             raise NotImplementedError
 
     try:
@@ -90,7 +86,7 @@ def test_a_format_of_ones_own_is_recognised_ahead_of_the_fallback_and_named_once
         with pytest.raises(ConfigError, match="registered already"):
             register_format(type("Again", (Marked,), {}))
     finally:
-        candidates._FORMATS.pop(Marked)
+        base.TABLE.pop(Marked)
     assert type(recognise(tmp_path)) is ModelSource
 
 
@@ -99,3 +95,16 @@ def test_an_export_knows_the_output_holding_it(tmp_path):
         tmp_path / "OUT"
     )
     assert CalibrateOutput.holding(Path("/somewhere/msmodelslim-out")) is None
+
+
+def test_one_class_per_format_writes_and_reads(tmp_path):
+    from opsnn_quant.formats.registry import exporter, exporters
+
+    av1 = exporter("ascendv1")  # the class that writes export/ascendv1 also reads one
+    assert type(av1) is AscendV1Format and av1.read_order is not None
+    assert [f.name for f in exporters("model")] == ["ascendv1", "mindie-sd", "atc"]
+    assert "calibrate-output" not in [f.name for f in exporters()]  # read only
+    with pytest.raises(ConfigError, match="is read, not written"):
+        CalibrateOutputFormat().writer()
+    with pytest.raises(ConfigError, match="not read as a candidate"):
+        exporter("amct-cfg").float_source(tmp_path, None)

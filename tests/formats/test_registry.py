@@ -21,7 +21,7 @@ def test_the_table_holds_every_format_once_with_its_file():
     outputs = [e.output for e in exporters()]
     assert len(set(outputs)) == len(outputs)
     for e in exporters():
-        assert callable(e.load()), e.name  # every handler resolves
+        assert callable(e.writer()), e.name  # every handler resolves
 
 
 def test_unknown_and_model_formats_are_refused_by_policy_export():
@@ -34,14 +34,18 @@ def test_unknown_and_model_formats_are_refused_by_policy_export():
         export_policy(policy, "ascendv1", {"fc": "Linear"})
 
 
-def test_a_registered_format_is_exported_like_the_built_in_ones(monkeypatch):
-    monkeypatch.setattr(table, "EXPORTERS", dict(table.EXPORTERS))  # the test's own table
-    register_exporter("modules-list", "policy", "modules.txt", f"{__name__}:_modules_list")
-    policy = PrecisionPolicy(model="m", target="cpu-reference")
-    result = export_policy(policy, "modules-list", {"a": "Linear", "b": "Conv2d"})
-    assert result == ExportResult("modules-list", "a\nb\n", ())
-    with pytest.raises(ConfigError, match="registered already"):
-        register_exporter("modules-list", "policy", "x", f"{__name__}:_modules_list")
+def test_a_registered_format_is_exported_like_the_built_in_ones():
+    saved = dict(table.TABLE)  # the table as it was, put back after the test
+    try:
+        register_exporter("modules-list", "policy", "modules.txt", f"{__name__}:_modules_list")
+        policy = PrecisionPolicy(model="m", target="cpu-reference")
+        result = export_policy(policy, "modules-list", {"a": "Linear", "b": "Conv2d"})
+        assert result == ExportResult("modules-list", "a\nb\n", ())
+        with pytest.raises(ConfigError, match="registered already"):
+            register_exporter("modules-list", "policy", "x", f"{__name__}:_modules_list")
+    finally:
+        table.TABLE.clear()
+        table.TABLE.update(saved)
 
 
 def _modules_list(fmt, resolved, options) -> ExportResult:

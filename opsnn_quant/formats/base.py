@@ -1,0 +1,144 @@
+"""One interface for every format on disk, and the class-keyed table of them.
+
+A :class:`Format` is one format, both ways:
+
+* **write**: a ``policy`` format is a file written from the resolved policy (AMCT, ATC precision
+  files, msModelSlim YAML); a ``model`` format is a directory written from the quantized model
+  (AscendV1, MindIE-SD, ATC graphs). Its writer is named ``"module:function"`` (:attr:`handler`)
+  and imported on first use, so that checking a recipe's ``exports`` needs neither torch nor the
+  writers' code. A format writes into the file or the new or empty directory it is given; the
+  commands own the output around it.
+* **read**: a directory a user passes (``evaluate --candidate``, ``export-weights OUT``) is
+  recognised by the formats that read (:attr:`read_order`), which say where its float model is,
+  what evaluating it reads, and load it as a candidate.
+
+:func:`register_format` adds a class to the table (registration order is the export order);
+:mod:`opsnn_quant.formats.registry` registers the built-in ones and is where callers look
+formats up.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+
+from opsnn_quant.errors import ConfigError
+
+if TYPE_CHECKING:
+    from opsnn_quant.models.base import ModelAdapter
+    from opsnn_quant.probe.report import SensitivityReport
+
+Kind = Literal["policy", "model", "directory"]
+_F = TypeVar("_F", bound="type[Format]")
+
+
+class Format:
+    """One format on disk (see the module docstring).
+
+    Attributes:
+        name: the format's name (``amct-cfg``, ``ascendv1``, ``calibrate-output``...).
+        kind: ``policy`` (a file from the policy), ``model`` (a directory from the model) or
+            ``directory`` (read only: our own calibrate output).
+        output: the file or directory name it takes in a calibrate output's ``export/``.
+        handler: ``"module:function"`` that writes it (``policy``: ``(fmt, resolved policy,
+            options) -> ExportResult``; ``model``: ``(ModelExportContext, directory) ->
+            ExportOutcome``); empty for a format that is only read.
+        engine: a candidate of this format runs an engine's int8 arithmetic read from the files
+            (not our quantized modules): it is loaded into its float baseline.
+        read_order: where it is tried when a directory is recognised (lower first); None: the
+            format is never recognised from a directory.
+    """
+
+    name: ClassVar[str]
+    kind: ClassVar[Kind]
+    output: ClassVar[str] = ""
+    handler: ClassVar[str] = ""
+    engine: ClassVar[bool] = False
+    read_order: ClassVar[int | None] = None
+
+    # ---- write ----------------------------------------------------------------------------
+
+    def writer(self) -> Callable[..., Any]:
+        """The function that writes this format.
+
+        Raises:
+            ConfigError: the format is only read.
+        """
+        if not self.handler:
+            raise ConfigError(f"format {self.name!r} is read, not written")
+        module, _, func = self.handler.partition(":")
+        handler: Callable[..., Any] = getattr(importlib.import_module(module), func)
+        return handler
+
+    # ---- read -----------------------------------------------------------------------------
+
+    @classmethod
+    def recognises(cls, path: Path) -> bool:
+        """Whether ``path`` is a directory of this format."""
+        return False
+
+    def float_source(self, path: Path, baseline: str | None) -> str:
+        """The float model the candidate at ``path`` is compared with (and an engine's directory
+        is loaded into), after checking the directory whole.
+
+        Raises:
+            ConfigError: no float model is known (pass ``baseline``), or the format is not read.
+        """
+        raise ConfigError(f"format {self.name!r} is written, not read as a candidate")
+
+    def load_candidate(
+        self, path: Path, family: str | None, baseline: str | None, placement: dict[str, Any]
+    ) -> tuple[ModelAdapter, SensitivityReport | None]:
+        """The candidate's adapter (and the probe report it was made with, if any), loaded with
+        ``placement`` (``device``, ``dtype``, ``allow_pickle``)."""
+        raise ConfigError(f"format {self.name!r} is written, not read as a candidate")
+
+    def inputs(self, path: Path) -> list[str]:
+        """The paths evaluating the candidate reads (so that a report may go beside them, never
+        over them)."""
+        return [str(path)]
+
+    def policy_file(self, path: Path) -> Path | None:
+        """The candidate's ``policy.yaml``, if it has one."""
+        return None
+
+    def run_dtype(self, path: Path, dtype: str) -> str:
+        """The dtype the candidate's pipeline runs in when ``dtype`` is asked for."""
+        return dtype
+
+
+# class -> its instance, in registration order (the export order)
+TABLE: dict[type[Format], Format] = {}
+
+
+def register_format(cls: _F) -> _F:
+    """Class decorator: add a format to the table.
+
+    Raises:
+        ConfigError: a format of that name is registered already.
+    """
+    if any(f.name == cls.name for f in TABLE.values()):
+        raise ConfigError(f"format {cls.name!r} is registered already")
+    TABLE[cls] = cls()
+    return cls
+
+
+class ModelSource(Format):
+    """Anything no format recognises: a model source (a model directory without ``quant/``, or
+    ``zoo:NAME``), loaded as is, e.g. to evaluate the float model cast to fp16. Never
+    registered: the fallback of :func:`opsnn_quant.formats.registry.recognise`."""
+
+    name = "model"
+    kind = "directory"
+
+    def float_source(self, path: Path, baseline: str | None) -> str:
+        return baseline or str(path)
+
+    def load_candidate(
+        self, path: Path, family: str | None, baseline: str | None, placement: dict[str, Any]
+    ) -> tuple[ModelAdapter, SensitivityReport | None]:
+        from opsnn_quant.models import load_adapter
+
+        return load_adapter(family, str(path), **placement), None
