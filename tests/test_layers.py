@@ -95,3 +95,51 @@ def test_no_command_imports_another_commands_module():
         for cmd in commands
     }  # fmt: skip
     assert {c: n for c, n in crossing.items() if n} == {}
+
+
+def test_no_file_imports_itself_back():
+    # 0 import circles, counting every import (a lazy one inside a function too): a circle that
+    # only a lazy import keeps from breaking at load time still ties the files together
+    modules = _modules()
+    name_of = {
+        "opsnn_quant." + p.removesuffix(".py").replace("/", ".").removesuffix(".__init__"): p
+        for p in modules
+    }
+
+    def target(name: str) -> str | None:
+        while name and name not in name_of:  # "pkg.mod.func" -> "pkg.mod"
+            name = name.rpartition(".")[0]
+        return name_of.get(name)
+
+    edges = {p: {t for n in _imported(tree) if (t := target(n)) and t != p
+                 and not t.endswith("__init__.py")}
+             for p, tree in modules.items()}  # fmt: skip
+    # Tarjan's strongly connected components: any of more than one file is a circle
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    assert circles == []

@@ -28,6 +28,7 @@ from opsnn_quant.errors import ConfigError
 
 if TYPE_CHECKING:
     from opsnn_quant.models.base import ModelAdapter
+    from opsnn_quant.policy.targets import Target
     from opsnn_quant.probe.report import SensitivityReport
 
 Kind = Literal["policy", "model", "directory"]
@@ -142,3 +143,15 @@ class ModelSource(Format):
         from opsnn_quant.models import load_adapter
 
         return load_adapter(family, str(path), **placement), None
+
+
+def run_dtype(target: Target | str | None, dtype: str) -> str:
+    """The dtype a pipeline whose int8 modules ``target``'s engine runs (or the engine named)
+    runs in: ``dtype``, except that MindIE-SD runs its Linears in ``float16`` or ``bfloat16``
+    and returns that dtype (mindiesd 3.1.0 ``quantization/layer.py`` 347-363,
+    ``QuantConfig.dtype`` default bfloat16), so its whole pipeline runs in ``dtype`` when it is
+    one of those, else in bfloat16."""
+    engine = target if isinstance(target, str) or target is None else target.engine
+    if engine != "mindie-sd" or dtype in ("float16", "bfloat16"):
+        return dtype
+    return "bfloat16"

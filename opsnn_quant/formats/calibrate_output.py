@@ -113,7 +113,7 @@ class CalibrateOutputFormat(Format):
         return CalibrateOutput(path).policy
 
     def run_dtype(self, path: Path, dtype: str) -> str:
-        from opsnn_quant.formats.candidates import run_dtype
+        from opsnn_quant.formats.base import run_dtype
         from opsnn_quant.policy.schema import PrecisionPolicy
         from opsnn_quant.policy.targets import get_target
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from opsnn_quant.formats.base import run_dtype
+
 if TYPE_CHECKING:
     import torch
 
     from opsnn_quant.models.base import ModelAdapter
-    from opsnn_quant.policy.targets import Target
     from opsnn_quant.probe.report import SensitivityReport
+
+__all__ = ["cast_adapter", "load_candidate", "run_dtype"]
 
 
 def load_candidate(
@@ -45,18 +48,6 @@ def load_candidate(
     placement = {"device": device, "dtype": fmt.run_dtype(out_dir, dtype),
                  "allow_pickle": allow_pickle}  # fmt: skip
     return fmt.load_candidate(out_dir, family, baseline, placement)
-
-
-def run_dtype(target: Target | str | None, dtype: str) -> str:
-    """The dtype a pipeline whose int8 modules ``target``'s engine runs (or the engine named)
-    runs in: ``dtype``, except that MindIE-SD runs its Linears in ``float16`` or ``bfloat16``
-    and returns that dtype (mindiesd 3.1.0 ``quantization/layer.py`` 347-363,
-    ``QuantConfig.dtype`` default bfloat16), so its whole pipeline runs in ``dtype`` when it is
-    one of those, else in bfloat16."""
-    engine = target if isinstance(target, str) or target is None else target.engine
-    if engine != "mindie-sd" or dtype in ("float16", "bfloat16"):
-        return dtype
-    return "bfloat16"
 
 
 def cast_adapter(adapter: ModelAdapter, dtype: torch.dtype) -> None:

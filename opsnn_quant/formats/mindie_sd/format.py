@@ -46,7 +46,7 @@ class MindIESDFormat(ExportedDirectory):
         return str(baseline or recorded)
 
     def run_dtype(self, path: Path, dtype: str) -> str:
-        from opsnn_quant.formats.candidates import run_dtype
+        from opsnn_quant.formats.base import run_dtype
 
         return run_dtype("mindie-sd", dtype)
 
