@@ -30,7 +30,10 @@ def t2i_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("r") / "report"
     with atomic_dir(out, "report") as earlier:  # an earlier report
         (earlier / "stale.txt").write_text("previous run")  # replaced atomically, not merged
-    return write_report(report, out, baseline_images=base, candidate_images=cand, max_pairs=3)
+    # as the commands write it: the report's files into the directory they own and swap in
+    with atomic_dir(out, "report") as tmp:
+        write_report(report, tmp, baseline_images=base, candidate_images=cand, max_pairs=3)
+    return out
 
 
 def test_files_written(t2i_dir: Path):
