@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from opsnn_quant.formats.base import run_dtype
+from opsnn_quant.formats.base import Format, run_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -29,12 +29,15 @@ def load_candidate(
     dtype: str = "float32",
     baseline: str | None = None,
     allow_pickle: bool = False,
+    fmt: Format | None = None,
 ) -> tuple[ModelAdapter, SensitivityReport | None]:
     """The candidate at ``out_dir``, whatever it is
     (:func:`~opsnn_quant.formats.registry.recognise`), in the dtype its engine runs
     (:meth:`~opsnn_quant.formats.base.Format.run_dtype`); an engine directory is loaded into the
     float ``baseline`` (default: the source our export recorded). ``allow_pickle``: the float
     model may have pickle weights only (see :func:`~opsnn_quant.models.load_adapter`).
+
+    ``fmt``: what ``out_dir`` is, when the caller recognised it already.
 
     Raises:
         ConfigError: an engine directory without a known float model (pass ``baseline``).
@@ -44,7 +47,7 @@ def load_candidate(
     """
     from opsnn_quant.formats.registry import recognise
 
-    fmt = recognise(out_dir)
+    fmt = fmt or recognise(out_dir)  # a command passes what it recognised once
     placement = {"device": device, "dtype": fmt.run_dtype(out_dir, dtype),
                  "allow_pickle": allow_pickle}  # fmt: skip
     return fmt.load_candidate(out_dir, family, baseline, placement)

@@ -131,7 +131,7 @@ def run_evaluate(job: EvaluateJob, progress: Progress | None = None) -> Acceptan
     world = current_world()
     cand, sensitivity = world.agree(lambda: load_candidate(
         job.candidate, device=job.device, dtype=job.dtype,
-        baseline=job.source if engine_dir else None, allow_pickle=job.allow_pickle,
+        baseline=job.source if engine_dir else None, allow_pickle=job.allow_pickle, fmt=job.fmt,
     ))  # fmt: skip
     if job.candidate_dtype == "float16":
         cast_adapter(cand, torch.float16)
