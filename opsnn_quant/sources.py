@@ -38,6 +38,9 @@ class SourceProvider(Protocol):
         """The records of data source ``name`` (e.g. ``shapes/calibration``), first ``limit``."""
         ...
 
+    # optional: ``family(name) -> str | None``, the model family of ``name`` (see
+    # :func:`named_family`); without it the family is guessed from the model's directory
+
 
 @functools.cache
 def providers() -> dict[str, SourceProvider]:
@@ -94,6 +97,22 @@ def model_path(source: str) -> Path:
         known = ", ".join(provider.model_names())
         raise ModelLoadError(f"unknown {scheme} model {name!r}; known: {known}")
     return provider.model_dir(name)
+
+
+def named_family(source: str) -> str | None:
+    """The model family of a named model source, when its provider says (an optional
+    ``family(name)`` method: telling it needs no directory, which a provider may have to build);
+    None for a path or a provider that does not say.
+
+    Raises:
+        ConfigError: an unknown scheme.
+    """
+    named = split_source(source)
+    if named is None:
+        return None
+    scheme, name = named
+    family = getattr(provider_for(scheme), "family", None)
+    return family(name) if callable(family) else None
 
 
 def named_records(source: str, limit: int | None) -> list[dict[str, Any]] | None:

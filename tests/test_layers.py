@@ -143,3 +143,15 @@ def test_no_file_imports_itself_back():
         if v not in index:
             visit(v)
     assert circles == []
+
+
+def test_the_library_never_names_the_zoo():
+    # the zoo is a plug-in (the opsnn_quant.sources entry point): no library module imports it or
+    # tests a source for its "zoo:" scheme (the engine-demo command's block is the CLI's)
+    naming = sorted(
+        path for path, tree in _modules().items()
+        if path.split("/")[0] not in ("zoo", "cli")
+        and (any(n.startswith("opsnn_quant.zoo") for n in _imported(tree))
+             or '"zoo:"' in (PACKAGE / path).read_text(encoding="utf-8"))
+    )  # fmt: skip
+    assert naming == []

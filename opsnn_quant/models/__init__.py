@@ -15,11 +15,11 @@ from opsnn_quant.models.settings import (
     check_source_fits,
     settings_for,
 )
+from opsnn_quant.sources import split_source
 
 # diffusers-dit last: error messages list the families in this order.
 FAMILIES = ("diffusers-sd", "whisper", "diffusers-dit")
 # Zoo models whose family their name does not say.
-ZOO_FAMILIES = {"shapes-t2i": "diffusers-sd", "shapes-dit": "diffusers-dit"}
 
 
 def load_adapter(
@@ -130,7 +130,7 @@ def check_weights(source: str, *, allow_pickle: bool = False) -> None:
     check_export_sources(source)
     path = Path(source)
     check_model_files(source)
-    if allow_pickle or source.startswith("zoo:") or not path.is_dir():
+    if allow_pickle or split_source(source) is not None or not path.is_dir():
         return  # allowed: the loader says which pickles it reads
     if (path / "model_index.json").is_file():
         from opsnn_quant.models.diffusers_base import check_pipeline_weights, pipeline_index
@@ -187,13 +187,17 @@ def check_model_source(source: str) -> None:
 
 
 def guess_family(source: str) -> str:
-    """Family from a zoo name or a model directory's files."""
+    """Family from a named source's provider (``zoo:NAME``) or a model directory's files."""
     import json
     from pathlib import Path
 
-    if source.startswith("zoo:"):
-        name = source.removeprefix("zoo:")
-        return "whisper" if "whisper" in name else ZOO_FAMILIES.get(name, "diffusers-sd")
+    from opsnn_quant.sources import model_path, named_family
+
+    if split_source(source) is not None:
+        family = named_family(source)
+        if family:
+            return family
+        source = str(model_path(source))  # a provider that does not say: its directory's files
     path = Path(source)
     if (path / "model_index.json").is_file():
         return _pipeline_family(path / "model_index.json")

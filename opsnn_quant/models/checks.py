@@ -33,6 +33,7 @@ from typing import Any
 
 from opsnn_quant.errors import ModelLoadError
 from opsnn_quant.safetensors_header import read_safetensors_header
+from opsnn_quant.sources import split_source
 
 LIBRARIES = ("diffusers", "transformers")
 """The libraries a ``model_index.json`` may name (besides diffusers' pipeline modules)."""
@@ -154,7 +155,7 @@ def check_model_files(source: str) -> None:
         ModelLoadError: the first problem found, one line naming the file.
     """
     path = Path(source)
-    if source.startswith("zoo:") or not path.is_dir():
+    if split_source(source) is not None or not path.is_dir():
         return
     if (path / "model_index.json").is_file():
         check_pipeline_files(path)

@@ -10,9 +10,16 @@ from typing import Any
 from opsnn_quant import zoo
 from opsnn_quant.errors import ConfigError
 
+# the zoo's pipelines by family (a Whisper name is "whisper")
+FAMILIES = {"shapes-t2i": "diffusers-sd", "shapes-dit": "diffusers-dit"}
+
 
 class ZooProvider:
-    """Directories of the zoo models, records of the zoo datasets."""
+    """Directories of the zoo models, their families, records of the zoo datasets."""
+
+    def family(self, name: str) -> str:
+        """The model family of zoo model ``name`` (without building its directory)."""
+        return "whisper" if "whisper" in name else FAMILIES.get(name, "diffusers-sd")
 
     def model_names(self) -> list[str]:
         """The zoo's model names."""
