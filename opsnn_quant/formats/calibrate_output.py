@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.formats.base import Format
+from opsnn_quant.formats.base import Format, run_dtype
 
 if TYPE_CHECKING:
     from opsnn_quant.models.base import ModelAdapter
@@ -113,7 +113,6 @@ class CalibrateOutputFormat(Format):
         return CalibrateOutput(path).policy
 
     def run_dtype(self, path: Path, dtype: str) -> str:
-        from opsnn_quant.formats.base import run_dtype
         from opsnn_quant.policy.schema import PrecisionPolicy
         from opsnn_quant.policy.targets import get_target
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.formats.base import run_dtype
 from opsnn_quant.formats.calibrate_output import CalibrateOutput, ExportedDirectory
 
 if TYPE_CHECKING:
@@ -46,7 +47,6 @@ class MindIESDFormat(ExportedDirectory):
         return str(baseline or recorded)
 
     def run_dtype(self, path: Path, dtype: str) -> str:
-        from opsnn_quant.formats.base import run_dtype
 
         return run_dtype("mindie-sd", dtype)
 
