@@ -21,7 +21,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, TypeVar
 
@@ -649,6 +649,28 @@ def write_output_file(
     _record_in_enclosing(target)
     _record_in_enclosing(target.parent / LEDGER)
     return target
+
+
+def write_output_files(
+    files: Mapping[Path, tuple[str | bytes, str]],
+    *,
+    force: bool = False,
+    inputs: Iterable[str | os.PathLike[str]] = (),
+    stale: Mapping[Path, str] | None = None,
+) -> list[Path]:
+    """Write loose output files (path -> (contents, kind)) after checking every one of them
+    (:func:`check_output_file`: nothing is written when one must not be replaced), then remove
+    the ``stale`` ones (path -> kind) an earlier run wrote and this one does not.
+
+    Raises:
+        OutputError: as :func:`check_output_file` and :func:`write_output_file`.
+    """
+    for target, (_, kind) in files.items():
+        check_output_file(target, kind, force=force, inputs=inputs)
+    out = [write_output_file(p, data, kind, force=force) for p, (data, kind) in files.items()]
+    for path, kind in (stale or {}).items():
+        remove_output_file(path, kind)  # ours from an earlier run, now stale; a user's stays
+    return out
 
 
 def remove_output_file(path: str | os.PathLike[str], kind: str) -> bool:

@@ -26,6 +26,7 @@ from opsnn_quant.io import (
     repair_siblings,
     unfinished_output,
     write_output_file,
+    write_output_files,
 )
 
 
@@ -551,3 +552,23 @@ def test_a_kept_output_changed_since_is_not_adopted(tmp_path):
     with atomic_dir(out, "calibrate", resume=kept, keep_if=".done") as again:  # untouched: fine
         (again / ".done").unlink()
     assert (out / "export" / "a.cfg").read_text() == "a\n"
+
+
+def test_output_files_are_all_checked_before_any_is_written(tmp_path):
+    # a format's file and its notes: one of them a user's file, so neither is written
+    cfg, notes = tmp_path / "x.cfg", tmp_path / "x.cfg.notes.txt"
+    notes.write_text("mine\n")
+    files = {cfg: ("a\n", "atc-keep-dtype"), notes: ("n\n", "atc-keep-dtype.notes")}
+    with pytest.raises(OutputError, match=r"x\.cfg\.notes\.txt exists and is not an opsnn-quant"):
+        write_output_files(files)
+    assert not cfg.exists() and notes.read_text() == "mine\n"
+    notes.unlink()
+    assert write_output_files(files) == [cfg, notes]
+    # the next run writes no notes: ours is removed as stale, a user's file would stay
+    assert write_output_files(
+        {cfg: ("b\n", "atc-keep-dtype")}, stale={notes: "atc-keep-dtype.notes"}
+    ) == [cfg]
+    assert not notes.exists() and cfg.read_text() == "b\n"
+    notes.write_text("mine\n")
+    write_output_files({cfg: ("c\n", "atc-keep-dtype")}, stale={notes: "atc-keep-dtype.notes"})
+    assert notes.read_text() == "mine\n"

@@ -22,6 +22,7 @@ from opsnn_quant.numerics import fmt_db
 if TYPE_CHECKING:
     from opsnn_quant.pipeline.calibrate import CalibrateResult
     from opsnn_quant.pipeline.probe import ProbeJob
+    from opsnn_quant.pipeline.run import CalibrateRun
     from opsnn_quant.pipeline.sharing import Sharing
     from opsnn_quant.probe.report import Fp16Stats, SensitivityReport
     from opsnn_quant.recipe import Recipe
@@ -234,17 +235,14 @@ def calibrate(
     batches each, merged exactly); rank 0 does the rest and writes."""
     from opsnn_quant.models.footprint import parse_size
     from opsnn_quant.pipeline.calibrate import contribute_statistics
-    from opsnn_quant.pipeline.context import ENGINES
+    from opsnn_quant.pipeline.run import check_offload_unshared
     from opsnn_quant.pipeline.sharing import Sharing
     from opsnn_quant.policy.baselines import STRATEGIES
-    from opsnn_quant.policy.targets import get_target
     from opsnn_quant.recipe_flags import RecipeFlags, effective_recipe
     from opsnn_quant.user_config import check_seed
 
-    check_seed(seed)
+    check_seed(seed)  # the flag's own message (the run checks a Python caller's seed too)
     budget = parse_size(max_memory) if max_memory is not None else None
-    if engine not in ENGINES:
-        raise ConfigError(f"--engine must be {' or '.join(ENGINES)}, got {engine!r}")
     if strategy is not None and strategy not in STRATEGIES:
         raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     flags = RecipeFlags(model, data, family, target, limit, tuple(sets or ()), data_column, split)
@@ -255,21 +253,17 @@ def calibrate(
         r = r.model_copy(update={"model": r.model.model_copy(update={"allow_pickle": True})})
     if budget is not None:  # the recipe's model.max_memory, overridden
         r = r.model_copy(update={"model": r.model.model_copy(update={"max_memory": budget})})
-    if r.model.max_memory is not None and (nproc is not None or dist.launched()):
-        raise ConfigError(
-            "--max-memory: the probe's statistics pass is not shared among processes with an "
-            "offloaded model yet; leave out --nproc (or torchrun) or --max-memory"
-        )
-    budget = r.model.max_memory
+    check_offload_unshared(r.model.max_memory, nproc is not None or dist.launched())
     out = out if out is not None else Path("out") / r.name
-    run = CalibrateRun(r, out, recipe, seed, engine, evaluate, force, latency, from_probe,
-                       allow_broken_baseline, resume, budget)  # fmt: skip
+    run = CalibrateCommand(r, out, recipe, seed, engine, evaluate, force, latency, from_probe,
+                           allow_broken_baseline, resume)  # fmt: skip
     if nproc is not None and not dist.launched():
-        run.check()
+        check_launch(r.model.device, nproc, dist_backend)
+        run.resolve(distributed=True)  # refused here, before the processes start
         calib = r.data.load(r.data.calibration, r.data.limit)
         records = min(len(calib), r.probe.data_limit or len(calib))
         batch = int(getattr(r.model.settings, "batch_size", 1) or 1)
-        raise typer.Exit(launch(r.model.device, nproc, dist_backend, records, batch))
+        raise typer.Exit(launch(nproc, records, batch))
     world = dist.init_world(r.model.device, dist_backend)
     try:
         if world.distributed:  # each rank loads the model on its own device
@@ -286,7 +280,7 @@ def calibrate(
         for line in result.search.notes(timed=True) if result.search else []:
             _ui.console.print(line)
         share = "-" if result.int8_mac_share is None else f"{result.int8_mac_share:.0%}"
-        own = get_target(r.target).export
+        own = result.target.export if result.target is not None else None
         for fmt, shares in result.deployed.items():
             whose = f" ({r.target}'s engine loads it)" if fmt == own else ""
             _ui.console.print(
@@ -307,8 +301,9 @@ def calibrate(
 
 
 @dataclasses.dataclass(frozen=True)
-class CalibrateRun:
-    """One ``calibrate`` command, its options resolved (what rank 0 checks and runs)."""
+class CalibrateCommand:
+    """One ``calibrate`` command's recipe and options, before they are resolved (rank 0
+    resolves them once: :meth:`resolve`)."""
 
     recipe: Recipe
     out: Path
@@ -321,39 +316,31 @@ class CalibrateRun:
     from_probe: Path | None
     allow_broken_baseline: bool
     resume: bool
-    max_memory: int | None = None
 
-    def check(self) -> None:
-        """Check the weights and the output location (before any load)."""
-        from opsnn_quant.models import check_weights
-        from opsnn_quant.pipeline.calibrate import check_calibrate_output
-        from opsnn_quant.probe.moments import moments_memory
+    def resolve(self, *, distributed: bool) -> CalibrateRun:
+        """The run, every name resolved and everything checked before any load (the recipe
+        file is one of its inputs: no output replaces it)."""
+        from opsnn_quant.pipeline.run import resolve_run
         from opsnn_quant.recipe import resolve_recipe
 
-        moments_memory()  # OPSNN_QUANT_MOMENTS_MEMORY, read at pass 1: refused before any load
-        r = self.recipe
-        check_weights(r.model.source, allow_pickle=r.model.allow_pickle)
         read = [str(resolve_recipe(self.recipe_arg))] if self.recipe_arg is not None else []
-        check_calibrate_output(
-            r, self.out, force=self.force, suite=self.suite, inputs=read, resume=self.resume
-        )
+        return resolve_run(
+            self.recipe, self.out, seed=self.seed, engine=self.engine, suite=self.suite,
+            force=self.force, latency=self.latency, from_probe=self.from_probe,
+            allow_broken_baseline=self.allow_broken_baseline, resume=self.resume, inputs=read,
+            distributed=distributed,
+        )  # fmt: skip
 
     def main(self, quiet: bool, sharing: Sharing | None) -> CalibrateResult:
-        """Check and run (rank 0 of a distributed run: alone after the shared statistics,
+        """Resolve and run (rank 0 of a distributed run: alone after the shared statistics,
         meeting the others when done)."""
 
         def work() -> CalibrateResult:
-            from opsnn_quant.pipeline.calibrate import run_calibrate
+            from opsnn_quant.pipeline.calibrate import execute_calibrate
 
-            self.check()
+            run = self.resolve(distributed=sharing is not None)
             with _ui.reporter(quiet) as rep, dist.alone():
-                result = run_calibrate(
-                    self.recipe, self.out, seed=self.seed, progress=rep.phase,
-                    engine=self.engine, suite=self.suite, force=self.force,
-                    latency=self.latency, from_probe=self.from_probe,
-                    allow_broken_baseline=self.allow_broken_baseline, resume=self.resume,
-                    sharing=sharing, max_memory=self.max_memory,
-                )  # fmt: skip
+                result = execute_calibrate(run, progress=rep.phase, sharing=sharing)
             if sharing is not None:
                 sharing.done()
             return result
@@ -361,17 +348,25 @@ class CalibrateRun:
         return work() if sharing is None else sharing.lockstep.run(work)
 
 
-def launch(device: str, nproc: int, backend: str | None, records: int, batch: int) -> int:
+def check_launch(device: str, nproc: int, backend: str | None) -> None:
+    """``--nproc N`` on this host: N devices of the recipe's kind, a backend that runs on it.
+
+    Raises:
+        ConfigError: too few devices, or a backend that does not run on them.
+    """
+    kind = device.split(":")[0]
+    dist.check_devices(kind, nproc)
+    dist.check_backend(backend or {"npu": "hccl", "cuda": "nccl"}.get(kind, "gloo"))
+
+
+def launch(nproc: int, records: int, batch: int) -> int:
     """``--nproc N``: the command again in N processes on this host (torchrun's elastic
     agent), after checking that each gets a batch of the ``records`` calibration records (in
     batches of ``batch``); returns the run's exit code."""
     from opsnn_quant.cli import main
     from opsnn_quant.pipeline.sharing import check_processes
 
-    kind = device.split(":")[0]
     check_processes(nproc, records, batch)
-    dist.check_devices(kind, nproc)
-    dist.check_backend(backend or {"npu": "hccl", "cuda": "nccl"}.get(kind, "gloo"))
     return dist.launch_local(nproc, main, _ui.without_nproc(_ui.ARGV))
 
 
@@ -418,13 +413,10 @@ def probe_cmd(
     each, merged exactly); rank 0 does the rest and writes."""
     from opsnn_quant.models.footprint import parse_size
     from opsnn_quant.pipeline.probe import check_probe
+    from opsnn_quant.pipeline.run import check_offload_unshared
 
     budget = parse_size(max_memory) if max_memory is not None else None
-    if budget is not None and (nproc is not None or dist.launched()):
-        raise ConfigError(
-            "--max-memory: the probe's statistics pass is not shared among processes with an "
-            "offloaded model yet; leave out --nproc (or torchrun) or --max-memory"
-        )
+    check_offload_unshared(budget, nproc is not None or dist.launched())
 
     def check(on: str | None) -> ProbeJob:
         return check_probe(target, out, data, family, limit, set_ or [], exhaustive, on, dtype,
@@ -435,7 +427,8 @@ def probe_cmd(
         job = check(device)
         records = _probe_records(job)
         batch = int(job.settings.get("batch_size", 1) or 1)
-        raise typer.Exit(launch(job.device, nproc, dist_backend, records, batch))
+        check_launch(job.device, nproc, dist_backend)
+        raise typer.Exit(launch(nproc, records, batch))
     world = dist.init_world(device or _recipe_device(target), dist_backend)
     try:
         if world.distributed:  # rank 0 checks (the one writer); each rank its own device

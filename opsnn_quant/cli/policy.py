@@ -85,8 +85,8 @@ def export(
 ) -> None:
     """Write POLICY in a format AMCT or ATC reads (never over one of its inputs)."""
     from opsnn_quant.formats.atc.precision import onnx_node_io
-    from opsnn_quant.formats.policy_files import export_policy, write_export
-    from opsnn_quant.io import load_node_map
+    from opsnn_quant.formats.policy_files import export_files, export_policy
+    from opsnn_quant.io import load_node_map, write_output_files
 
     result = export_policy(
         _resolved(policy, probe)[0],
@@ -97,7 +97,9 @@ def export(
         batch_num=batch_num,
     )
     read = [policy, probe or policy.parent / PROBE_FILE, nodes, onnx]
-    written = write_export(result, out, force=force, inputs=[p for p in read if p is not None])
+    files, stale = export_files(result, out)
+    inputs = [p for p in read if p is not None]
+    written = write_output_files(files, force=force, inputs=inputs, stale=stale)
     for note in result.notes:
         typer.echo(f"note: {note}", err=True)
     typer.echo(", ".join(str(p) for p in written))

@@ -1,8 +1,9 @@
-"""Word and character error rates of transcripts, and how far a quantized model's transcripts moved.
+"""Word and character error rates of transcripts (the one implementation: the acceptance run's,
+the zoo's and the benchmarks'), and how far a quantized model's transcripts moved.
 
 Corpus rates come from torchmetrics ``WordErrorRate``/``CharErrorRate`` (total edits / total
 reference words or characters) after Whisper's English normalisation
-(:func:`opsnn_quant.text_norm.normalize_english`), as Whisper's published WERs are.
+(:func:`opsnn_quant.evaluation.text_norm.normalize_english`), as Whisper's published WERs are.
 Per-utterance rows and word alignments come from jiwer, for the report's worst-first diffs.
 
 *Agreement WER* scores the candidate's transcripts with the baseline's as the reference: it
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 from opsnn_quant.errors import InputError, MissingDependencyError
 from opsnn_quant.evaluation.report import DiffChunkRow, TranscriptRow
-from opsnn_quant.text_norm import normalize_english
+from opsnn_quant.evaluation.text_norm import normalize_english
 
 INSTALL_HINT = "pip install 'opsnn-quant[eval]'"
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,7 +37,7 @@ from opsnn_quant.errors import ConfigError
 from opsnn_quant.formats.atc import precision as export_atc
 from opsnn_quant.formats.registry import exporter, exporters
 from opsnn_quant.formats.result import ExportResult
-from opsnn_quant.io import check_output_file, remove_output_file, write_output_file
+from opsnn_quant.io import write_output_files
 from opsnn_quant.policy.schema import PrecisionPolicy, ResolvedPolicy
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Precision
@@ -312,31 +312,31 @@ def msmodelslim_v1(
     return export_msmodelslim(resolved)
 
 
-def write_export(
-    result: ExportResult,
-    path: str | Path,
-    *,
-    force: bool = False,
-    inputs: Iterable[str | Path] = (),
-) -> list[Path]:
-    """Write the file atomically; notes of comment-less formats go to ``<path>.notes.txt``.
+def export_files(
+    result: ExportResult, path: str | Path
+) -> tuple[dict[Path, tuple[str | bytes, str]], dict[Path, str]]:
+    """The files of ``result`` written at ``path`` (path -> (text, kind)): the file, and the
+    notes of a comment-less format in ``<path>.notes.txt``; and the notes file an earlier run
+    may have left that this one does not write (path -> kind), for
+    :func:`opsnn_quant.io.write_output_files`."""
+    notes_path, notes_kind = Path(f"{path}.notes.txt"), f"{result.format}.notes"
+    files: dict[Path, tuple[str | bytes, str]] = {Path(path): (result.text, result.format)}
+    if result.notes and not result.comments:
+        files[notes_path] = ("\n".join(result.notes) + "\n", notes_kind)
+    return files, ({} if notes_path in files else {notes_path: notes_kind})
 
-    Both files follow the output rules of :func:`opsnn_quant.io.check_output_file`, checked
-    before either is written: an existing file is replaced only when it is this format's file
-    as we wrote it (or with ``force``), and never when it is one of ``inputs``.
+
+def write_export(result: ExportResult, path: str | Path) -> list[Path]:
+    """Write ``result`` at ``path`` in a directory the caller owns (its notes beside it, see
+    :func:`export_files`); a file there is replaced only when it is this format's file as we
+    wrote it (:func:`opsnn_quant.io.check_output_file`). The command layer writes over a
+    user's path with its own checks (``policy export``: ``--force``, its inputs).
 
     Raises:
         OutputError: a file that must not be replaced, or a location that cannot be written.
     """
-    notes_path, notes_kind = Path(f"{path}.notes.txt"), f"{result.format}.notes"
-    files = {Path(path): (result.text, result.format)}
-    if result.notes and not result.comments:
-        files[notes_path] = ("\n".join(result.notes) + "\n", notes_kind)
-    for target, (_, kind) in files.items():
-        check_output_file(target, kind, force=force, inputs=inputs)
-    out = [write_output_file(p, text, kind, force=force) for p, (text, kind) in files.items()]
-    if notes_path not in files:
-        remove_output_file(notes_path, notes_kind)  # ours from an earlier run, now stale
+    files, stale = export_files(result, path)
+    written = write_output_files(files, stale=stale)
     for note in result.notes:
         log.info("%s: %s", result.format, note)
-    return out
+    return written

@@ -1,10 +1,10 @@
 """``calibrate``: recipe -> probe -> policy -> quantize -> save -> export, all into one OUT.
 
-:func:`run_calibrate` reads as its numbered phases. Everything that can be checked before the
-model loads is (output path, suite, latency mode, AMCT, data); then ``OUT/`` is built in a
-temporary sibling and renamed into place (:func:`opsnn_quant.io.atomic_dir`). Each phase takes
-the run's :class:`~.context.RunContext` and the values earlier phases returned, and returns its
-own: the probe a :class:`~opsnn_quant.probe.api.ProbeResult`, the policy phase the
+:func:`execute_calibrate` reads as its numbered phases. Everything that can be checked before
+the model loads was, once, when the run was resolved (:func:`~.run.resolve_run`: output path,
+suite, latency mode, AMCT, data); then ``OUT/`` is built in a temporary sibling and renamed into
+place (:func:`opsnn_quant.io.atomic_dir`). Each phase takes the run's
+:class:`~.context.RunContext` and the values earlier phases returned, and returns its own: the probe a :class:`~opsnn_quant.probe.api.ProbeResult`, the policy phase the
 :class:`~opsnn_quant.policy.schema.ResolvedPolicy` every later phase takes.
 """
 
@@ -14,28 +14,25 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opsnn_quant.backends.devices import backend_label, resolve_device
+from opsnn_quant.backends.devices import backend_label
 from opsnn_quant.determinism import set_reproducible
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.evaluation.gate import check_latency_mode
 from opsnn_quant.evaluation.render import OUTPUT_KIND as REPORT_KIND
-from opsnn_quant.evaluation.suite import Suite, load_suite, suite_inputs
+from opsnn_quant.evaluation.suite import Suite
 from opsnn_quant.fingerprint import differences, probe_inputs
 from opsnn_quant.formats.calibrate_output import PROBE_FILE, CalibrateOutput
 from opsnn_quant.formats.checkpoint import OUTPUT_KIND as CHECKPOINT_KIND
 from opsnn_quant.formats.checkpoint import save_quantized
-from opsnn_quant.io import atomic_dir, atomic_write_text, check_output_dir
-from opsnn_quant.models import ModelAdapter, check_model_source, check_weights
-from opsnn_quant.models.footprint import check_source_memory
+from opsnn_quant.io import atomic_dir, atomic_write_text
+from opsnn_quant.models import ModelAdapter
 from opsnn_quant.models.offload import offload_of
-from opsnn_quant.models.settings import check_source_fits
 from opsnn_quant.numerics import fmt_db
-from opsnn_quant.pipeline.context import ENGINES, Engine, RunContext, load_recipe_model
+from opsnn_quant.pipeline.context import RunContext, load_recipe_model
 from opsnn_quant.pipeline.exports import (
     ExportPlan,
     plan_model_exports,
@@ -46,10 +43,10 @@ from opsnn_quant.pipeline.measured import (
     MeasuredSearch,
     measured_policy,
     metric_source,
-    metric_suite,
     slice_records,
 )
-from opsnn_quant.pipeline.resume import RESUME_FILE, Journal, resumable, run_identity
+from opsnn_quant.pipeline.resume import RESUME_FILE, Journal, resumable
+from opsnn_quant.pipeline.run import OFFLOAD_REMEDY, OUTPUT_KIND, CalibrateRun, resolve_run
 from opsnn_quant.pipeline.sharing import Sharing
 from opsnn_quant.pipeline.timings import write_timings
 from opsnn_quant.policy.baselines import NAIVE_SCHEMES, naive_policy
@@ -77,14 +74,12 @@ from opsnn_quant.probe.measure import measure_modalities
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.schemes import SCHEMES
-from opsnn_quant.recipe import Recipe, recipe_inputs
+from opsnn_quant.recipe import Recipe
 from opsnn_quant.recipe_flags import recipe_yaml
 from opsnn_quant.recording import RecordedRoots, record_roots
 from opsnn_quant.types import Modality, Progress
-from opsnn_quant.user_config import check_seed
 
 log = logging.getLogger(__name__)
-OUTPUT_KIND = "calibrate"
 
 
 @dataclass
@@ -100,6 +95,7 @@ class CalibrateResult:
     verdict: str | None = None
     deployed: dict[str, dict[str, float]] = field(default_factory=dict)
     search: FrontResult | None = None
+    target: Target | None = None
 
 
 @dataclass(frozen=True)
@@ -128,7 +124,8 @@ def run_calibrate(
     sharing: Sharing | None = None,
     max_memory: int | None = None,
 ) -> CalibrateResult:
-    """Probe, decide, quantize, save and export, all into ``out`` (atomically).
+    """Probe, decide, quantize, save and export, all into ``out`` (atomically): the run
+    resolved (:func:`~.run.resolve_run`), then :func:`execute_calibrate`.
 
     Args:
         recipe: the calibration recipe.
@@ -155,9 +152,9 @@ def run_calibrate(
             the recipe's ``model.max_memory``): the model's blocks beyond it are offloaded to
             disk and run one at a time (:mod:`opsnn_quant.models.offload`; the same files as in
             memory), what does not run offloaded yet is refused before any work
-            (:func:`check_offloadable`); a diffusion pipeline's settings whose activations
-            exceed it are refused before anything loads (None: all in memory, and the floor
-            is checked against what this machine has free; see
+            (:func:`~.run.check_offloadable`); a diffusion pipeline's settings whose
+            activations exceed it are refused before anything loads (None: all in memory, and
+            the floor is checked against what this machine has free; see
             :mod:`opsnn_quant.models.footprint`).
 
     Raises:
@@ -165,45 +162,44 @@ def run_calibrate(
             path, seed, device, settings against the model's config files, latency mode,
             suite, AMCT, data), or a failure of a phase.
     """
-    say = progress or (lambda m: log.info("%s", m))
-    check_seed(seed, "seed")  # the recipe's is checked by its schema
-    seed = recipe.seed if seed is None else seed
-    if max_memory is not None:  # every model this run loads is offloaded beyond it
-        recipe = recipe.model_copy(
-            update={"model": recipe.model.model_copy(update={"max_memory": max_memory})}
-        )
-    max_memory = recipe.model.max_memory
-    if max_memory is not None and sharing is not None:
-        raise ConfigError(
-            "--max-memory: the probe's statistics pass is not shared among processes with an "
-            "offloaded model yet; leave out --nproc (or torchrun) or --max-memory"
-        )
-    effective = recipe.model_copy(update={"seed": seed})  # what ran, to repeat it
-    identity = run_identity(
-        recipe=recipe_yaml(effective), engine=engine, suite=suite, latency=latency,
-        from_probe=from_probe, allow_broken_baseline=allow_broken_baseline,
+    run = resolve_run(
+        recipe, out, seed=seed, engine=engine, suite=suite, force=force, latency=latency,
+        from_probe=from_probe, allow_broken_baseline=allow_broken_baseline, resume=resume,
+        max_memory=max_memory, distributed=sharing is not None,
     )  # fmt: skip
-    checked = check_before_work(recipe, out, engine, suite, latency, force, resume, max_memory)
-    unfinished, journal = resumable(out, OUTPUT_KIND, identity) if resume else (None, None)
-    set_reproducible(seed=seed)
+    return execute_calibrate(run, progress=progress, sharing=sharing)
+
+
+def execute_calibrate(
+    run: CalibrateRun, *, progress: Progress | None = None, sharing: Sharing | None = None
+) -> CalibrateResult:
+    """The phases of a resolved run (:func:`~.run.resolve_run` checked it before any work),
+    all into ``run.out``, built in a temporary sibling and swapped into place at the end.
+
+    Raises:
+        OpsnnQuantError: bad data or model, or a failure of a phase.
+    """
+    say = progress or (lambda m: log.info("%s", m))
+    recipe, out = run.recipe, run.out
+    unfinished, journal = resumable(out, OUTPUT_KIND, run.identity) if run.resume else (None, None)
+    set_reproducible(seed=run.seed)
     started = time.perf_counter()
-    data = load_data(recipe, say, checked.metric_suite)  # 1. load
+    data = load_data(recipe, say, run.metric_suite)  # 1. load
     reused = None
-    if from_probe is not None:
-        reused = reusable_probe(recipe, seed, checked.target, data, from_probe)
+    if run.from_probe is not None:
+        reused = reusable_probe(recipe, run.seed, run.target, data, run.from_probe)
     adapter = load_model(recipe, say)
     if sharing is not None:
         sharing.ready(adapter, data.probe)
-    with atomic_dir(out, OUTPUT_KIND, force=force, resume=unfinished, keep_if=RESUME_FILE) as tmp:
-        journal = journal or Journal(identity)
+    with atomic_dir(
+        out, OUTPUT_KIND, force=run.force, resume=unfinished, keep_if=RESUME_FILE
+    ) as tmp:
+        journal = journal or Journal(run.identity)
         journal.attach(tmp)
-        ctx = RunContext(
-            adapter, recipe, CalibrateOutput(tmp), seed, checked.engine, say, journal=journal,
-            sharing=sharing,
-        )  # fmt: skip
-        atomic_write_text(ctx.out.recipe, recipe_yaml(effective))
-        probe = probe_phase(ctx, data, checked.target, reused, checked)  # 2. probe (pass 1)
-        probed, resolved, notes, search = policy_phase(ctx, probe, data, checked)  # 3. policy
+        ctx = RunContext(run, adapter, CalibrateOutput(tmp), say, journal=journal, sharing=sharing)
+        atomic_write_text(ctx.out.recipe, recipe_yaml(run.effective))
+        probe = probe_phase(ctx, data, reused)  # 2. probe (pass 1)
+        probed, resolved, notes, search = policy_phase(ctx, probe, data)  # 3. policy
         holdout, plan = float_references(ctx, data, probed, resolved, search)  # 4. float refs
         quantize_phase(ctx, resolved, data, probed)  # 5. quantize, 6. save
         measured = measure_phase(ctx, holdout)  # 7. measure
@@ -211,9 +207,7 @@ def run_calibrate(
         notes += exported.notes
         deployed = deployed_shares(probed.report, exported.int8)
         add_policy_notes(ctx, resolved, deployed, measured)
-        verdict = acceptance_phase(
-            ctx, checked.suite, probed.report, resolved, latency, measured, allow_broken_baseline
-        )  # 9. accept
+        verdict = acceptance_phase(ctx, probed.report, resolved, measured)  # 9. accept
         journal.close()
         # The run's wall-clock times, apart: every other file is the same bytes on a rerun.
         ctx.timings["total"] = time.perf_counter() - started
@@ -224,7 +218,7 @@ def run_calibrate(
     rows = summarize(resolved, probed.report)
     share = int8_mac_share(probed.report, rows)
     return CalibrateResult(
-        out, rows, measured, ctx.timings, share, notes, verdict, deployed, search
+        out, rows, measured, ctx.timings, share, notes, verdict, deployed, search, run.target
     )
 
 
@@ -248,118 +242,9 @@ def contribute_statistics(
     adapter = load_model(recipe, say)
     sharing.ready(adapter, data.probe)
     say("probe pass 1 over this rank's share of the calibration data")
-    cfg = probe_config_for(recipe, seed, get_target(recipe.target))
+    cfg = probe_config_for(recipe, seed, get_target(recipe.target))  # this rank's own run
     sharing.send(statistics(adapter, sharing.loop(adapter, data.probe), cfg))
     sharing.done()
-
-
-def check_calibrate_output(
-    recipe: Recipe,
-    out: Path,
-    *,
-    force: bool = False,
-    suite: str | None = None,
-    inputs: Iterable[str] = (),
-    resume: bool = False,
-) -> None:
-    """Refuse an output ``calibrate`` must not replace, before any work (see
-    :func:`opsnn_quant.io.check_output_dir`): the recipe's inputs, the ``suite``'s and
-    ``inputs`` (such as the recipe file) are never replaced. ``resume``: an interrupted run's
-    unfinished output is kept (this run goes on from it)."""
-    read = [*recipe_inputs(recipe), *(suite_inputs(suite) if suite else []), *inputs]
-    check_output_dir(out, OUTPUT_KIND, force=force, inputs=read, keep_unfinished=resume)
-
-
-def check_engine(engine: str) -> Engine:
-    """``engine`` if it is one of :data:`~.context.ENGINES` (AMCT importable for ``amct``).
-
-    Raises:
-        ConfigError: an unknown engine.
-        MissingDependencyError: ``amct`` without CANN's AMCT installed.
-    """
-    if engine not in ENGINES:
-        raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    if engine == "amct":
-        from opsnn_quant.amct.run import import_amct
-
-        import_amct()  # AMCT ships with CANN and may simply not be here
-    return engine
-
-
-@dataclass(frozen=True)
-class Checked:
-    """What :func:`check_before_work` resolved: the recipe's target (its name looked up here,
-    once), the acceptance suite (if any) and the engine."""
-
-    target: Target
-    suite: Suite | None
-    engine: Engine
-    metric_suite: Suite | None = None
-
-
-def check_before_work(
-    recipe: Recipe,
-    out: Path,
-    engine: str,
-    suite: str | None,
-    latency: str,
-    force: bool,
-    resume: bool = False,
-    max_memory: int | None = None,
-) -> Checked:
-    """Everything checkable before data and model load (``max_memory``: the host memory a
-    call of the model may take, None: what the machine has free)."""
-    check_model_source(recipe.model.source)
-    check_weights(recipe.model.source, allow_pickle=recipe.model.allow_pickle)
-    metric = recipe.budget.metric
-    inputs = suite_inputs(metric.suite) if metric is not None else []
-    check_calibrate_output(recipe, out, force=force, suite=suite, inputs=inputs, resume=resume)
-    resolve_device(recipe.model.device)  # an npu recipe on a machine without torch_npu: now
-    check_source_fits(recipe.model.source, recipe.model.settings)  # e.g. steps vs the scheduler
-    if recipe.model.device.startswith("cpu"):  # the activations of one call, in host memory
-        check_source_memory(
-            recipe.model.source, recipe.model.settings, records=recipe.data.limit,
-            max_memory=max_memory, offload=max_memory is not None,
-        )  # fmt: skip
-    if max_memory is not None:
-        check_offloadable(recipe, engine)
-    check_latency_mode(latency)  # with or without a suite: a typo is never silently ignored
-    loaded = load_suite(suite) if suite is not None else None
-    if metric is not None and engine == "amct":
-        raise ConfigError(
-            "budget.metric measures candidates quantized by opsnn-quant; with --engine amct "
-            "the written model is AMCT's: leave budget.metric out"
-        )
-    return Checked(get_target(recipe.target), loaded, check_engine(engine), metric_suite(metric))
-
-
-def check_offloadable(recipe: Recipe, engine: str) -> None:
-    """Refuse, before any work, what does not run on an offloaded model (``--max-memory``):
-    a search without ``budget.metric`` whose probe needs an estimator that does not run
-    offloaded (it always reads the estimators: the exhaustive reference; see
-    :func:`~opsnn_quant.probe.api.check_offloaded_estimators`) and AMCT (which runs the model
-    itself). A measured search may decide on pass 1 alone (a naive baseline meets the budget);
-    if it does not, :meth:`Probed.estimated` refuses then.
-
-    Raises:
-        ConfigError: the run needs what does not run offloaded.
-    """
-    if engine == "amct":
-        raise ConfigError(
-            "--max-memory: --engine amct runs the model in AMCT, which does not run an "
-            "offloaded model; leave out --max-memory or use --engine opsnn"
-        )
-    if recipe.strategy == "search" and recipe.budget.metric is None:
-        try:
-            check_offloaded_estimators(recipe.probe_config())
-        except ConfigError as e:
-            raise ConfigError(f"{e}; {OFFLOAD_REMEDY}") from None
-
-
-OFFLOAD_REMEDY = (
-    "leave out probe.exhaustive, give --strategy all-w8a8-minmax, all-w8a8-dynamic or "
-    "all-fp16, or leave out --max-memory"
-)
 
 
 # ---- 1. load -------------------------------------------------------------------------------
@@ -448,13 +333,7 @@ def reusable_probe(
     return report
 
 
-def probe_phase(
-    ctx: RunContext,
-    data: CalibrationData,
-    target: Target,
-    reused: SensitivityReport | None,
-    checked: Checked,
-) -> Probed:
+def probe_phase(ctx: RunContext, data: CalibrationData, reused: SensitivityReport | None) -> Probed:
     """Probe on the probe's share of the calibration data (or take ``reused``, an earlier
     probe's report of the same model, data and settings, or the report of the interrupted run
     this one resumes: then only pass 1 runs again, for the statistics later phases take).
@@ -462,7 +341,7 @@ def probe_phase(
     Decide first: when the decision may read pass 1 alone (:func:`estimators_optional`), only
     pass 1 runs here; the estimators run later, if the decision needs them. ``probe.json`` is
     written once the probe is settled (:meth:`Probed.settle`)."""
-    cfg = probe_config_for(ctx.recipe, ctx.seed, target)
+    cfg = probe_config_for(ctx.recipe, ctx.seed, ctx.target)
     loop = ctx.adapter.forward_loop(data.probe)
     shard = ctx.sharing.shard(ctx.adapter, data.probe) if ctx.sharing is not None else None
     earlier = reused
@@ -481,7 +360,7 @@ def probe_phase(
         ctx.journal.mark("probe")
         return Probed(ctx, probed)
     inputs = probe_inputs(ctx.recipe.model.source, data.probe)
-    if estimators_optional(ctx.recipe, checked):
+    if estimators_optional(ctx.run):
         first = cfg if shard is not None else first_decision_config(cfg)
         with ctx.timed("probe"):
             staged = start_probe(ctx.adapter, loop, first, progress=ctx.say, shard=shard, full=cfg)
@@ -503,11 +382,11 @@ def first_decision_config(cfg: ProbeConfig) -> ProbeConfig:
     )
 
 
-def estimators_optional(recipe: Recipe, checked: Checked) -> bool:
+def estimators_optional(run: CalibrateRun) -> bool:
     """Whether the decision may be made on pass 1 alone: a naive baseline never reads the
     estimates; a measured search reads them only when no baseline meets the budget at full
     int8 coverage. The estimate-only search (no ``budget.metric``) always does."""
-    return recipe.strategy != "search" or checked.metric_suite is not None
+    return run.recipe.strategy != "search" or run.metric_suite is not None
 
 
 @dataclass
@@ -576,7 +455,7 @@ class Probed:
 
 
 def policy_phase(
-    ctx: RunContext, probe: Probed, data: CalibrationData, checked: Checked
+    ctx: RunContext, probe: Probed, data: CalibrationData
 ) -> tuple[ProbeResult, ResolvedPolicy, list[str], FrontResult | None]:
     """Decide the policy (the recipe's search, measured with ``budget.metric``, or a naive
     baseline), resolve it once against the probed modules, and write ``policy.yaml`` with the
@@ -589,7 +468,7 @@ def policy_phase(
         probed = probe.settle("resumed after the policy")
         policy = PrecisionPolicy.load(ctx.out.policy)
     else:
-        probed, policy, walked = decide(ctx, probe, data, checked)
+        probed, policy, walked = decide(ctx, probe, data)
         policy.save(ctx.out.policy)
     report = probed.report
     resolved = policy.resolved(report.inventory(), report.weight_shapes(), tied=report.tied())
@@ -599,26 +478,24 @@ def policy_phase(
 
 
 def decide(
-    ctx: RunContext, probe: Probed, data: CalibrationData, checked: Checked
+    ctx: RunContext, probe: Probed, data: CalibrationData
 ) -> tuple[ProbeResult, PrecisionPolicy, FrontResult | None]:
     """The policy: the recipe's search (measured with ``budget.metric``) or naive baseline;
     with the probe it was decided on (the estimators run only if the decision read them)."""
-    target = checked.target
+    target, suite = ctx.target, ctx.run.metric_suite
     ctx.say("deciding the precision policy")
     strategy = ctx.recipe.strategy
     if strategy != "search":
         probed = probe.settle(f"strategy {strategy} reads pass 1 only")
         return probed, naive_policy(probed.report, target, strategy), None
-    if checked.metric_suite is None:
+    if suite is None:
         probed = probe.estimated()
         return probed, build_policy(probed.report, ctx.recipe.budget, target), None
 
     def search_on(result: ProbeResult) -> MeasuredSearch:
         stats = result.statistics if data.probe is data.calibration else None
-        assert data.metric is not None and checked.metric_suite is not None
-        return MeasuredSearch(
-            result.report, target, data.calibration, stats, checked.metric_suite, data.metric
-        )
+        assert data.metric is not None and suite is not None
+        return MeasuredSearch(result.report, target, data.calibration, stats, suite, data.metric)
 
     started, before = time.perf_counter(), ctx.timings.get("probe estimators", 0.0)
     walked = measured_policy(ctx, search_on(probe.first()), lambda: search_on(probe.estimated()))
@@ -684,7 +561,7 @@ def quantize_phase(
     on the same data: the same observers, no pass)."""
     with ctx.timed("quantize"):
         loop = ctx.adapter.forward_loop(data.calibration)
-        if ctx.engine == "amct":
+        if ctx.quantizer == "amct":
             from opsnn_quant.amct.handoff import run_amct_roots
 
             ctx.say("handing the policy to AMCT")
@@ -713,7 +590,7 @@ def measure_phase(
     ctx: RunContext, holdout: RecordedRoots | None
 ) -> dict[Modality, dict[str, float]]:
     """The quantized model's per-modality SQNR against the float outputs on held-out data."""
-    if holdout is None or ctx.engine != "opsnn":
+    if holdout is None or ctx.quantizer != "opsnn":
         return {}
     ctx.say("measuring the quantized model on held-out data")
     return measure_modalities(ctx.adapter, holdout)
@@ -761,16 +638,14 @@ def position_note(modality: Modality, figures: Mapping[str, float], backend: str
 
 def acceptance_phase(
     ctx: RunContext,
-    suite: Suite | None,
     report: SensitivityReport,
     resolved: ResolvedPolicy,
-    latency: str,
     measured: Mapping[Modality, Mapping[str, float]] | None = None,
-    allow_broken_baseline: bool = False,
 ) -> str | None:
     """With ``--evaluate SUITE``: the freshly quantized model against a fresh float copy,
     report in ``report/``; returns the verdict (None without a suite, or with AMCT)."""
-    if suite is None or ctx.engine != "opsnn":
+    suite = ctx.run.suite
+    if suite is None or ctx.quantizer != "opsnn":
         return None
     import torch
 
@@ -790,10 +665,10 @@ def acceptance_phase(
         policy=with_measured(policy_summary(resolved.policy), measured or {}),
         sensitivity=report,
         progress=ctx.say,
-        latency=latency,
+        latency=ctx.run.latency,
         target=resolved.target,
         allow_pickle=ctx.recipe.model.allow_pickle,  # the suite's CLIP too
-        allow_broken_baseline=allow_broken_baseline,
+        allow_broken_baseline=ctx.run.allow_broken_baseline,
     )
     # the report's run times: calibrate's phases, then the acceptance run's own
     acc.timings = {**{k: round(v, 3) for k, v in ctx.timings.items()}, **acc.timings}

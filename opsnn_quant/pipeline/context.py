@@ -6,18 +6,16 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Literal
 
 from opsnn_quant.formats.calibrate_output import CalibrateOutput
 from opsnn_quant.models import load_adapter
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.pipeline.resume import Journal
+from opsnn_quant.pipeline.run import CalibrateRun, Quantizer
 from opsnn_quant.pipeline.sharing import Sharing
+from opsnn_quant.policy.targets import Target
 from opsnn_quant.recipe import Recipe
 from opsnn_quant.types import Progress
-
-Engine = Literal["opsnn", "amct"]
-ENGINES: tuple[Engine, ...] = ("opsnn", "amct")
 
 
 @dataclass
@@ -25,26 +23,42 @@ class RunContext:
     """One calibrate run, as every phase sees it.
 
     Attributes:
+        run: the run, resolved once (recipe, seed, target, suites, quantizer).
         adapter: the model (float until the quantize phase swaps its modules in place).
-        recipe: the recipe, with the command line's overrides applied.
         out: the output being built (a temporary sibling, renamed into place at the end).
-        seed: the run's seed (the recipe's unless overridden).
-        engine: ``opsnn`` (our exact Ascend arithmetic) or ``amct`` (hand the policy to AMCT).
         say: progress callback, told about each phase.
         timings: wall-clock seconds per phase (``timings.json``; nothing else holds times).
         journal: the phases finished (by an interrupted run this one resumes, or by this one).
         sharing: rank 0 of a distributed run, whose probe pass 1 is shared (None: one process).
     """
 
+    run: CalibrateRun
     adapter: ModelAdapter
-    recipe: Recipe
     out: CalibrateOutput
-    seed: int
-    engine: Engine
     say: Progress
     timings: dict[str, float] = field(default_factory=dict)
     journal: Journal = field(default_factory=lambda: Journal({}))
     sharing: Sharing | None = None
+
+    @property
+    def recipe(self) -> Recipe:
+        """The run's recipe (the command line's overrides applied)."""
+        return self.run.recipe
+
+    @property
+    def seed(self) -> int:
+        """The run's seed."""
+        return self.run.seed
+
+    @property
+    def quantizer(self) -> Quantizer:
+        """Who quantizes: ``opsnn`` (our exact Ascend arithmetic) or ``amct``."""
+        return self.run.quantizer
+
+    @property
+    def target(self) -> Target:
+        """The run's deployment target."""
+        return self.run.target
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:

@@ -83,7 +83,7 @@ def plan_model_exports(
 
 
 def _wanted(ctx: RunContext, resolved: ResolvedPolicy) -> tuple[list[str], list[str]]:
-    if ctx.engine != "opsnn":
+    if ctx.quantizer != "opsnn":
         return [], []
     wanted = [f for f in ctx.recipe.exports if exporter(f).kind == "model"]
     notes = []

@@ -23,7 +23,7 @@ from opsnn_quant.determinism import set_reproducible
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.evaluate import suite_records
 from opsnn_quant.evaluation.slice_scorer import SliceScorer
-from opsnn_quant.evaluation.suite import Suite, load_suite
+from opsnn_quant.evaluation.suite import Suite
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.data import load_records
 from opsnn_quant.pipeline.context import RunContext, load_recipe_model
@@ -44,15 +44,6 @@ from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.quant.api import SeedsCalibration, quantize
 
 log = logging.getLogger(__name__)
-
-
-def metric_suite(metric: MetricBudget | None) -> Suite | None:
-    """The suite ``budget.metric`` is measured on, loaded (None without a metric budget).
-
-    Raises:
-        ConfigError: an unknown suite name or a bad suite file.
-    """
-    return None if metric is None else load_suite(metric.suite)
 
 
 @dataclass(frozen=True)

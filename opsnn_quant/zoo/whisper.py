@@ -162,7 +162,8 @@ def measure_wer(
         time of feature extraction + generation) and ``errors``: the (reference, hypothesis)
         pairs that differ after normalisation, for inspection.
     """
-    from opsnn_quant.text_norm import normalize_english, word_error_rate
+    from opsnn_quant.evaluation.text_norm import normalize_english
+    from opsnn_quant.evaluation.wer import error_rates
 
     model = load_whisper_tiny_en(torch_dtype)
     processor = load_whisper_processor()
@@ -177,8 +178,8 @@ def measure_wer(
     ]
     return {
         "utterances": len(refs),
-        "wer": word_error_rate(refs, hyps),
-        "raw_wer": word_error_rate(refs, hyps, normalize=False),
+        "wer": error_rates(refs, hyps).wer,
+        "raw_wer": error_rates(refs, hyps, normalize=False).wer,
         "seconds_per_utterance": elapsed / max(len(refs), 1),
         "errors": wrong,
     }

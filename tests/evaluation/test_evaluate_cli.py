@@ -149,7 +149,7 @@ def test_calibrate_evaluate_exits_4_when_inconclusive(tmp_path, monkeypatch, cap
 
     for verdict, code in (("INCONCLUSIVE", 4), ("FAIL", 3), ("PASS", 0)):
         fake = SimpleNamespace(verdict=verdict)
-        monkeypatch.setattr(cli.CalibrateRun, "main", lambda self, quiet, sharing, f=fake: f)
+        monkeypatch.setattr(cli.CalibrateCommand, "main", lambda self, quiet, sharing, f=fake: f)
         out = tmp_path / verdict
         argv = ["calibrate", "shapes-t2i", "-o", str(out), "--evaluate", "shapes-t2i", "-q"]
         assert main(argv) == code

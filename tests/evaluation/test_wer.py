@@ -63,3 +63,16 @@ def test_errors():
         error_rates([], [])
     with pytest.raises(InputError, match="no words"):
         error_rates(["", "  "], ["a", "b"])
+
+
+def test_corpus_wer_counts_hand_edits_and_refuses_bad_lists():
+    # (moved from the zoo's tests with text_norm.word_error_rate: one WER implementation now)
+    refs = ["the cat is sleeping", "turn left"]
+    assert error_rates(refs, ["The cat is sleeping.", "Turn left!"]).wer == 0.0
+    # one substitution + one deletion over six reference words
+    assert error_rates(refs, ["the bat is sleeping", "turn"]).wer == pytest.approx(2 / 6)
+    assert error_rates(["the cat"], ["The cat."], normalize=False).wer == 1.0
+    with pytest.raises(InputError):
+        error_rates(refs, ["one"])
+    with pytest.raises(InputError, match="no words"):
+        error_rates(["uh"], ["x"])

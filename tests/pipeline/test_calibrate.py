@@ -299,6 +299,7 @@ def test_a_metric_budget_is_checked_before_work(tmp_path, capsys):
     recipe, _ = _metric_setup(tmp_path, psnr_min=5.0)
     bad = tmp_path / "bad.yaml"
     bad.write_text(recipe.read_text().replace(str(tmp_path / "suite.yaml"), "no-such-suite"))
+    capsys.readouterr()  # building the tiny pipeline may print (transformers, once a process)
     assert main(["calibrate", str(bad), "-o", str(tmp_path / "o1")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "no-such-suite" in err and "Traceback" not in err
@@ -396,7 +397,7 @@ def test_a_naive_strategy_pays_for_pass_1_only_and_writes_the_same_model(tmp_pat
     assert report.config["schemes"] == ["w8a8_dynamic"]  # no other scheme's observers
     # the same run with every scheme the target runs and the estimators (before issue 43)
     real_config = workflow.probe_config_for
-    monkeypatch.setattr(workflow, "estimators_optional", lambda recipe, checked: False)
+    monkeypatch.setattr(workflow, "estimators_optional", lambda run: False)
     monkeypatch.setattr(
         workflow,
         "probe_config_for",

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 from opsnn_quant import zoo
-from opsnn_quant.errors import ConfigError, InputError, MissingDependencyError
-from opsnn_quant.text_norm import normalize_english, word_error_rate
+from opsnn_quant.errors import ConfigError, MissingDependencyError
 from opsnn_quant.zoo import speech_data as sd
 
 needs_espeak = pytest.mark.skipif(
@@ -334,24 +333,6 @@ def test_records_are_the_rows_of_the_dataset(split: str, request: pytest.Fixture
             k: v for k, v in b.items() if k != "audio"
         }
         assert [type(a[k]) for k in sorted(a)] == [type(b[k]) for k in sorted(b)]
-
-
-def test_normalize_english() -> None:
-    assert normalize_english("Mr. Smith won't pay £10.") == "mister smith will not pay £10"
-    assert normalize_english("The colour is grey!") == "the color is gray"  # spelling table
-    assert normalize_english("I would like four cups.") == "i would like 4 cups"
-
-
-def test_word_error_rate() -> None:
-    refs = ["the cat is sleeping", "turn left"]
-    assert word_error_rate(refs, ["The cat is sleeping.", "Turn left!"]) == 0.0
-    # one substitution + one deletion over six reference words
-    assert word_error_rate(refs, ["the bat is sleeping", "turn"]) == pytest.approx(2 / 6)
-    assert word_error_rate(["the cat"], ["The cat."], normalize=False) == 1.0
-    with pytest.raises(InputError):
-        word_error_rate(refs, ["one"])
-    with pytest.raises(InputError, match="no words"):
-        word_error_rate(["uh"], ["x"])
 
 
 def test_whisper_wer_on_eval_subset() -> None:

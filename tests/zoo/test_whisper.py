@@ -194,7 +194,7 @@ def test_generate_transcribes(model_and_processor) -> None:
 
     row = load_eval(limit=4)[3]
     text = whisper.transcribe(model, processor, [row["audio"]])[0]
-    from opsnn_quant.text_norm import normalize_english
+    from opsnn_quant.evaluation.text_norm import normalize_english
 
     assert normalize_english(text) == normalize_english(row["text"])
 

@@ -1,4 +1,4 @@
-"""Whisper's English text normalisation and word error rate.
+"""Transcript normalisation before an error rate is counted (Whisper's English normaliser).
 
 WER figures for Whisper are quoted after OpenAI's ``EnglishTextNormalizer`` (lower case, no
 punctuation, contractions expanded, numbers as digits, British spellings mapped to American),
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from importlib import resources
 
-from opsnn_quant.errors import InputError, MissingDependencyError
+from opsnn_quant.errors import MissingDependencyError
 
 _SPELLING_PACKAGE = "whisper_normalizer"
 _SPELLING_FILE = ("normalizers", "english.json")
@@ -58,32 +58,3 @@ def normalize_english(text: str) -> str:
     Example: ``"Mr. Smith won't pay £10."`` -> ``"mister smith will not pay £10"``.
     """
     return _normalizer()(text).strip()
-
-
-def word_error_rate(
-    references: Sequence[str], hypotheses: Sequence[str], normalize: bool = True
-) -> float:
-    """Corpus-level word error rate: total edits / total reference words.
-
-    Args:
-        references: Ground-truth transcripts.
-        hypotheses: Model transcripts, same length and order.
-        normalize: Apply :func:`normalize_english` to both sides first (the usual Whisper
-            figure); ``False`` gives the raw WER on whitespace-split words.
-
-    Raises:
-        InputError: The lists differ in length, are empty, or a reference has no words left.
-    """
-    import jiwer
-
-    if len(references) != len(hypotheses):
-        raise InputError(f"{len(references)} references but {len(hypotheses)} hypotheses")
-    if not references:
-        raise InputError("word_error_rate needs at least one reference")
-    prep = normalize_english if normalize else (lambda s: " ".join(s.split()))
-    refs = [prep(r) for r in references]
-    hyps = [prep(h) for h in hypotheses]
-    empty = [i for i, r in enumerate(refs) if not r]
-    if empty:
-        raise InputError(f"references {empty[:5]} have no words after normalisation")
-    return float(jiwer.wer(refs, hyps))

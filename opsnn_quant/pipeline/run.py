@@ -1,0 +1,229 @@
+"""One ``calibrate`` run, its strings resolved once (:class:`CalibrateRun`).
+
+The command line and the Python API both end in :func:`resolve_run`: every name becomes a value
+there (the target, the acceptance suite, the ``budget.metric`` suite, the quantizer) and every
+check that needs no data or model runs there, once: the model source and its weights, the
+output directory (:func:`~opsnn_quant.io.check_output_dir`), the device, the settings against
+the model's config files, the memory floor, the latency mode. The phases take the resolved run
+and never look a name up again. Only the swap of the finished output checks ``OUT`` once more,
+under its lock (:func:`~opsnn_quant.io.atomic_dir`): the directory may change while a run works.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from opsnn_quant.backends.devices import resolve_device
+from opsnn_quant.errors import ConfigError
+from opsnn_quant.evaluation.gate import check_latency_mode
+from opsnn_quant.evaluation.suite import Suite, load_suite, suite_inputs
+from opsnn_quant.io import check_output_dir
+from opsnn_quant.models import check_model_source, check_weights
+from opsnn_quant.models.footprint import check_source_memory
+from opsnn_quant.models.settings import check_source_fits
+from opsnn_quant.pipeline.resume import run_identity
+from opsnn_quant.policy.targets import Target, get_target
+from opsnn_quant.probe.api import check_offloaded_estimators
+from opsnn_quant.probe.moments import moments_memory
+from opsnn_quant.recipe import Recipe, recipe_inputs
+from opsnn_quant.recipe_flags import recipe_yaml
+from opsnn_quant.user_config import check_seed
+
+OUTPUT_KIND = "calibrate"
+
+# Who quantizes the model: opsnn-quant itself (the Ascend operators' exact arithmetic) or CANN's
+# AMCT, handed the policy. Not the deploy engine a target names (policy.targets.Engine).
+Quantizer = Literal["opsnn", "amct"]
+QUANTIZERS: tuple[Quantizer, ...] = ("opsnn", "amct")
+
+OFFLOAD_REMEDY = (
+    "leave out probe.exhaustive, give --strategy all-w8a8-minmax, all-w8a8-dynamic or "
+    "all-fp16, or leave out --max-memory"
+)
+
+
+@dataclass(frozen=True)
+class CalibrateRun:
+    """One ``calibrate``, resolved: what every phase reads instead of names and flags.
+
+    Attributes:
+        recipe: the recipe, the command line's overrides applied (``max_memory`` included).
+        out: the output directory (checked: see :func:`resolve_run`).
+        seed: the run's seed (the recipe's unless overridden).
+        target: the recipe's deployment target.
+        quantizer: ``opsnn`` or ``amct`` (``--engine``).
+        suite: the acceptance suite of ``--evaluate`` (None: no acceptance run).
+        suite_name: the name or path it was given as (for the run's identity).
+        metric_suite: the suite ``budget.metric`` is measured with (None: no measured search).
+        latency: what the acceptance run times (``none``, ``target``, ``all``).
+        from_probe: an earlier probe to reuse (checked against this run's model and data once
+            they are loaded).
+        allow_broken_baseline: judge the candidate even when the float baseline is broken.
+        resume: go on from an interrupted run's finished phases.
+        force: replace ``out`` even when it is not a calibrate output.
+        identity: what a resumed run must share with the interrupted one.
+    """
+
+    recipe: Recipe
+    out: Path
+    seed: int
+    target: Target
+    quantizer: Quantizer
+    suite: Suite | None
+    suite_name: str | None
+    metric_suite: Suite | None
+    latency: str
+    from_probe: Path | None
+    allow_broken_baseline: bool
+    resume: bool
+    force: bool
+    identity: dict[str, Any]
+
+    @property
+    def effective(self) -> Recipe:
+        """The recipe as it ran (its seed the run's): ``OUT/recipe.yaml``, to repeat the run."""
+        return self.recipe.model_copy(update={"seed": self.seed})
+
+
+def resolve_run(
+    recipe: Recipe,
+    out: Path,
+    *,
+    seed: int | None = None,
+    engine: str = "opsnn",
+    suite: str | None = None,
+    force: bool = False,
+    latency: str = "target",
+    from_probe: Path | None = None,
+    allow_broken_baseline: bool = False,
+    resume: bool = False,
+    max_memory: int | None = None,
+    inputs: Iterable[str] = (),
+    distributed: bool = False,
+) -> CalibrateRun:
+    """Check everything checkable before data and model load, and resolve every name, once.
+
+    Args:
+        recipe: the calibration recipe.
+        out: the output directory.
+        seed: overrides the recipe's seed.
+        engine: ``opsnn`` or ``amct`` (see :data:`QUANTIZERS`).
+        suite: an acceptance suite (built-in name or path) to evaluate the result with.
+        force: replace ``out`` even when it is not a calibrate output.
+        latency: what the acceptance run times (``none``, ``target``, ``all``).
+        from_probe: an earlier probe to reuse.
+        allow_broken_baseline: judge the candidate even when the float baseline is broken.
+        resume: go on from an interrupted run into ``out``.
+        max_memory: host memory (bytes) a call of the model may take, over the recipe's
+            ``model.max_memory`` (None: the recipe's; none there: what the machine has free).
+        inputs: more paths the run reads (the recipe file): ``out`` may not replace them.
+        distributed: the probe's statistics pass is shared among processes.
+
+    Raises:
+        OpsnnQuantError: bad input (the model source, its weights, the output path, seed,
+            device, settings against the model's config files, memory, latency mode, suite,
+            quantizer, what does not run offloaded).
+    """
+    check_seed(seed, "seed")  # the recipe's is checked by its schema
+    moments_memory()  # OPSNN_QUANT_MOMENTS_MEMORY, read at pass 1: refused before any load
+    if max_memory is not None:  # every model this run loads is offloaded beyond it
+        recipe = recipe.model_copy(
+            update={"model": recipe.model.model_copy(update={"max_memory": max_memory})}
+        )
+    budget = recipe.model.max_memory
+    check_offload_unshared(budget, distributed)
+    source, settings = recipe.model.source, recipe.model.settings
+    check_model_source(source)
+    check_weights(source, allow_pickle=recipe.model.allow_pickle)
+    metric = recipe.budget.metric
+    read = [
+        *recipe_inputs(recipe),
+        *(suite_inputs(suite) if suite else []),
+        *(suite_inputs(metric.suite) if metric is not None else []),
+        *inputs,
+    ]
+    check_output_dir(out, OUTPUT_KIND, force=force, inputs=read, keep_unfinished=resume)
+    resolve_device(recipe.model.device)  # an npu recipe on a machine without torch_npu: now
+    check_source_fits(source, settings)  # e.g. steps vs the scheduler
+    if recipe.model.device.startswith("cpu"):  # the activations of one call, in host memory
+        check_source_memory(
+            source, settings, records=recipe.data.limit, max_memory=budget,
+            offload=budget is not None,
+        )  # fmt: skip
+    if budget is not None:
+        check_offloadable(recipe, engine)
+    check_latency_mode(latency)  # with or without a suite: a typo is never silently ignored
+    loaded = load_suite(suite) if suite is not None else None
+    if metric is not None and engine == "amct":
+        raise ConfigError(
+            "budget.metric measures candidates quantized by opsnn-quant; with --engine amct "
+            "the written model is AMCT's: leave budget.metric out"
+        )
+    quantizer = check_quantizer(engine)  # last: AMCT imported only for a run otherwise good
+    seed = recipe.seed if seed is None else seed
+    identity = run_identity(
+        recipe=recipe_yaml(recipe.model_copy(update={"seed": seed})), engine=quantizer,
+        suite=suite, latency=latency, from_probe=from_probe,
+        allow_broken_baseline=allow_broken_baseline,
+    )  # fmt: skip
+    return CalibrateRun(
+        recipe, out, seed, get_target(recipe.target), quantizer, loaded, suite,
+        load_suite(metric.suite) if metric is not None else None, latency, from_probe, allow_broken_baseline, resume, force,
+        identity,
+    )  # fmt: skip
+
+
+def check_offload_unshared(max_memory: int | None, distributed: bool) -> None:
+    """Refuse an offloaded model (``max_memory``) in a distributed run: every rank refuses it,
+    before the ranks part ways (the command line calls this before the others start).
+
+    Raises:
+        ConfigError: both.
+    """
+    if max_memory is not None and distributed:
+        raise ConfigError(
+            "--max-memory: the probe's statistics pass is not shared among processes with an "
+            "offloaded model yet; leave out --nproc (or torchrun) or --max-memory"
+        )
+
+
+def check_quantizer(engine: str) -> Quantizer:
+    """``engine`` if it is one of :data:`QUANTIZERS` (AMCT importable for ``amct``).
+
+    Raises:
+        ConfigError: an unknown quantizer.
+        MissingDependencyError: ``amct`` without CANN's AMCT installed.
+    """
+    if engine not in QUANTIZERS:
+        raise ConfigError(f"--engine must be {' or '.join(QUANTIZERS)}, got {engine!r}")
+    if engine == "amct":
+        from opsnn_quant.amct.run import import_amct
+
+        import_amct()  # AMCT ships with CANN and may simply not be here
+    return engine
+
+
+def check_offloadable(recipe: Recipe, quantizer: str) -> None:
+    """Refuse, before any work, what does not run on an offloaded model (``--max-memory``):
+    a search without ``budget.metric`` whose probe needs an estimator that does not run
+    offloaded (it always reads the estimators: the exhaustive reference; see
+    :func:`~opsnn_quant.probe.api.check_offloaded_estimators`) and AMCT (which runs the model
+    itself). A measured search may decide on pass 1 alone (a naive baseline meets the budget);
+    if it does not, the probe phase refuses then.
+
+    Raises:
+        ConfigError: the run needs what does not run offloaded.
+    """
+    if quantizer == "amct":
+        raise ConfigError(
+            "--max-memory: --engine amct runs the model in AMCT, which does not run an "
+            "offloaded model; leave out --max-memory or use --engine opsnn"
+        )
+    if recipe.strategy == "search" and recipe.budget.metric is None:
+        try:
+            check_offloaded_estimators(recipe.probe_config())
+        except ConfigError as e:
+            raise ConfigError(f"{e}; {OFFLOAD_REMEDY}") from None
