@@ -361,14 +361,14 @@ def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
     _first_to_go()
     from opsnn_quant.ascend.gemm_path import ENV, describe
     from opsnn_quant.ascend.matmul import gemm_choice
-    from opsnn_quant.determinism import set_reproducible
+    from opsnn_quant.core.determinism import set_reproducible
 
     os.environ[ENV] = args.gemm
     set_reproducible(seed=0, threads=args.threads)
     if args.slow_native:
         _slow_native_int_mm()
     gemm = describe(gemm_choice())  # the race (or the forced path), before anything is timed
-    from opsnn_quant.memory import release_memory
+    from opsnn_quant.core.memory import release_memory
     from opsnn_quant.models.data import load_records
     from opsnn_quant.pipeline.calibrate import load_recipe_model, run_calibrate
     from opsnn_quant.recipe import Recipe
@@ -615,7 +615,7 @@ def _timed_loop(adapter: Any, data: Any) -> float:
 
 def _float_pass_seconds(recipe: Any, data: Any) -> float:
     """One more float pass, on a fresh load, after the calibrate (its peak RSS is recorded)."""
-    from opsnn_quant.memory import release_memory
+    from opsnn_quant.core.memory import release_memory
     from opsnn_quant.pipeline.calibrate import load_recipe_model
 
     release_memory()

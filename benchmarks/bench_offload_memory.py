@@ -38,7 +38,7 @@ from benchmarks.real_widths import build_flux
 CHILD = r"""
 import json, os, sys
 os.environ["OPSNN_QUANT_INT8_GEMM"] = "fp32-chunk"
-from opsnn_quant.determinism import set_reproducible
+from opsnn_quant.core.determinism import set_reproducible
 set_reproducible(seed=0, threads=1)
 from opsnn_quant.models import offload
 from opsnn_quant.pipeline.calibrate import run_calibrate

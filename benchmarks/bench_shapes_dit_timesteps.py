@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from opsnn_quant.resources import builtin_files
+from opsnn_quant.core.resources import builtin_files
 
 STATIC = ["w8a8", "w8a8_mse", "w8a8_smoothquant"]
 # name -> (strategy, probe.schemes or None, candidate dtype)

@@ -12,7 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from opsnn_quant.determinism import set_reproducible
+    from opsnn_quant.core.determinism import set_reproducible
     from opsnn_quant.errors import InputError, OpsnnQuantError
     from opsnn_quant.evaluation.evaluate import evaluate
     from opsnn_quant.evaluation.render import write_report
@@ -63,7 +63,7 @@ _EXPORTS: dict[str, str] = {
     "write_report": "opsnn_quant.evaluation.render",
     "load_adapter": "opsnn_quant.models",
     "load_records": "opsnn_quant.models.data",
-    "set_reproducible": "opsnn_quant.determinism",
+    "set_reproducible": "opsnn_quant.core.determinism",
 }
 
 

@@ -21,6 +21,15 @@ from pydantic import (
     model_validator,
 )
 
+from opsnn_quant.core.resources import builtin_files
+from opsnn_quant.core.user_config import (
+    SampleLimit,
+    Seed,
+    StrictModel,
+    did_you_mean,
+    known_fields,
+    yaml_error,
+)
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.formats.policy_files import FORMATS
 from opsnn_quant.io import read_text
@@ -29,16 +38,7 @@ from opsnn_quant.policy.baselines import Strategy
 from opsnn_quant.policy.budget import Budget
 from opsnn_quant.policy.targets import get_target
 from opsnn_quant.probe.config import ProbeConfig
-from opsnn_quant.resources import builtin_files
 from opsnn_quant.types import DEVICE_PATTERN, Modality
-from opsnn_quant.user_config import (
-    SampleLimit,
-    Seed,
-    StrictModel,
-    did_you_mean,
-    known_fields,
-    yaml_error,
-)
 
 # A recipe name becomes the default output folder out/<name>: a plain identifier, never a path.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"

@@ -17,10 +17,10 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from opsnn_quant.core.user_config import check_limit
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.models.settings import parse_set_options
 from opsnn_quant.recipe import FAMILY_TAGS, Recipe, load_recipe
-from opsnn_quant.user_config import check_limit
 
 # The engine a family's models are usually served by on Ascend (its target without a recipe):
 # MindIE-SD for diffusers pipelines, vLLM-Ascend for Whisper.

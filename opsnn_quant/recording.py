@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from opsnn_quant.core.stream import CallCounter, priority
+from opsnn_quant.core.tensors import first_tensor
+from opsnn_quant.core.timesteps import at_step, current_step
 from opsnn_quant.models.base import ModelAdapter
-from opsnn_quant.stream import CallCounter, priority
-from opsnn_quant.tensors import first_tensor
-from opsnn_quant.timesteps import at_step, current_step
 from opsnn_quant.types import ForwardLoop, Modality
 
 Call = tuple[tuple, dict]  # one recorded call of a module: (args, kwargs)
@@ -27,7 +27,7 @@ Call = tuple[tuple, dict]  # one recorded call of a module: (args, kwargs)
 class RootRecorder:
     """Seeded reservoir of a root module's calls (deep copies of args/kwargs).
 
-    A bottom-k sample (:mod:`opsnn_quant.stream`): the call at position ``(batch, ordinal)``
+    A bottom-k sample (:mod:`opsnn_quant.core.stream`): the call at position ``(batch, ordinal)``
     draws its priority from ``(seed, batch, ordinal)`` and the ``max_calls`` calls of smallest
     priority are kept, in the order they came; so the calls kept depend on the data only, and
     the reservoirs of several shares of the data merge (:meth:`merge`) into one pass's.

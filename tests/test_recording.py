@@ -69,7 +69,7 @@ def test_recorded_outputs_are_taken_in_the_loop_and_equal_a_replay():
 
 
 def _offer_batches(rec, batches):
-    from opsnn_quant.stream import at_batch
+    from opsnn_quant.core.stream import at_batch
 
     for i in batches:
         with at_batch(i):
@@ -78,8 +78,8 @@ def _offer_batches(rec, batches):
 
 
 def test_the_reservoir_keeps_the_calls_of_smallest_priority_in_their_order():
+    from opsnn_quant.core.stream import priority
     from opsnn_quant.recording import RootRecorder
-    from opsnn_quant.stream import priority
 
     rec = RootRecorder("root", max_calls=4, seed=9)
     _offer_batches(rec, range(5))

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from opsnn_quant.numerics import fmt_db
+from opsnn_quant.core.numerics import fmt_db
 from opsnn_quant.types import match_prefix
 
 
@@ -41,6 +41,8 @@ def test_fmt_db_policy_and_table_forms():
 
 
 def test_fmt_db_does_not_import_torch():
-    code = "import sys, opsnn_quant.numerics as n; n.fmt_db(1.0); print('torch' in sys.modules)"
+    code = (
+        "import sys, opsnn_quant.core.numerics as n; n.fmt_db(1.0); print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

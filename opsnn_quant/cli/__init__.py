@@ -18,7 +18,7 @@ from types import FrameType
 
 import typer
 
-from opsnn_quant.determinism import set_reproducible
+from opsnn_quant.core.determinism import set_reproducible
 from opsnn_quant.errors import OpsnnQuantError
 
 app = typer.Typer(

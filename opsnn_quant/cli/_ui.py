@@ -24,7 +24,7 @@ from rich.progress import (
 from rich.table import Column, Table
 from rich.text import Text
 
-from opsnn_quant import progress
+from opsnn_quant.core import progress
 
 # Off a terminal rich would assume 80 columns anyway; tables are built to fit in 80.
 WIDTH = 80

@@ -19,9 +19,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """List the built-in recipes and suites with their paths, loading each one (a check
         that an installed package ships them intact)."""
+        from opsnn_quant.core.resources import builtin_files
         from opsnn_quant.evaluation.suite import load_suite
         from opsnn_quant.recipe import load_recipe
-        from opsnn_quant.resources import builtin_files
 
         recipes, suites = builtin_files("recipes"), builtin_files("suites")
         wanted = names or sorted({*recipes, *suites})

@@ -15,9 +15,9 @@ import typer
 
 from opsnn_quant import distributed as dist
 from opsnn_quant.cli import _ui
+from opsnn_quant.core.numerics import fmt_db
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.formats.calibrate_output import PROBE_FILE, TIMINGS_FILE
-from opsnn_quant.numerics import fmt_db
 
 if TYPE_CHECKING:
     from opsnn_quant.pipeline.calibrate import CalibrateResult
@@ -233,13 +233,13 @@ def calibrate(
 
     Under torchrun (or with --nproc) the probe's statistics pass is shared by rank (whole
     batches each, merged exactly); rank 0 does the rest and writes."""
+    from opsnn_quant.core.user_config import check_seed
     from opsnn_quant.models.footprint import parse_size
     from opsnn_quant.pipeline.calibrate import contribute_statistics
     from opsnn_quant.pipeline.run import check_offload_unshared
     from opsnn_quant.pipeline.sharing import Sharing
     from opsnn_quant.policy.baselines import STRATEGIES
     from opsnn_quant.recipe_flags import RecipeFlags, effective_recipe
-    from opsnn_quant.user_config import check_seed
 
     check_seed(seed)  # the flag's own message (the run checks a Python caller's seed too)
     budget = parse_size(max_memory) if max_memory is not None else None

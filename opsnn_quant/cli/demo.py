@@ -45,13 +45,13 @@ def register(app: typer.Typer) -> None:
 
         import torch
 
+        from opsnn_quant.core.numerics import cosine, sqnr_db
+        from opsnn_quant.core.user_config import check_seed
         from opsnn_quant.formats.checkpoint import OUTPUT_KIND, save_quantized
         from opsnn_quant.io import atomic_dir, check_output_dir
-        from opsnn_quant.numerics import cosine, sqnr_db
         from opsnn_quant.quant.api import quantize
         from opsnn_quant.quant.spec import QuantSpec
         from opsnn_quant.types import Precision
-        from opsnn_quant.user_config import check_seed
         from opsnn_quant.zoo.demo_block import DemoBlock
 
         check_seed(seed)

@@ -111,7 +111,7 @@ def show(
 ) -> None:
     """Print per-modality precisions, module counts and predicted SQNR."""
     from opsnn_quant.cli import _ui
-    from opsnn_quant.numerics import fmt_db
+    from opsnn_quant.core.numerics import fmt_db
     from opsnn_quant.policy.summary import summarize
 
     resolved, report = _resolved(policy, probe)  # as strict as policy export

@@ -82,7 +82,11 @@ def load_local_clip(path: str | Path, *, allow_pickle: bool = False) -> tuple[nn
     import torch
     from transformers import CLIPModel, CLIPProcessor
 
-    from opsnn_quant.hub import check_pickle_weights, transformers_dtype, weights_only_torch_load
+    from opsnn_quant.core.hub import (
+        check_pickle_weights,
+        transformers_dtype,
+        weights_only_torch_load,
+    )
 
     directory = Path(path)
     if not (directory / "config.json").is_file():

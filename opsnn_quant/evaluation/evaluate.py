@@ -495,11 +495,11 @@ def _reference_images(suite: Suite, records: list[dict[str, Any]]) -> list[np.nd
 
 def _check_clip_weights(suite: Suite, allow_pickle: bool) -> None:
     """Refuse a suite's local CLIP directory with pickle weights only before any generation
-    (:func:`~opsnn_quant.hub.check_pickle_weights`; the zoo's CLIP is safetensors)."""
+    (:func:`~opsnn_quant.core.hub.check_pickle_weights`; the zoo's CLIP is safetensors)."""
     name = suite.metrics.clip
     if name is None or not Path(name).is_dir():
         return
-    from opsnn_quant.hub import check_pickle_weights
+    from opsnn_quant.core.hub import check_pickle_weights
 
     check_pickle_weights(
         name,

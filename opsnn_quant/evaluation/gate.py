@@ -31,11 +31,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from opsnn_quant.core.thresholds import LATENCY_BOUNDS
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.ort_speed import BACKEND as ORT_BACKEND
 from opsnn_quant.evaluation.suite import Suite
 from opsnn_quant.policy.targets import Target
-from opsnn_quant.thresholds import LATENCY_BOUNDS
 
 LatencyMode = Literal["none", "target", "all"]
 LATENCY_MODES: tuple[LatencyMode, ...] = ("none", "target", "all")

@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from opsnn_quant.core.memory import malloc_trim
 from opsnn_quant.errors import BackendError, InputError
-from opsnn_quant.memory import malloc_trim
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ class _RootCall(torch.nn.Module):
         self.tensor_keys = tensor_keys
 
     def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-        from opsnn_quant.tensors import first_tensor
+        from opsnn_quant.core.tensors import first_tensor
 
         n_args = len(tensors) - len(self.tensor_keys)
         kwargs = dict(self.fixed, **dict(zip(self.tensor_keys, tensors[n_args:], strict=True)))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from opsnn_quant.backends.devices import backend_label
+from opsnn_quant.core.thresholds import Thresholds
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.evaluate import QualityInputs, generate_outputs, generation_of
 from opsnn_quant.evaluation.report import Criterion, Status
@@ -28,7 +29,6 @@ from opsnn_quant.evaluation.sequential import (
 )
 from opsnn_quant.evaluation.suite import Suite
 from opsnn_quant.models.base import ModelAdapter
-from opsnn_quant.thresholds import Thresholds
 
 # The bounds a speech slice can decide early (:mod:`.sequential`): each a delta of a rate.
 SEQUENTIAL: dict[str, Rate] = {"wer_delta_max_points": "wer", "cer_delta_max_points": "cer"}

@@ -39,11 +39,11 @@ from typing import Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from opsnn_quant.core.resources import builtin_dir
+from opsnn_quant.core.thresholds import Thresholds
+from opsnn_quant.core.user_config import MAX_SAMPLES, Seed, StrictModel, yaml_error
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.io import read_text
-from opsnn_quant.resources import builtin_dir
-from opsnn_quant.thresholds import Thresholds
-from opsnn_quant.user_config import MAX_SAMPLES, Seed, StrictModel, yaml_error
 
 SCHEMA_VERSION = 1
 DEFAULT_CONFIDENCE = 0.95  # metrics.confidence: level of each quality figure's interval

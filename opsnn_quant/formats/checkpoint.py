@@ -18,13 +18,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 from torch import nn
 
+from opsnn_quant.core.safetensors_header import read_safetensors_header
 from opsnn_quant.errors import CheckpointError
 from opsnn_quant.io import empty_dir
 from opsnn_quant.models.offload import offload_of
 from opsnn_quant.quant.engine import TORCH_DTYPES
 from opsnn_quant.quant.modules import QuantModule, quant_module_named, set_submodule
 from opsnn_quant.quant.spec import QuantSpec
-from opsnn_quant.safetensors_header import read_safetensors_header
 from opsnn_quant.types import Precision
 from opsnn_quant.version import __version__
 

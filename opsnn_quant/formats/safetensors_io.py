@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
+from opsnn_quant.core.safetensors_header import MAX_HEADER_BYTES, read_safetensors_header
 from opsnn_quant.formats.ascendv1.contract import AscendV1Error
-from opsnn_quant.safetensors_header import MAX_HEADER_BYTES, read_safetensors_header
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -36,7 +36,7 @@ TensorInfo = tuple[torch.dtype, tuple[int, ...]]
 
 def read_header(path: Path, max_header_bytes: int = MAX_HEADER_BYTES) -> dict[str, TensorInfo]:
     """Tensor name -> (dtype, shape) from a safetensors header, every entry checked
-    (:func:`~opsnn_quant.safetensors_header.read_safetensors_header`: only the first ``8 + N``
+    (:func:`~opsnn_quant.core.safetensors_header.read_safetensors_header`: only the first ``8 + N``
     bytes are read, after ``N`` is checked against ``max_header_bytes`` and the file size).
 
     Raises:

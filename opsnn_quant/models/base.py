@@ -68,7 +68,7 @@ class ModelAdapter(ABC):
             limit: the first ``limit`` records only.
             first_batch: the index, in the whole data, of ``data``'s first batch (a rank's
                 share of the data, see :meth:`calibration_batch`): the loop numbers its batches
-                from it (:func:`opsnn_quant.stream.at_batch`) and seeds them as the loop over
+                from it (:func:`opsnn_quant.core.stream.at_batch`) and seeds them as the loop over
                 the whole data does.
         """
 

@@ -3,7 +3,7 @@
 :func:`check_model_files` runs with the other checks a command makes before it reads data or
 prepares an output (:func:`opsnn_quant.models.check_weights`), and again before a model loads
 (:func:`opsnn_quant.models.load_adapter`, the loaders). It reads JSON and the headers of the
-safetensors files only (:mod:`opsnn_quant.safetensors_header`), so that a corrupt or absurd
+safetensors files only (:mod:`opsnn_quant.core.safetensors_header`), so that a corrupt or absurd
 model is one line naming the file and the value, never a traceback from a library nor an
 allocation of the size a file claims:
 
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from opsnn_quant.core.safetensors_header import read_safetensors_header
 from opsnn_quant.errors import ModelLoadError
-from opsnn_quant.safetensors_header import read_safetensors_header
 from opsnn_quant.sources import split_source
 
 LIBRARIES = ("diffusers", "transformers")

@@ -23,20 +23,20 @@ import numpy as np
 import torch
 from torch import nn
 
-from opsnn_quant import progress, timesteps
-from opsnn_quant.errors import ConfigError, MissingDependencyError, ModelLoadError
-from opsnn_quant.hub import (
+from opsnn_quant.core import progress, timesteps
+from opsnn_quant.core.hub import (
     check_pickle_weights,
     quiet_progress_bars,
     set_offline_env,
     weights_only_torch_load,
 )
+from opsnn_quant.core.stream import at_batch
+from opsnn_quant.errors import ConfigError, MissingDependencyError, ModelLoadError
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.checks import check_pipeline_files
 from opsnn_quant.models.data import batched, prompts_from
 from opsnn_quant.models.settings import DiTSettings, SDSettings
 from opsnn_quant.sources import model_path
-from opsnn_quant.stream import at_batch
 from opsnn_quant.types import ForwardLoop, Modality
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ def check_pipeline_weights(
     source: str, path: Path, index: dict[str, Any], *, allow_pickle: bool = False
 ) -> bool:
     """Refuse a pipeline a component of which has pickle weights only, unless ``allow_pickle``
-    (:func:`~opsnn_quant.hub.check_pickle_weights`); True when pickles will be read."""
+    (:func:`~opsnn_quant.core.hub.check_pickle_weights`); True when pickles will be read."""
     return check_pickle_weights(
         source,
         path,
@@ -224,7 +224,7 @@ def _skeletons(
 
 
 class StepClock:
-    """Sets :mod:`opsnn_quant.timesteps` while the denoiser runs in a pipeline call.
+    """Sets :mod:`opsnn_quant.core.timesteps` while the denoiser runs in a pipeline call.
 
     The pipeline's end-of-step callback advances the step index; a pre-hook on each denoiser
     (prepended, so the recorders' own pre-hooks already read it) sets the clock to it and a

@@ -76,7 +76,7 @@ def _built(make: Callable[[], Any], dtype: torch.dtype, directory: Path) -> Any:
 
 
 def _file_map(files: list[Path]) -> dict[str, Path] | None:
-    from opsnn_quant.safetensors_header import read_safetensors_header
+    from opsnn_quant.core.safetensors_header import read_safetensors_header
 
     where: dict[str, Path] = {}
     for path in files:
@@ -89,7 +89,7 @@ def _file_map(files: list[Path]) -> dict[str, Path] | None:
 
 def _covered(module: nn.Module, files: dict[str, Path]) -> bool:
     """The files hold exactly the module's state (tied names: one of them), shapes equal."""
-    from opsnn_quant.safetensors_header import read_safetensors_header
+    from opsnn_quant.core.safetensors_header import read_safetensors_header
 
     state = module.state_dict(keep_vars=True)
     shapes: dict[str, tuple[int, ...]] = {}

@@ -14,27 +14,27 @@ from typing import Any
 import torch
 from torch import nn
 
-from opsnn_quant import progress
-from opsnn_quant.errors import MissingDependencyError, ModelLoadError
-from opsnn_quant.hub import (
+from opsnn_quant.core import progress
+from opsnn_quant.core.hub import (
     check_pickle_weights,
     quiet_progress_bars,
     set_offline_env,
     transformers_dtype,
     weights_only_torch_load,
 )
+from opsnn_quant.core.stream import at_batch
+from opsnn_quant.errors import MissingDependencyError, ModelLoadError
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.checks import check_component
 from opsnn_quant.models.data import audio_from, batched
 from opsnn_quant.models.settings import WhisperSettings
 from opsnn_quant.sources import model_path
-from opsnn_quant.stream import at_batch
 from opsnn_quant.types import ForwardLoop, Modality
 
 
 def check_whisper_weights(source: str, path: Path, *, allow_pickle: bool = False) -> bool:
     """Refuse a Whisper directory with pickle weights only, unless ``allow_pickle``
-    (:func:`~opsnn_quant.hub.check_pickle_weights`); True when pickles will be read."""
+    (:func:`~opsnn_quant.core.hub.check_pickle_weights`); True when pickles will be read."""
     return check_pickle_weights(
         source,
         path,

@@ -20,18 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from opsnn_quant.backends.devices import backend_label
-from opsnn_quant.determinism import set_reproducible
+from opsnn_quant.core.determinism import set_reproducible
+from opsnn_quant.core.fingerprint import differences, probe_inputs
+from opsnn_quant.core.numerics import fmt_db
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.render import OUTPUT_KIND as REPORT_KIND
 from opsnn_quant.evaluation.suite import Suite
-from opsnn_quant.fingerprint import differences, probe_inputs
 from opsnn_quant.formats.calibrate_output import PROBE_FILE, CalibrateOutput
 from opsnn_quant.formats.checkpoint import OUTPUT_KIND as CHECKPOINT_KIND
 from opsnn_quant.formats.checkpoint import save_quantized
 from opsnn_quant.io import atomic_dir, atomic_write_text
 from opsnn_quant.models import ModelAdapter
 from opsnn_quant.models.offload import offload_of
-from opsnn_quant.numerics import fmt_db
 from opsnn_quant.pipeline.context import RunContext, load_recipe_model
 from opsnn_quant.pipeline.exports import (
     ExportPlan,

@@ -57,13 +57,13 @@ def check_export_weights(
             ATC graphs or SmoothQuant folding need one call per root.
         OutputError: an output that must not be replaced.
     """
+    from opsnn_quant.core.user_config import check_limit
     from opsnn_quant.formats.checkpoint import read_description
     from opsnn_quant.formats.registry import exporters
     from opsnn_quant.io import check_output_dir, check_output_file
     from opsnn_quant.models import check_weights
     from opsnn_quant.pipeline.model_exports import notes_file
     from opsnn_quant.sources import local_paths
-    from opsnn_quant.user_config import check_limit
 
     check_limit(limit)
     model_formats = [e.name for e in exporters("model")]

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opsnn_quant.determinism import set_reproducible
+from opsnn_quant.core.determinism import set_reproducible
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.evaluate import suite_records
 from opsnn_quant.evaluation.slice_scorer import SliceScorer

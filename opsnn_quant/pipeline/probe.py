@@ -79,6 +79,7 @@ def check_probe(
     safetensors headers), settings against its config files, device, the host memory a call
     takes against ``max_memory`` (None: what is free), and last the output location."""
     from opsnn_quant.backends.devices import resolve_device
+    from opsnn_quant.core.user_config import check_limit
     from opsnn_quant.errors import ConfigError
     from opsnn_quant.models import FAMILIES, check_weights, guess_family
     from opsnn_quant.models.footprint import check_source_memory
@@ -87,7 +88,6 @@ def check_probe(
     from opsnn_quant.probe.moments import moments_memory
     from opsnn_quant.recipe import builtin_recipes, load_recipe, resolve_recipe
     from opsnn_quant.sources import local_paths
-    from opsnn_quant.user_config import check_limit
 
     check_limit(limit)
     moments_memory()  # OPSNN_QUANT_MOMENTS_MEMORY, read at pass 1: refused before any load
@@ -137,7 +137,7 @@ def run_probe_job(
     """Load the data and the model, probe, write ``OUT/probe.json`` and ``OUT/timings.json``
     (rank 0 of a distributed run: pass 1 over its share, the others' merged, see
     :mod:`opsnn_quant.pipeline.sharing`)."""
-    from opsnn_quant.fingerprint import probe_inputs
+    from opsnn_quant.core.fingerprint import probe_inputs
     from opsnn_quant.models.offload import offload_of
     from opsnn_quant.pipeline.timings import write_timings
     from opsnn_quant.probe.api import run_probe
@@ -173,7 +173,7 @@ def contribute_probe(job: ProbeJob, sharing: Sharing, progress: Progress | None 
 
 def _load(job: ProbeJob, say: Progress, sharing: Sharing | None) -> tuple[list[Any], ModelAdapter]:
     """The job's records and float model (and, shared, the ``ready`` meeting)."""
-    from opsnn_quant.determinism import set_reproducible
+    from opsnn_quant.core.determinism import set_reproducible
     from opsnn_quant.models import load_adapter
     from opsnn_quant.models.data import load_records
 

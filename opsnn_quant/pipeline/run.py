@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from opsnn_quant.backends.devices import resolve_device
+from opsnn_quant.core.user_config import check_seed
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.gate import check_latency_mode
 from opsnn_quant.evaluation.suite import Suite, load_suite, suite_inputs
@@ -30,7 +31,6 @@ from opsnn_quant.probe.api import check_offloaded_estimators
 from opsnn_quant.probe.moments import moments_memory
 from opsnn_quant.recipe import Recipe, recipe_inputs
 from opsnn_quant.recipe_flags import recipe_yaml
-from opsnn_quant.user_config import check_seed
 
 OUTPUT_KIND = "calibrate"
 

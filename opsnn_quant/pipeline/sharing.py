@@ -8,7 +8,7 @@ before any work), ``statistics`` (each rank's pass-1 statistics to rank 0, in ra
 ``done`` (rank 0 wrote the output, or failed: every rank exits with its status).
 
 Pass 1 is the probe's only pass over the data whose statistics the rest depends on, and every
-statistic of it merges exactly (:mod:`opsnn_quant.stream`, :meth:`~opsnn_quant.probe.passes.
+statistic of it merges exactly (:mod:`opsnn_quant.core.stream`, :meth:`~opsnn_quant.probe.passes.
 Watches.merge`): the policy, checkpoint and exports are those of one process over the same data.
 What follows (the attribution's replays of the recorded calls, the policy, quantize, exports,
 an acceptance run) runs on rank 0 alone, on the merged statistics.

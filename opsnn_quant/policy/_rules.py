@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from opsnn_quant.core.numerics import fmt_db
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.numerics import fmt_db
 from opsnn_quant.policy._compress import exact, plan_rules
 from opsnn_quant.policy._plan import ModalityPlan
 from opsnn_quant.policy._schemes import Choice

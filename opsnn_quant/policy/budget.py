@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from pydantic import Field, field_validator, model_validator
 
-from opsnn_quant.thresholds import Thresholds
+from opsnn_quant.core.thresholds import Thresholds
+from opsnn_quant.core.user_config import StrictModel
 from opsnn_quant.types import Modality
-from opsnn_quant.user_config import StrictModel
 
 # No NaN or infinity in a limit: a NaN floor compares false with everything and passes every
 # check; "no limit" is a field left out.

@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable, Mapping
 from functools import partial
 
-from opsnn_quant.numerics import fmt_db
+from opsnn_quant.core.numerics import fmt_db
 from opsnn_quant.policy._folded import plain_schemes, share_smoothing
 from opsnn_quant.policy._fused import fuse_candidates, unfuse_fallbacks
 from opsnn_quant.policy._plan import ModalityPlan

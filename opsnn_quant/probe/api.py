@@ -21,8 +21,9 @@ import torch
 from torch import nn
 
 from opsnn_quant.backends.devices import backend_label
+from opsnn_quant.core.memory import frozen_heap
+from opsnn_quant.core.producers import fold_groups
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.memory import frozen_heap
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.generic import GenericAdapter
 from opsnn_quant.models.offload import checkpointed, offload_of
@@ -48,7 +49,6 @@ from opsnn_quant.probe.report import (
     summarize_modalities,
 )
 from opsnn_quant.probe.seeding import PassOneStatistics
-from opsnn_quant.producers import fold_groups
 from opsnn_quant.quant.api import tied_to_embeddings
 from opsnn_quant.recording import Call, sample_subset
 from opsnn_quant.types import ForwardLoop, Modality
@@ -71,7 +71,7 @@ __all__ = [
 @dataclass(frozen=True)
 class Shard:
     """Pass 1 over this process's share of the calibration data, the statistics of every
-    share merged into those of one pass over all of it (see :mod:`opsnn_quant.stream`).
+    share merged into those of one pass over all of it (see :mod:`opsnn_quant.core.stream`).
 
     Attributes:
         loop: the forward loop over this process's batches, numbered as in the whole data
@@ -406,7 +406,7 @@ def _pass_one(run: ProbeRun, forward_loop: ForwardLoop, shard: Shard | None) -> 
 
 
 def _fold_groups(run: ProbeRun) -> dict[str, list[str]]:
-    """The Linears each norm alone feeds (see :func:`~opsnn_quant.producers.fold_groups`), traced
+    """The Linears each norm alone feeds (see :func:`~opsnn_quant.core.producers.fold_groups`), traced
     on one sample of each root's first recorded call; none unless ``cfg.fold_smoothing``."""
     if not run.cfg.fold_smoothing:
         return {}

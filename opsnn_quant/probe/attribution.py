@@ -41,14 +41,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from opsnn_quant.core.numerics import signal_energy
+from opsnn_quant.core.tensors import first_tensor
+from opsnn_quant.core.timesteps import at_step
 from opsnn_quant.errors import CalibrationError
 from opsnn_quant.models.offload import in_recompute
-from opsnn_quant.numerics import signal_energy
 from opsnn_quant.probe.exhaustive import float_outputs, one_at_a_time
 from opsnn_quant.probe.projections import KeptCalls, NoiseFn, Projector, StepKey
 from opsnn_quant.recording import detached_copy, split_batch
-from opsnn_quant.tensors import first_tensor
-from opsnn_quant.timesteps import at_step
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from opsnn_quant.memory import release_memory
+from opsnn_quant.core.memory import release_memory
+from opsnn_quant.core.timesteps import group_of
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.offload import BlockOffload, offload_of, window
 from opsnn_quant.probe.attribution import Attribution, estimate
@@ -37,7 +38,6 @@ from opsnn_quant.probe.report import EndToEnd
 from opsnn_quant.quant.gptq import MomentStore
 from opsnn_quant.quant.schemes import SCHEMES
 from opsnn_quant.recording import sample_subset, split_batch
-from opsnn_quant.timesteps import group_of
 from opsnn_quant.types import Modality
 
 log = logging.getLogger(__name__)

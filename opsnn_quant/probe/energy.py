@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from opsnn_quant.numerics import CHUNK
+from opsnn_quant.core.numerics import CHUNK
 from opsnn_quant.probe.report import BF16_MAX, SchemeError
 
 

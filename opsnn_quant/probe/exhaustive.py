@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from opsnn_quant.numerics import energies
+from opsnn_quant.core.numerics import energies
 from opsnn_quant.probe.projections import NoiseFn
 from opsnn_quant.recording import replay
 

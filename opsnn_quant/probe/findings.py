@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from opsnn_quant.numerics import CHUNK, ExactSum, energies
+from opsnn_quant.core.numerics import CHUNK, ExactSum, energies
 from opsnn_quant.probe.hooks import is_attention
 from opsnn_quant.probe.report import FP16_MAX, Finding
 from opsnn_quant.types import Modality

@@ -24,12 +24,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from opsnn_quant.memory import TRIM
-from opsnn_quant.numerics import ExactSum, noise_energy, signal_energy
+from opsnn_quant.core.memory import TRIM
+from opsnn_quant.core.numerics import ExactSum, noise_energy, signal_energy
+from opsnn_quant.core.stream import CallCounter
 from opsnn_quant.probe.report import FP16_MAX, Fp16Stats
 from opsnn_quant.probe.subsets import strided_samples
 from opsnn_quant.quant.observers import PercentileObserver
-from opsnn_quant.stream import CallCounter
 
 
 def norm_mean_square_max(module: nn.Module, x: torch.Tensor) -> float | None:
@@ -288,8 +288,8 @@ def _rounded(t: torch.Tensor, dtype: torch.dtype, saturate: bool) -> torch.Tenso
 def _emulate(
     module: nn.Module, args: tuple, dtype: torch.dtype, saturate: bool
 ) -> torch.Tensor | None:
+    from opsnn_quant.core.tensors import first_tensor
     from opsnn_quant.probe.hooks import rerunning
-    from opsnn_quant.tensors import first_tensor
 
     inputs = tuple(
         _rounded(a, dtype, saturate) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
@@ -321,8 +321,8 @@ def _native(
 ) -> torch.Tensor | None:
     """Run a copy of ``module`` in ``dtype`` on the ``dtype``-cast inputs (None if unsupported):
     the device's own fp16/bf16 kernels."""
+    from opsnn_quant.core.tensors import first_tensor
     from opsnn_quant.probe.hooks import rerunning
-    from opsnn_quant.tensors import first_tensor
 
     def cast(a: object) -> object:
         if isinstance(a, torch.Tensor) and a.is_floating_point():

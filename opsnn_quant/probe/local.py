@@ -25,7 +25,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from opsnn_quant.memory import TRIM, trim_heap
+from opsnn_quant.core.memory import TRIM, trim_heap
+from opsnn_quant.core.timesteps import at_step, current_step, group_of
 from opsnn_quant.probe.config import DEFAULT_ERROR_ROWS
 from opsnn_quant.probe.crossfit import SplitMoments, crossfit_pixels, crossfit_rows
 from opsnn_quant.probe.energy import SchemeEnergy
@@ -40,7 +41,6 @@ from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver, observed_sp
 from opsnn_quant.quant.schemes import SCHEMES, scheme_spec, schemes_for
 from opsnn_quant.quant.smoothquant import ChannelStats, search_alphas
 from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, ENGINE_PRECISIONS, QuantSpec
-from opsnn_quant.timesteps import at_step, current_step, group_of
 from opsnn_quant.types import Precision
 
 # Candidates per module type, from the one scheme table (quant/schemes.py).

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from opsnn_quant.core.numerics import cosine, sqnr_db
 from opsnn_quant.models.base import ModelAdapter
-from opsnn_quant.numerics import cosine, sqnr_db
 from opsnn_quant.recording import RecordedRoots, replay
 from opsnn_quant.types import Modality
 

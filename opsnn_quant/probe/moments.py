@@ -34,13 +34,13 @@ from typing import Any, NamedTuple
 
 from torch import nn
 
+from opsnn_quant.core.memory import trim_heap
+from opsnn_quant.core.tensors import first_tensor
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.memory import trim_heap
 from opsnn_quant.probe.hooks import in_rerun
 from opsnn_quant.probe.local import LocalProbe
 from opsnn_quant.probe.passes import HookSet, _run
 from opsnn_quant.quant.gptq import MomentStore
-from opsnn_quant.tensors import first_tensor
 from opsnn_quant.types import ForwardLoop
 
 MOMENTS_MEMORY_ENV = "OPSNN_QUANT_MOMENTS_MEMORY"

@@ -22,8 +22,10 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from opsnn_quant.core.memory import release_memory, trim_heap
+from opsnn_quant.core.tensors import first_tensor
+from opsnn_quant.core.timesteps import at_step
 from opsnn_quant.errors import CalibrationError
-from opsnn_quant.memory import release_memory, trim_heap
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.offload import touch, window
 from opsnn_quant.probe.config import ProbeConfig
@@ -32,8 +34,6 @@ from opsnn_quant.probe.fp16 import Fp16Accumulator
 from opsnn_quant.probe.hooks import QUANTIZABLE, in_rerun, macs_of
 from opsnn_quant.probe.local import LocalProbe, decide_shared
 from opsnn_quant.recording import RootRecorder
-from opsnn_quant.tensors import first_tensor
-from opsnn_quant.timesteps import at_step
 from opsnn_quant.types import ForwardLoop, Modality, match_prefix
 
 
@@ -77,7 +77,7 @@ class Watches:
     def merge(self, other: Watches) -> None:
         """Add what pass 1 gathered on the data that follows this one's (another rank's
         share of the batches), watch by watch: the result is pass 1 over both shares, bit for
-        bit (see :mod:`opsnn_quant.stream` for the reservoirs)."""
+        bit (see :mod:`opsnn_quant.core.stream` for the reservoirs)."""
         for name, acc in other.fp16.items():
             if name in self.fp16:  # (a pass without the fp16 re-runs takes none)
                 self.fp16[name].merge(acc)

@@ -27,9 +27,9 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from opsnn_quant.memory import TRIM
+from opsnn_quant.core.memory import TRIM
+from opsnn_quant.core.timesteps import at_step, current_step
 from opsnn_quant.probe.pending import PENDING_ROWS
-from opsnn_quant.timesteps import at_step, current_step
 
 # (name, scheme, step) -> which calls may share a candidate run (the same key: the same clock)
 StepKey = Callable[[str, str, "int | None"], Hashable]

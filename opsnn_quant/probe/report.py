@@ -248,7 +248,7 @@ class SensitivityReport(_Frozen):
     # into the producer can run smoothed (vLLM-Ascend)
     smoothing_groups: dict[str, list[str]] = Field(default_factory=dict)
     # Fingerprints of the model and the calibration data the probe ran on
-    # (:mod:`opsnn_quant.fingerprint`): a later run reuses the report only for the same ones.
+    # (:mod:`opsnn_quant.core.fingerprint`): a later run reuses the report only for the same ones.
     inputs: dict[str, str] = Field(default_factory=dict)
     # Wall-clock seconds of this run and their ratios (forward-equivalents): they differ on
     # every run, so they are not written to probe.json (whose bytes depend on the inputs only)

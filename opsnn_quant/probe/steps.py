@@ -1,7 +1,7 @@
 """How a module's activation range moves over the denoising steps, and the groups of steps that
 static scales should be kept per (the ``w8a8_timestep`` scheme).
 
-Per step (the index :mod:`opsnn_quant.timesteps` holds while the sampling loop runs) the probe
+Per step (the index :mod:`opsnn_quant.core.timesteps` holds while the sampling loop runs) the probe
 keeps each quantizable module's input absmax and element count. A static per-tensor scale over a
 group of steps is that group's largest absmax / 127, and adds uniform rounding noise of power
 ``scale^2 / 12`` to every element of every step in the group: the modelled input noise

@@ -31,9 +31,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from opsnn_quant.core.memory import TrimBudget
+from opsnn_quant.core.stream import current_batch
 from opsnn_quant.errors import CalibrationError
-from opsnn_quant.memory import TrimBudget
-from opsnn_quant.stream import current_batch
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class InputMoments:
 
     Both are summed so that the order of the calls (or of shares of the data merged with
     :meth:`merge`) does not show in the result: within one data batch
-    (:func:`opsnn_quant.stream.current_batch`; a batch is never split between processes) the
+    (:func:`opsnn_quant.core.stream.current_batch`; a batch is never split between processes) the
     calls' ``X^T X`` accumulate in fp32 (``addmm``, as the reference implementation's), and each
     batch's fp32 sum is added into a float64 sum, where a sum of fp32 terms is exact unless the
     terms of one entry span more than 2^29 (12 K^2 bytes per Linear: the float64 sum and the

@@ -9,6 +9,7 @@ import logging
 import torch
 from torch import nn
 
+from opsnn_quant.core.timesteps import current_step, group_of
 from opsnn_quant.errors import CalibrationError, ConfigError
 from opsnn_quant.quant.engine import TORCH_DTYPES, engine_input_scale, mul_scale_of
 from opsnn_quant.quant.functional import (
@@ -20,7 +21,6 @@ from opsnn_quant.quant.gptq import Moments, SplitMoments
 from opsnn_quant.quant.observers import MIN_SCALE, Observer, make_observer
 from opsnn_quant.quant.smoothquant import ChannelStats, search_alpha, smoothing_factors
 from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, QuantSpec
-from opsnn_quant.timesteps import current_step, group_of
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class InputQuantizer(nn.Module):
     ``smooth_scales`` (K,). With ``spec.timestep_bounds`` (G groups of denoising steps) the static
     buffers get a leading group dimension (``scale`` (G,), ``inv_scale`` (G, 1 or K)) and
     ``step_bounds`` (G,) int64 records the groups; one observer per group calibrates them, fed by
-    the step the sampling loop is at (:mod:`opsnn_quant.timesteps`).
+    the step the sampling loop is at (:mod:`opsnn_quant.core.timesteps`).
     """
 
     scale: torch.Tensor
@@ -91,7 +91,7 @@ class InputQuantizer(nn.Module):
             raise CalibrationError(
                 f"module '{self.name}' keeps activation scales per group of denoising steps, but "
                 "it ran outside a sampling loop (no step is set): run it through its diffusion "
-                "adapter, or use opsnn_quant.timesteps.at_step"
+                "adapter, or use opsnn_quant.core.timesteps.at_step"
             )
         return group_of(step, self.bounds)
 

@@ -20,14 +20,14 @@ from collections.abc import Sequence
 
 import torch
 
+from opsnn_quant.core.stream import CallCounter, priorities
 from opsnn_quant.quant.observers import MIN_SCALE
-from opsnn_quant.stream import CallCounter, priorities
 
 
 class ChannelStats:
     """Streaming per-input-channel |x| maxima plus a fixed-size, deterministic row reservoir.
 
-    The reservoir is a bottom-k sample (:mod:`opsnn_quant.stream`): row ``r`` of the call at
+    The reservoir is a bottom-k sample (:mod:`opsnn_quant.core.stream`): row ``r`` of the call at
     position ``(batch, ordinal)`` draws its priority from ``(seed, batch, ordinal)``, and the
     ``reservoir`` rows of smallest priority are kept, in the order they came. So the kept rows
     depend on the data and its positions only, and the statistics of several shares of the data

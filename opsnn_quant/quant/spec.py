@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from opsnn_quant.core.timesteps import check_bounds
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.timesteps import check_bounds
 from opsnn_quant.types import Precision
 
 ObserverName = Literal["minmax", "percentile", "mse", "kl"]
@@ -47,7 +47,7 @@ class QuantSpec:
             (torch_npu takes a multiple of 32 below K); None elsewhere (default 128 for w4a16).
         timestep_bounds: ``w8a8`` only: static activation scales per group of denoising steps,
             given by each group's first step (``(0, 4, 8)``: steps 0-3, 4-7, 8 on); the step
-            comes from :mod:`opsnn_quant.timesteps` (set by the diffusion sampling loops).
+            comes from :mod:`opsnn_quant.core.timesteps` (set by the diffusion sampling loops).
         engine: whose arithmetic the module computes once frozen: ``opsnn`` (torch_npu's quant
             ops as this package calls them: fp32 activations on the reference, SmoothQuant in
             the quantize multiplier), ``mindie-sd`` or ``vllm-ascend`` (that engine's Linear,

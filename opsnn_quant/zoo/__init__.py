@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from opsnn_quant.core.hub import quiet_progress_bars, set_offline_env
 from opsnn_quant.errors import ModelLoadError
-from opsnn_quant.hub import quiet_progress_bars, set_offline_env
 
 # name -> "module:function"; the function takes no argument (or keyword options) and returns the model.
 _MODELS: dict[str, str] = {

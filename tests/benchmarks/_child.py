@@ -5,7 +5,7 @@ process's peak RSS, VmHWM, in bytes). A test appends what its child runs."""
 PRELUDE = r"""
 import json, os, sys
 os.environ["OPSNN_QUANT_INT8_GEMM"] = "fp32-chunk"
-from opsnn_quant.determinism import set_reproducible
+from opsnn_quant.core.determinism import set_reproducible
 set_reproducible(seed=0, threads=1)
 from opsnn_quant.pipeline.calibrate import run_calibrate
 from opsnn_quant.recipe import Recipe

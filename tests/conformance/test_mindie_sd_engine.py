@@ -34,6 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from opsnn_quant.core.timesteps import at_step
 from opsnn_quant.formats.mindie_sd.export import description_name, export_mindie_sd, weight_name
 from opsnn_quant.formats.mindie_sd.reader import apply_mindie_sd, read_mindie_sd
 from opsnn_quant.formats.safetensors_io import write_safetensors
@@ -41,7 +42,6 @@ from opsnn_quant.models.generic import GenericAdapter
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.qmodule import is_quant_module
 from opsnn_quant.quant.spec import QuantSpec
-from opsnn_quant.timesteps import at_step
 from opsnn_quant.types import Modality, Precision
 from tests.conformance.mindie_sd_models import build, forward, sd3_inputs
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from pydantic import BaseModel
 
+from opsnn_quant.core.thresholds import Thresholds
 from opsnn_quant.evaluation.sequential import (
     Errors,
     delta_interval,
@@ -19,7 +20,6 @@ from opsnn_quant.evaluation.sequential import (
 )
 from opsnn_quant.evaluation.slice_scorer import SliceScorer
 from opsnn_quant.evaluation.suite import parse_suite
-from opsnn_quant.thresholds import Thresholds
 
 
 def test_utterance_errors_are_the_edits_after_normalisation():

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from opsnn_quant.core.thresholds import Thresholds
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.evaluate import suite_records
 from opsnn_quant.evaluation.slice_scorer import SliceScorer
 from opsnn_quant.evaluation.suite import parse_suite
-from opsnn_quant.thresholds import Thresholds
 
 PROMPTS = [f"prompt {i}" for i in range(8)]
 

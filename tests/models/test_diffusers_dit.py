@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
+from opsnn_quant.core.timesteps import current_step
 from opsnn_quant.errors import ConfigError, ModelLoadError
 from opsnn_quant.models import guess_family, load_adapter
-from opsnn_quant.timesteps import current_step
 from opsnn_quant.types import Modality
 from tests.tiny_pipelines import (
     save_tiny_flux,

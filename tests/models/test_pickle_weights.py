@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from opsnn_quant.cli import main
+from opsnn_quant.core.hub import pickle_only_files, weights_only_torch_load
 from opsnn_quant.errors import ModelLoadError
-from opsnn_quant.hub import pickle_only_files, weights_only_torch_load
 from tests.tiny_pipelines import (
     save_tiny_sd,
     save_tiny_whisper,

@@ -25,7 +25,7 @@ def _errors(err: str) -> list[str]:
 
 
 def test_the_probe_records_its_models_and_datas_fingerprints(done):
-    from opsnn_quant.fingerprint import data_fingerprint, model_fingerprint
+    from opsnn_quant.core.fingerprint import data_fingerprint, model_fingerprint
 
     root, _, out = done
     inputs = json.loads((out / "probe.json").read_text())["inputs"]

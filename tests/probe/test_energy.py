@@ -34,7 +34,7 @@ def test_block_sums_equal_whole_tensor_sums_for_both_layouts():
     # at dim 1: one block) and a batch of maps in blocks of whole samples (4 of 64x32x32 per
     # CHUNK: 9 samples make blocks of 4, 4 and 1), against the float64 sums over the whole
     # tensors.
-    from opsnn_quant.numerics import CHUNK
+    from opsnn_quant.core.numerics import CHUNK
 
     torch.manual_seed(0)
     cases = (

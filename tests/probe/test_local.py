@@ -147,8 +147,8 @@ def test_a_big_call_is_measured_on_strided_samples_exactly():
 def test_small_calls_in_a_sampling_loop_wait_in_batches_of_their_group_of_steps():
     # A DiT's few tokens per denoiser call: the calls of one group of steps run as one batch at
     # that group's scales; each batch's noise equals the calls' noise measured one by one.
+    from opsnn_quant.core.timesteps import at_step
     from opsnn_quant.probe.local import LocalProbe
-    from opsnn_quant.timesteps import at_step
 
     torch.manual_seed(0)
     lin = nn.Linear(16, 8)

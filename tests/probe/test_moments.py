@@ -87,7 +87,7 @@ def test_moments_streamed_in_groups_give_the_one_pass_report_and_bits(monkeypatc
 
 
 def test_streamed_moments_keep_only_the_open_batchs_fp32_sum_and_the_in_memory_bits():
-    from opsnn_quant.stream import at_batch
+    from opsnn_quant.core.stream import at_batch
 
     torch.manual_seed(0)
     kept, streamed = SplitMoments(16), SplitMoments(16)

@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
+from opsnn_quant.core.timesteps import at_step, current_step
 from opsnn_quant.probe.pending import PENDING_ROWS
 from opsnn_quant.probe.projections import KeptCalls, Projector
-from opsnn_quant.timesteps import at_step, current_step
 
 
 class Recorder:

@@ -14,11 +14,11 @@ import pytest
 import torch
 from torch import nn
 
+from opsnn_quant.core.timesteps import at_step
 from opsnn_quant.models.generic import GenericAdapter
 from opsnn_quant.probe.api import ProbeConfig, ProbeResult, run_probe, start_probe
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.spec import QuantSpec
-from opsnn_quant.timesteps import at_step
 from opsnn_quant.types import Precision
 
 

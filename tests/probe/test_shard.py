@@ -60,7 +60,7 @@ def test_a_probe_over_shares_is_the_probe_over_all_the_data(adapter):
 
 
 def test_a_share_numbers_its_batches_as_in_the_whole_data(adapter):
-    from opsnn_quant.stream import current_batch
+    from opsnn_quant.core.stream import current_batch
 
     seen = []
     h = adapter.model.unet.register_forward_pre_hook(lambda m, a: seen.append(current_batch()))

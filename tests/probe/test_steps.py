@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
+from opsnn_quant.core.timesteps import at_step, current_step
 from opsnn_quant.policy.search import build_policy
 from opsnn_quant.policy.targets import get_target
 from opsnn_quant.probe.api import ProbeConfig, probe
 from opsnn_quant.probe.steps import StepRanges
-from opsnn_quant.timesteps import at_step, current_step
 from opsnn_quant.types import Precision
 
 

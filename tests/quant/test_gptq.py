@@ -320,7 +320,7 @@ def test_moments_of_shares_merge_into_the_moments_of_all_the_rows(spread):
     g = torch.Generator().manual_seed(0)
     scales = (1.0, spread, 1.0 / spread)
     calls = [torch.randn(m, 12, generator=g) * s for m, s in zip((30, 7, 50), scales, strict=True)]
-    from opsnn_quant.stream import at_batch
+    from opsnn_quant.core.stream import at_batch
 
     def over(batches: range) -> SplitMoments:  # call i is data batch i
         moments = SplitMoments(12)

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from opsnn_quant.core.stream import at_batch, priorities
 from opsnn_quant.quant.smoothquant import (
     ChannelStats,
     layer_error,
@@ -10,7 +11,6 @@ from opsnn_quant.quant.smoothquant import (
     search_alphas,
     smoothing_factors,
 )
-from opsnn_quant.stream import at_batch, priorities
 
 
 def test_smoothing_factor_formula():

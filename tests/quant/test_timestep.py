@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
+from opsnn_quant.core.timesteps import at_step, group_of
 from opsnn_quant.errors import CalibrationError, ConfigError
 from opsnn_quant.formats.checkpoint import load_quantized, save_quantized
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.spec import QuantSpec
-from opsnn_quant.timesteps import at_step, group_of
 from opsnn_quant.types import Precision
 
 BOUNDS = (0, 2)

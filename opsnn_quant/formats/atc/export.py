@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from opsnn_quant.core.tensors import first_tensor
 from opsnn_quant.formats.atc.commands import check_aoe, check_atc, shell_line
 from opsnn_quant.formats.atc.onnx.fast import markable
 from opsnn_quant.formats.policy_files import export_policy, write_export
@@ -36,7 +37,6 @@ from opsnn_quant.io import atomic_write_text, write_json_atomic
 from opsnn_quant.policy.schema import ResolvedPolicy
 from opsnn_quant.quant.modules import QuantModule
 from opsnn_quant.recording import Call
-from opsnn_quant.tensors import first_tensor
 
 log = logging.getLogger(__name__)
 SOC_DEFAULTS = {"ascend310p": "Ascend310P3"}

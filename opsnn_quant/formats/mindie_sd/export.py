@@ -53,6 +53,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from opsnn_quant.core.timesteps import group_of
 from opsnn_quant.folding.fold_check import dequantized_weight, effective_bias
 from opsnn_quant.formats.safetensors_io import LazyTensor, Tensorish, write_safetensors
 from opsnn_quant.io import empty_dir
@@ -60,7 +61,6 @@ from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.offload import BlockOffload, offload_of
 from opsnn_quant.quant.engine import TORCH_DTYPES, mul_scale_of
 from opsnn_quant.quant.modules import QuantLinear, QuantModule
-from opsnn_quant.timesteps import group_of
 from opsnn_quant.types import Precision
 
 OUTPUT_KIND = "mindie-sd"

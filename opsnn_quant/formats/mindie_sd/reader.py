@@ -35,8 +35,8 @@ from safetensors import safe_open
 from torch import nn
 
 from opsnn_quant.ascend import engines
+from opsnn_quant.core.timesteps import current_step
 from opsnn_quant.errors import CheckpointError
-from opsnn_quant.timesteps import current_step
 
 DESCRIPTION_MAX_BYTES = 10 * 2**30  # file_utils.MAX_FILE_SIZE
 WEIGHT_MAX_BYTES = 100 * 2**30  # utils.MAX_WEIGHT_SIZE
@@ -176,7 +176,7 @@ class MindieSdLinear(nn.Module):
     * W8A8_TIMESTEP (``W8A8TimeStepQuantLinear``, lines 395-453): the dynamic tensors, then one
       static row per denoising step (``input_scale``/``input_offset`` [T, 1], ``deq_scale`` and
       ``quant_bias`` [T, N]). The step index is this package's sampling-loop clock
-      (:mod:`opsnn_quant.timesteps`) where MindIE-SD's is ``TimestepManager``; every step below
+      (:mod:`opsnn_quant.core.timesteps`) where MindIE-SD's is ``TimestepManager``; every step below
       T runs the static row, as after ``TimestepPolicyConfig().register(range(T), "static",
       target="w8a8_static_linear")`` (3.1.0's default target, ``w4a4_linear``, has no static);
       outside a sampling loop the dynamic branch runs (MindIE-SD's default strategy). Both

@@ -87,8 +87,8 @@ def test_the_same_model_gives_byte_identical_files(tmp_path):
 def test_a_per_step_module_is_written_float_with_the_reason():
     # AscendV1 (msModelSlim ascendv1.md, vllm_ascend w8a8.py) has one [1] input_scale per
     # Linear: a w8a8_timestep module's scale table cannot be written there.
+    from opsnn_quant.core.timesteps import at_step
     from opsnn_quant.formats.ascendv1.writer import TIMESTEP_REASON
-    from opsnn_quant.timesteps import at_step
 
     torch.manual_seed(0)
     holder = nn.Module()
@@ -116,8 +116,8 @@ def test_a_per_step_module_is_written_float_with_the_reason():
 def test_export_runs_with_a_per_step_module_in_the_model(tmp_path):
     # The fold planning replays the quantized model: a per-step module there must not stop the
     # export (it needs a step to run), and it is written FLOAT.
+    from opsnn_quant.core.timesteps import at_step
     from opsnn_quant.formats.ascendv1.writer import TIMESTEP_REASON
-    from opsnn_quant.timesteps import at_step
 
     model = TinyAttention()
     loop = forward_loop_for(model)

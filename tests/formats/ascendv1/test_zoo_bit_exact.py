@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from opsnn_quant.determinism import set_reproducible
+from opsnn_quant.core.determinism import set_reproducible
 from opsnn_quant.formats.ascendv1 import export_ascendv1
 from opsnn_quant.formats.ascendv1.candidate import load_ascendv1_candidate
 from opsnn_quant.models import load_adapter

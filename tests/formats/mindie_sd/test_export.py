@@ -221,8 +221,8 @@ def test_refuses_missing_tensors_and_int64_deq_scale_in_bf16(exported):
 def test_per_step_scales_as_w8a8_timestep(tmp_path):
     # W8A8TimeStepQuantLinear: a static row per denoising step ([T, 1] input scales, [T, N]
     # deq_scale and quant_bias); our step groups (0-1, 2-3) expand to the four steps' rows
+    from opsnn_quant.core.timesteps import at_step
     from opsnn_quant.formats.mindie_sd.export import _write
-    from opsnn_quant.timesteps import at_step
 
     float_model = Block()
     model = copy.deepcopy(float_model)

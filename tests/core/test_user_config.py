@@ -1,4 +1,4 @@
-"""The checks every user-written config shares (opsnn_quant.user_config) and the per-family
+"""The checks every user-written config shares (opsnn_quant.core.user_config) and the per-family
 settings checked against the model's own config files (opsnn_quant.models.settings)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import math
 import pytest
 import yaml
 
+from opsnn_quant.core.user_config import SEED_MAX, check_limit, check_seed, yaml_error
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.models.settings import (
     DiTSettings,
@@ -19,7 +20,6 @@ from opsnn_quant.models.settings import (
     settings_for,
     whisper_prompt_tokens,
 )
-from opsnn_quant.user_config import SEED_MAX, check_limit, check_seed, yaml_error
 
 
 @pytest.mark.parametrize("seed", [0, 1, SEED_MAX])

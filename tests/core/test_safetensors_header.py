@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from opsnn_quant.errors import CheckpointError, ModelLoadError
-from opsnn_quant.safetensors_header import (
+from opsnn_quant.core.safetensors_header import (
     check_safetensors_header,
     read_safetensors_header,
 )
+from opsnn_quant.errors import CheckpointError, ModelLoadError
 
 
 def _file(path, header: object, data: bytes = b"", declared: int | None = None, size=None):

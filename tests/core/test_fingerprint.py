@@ -1,4 +1,4 @@
-"""``opsnn_quant.fingerprint``: the same data gives the same digest in another process and at
+"""``opsnn_quant.core.fingerprint``: the same data gives the same digest in another process and at
 another address; any changed value changes it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from opsnn_quant.fingerprint import data_fingerprint
+from opsnn_quant.core.fingerprint import data_fingerprint
 
 
 def _records(red: int = 200) -> list[dict]:
@@ -42,8 +42,8 @@ def test_a_text_record_digest_is_the_hand_computed_one():
 
 def test_the_digest_is_the_same_in_another_process():
     code = (
-        "from tests.test_fingerprint import _records;"
-        "from opsnn_quant.fingerprint import data_fingerprint;"
+        "from tests.core.test_fingerprint import _records;"
+        "from opsnn_quant.core.fingerprint import data_fingerprint;"
         "print(data_fingerprint(_records()))"
     )
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

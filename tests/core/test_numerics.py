@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from opsnn_quant.numerics import cosine, energies, noise_energy, signal_energy, sqnr_db
+from opsnn_quant.core.numerics import cosine, energies, noise_energy, signal_energy, sqnr_db
 
 
 def test_energies_hand_computed_any_chunking():
@@ -49,7 +49,7 @@ def test_noise_and_signal_alone_are_the_energies_sums_bit_for_bit():
 
 
 def test_exact_sum_does_not_depend_on_the_order_of_its_terms():
-    from opsnn_quant.numerics import ExactSum
+    from opsnn_quant.core.numerics import ExactSum
 
     terms = [1e16, 1.0, -1e16, 3.0, 0.1, 0.2]
     assert sum(terms) != sum(reversed(terms))  # float addition: the order shows

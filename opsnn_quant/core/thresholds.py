@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from opsnn_quant.user_config import StrictModel
+from opsnn_quant.core.user_config import StrictModel
 
 # Bounds on speed, not quality: judged only on the target's own backend.
 LATENCY_BOUNDS = frozenset({"latency_p99_ratio_max", "memory_ratio_max"})

@@ -2,7 +2,7 @@ import sys
 
 import pytest
 
-from opsnn_quant import memory
+from opsnn_quant.core import memory
 
 
 def test_trim_budget_trims_once_per_budget(monkeypatch):

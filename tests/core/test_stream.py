@@ -1,11 +1,11 @@
-"""Positions of calls in the data and the seeded draws keyed by them (opsnn_quant/stream.py)."""
+"""Positions of calls in the data and the seeded draws keyed by them (opsnn_quant/core/stream.py)."""
 
 import hashlib
 import struct
 
 import torch
 
-from opsnn_quant.stream import CallCounter, at_batch, current_batch, priorities, priority
+from opsnn_quant.core.stream import CallCounter, at_batch, current_batch, priorities, priority
 
 
 def test_positions_count_calls_within_each_batch():
