@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.formats.amct.format import AMCTConfig, AMCTEager
 from opsnn_quant.formats.ascendv1.format import AscendV1Format
 from opsnn_quant.formats.atc.format import (
     ATCCustomizeDtypes,
@@ -25,6 +26,7 @@ from opsnn_quant.formats.atc.format import (
 from opsnn_quant.formats.base import TABLE, Format, Kind, ModelSource, register_format
 from opsnn_quant.formats.calibrate_output import CalibrateOutputFormat
 from opsnn_quant.formats.mindie_sd.format import MindIESDFormat
+from opsnn_quant.formats.msmodelslim.format import MsModelSlimV1
 
 __all__ = [
     "TABLE",
@@ -37,29 +39,6 @@ __all__ = [
     "register_exporter",
     "register_format",
 ]
-
-_POLICY = "opsnn_quant.formats.policy_files"
-
-
-class AMCTConfig(Format):
-    """AMCT's simplified quantization config (``amct.cfg``)."""
-
-    name, kind, output, handler = "amct-cfg", "policy", "amct.cfg", f"{_POLICY}:amct_cfg"
-
-
-class AMCTEager(Format):
-    """AMCT's eager-mode JSON config."""
-
-    name, kind, output, handler = "amct-eager", "policy", "amct_eager.json", f"{_POLICY}:amct_eager"
-
-
-class MsModelSlimV1(Format):
-    """msModelSlim's one-click ``modelslim_v1`` YAML."""
-
-    name, kind, output, handler = (
-        "msmodelslim-v1", "policy", "msmodelslim_v1.yaml", f"{_POLICY}:msmodelslim_v1"
-    )  # fmt: skip
-
 
 for _cls in (AMCTConfig, AMCTEager, ATCKeepDtype, ATCCustomizeDtypes, ATCModifyMixlist,
              MsModelSlimV1, AscendV1Format, MindIESDFormat, ATCGraphsFormat,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from opsnn_quant.formats.base import Format
 
-_POLICY = "opsnn_quant.formats.policy_files:atc_config"
+_POLICY = "opsnn_quant.formats.atc.precision:atc_config"
 
 
 class ATCGraphsFormat(Format):

@@ -31,10 +31,14 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opsnn_quant.formats.result import ExportResult
 from opsnn_quant.policy.schema import Resolved, ResolvedPolicy
 from opsnn_quant.types import Precision
+
+if TYPE_CHECKING:
+    from opsnn_quant.formats.policy_files import PolicyExportOptions
 
 ATC_FORMATS = ("atc-keep-dtype", "atc-customize-dtypes", "atc-modify-mixlist")
 
@@ -241,3 +245,8 @@ def onnx_node_io(path: str) -> dict[str, tuple[str, int, int]]:
         n.name: (n.op_type, sum(1 for i in n.input if i), sum(1 for o in n.output if o))
         for n in model.graph.node
     }
+
+
+def atc_config(fmt: str, resolved: ResolvedPolicy, options: PolicyExportOptions) -> ExportResult:
+    """The exporter table's handler of the three ATC precision files (:func:`export_atc`)."""
+    return export_atc(fmt, resolved, options.node_map, options.node_io, options.op_types)

@@ -32,12 +32,15 @@ schema (where the Chinese docs disagree we follow the code, which validates the 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.formats.result import ExportResult
 from opsnn_quant.policy.schema import PrecisionPolicy, ResolvedPolicy
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Modality, Precision
+
+if TYPE_CHECKING:
+    from opsnn_quant.formats.policy_files import PolicyExportOptions
 
 # msModelSlim's activation methods are minmax and histogram (linear_quant.md): our clip
 # searches (percentile, mse, kl) map to its histogram search, the closest it has.
@@ -202,3 +205,10 @@ def _sd_block() -> list[str]:
         '      capture_mode: "args"',
         '      dump_data_dir: ""  # "" = save_path',
     ]
+
+
+def msmodelslim_v1(
+    fmt: str, resolved: ResolvedPolicy, options: PolicyExportOptions
+) -> ExportResult:
+    """The exporter table's handler of ``msmodelslim-v1`` (:func:`export_msmodelslim`)."""
+    return export_msmodelslim(resolved)
