@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from opsnn_quant.core.producers import ANY_STEP
+from opsnn_quant.producers import ANY_STEP
 from opsnn_quant.quant.modules import QuantConv2d, QuantModule, set_submodule
 from opsnn_quant.recording import Call, detached_copy, replay
 from opsnn_quant.types import Precision

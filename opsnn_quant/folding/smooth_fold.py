@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from opsnn_quant.core.memory import trim_heap
-from opsnn_quant.core.producers import is_norm, trace_producers
 from opsnn_quant.folding.fold_check import Fold, check_calls, fold_errors
+from opsnn_quant.producers import is_norm, trace_producers
 from opsnn_quant.quant.modules import no_weight_copies
 from opsnn_quant.recording import Call, sample_subset
 

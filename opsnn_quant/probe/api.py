@@ -22,7 +22,6 @@ from torch import nn
 
 from opsnn_quant.backends.devices import backend_label
 from opsnn_quant.core.memory import frozen_heap
-from opsnn_quant.core.producers import fold_groups
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.generic import GenericAdapter
@@ -49,6 +48,7 @@ from opsnn_quant.probe.report import (
     summarize_modalities,
 )
 from opsnn_quant.probe.seeding import PassOneStatistics
+from opsnn_quant.producers import fold_groups
 from opsnn_quant.quant.api import tied_to_embeddings
 from opsnn_quant.recording import Call, sample_subset
 from opsnn_quant.types import ForwardLoop, Modality
@@ -406,7 +406,7 @@ def _pass_one(run: ProbeRun, forward_loop: ForwardLoop, shard: Shard | None) -> 
 
 
 def _fold_groups(run: ProbeRun) -> dict[str, list[str]]:
-    """The Linears each norm alone feeds (see :func:`~opsnn_quant.core.producers.fold_groups`), traced
+    """The Linears each norm alone feeds (see :func:`~opsnn_quant.producers.fold_groups`), traced
     on one sample of each root's first recorded call; none unless ``cfg.fold_smoothing``."""
     if not run.cfg.fold_smoothing:
         return {}

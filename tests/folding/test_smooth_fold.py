@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from opsnn_quant.core.producers import trace_producers
 from opsnn_quant.formats.ascendv1 import apply_ascendv1, export_ascendv1, read_ascendv1
+from opsnn_quant.producers import trace_producers
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.recording import replay

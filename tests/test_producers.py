@@ -1,12 +1,12 @@
 """Which module produces each module's input, and the Linears one norm alone feeds
-(opsnn_quant/core/producers.py)."""
+(opsnn_quant/producers.py)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from opsnn_quant.core.producers import fold_groups, is_norm
+from opsnn_quant.producers import fold_groups, is_norm
 
 
 class _Block(nn.Module):
