@@ -27,6 +27,7 @@ from opsnn_quant.core.user_config import (
     Seed,
     StrictModel,
     did_you_mean,
+    keys_hint,
     known_fields,
     yaml_error,
 )
@@ -357,7 +358,11 @@ def load_recipe(name_or_path: str) -> Recipe:
             loc.append("family")
             msg = f"must be one of {', '.join(sorted(FAMILY_TAGS))}"
         if err["type"] == "extra_forbidden" and loc:
-            msg += did_you_mean(loc[-1], known_fields(Recipe, loc, data))
+            known = known_fields(Recipe, loc, data)
+            if loc[:2] == ["model", "settings"]:  # a family's few settings: all of them
+                msg += keys_hint(loc[-1], known, f"{_family(data)} settings are")
+            else:
+                msg += did_you_mean(loc[-1], known)
         if not loc and ": " in msg and msg.split(": ", 1)[0].count(".") >= 1:
             # a whole-recipe check names its field first ("probe.timestep_groups: ...")
             field, msg = msg.split(": ", 1)
@@ -365,6 +370,13 @@ def load_recipe(name_or_path: str) -> Recipe:
         line = _line_of(node, loc)
         where = f"line {line}: " if line else ""
         raise ConfigError(f"{path}: {where}{'.'.join(loc)}: {msg}") from exc
+
+
+def _family(data: object) -> str:
+    """The model family a raw recipe mapping names (for messages), else ``the model's``."""
+    model = data.get("model") if isinstance(data, dict) else None
+    family = model.get("family") if isinstance(model, dict) else None
+    return str(family) if isinstance(family, str) else "the model's"
 
 
 # The recipe fields that hold a local path (or a named source): resolved against the recipe's

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from opsnn_quant.core.user_config import check_limit
+from opsnn_quant.core.user_config import check_limit, keys_hint, known_fields
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.models.settings import parse_set_options
 from opsnn_quant.recipe import FAMILY_TAGS, Recipe, load_recipe
@@ -144,7 +144,12 @@ def _validated(data: dict[str, Any]) -> Recipe:
         loc = ".".join(str(x) for x in err["loc"] if str(x) not in FAMILY_TAGS)
         msg = err["msg"].removeprefix("Value error, ")
         if loc.startswith("model.settings."):
-            where = f"--set {loc.removeprefix('model.settings.')}"
+            key = loc.removeprefix("model.settings.")
+            where = f"--set {key}"
+            if err["type"] == "extra_forbidden":
+                known = known_fields(Recipe, ["model", "settings", key], data)
+                family = data.get("model", {}).get("family", "the model's")
+                msg += keys_hint(key, known, f"{family} settings are")
         else:
             where = _FLAG_OF.get(loc, loc)
         raise ConfigError(f"{where}: {msg}" if where else msg) from exc

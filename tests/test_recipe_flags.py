@@ -50,6 +50,14 @@ def test_flags_override_a_recipes_fields_and_name_themselves_in_errors(pipe):
     assert r.budget == base.budget and r.model.source == base.model.source
     with pytest.raises(ConfigError, match=r"^--set stepz: Extra inputs are not permitted"):
         effective_recipe("whisper-tiny-en", RecipeFlags(sets=("stepz=2",)))
+    with pytest.raises(ConfigError) as info:  # a typo lists every key the family takes
+        effective_recipe("whisper-tiny-en", RecipeFlags(sets=("languag=zh",)))
+    assert str(info.value) == (
+        "--set languag: Extra inputs are not permitted; did you mean 'language'?; whisper "
+        "settings are: batch_size, max_new_tokens, num_beams, language, task"
+    )
+    r = effective_recipe("whisper-tiny-en", RecipeFlags(sets=("language=en", "task=transcribe")))
+    assert (r.model.settings.language, r.model.settings.task) == ("en", "transcribe")
     with pytest.raises(ConfigError, match=r"^--target: unknown target 'nope'"):
         effective_recipe("whisper-tiny-en", RecipeFlags(target="nope"))
     # a new model over a recipe drops the old model's settings and guesses its family

@@ -265,7 +265,8 @@ def test_a_baseline_strategy_drops_the_metric_the_search_would_measure():
         ("min_int8_mac_share", "min_int8_mac_shar",
          "budget.min_int8_mac_shar: Extra inputs are not permitted; did you mean 'min_int8_mac_share'?"),
         ("batch_size: 4", "batch_sise: 4",
-         "model.settings.batch_sise: Extra inputs are not permitted; did you mean 'batch_size'?"),
+         "model.settings.batch_sise: Extra inputs are not permitted; did you mean 'batch_size'?; "
+         "whisper settings are: batch_size, max_new_tokens, num_beams, language, task"),
         ("seed: 0", "sed: 0", "sed: Extra inputs are not permitted; did you mean 'seed'?"),
         ("seed: 0", "seed: 0\nzzz: 1", "zzz: Extra inputs are not permitted"),
     ],

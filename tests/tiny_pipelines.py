@@ -444,3 +444,41 @@ def tiny_dit_recipe(
     path = root / "recipe.yaml"
     path.write_text(json.dumps(data))  # JSON is YAML
     return path
+
+
+# A multilingual Whisper's special tokens (openai/whisper tokenizer.py; every multilingual
+# checkpoint's generation_config.json): one more than an English-only model's from <|endoftext|>.
+MULTILINGUAL_TOKENS = {"eos": 50257, "sot": 50258, "en": 50259, "zh": 50260, "de": 50261,
+                       "translate": 50358, "transcribe": 50359, "notimestamps": 50363}  # fmt: skip
+
+
+def save_tiny_multilingual_whisper(
+    path: Path, max_target_positions: int = 16, seed: int = 0
+) -> Path:
+    """:func:`save_tiny_whisper` made multilingual: a 51865-token vocabulary and the generation
+    config of a multilingual checkpoint over three languages (en, zh, de), so ``generate`` puts
+    ``<|startoftranscript|><|lang|><|task|><|notimestamps|>`` before the first decoded token. The
+    tokenizer stays tiny.en's (random weights decode to nothing readable either way); the one
+    id it lacks (51864) is suppressed."""
+    import json
+
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    save_tiny_whisper(path, max_target_positions, seed)
+    t = MULTILINGUAL_TOKENS
+    config = WhisperConfig.from_pretrained(str(path))
+    config.vocab_size = 51865
+    config.decoder_start_token_id, config.eos_token_id = t["sot"], t["eos"]
+    config.bos_token_id = config.pad_token_id = t["eos"]
+    torch.manual_seed(seed)
+    WhisperForConditionalGeneration(config).eval().save_pretrained(str(path))
+    generation = {
+        "decoder_start_token_id": t["sot"], "bos_token_id": t["eos"], "eos_token_id": t["eos"],
+        "pad_token_id": t["eos"], "is_multilingual": True,
+        "lang_to_id": {f"<|{c}|>": t[c] for c in ("en", "zh", "de")},
+        "task_to_id": {"translate": t["translate"], "transcribe": t["transcribe"]},
+        "no_timestamps_token_id": t["notimestamps"], "suppress_tokens": [51864],
+        "begin_suppress_tokens": [220, t["eos"]], "max_length": max_target_positions,
+    }  # fmt: skip
+    (path / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    return path

@@ -160,3 +160,11 @@ def did_you_mean(name: str, known: list[str]) -> str:
 
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def keys_hint(name: str, known: list[str], what: str = "the keys") -> str:
+    """``did_you_mean`` and then every key ``known`` (a family's settings are few: a user who
+    typed one that does not exist sees them all), or ``""`` without known keys."""
+    if not known:
+        return ""
+    return f"{did_you_mean(name, known)}; {what}: {', '.join(known)}"

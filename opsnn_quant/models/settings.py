@@ -10,11 +10,12 @@ import json
 import logging
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from opsnn_quant.core.user_config import keys_hint
 from opsnn_quant.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,19 @@ class WhisperSettings(_Settings):
     # Bounded by the model's max_target_positions: see check_fits.
     max_new_tokens: int = Field(default=64, gt=0, description="tokens decoded per utterance")
     num_beams: int = Field(default=1, gt=0, le=MAX_BEAMS, description="beam width (1: greedy)")
+    # Checked against the checkpoint's generation_config.json (lang_to_id, task_to_id,
+    # is_multilingual) by check_fits: a code the model has no token for is refused before it loads.
+    language: str | None = Field(
+        default=None,
+        pattern=r"^[a-z]{2,3}$",
+        description="spoken language, a Whisper code (en, zh, de, ...): a multilingual model "
+        "decodes in it; None: it detects the language (an English-only model: en or None)",
+    )
+    task: Literal["transcribe", "translate"] | None = Field(
+        default=None,
+        description="transcribe (the spoken language) or translate (into English); None: "
+        "transcribe",
+    )
 
 
 SETTINGS: dict[str, type[_Settings]] = {
@@ -119,7 +133,10 @@ def settings_for(family: str, values: dict[str, Any]) -> _Settings:
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(x) for x in err["loc"])
-        raise ConfigError(f"{family} settings: {where}: {err['msg']}") from exc
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg += keys_hint(where, list(cls.model_fields), "the keys")
+        raise ConfigError(f"{family} settings: {where}: {msg}") from exc
 
 
 def parse_set_options(items: Iterable[str], option: str = "--set") -> dict[str, Any]:
@@ -185,17 +202,69 @@ def check_fits(model_dir: Path, settings: _Settings, where: str = "model.setting
     if isinstance(settings, SDSettings | DiTSettings):
         _check_diffusion(model_dir, settings, where)
     elif isinstance(settings, WhisperSettings):
+        generation = _json(model_dir / "generation_config.json")
+        _check_language(model_dir, settings, generation, where)
         config = _json(model_dir / "config.json")
         limit = (config or {}).get("max_target_positions")
         if not isinstance(limit, int):
             return
-        prompt = whisper_prompt_tokens(_json(model_dir / "generation_config.json"))
+        prompt = whisper_prompt_tokens(generation)
         if settings.max_new_tokens + prompt > limit:
             raise ConfigError(
                 f"{where}max_new_tokens: {settings.max_new_tokens} does not fit {model_dir}: "
                 f"its decoder takes {limit} positions (config.json max_target_positions), "
                 f"{prompt} of them the prompt; use at most {limit - prompt}"
             )
+
+
+def whisper_is_multilingual(generation_config: dict[str, Any] | None) -> bool | None:
+    """Whether a Whisper checkpoint is multilingual, from its ``generation_config.json``
+    (``is_multilingual``, else whether it lists languages); None: the file does not say."""
+    cfg = generation_config or {}
+    if isinstance(cfg.get("is_multilingual"), bool):
+        return bool(cfg["is_multilingual"])
+    langs = cfg.get("lang_to_id")
+    return len(langs) > 1 if isinstance(langs, dict) else None
+
+
+def _check_language(
+    model_dir: Path, settings: WhisperSettings, generation: dict[str, Any] | None, where: str
+) -> None:
+    """Refuse a ``language`` or ``task`` the checkpoint has no token for (transformers would
+    refuse it at the first ``generate``, after the model loaded and the data was read)."""
+    language, task = settings.language, settings.task
+    if language is None and task is None:
+        return
+    file = f"{model_dir}/generation_config.json"
+    multilingual = whisper_is_multilingual(generation)
+    if multilingual is False:
+        if language not in (None, "en"):
+            raise ConfigError(
+                f"{where}language: {language} is not English, and {model_dir} is an "
+                f"English-only Whisper model ({file}: is_multilingual false); leave language "
+                "out, give en, or use a multilingual checkpoint"
+            )
+        if task == "translate":
+            raise ConfigError(
+                f"{where}task: translate needs a multilingual Whisper model; {model_dir} is "
+                f"English-only ({file}: is_multilingual false)"
+            )
+        return
+    cfg = generation or {}
+    langs = cfg.get("lang_to_id")
+    if language is not None and isinstance(langs, dict) and f"<|{language}|>" not in langs:
+        codes = sorted(str(k).strip("<|>") for k in langs)
+        shown = ", ".join(codes[:20]) + (", ..." if len(codes) > 20 else "")
+        raise ConfigError(
+            f"{where}language: {language} is not one of the {len(codes)} languages of "
+            f"{model_dir} ({file} lang_to_id: {shown})"
+        )
+    tasks = cfg.get("task_to_id")
+    if task is not None and isinstance(tasks, dict) and task not in tasks:
+        raise ConfigError(
+            f"{where}task: {task} is not a task of {model_dir} ({file} task_to_id: "
+            f"{', '.join(sorted(tasks))})"
+        )
 
 
 def _check_diffusion(model_dir: Path, settings: SDSettings | DiTSettings, where: str) -> None:

@@ -206,12 +206,23 @@ class WhisperAdapter(ModelAdapter):
         p = next(self.model.parameters())
         return feats.input_features.to(device=p.device, dtype=p.dtype)
 
-    def _decode(self, audio: Sequence[Any]) -> list[str]:
+    def decoding(self) -> dict[str, Any]:
+        """The keyword arguments of every ``generate`` call: the decoding settings, and the
+        language and task where given (an English-only model takes neither: ``en`` is all it
+        decodes, and transformers refuses both for it)."""
         s = self.settings
+        kwargs: dict[str, Any] = {"max_new_tokens": s.max_new_tokens, "num_beams": s.num_beams}
+        if getattr(self.model.generation_config, "is_multilingual", True) is False:
+            return kwargs
+        if s.language is not None:
+            kwargs["language"] = s.language
+        if s.task is not None:
+            kwargs["task"] = s.task
+        return kwargs
+
+    def _decode(self, audio: Sequence[Any]) -> list[str]:
         with torch.no_grad():
-            ids = self.model.generate(  # type: ignore[operator]
-                self.features(audio), max_new_tokens=s.max_new_tokens, num_beams=s.num_beams
-            )
+            ids = self.model.generate(self.features(audio), **self.decoding())  # type: ignore[operator]
         return [t.strip() for t in self.processor.batch_decode(ids, skip_special_tokens=True)]
 
     def evaluation_inputs(self, records: Sequence[Any]) -> list[Any]:
@@ -271,9 +282,7 @@ class WhisperAdapter(ModelAdapter):
         handle = model.register_forward_pre_hook(grab, with_kwargs=True)
         try:
             s = self.settings
-            ids = model.generate(  # type: ignore[operator]
-                self.features(audio), max_new_tokens=s.max_new_tokens, num_beams=s.num_beams
-            )
+            ids = model.generate(self.features(audio), **self.decoding())  # type: ignore[operator]
         finally:
             handle.remove()
         prompt = first.get("decoder_input_ids")
