@@ -28,6 +28,7 @@ class Thresholds(StrictModel):
     wer_delta_max_points: float | None = None
     cer_delta_max_points: float | None = None
     agreement_wer_max_points: float | None = Field(default=None, ge=0.0)
+    agreement_cer_max_points: float | None = Field(default=None, ge=0.0)
     latency_p99_ratio_max: float | None = Field(default=None, gt=0.0)
     memory_ratio_max: float | None = Field(default=None, gt=0.0)
 

@@ -394,7 +394,10 @@ class QualityInputs:
         from opsnn_quant.evaluation.runner import asr_quality, t2i_quality
 
         if self.suite.task != "t2i":
-            return asr_quality(self.references, baseline, candidate, confidence=confidence)
+            return asr_quality(
+                self.references, baseline, candidate, confidence=confidence,
+                normalize=self.suite.text_norm(),
+            )  # fmt: skip
         n = len(self.inputs)
         return t2i_quality(
             baseline,

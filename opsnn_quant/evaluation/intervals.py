@@ -32,6 +32,7 @@ from opsnn_quant.evaluation.sequential import (
     utterance_errors,
 )
 from opsnn_quant.evaluation.suite import DEFAULT_CONFIDENCE
+from opsnn_quant.evaluation.text_norm import Normalize
 
 NO_INTERVAL_NOTE = (
     "no interval: a set statistic with no per-sample decomposition, judged on its point estimate"
@@ -55,11 +56,12 @@ def asr_intervals(
     candidate_texts: Sequence[str],
     level: float = DEFAULT_CONFIDENCE,
     *,
-    normalize: bool = True,
+    normalize: Normalize = True,
     resamples: int = RESAMPLES,
 ) -> dict[str, Interval]:
-    """Intervals of ``wer_delta_points``, ``cer_delta_points`` and ``agreement_wer_points``
-    (in points), each utterance resampled with its baseline and candidate errors."""
+    """Intervals of ``wer_delta_points``, ``cer_delta_points``, ``agreement_wer_points`` and
+    ``agreement_cer_points`` (in points), each utterance resampled with its baseline and
+    candidate errors."""
     n = len(references)
     out: dict[str, Interval] = {}
     if n == 0:
@@ -75,6 +77,10 @@ def asr_intervals(
     zero = Errors(tuple(0 for _ in agree.errors), agree.lengths)
     _, low, high = delta_interval(zero, agree, level, resamples=resamples)
     out["agreement_wer_points"] = Interval(low=low, high=high, level=level, n=n)
+    agree = utterance_errors(baseline_texts, candidate_texts, "cer", normalize)
+    zero = Errors(tuple(0 for _ in agree.errors), agree.lengths)
+    _, low, high = delta_interval(zero, agree, level, resamples=resamples)
+    out["agreement_cer_points"] = Interval(low=low, high=high, level=level, n=n)
     return out
 
 

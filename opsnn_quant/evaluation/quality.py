@@ -26,7 +26,8 @@ from opsnn_quant.evaluation.images import ImageBatch
 from opsnn_quant.evaluation.intervals import Interval, asr_intervals, image_intervals
 from opsnn_quant.evaluation.kid import kid_delta, kid_space
 from opsnn_quant.evaluation.report import ImagePairRow, QualityRow, TranscriptRow
-from opsnn_quant.evaluation.wer import agreement_wer, error_rates, utterance_rows
+from opsnn_quant.evaluation.text_norm import Normalize, as_norm
+from opsnn_quant.evaluation.wer import agreement_cer, agreement_wer, error_rates, utterance_rows
 
 
 class QualityResult(BaseModel):
@@ -272,7 +273,7 @@ def asr_quality(
     baseline_texts: Sequence[str],
     candidate_texts: Sequence[str],
     *,
-    normalize: bool = True,
+    normalize: Normalize = True,
     max_rows: int | None = 50,
     confidence: float | None = None,
 ) -> QualityResult:
@@ -282,9 +283,11 @@ def asr_quality(
     (WER candidate - WER baseline). ``confidence``: also their paired bootstrap intervals at
     this level (:func:`~.intervals.asr_intervals`); None: none (a measured search's slice).
     """
-    eb = error_rates(references, baseline_texts, normalize)
-    ec = error_rates(references, candidate_texts, normalize)
-    agree = agreement_wer(baseline_texts, candidate_texts, normalize)
+    norm = as_norm(normalize)
+    eb = error_rates(references, baseline_texts, norm)
+    ec = error_rates(references, candidate_texts, norm)
+    agree = agreement_wer(baseline_texts, candidate_texts, norm)
+    agree_c = agreement_cer(baseline_texts, candidate_texts, norm)
     out = QualityResult()
     out.measured.update(
         wer_baseline=100 * eb.wer, wer_candidate=100 * ec.wer,
@@ -292,6 +295,7 @@ def asr_quality(
         cer_baseline=100 * eb.cer, cer_candidate=100 * ec.cer,
         cer_delta_points=100 * (ec.cer - eb.cer),
         agreement_wer_points=100 * agree,
+        agreement_cer_points=100 * agree_c,
         baseline_broken_share=_share(not t.strip() for t in baseline_texts),
     )  # fmt: skip
     out.quality += [
@@ -300,14 +304,16 @@ def asr_quality(
         QualityRow(metric="CER", baseline=100 * eb.cer, candidate=100 * ec.cer,
                    delta=100 * (ec.cer - eb.cer), unit="%", note=f"{eb.ref_chars} reference chars"),
         QualityRow(metric="agreement WER (candidate vs baseline)", candidate=100 * agree, unit="%"),
+        QualityRow(metric="agreement CER (candidate vs baseline)", candidate=100 * agree_c, unit="%"),
     ]  # fmt: skip
+    if not norm.words:  # no word boundaries: a "word" is a whole utterance, CER decides
+        out.quality = [q for q in out.quality if "WER" not in q.metric]
     out.samples = len(references)
     if confidence is not None:
         out.intervals = asr_intervals(
-            references, baseline_texts, candidate_texts, confidence, normalize=normalize
+            references, baseline_texts, candidate_texts, confidence, normalize=norm
         )
-    rows = utterance_rows(references, baseline_texts, candidate_texts, normalize)
+    rows = utterance_rows(references, baseline_texts, candidate_texts, norm)
     out.transcripts = rows[:max_rows]
-    out.notes.append(f"WER after Whisper English normalisation; {len(rows)} utterances"
-                     if normalize else f"WER on raw text; {len(rows)} utterances")  # fmt: skip
+    out.notes.append(f"error rates after {norm.name}; {len(rows)} utterances")
     return out

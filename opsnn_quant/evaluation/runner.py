@@ -74,6 +74,11 @@ THRESHOLDS: dict[str, tuple[str, Literal["<=", ">="], str]] = {
         "<=",
         "WER of candidate vs baseline (points)",
     ),
+    "agreement_cer_max_points": (
+        "agreement_cer_points",
+        "<=",
+        "CER of candidate vs baseline (points)",
+    ),
     "latency_p99_ratio_max": ("latency_p99_ratio", "<=", "p99 latency candidate / baseline"),
     "memory_ratio_max": ("memory_ratio", "<=", "peak memory candidate / baseline"),
 }

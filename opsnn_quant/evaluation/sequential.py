@@ -33,6 +33,7 @@ from typing import Literal
 
 import numpy as np
 
+from opsnn_quant.evaluation.text_norm import Normalize
 from opsnn_quant.evaluation.wer import normalize_all
 
 LOOK_EVERY = 16  # utterances between looks (a few whole batches of the zoo's Whisper settings)
@@ -53,7 +54,7 @@ class Errors:
 
 
 def utterance_errors(
-    references: Sequence[str], hypotheses: Sequence[str], rate: Rate, normalize: bool = True
+    references: Sequence[str], hypotheses: Sequence[str], rate: Rate, normalize: Normalize = True
 ) -> Errors:
     """Each utterance's word (``wer``) or character (``cer``) edit errors and reference length,
     after the normalisation the corpus rates use (:func:`~.wer.error_rates`)."""

@@ -37,6 +37,7 @@ SEQUENTIAL: dict[str, Rate] = {"wer_delta_max_points": "wer", "cer_delta_max_poi
 # the words that differ from the float transcripts; the median PSNR against the float images.
 FIDELITY: dict[str, tuple[str, Literal["<=", ">="]]] = {
     "asr": ("agreement_wer_points", "<="),
+    "asr-chars": ("agreement_cer_points", "<="),
     "t2i": ("psnr_median_db", ">="),
 }
 
@@ -203,7 +204,10 @@ class SliceScorer:
             note = f"cannot pass after {where}: {note}"
         elif not last:
             note = f"decided after {where}"
-        quality = _quality(rows, result.measured, self.suite.task)
+        task: str = self.suite.task
+        if task == "asr" and not self.suite.text_norm().words:
+            task = "asr-chars"  # closeness by characters (no word boundaries)
+        quality = _quality(rows, result.measured, task)
         return SliceScore(result.measured, rows, status == "PASS", quality, note, status)
 
     @property
@@ -215,8 +219,10 @@ class SliceScorer:
         futility level lies beyond it (None: none does)."""
         tail = (1 + self.futility) / 2
         for name, (rate, bound) in self.rates.items():
+            norm = self.suite.text_norm()
             _, low, _ = delta_interval(
-                utterance_errors(refs, base, rate), utterance_errors(refs, outputs, rate),
+                utterance_errors(refs, base, rate, norm),
+                utterance_errors(refs, outputs, rate, norm),
                 self.futility,
             )  # fmt: skip
             if low > bound:

@@ -16,6 +16,16 @@ same data, prompts and seeds:
 ``wer_delta_max_points``    (WER candidate - WER baseline) x 100 <= value
 ``cer_delta_max_points``    (CER candidate - CER baseline) x 100 <= value
 ``agreement_wer_max_points``  WER of candidate vs baseline transcripts x 100 <= value
+``agreement_cer_max_points``  CER of candidate vs baseline transcripts x 100 <= value
+==========================  ===============================================================
+
+A speech suite's ``generation.language`` (a Whisper code) is the language the models decode
+in and the one whose normaliser the transcripts go through before their errors are counted
+(:func:`~.text_norm.normalizer_for`: English's for ``en`` or none). A language written without
+spaces between words (Chinese, Japanese, Thai, ...) is judged by characters: its suite may set
+only the CER thresholds (``cer_delta_max_points``, ``agreement_cer_max_points``).
+
+==========================  ===============================================================
 ``latency_p99_ratio_max``   p99 candidate / p99 baseline <= value (judged only on the
                             policy target's own backend: ``npu`` for an Ascend target,
                             ``cpu-onnxruntime``/``cpu`` for ``cpu-reference``; reported as
@@ -43,6 +53,7 @@ from opsnn_quant.core.resources import builtin_dir
 from opsnn_quant.core.thresholds import Thresholds
 from opsnn_quant.core.user_config import MAX_SAMPLES, Seed, StrictModel, yaml_error
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.evaluation.text_norm import TextNorm, normalizer_for
 from opsnn_quant.io import read_text
 
 SCHEMA_VERSION = 1
@@ -60,8 +71,14 @@ T2I_THRESHOLDS = frozenset(
     }
 )
 ASR_THRESHOLDS = frozenset(
-    {"wer_delta_max_points", "cer_delta_max_points", "agreement_wer_max_points"}
+    {
+        "wer_delta_max_points",
+        "cer_delta_max_points",
+        "agreement_wer_max_points",
+        "agreement_cer_max_points",
+    }
 )
+WORD_THRESHOLDS = frozenset({"wer_delta_max_points", "agreement_wer_max_points"})
 SHARED_THRESHOLDS = frozenset({"latency_p99_ratio_max", "memory_ratio_max"})
 
 
@@ -101,6 +118,9 @@ class GenerationSpec(StrictModel):
         height, width: Image size (t2i); None: the pipeline's default.
         max_new_tokens: Decoder length limit (asr).
         num_beams: Beam size (asr); 1 is greedy.
+        language: The spoken language (asr), a Whisper code: the models decode in it and the
+            transcripts are normalised for it; None: English-only models (or detection).
+        task: ``transcribe`` or ``translate`` (asr); None: transcribe.
         batch_size: Inputs per generation call.
     """
 
@@ -110,6 +130,8 @@ class GenerationSpec(StrictModel):
     width: int | None = Field(default=None, ge=8)
     max_new_tokens: int = Field(default=128, ge=1)
     num_beams: int = Field(default=1, ge=1)
+    language: str | None = Field(default=None, pattern=r"^[a-z]{2,3}$")
+    task: Literal["transcribe", "translate"] | None = None
     batch_size: int = Field(default=8, ge=1)
 
 
@@ -207,7 +229,19 @@ class Suite(StrictModel):
             raise ValueError("clip_score_delta_min needs metrics.clip")
         if self.task == "asr" and self.data.reference is not None:
             raise ValueError("data.reference (reference images) applies to t2i suites only")
+        words = sorted(WORD_THRESHOLDS & t.set_names())
+        if words and not self.text_norm().words:
+            raise ValueError(
+                f"generation.language {self.generation.language} is written without spaces "
+                f"between words, so it is judged by characters: {', '.join(words)} would count "
+                "whole sentences; use cer_delta_max_points and agreement_cer_max_points"
+            )
         return self
+
+    def text_norm(self) -> TextNorm:
+        """How a speech suite's transcripts are normalised before their errors are counted
+        (its ``generation.language``'s normaliser)."""
+        return normalizer_for(self.generation.language)
 
 
 def _where(err: ValidationError) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from opsnn_quant.errors import InputError, MissingDependencyError
 from opsnn_quant.evaluation.report import DiffChunkRow, TranscriptRow
-from opsnn_quant.evaluation.text_norm import normalize_english
+from opsnn_quant.evaluation.text_norm import Normalize, as_norm
 
 INSTALL_HINT = "pip install 'opsnn-quant[eval]'"
 
@@ -34,11 +34,11 @@ class ErrorRates:
     ref_chars: int
 
 
-def normalize_all(texts: Sequence[str], normalize: bool = True) -> list[str]:
-    """Whisper-normalise (or only collapse whitespace in) each text."""
-    if normalize:
-        return [normalize_english(t) for t in texts]
-    return [" ".join(t.split()) for t in texts]
+def normalize_all(texts: Sequence[str], normalize: Normalize = True) -> list[str]:
+    """Each text normalised: True Whisper's English normaliser, False whitespace collapsed
+    only, or a language's :class:`~.text_norm.TextNorm`."""
+    norm = as_norm(normalize)
+    return [norm(t) for t in texts]
 
 
 def _check(references: Sequence[str], hypotheses: Sequence[str]) -> None:
@@ -49,7 +49,7 @@ def _check(references: Sequence[str], hypotheses: Sequence[str]) -> None:
 
 
 def error_rates(
-    references: Sequence[str], hypotheses: Sequence[str], normalize: bool = True
+    references: Sequence[str], hypotheses: Sequence[str], normalize: Normalize = True
 ) -> ErrorRates:
     """Corpus WER and CER of ``hypotheses`` against ``references`` (torchmetrics).
 
@@ -81,22 +81,24 @@ def error_rates(
     )
 
 
-def _alignment(ref: str, hyp: str) -> tuple[int, list[DiffChunkRow]]:
-    """Word edits and alignment chunks of ``hyp`` against ``ref`` (jiwer)."""
+def _alignment(ref: str, hyp: str, words: bool = True) -> tuple[int, list[DiffChunkRow]]:
+    """Word (``words``) or character edits and alignment chunks of ``hyp`` against ``ref``
+    (jiwer; characters are aligned as one-character words)."""
     import jiwer
 
-    ref_w, hyp_w = ref.split(), hyp.split()
+    ref_w, hyp_w = (ref.split(), hyp.split()) if words else (list(ref), list(hyp))
+    sep = " " if words else ""
     if not ref_w and not hyp_w:
         return 0, []
     if not ref_w:  # jiwer rejects empty references in some versions: all insertions
         return len(hyp_w), [DiffChunkRow(op="insert", ref="", hyp=hyp)]
-    out = jiwer.process_words(ref, hyp if hyp_w else "")
+    out = jiwer.process_words(" ".join(ref_w), " ".join(hyp_w) if hyp_w else "")
     edits = int(out.substitutions + out.deletions + out.insertions)
     chunks = [
         DiffChunkRow(
             op=c.type,
-            ref=" ".join(ref_w[c.ref_start_idx : c.ref_end_idx]),
-            hyp=" ".join(hyp_w[c.hyp_start_idx : c.hyp_end_idx]),
+            ref=sep.join(ref_w[c.ref_start_idx : c.ref_end_idx]),
+            hyp=sep.join(hyp_w[c.hyp_start_idx : c.hyp_end_idx]),
         )
         for c in out.alignments[0]
     ]
@@ -107,7 +109,7 @@ def utterance_rows(
     references: Sequence[str],
     baseline: Sequence[str],
     candidate: Sequence[str],
-    normalize: bool = True,
+    normalize: Normalize = True,
 ) -> list[TranscriptRow]:
     """Per-utterance errors of both models, worst first.
 
@@ -119,21 +121,22 @@ def utterance_rows(
     """
     _check(references, baseline)
     _check(references, candidate)
+    words = as_norm(normalize).words  # no word boundaries: errors counted in characters
     refs = normalize_all(references, normalize)
     bases = normalize_all(baseline, normalize)
     cands = normalize_all(candidate, normalize)
     rows = []
     for i, (r, b, c) in enumerate(zip(refs, bases, cands, strict=True)):
-        agreement, diff = _alignment(b, c)
+        agreement, diff = _alignment(b, c, words)
         rows.append(
             TranscriptRow(
                 index=i,
                 reference=r,
                 baseline=b,
                 candidate=c,
-                ref_words=len(r.split()),
-                baseline_errors=_alignment(r, b)[0],
-                candidate_errors=_alignment(r, c)[0],
+                ref_words=len(r.split()) if words else len(r),
+                baseline_errors=_alignment(r, b, words)[0],
+                candidate_errors=_alignment(r, c, words)[0],
                 agreement_errors=agreement,
                 diff=diff,
             )
@@ -143,7 +146,7 @@ def utterance_rows(
 
 
 def agreement_wer(
-    baseline: Sequence[str], candidate: Sequence[str], normalize: bool = True
+    baseline: Sequence[str], candidate: Sequence[str], normalize: Normalize = True
 ) -> float:
     """WER of the candidate transcripts with the baseline transcripts as the reference.
 
@@ -158,3 +161,24 @@ def agreement_wer(
     if words == 0:
         return 0.0 if edits == 0 else float("inf")
     return edits / words
+
+
+def agreement_cer(
+    baseline: Sequence[str], candidate: Sequence[str], normalize: Normalize = True
+) -> float:
+    """CER of the candidate transcripts with the baseline transcripts as the reference: the
+    agreement of a language judged by characters (0.0 / ``inf`` as :func:`agreement_wer`
+    when the baseline has no characters)."""
+    try:
+        from torchmetrics.text import CharErrorRate
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise MissingDependencyError(f"CER needs torchmetrics: {INSTALL_HINT}") from err
+    _check(baseline, candidate)
+    bases = normalize_all(baseline, normalize)
+    cands = normalize_all(candidate, normalize)
+    metric = CharErrorRate(sync_on_compute=False)
+    metric.update(cands, bases)
+    errors, total = int(metric.errors), int(metric.total)
+    if total == 0:
+        return 0.0 if errors == 0 else float("inf")
+    return errors / total

@@ -79,3 +79,21 @@ def test_asr_quality_points():
     # Agreement: 2 edits over the baseline's 8 words.
     assert m["agreement_wer_points"] == pytest.approx(25.0)
     assert q.transcripts[0].index == 0 and q.transcripts[0].candidate_errors == 2
+
+
+def test_a_chinese_report_shows_character_rates_only():
+    from opsnn_quant.evaluation.quality import asr_quality
+    from opsnn_quant.evaluation.text_norm import normalizer_for
+
+    refs, base, cand = (
+        ["今天天气很好。", "你好"],
+        ["今天天气很好", "你好"],
+        ["今天天汽很好吗", "你好"],
+    )
+    out = asr_quality(refs, base, cand, normalize=normalizer_for("zh"), confidence=0.95)
+    assert [q.metric for q in out.quality] == ["CER", "agreement CER (candidate vs baseline)"]
+    # 8 reference characters: the candidate's 2 errors; the baseline's none
+    assert out.measured["cer_delta_points"] == pytest.approx(100 * 2 / 8)
+    assert out.measured["agreement_cer_points"] == pytest.approx(100 * 2 / 8)
+    assert {"cer_delta_points", "agreement_cer_points"} <= set(out.intervals)
+    assert "spaces dropped" in out.notes[-1]

@@ -116,3 +116,22 @@ def test_relative_paths_resolve_against_the_suite(tmp_path):
     suite = load_suite(sub / "s.yaml")
     assert suite.data.folder == (sub / "prompts").resolve()
     assert suite.data.reference == str((sub / "refs").resolve())
+
+
+def _asr(language: str | None, thresholds: dict) -> dict:
+    return {"name": "x", "task": "asr", "data": {"dataset": "speech", "samples": 8},
+            "generation": {"language": language}, "metrics": {"fid_features": None,
+            "thresholds": thresholds}}  # fmt: skip
+
+
+def test_a_language_without_word_boundaries_is_judged_by_characters():
+    with pytest.raises(ConfigError) as info:
+        parse_suite(_asr("zh", {"wer_delta_max_points": 1, "cer_delta_max_points": 1}), "zh.yaml")
+    assert "generation.language zh is written without spaces between words" in str(info.value)
+    assert "wer_delta_max_points would count whole sentences" in str(info.value)
+    zh = parse_suite(_asr("zh", {"cer_delta_max_points": 1, "agreement_cer_max_points": 5}), "z")
+    assert not zh.text_norm().words and "spaces dropped" in zh.text_norm().name
+    de = parse_suite(_asr("de", {"wer_delta_max_points": 1}), "de.yaml")  # German has spaces
+    assert de.text_norm().words
+    with pytest.raises(ConfigError, match=r"generation\.language"):
+        parse_suite(_asr("Chinese", {"cer_delta_max_points": 1}), "bad.yaml")

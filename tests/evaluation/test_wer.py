@@ -76,3 +76,26 @@ def test_corpus_wer_counts_hand_edits_and_refuses_bad_lists():
         error_rates(refs, ["one"])
     with pytest.raises(InputError, match="no words"):
         error_rates(["uh"], ["x"])
+
+
+def test_chinese_is_counted_in_characters():
+    from opsnn_quant.evaluation.text_norm import normalizer_for
+    from opsnn_quant.evaluation.wer import agreement_cer
+
+    zh = normalizer_for("zh")
+    refs, base, cand = ["今天天气很好。"], ["今天天气很好"], ["今天天汽很好吗"]
+    # 6 reference characters; the candidate: one substitution (气->汽), one insertion (吗)
+    r = error_rates(refs, cand, zh)
+    assert (r.char_errors, r.ref_chars) == (2, 6)
+    assert agreement_cer(base, cand, zh) == pytest.approx(2 / 6)
+    (row,) = utterance_rows(refs, base, cand, zh)
+    assert (row.ref_words, row.baseline_errors, row.candidate_errors, row.agreement_errors) == (
+        6,
+        0,
+        2,
+        2,
+    )
+    assert [(c.op, c.ref, c.hyp) for c in row.diff if c.op != "equal"] == [
+        ("substitute", "气", "汽"),
+        ("insert", "", "吗"),
+    ]
