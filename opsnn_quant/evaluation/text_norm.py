@@ -109,7 +109,27 @@ def normalizer_for(language: str | None) -> TextNorm:
         return ENGLISH
     words = language not in NO_WORD_BOUNDARIES
     how = "" if words else ", spaces dropped (no word boundaries: judged by characters)"
+    if language == "zh":  # Whisper writes Mandarin in either script: both counted as simplified
+        how = ", traditional characters as simplified (OpenCC t2s)" + how
+        return TextNorm(f"Whisper basic normalisation (zh){how}", words, _simplified)
     return TextNorm(f"Whisper basic normalisation ({language}){how}", words, lambda t: _basic()(t))
+
+
+@functools.cache
+def _t2s() -> Callable[[str], str]:
+    try:
+        import opencc
+    except ImportError as err:
+        raise MissingDependencyError(
+            f"Chinese transcripts are compared in simplified characters with OpenCC: {INSTALL_HINT}"
+        ) from err
+    convert: Callable[[str], str] = opencc.OpenCC("t2s").convert
+    return convert
+
+
+def _simplified(text: str) -> str:
+    """Whisper's basic normalisation, then traditional characters written as simplified ones."""
+    return _t2s()(_basic()(text))
 
 
 # What a caller asks for: True (English), False (raw) or a language's normaliser.

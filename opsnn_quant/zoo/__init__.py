@@ -7,6 +7,7 @@ Loading contract (used by adapters, recipes and tests)::
     opsnn_quant.zoo.load("shapes-dit")        # diffusers StableDiffusion3Pipeline (no T5)
     opsnn_quant.zoo.load("shapes-clip")       # transformers CLIPModel (+ zoo.shapes_clip.load_shapes_clip_processor)
     opsnn_quant.zoo.load("whisper-tiny.en")   # transformers WhisperForConditionalGeneration
+    opsnn_quant.zoo.load("whisper-base")      # the same, multilingual (Mandarin: language="zh")
     opsnn_quant.zoo.dataset("shapes", "eval") # datasets.Dataset
 
 Each entry is resolved lazily so that ``import opsnn_quant`` never imports diffusers/transformers.
@@ -29,6 +30,7 @@ _MODELS: dict[str, str] = {
     "shapes-clip": "opsnn_quant.zoo.shapes_clip:load_shapes_clip",
     "shapes-dit": "opsnn_quant.zoo.shapes_dit:load_shapes_dit",
     "whisper-tiny.en": "opsnn_quant.zoo.whisper:load_whisper_tiny_en",
+    "whisper-base": "opsnn_quant.zoo.whisper:load_whisper_base",
 }
 
 # name -> "module:function"; the function takes no argument and returns the model's directory
@@ -38,15 +40,20 @@ _DIRS: dict[str, str] = {
     "shapes-clip": "opsnn_quant.zoo.shapes_clip:weights_dir",
     "shapes-dit": "opsnn_quant.zoo.shapes_dit:weights_dir",
     "whisper-tiny.en": "opsnn_quant.zoo.whisper:ensure_converted",
+    "whisper-base": "opsnn_quant.zoo.whisper:base_dir",
 }
 
 # name -> "module:function"; the function takes ``split`` and returns a datasets.Dataset.
 _DATASETS: dict[str, str] = {
     "shapes": "opsnn_quant.zoo.shapes_data:load_split",
     "speech": "opsnn_quant.zoo.speech_data:load_split",
+    "speech-zh": "opsnn_quant.zoo.speech_zh:load_split",
 }
 # Datasets that give records directly (no ``datasets.Dataset`` to build and convert back).
-_RECORDS: dict[str, str] = {"speech": "opsnn_quant.zoo.speech_data:split_records"}
+_RECORDS: dict[str, str] = {
+    "speech": "opsnn_quant.zoo.speech_data:split_records",
+    "speech-zh": "opsnn_quant.zoo.speech_zh:split_records",
+}
 
 
 def _resolve(table: dict[str, str], name: str, kind: str) -> Callable[..., Any]:

