@@ -45,6 +45,9 @@ class RecipeFlags:
         sets: ``KEY=VALUE`` items over ``model.settings``.
         column: ``data.column`` (of a ``datasets`` source).
         split: ``data.split``.
+        holdout: ``data.holdout`` (held-out records the quantized model is measured on).
+        budget: ``budget``, replaced whole: a YAML file's path or inline YAML (e.g.
+            ``{metric: {suite: whisper-tiny-en, wer_delta_max_points: 0.5}}``).
     """
 
     model: str | None = None
@@ -55,12 +58,14 @@ class RecipeFlags:
     sets: tuple[str, ...] = ()
     column: str | None = None
     split: str | None = None
+    holdout: str | None = None
+    budget: str | None = None
 
     def any(self) -> bool:
         """Whether a flag is given."""
         return any(
             (self.model, self.data, self.family, self.target, self.limit, self.sets,
-             self.column, self.split)
+             self.column, self.split, self.holdout, self.budget)
         )  # fmt: skip
 
 
@@ -113,14 +118,38 @@ def _apply(data: dict[str, Any], flags: RecipeFlags) -> dict[str, Any]:
     section = dict(recipe.get("data", {}))
     if flags.data is not None:
         section["calibration"] = flags.data
-    for key, value in (("limit", flags.limit), ("column", flags.column), ("split", flags.split)):
+    for key, value in (("limit", flags.limit), ("column", flags.column), ("split", flags.split),
+                       ("holdout", flags.holdout)):  # fmt: skip
         if value is not None:
             section[key] = value
     recipe["data"] = section
+    if flags.budget is not None:
+        recipe["budget"] = budget_flag(flags.budget)
     if flags.target is not None:
         recipe["target"] = flags.target
     recipe.setdefault("target", DEFAULT_TARGETS.get(model["family"], "cpu-reference"))
     return recipe
+
+
+def budget_flag(text: str) -> dict[str, Any]:
+    """``--budget``: the YAML mapping of a file (``*.yaml``, ``*.yml``) or of the text itself.
+
+    Raises:
+        ConfigError: not YAML, or not a mapping.
+    """
+    from opsnn_quant.io import read_text
+
+    raw = read_text(Path(text)) if text.endswith((".yaml", ".yml")) else text
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--budget is not YAML: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(
+            "--budget takes a mapping, e.g. '{metric: {suite: whisper-tiny-en, "
+            f"wer_delta_max_points: 0.5}}', got {text!r}"
+        )
+    return data
 
 
 # recipe fields -> the flag that set them, for error messages
@@ -131,6 +160,7 @@ _FLAG_OF = {
     "data.limit": "--limit",
     "data.column": "--data-column",
     "data.split": "--split",
+    "data.holdout": "--holdout",
     "target": "--target",
 }
 
@@ -150,6 +180,8 @@ def _validated(data: dict[str, Any]) -> Recipe:
                 known = known_fields(Recipe, ["model", "settings", key], data)
                 family = data.get("model", {}).get("family", "the model's")
                 msg += keys_hint(key, known, f"{family} settings are")
+        elif loc == "budget" or loc.startswith("budget."):
+            where = f"--budget {loc.removeprefix('budget').lstrip('.')}".rstrip()
         else:
             where = _FLAG_OF.get(loc, loc)
         raise ConfigError(f"{where}: {msg}" if where else msg) from exc

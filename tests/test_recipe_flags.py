@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from opsnn_quant.cli import main
+from opsnn_quant.cli.calibrate import UNJUDGED
 from opsnn_quant.errors import ConfigError, ModelLoadError
 from opsnn_quant.recipe import load_recipe
 from opsnn_quant.recipe_flags import RecipeFlags, effective_recipe, recipe_yaml
@@ -106,12 +107,16 @@ def test_a_recipes_relative_paths_are_relative_to_the_recipe_file(pipe, tmp_path
 
 
 @pytest.mark.slow
-def test_calibrate_without_a_recipe_writes_the_recipe_that_repeats_it(pipe, tmp_path):
+def test_calibrate_without_a_recipe_writes_the_recipe_that_repeats_it(pipe, tmp_path, capsys):
     out = tmp_path / "out"
     argv = ["calibrate", "--model", str(pipe / "my pipe"), "--data", str(pipe / "prompts.txt"),
             "--target", "ascend910b-atc", "--set", "steps=2", "--set", "batch_size=2",
             "-o", str(out), "--quiet"]  # fmt: skip
+    capsys.readouterr()
     assert main(argv) == 0
+    # nothing held out, no measured budget, no suite: said in one line, with how to judge it
+    unjudged = [x for x in capsys.readouterr().err.splitlines() if "nothing was judged" in x]
+    assert unjudged == [UNJUDGED] and "--holdout SRC" in UNJUDGED and "--budget" in UNJUDGED
     written = out / "recipe.yaml"
     again = load_recipe(str(written))
     assert again.model.source == str(pipe / "my pipe") and again.target == "ascend910b-atc"
@@ -120,6 +125,22 @@ def test_calibrate_without_a_recipe_writes_the_recipe_that_repeats_it(pipe, tmp_
     assert main(["calibrate", str(written), "-o", str(out2), "--quiet"]) == 0
     for name in ("policy.yaml", "probe.json", "recipe.yaml", "quant/model.safetensors"):
         assert (out / name).read_bytes() == (out2 / name).read_bytes(), name
+
+
+def test_holdout_and_budget_flags_reach_the_recipe(pipe, tmp_path):
+    prompts = str(pipe / "prompts.txt")
+    budget = "{metric: {suite: shapes-t2i, samples: 4, psnr_min: 20}, max_evaluations: 3}"
+    r = effective_recipe(None, RecipeFlags(model=str(pipe / "my pipe"), data=prompts,
+                                           holdout=prompts, budget=budget))  # fmt: skip
+    assert r.data.holdout == prompts and r.budget.max_evaluations == 3
+    assert r.budget.metric is not None and r.budget.metric.suite == "shapes-t2i"
+    file = tmp_path / "b.yaml"
+    file.write_text("max_evaluations: 2\n")
+    assert effective_recipe("shapes-t2i", RecipeFlags(budget=str(file))).budget.max_evaluations == 2
+    with pytest.raises(ConfigError, match=r"^--budget takes a mapping"):
+        effective_recipe("shapes-t2i", RecipeFlags(budget="0.5"))
+    with pytest.raises(ConfigError, match=r"^--budget max_evaluatons: Extra inputs"):
+        effective_recipe("shapes-t2i", RecipeFlags(budget="{max_evaluatons: 2}"))
 
 
 def test_data_column_and_split_flags_reach_the_recipe(pipe):

@@ -60,6 +60,15 @@ MaxMemoryOpt = Annotated[
 FAIL_EXIT = 3  # --evaluate's FAIL; INCONCLUSIVE exits 4 (as evaluate: verdict_exit_code)
 
 
+# One line when a run measured nothing beyond the probe's estimates (an own model without a
+# recipe, typically): what was not checked and how to check it.
+UNJUDGED = (
+    "note: nothing was judged: no held-out data (--holdout SRC), no measured budget "
+    "(--budget '{metric: {suite: SUITE, ...}}') and no acceptance suite (--evaluate SUITE); "
+    "the policy rests on the probe's estimates alone"
+)
+
+
 def _summary_table(name: str, target: str, result: CalibrateResult) -> _ui.Table:
     columns = [("modality", "left"), ("chosen", "left")]
     columns += [(c, "right") for c in ("fp32", "bf16", "fp16", "int8", "pred", "meas", "MAC%")]
@@ -196,6 +205,21 @@ def calibrate(
     ] = None,
     data_column: DataColumnOpt = None,
     split: SplitOpt = None,
+    holdout: Annotated[
+        str | None,
+        typer.Option(
+            help="held-out data the quantized model is measured on (over the recipe's "
+            "data.holdout; same forms as --data)"
+        ),
+    ] = None,
+    budget: Annotated[
+        str | None,
+        typer.Option(
+            "--budget",
+            help="the recipe's budget, replaced: a YAML file or inline YAML, e.g. "
+            "'{metric: {suite: whisper-tiny-en, wer_delta_max_points: 0.5}}'",
+        ),
+    ] = None,
     from_probe: Annotated[
         Path | None,
         typer.Option(
@@ -242,17 +266,18 @@ def calibrate(
     from opsnn_quant.recipe_flags import RecipeFlags, effective_recipe
 
     check_seed(seed)  # the flag's own message (the run checks a Python caller's seed too)
-    budget = parse_size(max_memory) if max_memory is not None else None
+    memory = parse_size(max_memory) if max_memory is not None else None
     if strategy is not None and strategy not in STRATEGIES:
         raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-    flags = RecipeFlags(model, data, family, target, limit, tuple(sets or ()), data_column, split)
+    flags = RecipeFlags(model, data, family, target, limit, tuple(sets or ()), data_column, split,
+                        holdout, budget)  # fmt: skip
     r = effective_recipe(recipe, flags).with_placement(device, dtype)
     if strategy is not None:
         r = r.with_strategy(strategy)
     if allow_pickle:  # as the recipe's model.allow_pickle: true
         r = r.model_copy(update={"model": r.model.model_copy(update={"allow_pickle": True})})
-    if budget is not None:  # the recipe's model.max_memory, overridden
-        r = r.model_copy(update={"model": r.model.model_copy(update={"max_memory": budget})})
+    if memory is not None:  # the recipe's model.max_memory, overridden
+        r = r.model_copy(update={"model": r.model.model_copy(update={"max_memory": memory})})
     check_offload_unshared(r.model.max_memory, nproc is not None or dist.launched())
     out = out if out is not None else Path("out") / r.name
     run = CalibrateCommand(r, out, recipe, seed, engine, evaluate, force, latency, from_probe,
@@ -292,6 +317,8 @@ def calibrate(
         )
     else:  # quiet: still the path of what was written (and the verdict below)
         typer.echo(f"wrote {out}/")
+    if evaluate is None and r.data.holdout is None and r.budget.metric is None:
+        typer.echo(UNJUDGED, err=True)
     if result.verdict is not None:
         typer.echo(f"acceptance ({evaluate}): {result.verdict}; report in {out}/report/")
         if result.verdict != "PASS":
