@@ -27,7 +27,14 @@ from opsnn_quant.evaluation.intervals import Interval, asr_intervals, image_inte
 from opsnn_quant.evaluation.kid import kid_delta, kid_space
 from opsnn_quant.evaluation.report import ImagePairRow, QualityRow, TranscriptRow
 from opsnn_quant.evaluation.text_norm import Normalize, as_norm
-from opsnn_quant.evaluation.wer import agreement_cer, agreement_wer, error_rates, utterance_rows
+from opsnn_quant.evaluation.wer import (
+    agreement_cer,
+    agreement_wer,
+    both_ways,
+    drivers,
+    error_rates,
+    utterance_rows,
+)
 
 
 class QualityResult(BaseModel):
@@ -314,6 +321,7 @@ def asr_quality(
             references, baseline_texts, candidate_texts, confidence, normalize=norm
         )
     rows = utterance_rows(references, baseline_texts, candidate_texts, norm)
-    out.transcripts = rows[:max_rows]
+    out.transcripts = both_ways(rows, max_rows)
     out.notes.append(f"error rates after {norm.name}; {len(rows)} utterances")
+    out.notes += drivers(rows, norm.words)
     return out

@@ -242,6 +242,13 @@ def _detail_sections(r: ReportSchema) -> list[Section]:
     return out
 
 
+def _repeats(t: TranscriptRow) -> str:
+    """What the models' transcripts repeat or make up, as text ("" when neither does)."""
+    parts = [f"{who} repeats: {what}" for who, what in
+             (("float", t.baseline_repeats), ("candidate", t.candidate_repeats)) if what]  # fmt: skip
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 def _diff_md(t: TranscriptRow) -> str:
     # The words are escaped; only the ~~ and ** around them are markup.
     parts = []
@@ -356,11 +363,12 @@ def render_markdown(r: ReportSchema, figures: dict[str, str] | None = None) -> s
         lines += [f"**#{p.index}** {m(p.prompt)} (PSNR {fmt(p.psnr_db)} dB)\n\n"
                   f"![pair {p.index}]({_md_url(p.image or '')})\n" for p in pairs]  # fmt: skip
     if r.transcripts:
-        lines += ["## Transcripts (worst first; ~~baseline~~ **candidate**)", ""]
+        lines += ["## Transcripts (largest changes both ways, worst first; ~~baseline~~ "
+                  "**candidate**)", ""]  # fmt: skip
         for t in r.transcripts:
             lines.append(
                 f"- #{t.index} errors {t.baseline_errors} → {t.candidate_errors} "
-                f"of {t.ref_words} words; reference: {m(t.reference)}  \n  {_diff_md(t)}"
+                f"of {t.ref_words} {t.unit}{m(_repeats(t))}; reference: {m(t.reference)}  \n  {_diff_md(t)}"
             )
         lines.append("")
     return "\n".join(lines) + "\n"
@@ -439,10 +447,12 @@ def render_html(r: ReportSchema, figures: dict[str, bytes] | None = None,
                 )
         body.append("</div>")
     if r.transcripts:
-        body.append("<h2>Transcripts (worst first; <del>baseline</del> <ins>candidate</ins>)</h2>")
+        body.append("<h2>Transcripts (largest changes both ways, worst first; "
+                    "<del>baseline</del> <ins>candidate</ins>)</h2>")  # fmt: skip
         rows_html = "".join(
             f"<tr><td>{t.index}</td><td>{t.baseline_errors} → {t.candidate_errors} / "
-            f"{t.ref_words}</td><td>{e(t.reference)}</td><td>{_diff_html(t)}</td></tr>"
+            f"{t.ref_words}{e(_repeats(t))}</td><td>{e(t.reference)}</td>"
+            f"<td>{_diff_html(t)}</td></tr>"
             for t in r.transcripts
         )
         body.append("<table><tr><th>#</th><th>errors</th><th>reference</th>"

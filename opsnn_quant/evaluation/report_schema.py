@@ -143,6 +143,8 @@ class TranscriptRow(ReportModel):
         baseline_errors, candidate_errors: Word edits against the reference.
         agreement_errors: Word edits turning the baseline transcript into the candidate's.
         diff: Word alignment of baseline (``ref``) against candidate (``hyp``).
+        baseline_repeats, candidate_repeats: what the model's transcript repeats in a loop, or
+            the words it made up beyond the reference (:func:`.wer.repetition`); None: neither.
     """
 
     index: int
@@ -154,6 +156,9 @@ class TranscriptRow(ReportModel):
     candidate_errors: int
     agreement_errors: int
     diff: list[DiffChunkRow] = Field(default_factory=list)
+    baseline_repeats: str | None = None
+    candidate_repeats: str | None = None
+    unit: str = "words"  # what ref_words and the errors count ("characters" without word spaces)
 
     @property
     def extra_errors(self) -> int:

@@ -12,6 +12,7 @@ measures how much quantization changed the output, independently of ground truth
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -105,6 +106,41 @@ def _alignment(ref: str, hyp: str, words: bool = True) -> tuple[int, list[DiffCh
     return edits, chunks
 
 
+# openai/whisper transcribe.py: a segment whose text compresses better than 2.4:1 (gzip) is
+# "too repetitive" (its compression_ratio_threshold, which makes Whisper decode it again).
+COMPRESSION_RATIO_MAX = 2.4
+LOOP_REPEATS = 4  # the same token n-gram this many times in a row: a decoding loop
+LENGTH_RATIO_MAX = 2.0  # a transcript twice the reference's length made the rest up
+
+
+def repetition(text: str, reference: str, words: bool = True) -> str | None:
+    """What makes a (normalised) transcript a repetition or a hallucination, in words, or None.
+
+    A loop: the same n-gram of 1-4 tokens (words, or characters without word boundaries)
+    :data:`LOOP_REPEATS` times or more in a row, or a text that compresses better than
+    Whisper's own threshold (:data:`COMPRESSION_RATIO_MAX`); made up: more than
+    :data:`LENGTH_RATIO_MAX` times the reference's tokens.
+    """
+    tokens = text.split() if words else list(text)
+    ref = reference.split() if words else list(reference)
+    for n in range(1, 5):
+        for start in range(len(tokens) - n * LOOP_REPEATS + 1):
+            gram, run = tokens[start : start + n], 1
+            while tokens[start + run * n : start + (run + 1) * n] == gram:
+                run += 1
+            if run >= LOOP_REPEATS:
+                return f"{(' ' if words else '').join(gram)!r} x{run}"
+    raw = text.encode("utf-8")
+    if len(raw) >= 32:
+        ratio = len(raw) / len(zlib.compress(raw))
+        if ratio > COMPRESSION_RATIO_MAX:
+            return f"compresses {ratio:.1f}:1 (repetitive)"
+    if ref and len(tokens) > LENGTH_RATIO_MAX * len(ref):
+        unit = "words" if words else "characters"
+        return f"{len(tokens)} {unit} for a reference of {len(ref)} (made up)"
+    return None
+
+
 def utterance_rows(
     references: Sequence[str],
     baseline: Sequence[str],
@@ -139,10 +175,71 @@ def utterance_rows(
                 candidate_errors=_alignment(r, c, words)[0],
                 agreement_errors=agreement,
                 diff=diff,
+                baseline_repeats=repetition(b, r, words),
+                candidate_repeats=repetition(c, r, words),
+                unit="words" if words else "characters",
             )
         )
     rows.sort(key=lambda u: (-u.extra_errors, -u.agreement_errors, u.index))
     return rows
+
+
+def both_ways(rows: Sequence[TranscriptRow], max_rows: int | None) -> list[TranscriptRow]:
+    """The rows a report shows, in their worst-first order: the candidate's largest losses,
+    its largest gains (a third of the room at most), every row where either model repeats or
+    makes up words (:func:`repetition`); then, room left, the other changed rows."""
+    if max_rows is None or len(rows) <= max_rows:
+        return list(rows)
+    worse = [r for r in rows if r.extra_errors > 0]
+    better = sorted(
+        (r for r in rows if r.extra_errors < 0), key=lambda r: (r.extra_errors, r.index)
+    )
+    flagged = [r for r in rows if r.baseline_repeats or r.candidate_repeats]
+    keep: dict[int, TranscriptRow] = {r.index: r for r in flagged[:max_rows]}
+    for r in better[: max(1, max_rows // 3)]:
+        if len(keep) < max_rows:
+            keep.setdefault(r.index, r)
+    for r in [*worse, *(r for r in rows if r.extra_errors == 0 and r.agreement_errors)]:
+        if len(keep) >= max_rows:
+            break
+        keep.setdefault(r.index, r)
+    return [r for r in rows if r.index in keep]
+
+
+def drivers(rows: Sequence[TranscriptRow], words: bool = True, top: int = 5) -> list[str]:
+    """Notes: which utterances make the error-rate delta (its largest contributions both
+    ways, and their share of the extra errors), and where a model repeats or makes up words."""
+    unit = "words" if words else "characters"
+    out = []
+    worse = sorted(
+        (r for r in rows if r.extra_errors > 0), key=lambda r: (-r.extra_errors, r.index)
+    )
+    better = sorted(
+        (r for r in rows if r.extra_errors < 0), key=lambda r: (r.extra_errors, r.index)
+    )
+    up, down = sum(r.extra_errors for r in worse), -sum(r.extra_errors for r in better)
+    for name, group, total, sign in (("more", worse, up, "+"), ("fewer", better, down, "")):
+        if not group:
+            continue
+        shown = group[:top]
+        share = sum(abs(r.extra_errors) for r in shown) / total
+        items = ", ".join(f"#{r.index} ({sign}{r.extra_errors})" for r in shown)
+        out.append(
+            f"the candidate makes {name} errors on {len(group)} utterances ({total} {unit} in "
+            f"all); the largest: {items} = {share:.0%} of them"
+        )
+    for who, attr in (("float", "baseline_repeats"), ("candidate", "candidate_repeats")):
+        flagged = [r for r in rows if getattr(r, attr)]
+        if flagged:
+            errors = sum(
+                (r.baseline_errors if who == "float" else r.candidate_errors) for r in flagged
+            )
+            items = "; ".join(f"#{r.index} {getattr(r, attr)}" for r in flagged[:top])
+            out.append(
+                f"the {who} model repeats or makes up {unit} on {len(flagged)} utterances "
+                f"({errors} of its errors): {items}"
+            )
+    return out
 
 
 def agreement_wer(

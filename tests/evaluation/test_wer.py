@@ -99,3 +99,45 @@ def test_chinese_is_counted_in_characters():
         ("substitute", "气", "汽"),
         ("insert", "", "吗"),
     ]
+
+
+def test_repetition_flags_loops_and_made_up_words():
+    from opsnn_quant.evaluation.wer import repetition
+
+    # the case: float Whisper looping on one 5-word clip ("aligner" 39 times)
+    loop = "the " + "aligner " * 39 + "is here"
+    assert repetition(loop, "the aligner is here today") == "'aligner' x39"
+    assert repetition("a b c a b c a b c a b c", "a b c") == "'a b c' x4"
+    assert repetition("a b a b a b", "a b a b a b") is None  # three times: a sentence may
+    assert repetition("one two three four five six seven", "one two three") == (
+        "7 words for a reference of 3 (made up)"
+    )
+    assert repetition("兔子兔子兔子兔子", "我们去公园", words=False) == "'兔子' x4"
+    assert repetition("the cat sat on the mat", "the cat sat on the mat") is None
+
+
+def test_the_report_shows_changes_both_ways_and_what_drives_the_delta():
+    from opsnn_quant.evaluation.wer import both_ways, drivers
+
+    refs = [f"word{i} a b c" for i in range(10)]
+    base = list(refs)
+    cand = list(refs)
+    base[3] = "the " + "aligner " * 8  # float loops; the candidate gets it right
+    cand[5] = "word5 x y c"  # two more errors
+    cand[7] = "word7 a b"  # one more (a deletion)
+    rows = utterance_rows(refs, base, cand)
+    assert [r.index for r in rows[:2]] == [5, 7] and rows[-1].index == 3
+    assert rows[-1].baseline_repeats == "'aligner' x8" and rows[-1].extra_errors < 0
+    shown = both_ways(rows, max_rows=3)  # the two losses and the one gain, in worst-first order
+    assert [r.index for r in shown] == [5, 7, 3]
+    notes = drivers(rows)
+    assert notes[0] == (
+        "the candidate makes more errors on 2 utterances (3 words in all); the largest: "
+        "#5 (+2), #7 (+1) = 100% of them"
+    )
+    assert notes[1].startswith("the candidate makes fewer errors on 1 utterances (")
+    # 4 reference words against 9: 4 substitutions and 5 insertions
+    assert notes[2] == (
+        "the float model repeats or makes up words on 1 utterances (9 of its errors): "
+        "#3 'aligner' x8"
+    )
