@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -194,21 +193,6 @@ def one_line(text: str) -> str:
     return "".join(
         c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
     )
-
-
-def fmt_num(x: float | None, digits: int = 3) -> str:
-    """A number for people: ``0.157``, ``1.23e-05``, ``4.1e+04``, ``inf``, ``-`` for None."""
-    if x is None:
-        return "-"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if math.isnan(x):
-        return "nan"
-    if x == 0:
-        return "0"
-    if 1e-3 <= abs(x) < 1e4:
-        return f"{x:.{digits}g}"
-    return f"{x:.{max(digits - 1, 1)}e}"
 
 
 def table(

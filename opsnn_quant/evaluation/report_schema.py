@@ -342,11 +342,12 @@ def sensitivity_rows(report: SensitivityReport, top: int | None = None) -> list[
 
 
 def fmt(value: float | None, digits: int = 3) -> str:
-    """A number for a table: ``-`` for None, ``inf`` spelled out, fixed significant digits."""
+    """A number for a table: ``-`` for None, ``inf`` spelled out, ``digits`` decimals, a large
+    one whole with thousands separators, a tiny one in significant digits."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
-    return (
-        f"{value:.{digits}g}" if abs(value) >= 1e4 or abs(value) < 1e-3 else f"{value:.{digits}f}"
-    )
+    if 1e4 <= abs(value) < 1e12:  # 29,600 (a latency in ms), never 2.96e+04
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}" if not 1e-3 <= abs(value) < 1e12 else f"{value:.{digits}f}"

@@ -102,4 +102,5 @@ def test_sensitivity_percentages_hand_computed():
 
 def test_fmt():
     assert fmt(None) == "-" and fmt(math.inf) == "inf" and fmt(float("nan")) == "-"
-    assert fmt(12.34567) == "12.346" and fmt(123456.0) == "1.23e+05" and fmt(0.0) == "0"
+    assert fmt(29_600.4) == "29,600" and fmt(2e-4) == "0.0002" and fmt(1e13) == "1e+13"
+    assert fmt(12.34567) == "12.346" and fmt(123456.0) == "123,456" and fmt(0.0) == "0"
