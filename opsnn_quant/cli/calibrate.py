@@ -15,7 +15,7 @@ import typer
 
 from opsnn_quant import distributed as dist
 from opsnn_quant.cli import _ui
-from opsnn_quant.core.numerics import fmt_db
+from opsnn_quant.core.numerics import fmt_db, fmt_share
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.formats.calibrate_output import PROBE_FILE, TIMINGS_FILE
 
@@ -76,14 +76,16 @@ def _summary_table(name: str, target: str, result: CalibrateResult) -> _ui.Table
         f"{name}: policy for {target}",
         columns,
         caption="module counts per precision; pred/meas: predicted / measured SQNR of the "
-        "modality's output, dB (cpu-reference backend); MAC%: share of MACs in int8",
+        "modality's output, dB (cpu-reference backend); MAC%: share of the Linear/Conv2d MACs in "
+        "int8 (the layers a target runs in int8: Conv1d/Conv3d and attention's matmuls stay float, "
+        "uncounted)",
     )
     for row in result.rows:
         measured = result.measured.get(row.modality, {}).get("sqnr_db")
         t.add_row(
             row.modality.value, row.chosen, str(row.fp32), str(row.bf16), str(row.fp16),
             str(row.int8), fmt_db(row.predicted_sqnr_db, unit="", none="-"), fmt_db(measured, unit="", none="-"),
-            f"{row.int8_mac_share:.0%}",
+            fmt_share(row.int8_mac_share),
         )  # fmt: skip
     return t
 
@@ -304,12 +306,12 @@ def calibrate(
         _ui.print_table(_summary_table(r.name, r.target, result))
         for line in result.search.notes(timed=True) if result.search else []:
             _ui.console.print(line)
-        share = "-" if result.int8_mac_share is None else f"{result.int8_mac_share:.0%}"
+        share = "-" if result.int8_mac_share is None else fmt_share(result.int8_mac_share)
         own = result.target.export if result.target is not None else None
         for fmt, shares in result.deployed.items():
             whose = f" ({r.target}'s engine loads it)" if fmt == own else ""
             _ui.console.print(
-                f"int8 MAC share as written in export/{fmt}: {shares['overall']:.0%}{whose}"
+                f"int8 MAC share as written in export/{fmt}: {fmt_share(shares['overall'])}{whose}"
             )
         _ui.console.print(
             f"int8 MAC share overall: {share}; wall time {result.seconds['total']:.0f} s; "

@@ -111,7 +111,7 @@ def show(
 ) -> None:
     """Print per-modality precisions, module counts and predicted SQNR."""
     from opsnn_quant.cli import _ui
-    from opsnn_quant.core.numerics import fmt_db
+    from opsnn_quant.core.numerics import fmt_db, fmt_share
     from opsnn_quant.policy.summary import summarize
 
     resolved, report = _resolved(policy, probe)  # as strict as policy export
@@ -127,7 +127,7 @@ def show(
     for row in summarize(resolved, report):
         table.add_row(
             row.modality.value, row.chosen, str(row.fp32), str(row.bf16), str(row.fp16),
-            str(row.int8), fmt_db(row.predicted_sqnr_db, unit="", none="-"), f"{row.int8_mac_share:.0%}",
+            str(row.int8), fmt_db(row.predicted_sqnr_db, unit="", none="-"), fmt_share(row.int8_mac_share),
         )  # fmt: skip
     _ui.print_table(table)
 

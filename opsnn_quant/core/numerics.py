@@ -159,3 +159,15 @@ def fmt_db(db: float | None, *, unit: str = "dB", none: str = "inf") -> str:
     """
     text = none if db is None else f"{db:.1f}"
     return f"{text} {unit}" if unit else text
+
+
+def fmt_share(share: float, width: int = 0) -> str:
+    """A share as a whole percentage that never rounds to a claim it does not make: ``100%``
+    only when all of it is (99.6 % prints ``>99%``), ``0%`` only when none is (``<1%``)."""
+    if 0.0 < share < 0.005:
+        text = "<1%"
+    elif 0.995 <= share < 1.0:
+        text = ">99%"
+    else:
+        text = f"{share:.0%}"
+    return text.rjust(width)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from opsnn_quant.core.numerics import fmt_share
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.io import atomic_write_text, read_text
 from opsnn_quant.policy import _yaml, form
@@ -159,7 +160,7 @@ class PrecisionPolicy(_Frozen):
         for modality, f in self.figures.items():
             pred = "-" if f.predicted_sqnr_db is None else f"{f.predicted_sqnr_db:.1f} dB"
             lines.append(
-                f"  {modality.value:<14} {f.chosen:<5} int8 {f.int8_mac_share:>4.0%} of its "
+                f"  {modality.value:<14} {f.chosen:<5} int8 {fmt_share(f.int8_mac_share, 4)} of its "
                 f"MACs, predicted {pred} ({f.limit or 'no limit'})"
             )
         if not self.figures:  # hand-written: the defaults say what each modality runs

@@ -73,3 +73,17 @@ def test_exact_sum_does_not_depend_on_the_order_of_its_terms():
     import pickle
 
     assert float(pickle.loads(pickle.dumps(whole))) == exact
+
+
+def test_a_share_never_rounds_to_a_claim_it_does_not_make():
+    from opsnn_quant.core.numerics import fmt_share
+
+    assert [fmt_share(x) for x in (1.0, 0.996, 0.994, 0.5, 0.004, 0.0)] == [
+        "100%",
+        ">99%",
+        "99%",
+        "50%",
+        "<1%",
+        "0%",
+    ]
+    assert fmt_share(0.996, 4) == ">99%" and fmt_share(0.5, 4) == " 50%"
