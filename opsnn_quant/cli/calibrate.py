@@ -323,6 +323,8 @@ def calibrate(
         typer.echo(UNJUDGED, err=True)
     if result.verdict is not None:
         typer.echo(f"acceptance ({evaluate}): {result.verdict}; report in {out}/report/")
+        for line in result.next_steps:
+            typer.echo(line)
         if result.verdict != "PASS":
             from opsnn_quant.evaluation.report_schema import verdict_exit_code
 

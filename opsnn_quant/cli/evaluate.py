@@ -128,6 +128,8 @@ def evaluate_cmd(
                 markup=False,
             )
         _ui.console.print(f"[b]{report.verdict}[/b]: wrote {out}/report.html")
+        for line in report.next_steps(str(candidate)):
+            _ui.console.print(line, markup=False)
     raise typer.Exit(report.exit_code)
 
 

@@ -256,6 +256,46 @@ class ReportSchema(ReportModel):
         was loaded from disk)."""
         return self._outputs
 
+    def next_steps(self, out: str = "OUT") -> list[str]:
+        """What to try after a FAIL or an INCONCLUSIVE verdict, one line each (none after a
+        PASS): the modality whose output lost most and its costliest modules (from the
+        policy's figures and the probe's sensitivity), and the commands that decide again
+        without probing (``out``: the calibrate output the candidate came from)."""
+        if self.verdict == "INCONCLUSIVE":
+            return [
+                "next: judge more samples (data.samples of the suite): each interval narrows "
+                "as 1/sqrt(n); a criterion's interval that still straddles its threshold at "
+                "the size you can afford is a budget smaller than the noise of your data"
+            ]
+        if self.verdict != "FAIL":
+            return []
+        failed = ", ".join(c.key for c in self.criteria if c.status == "FAIL")
+        steps = [f"next: {failed} failed"]
+        modalities = (self.policy or {}).get("modalities", {})
+        int8 = {
+            m: f.get("measured_sqnr_db", f.get("predicted_sqnr_db"))
+            for m, f in modalities.items()
+            if f.get("int8_mac_share")
+            and f.get("measured_sqnr_db", f.get("predicted_sqnr_db")) is not None
+        }
+        if int8:
+            worst = min(int8, key=lambda m: (int8[m], m))
+            costly = sorted(
+                (r for r in self.sensitivity if r.modality == worst and r.contribution),
+                key=lambda r: (-(r.contribution or 0.0), r.name),
+            )[:3]
+            names = ", ".join(r.name for r in costly)
+            floor = float(int8[worst]) + 6.0
+            steps.append(
+                f"next: {worst} lost most ({int8[worst]:.1f} dB at its output)"
+                + (f"; its costliest modules: {names}" if names else "")
+                + f". Decide again under a higher floor without probing: opsnn-quant calibrate "
+                f"RECIPE --from-probe {out} --budget '{{limits: {{{worst}: {{min_sqnr_db: "
+                f"{floor:.0f}}}}}}}' -o {out}-2 (or keep it float: --budget "
+                f"'{{limits: {{{worst}: {{min_sqnr_db: 99}}}}}}')"
+            )
+        return steps
+
     @field_validator("schema_version")
     @classmethod
     def _known_version(cls, v: int) -> int:

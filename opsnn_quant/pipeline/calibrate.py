@@ -96,6 +96,7 @@ class CalibrateResult:
     deployed: dict[str, dict[str, float]] = field(default_factory=dict)
     search: FrontResult | None = None
     target: Target | None = None
+    next_steps: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,7 @@ def execute_calibrate(
         notes += exported.notes
         deployed = deployed_shares(probed.report, exported.int8)
         add_policy_notes(ctx, resolved, deployed, measured)
-        verdict = acceptance_phase(ctx, probed.report, resolved, measured)  # 9. accept
+        verdict, steps = acceptance_phase(ctx, probed.report, resolved, measured)  # 9. accept
         journal.close()
         # The run's wall-clock times, apart: every other file is the same bytes on a rerun.
         ctx.timings["total"] = time.perf_counter() - started
@@ -218,8 +219,9 @@ def execute_calibrate(
     rows = summarize(resolved, probed.report)
     share = int8_mac_share(probed.report, rows)
     return CalibrateResult(
-        out, rows, measured, ctx.timings, share, notes, verdict, deployed, search, run.target
-    )
+        out, rows, measured, ctx.timings, share, notes, verdict, deployed, search, run.target,
+        steps,
+    )  # fmt: skip
 
 
 # ---- before any work -----------------------------------------------------------------------
@@ -641,12 +643,13 @@ def acceptance_phase(
     report: SensitivityReport,
     resolved: ResolvedPolicy,
     measured: Mapping[Modality, Mapping[str, float]] | None = None,
-) -> str | None:
+) -> tuple[str | None, list[str]]:
     """With ``--evaluate SUITE``: the freshly quantized model against a fresh float copy,
-    report in ``report/``; returns the verdict (None without a suite, or with AMCT)."""
+    report in ``report/``; returns the verdict (None without a suite, or with AMCT) and what to
+    try next after a FAIL or an INCONCLUSIVE one."""
     suite = ctx.run.suite
     if suite is None or ctx.quantizer != "opsnn":
-        return None
+        return None, []
     import torch
 
     from opsnn_quant.evaluation.evaluate import evaluate
@@ -674,7 +677,7 @@ def acceptance_phase(
     acc.timings = {**{k: round(v, 3) for k, v in ctx.timings.items()}, **acc.timings}
     with atomic_dir(ctx.out.report, REPORT_KIND) as tmp:
         acc.save(tmp)
-    return str(acc.verdict)
+    return str(acc.verdict), acc.next_steps(str(ctx.run.out))
 
 
 def with_measured(

@@ -104,3 +104,21 @@ def test_fmt():
     assert fmt(None) == "-" and fmt(math.inf) == "inf" and fmt(float("nan")) == "-"
     assert fmt(29_600.4) == "29,600" and fmt(2e-4) == "0.0002" and fmt(1e13) == "1e+13"
     assert fmt(12.34567) == "12.346" and fmt(123456.0) == "123,456" and fmt(0.0) == "0"
+
+
+def test_a_fail_says_what_to_try_next():
+    from tests.evaluation.sample_report import asr_report, t2i_report
+
+    report, _, _ = t2i_report()  # ssim_min fails; the denoiser (31.25 dB) is the int8 modality
+    assert report.next_steps("out/x") == [
+        "next: ssim_min failed",
+        "next: denoiser lost most (31.2 dB at its output); its costliest modules: "
+        "unet.down.5.proj, unet.down.4.proj, unet.down.3.proj. Decide again under a higher floor "
+        "without probing: opsnn-quant calibrate RECIPE --from-probe out/x --budget "
+        "'{limits: {denoiser: {min_sqnr_db: 37}}}' -o out/x-2 (or keep it float: --budget "
+        "'{limits: {denoiser: {min_sqnr_db: 99}}}')",
+    ]
+    passed = asr_report()  # WER within its 50 points: nothing to try
+    assert passed.verdict == "PASS" and passed.next_steps() == []
+    undecided = passed.model_copy(update={"verdict": "INCONCLUSIVE"})
+    assert undecided.next_steps()[0].startswith("next: judge more samples (data.samples")
