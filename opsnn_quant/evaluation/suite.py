@@ -88,7 +88,8 @@ class DataSpec(StrictModel):
     Attributes:
         dataset: Zoo dataset name (``shapes``, ``speech``) or None when ``folder`` is given.
         split: Split of the zoo dataset.
-        folder: A folder with ``prompts.txt`` (t2i) or ``*.wav``/``*.flac`` + ``transcripts.tsv``
+        folder: A folder with ``prompts.txt`` (t2i) or audio files (``.wav``, ``.flac``, ``.mp3``,
+            ``.ogg``, ``.opus``) + ``transcripts.tsv``
             or ``transcripts.txt`` (asr); relative paths resolve against the suite file.
         samples: How many prompts / utterances to evaluate (the first N).
         reference: Real images for FID against a reference set: ``"dataset"`` (the images of

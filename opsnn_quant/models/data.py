@@ -8,7 +8,8 @@ A source string is one of:
   directory of data files (e.g. a hub cache snapshot);
 * a ``.txt`` file of prompts, one per line (read line by line up to the prompts asked for; a
   line longer than :data:`~opsnn_quant.models.hf_data.MAX_RECORD_BYTES` is refused);
-* a folder of ``.wav`` (16-bit PCM mono) and/or ``.flac`` (mono) files, with an optional
+* a folder of ``.wav`` (16-bit PCM mono) and/or ``.flac``, ``.mp3``, ``.ogg``, ``.opus`` (mono)
+  files, with an optional
   ``transcripts.tsv`` or ``transcripts.txt`` (``<file name or its stem><TAB><text>`` per line);
   each must be a regular file inside the folder (no link out of it, no FIFO).
 
@@ -71,7 +72,7 @@ def load_records(
         raise ConfigError(
             f"data source {source} is not a zoo name, a .txt of prompts, a datasets source "
             "(.jsonl/.json/.csv/.parquet, a save_to_disk or metadata.jsonl folder, a folder of "
-            "data files) or a folder of .wav/.flac files"
+            "data files) or a folder of .wav/.flac/.mp3/.ogg/.opus files"
         )
     if (column or split) and (named is not None or not is_hf_source(path)):
         raise ConfigError(f"data source {source} has no columns or splits to choose from")
@@ -82,7 +83,9 @@ def load_records(
     return records
 
 
-AUDIO_SUFFIXES = (".wav", ".flac")
+# .wav read here (16-bit PCM); the others decoded by libsndfile (soundfile: FLAC, MP3 since
+# libsndfile 1.1, Ogg Vorbis and Opus)
+AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".opus")
 TRANSCRIPT_FILES = ("transcripts.tsv", "transcripts.txt")
 
 
@@ -128,9 +131,10 @@ def _transcripts(path: Path) -> dict[str, str]:
 
 
 def _read_audio(file: Path) -> tuple[np.ndarray, int]:
-    """A mono file's float32 samples in [-1, 1) and its rate (.wav: 16-bit PCM; .flac)."""
-    if file.suffix == ".flac":
-        return read_mono(str(file), str(file), ".flac")
+    """A mono file's float32 samples in [-1, 1) and its rate (.wav: 16-bit PCM; .flac, .mp3,
+    .ogg, .opus: decoded by soundfile)."""
+    if file.suffix != ".wav":
+        return read_mono(str(file), str(file), file.suffix)
     try:
         with wave.open(str(file), "rb") as w:
             if w.getsampwidth() != 2 or w.getnchannels() != 1:
@@ -179,6 +183,10 @@ def audio_from(data: Sequence[Any], sampling_rate: int = 16000) -> list[np.ndarr
     """Float32 mono waveforms at ``sampling_rate``; NaN/Inf or a wrong rate names the sample."""
     out = []
     for i, item in enumerate(data):
+        # a record read from a file names it (an audio folder's "id"), else its position
+        where = f"{item['id']} (sample {i})" if isinstance(item, dict) and item.get("id") else (
+            f"sample {i}"
+        )  # fmt: skip
         if isinstance(item, np.ndarray):
             audio, rate = item, sampling_rate
         elif isinstance(item, dict) and "audio" in item:
@@ -192,13 +200,14 @@ def audio_from(data: Sequence[Any], sampling_rate: int = 16000) -> list[np.ndarr
             raise CalibrationError(f"sample {i} has no audio")
         arr = np.asarray(audio, dtype=np.float32).reshape(-1)
         if arr.size == 0:
-            raise CalibrationError(f"sample {i} has empty audio")
+            raise CalibrationError(f"{where} has empty audio")
         if not np.isfinite(arr).all():
             bad = int(np.argmax(~np.isfinite(arr)))
-            raise CalibrationError(f"sample {i} audio contains NaN/Inf (first at index {bad})")
+            raise CalibrationError(f"{where} audio contains NaN/Inf (first at index {bad})")
         if rate != sampling_rate:
             raise CalibrationError(
-                f"sample {i} is sampled at {rate} Hz; the model needs {sampling_rate} Hz"
+                f"{where} is sampled at {rate} Hz; the model needs {sampling_rate} Hz "
+                f"(e.g. ffmpeg -i FILE -ac 1 -ar {sampling_rate} OUT.wav)"
             )
         out.append(arr)
     if not out:

@@ -136,3 +136,36 @@ def test_an_audio_folder_reads_only_regular_files_inside_it(tmp_path):
     (folder / "transcripts.tsv").symlink_to("/etc/passwd")
     with pytest.raises(ConfigError, match=r"transcripts\.tsv resolves to /etc/passwd, outside"):
         load_records(str(folder))
+
+
+def test_compressed_audio_is_read_and_a_wrong_rate_names_the_file(tmp_path):
+    # .mp3, Ogg Opus and Ogg Vorbis, decoded by libsndfile: the same 440 Hz tone comes back
+    # (lossy: compared by correlation), each with its transcript
+    from opsnn_quant.errors import CalibrationError
+    from opsnn_quant.models.data import audio_from
+
+    t = np.arange(16000) / 16000
+    tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    soundfile.write(tmp_path / "a.mp3", tone, 16000, format="MP3")
+    soundfile.write(tmp_path / "b.opus", tone, 16000, format="OGG", subtype="OPUS")
+    soundfile.write(tmp_path / "c.ogg", tone, 16000, format="OGG", subtype="VORBIS")
+    (tmp_path / "transcripts.tsv").write_text("a\tone\nb.opus\ttwo\nc\tthree\n")
+    records = load_records(str(tmp_path))
+    assert [(r["id"], r["text"], r["sampling_rate"]) for r in records] == [
+        ("a.mp3", "one", 16000),
+        ("b.opus", "two", 16000),
+        ("c.ogg", "three", 16000),
+    ]
+    for r in records:
+        audio = r["audio"]
+        n = min(len(audio), len(tone)) - 2000  # codec delay and padding at the ends
+        lag = int(np.argmax(np.correlate(audio[:4000], tone[:2000], "valid")))
+        corr = np.corrcoef(audio[lag : lag + n], tone[:n])[0, 1]
+        assert corr > 0.95, (r["id"], corr)
+    _wav(tmp_path / "d.wav", np.zeros(2205, dtype="<i2"), rate=22050)
+    with pytest.raises(CalibrationError) as info:
+        audio_from(load_records(str(tmp_path)))
+    assert str(info.value) == (
+        "d.wav (sample 3) is sampled at 22050 Hz; the model needs 16000 Hz "
+        "(e.g. ffmpeg -i FILE -ac 1 -ar 16000 OUT.wav)"
+    )
