@@ -12,6 +12,10 @@
 
 from __future__ import annotations
 
+import os
+import re
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -187,6 +191,33 @@ def _module_ranges(model: nn.Module, names: set[str]) -> Iterator[None]:
             h.remove()
 
 
+# What torch's profiler (Kineto) writes to the process's stderr on every start and stop
+# ("USDT:... profiler_start", "STAGE:... Completed Stage: Warm Up"), whatever KINETO_LOG_LEVEL.
+_CHATTER = re.compile(rb"^(USDT|STAGE):\S+ \S+ \S+ \S+\.cpp:\d+\] ")
+
+
+@contextmanager
+def _without_profiler_chatter() -> Iterator[None]:
+    """Keep the profiler's own lines out of the command's output: the process's stderr (file
+    descriptor 2, where the C++ library writes) goes to a temporary file while the block runs,
+    and everything else written there is passed on when it ends."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().splitlines(keepends=True)
+                    if not _CHATTER.match(line)]  # fmt: skip
+            if kept:
+                os.write(2, b"".join(kept))
+
+
 def top_modules(
     model: nn.Module,
     fn: Callable[[], Any],
@@ -222,6 +253,7 @@ def top_modules(
             fn()
     t0 = time.perf_counter()
     with (
+        _without_profiler_chatter(),
         torch.no_grad(),
         _module_ranges(model, set(types)),
         profile(activities=[ProfilerActivity.CPU]) as prof,

@@ -100,3 +100,23 @@ def test_stability_drift_and_growth():
     assert r.backend == "cpu-reference"
     with pytest.raises(InputError):
         stability_run(work, 1)
+
+
+def test_the_profilers_own_lines_stay_out_of_the_output():
+    # Kineto writes "USDT:... profiler_start/stop" to the process's stderr on every profile:
+    # dropped; anything else written there meanwhile (a real warning) is passed on
+    import subprocess
+    import sys
+
+    code = (
+        "import os, torch\n"
+        "from opsnn_quant.evaluation.profile import top_modules\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(8, 8))\n"
+        "def fn():\n"
+        "    m(torch.randn(2, 8)); os.write(2, b'a real warning\\n')\n"
+        "rows = top_modules(m, fn, top=1, warmup=0)\n"
+        "print(rows[0].name)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "0"
+    assert done.stderr.splitlines() == ["a real warning"]
