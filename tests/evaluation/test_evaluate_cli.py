@@ -148,9 +148,12 @@ def test_calibrate_evaluate_exits_4_when_inconclusive(tmp_path, monkeypatch, cap
     from opsnn_quant.cli import calibrate as cli
 
     for verdict, code in (("INCONCLUSIVE", 4), ("FAIL", 3), ("PASS", 0)):
-        fake = SimpleNamespace(verdict=verdict)
+        steps = [] if verdict == "PASS" else [f"next: after {verdict}"]
+        fake = SimpleNamespace(verdict=verdict, next_steps=steps)
         monkeypatch.setattr(cli.CalibrateCommand, "main", lambda self, quiet, sharing, f=fake: f)
         out = tmp_path / verdict
         argv = ["calibrate", "shapes-t2i", "-o", str(out), "--evaluate", "shapes-t2i", "-q"]
         assert main(argv) == code
-        assert f"acceptance (shapes-t2i): {verdict}" in capsys.readouterr().out
+        printed = capsys.readouterr().out
+        assert f"acceptance (shapes-t2i): {verdict}" in printed
+        assert ("next: after" in printed) == (verdict != "PASS")  # what to try, under the verdict
