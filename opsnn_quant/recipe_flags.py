@@ -147,7 +147,7 @@ def budget_flag(text: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(
             "--budget takes a mapping, e.g. '{metric: {suite: whisper-tiny-en, "
-            f"wer_delta_max_points: 0.5}}', got {text!r}"
+            f"wer_delta_max_points: 0.5}}}}', got {text!r}"
         )
     return data
 

@@ -137,7 +137,10 @@ def test_holdout_and_budget_flags_reach_the_recipe(pipe, tmp_path):
     file = tmp_path / "b.yaml"
     file.write_text("max_evaluations: 2\n")
     assert effective_recipe("shapes-t2i", RecipeFlags(budget=str(file))).budget.max_evaluations == 2
-    with pytest.raises(ConfigError, match=r"^--budget takes a mapping"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^--budget takes a mapping, e\.g\. .{metric: {suite: whisper-tiny-en, wer_delta_max_points: 0\.5}}., got .0\.5.$",
+    ):
         effective_recipe("shapes-t2i", RecipeFlags(budget="0.5"))
     with pytest.raises(ConfigError, match=r"^--budget max_evaluatons: Extra inputs"):
         effective_recipe("shapes-t2i", RecipeFlags(budget="{max_evaluatons: 2}"))
