@@ -4,6 +4,8 @@ before anything loads, and the decoder prompt they make (openai/whisper's and tr
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -97,3 +99,39 @@ def test_an_english_only_model_takes_en_as_its_default(english):
     plain = load_adapter("whisper", str(english), max_new_tokens=4)
     given = load_adapter("whisper", str(english), max_new_tokens=4, language="en")
     assert _prompt(plain) == _prompt(given) == [50257, 50362]
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="zoo:speech-zh needs espeak-ng")
+def test_calibrate_in_mandarin_is_judged_by_characters_end_to_end(multilingual, tmp_path):
+    # the command on a tiny random multilingual Whisper: --set language=zh, generated
+    # Mandarin, --evaluate a suite in Mandarin: CER and agreement CER with their intervals, no WER
+    import json
+
+    from opsnn_quant.cli import main
+
+    suite = tmp_path / "zh.yaml"
+    suite.write_text(
+        "schema_version: 1\nname: tiny-zh\ntask: asr\n"
+        "data: {dataset: speech-zh, split: eval, samples: 4}\n"
+        "generation: {max_new_tokens: 8, batch_size: 2, language: zh}\n"
+        "metrics: {fid_features: null, thresholds: {cer_delta_max_points: 50.0, "
+        "agreement_cer_max_points: 80.0}}\n"
+    )
+    out = tmp_path / "out"
+    argv = ["calibrate", "--model", str(multilingual), "--data", "zoo:speech-zh/calibration",
+            "--limit", "4", "--set", "language=zh", "--set", "max_new_tokens=8",
+            "--set", "batch_size=2", "--evaluate", str(suite), "--latency", "none",
+            "-o", str(out), "--quiet"]  # fmt: skip
+    assert main(argv) in (0, 3, 4)  # the verdict of a random model's transcripts is no matter
+    report = json.loads((out / "report" / "report.json").read_text())
+    judged = {c["key"]: c for c in report["criteria"]}
+    assert {"cer_delta_max_points", "agreement_cer_max_points"} <= set(judged)
+    for key in ("cer_delta_max_points", "agreement_cer_max_points"):
+        c = judged[key]
+        assert c["n"] == 4 and c["ci_low"] is not None and c["ci_low"] <= c["value"] <= c["ci_high"]
+    assert [q["metric"] for q in report["quality"]] == [
+        "CER",
+        "agreement CER (candidate vs baseline)",
+    ]
+    assert report["notes"][0].startswith("error rates after Whisper basic normalisation (zh)")
+    assert "language: zh" in (out / "recipe.yaml").read_text()  # the run repeats in Mandarin
