@@ -21,6 +21,7 @@ from opsnn_quant.evaluation.evaluate import QualityInputs, generate_outputs, gen
 from opsnn_quant.evaluation.report import Criterion, Status
 from opsnn_quant.evaluation.runner import THRESHOLDS, verdict
 from opsnn_quant.evaluation.sequential import (
+    MIN_PASS,
     Rate,
     delta_interval,
     levels,
@@ -196,6 +197,8 @@ class SliceScorer:
         )
         where = f"{n} of {self.size} {self._unit}"
         note = None
+        if status == "PASS" and not last and self.rates and n < MIN_PASS:
+            return None  # too few to see a harm they did not draw (sequential.MIN_PASS)
         if status == "INCONCLUSIVE" and not last:
             note = self._futile(part.references, base, outputs)
             if note is None:

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from opsnn_quant.core.thresholds import Thresholds
 from opsnn_quant.evaluation.sequential import (
+    MIN_PASS,
     Errors,
     delta_interval,
     levels,
@@ -115,11 +116,33 @@ def test_a_candidate_far_beyond_the_bound_fails_after_the_first_look(asr_suite):
     assert base.asked == list(range(8))  # no float output beyond what the candidate needed
 
 
-def test_an_identical_candidate_passes_after_the_first_look(asr_suite):
+def test_an_identical_candidate_passes_at_the_first_look_of_32_utterances(asr_suite):
+    # Its interval is [+0, +0] from the first look on; no look of fewer than MIN_PASS passes
     scorer = SliceScorer(FakeASR(), asr_suite, Thresholds(wer_delta_max_points=0.5), _records(48))
     same = FakeASR()
     score = scorer.score(same)
-    assert score.passed and score.status == "PASS" and same.asked == list(range(8))
+    assert MIN_PASS == 32
+    assert score.passed and score.status == "PASS" and same.asked == list(range(32))
+    assert score.early == "decided after 32 of 48 utterances"
+
+
+def test_harm_the_first_look_did_not_draw_is_not_passed(asr_suite):
+    # Utterances 10, 20, 30 and 40 lose 2 of their 5 words (+3.3 points on the slice); the first
+    # 8 are transcribed as the float model does, so their interval is [+0, +0]: a pass of any
+    # bound, were 8 utterances enough. At 16, one harmed of 16: undecided (the 93.3 % lower
+    # bound is 0: a draw of 16 misses it with chance (15/16)^16 = 36 %); at 32, three of 32:
+    # a draw misses all three with chance (29/32)^32 = 4.3 %, under the 6.7 % futility tail,
+    # so the lower bound is one copy of 2 words in 160 = +1.25 > 0.5: it fails.
+    scorer = SliceScorer(FakeASR(), asr_suite, Thresholds(wer_delta_max_points=0.5), _records(48))
+    first = scorer._look(FakeASR(), TRUTH[:8], last=False)  # what the first look alone says
+    assert first is None  # not a pass on 8
+    cand = FakeASR({10: 2, 20: 2, 30: 2, 40: 2})
+    score = scorer.score(cand)
+    assert not score.passed and score.status == "FAIL" and cand.asked == list(range(32))
+    assert score.early == (
+        "cannot pass after 32 of 48 utterances: the 93.3% lower bound of wer_delta_points is "
+        "+1.25 > 0.5 (futility)"
+    )
 
 
 def test_an_undecided_candidate_stops_for_futility(asr_suite):
