@@ -282,8 +282,10 @@ def calibrate(
         r = r.model_copy(update={"model": r.model.model_copy(update={"max_memory": memory})})
     check_offload_unshared(r.model.max_memory, nproc is not None or dist.launched())
     out = out if out is not None else Path("out") / r.name
+    # a setting's message names the flag where settings came from flags (as probe's does)
+    where = "--set " if sets or recipe is None else "model.settings."
     run = CalibrateCommand(r, out, recipe, seed, engine, evaluate, force, latency, from_probe,
-                           allow_broken_baseline, resume)  # fmt: skip
+                           allow_broken_baseline, resume, where)  # fmt: skip
     if nproc is not None and not dist.launched():
         check_launch(r.model.device, nproc, dist_backend)
         run.resolve(distributed=True)  # refused here, before the processes start
@@ -347,6 +349,7 @@ class CalibrateCommand:
     from_probe: Path | None
     allow_broken_baseline: bool
     resume: bool
+    settings_where: str = "model.settings."
 
     def resolve(self, *, distributed: bool) -> CalibrateRun:
         """The run, every name resolved and everything checked before any load (the recipe
@@ -359,7 +362,7 @@ class CalibrateCommand:
             self.recipe, self.out, seed=self.seed, engine=self.engine, suite=self.suite,
             force=self.force, latency=self.latency, from_probe=self.from_probe,
             allow_broken_baseline=self.allow_broken_baseline, resume=self.resume, inputs=read,
-            distributed=distributed,
+            distributed=distributed, settings_where=self.settings_where,
         )  # fmt: skip
 
     def main(self, quiet: bool, sharing: Sharing | None) -> CalibrateResult:

@@ -14,8 +14,12 @@ import sys
 log = logging.getLogger(__name__)
 
 ENV = {
-    # MKL may pick different kernels run to run (buffer alignment) and so round differently;
-    # strict conditional numerical reproducibility makes the same inputs give the same bits.
+    # MKL may pick different kernels run to run (buffer alignment) and by a product's row count
+    # (a decoder step of 1 row rounds otherwise than the same row among 8, so a transcript would
+    # depend on the batch it was decoded in); strict conditional numerical reproducibility
+    # makes the same inputs give the same bits, whatever the rows beside them and the threads
+    # (oneMKL developer guide, "Reproducibility Conditions": ?gemm in strict mode). MKL reads it
+    # at its first call, not when torch loads: it must be set before the first matmul.
     "MKL_CBWR": "AUTO,STRICT",
     # Idle OpenMP threads spin by default, which starves other work on small shared machines.
     "OMP_WAIT_POLICY": "PASSIVE",
@@ -35,8 +39,13 @@ def set_reproducible(seed: int | None = None, threads: int | None = None) -> Non
     """
     for key, value in ENV.items():
         os.environ.setdefault(key, value)
-    if "torch" in sys.modules and os.environ.get("MKL_CBWR") == ENV["MKL_CBWR"]:
-        log.debug("set_reproducible() after torch was imported: MKL_CBWR may come too late")
+    if "torch" in sys.modules and not gemm_rows_invariant():
+        log.warning(
+            "float GEMMs in this process round by their row count: MKL_CBWR=%s came after its "
+            "first matmul (call set_reproducible() before it, or set it in the environment); "
+            "outputs may change with how inputs are batched",
+            os.environ.get("MKL_CBWR"),
+        )
     if threads is not None or seed is not None:
         import torch
 
@@ -48,3 +57,19 @@ def set_reproducible(seed: int | None = None, threads: int | None = None) -> Non
             random.seed(seed)
             np.random.seed(seed)
             torch.manual_seed(seed)
+
+
+def gemm_rows_invariant() -> bool:
+    """Whether this process's float GEMM gives a row the same bits whatever the rows beside
+    it: a (1, 384) and a (3, 384) product against the same rows of an (8, 384) one. False
+    where MKL's strict reproducibility is not in effect (``MKL_CBWR`` set after the process's
+    first matmul, or to another mode) on a CPU whose kernel choice follows the row count;
+    outputs then depend on how inputs were batched. A few microseconds."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 384, generator=g)
+    w = torch.randn(384, 384, generator=g)
+    with torch.no_grad():
+        full = torch.nn.functional.linear(x, w)
+        return all(torch.equal(torch.nn.functional.linear(x[:m], w), full[:m]) for m in (1, 3))

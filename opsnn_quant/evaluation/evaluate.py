@@ -219,7 +219,41 @@ def evaluate(
         baseline_backend=backends.baseline,
     )
     _stamp_run(report, times, gather_seconds() - gathered_before)
+    report.outputs_depend_on = output_conditions(candidate)
+    if report.outputs_depend_on.get("float_gemm_rows_invariant") is False:
+        report.notes.append(BATCH_DEPENDENT_NOTE)
     return report.with_outputs(out.baseline, out.candidate)
+
+
+BATCH_DEPENDENT_NOTE = (
+    "float GEMMs in this process round by the batch's row count (MKL's strict reproducibility "
+    "is not in effect: set MKL_CBWR=AUTO,STRICT, or call opsnn_quant.set_reproducible(), before "
+    "the process's first matmul; the CLI does): an output may change with the batch it was "
+    "generated in, so a rerun with another batch size or sample count may differ"
+)
+
+
+def output_conditions(adapter: ModelAdapter) -> dict[str, Any]:
+    """What both models' outputs depend on beside their inputs (see
+    ``ReportSchema.outputs_depend_on``): the batch size they were generated in (the suite's,
+    applied to both models), the threads, the device, torch's CPU capability and version, and
+    on a CPU whether a float GEMM's row is independent of the rows batched with it
+    (:func:`~opsnn_quant.core.determinism.gemm_rows_invariant`)."""
+    import torch
+
+    settings = getattr(adapter, "settings", None)
+    conditions: dict[str, Any] = {
+        "batch_size": int(getattr(settings, "batch_size", None) or 1),
+        "threads": torch.get_num_threads(),
+        "device": adapter.device.type,
+    }
+    if adapter.device.type == "cpu":
+        from opsnn_quant.core.determinism import gemm_rows_invariant
+
+        conditions["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        conditions["float_gemm_rows_invariant"] = gemm_rows_invariant()
+    conditions["torch"] = torch.__version__
+    return conditions
 
 
 def _stamp_run(report: AcceptanceReport, times: dict[str, float], gathered: float) -> None:

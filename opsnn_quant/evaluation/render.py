@@ -137,6 +137,11 @@ def _interval_lines(r: ReportSchema) -> list[str]:
     ]
 
 
+def conditions_line(conditions: dict[str, Any]) -> str:
+    """``batch_size 8, threads 2, ...``: what a rerun must match to give the same outputs."""
+    return ", ".join(f"{k} {v}" for k, v in conditions.items())
+
+
 def world_line(world: dict[str, Any]) -> str:
     """One line for a distributed run: processes, hosts, backend, each rank's device."""
     devices = ", ".join(f"rank {i} {d}" for i, d in enumerate(world.get("devices", [])))
@@ -341,6 +346,8 @@ def render_markdown(r: ReportSchema, figures: dict[str, str] | None = None) -> s
         lines.append(f"- created: {m(r.created)}")
     if r.world:
         lines.append(f"- run: {m(world_line(r.world))}")
+    if r.outputs_depend_on:
+        lines.append(f"- outputs depend on: {m(conditions_line(r.outputs_depend_on))}")
     lines += [f"- note: {m(n)}" for n in r.notes]
     lines.append("")
     for sec in _sections(r):
@@ -410,6 +417,8 @@ def render_html(r: ReportSchema, figures: dict[str, bytes] | None = None,
         info.append(f"created: {e(r.created)}")
     if r.world:
         info.append(f"run: {e(world_line(r.world))}")
+    if r.outputs_depend_on:
+        info.append(f"outputs depend on: {e(conditions_line(r.outputs_depend_on))}")
     body.append("<ul>" + "".join(f"<li>{x}</li>" for x in info) + "</ul>")
     if r.notes:
         body.append("<ul class='notes'>" + "".join(f"<li>{e(n)}</li>" for n in r.notes) + "</ul>")

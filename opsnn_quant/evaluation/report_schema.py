@@ -241,6 +241,11 @@ class ReportSchema(ReportModel):
     timings: dict[str, float] = Field(default_factory=dict)
     # A distributed run (torchrun): world size, hosts, backend and each rank's device.
     world: dict[str, Any] = Field(default_factory=dict)
+    # What the outputs' bits depend on beside the inputs and the models: the batch size they
+    # were generated in, the threads, the device and torch's CPU capability and version (a
+    # float GEMM rounds by its rows and threads and by the kernel the CPU kind runs). A rerun
+    # with the same values gives the same outputs; with other values, outputs may differ.
+    outputs_depend_on: dict[str, Any] = Field(default_factory=dict)
     # The two models' outputs (images or transcripts) of the run, for the report's image grids;
     # not part of report.json.
     _outputs: tuple[list[Any], list[Any]] | None = PrivateAttr(default=None)

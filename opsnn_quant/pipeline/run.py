@@ -103,6 +103,7 @@ def resolve_run(
     max_memory: int | None = None,
     inputs: Iterable[str] = (),
     distributed: bool = False,
+    settings_where: str = "model.settings.",
 ) -> CalibrateRun:
     """Check everything checkable before data and model load, and resolve every name, once.
 
@@ -121,6 +122,8 @@ def resolve_run(
             ``model.max_memory`` (None: the recipe's; none there: what the machine has free).
         inputs: more paths the run reads (the recipe file): ``out`` may not replace them.
         distributed: the probe's statistics pass is shared among processes.
+        settings_where: what a message about a model setting puts before its name, for the
+            place the user gave it (``model.settings.``, or ``--set `` on the command line).
 
     Raises:
         OpsnnQuantError: bad input (the model source, its weights, the output path, seed,
@@ -147,11 +150,11 @@ def resolve_run(
     ]
     check_output_dir(out, OUTPUT_KIND, force=force, inputs=read, keep_unfinished=resume)
     resolve_device(recipe.model.device)  # an npu recipe on a machine without torch_npu: now
-    check_source_fits(source, settings)  # e.g. steps vs the scheduler
+    check_source_fits(source, settings, settings_where)  # e.g. steps vs the scheduler
     if recipe.model.device.startswith("cpu"):  # the activations of one call, in host memory
         check_source_memory(
-            source, settings, records=recipe.data.limit, max_memory=budget,
-            offload=budget is not None,
+            source, settings, records=recipe.data.limit, where=settings_where,
+            max_memory=budget, offload=budget is not None,
         )  # fmt: skip
     if budget is not None:
         check_offloadable(recipe, engine)

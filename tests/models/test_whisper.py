@@ -114,3 +114,30 @@ def test_the_decoder_logits_positions_are_the_first_token_and_the_cached_steps(a
         "first token": slice(p - 1, p), "later tokens": slice(p, None),
     }  # fmt: skip
     assert adapter.output_positions("model.encoder") is None
+
+
+def test_an_utterance_decodes_to_the_same_bits_in_any_batch(adapter):
+    """With MKL's strict reproducibility on (``MKL_CBWR=AUTO,STRICT``, which the CLI and
+    ``set_reproducible`` set before the first matmul, and tests/conftest.py before torch
+    loads), a float GEMM's row does not depend on the rows beside it, so an utterance's
+    encoder output and decoder logits are the same bits whatever batch it is decoded in (its
+    position in the set, --limit, the search's slice, a rank's shard). Without it, MKL picks
+    its kernel by the row count and a decoder step of 1 row rounds otherwise than among 8
+    (measured on this project's AVX-512 machine; issue 46)."""
+    import torch
+
+    from opsnn_quant.core.determinism import gemm_rows_invariant
+    from opsnn_quant.models.data import load_records
+
+    assert gemm_rows_invariant()
+    feats = adapter.features(load_records("zoo:speech/eval", 8))
+    model = adapter.model
+    prompt = torch.tensor([[50257, 50362, 383, 6193]] * 8)
+    with torch.no_grad():
+        encoded = model.model.encoder(feats).last_hidden_state
+        logits = model(encoder_outputs=(encoded,), decoder_input_ids=prompt).logits
+        for n in (1, 3):
+            alone = model.model.encoder(feats[:n]).last_hidden_state
+            assert torch.equal(alone[0], encoded[0])
+            out = model(encoder_outputs=(encoded[:n],), decoder_input_ids=prompt[:n]).logits
+            assert torch.equal(out[0], logits[0])

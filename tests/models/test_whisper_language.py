@@ -135,3 +135,24 @@ def test_calibrate_in_mandarin_is_judged_by_characters_end_to_end(multilingual, 
     ]
     assert report["notes"][0].startswith("error rates after Whisper basic normalisation (zh)")
     assert "language: zh" in (out / "recipe.yaml").read_text()  # the run repeats in Mandarin
+    # what a rerun must match to give the same transcripts: the suite's batch size, the threads
+    depend = report["outputs_depend_on"]
+    assert depend["batch_size"] == 2 and depend["threads"] == torch.get_num_threads()
+    assert depend["device"] == "cpu" and depend["torch"] == torch.__version__
+    assert depend["float_gemm_rows_invariant"] is True  # MKL's strict reproducibility is on
+    assert not any("round by the batch's row count" in n for n in report["notes"])
+    assert "outputs depend on: batch_size 2, threads" in (out / "report" / "report.md").read_text()
+
+
+def test_a_setting_given_by_set_is_named_so_in_its_error(english, tmp_path, capsys):
+    from opsnn_quant.cli import main
+
+    out = tmp_path / "out"
+    argv = ["calibrate", "--model", str(english), "--data", "zoo:speech/calibration",
+            "--set", "language=zh", "-o", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --set language: zh is not English, and "), (
+        err
+    )
+    assert not out.exists()

@@ -1,0 +1,72 @@
+"""Reproducible maths: MKL's strict reproducibility, which makes a float GEMM's row independent
+of the rows batched with it (issue 46: a transcript must not change with the batch it was
+decoded in)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from opsnn_quant.core import determinism
+from opsnn_quant.core.determinism import gemm_rows_invariant, set_reproducible
+
+
+def test_rows_are_invariant_with_strict_cnr_set_before_the_first_matmul():
+    # tests/conftest.py sets it before torch loads, as the CLI's main() does before any work
+    assert os.environ["MKL_CBWR"] == "AUTO,STRICT"
+    assert gemm_rows_invariant()
+
+
+def test_a_fresh_process_set_up_by_set_reproducible_has_invariant_rows():
+    # the Python API's order: set_reproducible() first, then torch
+    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
+    code = (
+        "from opsnn_quant.core.determinism import set_reproducible, gemm_rows_invariant\n"
+        "set_reproducible()\nimport torch\nprint(gemm_rows_invariant())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "True"
+
+
+def test_set_reproducible_warns_when_it_comes_after_the_first_matmul(monkeypatch, caplog):
+    monkeypatch.setattr(determinism, "gemm_rows_invariant", lambda: False)
+    with caplog.at_level(logging.WARNING, logger=determinism.__name__):
+        set_reproducible()
+    assert "round by their row count: MKL_CBWR=AUTO,STRICT came after its first matmul" in (
+        caplog.text
+    )
+    caplog.clear()
+    monkeypatch.setattr(determinism, "gemm_rows_invariant", lambda: True)
+    with caplog.at_level(logging.WARNING, logger=determinism.__name__):
+        set_reproducible()
+    assert caplog.text == ""
+
+
+@pytest.mark.parametrize("invariant", [True, False])
+def test_the_report_says_what_outputs_depend_on(monkeypatch, invariant):
+    import torch
+
+    from opsnn_quant.evaluation.evaluate import output_conditions
+
+    class Settings:
+        batch_size = 3
+
+    class Adapter:
+        settings = Settings()
+        device = torch.device("cpu")
+
+    monkeypatch.setattr(determinism, "gemm_rows_invariant", lambda: invariant)
+    assert output_conditions(Adapter()) == {  # type: ignore[arg-type]
+        "batch_size": 3,
+        "threads": torch.get_num_threads(),
+        "device": "cpu",
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "float_gemm_rows_invariant": invariant,
+        "torch": torch.__version__,
+    }
