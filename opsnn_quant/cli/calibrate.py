@@ -71,14 +71,16 @@ UNJUDGED = (
 
 def _summary_table(name: str, target: str, result: CalibrateResult) -> _ui.Table:
     columns = [("modality", "left"), ("chosen", "left")]
-    columns += [(c, "right") for c in ("fp32", "bf16", "fp16", "int8", "pred", "meas", "MAC%")]
+    columns += [
+        (c, "right") for c in ("fp32", "bf16", "fp16", "int8", "pred", "meas", "MAC%", "all%")
+    ]
     t = _ui.table(
         f"{name}: policy for {target}",
         columns,
         caption="module counts per precision; pred/meas: predicted / measured SQNR of the "
         "modality's output, dB (cpu-reference backend); MAC%: share of the Linear/Conv2d MACs in "
-        "int8 (the layers a target runs in int8: Conv1d/Conv3d and attention's matmuls stay float, "
-        "uncounted)",
+        "int8 (the layers a target runs in int8); all%: share of all the modality's MACs in int8, "
+        "attention's matmuls and Conv1d/Conv3d (float on every target) counted in",
     )
     for row in result.rows:
         measured = result.measured.get(row.modality, {}).get("sqnr_db")
@@ -86,6 +88,7 @@ def _summary_table(name: str, target: str, result: CalibrateResult) -> _ui.Table
             row.modality.value, row.chosen, str(row.fp32), str(row.bf16), str(row.fp16),
             str(row.int8), fmt_db(row.predicted_sqnr_db, unit="", none="-"), fmt_db(measured, unit="", none="-"),
             fmt_share(row.int8_mac_share),
+            "-" if row.int8_share_of_all_macs is None else fmt_share(row.int8_share_of_all_macs),
         )  # fmt: skip
     return t
 
@@ -315,9 +318,11 @@ def calibrate(
             _ui.console.print(
                 f"int8 MAC share as written in export/{fmt}: {fmt_share(shares['overall'])}{whose}"
             )
+        every = result.int8_share_of_all_macs
+        of_all = "" if every is None else f" ({fmt_share(every)} of all MACs)"
         _ui.console.print(
-            f"int8 MAC share overall: {share}; wall time {result.seconds['total']:.0f} s; "
-            f"wrote {out}/"
+            f"int8 MAC share overall: {share} of the Linear/Conv2d MACs{of_all}; wall time "
+            f"{result.seconds['total']:.0f} s; wrote {out}/"
         )
     else:  # quiet: still the path of what was written (and the verdict below)
         typer.echo(f"wrote {out}/")

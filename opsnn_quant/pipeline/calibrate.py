@@ -97,6 +97,7 @@ class CalibrateResult:
     search: FrontResult | None = None
     target: Target | None = None
     next_steps: list[str] = field(default_factory=list)
+    int8_share_of_all_macs: float | None = None
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,7 @@ def execute_calibrate(
     share = int8_mac_share(probed.report, rows)
     return CalibrateResult(
         out, rows, measured, ctx.timings, share, notes, verdict, deployed, search, run.target,
-        steps,
+        steps, int8_share_of_all_macs(probed.report, rows),
     )  # fmt: skip
 
 
@@ -702,3 +703,18 @@ def int8_mac_share(report: SensitivityReport, rows: list[ModalitySummaryRow]) ->
     int8 = sum(r.int8_mac_share * macs(r.modality) for r in rows)
     total = sum(macs(r.modality) for r in rows)
     return int8 / total if total else None
+
+
+def int8_share_of_all_macs(
+    report: SensitivityReport, rows: list[ModalitySummaryRow]
+) -> float | None:
+    """The int8 MACs over all the model's MACs, attention's products and Conv1d/Conv3d
+    included; None where the probe did not count those."""
+    int8 = everything = 0.0
+    for r in rows:
+        summary = report.modalities.get(r.modality.value)
+        if summary is None or summary.pass_macs is None or summary.other_macs is None:
+            return None
+        int8 += r.int8_mac_share * summary.pass_macs
+        everything += summary.pass_macs + summary.other_macs
+    return int8 / everything if everything else None

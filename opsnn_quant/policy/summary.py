@@ -23,7 +23,11 @@ class ModalitySummaryRow:
             baseline strategy) ``int8`` when any of the modality's modules is int8.
         fp32, bf16, fp16, int8: module counts per precision (int8 = every int8 scheme).
         predicted_sqnr_db: predicted output SQNR (None = no int8 noise).
-        int8_mac_share: share of the modality's MACs in int8 (recomputed from the report).
+        int8_mac_share: share of the modality's Linear/Conv2d MACs in int8 (recomputed from the
+            report): what a target can run in int8, and what budgets and the search read.
+        int8_share_of_all_macs: the int8 MACs over *all* the modality's MACs, attention's
+            products and Conv1d/Conv3d included (they stay float on every target); None where
+            the probe did not count those (a probe.json from before it did).
     """
 
     modality: Modality
@@ -34,6 +38,7 @@ class ModalitySummaryRow:
     int8: int
     predicted_sqnr_db: float | None
     int8_mac_share: float
+    int8_share_of_all_macs: float | None = None
 
 
 def summarize(resolved: ResolvedPolicy, report: SensitivityReport) -> list[ModalitySummaryRow]:
@@ -54,6 +59,8 @@ def summarize(resolved: ResolvedPolicy, report: SensitivityReport) -> list[Modal
             total += max(m.macs, 0)
             if p.is_int8:
                 int8_macs += max(m.macs, 0)
+        info = report.modalities.get(modality.value)
+        linear = info.linear_share if info is not None else None
         fig = policy.figures.get(modality)
         if fig is not None:
             chosen = fig.chosen
@@ -65,6 +72,9 @@ def summarize(resolved: ResolvedPolicy, report: SensitivityReport) -> list[Modal
                 chosen=chosen,
                 predicted_sqnr_db=fig.predicted_sqnr_db if fig else None,
                 int8_mac_share=int8_macs / total if total else 0.0,
+                int8_share_of_all_macs=(
+                    None if linear is None or not total else int8_macs / total * linear
+                ),
                 **counts,
             )
         )

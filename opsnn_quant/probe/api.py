@@ -484,11 +484,22 @@ def _assemble(run: ProbeRun, e2e: dict[str, EndToEnd]) -> SensitivityReport:
         # JSON form (tuples as lists), so a report equals its own round trip.
         config={"family": adapter.family, **json.loads(json.dumps(asdict(run.cfg)))},
         modules=entries,
-        modalities=summarize_modalities(entries, adapter.describe_output),
+        modalities=summarize_modalities(entries, adapter.describe_output, _pass_macs(run)),
         findings=findings,
         smoothing_groups=run.smoothing_groups,
         costs={k: round(v, 6) for k, v in run.costs.items()},
     )
+
+
+def _pass_macs(run: ProbeRun) -> dict[str, tuple[int, int]]:
+    """Modality -> the MACs of pass 1 in its Linear/Conv2d calls and outside them."""
+    w = run.watches
+    out = {m: (0, macs) for m, macs in w.other_macs.items()}
+    for name, (macs, _) in w.macs.items():
+        key = run.adapter.modality_of(name).value
+        linear, other = out.get(key, (0, 0))
+        out[key] = (linear + macs, other)
+    return out
 
 
 def _module_entry(

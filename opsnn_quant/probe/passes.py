@@ -28,6 +28,7 @@ from opsnn_quant.core.timesteps import at_step
 from opsnn_quant.errors import CalibrationError
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.offload import touch, window
+from opsnn_quant.probe.all_macs import OtherMacs, paused
 from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.probe.findings import GeluWatch, SoftmaxWatch, attention_parts
 from opsnn_quant.probe.fp16 import Fp16Accumulator
@@ -51,6 +52,8 @@ class Watches:
             local errors are then measured on these, without a pass over the forward loop.
         softmax: attention module -> its largest softmax input.
         gelu: modality -> exact-vs-tanh GELU error of its GELUs.
+        other_macs: modality -> the MACs of its matmul-like calls outside Linear/Conv2d
+            (attention's products, Conv1d/Conv3d: :mod:`.all_macs`), summed over pass 1.
     """
 
     fp16: dict[str, Fp16Accumulator] = field(default_factory=dict)
@@ -60,6 +63,7 @@ class Watches:
     inputs: dict[str, RootRecorder] = field(default_factory=dict)
     softmax: dict[str, SoftmaxWatch] = field(default_factory=dict)
     gelu: dict[Modality, GeluWatch] = field(default_factory=dict)
+    other_macs: dict[str, int] = field(default_factory=dict)
 
     def portable(self) -> Watches:
         """What pass 1 gathered, fit to send to another process: no modules, no filters (the
@@ -72,6 +76,7 @@ class Watches:
             inputs={n: r.portable() for n, r in self.inputs.items()},
             softmax=self.softmax,
             gelu=self.gelu,
+            other_macs=self.other_macs,
         )
 
     def merge(self, other: Watches) -> None:
@@ -92,6 +97,8 @@ class Watches:
             self.softmax[name].merge(sw)
         for modality, gw in other.gelu.items():
             self.gelu[modality].merge(gw)
+        for key, macs in other.other_macs.items():
+            self.other_macs[key] = self.other_macs.get(key, 0) + macs
 
 
 class HookSet:
@@ -170,16 +177,19 @@ def statistics_pass(
     watched: dict[str, tuple[nn.Module, str]],
     forward_loop: ForwardLoop,
 ) -> float:
-    """Pass 1: run the forward loop with every statistics hook; returns its seconds."""
+    """Pass 1: run the forward loop with every statistics hook; returns its seconds. The MACs
+    the model's Linear/Conv2d modules do not make are counted beside it (``w.other_macs``),
+    the hooks' own work paused (:mod:`.all_macs`)."""
     hooks = HookSet()
     for name, (module, kind) in watched.items():
         if name in w.fp16:
-            hook = partial(_fp16_hook, w.fp16[name])
+            hook = paused(partial(_fp16_hook, w.fp16[name]))
             hooks.add(module.register_forward_hook(hook, with_kwargs=True))
         if kind == "act":
             _watch_gelu(module, w.gelu[adapter.modality_of(name)], hooks)
     for name, lp in w.local.items():
-        hooks.add(lp.module.register_forward_hook(partial(_collect_hook, lp, w.macs[name])))
+        hook = paused(partial(_collect_hook, lp, w.macs[name]))
+        hooks.add(lp.module.register_forward_hook(hook))
     for name, sw in w.softmax.items():
         module = named[name]
         parts = attention_parts(module)
@@ -187,11 +197,16 @@ def statistics_pass(
         q_name, k_name, _, _ = parts
         hooks.add(getattr(module, q_name).register_forward_hook(partial(_keep_output, sw, "q")))
         hooks.add(getattr(module, k_name).register_forward_hook(partial(_keep_output, sw, "k")))
-        hooks.add(module.register_forward_hook(partial(_close_attention, sw)))
+        hooks.add(module.register_forward_hook(paused(partial(_close_attention, sw))))
     for root_name, recorder in [*w.recorders.items(), *w.inputs.items()]:
-        pre_hook = recorder.forward_pre_hook
+        pre_hook = paused(recorder.forward_pre_hook)
         hooks.add(named[root_name].register_forward_pre_hook(pre_hook, with_kwargs=True))
-    return _run(forward_loop, adapter.model, hooks)
+    counter = OtherMacs(adapter.roots(), named)
+    with counter.counting():
+        seconds = _run(forward_loop, adapter.model, hooks)
+    for modality, macs in counter.macs.items():
+        w.other_macs[modality.value] = w.other_macs.get(modality.value, 0) + macs
+    return seconds
 
 
 def inside_root(adapter: ModelAdapter, name: str, root: str, modality: Modality) -> bool:
@@ -362,6 +377,6 @@ def _watch_gelu(module: nn.Module, watch: GeluWatch, hooks: HookSet) -> None:
     proj = getattr(module, "proj", None)
     if isinstance(proj, nn.Linear):  # diffusers GELU/GEGLU: the activation acts on proj's output
         geglu = type(module).__name__ == "GEGLU"
-        hooks.add(proj.register_forward_hook(partial(_gelu_of_proj, watch, geglu)))
+        hooks.add(proj.register_forward_hook(paused(partial(_gelu_of_proj, watch, geglu))))
     else:
-        hooks.add(module.register_forward_hook(partial(_gelu_of_input, watch)))
+        hooks.add(module.register_forward_hook(paused(partial(_gelu_of_input, watch))))

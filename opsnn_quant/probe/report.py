@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -229,6 +229,20 @@ class ModalitySummary(_Frozen):
     predicted_sqnr_db_all_w8a8: Finite | None  # from the summed e2e contributions
     output: str = ""  # what the final output of this modality is (e.g. "UNet noise prediction")
     macs: NonNegativeInt = 0
+    # Over the whole of pass 1: the MACs of its Linear/Conv2d calls, and those of its matmul-like
+    # calls outside them (attention's score and value products, Conv1d/Conv3d: no target runs
+    # them in int8). None: not counted (a probe.json from before they were).
+    pass_macs: NonNegativeInt | None = None
+    other_macs: NonNegativeInt | None = None
+
+    @property
+    def linear_share(self) -> float | None:
+        """The share of the modality's MACs that its Linear/Conv2d make (what an int8 share of
+        its Linear/Conv2d MACs is scaled by to be one of all its MACs); None: not counted."""
+        if self.other_macs is None or self.pass_macs is None:
+            return None
+        total = self.pass_macs + self.other_macs
+        return self.pass_macs / total if total else None
 
     _fix = field_validator("predicted_sqnr_db_all_w8a8", mode="before")(_finite_or_none)
 
@@ -316,10 +330,14 @@ class SensitivityReport(_Frozen):
 
 
 def summarize_modalities(
-    entries: list[ModuleSensitivity], describe_output: Callable[[Modality], str]
+    entries: list[ModuleSensitivity],
+    describe_output: Callable[[Modality], str],
+    pass_macs: Mapping[str, tuple[int, int]] | None = None,
 ) -> dict[str, ModalitySummary]:
     """Per-modality summaries of the module entries (``describe_output`` names each root's
-    output, e.g. an adapter's :meth:`~opsnn_quant.models.base.ModelAdapter.describe_output`)."""
+    output, e.g. an adapter's :meth:`~opsnn_quant.models.base.ModelAdapter.describe_output`;
+    ``pass_macs``: modality -> the MACs of pass 1 in its Linear/Conv2d and outside them; None:
+    not counted)."""
     out = {}
     for modality in sorted({e.modality for e in entries}, key=lambda m: m.value):
         group = [e for e in entries if e.modality == modality]
@@ -343,5 +361,7 @@ def summarize_modalities(
             predicted_sqnr_db_all_w8a8=predicted,
             output=describe_output(modality),
             macs=sum(e.macs for e in quant),
+            pass_macs=None if pass_macs is None else pass_macs.get(modality.value, (0, 0))[0],
+            other_macs=None if pass_macs is None else pass_macs.get(modality.value, (0, 0))[1],
         )
     return out
