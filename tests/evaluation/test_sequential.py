@@ -116,14 +116,14 @@ def test_a_candidate_far_beyond_the_bound_fails_after_the_first_look(asr_suite):
     assert base.asked == list(range(8))  # no float output beyond what the candidate needed
 
 
-def test_an_identical_candidate_passes_at_the_first_look_of_32_utterances(asr_suite):
+def test_an_identical_candidate_passes_at_the_second_look(asr_suite):
     # Its interval is [+0, +0] from the first look on; no look of fewer than MIN_PASS passes
     scorer = SliceScorer(FakeASR(), asr_suite, Thresholds(wer_delta_max_points=0.5), _records(48))
     same = FakeASR()
     score = scorer.score(same)
-    assert MIN_PASS == 32
-    assert score.passed and score.status == "PASS" and same.asked == list(range(32))
-    assert score.early == "decided after 32 of 48 utterances"
+    assert MIN_PASS == 16
+    assert score.passed and score.status == "PASS" and same.asked == list(range(16))
+    assert score.early == "decided after 16 of 48 utterances"
 
 
 def test_harm_the_first_look_did_not_draw_is_not_passed(asr_suite):
