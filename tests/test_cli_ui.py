@@ -65,3 +65,32 @@ def test_a_phase_without_counted_work_shows_no_count():
     assert CountColumn().render(bar.tasks[task]).plain == "2"
     bar.update(task, total=5)
     assert CountColumn().render(bar.tasks[task]).plain == "2/5"
+
+
+def test_the_calibrate_summary_fits_80_columns_with_both_int8_shares():
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from opsnn_quant.cli.calibrate import _summary_table
+    from opsnn_quant.pipeline.calibrate import CalibrateResult
+    from opsnn_quant.policy.summary import ModalitySummaryRow as Row
+    from opsnn_quant.types import Modality
+
+    rows = [
+        Row(Modality.AUDIO_ENCODER, "int8", 0, 0, 2, 100, 35.5, 1.0, 0.575),
+        Row(Modality.IMAGE_DECODER, "int8", 0, 0, 28, 25, 35.5, 0.999, 0.998),
+        Row(Modality.OTHER, "fp16", 0, 0, 38, 0, None, 0.0, None),  # not counted: "-"
+    ]
+    result = CalibrateResult(Path("out"), rows, {Modality.AUDIO_ENCODER: {"sqnr_db": 34.9}})
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(_summary_table("whisper", "ascend910b-vllm-ascend", result))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    cells = {line.split("│")[1].strip(): line for line in text.splitlines() if "│" in line}
+    # the encoder: every Linear in int8, 57.5 % of all its MACs (its convolutions, attention)
+    assert [c.strip() for c in cells["audio_encoder"].split("│")[7:10]] == [
+        "35.5/34.9", "100%", "57%",
+    ]  # fmt: skip
+    assert [c.strip() for c in cells["image_decoder"].split("│")[8:10]] == [">99%", ">99%"]
+    assert [c.strip() for c in cells["other"].split("│")[7:10]] == ["-/-", "0%", "-"]

@@ -71,9 +71,7 @@ UNJUDGED = (
 
 def _summary_table(name: str, target: str, result: CalibrateResult) -> _ui.Table:
     columns = [("modality", "left"), ("chosen", "left")]
-    columns += [
-        (c, "right") for c in ("fp32", "bf16", "fp16", "int8", "pred", "meas", "MAC%", "all%")
-    ]
+    columns += [(c, "right") for c in ("fp32", "bf16", "fp16", "int8", "pred/meas", "MAC%", "all%")]
     t = _ui.table(
         f"{name}: policy for {target}",
         columns,
@@ -84,10 +82,10 @@ def _summary_table(name: str, target: str, result: CalibrateResult) -> _ui.Table
     )
     for row in result.rows:
         measured = result.measured.get(row.modality, {}).get("sqnr_db")
+        pred, meas = (fmt_db(v, unit="", none="-") for v in (row.predicted_sqnr_db, measured))
         t.add_row(
             row.modality.value, row.chosen, str(row.fp32), str(row.bf16), str(row.fp16),
-            str(row.int8), fmt_db(row.predicted_sqnr_db, unit="", none="-"), fmt_db(measured, unit="", none="-"),
-            fmt_share(row.int8_mac_share),
+            str(row.int8), f"{pred}/{meas}", fmt_share(row.int8_mac_share),
             "-" if row.int8_share_of_all_macs is None else fmt_share(row.int8_share_of_all_macs),
         )  # fmt: skip
     return t

@@ -135,7 +135,7 @@ class Round:
             f"{'PASS' if m.passed else 'FAIL'}: {m.detail}"
         )  # fmt: skip
         line = (
-            f"measured round {index} ({c.label}): {c.share:.1%} of the MACs in int8 on "
+            f"measured round {index} ({c.label}): {c.share:.1%} of the Linear/Conv2d MACs in int8 on "
             f"{c.policy.target} (what its engine runs), predicted {c.predicted()}; {verdict}"
         )
         return f"{line}; {self.seconds:.0f} s" if timed else line
@@ -162,7 +162,7 @@ class FrontResult:
             ": the most int8 MACs among the candidates that pass, then the best measured quality"
         )  # fmt: skip
         return [r.note(i + 1, timed) for i, r in enumerate(self.rounds)] + [
-            f"measured search chose {c.label} ({c.share:.1%} of the MACs in int8) after "
+            f"measured search chose {c.label} ({c.share:.1%} of the Linear/Conv2d MACs in int8) after "
             f"{self.evaluations} evaluation(s){why}"
         ]
 
@@ -229,7 +229,7 @@ class FrontWalk:
             return None
         else:
             self.left -= 1
-            self.say(f"measuring {cand.label} ({cand.share:.1%} of the MACs in int8)")
+            self.say(f"measuring {cand.label} ({cand.share:.1%} of the Linear/Conv2d MACs in int8)")
             started = time.perf_counter()
             measurement = self.measure(cand.policy)
             found = Round(cand, measurement, time.perf_counter() - started)

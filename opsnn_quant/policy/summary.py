@@ -169,7 +169,7 @@ def int8_mac_shares(report: SensitivityReport, int8: Iterable[str]) -> dict[str,
 def deployed_note(artifact: str, shares: Mapping[str, float]) -> str:
     """One line for the policy's notes: the int8 MAC share an artifact deploys."""
     parts = ", ".join(f"{k} {v:.0%}" for k, v in shares.items() if k != "overall")
-    return f"deployed by {artifact}: {shares['overall']:.1%} of the MACs in int8 ({parts})"
+    return f"deployed by {artifact}: {shares['overall']:.1%} of the Linear/Conv2d MACs in int8 ({parts})"
 
 
 def policy_summary(policy: PrecisionPolicy) -> dict[str, Any]:

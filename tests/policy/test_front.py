@@ -138,14 +138,18 @@ def test_the_chosen_policy_notes_every_round():
     policy = walked.policy()
     rounds = [n for n in policy.notes if n.startswith("measured round")]
     assert len(rounds) == 3
-    assert rounds[0].startswith("measured round 1 (no floor): 100.0% of the MACs in int8")
+    assert rounds[0].startswith(
+        "measured round 1 (no floor): 100.0% of the Linear/Conv2d MACs in int8"
+    )
     assert "FAIL: 4 int8" in rounds[0] and "PASS: 3 int8" in rounds[2]
     # no wall time in the policy (the same bytes on a rerun); the printed summary has it
     assert not [n for n in rounds if re.search(r"; \d+ s$", n)]
     timed = walked.notes(timed=True)
     assert [t.rsplit("; ", 1)[0] for t in timed[:3]] == rounds
     assert all(t.endswith(" s") for t in timed[:3])
-    assert policy.notes[-1].startswith("measured search chose floor 20 dB (75.0% of the MACs")
+    assert policy.notes[-1].startswith(
+        "measured search chose floor 20 dB (75.0% of the Linear/Conv2d MACs"
+    )
 
 
 def test_a_step_walk_stops_where_a_pass_has_full_coverage_and_says_why():
