@@ -26,6 +26,9 @@ ENV = {
 }
 
 
+_warned = False  # set_reproducible() said the process's GEMM rows are not invariant
+
+
 def set_reproducible(seed: int | None = None, threads: int | None = None) -> None:
     """Set up the process for reproducible results.
 
@@ -39,11 +42,14 @@ def set_reproducible(seed: int | None = None, threads: int | None = None) -> Non
     """
     for key, value in ENV.items():
         os.environ.setdefault(key, value)
-    if "torch" in sys.modules and not gemm_rows_invariant():
+    global _warned
+    if "torch" in sys.modules and not _warned and not gemm_rows_invariant():
+        _warned = True  # once a process: the pipeline sets up again at each phase
         log.warning(
-            "float GEMMs in this process round by their row count: MKL_CBWR=%s came after its "
-            "first matmul (call set_reproducible() before it, or set it in the environment); "
-            "outputs may change with how inputs are batched",
+            "float GEMMs in this process round by their row count: MKL's strict reproducibility "
+            "is not in effect (MKL_CBWR=%s; it must be AUTO,STRICT before the process's first "
+            "matmul: call set_reproducible() first, or set it in the environment); outputs may "
+            "change with how inputs are batched",
             os.environ.get("MKL_CBWR"),
         )
     if threads is not None or seed is not None:
