@@ -218,10 +218,7 @@ def evaluate(
         allow_broken_baseline=allow_broken_baseline,
         baseline_backend=backends.baseline,
     )
-    _stamp_run(report, times, gather_seconds() - gathered_before)
-    report.outputs_depend_on = output_conditions(candidate)
-    if report.outputs_depend_on.get("float_gemm_rows_invariant") is False:
-        report.notes.append(BATCH_DEPENDENT_NOTE)
+    _stamp_run(report, times, gather_seconds() - gathered_before, candidate)
     return report.with_outputs(out.baseline, out.candidate)
 
 
@@ -256,14 +253,21 @@ def output_conditions(adapter: ModelAdapter) -> dict[str, Any]:
     return conditions
 
 
-def _stamp_run(report: AcceptanceReport, times: dict[str, float], gathered: float) -> None:
+def _stamp_run(
+    report: AcceptanceReport, times: dict[str, float], gathered: float, adapter: ModelAdapter
+) -> None:
     """The run's own lines: its phases' seconds and, distributed, the world and rank 0's time
-    in collectives (sending, receiving and waiting for slower ranks)."""
+    in collectives (sending, receiving and waiting for slower ranks); what the outputs depend
+    on (:func:`output_conditions`), with a note where the process's GEMM rows are not
+    invariant."""
     world = current_world()
     if world.distributed:
         times["gather (rank 0)"] = gathered
         report.world = world.describe()
     report.timings = {k: round(v, 3) for k, v in times.items()}
+    report.outputs_depend_on = output_conditions(adapter)
+    if report.outputs_depend_on.get("float_gemm_rows_invariant") is False:
+        report.notes.append(BATCH_DEPENDENT_NOTE)
 
 
 def rank_latency_notes(world: World, figures: LatencyFigures) -> list[str]:

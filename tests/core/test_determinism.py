@@ -72,3 +72,12 @@ def test_the_report_says_what_outputs_depend_on(monkeypatch, invariant):
         "float_gemm_rows_invariant": invariant,
         "torch": torch.__version__,
     }
+    # the report carries them, and a note where the rows are not invariant
+    from opsnn_quant.evaluation.evaluate import BATCH_DEPENDENT_NOTE, _stamp_run
+    from opsnn_quant.evaluation.report import AcceptanceReport
+
+    report = AcceptanceReport(suite="s", task="asr", verdict="PASS")
+    _stamp_run(report, {"baseline outputs": 1.0}, 0.0, Adapter())  # type: ignore[arg-type]
+    assert report.outputs_depend_on["float_gemm_rows_invariant"] is invariant
+    assert (BATCH_DEPENDENT_NOTE in report.notes) is (not invariant)
+    assert report.timings == {"baseline outputs": 1.0}
