@@ -10,6 +10,12 @@
 # may already hold the vllm wheel and the vllm-ascend sdist (checked against the same sha256s),
 # to skip their download.
 #
+# No package index is named here: the two files pinned below (name and sha256) are looked up in
+# the indexes pip itself is configured with (PIP_INDEX_URL / PIP_EXTRA_INDEX_URL, `pip config`'s
+# index-url and extra-index-url, else the default index pip holds), through the simple
+# repository API (PEP 691 JSON, PEP 503 HTML), and downloaded from the address that index gives;
+# the sha256 decides whether the bytes are the pinned ones, wherever they came from.
+#
 # MindIE-SD 3.1.0 (PyPI `mindiesd`, a cp311 manylinux wheel: Python 3.11): its Python code is
 # what the test runs; its native libraries (ops/vendors/*.so, plugin/torch21x/libPTAExtensionOPS.so)
 # are never loaded, since the torch_npu stand-in reports no NPU. `--no-deps`: its declared
@@ -18,8 +24,9 @@
 # wcmatch are optional (imported in try/except).
 #
 # vLLM 0.23.0 (PyPI `vllm`, a manylinux abi3 wheel built for CUDA and torch 2.11): its Python
-# files only. The wheel is fetched (pinned by URL and sha256) and unpacked without its *.so
-# (vllm/_C.abi3.so, the flash-attention and MoE kernels...): nothing native of it exists here,
+# files only. The wheel is fetched (pinned by file name and sha256, from pip's indexes) and
+# unpacked without its *.so (vllm/_C.abi3.so, the flash-attention and MoE kernels...): nothing
+# native of it exists here,
 # and vLLM imports it guarded (vllm/platforms/interface.py:250-257). Its declared dependencies
 # are not installed (`--no-deps` in effect): torch is the project's; the pure-Python or CPU-wheel
 # packages the conformance test's import closure needs and the project's venv lacks are
@@ -27,8 +34,9 @@
 #
 # vllm-ascend 0.23.0.post1 (PyPI `vllm-ascend`): an sdist only, whose build (setup.py: CMake,
 # CANN, triton-ascend==3.2.2) cannot run here: `pip download`/`pip install` of it fails. The
-# tarball is fetched (pinned by URL and sha256) and its `vllm_ascend/` Python package unpacked, plus
-# the one file its build generates, vllm_ascend/_build_info.py (setup.py:153-193 gen_build_info:
+# tarball is fetched (pinned by file name and sha256, from pip's indexes) and its `vllm_ascend/`
+# Python package unpacked, plus the one file its build generates, vllm_ascend/_build_info.py
+# (setup.py:153-193 gen_build_info:
 # `__device_type__` from the SoC, here 'A2' = Atlas A2 / 910B, as the 910B targets are).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -37,11 +45,9 @@ PY="${PYTHON:-python}"
 
 VLLM_VERSION=0.23.0
 VLLM_WHEEL=vllm-0.23.0-2-cp38-abi3-manylinux_2_28_x86_64.whl
-VLLM_URL=https://files.pythonhosted.org/packages/eb/26/c66d588cc14f91d020294ecddaefe4ce698abdcb140612feec36a4c0aecd/$VLLM_WHEEL
 VLLM_SHA256=872aeb7c36a1ea942216af067ce870ffdf960804e829367e1b4eb36d4831c03c
 ASCEND_VERSION=0.23.0.post1
 ASCEND_SDIST=vllm_ascend-0.23.0.post1.tar.gz
-ASCEND_URL=https://files.pythonhosted.org/packages/ab/7a/32a1b1f13467fb7372588206fa1ffb735f28dcd8504d562f5c7ccdbd90d0/$ASCEND_SDIST
 ASCEND_SHA256=a3b9f4a5dd7aa50c37e03d1f35937c4ae5aeacc49b734cac74d59ce5757738e1
 # What vLLM's and vllm-ascend's import closure (vLLM's config, loader, Linear layers, Whisper
 # model; vllm-ascend's ModelSlim config, linear methods, Ascend ops) needs beyond the project's
@@ -68,10 +74,10 @@ install() {  # install NAME PIP-ARGS...: into $DIR/NAME, atomically (a failed in
   echo "engines: $name in $target"
 }
 
-fetch() {  # fetch FILE URL SHA256 -> prints the path of the verified file
+fetch() {  # fetch FILE PROJECT SHA256 -> prints the path of the verified file
   "$PY" - "$@" "${OPSNN_QUANT_ENGINE_DOWNLOADS:-}" "$DIR/.downloads" <<'EOF'
-import hashlib, os, shutil, sys, urllib.request
-name, url, sha, cache, into = sys.argv[1:6]
+import hashlib, html, json, os, re, shutil, subprocess, sys, urllib.parse, urllib.request
+name, project, sha, cache, into = sys.argv[1:6]
 
 def digest(path):
     h = hashlib.sha256()
@@ -80,10 +86,51 @@ def digest(path):
             h.update(block)
     return h.hexdigest()
 
+def indexes():
+    """The indexes pip would search, in its order: its index-url, then its extra-index-urls."""
+    main, extra = os.environ.get("PIP_INDEX_URL"), os.environ.get("PIP_EXTRA_INDEX_URL", "").split()
+    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"],
+                            capture_output=True, text=True).stdout.splitlines()
+    for line in listed:
+        key, _, value = line.partition("=")
+        value = value.strip().strip("'\"")
+        if key.endswith(".index-url") and not main:
+            main = value
+        elif key.endswith(".extra-index-url"):
+            extra += value.split()
+    if not main:
+        from pip._internal.models.index import PyPI  # the default pip itself holds
+        main = PyPI.simple_url
+    return [main, *extra]
+
+def locate(index):
+    """The download address of ``name`` on ``index`` (simple API), or None."""
+    page = index.rstrip("/") + "/" + re.sub(r"[-_.]+", "-", project).lower() + "/"
+    accept = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(page, headers={"Accept": accept}),
+                                    timeout=120) as r:
+            kind, body = r.headers.get("Content-Type", ""), r.read()
+    except (OSError, ValueError):
+        return None
+    if "json" in kind:
+        links = [(f["filename"], f["url"]) for f in json.loads(body).get("files", [])]
+    else:
+        links = [(html.unescape(text).strip(), html.unescape(href)) for href, text in
+                 re.findall(r'<a[^>]*href="([^"]+)"[^>]*>([^<]*)</a>', body.decode("utf-8", "replace"))]
+    for filename, url in links:
+        if filename == name:
+            return urllib.parse.urljoin(page, url)
+    return None
+
 for path in (os.path.join(cache, name) if cache else "", os.path.join(into, name)):
     if path and os.path.isfile(path) and digest(path) == sha:
         print(path)
         sys.exit(0)
+searched = indexes()
+url = next((u for u in map(locate, searched) if u), None)
+if url is None:
+    sys.exit(f"engines: {name} is on none of pip's indexes ({len(searched)} searched)")
 os.makedirs(into, exist_ok=True)
 path, part = os.path.join(into, name), os.path.join(into, name + ".part")
 with urllib.request.urlopen(url, timeout=120) as r, open(part, "wb") as f:
@@ -91,7 +138,7 @@ with urllib.request.urlopen(url, timeout=120) as r, open(part, "wb") as f:
 got = digest(part)
 if got != sha:
     os.remove(part)
-    sys.exit(f"engines: {name}: sha256 {got}, expected {sha} ({url})")
+    sys.exit(f"engines: {name}: sha256 {got}, expected {sha}")
 os.replace(part, path)
 print(path)
 EOF
@@ -106,7 +153,7 @@ install mindiesd-3.1.0 mindiesd==3.1.0 einops==0.8.2
 # vLLM: its pinned dependencies, then the wheel's files but its native libraries
 VLLM_DIR="$DIR/vllm-$VLLM_VERSION"
 if [ ! -f "$VLLM_DIR/.complete" ]; then
-  wheel="$(fetch "$VLLM_WHEEL" "$VLLM_URL" "$VLLM_SHA256")"
+  wheel="$(fetch "$VLLM_WHEEL" vllm "$VLLM_SHA256")"
   rm -rf "$VLLM_DIR" "$VLLM_DIR.partial"
   "$PY" -m pip install -q --disable-pip-version-check --no-deps --target "$VLLM_DIR.partial" \
     "${VLLM_DEPS[@]}"
@@ -126,7 +173,7 @@ fi
 # vllm-ascend: the sdist's Python package and the file its build would generate
 ASCEND_DIR="$DIR/vllm-ascend-$ASCEND_VERSION"
 if [ ! -f "$ASCEND_DIR/.complete" ]; then
-  sdist="$(fetch "$ASCEND_SDIST" "$ASCEND_URL" "$ASCEND_SHA256")"
+  sdist="$(fetch "$ASCEND_SDIST" vllm-ascend "$ASCEND_SHA256")"
   rm -rf "$ASCEND_DIR" "$ASCEND_DIR.partial"
   "$PY" - "$sdist" "$ASCEND_DIR.partial" "vllm_ascend-$ASCEND_VERSION/" <<'EOF'
 import os, sys, tarfile
