@@ -184,8 +184,8 @@ def test_calibrate_a_model_whose_tokenizer_file_links_out(tiny, tmp_path, monkey
     line = _refused(["calibrate", str(r), "-o", str(out)], capsys, out)
     assert line == (
         f"error: model file {pipe}/tokenizer/merges.txt resolves to {tmp_path}/secret.txt, "
-        f"outside {pipe}; an export copies only regular files inside the model directory: "
-        "replace it with the file itself (or remove it)"
+        f"outside {pipe}; opsnn-quant reads (and exports) only regular files inside the model "
+        "directory: replace it with the file itself (a copy or a hard link) or remove it"
     )
     # the same with --model and no recipe
     line = _refused(["calibrate", "--model", str(pipe), "--data", str(root / "prompts.txt"),

@@ -119,15 +119,16 @@ def check_weights(source: str, *, allow_pickle: bool = False) -> None:
     that are no model directory pass: loading says what is wrong with those.
 
     Raises:
-        ModelLoadError: pickle-only weights and ``allow_pickle`` is False; a file an export
-            would copy that is no regular file inside the directory
-            (:func:`~opsnn_quant.models.confine.check_export_sources`).
+        ModelLoadError: pickle-only weights and ``allow_pickle`` is False; a file the loaders
+            read (or an export copies) that is no regular file inside the directory, a weight
+            file linked out of it included
+            (:func:`~opsnn_quant.models.loader_files.check_model_sources`).
     """
     from pathlib import Path
 
-    from opsnn_quant.models.confine import check_export_sources
+    from opsnn_quant.models.loader_files import check_model_sources
 
-    check_export_sources(source)
+    check_model_sources(source)
     path = Path(source)
     check_model_files(source)
     if allow_pickle or split_source(source) is not None or not path.is_dir():

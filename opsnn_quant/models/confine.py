@@ -4,8 +4,9 @@ A data folder's ``metadata.jsonl`` names its audio files, a model directory hold
 files an export copies byte for byte: a name such as ``../../etc/passwd``, an absolute path, or
 a symbolic link leading out of the folder would read (and, for an export, publish) a file the
 user never meant to hand over; a FIFO or a device named there blocks forever or never ends.
-:func:`escape` says what is wrong with such a file; :func:`check_export_sources` checks every
-file an export will copy from a model directory before any work starts.
+:func:`escape` says what is wrong with such a file;
+:func:`~opsnn_quant.models.loader_files.check_model_sources` checks every file the loaders read
+(and an export copies) from a model directory before any work starts.
 
 One exception: a Hugging Face hub cache snapshot (``<cache>/models--<org>--<name>/snapshots/
 <revision>``, also ``datasets--``) keeps its files as links into the repository's own
@@ -18,12 +19,9 @@ import os
 import stat
 from pathlib import Path
 
-from opsnn_quant.errors import ModelLoadError
 from opsnn_quant.ownership import LEDGER, MARKER
 
 OURS = (MARKER, LEDGER)  # our bookkeeping in a model directory is not the model's
-# Weight files are loaded (and checked by their loaders), not copied as helpers (the exporter's).
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack", ".h5", ".onnx")
 
 
 DIRECTORY = "is a directory, not a regular file"
@@ -87,31 +85,3 @@ def not_regular(path: Path) -> str | None:
     if not stat.S_ISREG(mode):
         return f"is {_kind(mode)}, not a regular file"
     return None
-
-
-def check_export_sources(source: str) -> None:
-    """Refuse a model directory a file of which an export would copy although it is no regular
-    file inside the directory (a link leading out of it, a FIFO, a device); weight files, read
-    by the loaders and not copied, are not looked at here (the exporter checks every file it
-    copies again). Named sources (``zoo:...``) and paths that are no directory pass.
-
-    Raises:
-        ModelLoadError: such a file, named with the reason.
-    """
-    root = Path(source)
-    if not root.is_dir():
-        return
-    for path in sorted(root.rglob("*")):
-        if path.name in OURS or path.name.endswith(WEIGHT_SUFFIXES):
-            continue
-        why = escape(path, root)
-        if why is not None and why != DIRECTORY:
-            raise ModelLoadError(export_refusal(path, why))
-
-
-def export_refusal(path: Path, why: str) -> str:
-    """The one-line refusal of a model file an export would copy."""
-    return (
-        f"model file {path} {why}; an export copies only regular files inside the model "
-        "directory: replace it with the file itself (or remove it)"
-    )

@@ -3,14 +3,21 @@
 Layout. A diffusers pipeline (a source directory with ``model_index.json``) comes out as a
 diffusers pipeline directory: every component holding a quantized Linear becomes an AscendV1
 directory (``unet/``, ``transformer/``, ``text_encoder/``: its ``config.json`` and helper files,
-``quant_model_description.json``, ``quant_model_weights.safetensors``), the other components and
-top-level files are copied untouched. Any other model (a transformers directory) comes out as one
-AscendV1 directory. Tensor names are the component's own ``state_dict`` names, as msModelSlim
-writes them for ``pipeline.transformer`` (``ascendv1.md`` §7) and as the engines look them up.
+``quant_model_description.json``, ``quant_model_weights.safetensors``), the other components
+``model_index.json`` names and the top-level helper files are copied untouched. Any other model
+(a transformers directory) comes out as one AscendV1 directory. Tensor names are the component's
+own ``state_dict`` names, as msModelSlim writes them for ``pipeline.transformer``
+(``ascendv1.md`` §7) and as the engines look them up.
 
-Helper files: msModelSlim's ``copy_files`` copies ``*.json/*.py/*.txt/*.jinja``; we copy every
-file that is not a weight file (tokenizer models included) and, as its
-``remove_quantization_config`` does, drop ``quantization_config`` from ``config.json``.
+What is copied: what the engines read, nothing else
+(:mod:`opsnn_quant.models.loader_files`: vLLM / vllm-ascend and diffusers read a model's configs,
+tokenizer and processor files, chat templates, remote code and weights, at the top of the model
+directory or of a component the index names; msModelSlim's ``copy_files`` globs
+``*.json/*.py/*.txt/*.jinja`` are the floor). A dotfile, a dot-directory (``.git/``,
+``.cache/``), a key, a ``README.md``, a folder the index does not name stay behind, and the
+notes say so. Each file is a regular file inside the model directory, written with a mode no
+wider than its source's (a 0600 file stays 0600). As msModelSlim's
+``remove_quantization_config`` does, ``quantization_config`` is dropped from ``config.json``.
 Weights: one file below :data:`DEFAULT_SHARD_BYTES` (MindIE-SD opens exactly one file), else
 msModelSlim's shards + index.
 
@@ -24,7 +31,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
+import stat
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,22 +50,23 @@ from opsnn_quant.formats.ascendv1.writer import CONV_REASON, ComponentExport, co
 from opsnn_quant.formats.safetensors_io import read_header, tensor_bytes, write_tensors
 from opsnn_quant.io import empty_dir
 from opsnn_quant.models.base import ModelAdapter
-from opsnn_quant.models.confine import (
-    DIRECTORY,
-    WEIGHT_SUFFIXES,
-    check_export_sources,
-    escape,
-    export_refusal,
+from opsnn_quant.models.confine import DIRECTORY, escape
+from opsnn_quant.models.loader_files import (
+    ModelFiles,
+    check_model_sources,
+    is_weight,
+    model_files,
+    refusal,
 )
 from opsnn_quant.models.offload import BlockOffload, offload_of
-from opsnn_quant.ownership import LEDGER, MARKER
 from opsnn_quant.quant.modules import QuantLinear, QuantModule
 
 log = logging.getLogger(__name__)
 OUTPUT_KIND = "ascendv1"
 DEFAULT_SHARD_BYTES = 4 * 2**30  # msModelSlim's part_file_size default, 4 GB
-OURS = (MARKER, LEDGER)  # our bookkeeping in a source directory is not the model's
 LINEARS = (nn.Linear, QuantLinear)
+WEIGHT_INDEXES = (".safetensors.index.json", ".bin.index.json")  # a float component's shards'
+SHOWN = 12  # entries a copied / left-out note names before "+N more"
 
 
 @dataclass
@@ -68,12 +78,18 @@ class AscendV1Export:
         components: component name (``""`` for a single model) -> its export, for the
             components written as AscendV1.
         copied: components copied untouched from the source.
-        notes: one line per module not exported in its quantized form, and per caveat.
+        helpers: what was copied from the model directory, relative to it (a folder copied
+            whole as ``name/``).
+        left_out: what of the model directory no engine reads, so was not copied -> why.
+        notes: one line per module not exported in its quantized form, and per caveat; then
+            what was copied and what left out.
     """
 
     path: Path
     components: dict[str, ComponentExport] = field(default_factory=dict)
     copied: list[str] = field(default_factory=list)
+    helpers: list[str] = field(default_factory=list)
+    left_out: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
@@ -105,39 +121,47 @@ def _source_keys(directory: Path) -> set[str] | None:
     return {k for f in files for k in read_header(f)}
 
 
-def _files(src: Path, root: Path) -> list[Path]:
-    """The files under ``src`` an export may copy, each a regular file inside the model
-    directory ``root`` (a link resolving inside it stands for the file it names).
+def _copy_file(path: Path, dst: Path, root: Path, edit: Callable[[str], str] | None = None) -> None:
+    """Copy ``path``, a regular file inside the model directory ``root`` (a link inside: the
+    file it names), to ``dst`` with a mode no wider than its own (``copyfile`` gave a 0600
+    key 0644); ``edit``: the text written instead of the file's own.
 
     Raises:
-        ModelLoadError: a link leading out of ``root`` (a folder's included), or an entry that
-            is no regular file (a FIFO, a device, a broken link).
+        ModelLoadError: a link leading out of ``root``, or no regular file (a FIFO is opened
+            without waiting and refused).
     """
-    out = []
-    for path in sorted(src.rglob("*")):
-        if path.name in OURS:
-            continue
-        why = escape(path, root)
-        if why is not None and why != DIRECTORY:
-            raise ModelLoadError(export_refusal(path, why))
-        if why is None:
-            out.append(path)
-    return out
+    why = escape(path, root)
+    if why is not None:
+        raise ModelLoadError(refusal(path, why))
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as src:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # replaced since it was looked at
+            raise ModelLoadError(refusal(path, "is not a regular file"))
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        with os.fdopen(os.open(dst, flags, stat.S_IMODE(mode) & 0o666), "wb") as out:
+            if edit is None:
+                shutil.copyfileobj(src, out, 1 << 20)
+            else:
+                text = src.read().decode("utf-8", "surrogateescape")  # bytes kept as read
+                out.write(edit(text).encode("utf-8", "surrogateescape"))
 
 
-def _copy_helpers(src: Path, dst: Path, root: Path, params_dtype: str | None = None) -> None:
-    for path in _files(src, root):
-        rel = path.relative_to(src)
-        if path.name.endswith(WEIGHT_SUFFIXES) or path.name.endswith(".index.json"):
+def _copy_helpers(
+    files: ModelFiles, cname: str, dst: Path, params_dtype: str | None = None
+) -> list[str]:
+    """A component written as AscendV1 (``""``: the model itself): its helper files, not its
+    float weights (nor their index); returns what was copied, relative to the model directory."""
+    done = []
+    for path in files.read.get(cname, []):
+        name = path.name
+        if is_weight(name) or name.endswith(WEIGHT_INDEXES) or name.startswith("quant_model_"):
             continue
-        if path.name.startswith("quant_model_"):
-            continue
-        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-        if rel == Path("config.json"):
-            text = path.read_text(encoding="utf-8")
-            (dst / rel).write_text(_engine_config(text, params_dtype))
-        else:
-            shutil.copyfile(path, dst / rel)  # a link inside the model: the file it names
+        edit = (lambda text: _engine_config(text, params_dtype)) if name == "config.json" else None
+        _copy_file(path, dst / name, files.root, edit)
+        done.append(path.relative_to(files.root).as_posix())
+    return done
 
 
 def _engine_config(text: str, params_dtype: str | None) -> str:
@@ -170,25 +194,29 @@ def _engine_config(text: str, params_dtype: str | None) -> str:
     return json.dumps(doc, indent=2, sort_keys=True) + "\n" if changed else text
 
 
-def _copy_tree(src: Path, dst: Path, root: Path) -> None:
-    why = escape(src, root)
+def _copy_tree(files: ModelFiles, cname: str, dst: Path) -> list[str]:
+    """A component copied untouched: the helper and weight files its loader reads."""
+    folder = files.root / cname
+    why = escape(folder, files.root)
     if why is not None and why != DIRECTORY:
-        raise ModelLoadError(export_refusal(src, why))
-    for path in _files(src, root):
-        (dst / path.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, dst / path.relative_to(src))
+        raise ModelLoadError(refusal(folder, why))
+    dst.mkdir(parents=True, exist_ok=True)
+    for path in files.read.get(cname, []):
+        _copy_file(path, dst / path.name, files.root)
+    return [f"{cname}/"]
 
 
 def _write_component(
     export: ComponentExport,
-    src: Path,
+    files: ModelFiles,
+    cname: str,
     dst: Path,
     shard_bytes: int,
-    root: Path,
     linears: Collection[str] = (),
-) -> None:
+) -> list[str]:
     dst.mkdir(parents=True, exist_ok=True)
-    _copy_helpers(src, dst, root, export.params_dtype if export.int8 else None)
+    src = files.root / cname if cname else files.root
+    copied = _copy_helpers(files, cname, dst, export.params_dtype if export.int8 else None)
     # the keys vLLM's model class asks vLLM-Ascend's quantization config for, where its layer
     # prefixes are not the checkpoint's names (vLLM 0.23.0's Whisper: a KeyError while the model
     # is built otherwise; see opsnn_quant.formats.ascendv1.vllm_prefixes)
@@ -206,6 +234,7 @@ def _write_component(
     )
     # indent 4 as AscendV1Saver's JsonWriter; keys in a fixed order: same model, same bytes
     (dst / DESCRIPTION_FILE).write_text(json.dumps(export.description, indent=4) + "\n")
+    return copied
 
 
 def export_ascendv1(
@@ -236,7 +265,7 @@ def export_ascendv1(
     from opsnn_quant.sources import model_path
 
     source = source_dir or model_path(adapter.model_id)
-    check_export_sources(str(source))  # the files copied below: before anything is written
+    check_model_sources(str(source))  # the files copied below: before anything is written
     model = adapter.model
     components = _components(model, source)
     # an offloaded model (--max-memory): block by block, each tensor read again from its
@@ -274,9 +303,10 @@ def _export(
     scope = _component_of(list(components))
     folds, refused = plan_folds(model, smooth, calls, scope) if smooth else ([], {})
     result = AscendV1Export(Path(out))
+    files = model_files(source)
     tmp = empty_dir(out)
     if "" not in components:
-        _copy_top(source, tmp, list(components))
+        result.helpers += _copy_top(files, tmp, list(components))
     for cname, module in components.items():
         src, dst = (source / cname, tmp / cname) if cname else (source, tmp)
         mine = [
@@ -295,31 +325,50 @@ def _export(
             v != "FLOAT" for k, v in export.description.items() if k.endswith(".weight")
         )
         if cname and not quantized:
-            _copy_tree(src, dst, source)
+            result.helpers += _copy_tree(files, cname, dst)
             result.copied.append(cname)
             convs = [n for n, r in export.exported_float.items() if r == CONV_REASON]
             export.exported_float = {n: CONV_REASON + " (original float weights: the "
                                      "component is copied from the source)" for n in convs}  # fmt: skip
         else:
             linears = [n for n, m in module.named_modules() if isinstance(m, LINEARS)]
-            _write_component(export, src, dst, shard_bytes, source, linears)
+            result.helpers += _write_component(export, files, cname, dst, shard_bytes, linears)
             result.components[cname] = export
         result.notes += _notes(cname, export)
+    result.helpers.sort()
+    result.left_out = dict(files.left_out)
+    result.notes += _copied_notes(result.helpers, result.left_out)
     return result
 
 
-def _copy_top(source: Path, tmp: Path, components: list[str]) -> None:
-    """A pipeline's top-level files and the directories that are not model components."""
-    for path in sorted(source.iterdir()):
-        if path.name in OURS:
-            continue
-        why = escape(path, source)
-        if why is None:
-            shutil.copyfile(path, tmp / path.name)
-        elif why != DIRECTORY:
-            raise ModelLoadError(export_refusal(path, why))
-        elif path.name not in components:
-            _copy_tree(path, tmp / path.name, source)
+def _copy_top(files: ModelFiles, tmp: Path, components: list[str]) -> list[str]:
+    """A pipeline's top-level helper files (``model_index.json``) and the components its index
+    names that are no model modules (tokenizer, scheduler, feature extractor)."""
+    done = []
+    for path in files.read[""]:
+        _copy_file(path, tmp / path.name, files.root)
+        done.append(path.name)
+    for cname in files.read:
+        if cname and cname not in components:
+            done += _copy_tree(files, cname, tmp / cname)
+    return done
+
+
+def _copied_notes(copied: list[str], left_out: Mapping[str, str]) -> list[str]:
+    """What was copied from the model directory, and what was left out, grouped by why."""
+    notes = [f"copied from the model directory: {_listed(copied) or 'nothing'}"]
+    by_why: dict[str, list[str]] = {}
+    for name, why in left_out.items():
+        by_why.setdefault(why, []).append(name)
+    if by_why:
+        groups = "; ".join(f"{_listed(names)} ({why})" for why, names in sorted(by_why.items()))
+        notes.append(f"left out (no engine reads them): {groups}")
+    return notes
+
+
+def _listed(names: Sequence[str]) -> str:
+    more = len(names) - SHOWN
+    return ", ".join(names[:SHOWN]) + (f", +{more} more" if more > 0 else "")
 
 
 def _notes(cname: str, export: ComponentExport) -> list[str]:

@@ -35,6 +35,7 @@ from safetensors import safe_open
 from torch import nn
 
 from opsnn_quant.ascend import engines
+from opsnn_quant.core.safetensors_header import read_safetensors_header
 from opsnn_quant.core.timesteps import current_step
 from opsnn_quant.errors import CheckpointError
 
@@ -120,7 +121,9 @@ def read_mindie_sd(description: str | Path) -> MindieSdCheckpoint:
 
     Raises:
         MindieSdError: a file check fails, a rank-suffixed name, a description that is not a
-            JSON object, or a ``model_quant_type`` missing or not a ``QuantAlgorithm`` value.
+            JSON object, a ``model_quant_type`` missing or not a ``QuantAlgorithm`` value, or a
+            weight file whose safetensors header is malformed
+            (:func:`~opsnn_quant.core.safetensors_header.read_safetensors_header`).
     """
     path = Path(description)
     if path.stem.rpartition("_")[2].isdigit():
@@ -143,6 +146,9 @@ def read_mindie_sd(description: str | Path) -> MindieSdCheckpoint:
         )
     weights = path.parent / f"quant_model_weight_{qtype.lower()}.safetensors"
     check_file(weights, WEIGHT_MAX_BYTES)
+    # its header checked before safetensors maps the file (a tampered one: one line, not a
+    # SafetensorError traceback nor an allocation of the size it claims)
+    read_safetensors_header(weights, error=MindieSdError)
     return MindieSdCheckpoint(desc, qtype, weights)
 
 
