@@ -167,8 +167,11 @@ def evaluate(
         baseline_backend: Label of the baseline's eager timing (default: its device, ``cpu``).
         allow_pickle: Read a suite CLIP directory that has pickle weights only (with
             ``torch.load(weights_only=True)``); False: refused before anything is generated.
-        allow_broken_baseline: A baseline whose outputs are mostly empty or flat (a broken or
-            random float model) is reported instead of failing the verdict.
+        allow_broken_baseline: A baseline whose outputs are mostly empty, flat or one token
+            repeated, or of silent inputs, whose error rate is above 100 %, or with outputs
+            computed from NaN (a broken or random float model; :data:`~.runner.OUTPUT_CHECKS`)
+            is reported instead of failing the verdict. A candidate with outputs computed
+            from NaN fails whatever this says.
 
     Returns:
         The :class:`AcceptanceReport`; the outputs of both models (images or transcripts, in
@@ -432,9 +435,12 @@ class QualityInputs:
         from opsnn_quant.evaluation.runner import asr_quality, t2i_quality
 
         if self.suite.task != "t2i":
+            from opsnn_quant.models.data import is_silent
+
             return asr_quality(
                 self.references, baseline, candidate, confidence=confidence,
                 normalize=self.suite.text_norm(),
+                silent=[isinstance(x, np.ndarray) and is_silent(x) for x in self.inputs],
             )  # fmt: skip
         n = len(self.inputs)
         return t2i_quality(
@@ -496,6 +502,7 @@ def _generate(
     what = (f"generating {n * len(suite.seeds)} images" if suite.task == "t2i"
             else f"transcribing {n} utterances")  # fmt: skip
     say(f"{what} with the baseline (float)")
+    baseline.nan_outputs = candidate.nan_outputs = 0
     t1 = time.perf_counter()
     base_out = generate_outputs(baseline, suite, metrics.inputs)
     say(f"{what} with the candidate")
@@ -509,11 +516,24 @@ def _generate(
     extracted = metrics.shared_features(world, base_out, cand_out)
     level = suite.metrics.confidence
     quality = world.from_main(lambda: metrics.quality(base_out, cand_out, extracted, level))
+    quality.measured.update(nan_shares(world, baseline, candidate, len(base_out)))
     times["baseline outputs"], times["candidate outputs"] = t2 - t1, t3 - t2
     times["quality metrics"] = (t1 - t0) + (time.perf_counter() - t3)  # with loading them
     batch = metrics.inputs[: suite.generation.batch_size]
     kwargs = {"seed": 0} if suite.task == "t2i" else {}
     return _Generated(quality, base_out, cand_out, _workload(batch, **kwargs), len(batch))
+
+
+def nan_shares(
+    world: World, baseline: ModelAdapter, candidate: ModelAdapter, outputs: int
+) -> dict[str, float]:
+    """The share of each model's ``outputs`` that generate computed from NaN
+    (:attr:`~opsnn_quant.models.base.ModelAdapter.nan_outputs`, summed over the ranks, each of
+    which generated its share): ``baseline_nan_share`` and ``candidate_nan_share``."""
+    counts = world.gather(lambda: [(baseline.nan_outputs, candidate.nan_outputs)])
+    base, cand = (sum(c[i] for c in counts) for i in (0, 1))
+    n = max(outputs, 1)
+    return {"baseline_nan_share": base / n, "candidate_nan_share": cand / n}
 
 
 def _workload(batch: list[Any], **kwargs: Any) -> Callable[[ModelAdapter], Callable[[], Any]]:

@@ -254,14 +254,21 @@ def contribute_statistics(
 
 
 def load_data(recipe: Recipe, say: Progress, metric_suite: Suite | None = None) -> CalibrationData:
-    """The recipe's calibration (and held-out) records, and the slice ``budget.metric`` is
+    """The recipe's calibration (and held-out) records, checked to be what the model takes
+    (:func:`~opsnn_quant.models.data.check_records`), and the slice ``budget.metric`` is
     measured on."""
+    from opsnn_quant.models.data import check_records
+
     say("loading the calibration data")
     calib = recipe.data.load(recipe.data.calibration, recipe.data.limit)
+    family = recipe.model.family
+    check_records(family, calib, f"the calibration data {recipe.data.calibration}")
     limit = recipe.probe.data_limit
     holdout = None
     if recipe.data.holdout:
         holdout = recipe.data.load(recipe.data.holdout, recipe.data.holdout_limit)
+        # before the model loads, not after the whole probe where it is first used
+        check_records(family, holdout, f"the held-out data {recipe.data.holdout}")
     metric = recipe.budget.metric
     sliced = None
     if metric is not None and metric_suite is not None:

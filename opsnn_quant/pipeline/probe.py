@@ -175,11 +175,12 @@ def _load(job: ProbeJob, say: Progress, sharing: Sharing | None) -> tuple[list[A
     """The job's records and float model (and, shared, the ``ready`` meeting)."""
     from opsnn_quant.core.determinism import set_reproducible
     from opsnn_quant.models import load_adapter
-    from opsnn_quant.models.data import load_records
+    from opsnn_quant.models.data import check_records, load_records
 
     set_reproducible(seed=job.config.seed)
     say("loading the calibration data")
     records = load_records(job.data, job.limit, column=job.column, split=job.split)
+    check_records(job.family, records, f"the calibration data {job.data}")
     say(f"loading {job.source}")
     adapter = load_adapter(
         job.family, job.source, device=job.device, dtype=job.dtype,
