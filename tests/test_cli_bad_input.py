@@ -174,6 +174,24 @@ def _negative_macs(doc: dict) -> None:
     next(m for m in doc["modules"] if m["type"] == "Linear")["macs"] = -1
 
 
+def _silent_wavs(d: Path) -> str:
+    """Two 16 kHz recordings of digital silence (one with -90 dBFS dither)."""
+    import wave
+
+    (d / "quiet").mkdir()
+    for name, value in (("a.wav", 0), ("b.wav", 1)):
+        with wave.open(str(d / "quiet" / name), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(16000)
+            w.writeframes(int(value).to_bytes(2, "little", signed=True) * 16000)
+    return str(d / "quiet")
+
+
+def _twice(doc: dict) -> None:
+    doc["modules"].append(dict(doc["modules"][0]))
+
+
 def _with_rules(lines: str) -> Callable[[str], str]:
     return lambda text: text.replace("rules:\n", "rules:\n" + lines)
 
@@ -308,6 +326,13 @@ CASES = [
          2, "--set max_new_tokens: 15 does not fit"),
     Case("whisper default max_new_tokens past max_target_positions", lambda d, r, rec, done: ["probe", str(save_tiny_whisper(d / "w")), "--data", "zoo:speech/eval", "-o", str(d / "o")],
          2, "its decoder takes 16 positions (config.json max_target_positions), 2 of them the prompt; use at most 14"),
+    # issue 58: data the model cannot take or that says nothing, before the model loads
+    Case("all-silent calibration audio", lambda d, r, rec, done: ["calibrate", "--model", str(save_tiny_whisper(d / "w")), "--data", _silent_wavs(d), "--set", "max_new_tokens=8", "-o", str(d / "o")],
+         2, "the calibration data " + "{d}/quiet: all 2 recordings are silent (peak at most 0.0001, -80 dBFS): activation ranges measured on silence mean nothing; give recordings of speech (a whisper model takes 16 kHz audio)"),
+    Case("prompts held out for a whisper model", lambda d, r, rec, done: ["calibrate", "--model", str(save_tiny_whisper(d / "w")), "--data", "zoo:speech/eval", "--limit", "2", "--holdout", str(r / "prompts.txt"), "--set", "max_new_tokens=8", "-o", str(d / "o")],
+         2, "the held-out data {r}/prompts.txt: sample 0 has no audio (a whisper model takes 16 kHz audio)"),
+    Case("probe: all-silent audio", lambda d, r, rec, done: ["probe", str(save_tiny_whisper(d / "w")), "--data", _silent_wavs(d), "--set", "max_new_tokens=8", "-o", str(d / "o")],
+         2, "all 2 recordings are silent"),
     Case("probe: --set typo", lambda d, r, rec, done: ["probe", str(r / "pipe"), "--data", str(r / "prompts.txt"), "--set", "stepz=2", "-o", str(d / "o")],
          2, "diffusers-sd settings: stepz: Extra inputs are not permitted"),
     Case("probe: --set wrong type", lambda d, r, rec, done: ["probe", str(r / "pipe"), "--data", str(r / "prompts.txt"), "--set", "steps=ten", "-o", str(d / "o")],
@@ -381,7 +406,7 @@ def test_bad_input(case, tiny, tmp_path, monkeypatch, capsys):
     assert main(argv) == case.code
     err = _errors(capsys.readouterr().err)
     assert len(err) == 1 and err[0].startswith("error: "), err
-    assert case.line in err[0], err[0]
+    assert case.line.replace("{d}", str(tmp_path)).replace("{r}", str(root)) in err[0], err[0]
     after = {p: p.read_bytes() for p in done.rglob("*") if p.is_file()}
     assert after == before, "the finished output was touched"
     assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]
