@@ -96,6 +96,39 @@ def apply_generation(adapter: ModelAdapter, suite: Suite) -> None:
     adapter.settings = type(settings).model_validate({**settings.model_dump(), **wanted})  # type: ignore[attr-defined]
 
 
+def generation_settings(suite: Suite, family: str) -> dict[str, Any]:
+    """The suite's generation values that ``family``'s settings have: what
+    :func:`apply_generation` gives its models, and what they are loaded and checked with."""
+    from opsnn_quant.models.settings import SETTINGS
+
+    fields = set(SETTINGS[family].model_fields) if family in SETTINGS else set()
+    return {k: v for k, v in suite.generation.model_dump().items() if k in fields and v is not None}
+
+
+def check_suite_fits(
+    suite: Suite, source: str, *, family: str | None = None, settings: dict[str, Any] | None = None
+) -> None:
+    """Refuse, before any model loads, a suite whose generation settings the model at
+    ``source`` cannot run: its values over ``settings`` (the model's own, e.g. a recipe's;
+    None: the family's defaults), validated as a recipe's and checked against the model's
+    config files (:func:`~opsnn_quant.models.settings.check_source_fits`: a Whisper
+    ``max_new_tokens`` past its decoder's positions).
+
+    Raises:
+        ConfigError: a value the family refuses or the model cannot run, named with the suite.
+    """
+    from opsnn_quant.models import guess_family
+    from opsnn_quant.models.settings import check_source_fits, settings_for
+
+    family = family or guess_family(source)
+    where = f"suite {suite.name}: generation."
+    try:
+        checked = settings_for(family, {**(settings or {}), **generation_settings(suite, family)})
+    except ConfigError as exc:
+        raise ConfigError(f"suite {suite.name}: generation: {exc}") from None
+    check_source_fits(source, checked, where)
+
+
 def _clip(name: str | None, allow_pickle: bool = False) -> tuple[Any, Any, str] | None:
     if name is None:
         return None

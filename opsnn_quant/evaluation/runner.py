@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from opsnn_quant.core.determinism import source_date_epoch
 from opsnn_quant.evaluation.gate import (
     LatencyPlan,
     Source,
@@ -300,11 +300,15 @@ def output_criteria(
 
 def _created() -> str:
     """Now, or ``SOURCE_DATE_EPOCH`` when set (the reproducible-builds convention), so that
-    reruns on the same inputs can write byte-identical reports."""
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    reruns on the same inputs can write byte-identical reports.
+
+    Raises:
+        ConfigError: ``SOURCE_DATE_EPOCH`` is not a time (:func:`source_date_epoch`).
+    """
+    epoch = source_date_epoch()
     when = (
-        _dt.datetime.fromtimestamp(int(epoch), _dt.UTC)
-        if epoch and epoch.isdigit()
+        _dt.datetime.fromtimestamp(epoch, _dt.UTC)
+        if epoch is not None
         else _dt.datetime.now(_dt.UTC)
     )
     return when.isoformat(timespec="seconds")

@@ -158,3 +158,8 @@ def test_a_transcript_of_one_unit_repeated_is_a_loop_and_one_containing_a_loop_i
     # without word boundaries the characters count (a Chinese transcript)
     assert one_unit_loop("啊啊啊啊啊", words=False) == "'啊' x5"
     assert one_unit_loop("我们在这里", words=False) is None
+    # a token without a leading space, decoded eight times: one "word"
+    assert one_unit_loop("virtualvirtualvirtualvirtualvirtualvirtualvirtualvirtual") == (
+        "'virtual' x8"
+    )
+    assert one_unit_loop("virtualvirtualvirtual") is None  # three times
