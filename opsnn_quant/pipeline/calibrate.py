@@ -144,7 +144,7 @@ def run_calibrate(
             or its ``probe.json``): refused unless made with this run's settings on this run's
             model and data (see :func:`reusable_probe`).
         allow_broken_baseline: the acceptance run judges the candidate even when the float
-            baseline's outputs are mostly empty or flat.
+            baseline is broken (:data:`~opsnn_quant.evaluation.runner.OUTPUT_CHECKS`).
         resume: go on from the phases an interrupted run of the same command finished (kept in
             its temporary directory; see :mod:`opsnn_quant.pipeline.resume`).
         sharing: rank 0 of a distributed run: the probe's pass 1 runs over this rank's share
@@ -272,7 +272,9 @@ def load_data(recipe: Recipe, say: Progress, metric_suite: Suite | None = None) 
     metric = recipe.budget.metric
     sliced = None
     if metric is not None and metric_suite is not None:
-        say(f"loading the slice budget.metric is measured on ({metric_source(metric)})")
+        say(
+            f"loading the slice budget.metric is measured on ({metric_source(metric, metric_suite)})"
+        )
         sliced = slice_records(metric, metric_suite)
     return CalibrationData(calib, calib[:limit] if limit else calib, holdout, sliced)
 
