@@ -180,12 +180,13 @@ def _load(job: ProbeJob, say: Progress, sharing: Sharing | None) -> tuple[list[A
     set_reproducible(seed=job.config.seed)
     say("loading the calibration data")
     records = load_records(job.data, job.limit, column=job.column, split=job.split)
-    check_records(job.family, records, f"the calibration data {job.data}")
     say(f"loading {job.source}")
     adapter = load_adapter(
         job.family, job.source, device=job.device, dtype=job.dtype,
         allow_pickle=job.allow_pickle, max_memory=job.max_memory, **job.settings,
     )  # fmt: skip
+    # after the load, which says first when --family is not the model's; before any pass
+    check_records(job.family, records, f"the calibration data {job.data}")
     if sharing is not None:
         sharing.ready(adapter, records)
     return records, adapter
