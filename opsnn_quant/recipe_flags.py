@@ -109,7 +109,7 @@ def _apply(data: dict[str, Any], flags: RecipeFlags) -> dict[str, Any]:
         check_model_source(flags.model)
         model = {k: v for k, v in model.items() if k not in ("source", "family", "settings")}
         model["source"] = flags.model
-    if flags.model is not None:  # resolved once it is known to be a model
+    if flags.model is not None:  # absolute, as recipe.yaml records it (from_cwd)
         model["source"] = from_cwd(model["source"])
     if flags.family is not None:
         model["family"] = flags.family

@@ -247,7 +247,7 @@ class OutputCheck:
 OUTPUT_CHECKS: tuple[OutputCheck, ...] = (
     OutputCheck("baseline_error_rate", "baseline_error_points", "baseline error rate (%)",
                 BASELINE_ERROR_MAX_POINTS, "baseline",
-                "the baseline's {label} is {value:.1f}: more errors than reference words"),
+                "{label}: {value:.1f}, more errors than the references have words (characters)"),
     OutputCheck("baseline_finite", "baseline_nan_share", "baseline outputs from NaN (share)", 0.0,
                 "baseline", "{value:.0%} of the baseline's outputs were computed from NaN"),
     OutputCheck("candidate_finite", "candidate_nan_share", "candidate outputs from NaN (share)",
@@ -383,10 +383,11 @@ def build_report(
                        unmeasured_why=why, intervals=quality.intervals,
                        samples=quality.samples)  # fmt: skip
     whose = {"baseline": baseline_backend, "candidate": quality_backend}
+    whose_of = {c.key: c.whose for c in OUTPUT_CHECKS}
     for check in output_criteria(measured, quality.labels, whose, allow_broken_baseline):
         criteria.append(check)
         if check.status != "PASS":
-            all_notes.append(f"{check.key.split('_')[0]} check: {check.note}")
+            all_notes.append(f"{whose_of[check.key]} check: {check.note}")
     result = overall_verdict(criteria)
     if criteria and all(c.status == NOT_JUDGED for c in criteria):
         all_notes.append(NOTHING_JUDGED_NOTE)
