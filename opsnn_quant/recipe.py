@@ -390,6 +390,12 @@ PATH_FIELDS = (
 )
 
 
+def is_suite_path(value: str) -> bool:
+    """Whether a suite given by name or path (``budget.metric.suite``) is a path: a YAML file
+    name or one with a directory; else a built-in suite's name."""
+    return value.endswith((".yaml", ".yml")) or "/" in value
+
+
 def _resolve_paths(data: dict[str, Any], path: Path, node: Any) -> None:
     """Make the relative paths of ``data`` (a recipe file's fields) relative to its directory,
     in place; one that does not exist there is an error naming that directory. A named source
@@ -404,7 +410,7 @@ def _resolve_paths(data: dict[str, Any], path: Path, node: Any) -> None:
         value = parent.get(keys[-1]) if isinstance(parent, dict) else None
         if not isinstance(value, str) or not value or is_named(value) or Path(value).is_absolute():
             continue
-        if keys[-1] == "suite" and not value.endswith((".yaml", ".yml")) and "/" not in value:
+        if keys[-1] == "suite" and not is_suite_path(value):
             continue  # a built-in suite's name
         resolved = base / value
         if not resolved.exists():

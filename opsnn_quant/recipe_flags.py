@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from opsnn_quant.core.user_config import check_limit, keys_hint, known_fields
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.models.settings import parse_set_options
-from opsnn_quant.recipe import FAMILY_TAGS, Recipe, load_recipe
+from opsnn_quant.recipe import FAMILY_TAGS, Recipe, is_suite_path, load_recipe
 
 # The engine a family's models are usually served by on Ascend (its target without a recipe):
 # MindIE-SD for diffusers pipelines, vLLM-Ascend for Whisper.
@@ -109,6 +109,8 @@ def _apply(data: dict[str, Any], flags: RecipeFlags) -> dict[str, Any]:
         check_model_source(flags.model)
         model = {k: v for k, v in model.items() if k not in ("source", "family", "settings")}
         model["source"] = flags.model
+    if flags.model is not None:  # absolute, as recipe.yaml records it (from_cwd)
+        model["source"] = from_cwd(model["source"])
     if flags.family is not None:
         model["family"] = flags.family
     elif "family" not in model:
@@ -117,18 +119,37 @@ def _apply(data: dict[str, Any], flags: RecipeFlags) -> dict[str, Any]:
     recipe = {**data, "model": model}
     section = dict(recipe.get("data", {}))
     if flags.data is not None:
-        section["calibration"] = flags.data
+        section["calibration"] = from_cwd(flags.data)
+    holdout = from_cwd(flags.holdout) if flags.holdout is not None else None
     for key, value in (("limit", flags.limit), ("column", flags.column), ("split", flags.split),
-                       ("holdout", flags.holdout)):  # fmt: skip
+                       ("holdout", holdout)):  # fmt: skip
         if value is not None:
             section[key] = value
     recipe["data"] = section
     if flags.budget is not None:
         recipe["budget"] = budget_flag(flags.budget)
+        metric = recipe["budget"].get("metric")
+        for key in ("data", "suite") if isinstance(metric, dict) else ():
+            value = metric.get(key)
+            if isinstance(value, str) and (key == "data" or is_suite_path(value)):
+                metric[key] = from_cwd(value)
     if flags.target is not None:
         recipe["target"] = flags.target
     recipe.setdefault("target", DEFAULT_TARGETS.get(model["family"], "cpu-reference"))
     return recipe
+
+
+def from_cwd(value: str) -> str:
+    """A command-line path made absolute against the working directory, as the recipe written
+    into the output records it (``calibrate OUT/recipe.yaml`` then repeats the run from any
+    directory); a named source (``zoo:...``), an absolute path and a path that does not exist
+    (refused later, as typed) are returned as they are."""
+    from opsnn_quant.sources import is_named
+
+    path = Path(value)
+    if is_named(value) or path.is_absolute() or not path.exists():
+        return value
+    return str(Path.cwd() / path)
 
 
 def budget_flag(text: str) -> dict[str, Any]:
@@ -190,7 +211,12 @@ def _validated(data: dict[str, Any]) -> Recipe:
 def recipe_yaml(recipe: Recipe) -> str:
     """The recipe as a file (every field, defaults included): ``calibrate`` writes it into its
     output, and loading it gives the same recipe."""
-    header = "# the effective recipe of this run: `opsnn-quant calibrate recipe.yaml` repeats it\n"
+    header = (
+        "# the effective recipe of this run: `opsnn-quant calibrate recipe.yaml` repeats it\n"
+        "# its local paths are absolute (a relative one was resolved against the directory it was\n"
+        "# given in: the recipe file's, or the working directory for a command-line flag), so it\n"
+        "# repeats the run from any directory\n"
+    )
     body = recipe.model_dump(mode="json", exclude_none=True)
     # where the weights live, not what is written: an offloaded run writes the same files
     body["model"].pop("max_memory", None)

@@ -174,11 +174,33 @@ def _negative_macs(doc: dict) -> None:
     next(m for m in doc["modules"] if m["type"] == "Linear")["macs"] = -1
 
 
+def _silent_wavs(d: Path) -> str:
+    """Two 16 kHz recordings of digital silence (one with -90 dBFS dither)."""
+    import wave
+
+    (d / "quiet").mkdir()
+    for name, value in (("a.wav", 0), ("b.wav", 1)):
+        with wave.open(str(d / "quiet" / name), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(16000)
+            w.writeframes(int(value).to_bytes(2, "little", signed=True) * 16000)
+    return str(d / "quiet")
+
+
+def _twice(doc: dict) -> None:
+    doc["modules"].append(dict(doc["modules"][0]))
+
+
 def _with_rules(lines: str) -> Callable[[str], str]:
     return lambda text: text.replace("rules:\n", "rules:\n" + lines)
 
 
 SUITE = "name: s\ntask: t2i\ndata: {dataset: shapes, samples: 2}\nmetrics: {fid_features: null}\n"
+ASR_SUITE = (
+    "name: s\ntask: asr\ndata: {dataset: speech, split: eval, samples: 2}\n"
+    "generation: {max_new_tokens: TOKENS}\nmetrics: {fid_features: null}\n"
+)
 
 
 def _errors(stderr: str) -> list[str]:
@@ -308,6 +330,21 @@ CASES = [
          2, "--set max_new_tokens: 15 does not fit"),
     Case("whisper default max_new_tokens past max_target_positions", lambda d, r, rec, done: ["probe", str(save_tiny_whisper(d / "w")), "--data", "zoo:speech/eval", "-o", str(d / "o")],
          2, "its decoder takes 16 positions (config.json max_target_positions), 2 of them the prompt; use at most 14"),
+    # issue 58: data the model cannot take or that says nothing, before the model loads
+    Case("all-silent calibration audio", lambda d, r, rec, done: ["calibrate", "--model", str(save_tiny_whisper(d / "w")), "--data", _silent_wavs(d), "--set", "max_new_tokens=8", "-o", str(d / "o")],
+         2, "the calibration data " + "{d}/quiet: all 2 recordings are silent (peak at most 0.0001, -80 dBFS): activation ranges measured on silence mean nothing; give recordings of speech (a whisper model takes 16 kHz audio)"),
+    Case("prompts held out for a whisper model", lambda d, r, rec, done: ["calibrate", "--model", str(save_tiny_whisper(d / "w")), "--data", "zoo:speech/eval", "--limit", "2", "--holdout", str(r / "prompts.txt"), "--set", "max_new_tokens=8", "-o", str(d / "o")],
+         2, "the held-out data {r}/prompts.txt: sample 0 has no audio (a whisper model takes 16 kHz audio)"),
+    Case("suite max_new_tokens past the decoder", lambda d, r, rec, done: ["evaluate", "--candidate", str(save_tiny_whisper(d / "w")), "--suite", _suite(d, ASR_SUITE.replace("TOKENS", "100000")), "-o", str(d / "rep")],
+         2, "suite s: generation.max_new_tokens: 100000 does not fit {d}/w: its decoder takes 16 positions (config.json max_target_positions), 2 of them the prompt; use at most 14"),
+    Case("calibrate --evaluate: suite max_new_tokens past the decoder", lambda d, r, rec, done: ["calibrate", "--model", str(save_tiny_whisper(d / "w")), "--data", "zoo:speech/eval", "--set", "max_new_tokens=8", "--evaluate", _suite(d, ASR_SUITE.replace("TOKENS", "100000")), "-o", str(d / "o")],
+         2, "suite s: generation.max_new_tokens: 100000 does not fit"),
+    Case("policy build: probe.json listing a module twice", lambda d, r, rec, done: ["policy", "build", _probe_edited(done, d, _twice), "--target", "ascend910b-atc", "-o", str(d / "p.yaml")],
+         2, "{d}/probe.json: modules: text_encoder.encoder.layers.0 is listed twice; a probe report lists each module once"),
+    Case("--max-memory 1KiB", lambda d, r, rec, done: ["calibrate", str(rec), "--max-memory", "1KiB", "-o", str(d / "o")],
+         2, "batch 2 need at least 768.0 KiB (weights 0 B + 768.0 KiB for the UNet's first level), more than the 1.0 KiB --max-memory"),
+    Case("probe: all-silent audio", lambda d, r, rec, done: ["probe", str(save_tiny_whisper(d / "w")), "--data", _silent_wavs(d), "--set", "max_new_tokens=8", "-o", str(d / "o")],
+         2, "all 2 recordings are silent", may_load=True),
     Case("probe: --set typo", lambda d, r, rec, done: ["probe", str(r / "pipe"), "--data", str(r / "prompts.txt"), "--set", "stepz=2", "-o", str(d / "o")],
          2, "diffusers-sd settings: stepz: Extra inputs are not permitted"),
     Case("probe: --set wrong type", lambda d, r, rec, done: ["probe", str(r / "pipe"), "--data", str(r / "prompts.txt"), "--set", "steps=ten", "-o", str(d / "o")],
@@ -381,12 +418,37 @@ def test_bad_input(case, tiny, tmp_path, monkeypatch, capsys):
     assert main(argv) == case.code
     err = _errors(capsys.readouterr().err)
     assert len(err) == 1 and err[0].startswith("error: "), err
-    assert case.line in err[0], err[0]
+    assert case.line.replace("{d}", str(tmp_path)).replace("{r}", str(root)) in err[0], err[0]
     after = {p: p.read_bytes() for p in done.rglob("*") if p.is_file()}
     assert after == before, "the finished output was touched"
     assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]
     if (tmp_path / "o").is_dir() and (tmp_path / "o" / "notes.txt").exists():
         assert (tmp_path / "o" / "notes.txt").read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("value", ["99999999999999999999", "253402300800", "yesterday", "-1"])
+def test_a_source_date_epoch_that_is_no_time_is_one_line_before_any_work(
+    value, tiny, tmp_path, monkeypatch, capsys
+):
+    # issue 58: a huge one was a traceback (numpy.f2py reads it as transformers loads)
+    _, _, done = tiny
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", value)
+    argv = [
+        "evaluate",
+        "--candidate",
+        str(done),
+        "--suite",
+        "shapes-t2i",
+        "-o",
+        str(tmp_path / "r"),
+    ]
+    assert main(argv) == 2
+    err = _errors(capsys.readouterr().err)
+    assert err == [
+        f"error: SOURCE_DATE_EPOCH={value!r} is not a time: give whole seconds since 1970 from 0 "
+        "to 253402300799 (9999-12-31), or unset it to record the time of the run"
+    ]
+    assert not (tmp_path / "r").exists()
 
 
 def test_force_replaces_a_foreign_directory(tmp_path, capsys):

@@ -166,3 +166,54 @@ def test_probe_reads_a_jsonl_column(pipe, tmp_path):
     argv[5] = "nope"
     argv[-2] = str(tmp_path / "p2")
     assert main(argv) == 2
+
+
+def _tones(folder: Path, count: int = 2) -> Path:
+    """``count`` one-second 16 kHz tones, 16-bit PCM mono (something a model hears)."""
+    import math
+    import struct
+    import wave
+
+    folder.mkdir(parents=True)
+    for i in range(count):
+        pcm = [
+            int(8000 * math.sin(2 * math.pi * (220 + 110 * i) * t / 16000)) for t in range(16000)
+        ]
+        with wave.open(str(folder / f"t{i}.wav"), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(16000)
+            w.writeframes(struct.pack(f"<{len(pcm)}h", *pcm))
+    return folder
+
+
+def test_a_run_from_relative_flags_repeats_from_any_directory(tmp_path, monkeypatch):
+    # issue 58: recipe.yaml recorded `source: models/whisper` as typed, and `calibrate
+    # out/w1/recipe.yaml` (or export-weights) from another directory failed
+    from tests.pipeline.conftest import run_files
+    from tests.tiny_pipelines import save_tiny_whisper
+
+    a, b = (tmp_path / "A").resolve(), (tmp_path / "B").resolve()
+    save_tiny_whisper(a / "models" / "whisper")
+    _tones(a / "data")
+    b.mkdir()
+    monkeypatch.chdir(a)
+    argv = ["calibrate", "--model", "models/whisper", "--data", "data", "--set", "max_new_tokens=8",
+            "--set", "batch_size=2", "--strategy", "all-w8a8-dynamic", "-o", "out/w1", "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    written = a / "out" / "w1" / "recipe.yaml"
+    text = written.read_text()
+    assert text.startswith(
+        "# the effective recipe of this run: `opsnn-quant calibrate recipe.yaml` repeats it\n"
+        "# its local paths are absolute (a relative one was resolved against the directory it "
+        "was\n"
+    )
+    again = load_recipe(str(written))
+    assert again.model.source == str(a / "models" / "whisper")
+    assert again.data.calibration == str(a / "data")
+    monkeypatch.chdir(b)
+    assert main(["calibrate", "../A/out/w1/recipe.yaml", "-o", "w2", "--quiet"]) == 0
+    first, second = run_files(a / "out" / "w1"), run_files(b / "w2")
+    assert first.keys() == second.keys() and first == second  # the same run, byte for byte
+    assert main(["export-weights", "../A/out/w1", "-o", "ex", "--quiet"]) == 0
+    assert (b / "ex" / "ascendv1" / "quant_model_weights.safetensors").is_file()

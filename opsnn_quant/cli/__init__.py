@@ -18,7 +18,7 @@ from types import FrameType
 
 import typer
 
-from opsnn_quant.core.determinism import set_reproducible
+from opsnn_quant.core.determinism import set_reproducible, source_date_epoch
 from opsnn_quant.errors import OpsnnQuantError
 
 app = typer.Typer(
@@ -49,6 +49,8 @@ def _root(
     """Probe, decide, calibrate and evaluate precision for Ascend NPU deployment."""
     if verbose:
         logging.getLogger("opsnn_quant").setLevel(logging.INFO)
+    # before any command imports a library that reads it (numpy.f2py fails on a huge one)
+    source_date_epoch()
 
 
 def _register() -> None:

@@ -235,8 +235,8 @@ def calibrate(
         bool,
         typer.Option(
             "--allow-broken-baseline",
-            help="with --evaluate: judge the candidate even when the float baseline's outputs "
-            "are mostly empty or flat",
+            help="with --evaluate: judge the candidate even when the float baseline is broken "
+            "(outputs mostly empty, flat or one token repeated, WER above 100%, NaN)",
         ),
     ] = False,
     resume: Annotated[

@@ -61,8 +61,8 @@ def evaluate_cmd(
         bool,
         typer.Option(
             "--allow-broken-baseline",
-            help="judge the candidate even when the float baseline's outputs are mostly empty "
-            "or flat (a broken or random model)",
+            help="judge the candidate even when the float baseline is broken (a random model: "
+            "outputs mostly empty, flat or one token repeated, WER above 100%, NaN)",
         ),
     ] = False,
     nproc: Annotated[

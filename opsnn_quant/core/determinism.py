@@ -79,3 +79,29 @@ def gemm_rows_invariant() -> bool:
     with torch.no_grad():
         full = torch.nn.functional.linear(x, w)
         return all(torch.equal(torch.nn.functional.linear(x[:m], w), full[:m]) for m in (1, 3))
+
+
+# The latest time a report can carry: the end of year 9999, the last a datetime holds (some
+# libraries read SOURCE_DATE_EPOCH at import and fail on a larger one: numpy.f2py's time_t).
+MAX_EPOCH = 253402300799
+
+
+def source_date_epoch() -> int | None:
+    """``SOURCE_DATE_EPOCH`` (the reproducible-builds convention: the time a report records
+    instead of now) as seconds since 1970, or None when it is unset or empty.
+
+    Raises:
+        ConfigError: set to anything but a whole number of seconds from 0 to :data:`MAX_EPOCH`.
+    """
+    from opsnn_quant.errors import ConfigError
+
+    text = os.environ.get("SOURCE_DATE_EPOCH", "")
+    if not text:
+        return None
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_EPOCH:
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise ConfigError(
+            f"SOURCE_DATE_EPOCH={shown!r} is not a time: give whole seconds since 1970 from 0 to "
+            f"{MAX_EPOCH} (9999-12-31), or unset it to record the time of the run"
+        )
+    return int(text)

@@ -96,6 +96,39 @@ def apply_generation(adapter: ModelAdapter, suite: Suite) -> None:
     adapter.settings = type(settings).model_validate({**settings.model_dump(), **wanted})  # type: ignore[attr-defined]
 
 
+def generation_settings(suite: Suite, family: str) -> dict[str, Any]:
+    """The suite's generation values that ``family``'s settings have: what
+    :func:`apply_generation` gives its models, and what they are loaded and checked with."""
+    from opsnn_quant.models.settings import SETTINGS
+
+    fields = set(SETTINGS[family].model_fields) if family in SETTINGS else set()
+    return {k: v for k, v in suite.generation.model_dump().items() if k in fields and v is not None}
+
+
+def check_suite_fits(
+    suite: Suite, source: str, *, family: str | None = None, settings: dict[str, Any] | None = None
+) -> None:
+    """Refuse, before any model loads, a suite whose generation settings the model at
+    ``source`` cannot run: its values over ``settings`` (the model's own, e.g. a recipe's;
+    None: the family's defaults), validated as a recipe's and checked against the model's
+    config files (:func:`~opsnn_quant.models.settings.check_source_fits`: a Whisper
+    ``max_new_tokens`` past its decoder's positions).
+
+    Raises:
+        ConfigError: a value the family refuses or the model cannot run, named with the suite.
+    """
+    from opsnn_quant.models import guess_family
+    from opsnn_quant.models.settings import check_source_fits, settings_for
+
+    family = family or guess_family(source)
+    where = f"suite {suite.name}: generation."
+    try:
+        checked = settings_for(family, {**(settings or {}), **generation_settings(suite, family)})
+    except ConfigError as exc:
+        raise ConfigError(f"suite {suite.name}: generation: {exc}") from None
+    check_source_fits(source, checked, where)
+
+
 def _clip(name: str | None, allow_pickle: bool = False) -> tuple[Any, Any, str] | None:
     if name is None:
         return None
@@ -167,8 +200,11 @@ def evaluate(
         baseline_backend: Label of the baseline's eager timing (default: its device, ``cpu``).
         allow_pickle: Read a suite CLIP directory that has pickle weights only (with
             ``torch.load(weights_only=True)``); False: refused before anything is generated.
-        allow_broken_baseline: A baseline whose outputs are mostly empty or flat (a broken or
-            random float model) is reported instead of failing the verdict.
+        allow_broken_baseline: A baseline whose outputs are mostly empty, flat or one token
+            repeated, or of silent inputs, whose error rate is above 100 %, or with outputs
+            computed from NaN (a broken or random float model; :data:`~.runner.OUTPUT_CHECKS`)
+            is reported instead of failing the verdict. A candidate with outputs computed
+            from NaN fails whatever this says.
 
     Returns:
         The :class:`AcceptanceReport`; the outputs of both models (images or transcripts, in
@@ -432,9 +468,12 @@ class QualityInputs:
         from opsnn_quant.evaluation.runner import asr_quality, t2i_quality
 
         if self.suite.task != "t2i":
+            from opsnn_quant.models.data import is_silent
+
             return asr_quality(
                 self.references, baseline, candidate, confidence=confidence,
                 normalize=self.suite.text_norm(),
+                silent=[isinstance(x, np.ndarray) and is_silent(x) for x in self.inputs],
             )  # fmt: skip
         n = len(self.inputs)
         return t2i_quality(
@@ -496,6 +535,7 @@ def _generate(
     what = (f"generating {n * len(suite.seeds)} images" if suite.task == "t2i"
             else f"transcribing {n} utterances")  # fmt: skip
     say(f"{what} with the baseline (float)")
+    baseline.nan_outputs = candidate.nan_outputs = 0
     t1 = time.perf_counter()
     base_out = generate_outputs(baseline, suite, metrics.inputs)
     say(f"{what} with the candidate")
@@ -509,11 +549,24 @@ def _generate(
     extracted = metrics.shared_features(world, base_out, cand_out)
     level = suite.metrics.confidence
     quality = world.from_main(lambda: metrics.quality(base_out, cand_out, extracted, level))
+    quality.measured.update(nan_shares(world, baseline, candidate, len(base_out)))
     times["baseline outputs"], times["candidate outputs"] = t2 - t1, t3 - t2
     times["quality metrics"] = (t1 - t0) + (time.perf_counter() - t3)  # with loading them
     batch = metrics.inputs[: suite.generation.batch_size]
     kwargs = {"seed": 0} if suite.task == "t2i" else {}
     return _Generated(quality, base_out, cand_out, _workload(batch, **kwargs), len(batch))
+
+
+def nan_shares(
+    world: World, baseline: ModelAdapter, candidate: ModelAdapter, outputs: int
+) -> dict[str, float]:
+    """The share of each model's ``outputs`` that generate computed from NaN
+    (:attr:`~opsnn_quant.models.base.ModelAdapter.nan_outputs`, summed over the ranks, each of
+    which generated its share): ``baseline_nan_share`` and ``candidate_nan_share``."""
+    counts = world.gather(lambda: [(baseline.nan_outputs, candidate.nan_outputs)])
+    base, cand = (sum(c[i] for c in counts) for i in (0, 1))
+    n = max(outputs, 1)
+    return {"baseline_nan_share": base / n, "candidate_nan_share": cand / n}
 
 
 def _workload(batch: list[Any], **kwargs: Any) -> Callable[[ModelAdapter], Callable[[], Any]]:

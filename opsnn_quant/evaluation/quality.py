@@ -33,6 +33,8 @@ from opsnn_quant.evaluation.wer import (
     both_ways,
     drivers,
     error_rates,
+    normalize_all,
+    one_unit_loop,
     utterance_rows,
 )
 
@@ -62,14 +64,18 @@ class QualityResult(BaseModel):
     samples: int | None = None
 
 
-# A baseline output that says nothing: an image flatter than this (std of its uint8 values), or
-# an empty transcript. A broken float model makes every comparison with it pass.
+# A baseline output that says nothing: an image flatter than this (std of its uint8 values) or
+# holding NaN/Inf; a transcript that is empty or one token repeated, or of a silent input. A
+# broken float model makes every comparison with it pass.
 FLAT_STD = 2.0
 
 
 def _flat(image: object) -> bool:
-    """Whether an image (or video: frames x H x W x 3) is flat, in uint8 steps."""
+    """Whether an image (or video: frames x H x W x 3) is flat, in uint8 steps, or holds
+    NaN/Inf (no pixel value at all)."""
     arr = np.asarray(image, dtype=np.float64)
+    if not np.isfinite(arr).all():
+        return True
     if arr.size and arr.max() <= 1.0 and np.asarray(image).dtype.kind == "f":
         arr = arr * 255.0  # float images in [0, 1]
     return float(arr.std()) < FLAT_STD
@@ -283,12 +289,20 @@ def asr_quality(
     normalize: Normalize = True,
     max_rows: int | None = 50,
     confidence: float | None = None,
+    silent: Sequence[bool] | None = None,
 ) -> QualityResult:
     """WER/CER of both models against references, agreement WER, worst-first transcript rows.
 
     Rates are reported in points (percent) in ``measured``: ``wer_delta_points`` = 100 x
     (WER candidate - WER baseline). ``confidence``: also their paired bootstrap intervals at
     this level (:func:`~.intervals.asr_intervals`); None: none (a measured search's slice).
+
+    The baseline's own health, for :func:`~.runner.baseline_checks`: ``baseline_broken_share``,
+    the share of utterances whose baseline transcript says nothing (empty or one token
+    repeated after normalisation, :func:`~.wer.one_unit_loop`) or whose input is silent
+    (``silent``, one flag per utterance; None: none is); ``baseline_error_points``, its WER
+    (its CER without word boundaries), which above 100 % counts more errors than there are
+    reference words.
     """
     norm = as_norm(normalize)
     eb = error_rates(references, baseline_texts, norm)
@@ -303,8 +317,16 @@ def asr_quality(
         cer_delta_points=100 * (ec.cer - eb.cer),
         agreement_wer_points=100 * agree,
         agreement_cer_points=100 * agree_c,
-        baseline_broken_share=_share(not t.strip() for t in baseline_texts),
+        baseline_broken_share=_share(
+            not t.strip() or one_unit_loop(t, norm.words) is not None or bool(quiet)
+            for t, quiet in zip(
+                normalize_all(baseline_texts, norm), silent or [False] * len(baseline_texts),
+                strict=True,
+            )
+        ),
+        baseline_error_points=100 * (eb.wer if norm.words else eb.cer),
     )  # fmt: skip
+    out.labels["baseline_error_points"] = f"baseline {'WER' if norm.words else 'CER'} (%)"
     out.quality += [
         QualityRow(metric="WER", baseline=100 * eb.wer, candidate=100 * ec.wer,
                    delta=100 * (ec.wer - eb.wer), unit="%", note=f"{eb.ref_words} reference words"),

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from opsnn_quant.core.determinism import source_date_epoch
 from opsnn_quant.evaluation.gate import (
     LatencyPlan,
     Source,
@@ -212,40 +213,102 @@ def _latency_pair(
     return latency_backend
 
 
-# At most this share of the baseline's outputs may say nothing (flat images, empty transcripts).
+# At most this share of the baseline's outputs may say nothing (flat images, empty or looping
+# transcripts, silent inputs).
 BASELINE_BROKEN_MAX = 0.5
+# A float model's error rate cannot honestly pass this: more errors than reference words.
+BASELINE_ERROR_MAX_POINTS = 100.0
+BROKEN_NOTE = "the float model looks broken, so matching it proves nothing"
 
 
-def baseline_criterion(
-    measured: Mapping[str, float | None], backend: str, allowed: bool
-) -> Criterion | None:
-    """The check that the float baseline itself works: a random or broken model makes flat
-    images or empty transcripts, and every candidate then "matches" it. FAIL (NOT JUDGED when
-    ``allowed``) past :data:`BASELINE_BROKEN_MAX`; None when the quality figures lack it."""
-    share = measured.get("baseline_broken_share")
-    if share is None:
-        return None
-    ok = share <= BASELINE_BROKEN_MAX
-    note = "" if ok else (
-        f"{share:.0%} of the baseline's outputs are empty or flat: the float model looks broken, "
-        "so matching it proves nothing"
-        + (" (allowed by --allow-broken-baseline)" if allowed else "; --allow-broken-baseline "
-           "to judge the candidate anyway")
-    )  # fmt: skip
-    status: Status = "PASS" if ok else (NOT_JUDGED if allowed else "FAIL")
-    return Criterion(key="baseline_sane", label="baseline outputs empty or flat (share)",
-                     measured_key="baseline_broken_share", value=share,
-                     threshold=BASELINE_BROKEN_MAX, comparator="<=", status=status,
-                     backend=backend, note=note)  # fmt: skip
+@dataclass(frozen=True)
+class OutputCheck:
+    """A check of what a model's outputs are, whatever the suite's thresholds: a float
+    baseline that fails one is broken (FAIL, NOT JUDGED with ``--allow-broken-baseline``), a
+    candidate that fails one is (FAIL).
+
+    Attributes:
+        key: the criterion's key.
+        measured_key: the figure it reads (checked only when measured).
+        label: the row's default label (the quality figures may give another).
+        threshold: the largest value that passes.
+        whose: ``baseline`` or ``candidate``.
+        says: what a value past the threshold means, ``{value}`` and ``{label}`` filled in.
+    """
+
+    key: str
+    measured_key: str
+    label: str
+    threshold: float
+    whose: Literal["baseline", "candidate"]
+    says: str
+
+
+OUTPUT_CHECKS: tuple[OutputCheck, ...] = (
+    OutputCheck("baseline_error_rate", "baseline_error_points", "baseline error rate (%)",
+                BASELINE_ERROR_MAX_POINTS, "baseline",
+                "{label}: {value:.1f}, more errors than the references have words (characters)"),
+    OutputCheck("baseline_finite", "baseline_nan_share", "baseline outputs from NaN (share)", 0.0,
+                "baseline", "{value:.0%} of the baseline's outputs were computed from NaN"),
+    OutputCheck("candidate_finite", "candidate_nan_share", "candidate outputs from NaN (share)",
+                0.0, "candidate", "{value:.0%} of the candidate's outputs were computed from NaN: "
+                "the candidate is broken"),
+    OutputCheck("baseline_sane", "baseline_broken_share",
+                "baseline outputs empty, flat, one token repeated or of silent input (share)",
+                BASELINE_BROKEN_MAX, "baseline",
+                "{value:.0%} of the baseline's outputs are empty, flat or one token repeated, "
+                "or of silent input"),
+)  # fmt: skip
+
+
+def output_criteria(
+    measured: Mapping[str, float | None],
+    labels: Mapping[str, str],
+    backends: Mapping[str, str],
+    allowed: bool,
+) -> list[Criterion]:
+    """The :data:`OUTPUT_CHECKS` whose figures were measured, judged on their point values:
+    a baseline's past its threshold FAILS (NOT JUDGED when ``allowed``), a candidate's FAILS.
+
+    Args:
+        measured: the figures.
+        labels: measured key -> the row's label, where the quality figures name it.
+        backends: ``baseline`` / ``candidate`` -> where that model ran.
+        allowed: ``--allow-broken-baseline``.
+    """
+    rows = []
+    for check in OUTPUT_CHECKS:
+        value = measured.get(check.measured_key)
+        if value is None:
+            continue
+        label = labels.get(check.measured_key, check.label)
+        # NaN (an unmeasurable figure) fails: a comparison with it would pass
+        ok = not math.isnan(value) and value <= check.threshold
+        note = "" if ok else check.says.format(value=value, label=label)
+        status: Status = "PASS" if ok else "FAIL"
+        if not ok and check.whose == "baseline":
+            note += f": {BROKEN_NOTE}" + (
+                " (allowed by --allow-broken-baseline)" if allowed
+                else "; --allow-broken-baseline to judge the candidate anyway"
+            )  # fmt: skip
+            status = NOT_JUDGED if allowed else "FAIL"
+        rows.append(Criterion(key=check.key, label=label, measured_key=check.measured_key,
+                              value=value, threshold=check.threshold, comparator="<=",
+                              status=status, backend=backends[check.whose], note=note))  # fmt: skip
+    return rows
 
 
 def _created() -> str:
     """Now, or ``SOURCE_DATE_EPOCH`` when set (the reproducible-builds convention), so that
-    reruns on the same inputs can write byte-identical reports."""
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    reruns on the same inputs can write byte-identical reports.
+
+    Raises:
+        ConfigError: ``SOURCE_DATE_EPOCH`` is not a time (:func:`source_date_epoch`).
+    """
+    epoch = source_date_epoch()
     when = (
-        _dt.datetime.fromtimestamp(int(epoch), _dt.UTC)
-        if epoch and epoch.isdigit()
+        _dt.datetime.fromtimestamp(epoch, _dt.UTC)
+        if epoch is not None
         else _dt.datetime.now(_dt.UTC)
     )
     return when.isoformat(timespec="seconds")
@@ -295,7 +358,7 @@ def build_report(
         target: The policy's target (None: unknown; no latency criterion is judged).
         latency_plan: What the run timed (:func:`~.gate.plan_latency`): its mode, the skipped
             measurements, and the backend of a latency criterion left unmeasured.
-        allow_broken_baseline: A broken baseline (:func:`baseline_criterion`) is reported, not
+        allow_broken_baseline: A broken baseline (:data:`OUTPUT_CHECKS`) is reported, not
             failed.
         baseline_backend: Where the baseline ran (the baseline check's figure).
     """
@@ -319,11 +382,12 @@ def build_report(
                        quality_backend=quality_backend, target=target,
                        unmeasured_why=why, intervals=quality.intervals,
                        samples=quality.samples)  # fmt: skip
-    sane = baseline_criterion(measured, baseline_backend, allow_broken_baseline)
-    if sane is not None:
-        criteria.append(sane)
-        if sane.status != "PASS":
-            all_notes.append(f"baseline check: {sane.note}")
+    whose = {"baseline": baseline_backend, "candidate": quality_backend}
+    whose_of = {c.key: c.whose for c in OUTPUT_CHECKS}
+    for check in output_criteria(measured, quality.labels, whose, allow_broken_baseline):
+        criteria.append(check)
+        if check.status != "PASS":
+            all_notes.append(f"{whose_of[check.key]} check: {check.note}")
     result = overall_verdict(criteria)
     if criteria and all(c.status == NOT_JUDGED for c in criteria):
         all_notes.append(NOTHING_JUDGED_NOTE)

@@ -55,6 +55,7 @@ from opsnn_quant.core.user_config import MAX_SAMPLES, Seed, StrictModel, yaml_er
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.text_norm import TextNorm, normalizer_for
 from opsnn_quant.io import read_text
+from opsnn_quant.sources import is_named
 
 SCHEMA_VERSION = 1
 DEFAULT_CONFIDENCE = 0.95  # metrics.confidence: level of each quality figure's interval
@@ -95,6 +96,10 @@ class DataSpec(StrictModel):
         reference: Real images for FID against a reference set: ``"dataset"`` (the images of
             the same dataset split) or a folder of images (relative paths resolve against the
             suite file); None: no reference FID.
+        tuning: The data a measured search tunes on when ``budget.metric`` names this suite
+            and no data of its own: a data source (``zoo:<name>/<split>``, or a path relative
+            to the suite file), read from its first record; None: this suite's data after its
+            ``samples`` (a split with no records past them needs one).
     """
 
     dataset: str | None = None
@@ -102,6 +107,7 @@ class DataSpec(StrictModel):
     folder: Path | None = None
     samples: int = Field(default=64, ge=2, le=MAX_SAMPLES)
     reference: str | None = None
+    tuning: str | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _one_source(self) -> DataSpec:
@@ -269,7 +275,8 @@ def parse_suite(data: object, source: str = "<suite>") -> Suite:
 def load_suite(path_or_name: str | Path) -> Suite:
     """Load and validate a suite file, or a built-in suite by name (``shapes-t2i``).
 
-    ``data.folder`` resolves against the suite file's directory.
+    ``data.folder``, ``data.reference`` and ``data.tuning`` resolve against the suite file's
+    directory.
 
     Raises:
         ConfigError: Missing file, bad YAML or a schema violation naming the field.
@@ -286,6 +293,9 @@ def load_suite(path_or_name: str | Path) -> Suite:
     ref = suite.data.reference
     if ref is not None and ref != "dataset" and not Path(ref).is_absolute():
         update["reference"] = str((path.parent / ref).resolve())
+    tuning = suite.data.tuning
+    if tuning is not None and not is_named(tuning) and not Path(tuning).is_absolute():
+        update["tuning"] = str((path.parent / tuning).resolve())
     if update:
         suite = suite.model_copy(update={"data": suite.data.model_copy(update=update)})
     return suite
@@ -324,4 +334,6 @@ def suite_inputs(path_or_name: str | Path) -> list[str]:
     paths = [suite_file(path_or_name), suite.data.folder]
     if suite.data.reference not in (None, "dataset"):
         paths.append(Path(str(suite.data.reference)))
+    if suite.data.tuning is not None and not is_named(suite.data.tuning):
+        paths.append(Path(suite.data.tuning))
     return [str(p) for p in paths if p is not None]

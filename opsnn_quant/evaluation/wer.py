@@ -141,6 +141,24 @@ def repetition(text: str, reference: str, words: bool = True) -> str | None:
     return None
 
 
+def one_unit_loop(text: str, words: bool = True) -> str | None:
+    """What a (normalised) transcript that is nothing but one unit said over and over says
+    (``"'bang' x8"``, ``"'m' x16"``, ``"'virtual' x8"``), or None: its words (with word
+    boundaries), or its characters with the spaces left out, are one unit repeated
+    :data:`LOOP_REPEATS` times or more and nothing else. A random or broken decoder emits one
+    token until its length limit, with or without a space before it; a transcript that merely
+    contains a loop is :func:`repetition`'s."""
+    views: list[tuple[list[str], str]] = [(list(text.replace(" ", "")), "")]
+    if words:
+        views.insert(0, (text.split(), " "))
+    for tokens, sep in views:
+        for n in range(1, len(tokens) // LOOP_REPEATS + 1):  # the shortest unit first
+            times, rest = divmod(len(tokens), n)
+            if not rest and tokens == tokens[:n] * times:
+                return f"{sep.join(tokens[:n])!r} x{times}"
+    return None
+
+
 def utterance_rows(
     references: Sequence[str],
     baseline: Sequence[str],

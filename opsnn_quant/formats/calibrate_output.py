@@ -72,9 +72,32 @@ class CalibrateOutput:
         return self.root / REPORT_DIR
 
     def read_by_consumers(self) -> list[Path]:
-        """What ``evaluate`` and ``export-weights`` read of it: its ``quant/``, ``probe.json``
-        and ``policy.yaml`` (so a report or an export may go beside them, never over them)."""
-        return [self.quant, self.probe, self.policy]
+        """What ``evaluate`` and ``export-weights`` read of it: its ``quant/``, ``probe.json``,
+        ``policy.yaml`` and ``recipe.yaml`` (so a report or an export may go beside them,
+        never over them)."""
+        return [self.quant, self.probe, self.policy, self.recipe]
+
+    def settings(self) -> dict[str, Any]:
+        """The model settings the run calibrated with (``recipe.yaml``'s ``model.settings``),
+        which the model is loaded with again (so that they, not the family's defaults, are what
+        its config files are checked against); none recorded: ``{}``.
+
+        Raises:
+            ConfigError: a ``recipe.yaml`` that is not YAML.
+        """
+        import yaml
+
+        from opsnn_quant.io import read_text
+
+        if not self.recipe.is_file():
+            return {}
+        try:
+            doc = yaml.safe_load(read_text(self.recipe))
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{self.recipe} is not YAML: {str(exc).splitlines()[0]}") from exc
+        model = doc.get("model") if isinstance(doc, dict) else None
+        settings = model.get("settings") if isinstance(model, dict) else None
+        return dict(settings) if isinstance(settings, dict) else {}
 
     @classmethod
     def holding(cls, export: Path) -> CalibrateOutput | None:
@@ -131,7 +154,8 @@ class CalibrateOutputFormat(Format):
         source = str(read_description(calib.quant).get("source_model") or "")
         if not source:
             raise ConfigError(f"{calib.quant}/description.json names no source model")
-        adapter = load_adapter(family, source, **placement)
+        # the settings it was calibrated with, under those the caller runs it with
+        adapter = load_adapter(family, source, **{**calib.settings(), **placement})
         load_quantized(adapter.model, calib.quant)
         sensitivity = SensitivityReport.load(calib.probe) if calib.probe.is_file() else None
         return adapter, sensitivity

@@ -8,7 +8,7 @@ rule of the engines (:func:`run_dtype`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.formats.base import Format, run_dtype
 
@@ -30,6 +30,7 @@ def load_candidate(
     baseline: str | None = None,
     allow_pickle: bool = False,
     fmt: Format | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> tuple[ModelAdapter, SensitivityReport | None]:
     """The candidate at ``out_dir``, whatever it is
     (:func:`~opsnn_quant.formats.registry.recognise`), in the dtype its engine runs
@@ -37,7 +38,10 @@ def load_candidate(
     float ``baseline`` (default: the source our export recorded). ``allow_pickle``: the float
     model may have pickle weights only (see :func:`~opsnn_quant.models.load_adapter`).
 
-    ``fmt``: what ``out_dir`` is, when the caller recognised it already.
+    ``fmt``: what ``out_dir`` is, when the caller recognised it already. ``settings``: the
+    family's settings it runs with (e.g. a suite's decoding length), checked against the
+    model's config files as it loads; left out, a calibrate output's own (its ``recipe.yaml``),
+    else the family's defaults.
 
     Raises:
         ConfigError: an engine directory without a known float model (pass ``baseline``).
@@ -49,7 +53,7 @@ def load_candidate(
 
     fmt = fmt or recognise(out_dir)  # a command passes what it recognised once
     placement = {"device": device, "dtype": fmt.run_dtype(out_dir, dtype),
-                 "allow_pickle": allow_pickle}  # fmt: skip
+                 "allow_pickle": allow_pickle, **(settings or {})}  # fmt: skip
     return fmt.load_candidate(out_dir, family, baseline, placement)
 
 

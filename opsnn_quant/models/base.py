@@ -38,6 +38,10 @@ class ModelAdapter(ABC):
     task: ClassVar[str] = ""
     model: nn.Module
     model_id: str
+    # Outputs generate() computed from NaN (an image's pixels, a transcript's logits) since the
+    # caller last set it to 0: a uint8 image or a string cannot show it (NaN pixels become
+    # black, NaN logits a run of token 0), so the evaluation reads it here.
+    nan_outputs: int = 0
 
     @abstractmethod
     def modalities(self) -> dict[str, Modality]:
@@ -79,7 +83,8 @@ class ModelAdapter(ABC):
 
     @abstractmethod
     def generate(self, inputs: Sequence[Any], seed: int = 0) -> list[Any]:
-        """Outputs for evaluation: uint8 HxWx3 images (t2i) or strings (asr)."""
+        """Outputs for evaluation: uint8 HxWx3 images (t2i) or strings (asr); each one
+        computed from NaN adds 1 to :attr:`nan_outputs`."""
 
     def evaluation_inputs(self, records: Sequence[Any]) -> list[Any]:
         """The inputs :meth:`generate` takes, from data records (prompts, waveforms)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import wave
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +213,59 @@ def audio_from(data: Sequence[Any], sampling_rate: int = 16000) -> list[np.ndarr
     if not out:
         raise CalibrationError("the calibration data holds no audio")
     return out
+
+
+# A waveform whose peak is at most this (-80 dBFS, below a 16-bit file's dither) holds nothing a
+# model can hear: a transcript of it, or activation ranges measured on it, say nothing.
+SILENCE_PEAK = 1e-4
+
+
+def is_silent(audio: np.ndarray) -> bool:
+    """Whether a waveform (floats in [-1, 1]) is silent: its peak at most :data:`SILENCE_PEAK`."""
+    return not audio.size or float(np.max(np.abs(audio))) <= SILENCE_PEAK
+
+
+def _audio_records(data: Sequence[Any]) -> list[np.ndarray]:
+    """:func:`audio_from`, refusing data whose every waveform is silent."""
+    arrays = audio_from(data)
+    if all(is_silent(a) for a in arrays):
+        raise CalibrationError(
+            f"all {len(arrays)} recordings are silent (peak at most {SILENCE_PEAK:g}, -80 dBFS): "
+            "activation ranges measured on silence mean nothing; give recordings of speech"
+        )
+    return arrays
+
+
+# What each family's model takes from a record, in words and checked (before the model loads).
+INPUTS: dict[str, tuple[str, Callable[[Sequence[Any]], Sequence[Any]]]] = {
+    "diffusers-sd": ("prompts", prompts_from),
+    "diffusers-dit": ("prompts", prompts_from),
+    "whisper": ("16 kHz audio", _audio_records),
+}
+
+
+def check_records(family: str, records: Sequence[Any], what: str) -> None:
+    """Refuse ``records`` that ``family``'s model cannot take (prompts for a Whisper model,
+    audio for a pipeline, a bad sample), or audio that is silent throughout, before the model
+    loads: else they would be found only where they are first used (held-out data after the
+    whole probe). A family without an entry in :data:`INPUTS` passes.
+
+    Args:
+        family: the model family.
+        records: the loaded records.
+        what: where they come from, for the message (``--holdout zoo:shapes/eval``).
+
+    Raises:
+        CalibrationError: what is wrong, after ``what``.
+    """
+    entry = INPUTS.get(family)
+    if entry is None:
+        return
+    takes, check = entry
+    try:
+        check(records)
+    except CalibrationError as exc:
+        raise CalibrationError(f"{what}: {exc} (a {family} model takes {takes})") from None
 
 
 def batched(items: Sequence[Any], size: int) -> list[Sequence[Any]]:

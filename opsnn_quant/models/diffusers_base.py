@@ -422,5 +422,9 @@ class DiffusersAdapter(ModelAdapter):
         for start in progress.iterate(starts, "batch"):
             batch = prompts[start : start + self.settings.batch_size]
             arr = self._call(batch, seed + start)
+            nan = np.isnan(arr).reshape(len(arr), -1).any(axis=1)
+            self.nan_outputs += int(nan.sum())
+            # NaN pixels black, explicitly (a cast of NaN to uint8 is undefined)
+            arr = np.nan_to_num(arr, nan=0.0)
             outputs.extend((np.clip(arr, 0, 1) * 255).round().astype(np.uint8))
         return outputs

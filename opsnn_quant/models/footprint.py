@@ -74,6 +74,28 @@ def parse_size(text: str, option: str = "--max-memory") -> int:
     return int(value)
 
 
+_BINARY = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+
+
+def fmt_size(n: int, digits: int = 1) -> str:
+    """``n`` bytes in the largest binary unit it reaches (``16.3 KiB``, ``2.0 GiB``), or in
+    bytes below 1 KiB, with ``digits`` decimals."""
+    for unit, size in _BINARY:
+        if abs(n) >= size:
+            return f"{n / size:.{digits}f} {unit}"
+    return f"{n} B"
+
+
+def fmt_sizes(*sizes: int) -> list[str]:
+    """:func:`fmt_size` of each, with as many decimals (up to 3, then bytes) as it takes for
+    sizes that differ to read differently (``1.0 GiB`` beside ``1.0 GiB`` says nothing)."""
+    for digits in (1, 2, 3):
+        shown = [fmt_size(n, digits) for n in sizes]
+        if len(set(shown)) == len(set(sizes)):
+            return shown
+    return [f"{n} B" for n in sizes]
+
+
 def available_memory() -> int | None:
     """Bytes this process may still allocate: the kernel's ``MemAvailable``, lowered to the
     cgroup's limit less its usage where one is set; None where neither can be read."""
@@ -189,11 +211,12 @@ def check_footprint(
     if budget is None or need.total <= budget:
         return
     whose = "--max-memory" if max_memory is not None else "available on this machine"
+    total, limit = fmt_sizes(need.total, budget)  # each in its own unit, never equal-looking
+    weights, activation = (fmt_size(n) for n in (need.weights, need.activation))
     raise ConfigError(
-        f"{describe} need at least {need.total / GIB:.1f} GiB (weights {need.weights / GIB:.1f} "
-        f"GiB + {need.activation / GIB:.1f} GiB for {need.where}), more than the "
-        f"{budget / GIB:.1f} GiB {whose}; {fix}, or give --max-memory SIZE if this machine "
-        "has more"
+        f"{describe} need at least {total} (weights {weights} + {activation} for "
+        f"{need.where}), more than the {limit} {whose}; {fix}, or give --max-memory SIZE if "
+        "this machine has more"
     )
 
 

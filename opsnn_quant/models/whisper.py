@@ -119,6 +119,20 @@ def _load_whole(path: Path, pickled: bool, dtype: torch.dtype) -> nn.Module:
     return model
 
 
+def _nan_utterances(steps: list[torch.Tensor], utterances: int) -> int:
+    """How many of a batch's ``utterances`` had NaN logits at some decoding step (``steps``:
+    per step, a flag per row; rows are utterance-major, ``beams`` of them per utterance)."""
+    if not steps or not any(bool(s.any()) for s in steps):
+        return 0
+    rows = max(s.numel() for s in steps)
+    if rows % utterances:  # rows not per utterance: every utterance may be the one
+        return utterances
+    per_row = torch.zeros(rows, dtype=torch.bool)
+    for s in steps:
+        per_row[: s.numel()] |= s
+    return int(per_row.reshape(utterances, -1).any(dim=1).sum())
+
+
 class WhisperAdapter(ModelAdapter):
     """Adapter for a loaded Whisper model and processor."""
 
@@ -221,8 +235,20 @@ class WhisperAdapter(ModelAdapter):
         return kwargs
 
     def _decode(self, audio: Sequence[Any]) -> list[str]:
-        with torch.no_grad():
-            ids = self.model.generate(self.features(audio), **self.decoding())  # type: ignore[operator]
+        nan: list[torch.Tensor] = []  # per decoding step: which rows' logits hold NaN
+
+        def watch(module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+            logits = getattr(out, "logits", None)
+            if isinstance(logits, torch.Tensor) and logits.dim() >= 2:
+                nan.append(torch.isnan(logits).flatten(1).any(dim=1).cpu())
+
+        handle = self.model.register_forward_hook(watch, with_kwargs=True)
+        try:
+            with torch.no_grad():
+                ids = self.model.generate(self.features(audio), **self.decoding())  # type: ignore[operator]
+        finally:
+            handle.remove()
+        self.nan_outputs += _nan_utterances(nan, len(audio))
         return [t.strip() for t in self.processor.batch_decode(ids, skip_special_tokens=True)]
 
     def evaluation_inputs(self, records: Sequence[Any]) -> list[Any]:

@@ -144,7 +144,7 @@ def run_calibrate(
             or its ``probe.json``): refused unless made with this run's settings on this run's
             model and data (see :func:`reusable_probe`).
         allow_broken_baseline: the acceptance run judges the candidate even when the float
-            baseline's outputs are mostly empty or flat.
+            baseline is broken (:data:`~opsnn_quant.evaluation.runner.OUTPUT_CHECKS`).
         resume: go on from the phases an interrupted run of the same command finished (kept in
             its temporary directory; see :mod:`opsnn_quant.pipeline.resume`).
         sharing: rank 0 of a distributed run: the probe's pass 1 runs over this rank's share
@@ -254,18 +254,27 @@ def contribute_statistics(
 
 
 def load_data(recipe: Recipe, say: Progress, metric_suite: Suite | None = None) -> CalibrationData:
-    """The recipe's calibration (and held-out) records, and the slice ``budget.metric`` is
+    """The recipe's calibration (and held-out) records, checked to be what the model takes
+    (:func:`~opsnn_quant.models.data.check_records`), and the slice ``budget.metric`` is
     measured on."""
+    from opsnn_quant.models.data import check_records
+
     say("loading the calibration data")
     calib = recipe.data.load(recipe.data.calibration, recipe.data.limit)
+    family = recipe.model.family
+    check_records(family, calib, f"the calibration data {recipe.data.calibration}")
     limit = recipe.probe.data_limit
     holdout = None
     if recipe.data.holdout:
         holdout = recipe.data.load(recipe.data.holdout, recipe.data.holdout_limit)
+        # before the model loads, not after the whole probe where it is first used
+        check_records(family, holdout, f"the held-out data {recipe.data.holdout}")
     metric = recipe.budget.metric
     sliced = None
     if metric is not None and metric_suite is not None:
-        say(f"loading the slice budget.metric is measured on ({metric_source(metric)})")
+        say(
+            f"loading the slice budget.metric is measured on ({metric_source(metric, metric_suite)})"
+        )
         sliced = slice_records(metric, metric_suite)
     return CalibrationData(calib, calib[:limit] if limit else calib, holdout, sliced)
 

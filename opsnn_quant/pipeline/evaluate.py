@@ -10,9 +10,9 @@ source.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.formats.registry import Format, recognise
@@ -43,6 +43,8 @@ class EvaluateJob:
         allow_pickle: pickle-only weights may be read (``weights_only``).
         force: replace ``out`` even when it is not a report.
         allow_broken_baseline: a broken float baseline is reported, not failed.
+        settings: the suite's generation settings both models run with (those their family
+            has): they load with them, so that their config files are checked at these values.
     """
 
     candidate: Path
@@ -58,6 +60,7 @@ class EvaluateJob:
     allow_pickle: bool
     force: bool
     allow_broken_baseline: bool = False
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 def check_evaluate(
@@ -84,11 +87,13 @@ def check_evaluate(
         OutputError: ``out`` must not be replaced (or would replace an input).
     """
     from opsnn_quant.backends.devices import resolve_device, resolve_dtype
+    from opsnn_quant.evaluation.evaluate import check_suite_fits, generation_settings
     from opsnn_quant.evaluation.gate import check_latency_mode
     from opsnn_quant.evaluation.render import OUTPUT_KIND
     from opsnn_quant.evaluation.suite import load_suite, suite_inputs
+    from opsnn_quant.formats.base import ModelSource
     from opsnn_quant.io import check_output_dir
-    from opsnn_quant.models import check_weights
+    from opsnn_quant.models import check_weights, guess_family
     from opsnn_quant.policy.targets import get_target
     from opsnn_quant.sources import local_paths
 
@@ -104,10 +109,16 @@ def check_evaluate(
     inputs = [*fmt.inputs(candidate), *suite_inputs(suite)]
     inputs += [str(p) for p in local_paths(source)]
     check_weights(source, allow_pickle=allow_pickle)
+    family = guess_family(source)
+    # the suite's generation settings, not the family's defaults, against each model's configs
+    own = [str(candidate)] if isinstance(fmt, ModelSource) else []  # a model of its own
+    for model in dict.fromkeys([source, *own]):
+        check_suite_fits(loaded, model, family=family)
     check_output_dir(out, OUTPUT_KIND, force=force, inputs=inputs)
     return EvaluateJob(
         candidate, fmt, source, loaded, out, resolved_target, device, dtype, candidate_dtype,
         latency, allow_pickle, force, allow_broken_baseline,
+        generation_settings(loaded, family),
     )  # fmt: skip
 
 
@@ -132,11 +143,13 @@ def run_evaluate(job: EvaluateJob, progress: Progress | None = None) -> Acceptan
     cand, sensitivity = world.agree(lambda: load_candidate(
         job.candidate, device=job.device, dtype=job.dtype,
         baseline=job.source if engine_dir else None, allow_pickle=job.allow_pickle, fmt=job.fmt,
+        settings=job.settings,
     ))  # fmt: skip
     if job.candidate_dtype == "float16":
         cast_adapter(cand, torch.float16)
     base = world.agree(lambda: load_adapter(
-        None, job.source, device=job.device, dtype=job.dtype, allow_pickle=job.allow_pickle
+        None, job.source, device=job.device, dtype=job.dtype, allow_pickle=job.allow_pickle,
+        **job.settings,
     ))  # fmt: skip
     policy = job.fmt.policy_file(job.candidate)
     report = evaluate(

@@ -131,7 +131,11 @@ def _export_weights(job: ExportWeightsJob, progress: Progress | None) -> list[st
     float_model = None
     if "atc" in job.formats:
         say("loading the float model for the ATC graphs")
-        float_model = load_adapter(None, adapter.model_id, allow_pickle=job.allow_pickle).model
+        settings = getattr(adapter, "settings", None)  # the calibrated model's, not defaults
+        ran_with = settings.model_dump() if settings is not None else {}
+        float_model = load_adapter(
+            None, adapter.model_id, allow_pickle=job.allow_pickle, **ran_with
+        ).model
     return write_model_exports(
         adapter, resolved, calls, job.export_dir, job.formats,
         float_model=float_model, force=job.force, say=say,

@@ -185,28 +185,34 @@ def sharing_copy(adapter: ModelAdapter) -> ModelAdapter:
 
 
 def slice_records(metric: MetricBudget, suite: Suite) -> list[dict[str, Any]]:
-    """The records the candidates are measured on: ``samples`` from ``start`` of ``data``, or
-    of the suite's data after its own samples (see :class:`MetricBudget`).
+    """The records the candidates are measured on: ``samples`` from ``start`` of ``data``, else
+    of the suite's ``data.tuning``, else of the suite's data after its own samples (see
+    :class:`MetricBudget`).
 
     Raises:
         ConfigError: the source is missing or has too few records.
     """
-    if metric.data is None:
+    source = metric.data or suite.data.tuning
+    if source is None:
         start = suite.data.samples if metric.start is None else metric.start
         return suite_records(suite, start, metric.samples)
     start = metric.start or 0
-    records = load_records(metric.data, start + metric.samples)[start:]
+    records = load_records(source, start + metric.samples)[start:]
     if len(records) < metric.samples:
+        whose = "" if metric.data else f"suite {suite.name}'s data.tuning "
         raise ConfigError(
-            f"budget.metric: {metric.data} has {start + len(records)} records, fewer than the "
+            f"budget.metric: {whose}{source} has {start + len(records)} records, fewer than the "
             f"{start + metric.samples} needed for {metric.samples} from record {start}"
         )
     return records
 
 
-def metric_source(metric: MetricBudget) -> str:
-    """Where the slice comes from, in words."""
+def metric_source(metric: MetricBudget, suite: Suite | None = None) -> str:
+    """Where the slice comes from, in words (``suite``: the one ``metric`` names)."""
     start = metric.start
+    tuning = suite.data.tuning if suite is not None else None
+    if metric.data is None and tuning is not None:
+        return f"suite {metric.suite}'s tuning data {tuning} from record {start or 0}"
     if metric.data is None:
         where = "after its samples" if start is None else f"from record {start}"
         return f"suite {metric.suite}'s data, {where}"

@@ -18,7 +18,7 @@ from opsnn_quant.io import atomic_write_text, read_text
 from opsnn_quant.policy.budget import Budget
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy
-from opsnn_quant.policy.targets import get_target
+from opsnn_quant.policy.targets import Target, get_target
 from opsnn_quant.probe.report import SensitivityReport
 
 
@@ -54,7 +54,8 @@ def build_from_probe(
     """Decide the policy of ``probe``'s report for ``target`` under ``budget`` and write it.
 
     Raises:
-        ConfigError: a missing/invalid report, target or budget; ``out`` exists and is not a
+        ConfigError: a missing/invalid report, target or budget, a report that did not measure
+            what the target runs (:func:`check_probe_serves`); ``out`` exists and is not a
             policy (unless ``force``).
     """
     file = probe / PROBE_FILE if probe.is_dir() else probe
@@ -64,6 +65,7 @@ def build_from_probe(
         )
     report = SensitivityReport.load(file)
     tgt, parsed = get_target(target), parse_budget(budget)
+    check_probe_serves(report, tgt, file)
     if out.exists() and not force:
         try:
             PrecisionPolicy.load(out)
@@ -72,3 +74,49 @@ def build_from_probe(
     policy = build_policy(report, parsed, tgt)
     atomic_write_text(out, policy.to_yaml())
     return policy
+
+
+def _arithmetic(engine: object, dtype: object, folded: object) -> str:
+    """An engine's arithmetic in words, for a message."""
+    return f"{engine}'s ({dtype or 'the model dtype'}" + (
+        ", SmoothQuant folded)" if folded else ")"
+    )
+
+
+def check_probe_serves(report: SensitivityReport, target: Target, file: Path) -> None:
+    """Refuse a probe report that cannot decide for ``target``: one measured in another
+    engine's arithmetic (its dtype, SmoothQuant folded into the norms or not: the errors it
+    holds are not ``target``'s) or that did not measure every scheme ``target`` runs on the
+    module types the model has (a probe for one target measures that target's only). A probe
+    of every scheme in the reference arithmetic (``probe MODEL``) serves every target that
+    computes so.
+
+    Raises:
+        ConfigError: what the probe lacks, and how to get one that serves.
+    """
+    cfg, wanted = report.config, target.probe_config()
+    reasons = []
+    keys = ("engine", "engine_dtype", "fold_smoothing")
+    if any(k in cfg and cfg[k] != getattr(wanted, k) for k in keys):
+        had = _arithmetic(*(cfg.get(k, getattr(wanted, k)) for k in keys))
+        reasons.append(
+            f"it measured the errors of {had} arithmetic, {target.name} computes "
+            f"{_arithmetic(*(getattr(wanted, k) for k in keys))}"
+        )
+    measured, per_type = cfg.get("schemes"), cfg.get("type_schemes") or {}
+    present = {m.type for m in report.modules}
+    missing = []
+    for kind, runs in sorted((wanted.type_schemes or {}).items()):
+        lacking = [s for s in runs if kind in present and (
+            (measured is not None and s not in measured) or (per_type and s not in per_type.get(kind, ()))
+        )]  # fmt: skip
+        if lacking:
+            missing.append(f"{', '.join(lacking)} on {kind}")
+    if missing:
+        reasons.append(f"it did not measure {' or '.join(missing)}, which {target.name} runs")
+    if reasons:
+        raise ConfigError(
+            f"{file} cannot decide a policy for {target.name}: {'; '.join(reasons)}; probe for "
+            f"it: `opsnn-quant calibrate RECIPE --target {target.name} --strategy search` (its "
+            "probe.json serves later policy builds for that target)"
+        )

@@ -175,7 +175,7 @@ def _load(job: ProbeJob, say: Progress, sharing: Sharing | None) -> tuple[list[A
     """The job's records and float model (and, shared, the ``ready`` meeting)."""
     from opsnn_quant.core.determinism import set_reproducible
     from opsnn_quant.models import load_adapter
-    from opsnn_quant.models.data import load_records
+    from opsnn_quant.models.data import check_records, load_records
 
     set_reproducible(seed=job.config.seed)
     say("loading the calibration data")
@@ -185,6 +185,8 @@ def _load(job: ProbeJob, say: Progress, sharing: Sharing | None) -> tuple[list[A
         job.family, job.source, device=job.device, dtype=job.dtype,
         allow_pickle=job.allow_pickle, max_memory=job.max_memory, **job.settings,
     )  # fmt: skip
+    # after the load, which says first when --family is not the model's; before any pass
+    check_records(job.family, records, f"the calibration data {job.data}")
     if sharing is not None:
         sharing.ready(adapter, records)
     return records, adapter

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from opsnn_quant.backends.devices import resolve_device
 from opsnn_quant.core.user_config import check_seed
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.evaluation.evaluate import check_suite_fits
 from opsnn_quant.evaluation.gate import check_latency_mode
 from opsnn_quant.evaluation.suite import Suite, load_suite, suite_inputs
 from opsnn_quant.io import check_output_dir
@@ -127,8 +128,9 @@ def resolve_run(
 
     Raises:
         OpsnnQuantError: bad input (the model source, its weights, the output path, seed,
-            device, settings against the model's config files, memory, latency mode, suite,
-            quantizer, what does not run offloaded).
+            device, settings against the model's config files (the suites' generation
+            settings included), memory, latency mode, suite, quantizer, what does not run
+            offloaded).
     """
     check_seed(seed, "seed")  # the recipe's is checked by its schema
     moments_memory()  # OPSNN_QUANT_MOMENTS_MEMORY, read at pass 1: refused before any load
@@ -160,6 +162,12 @@ def resolve_run(
         check_offloadable(recipe, engine)
     check_latency_mode(latency)  # with or without a suite: a typo is never silently ignored
     loaded = load_suite(suite) if suite is not None else None
+    metric_suite = load_suite(metric.suite) if metric is not None else None
+    for used in (loaded, metric_suite):  # each runs the model at its generation settings
+        if used is not None:
+            check_suite_fits(
+                used, source, family=recipe.model.family, settings=recipe.settings_dict()
+            )
     if metric is not None and engine == "amct":
         raise ConfigError(
             "budget.metric measures candidates quantized by opsnn-quant; with --engine amct "
@@ -174,7 +182,7 @@ def resolve_run(
     )  # fmt: skip
     return CalibrateRun(
         recipe, out, seed, get_target(recipe.target), quantizer, loaded, suite,
-        load_suite(metric.suite) if metric is not None else None, latency, from_probe, allow_broken_baseline, resume, force,
+        metric_suite, latency, from_probe, allow_broken_baseline, resume, force,
         identity,
     )  # fmt: skip
 

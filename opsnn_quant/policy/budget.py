@@ -81,10 +81,13 @@ class MetricBudget(Thresholds):
         suite: the acceptance suite (built-in name or file) whose generation settings and
             metrics measure each candidate (and whose data, unless ``data`` is given).
         data: another data source for the slice (a calibration-data source, e.g.
-            ``zoo:speech/train``), so that a suite with few records keeps them for acceptance.
+            ``zoo:speech/train``), so that a suite with few records keeps them for acceptance;
+            left out: the suite's ``data.tuning`` if it names one (``whisper-tiny-en``: its
+            512 eval-large utterances are all its own), else the suite's data.
         samples: records in the slice.
-        start: its first record; left out: 0 in ``data``, else right after the suite's own
-            ``samples``, so that the acceptance run judges data the search never tuned on.
+        start: its first record; left out: 0 in ``data`` (or the suite's tuning data), else
+            right after the suite's own ``samples``, so that the acceptance run judges data the
+            search never tuned on.
     """
 
     suite: str = Field(min_length=1)

@@ -279,6 +279,21 @@ class SensitivityReport(_Frozen):
         _no_nan_in(v)
         return v
 
+    @field_validator("modules")
+    @classmethod
+    def _each_module_once(cls, v: list[ModuleSensitivity]) -> list[ModuleSensitivity]:
+        # a module listed twice would count its MACs twice (int8_mac_share halved)
+        seen: set[str] = set()
+        for m in v:
+            if m.name in seen:
+                raise PydanticCustomError(
+                    "module_twice",
+                    "{name} is listed twice; a probe report lists each module once",
+                    {"name": m.name},
+                )
+            seen.add(m.name)
+        return v
+
     @field_validator("schema_version")
     @classmethod
     def _known_version(cls, v: int) -> int:

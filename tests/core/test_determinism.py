@@ -81,3 +81,26 @@ def test_the_report_says_what_outputs_depend_on(monkeypatch, invariant):
     assert report.outputs_depend_on["float_gemm_rows_invariant"] is invariant
     assert (BATCH_DEPENDENT_NOTE in report.notes) is (not invariant)
     assert report.timings == {"baseline outputs": 1.0}
+
+
+def test_source_date_epoch_is_whole_seconds_up_to_the_last_datetime(monkeypatch):
+    import datetime as dt
+
+    from opsnn_quant.core.determinism import MAX_EPOCH, source_date_epoch
+    from opsnn_quant.errors import ConfigError
+
+    # the largest value is the last second a datetime holds
+    assert dt.datetime.fromtimestamp(MAX_EPOCH, dt.UTC).isoformat() == "9999-12-31T23:59:59+00:00"
+    for value, expected in (("0", 0), ("1767225600", 1767225600), (str(MAX_EPOCH), MAX_EPOCH)):
+        monkeypatch.setenv("SOURCE_DATE_EPOCH", value)
+        assert source_date_epoch() == expected
+    for unset in ("", None):
+        if unset is None:
+            monkeypatch.delenv("SOURCE_DATE_EPOCH")
+        else:
+            monkeypatch.setenv("SOURCE_DATE_EPOCH", unset)
+        assert source_date_epoch() is None
+    for bad in (str(MAX_EPOCH + 1), "1.5", " 12", "١٢", "-1", "x" * 100):
+        monkeypatch.setenv("SOURCE_DATE_EPOCH", bad)
+        with pytest.raises(ConfigError, match=r"^SOURCE_DATE_EPOCH=.* is not a time"):
+            source_date_epoch()

@@ -157,3 +157,69 @@ def test_calibrate_evaluate_exits_4_when_inconclusive(tmp_path, monkeypatch, cap
         printed = capsys.readouterr().out
         assert f"acceptance (shapes-t2i): {verdict}" in printed
         assert ("next: after" in printed) == (verdict != "PASS")  # what to try, under the verdict
+
+
+def _criteria(out):
+    report = json.loads((out / "report.json").read_text())
+    return {c["key"]: (c["status"], c["value"]) for c in report["criteria"]}
+
+
+def test_a_random_whisper_baseline_fails_by_default_and_a_nan_candidate_always(tmp_path):
+    # issue 58: a random-weight Whisper says one token over and over for every utterance; it
+    # got PASS (rc 0, broken-baseline share 0) against itself without --allow-broken-baseline
+    from safetensors.torch import load_file, save_file
+
+    from tests.tiny_pipelines import save_tiny_whisper
+
+    model = save_tiny_whisper(tmp_path / "w", max_target_positions=80)
+    suite = tmp_path / "asr.yaml"
+    suite.write_text(
+        "schema_version: 1\nname: tiny-asr\ntask: asr\n"
+        "data: {dataset: speech, split: eval, samples: 4}\n"
+        "generation: {max_new_tokens: 8, batch_size: 2}\n"
+        "metrics: {fid_features: null, thresholds: {wer_delta_max_points: 100.0}}\n"
+    )
+    args = ["evaluate", "--suite", str(suite), "--latency", "none", "--quiet"]
+    assert main([*args, "--candidate", str(model), "-o", str(tmp_path / "r")]) == 3
+    rows = _criteria(tmp_path / "r")
+    assert rows["wer_delta_max_points"][0] == "PASS"  # it matches itself...
+    assert rows["baseline_sane"] == ("FAIL", 1.0)  # ...but says nothing
+    assert rows["candidate_finite"] == ("PASS", 0.0)
+    allowed = [*args, "--allow-broken-baseline"]
+    assert main([*allowed, "--candidate", str(model), "-o", str(tmp_path / "ok")]) == 0
+    assert _criteria(tmp_path / "ok")["baseline_sane"] == ("NOT JUDGED", 1.0)
+    # a candidate whose encoder computes NaN: its transcripts are empty strings, which say
+    # nothing of NaN; it fails whatever --allow-broken-baseline says
+    nan = tmp_path / "nan"
+    nan.mkdir()
+    for f in model.iterdir():
+        (nan / f.name).write_bytes(f.read_bytes())
+    weights = load_file(nan / "model.safetensors")
+    weights["model.encoder.layers.0.fc1.weight"][0, 0] = float("nan")
+    save_file(weights, nan / "model.safetensors", metadata={"format": "pt"})
+    argv = [*allowed, "--candidate", str(nan), "--baseline", str(model), "-o", str(tmp_path / "n")]
+    assert main(argv) == 3
+    assert _criteria(tmp_path / "n")["candidate_finite"] == ("FAIL", 1.0)
+
+
+def test_a_pipeline_candidate_whose_images_are_nan_fails(candidate, tmp_path):
+    # NaN pixels become black uint8 images, which a loose PSNR bound may pass: counted instead
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    nan = tmp_path / "nan"
+    shutil.copytree(candidate / "pipe", nan)
+    file = nan / "unet" / "diffusion_pytorch_model.safetensors"
+    weights = load_file(file)
+    name = next(k for k in weights if k.endswith("conv_out.weight"))
+    weights[name][0] = float("nan")
+    save_file(weights, file, metadata={"format": "pt"})
+    argv = ["evaluate", "--candidate", str(nan), "--baseline", str(candidate / "pipe"),
+            "--suite", str(_suite(candidate, 0.0)), "-o", str(tmp_path / "r"), "--quiet",
+            "--latency", "none"]  # fmt: skip
+    assert main(argv) == 3
+    rows = _criteria(tmp_path / "r")
+    assert rows["psnr_min"][0] == "PASS"  # a bound of 0 dB passes anything
+    assert rows["candidate_finite"] == ("FAIL", 1.0)
+    assert rows["baseline_finite"] == ("PASS", 0.0) and rows["baseline_sane"][0] == "PASS"

@@ -213,3 +213,65 @@ def test_flat_baseline_images_count_as_broken():
     assert q.measured["baseline_broken_share"] == pytest.approx(2 / 3)
     q = t2i_quality(textured, textured, ["a", "b", "c"])
     assert q.measured["baseline_broken_share"] == 0.0
+
+
+def _by_key(report):
+    return {c.key: c for c in report.criteria}
+
+
+def test_a_looping_baseline_above_100_percent_wer_is_broken_unless_allowed():
+    # issue 58: a random Whisper says "bang" eight times for every utterance: WER above 100 %,
+    # no transcript empty, and every candidate that does the same "matches" it
+    from opsnn_quant.evaluation.quality import asr_quality
+
+    refs = ["the truck is parked", "i like juice", "we bought apples", "call me"]
+    bang = ["Bang bang bang bang bang bang bang bang."] * 4
+    q = asr_quality(refs, bang, bang)
+    # 8 words against 4, 3, 3 and 2 reference words: each reference word substituted, the rest
+    # inserted, 8 errors per utterance: 32 errors for 12 reference words
+    assert q.measured["baseline_error_points"] == pytest.approx(100 * 32 / 12)
+    assert q.measured["baseline_broken_share"] == 1.0
+    suite = asr_suite(wer_delta_max_points=1.0)
+    report = build_report(suite, q, created="")
+    rows = _by_key(report)
+    assert rows["wer_delta_max_points"].status == "PASS"  # the candidate matches it exactly
+    assert rows["baseline_error_rate"].status == "FAIL"
+    assert rows["baseline_error_rate"].label == "baseline WER (%)"
+    assert rows["baseline_sane"].status == "FAIL" and report.verdict == "FAIL"
+    assert "--allow-broken-baseline" in rows["baseline_sane"].note
+    allowed = build_report(suite, q, created="", allow_broken_baseline=True)
+    assert {k: c.status for k, c in _by_key(allowed).items()} == {
+        "wer_delta_max_points": "PASS", "baseline_error_rate": "NOT JUDGED",
+        "baseline_sane": "NOT JUDGED",
+    }  # fmt: skip
+    assert allowed.verdict == "PASS"
+    # a sound baseline passes both; silent inputs count as saying nothing
+    fine = asr_quality(refs, refs, refs)
+    assert fine.measured["baseline_error_points"] == 0.0
+    assert {c.status for c in build_report(suite, fine, created="").criteria} == {"PASS"}
+    quiet = asr_quality(refs, refs, refs, silent=[True, True, True, False])
+    assert quiet.measured["baseline_broken_share"] == 0.75
+    assert _by_key(build_report(suite, quiet, created=""))["baseline_sane"].status == "FAIL"
+
+
+def test_outputs_computed_from_nan_fail_a_candidate_always_and_a_baseline_unless_allowed():
+    suite = asr_suite(wer_delta_max_points=1.0)
+    base = {"wer_delta_points": 0.0}
+    for allowed in (False, True):
+        nan_candidate = QualityResult(measured=base | {"baseline_nan_share": 0.0,
+                                                       "candidate_nan_share": 0.25})  # fmt: skip
+        report = build_report(suite, nan_candidate, created="", allow_broken_baseline=allowed)
+        row = _by_key(report)["candidate_finite"]
+        assert (row.status, row.value, row.threshold) == ("FAIL", 0.25, 0.0)
+        assert report.verdict == "FAIL" and "computed from NaN" in row.note
+        assert any(n.startswith("candidate check: 25% of the candidate") for n in report.notes)
+    nan_baseline = QualityResult(measured=base | {"baseline_nan_share": 0.5,
+                                                  "candidate_nan_share": 0.0})  # fmt: skip
+    assert (
+        _by_key(build_report(suite, nan_baseline, created=""))["baseline_finite"].status == "FAIL"
+    )
+    allowed = build_report(suite, nan_baseline, created="", allow_broken_baseline=True)
+    assert _by_key(allowed)["baseline_finite"].status == "NOT JUDGED" and allowed.verdict == "PASS"
+    # a NaN figure (unmeasurable) fails rather than passing every comparison
+    odd = QualityResult(measured=base | {"candidate_nan_share": float("nan")})
+    assert _by_key(build_report(suite, odd, created=""))["candidate_finite"].status == "FAIL"

@@ -141,3 +141,25 @@ def test_the_report_shows_changes_both_ways_and_what_drives_the_delta():
         "the float model repeats or makes up words on 1 utterances (9 of its errors): "
         "#3 'aligner' x8"
     )
+
+
+def test_a_transcript_of_one_unit_repeated_is_a_loop_and_one_containing_a_loop_is_not():
+    from opsnn_quant.evaluation.wer import one_unit_loop
+
+    # a random Whisper's transcripts: one word, or one character, until the length limit
+    assert one_unit_loop("bang bang bang bang bang bang bang bang") == "'bang' x8"
+    assert one_unit_loop("mmmmmmmmmmmmmmmm") == "'m' x16"
+    assert one_unit_loop("thank you thank you thank you thank you") == "'thank you' x4"
+    assert one_unit_loop("haha haha") == "'ha' x4"  # characters, spaces left out
+    # below LOOP_REPEATS, a loop inside real words, an empty text: not "nothing but a loop"
+    assert one_unit_loop("bang bang bang") is None
+    assert one_unit_loop("the the the the truck is parked") is None
+    assert one_unit_loop("") is None
+    # without word boundaries the characters count (a Chinese transcript)
+    assert one_unit_loop("啊啊啊啊啊", words=False) == "'啊' x5"
+    assert one_unit_loop("我们在这里", words=False) is None
+    # a token without a leading space, decoded eight times: one "word"
+    assert one_unit_loop("virtualvirtualvirtualvirtualvirtualvirtualvirtualvirtual") == (
+        "'virtual' x8"
+    )
+    assert one_unit_loop("virtualvirtualvirtual") is None  # three times

@@ -20,7 +20,8 @@ def test_the_layout_names_every_file_once(tmp_path):
            for k in ("probe", "policy", "timings", "quant", "export", "report")}  # fmt: skip
     assert rel == {"probe": "probe.json", "policy": "policy.yaml", "timings": "timings.json",
                    "quant": "quant", "export": "export", "report": "report"}  # fmt: skip
-    assert out.read_by_consumers() == [out.quant, out.probe, out.policy]
+    # recipe.yaml too: the settings the model is loaded with again (issue 58)
+    assert out.read_by_consumers() == [out.quant, out.probe, out.policy, out.recipe]
 
 
 def test_directories_are_classified_by_what_they_hold(tmp_path):
@@ -47,7 +48,7 @@ def test_directories_are_classified_by_what_they_hold(tmp_path):
         str(calib / "quant"),
     ]
     assert recognise(calib).inputs(calib) == [str(calib / p) for p in ("quant", "probe.json",
-                                                                     "policy.yaml")]  # fmt: skip
+                                                                     "policy.yaml", "recipe.yaml")]  # fmt: skip
     assert recognise(model).inputs(model) == [str(model)]
     assert recognise(mindie).engine and recognise(av1).engine and not recognise(calib).engine
 
@@ -108,3 +109,14 @@ def test_one_class_per_format_writes_and_reads(tmp_path):
         CalibrateOutputFormat().writer()
     with pytest.raises(ConfigError, match="not read as a candidate"):
         exporter("amct-cfg").float_source(tmp_path, None)
+
+
+def test_a_calibrate_outputs_settings_are_its_recipes(tmp_path):
+    out = CalibrateOutput(tmp_path / "OUT")
+    assert out.settings() == {}  # none recorded (an older output): the family's defaults
+    out.root.mkdir()
+    out.recipe.write_text("# c\nname: x\nmodel: {source: m, settings: {max_new_tokens: 8}}\n")
+    assert out.settings() == {"max_new_tokens": 8}
+    out.recipe.write_text("model: [1\n")
+    with pytest.raises(ConfigError, match=r"recipe\.yaml is not YAML"):
+        out.settings()

@@ -4,6 +4,7 @@ caps that the machine cannot hold are refused before anything loads."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -116,5 +117,27 @@ def test_calibrate_refuses_sizes_the_machine_cannot_hold_before_loading(
     code = main(["calibrate", *sets, "-o", str(out), "--quiet"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error: ")
-    assert "need at least" in err[0] and "GiB" in err[0] and "batch_size" in err[0]
+    assert "need at least" in err[0] and "batch_size" in err[0]
+    assert re.search(r"need at least \d+\.\d [KMGT]iB .* more than the \d+\.\d [KMGT]iB", err[0])
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_sizes_are_shown_in_a_unit_that_tells_them_apart():
+    # issue 58: --max-memory 1KiB read "needs 0.0 GiB > 0.0 GiB"
+    from opsnn_quant.models.footprint import Footprint, fmt_size, fmt_sizes
+
+    assert [fmt_size(n) for n in (0, 1023, 1024, 16_700, 3 << 20, 5 << 30, 2 << 40)] == [
+        "0 B", "1023 B", "1.0 KiB", "16.3 KiB", "3.0 MiB", "5.0 GiB", "2.0 TiB",
+    ]  # fmt: skip
+    assert fmt_sizes(1024 + 20, 1024) == ["1.02 KiB", "1.00 KiB"]  # one decimal: both 1.0
+    assert fmt_sizes(1025, 1024) == ["1.001 KiB", "1.000 KiB"]
+    assert fmt_sizes((1 << 20) + 1, 1 << 20) == ["1048577 B", "1048576 B"]  # 1.000 MiB both
+    assert fmt_sizes(5 << 20, 1024) == ["5.0 MiB", "1.0 KiB"]
+    need = Footprint(weights=0, activation=16_700, where="the VAE decoder's full-size blocks")
+    with pytest.raises(ConfigError) as info:
+        check_footprint(need, "height 64", "lower it", max_memory=1024)
+    assert str(info.value) == (
+        "height 64 need at least 16.3 KiB (weights 0 B + 16.3 KiB for the VAE decoder's "
+        "full-size blocks), more than the 1.0 KiB --max-memory; lower it, or give --max-memory "
+        "SIZE if this machine has more"
+    )

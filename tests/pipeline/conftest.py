@@ -37,6 +37,23 @@ def tiny_sd_calibrated(tmp_path_factory) -> tuple[Path, Path, Path]:
     return root, recipe, out
 
 
+@pytest.fixture(scope="session")
+def tiny_whisper_calibrated(tmp_path_factory) -> tuple[Path, Path]:
+    """``(model, out)``: a random Whisper of 16 decoder positions (the family's default
+    max_new_tokens, 64, does not fit it) calibrated with ``--set max_new_tokens=8`` for
+    ascend910b-vllm-ascend, the search's whole probe (read only)."""
+    from tests.tiny_pipelines import save_tiny_whisper
+
+    root = tmp_path_factory.mktemp("tiny-whisper-calibrated")
+    model = save_tiny_whisper(root / "w")
+    out = root / "out"
+    argv = ["calibrate", "--model", str(model), "--data", "zoo:speech/eval", "--limit", "2",
+            "--set", "max_new_tokens=8", "--set", "batch_size=2", "--target",
+            "ascend910b-vllm-ascend", "--strategy", "search", "-o", str(out), "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    return model, out
+
+
 @pytest.fixture
 def offloads(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Every ``BlockOffload`` the test's runs make (``--max-memory``), in order."""

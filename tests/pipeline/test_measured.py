@@ -236,3 +236,44 @@ def test_a_candidate_quantized_in_a_sharing_copy_leaves_the_float_model_bit_for_
         assert torch.equal(tensor, before[name]), name
     with torch.no_grad():
         assert torch.equal(model(x), float_out)
+
+
+DOCUMENTED_BUDGET = "'{metric: {suite: whisper-tiny-en, wer_delta_max_points: 0.5}}'"
+
+
+@needs_espeak
+def test_the_documented_budget_example_slices_data_the_suite_does_not_judge(tmp_path):
+    # issue 58: the --budget example of docs/cli.md (and of --budget's help and error) always
+    # failed: "fewer than the 544 needed" (whisper-tiny-en judges all 512 eval-large records,
+    # and the slice was to start after them)
+    from pathlib import Path
+
+    from opsnn_quant.cli.calibrate import calibrate
+    from opsnn_quant.errors import ConfigError
+    from opsnn_quant.evaluation.suite import load_suite
+    from opsnn_quant.models.data import load_records
+    from opsnn_quant.pipeline.measured import metric_source, slice_records
+    from opsnn_quant.recipe_flags import RecipeFlags, effective_recipe
+
+    docs = (Path(__file__).parents[2] / "docs" / "cli.md").read_text()
+    assert DOCUMENTED_BUDGET in docs
+    assert DOCUMENTED_BUDGET in str(calibrate.__annotations__["budget"])  # the --budget help
+    recipe = effective_recipe("whisper-tiny-en", RecipeFlags(budget=DOCUMENTED_BUDGET[1:-1]))
+    metric = recipe.budget.metric
+    assert metric is not None and metric.data is None and metric.samples == 32
+    suite = load_suite(metric.suite)
+    assert suite.data.samples == 512 and suite.data.tuning == "zoo:speech/train"
+    assert metric_source(metric, suite) == (
+        "suite whisper-tiny-en's tuning data zoo:speech/train from record 0"
+    )
+    sliced = slice_records(metric, suite)
+    assert [r["text"] for r in sliced] == [r["text"] for r in load_records("zoo:speech/train", 32)]
+    # a suite without tuning data slices its own after its samples, and says when it cannot
+    own = tmp_path / "s.yaml"
+    own.write_text(
+        "schema_version: 1\nname: s\ntask: asr\ndata: {dataset: speech, split: eval, samples: 90}\n"
+        "metrics: {fid_features: null}\n"
+    )
+    short = metric.model_copy(update={"suite": str(own)})
+    with pytest.raises(ConfigError, match="has 100 records, fewer than the 122 needed"):
+        slice_records(short, load_suite(own))

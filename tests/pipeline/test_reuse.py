@@ -117,3 +117,27 @@ def test_policy_build_decides_again_under_another_budget(done, tmp_path, capsys)
     assert main([*argv[:-1], str(notes)]) == 2
     assert "exists and is not a policy file" in capsys.readouterr().err
     assert yaml.safe_load(notes.read_text()) == {"my": "notes"}
+
+
+def test_policy_build_refuses_a_target_the_probe_did_not_measure(
+    tiny_whisper_calibrated, tmp_path, capsys
+):
+    # issue 58: a vLLM-Ascend probe (its errors in vLLM-Ascend's bf16 arithmetic, SmoothQuant
+    # folded, its schemes only) built a cpu-reference policy that policy show/export rejected
+    _, out = tiny_whisper_calibrated
+    policy = tmp_path / "p.yaml"
+    argv = ["policy", "build", str(out), "-o", str(policy)]
+    assert main([*argv, "--target", "cpu-reference"]) == 2
+    err = _errors(capsys.readouterr().err)
+    assert err == [
+        f"error: {out / 'probe.json'} cannot decide a policy for cpu-reference: it measured the "
+        "errors of vllm-ascend's (bfloat16, SmoothQuant folded) arithmetic, cpu-reference "
+        "computes opsnn's (the model dtype); it did not measure w4a16, w8a8_timestep, "
+        "w8a8_timestep_smoothquant on Linear, which cpu-reference runs; probe for it: "
+        "`opsnn-quant calibrate RECIPE --target cpu-reference --strategy search` (its "
+        "probe.json serves later policy builds for that target)"
+    ]
+    assert not policy.exists()
+    # its own target: decided again, and policy show accepts what was written
+    assert main([*argv, "--target", "ascend910b-vllm-ascend"]) == 0
+    assert main(["policy", "show", str(policy), "--probe", str(out / "probe.json")]) == 0

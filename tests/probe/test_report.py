@@ -150,3 +150,19 @@ def test_infinite_maxima_are_written_as_the_writer_writes_them_and_read_back_the
 def test_a_report_built_with_a_negative_count_is_refused():
     with pytest.raises(ValidationError, match="greater than or equal to 0"):
         ModuleSensitivity(name="a", type="Linear", modality="denoiser", macs=-1)
+
+
+def test_a_report_listing_a_module_twice_is_refused(tmp_path):
+    # issue 58: it was read, and the module's MACs counted twice (int8_mac_share halved)
+    module = {"name": "fc", "type": "Linear", "modality": "other"}
+    doc = {"model": "m", "modules": [module, {**module}]}
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError) as info:
+        SensitivityReport.load(path)
+    assert str(info.value) == (
+        f"{path}: modules: fc is listed twice; a probe report lists each module once"
+    )
+    doc["modules"][1]["name"] = "fc2"
+    path.write_text(json.dumps(doc))
+    assert [m.name for m in SensitivityReport.load(path).modules] == ["fc", "fc2"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
@@ -157,12 +158,16 @@ def load_ascendv1_candidate(
     device: str = "cpu",
     dtype: str = "float32",
     allow_pickle: bool = False,
+    **settings: Any,
 ) -> ModelAdapter:
-    """The float ``baseline`` loaded by its adapter (``allow_pickle``: see
-    :func:`~opsnn_quant.models.load_adapter`), then the AscendV1 ``directory`` on top."""
+    """The float ``baseline`` loaded by its adapter (``allow_pickle`` and the family's
+    ``settings``: see :func:`~opsnn_quant.models.load_adapter`), then the AscendV1
+    ``directory`` on top."""
     from opsnn_quant.models import load_adapter
 
-    adapter = load_adapter(family, baseline, device=device, dtype=dtype, allow_pickle=allow_pickle)
+    adapter = load_adapter(
+        family, baseline, device=device, dtype=dtype, allow_pickle=allow_pickle, **settings
+    )
     apply_ascendv1_dir(adapter.model, directory)
     adapter.model_id = str(directory)
     return adapter
