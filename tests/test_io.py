@@ -9,6 +9,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from opsnn_quant.io import (
     write_output_file,
     write_output_files,
 )
+from opsnn_quant.ownership import Marker
 
 
 def _ours(path, kind="calibrate", text="old\n"):
@@ -74,21 +76,32 @@ def test_anything_else_is_refused_and_left_alone(tmp_path, kind):
         pass
     assert str(out) in str(info.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
-    # --force replaces it
+    if kind is None:  # issue 58 §2: not ours, so --force does not replace it either
+        with pytest.raises(OutputError, match="--force replaces only opsnn-quant outputs"):
+            check_output_dir(out, "calibrate", force=True)
+        assert (out / "notes.txt").read_text() == "precious\n"
+        return
+    # another command's output: --force replaces it
     with atomic_dir(out, "calibrate", force=True) as tmp:
         (tmp / "policy.yaml").write_text("new\n")
     assert sorted(p.name for p in out.iterdir()) == [MARKER, "policy.yaml"]
 
 
-def test_an_existing_file_is_refused_unless_forced(tmp_path):
+@pytest.mark.parametrize("force", [False, True])
+def test_an_existing_file_is_refused_whatever_the_flags(tmp_path, force):
+    # issue 58 §2: a user's file where the output goes is never ours (--force removed it)
     out = tmp_path / "out"
     out.write_text("precious\n")
-    with pytest.raises(OutputError, match="is an existing file"):
-        check_output_dir(out, "probe")
+    with pytest.raises(
+        OutputError,
+        match=r"is an existing file, not an opsnn-quant output; choose a new or empty directory "
+        r"\(--force replaces only opsnn-quant outputs\)",
+    ):
+        check_output_dir(out, "probe", force=force)
+    with pytest.raises(OutputError, match="is an existing file"), atomic_dir(out, "probe", force=force):
+        pass
     assert out.read_text() == "precious\n"
-    with atomic_dir(out, "probe", force=True) as tmp:
-        (tmp / "probe.json").write_text("{}")
-    assert (out / "probe.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
 def test_outputs_that_would_eat_the_inputs_or_the_cwd_are_refused(tmp_path, monkeypatch):
@@ -232,10 +245,11 @@ def test_a_copied_marker_does_not_make_a_folder_ours(tmp_path):
     user.mkdir()
     (user / "thesis.tex").write_text("years of work\n")
     shutil.copy(done / MARKER, user / MARKER)
-    with pytest.raises(
-        OutputError, match=r"holds thesis.tex, which is not part of the quant output"
-    ):
-        check_output_dir(user, "quant")
+    for force in (False, True):  # issue 58 §2: nor does it with --force
+        with pytest.raises(
+            OutputError, match=r"holds thesis.tex but none of the files its opsnn-quant marker"
+        ):
+            check_output_dir(user, "quant", force=force)
     # the same for a file added to a real output, or one whose size changed
     (done / "notes.txt").write_text("mine\n")
     with pytest.raises(OutputError, match=r"holds notes\.txt"):
@@ -572,3 +586,132 @@ def test_output_files_are_all_checked_before_any_is_written(tmp_path):
     notes.write_text("mine\n")
     write_output_files({cfg: ("c\n", "atc-keep-dtype")}, stale={notes: "atc-keep-dtype.notes"})
     assert notes.read_text() == "mine\n"
+
+
+# ---- issue 58 §2: --force replaces only what is ours -----------------------------------------
+
+
+def _tree(root):
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def _scratch_home(tmp_path, monkeypatch):
+    home = tmp_path / "home" / "user"
+    (home / "Documents").mkdir(parents=True)
+    (home / "Documents" / "thesis.txt").write_text("years of work\n")
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+def _refused_whatever_the_flags(out, match):
+    """``out`` is refused by the check and by a whole run, --force or not; nothing changes."""
+    before = _tree(out.parent)
+    for force in (False, True):
+        with pytest.raises(OutputError) as err:
+            check_output_dir(out, "calibrate", force=force)
+        assert re.search(match, str(err.value)), str(err.value)
+        assert str(err.value).startswith(f"output {out} ") and "\n" not in str(err.value)
+        assert str(err.value).endswith(
+            "; choose a new or empty directory (--force replaces only opsnn-quant outputs)"
+        )
+        with pytest.raises(OutputError, match=match), atomic_dir(out, "calibrate", force=force):
+            raise AssertionError("the run must not start")
+    assert _tree(out.parent) == before
+
+
+def test_force_never_replaces_a_home_directory(tmp_path, monkeypatch):
+    # calibrate ... -o ~ --force: rc 0 and Documents/thesis.txt gone
+    home = _scratch_home(tmp_path, monkeypatch)
+    _refused_whatever_the_flags(home, "is your home directory")
+    # an opsnn-quant marker copied into it changes nothing, nor does a trailing "/." or a link
+    (home / MARKER).write_text(Marker("calibrate", "cd" * 16, {"policy.yaml": 1}).to_json())
+    _refused_whatever_the_flags(home, "is your home directory")
+    with pytest.raises(OutputError, match="is your home directory"):
+        check_output_dir(home / "Documents" / "..", "calibrate", force=True)
+    # the directory holding it, too
+    _refused_whatever_the_flags(home.parent, f"holds your home directory {home}")
+    assert (home / "Documents" / "thesis.txt").read_text() == "years of work\n"
+    # inside it is fine
+    with atomic_dir(home / "out", "calibrate") as tmp:
+        (tmp / "f").write_text("1")
+
+
+def test_force_never_replaces_the_users_real_home(tmp_path, monkeypatch):
+    # $HOME pointed elsewhere: the password database's home is still the user's
+    import pwd
+
+    real = tmp_path / "real-home"
+    (real / "Documents").mkdir(parents=True)
+    (real / "Documents" / "thesis.txt").write_text("years of work\n")
+    monkeypatch.setenv("HOME", str(tmp_path / "elsewhere"))
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: types.SimpleNamespace(pw_dir=str(real)))
+    _refused_whatever_the_flags(real, "is your home directory")
+
+
+def test_force_never_replaces_a_mount_point(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    assert os.path.ismount("/proc")
+    with pytest.raises(OutputError, match="is a filesystem root or mount point"):
+        check_output_dir("/proc", "calibrate", force=True)
+
+
+@pytest.mark.parametrize("where", [".git", "sub/.git"])
+def test_force_never_replaces_a_directory_holding_a_git_repository(tmp_path, where):
+    out = _ours(tmp_path / "out")  # ours, but a repository was made in it since
+    (out / where).mkdir(parents=True)
+    (out / where / "config").write_text("[remote] token\n")
+    _refused_whatever_the_flags(out, rf"holds {re.escape(where)} \(a version-control repository\)")
+
+
+def test_force_never_replaces_a_directory_without_our_marker(tmp_path):
+    out = tmp_path / "out"
+    (out / "sub").mkdir(parents=True)
+    (out / "sub" / "notes.txt").write_text("precious\n")
+    _refused_whatever_the_flags(out, "exists and is not an opsnn-quant output")
+
+
+def test_force_replaces_our_output_edited_or_of_another_kind_and_an_empty_directory(tmp_path):
+    out = _ours(tmp_path / "out", kind="probe")
+    (out / "policy.yaml").write_text("edited by hand, longer\n")
+    (out / "added.txt").write_text("mine\n")
+    with pytest.raises(OutputError, match="or pass --force"):
+        check_output_dir(out, "calibrate")  # without --force: refused as before
+    with atomic_dir(out, "calibrate", force=True) as tmp:
+        (tmp / "probe.json").write_text("{}\n")
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "probe.json"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with atomic_dir(empty, "calibrate") as tmp:  # no --force needed
+        (tmp / "f").write_text("1")
+    assert (empty / "f").read_text() == "1"
+
+
+def test_force_at_the_swap_keeps_a_directory_that_stopped_being_ours(tmp_path):
+    # checked at the start, and again once the previous output is aside: a marker removed (or
+    # a .git made) while the run built its output keeps the directory, --force or not
+    for spoil, match in (
+        (lambda out: (out / MARKER).unlink(), "holds policy.yaml, which is not an opsnn-quant"),
+        (lambda out: (out / ".git").mkdir(), r"holds \.git \(a version-control repository\)"),
+    ):
+        out = _ours(tmp_path / "out")
+        with (
+            pytest.raises(OutputChangedError, match=match),
+            atomic_dir(out, "calibrate", force=True) as tmp,
+        ):
+            (tmp / "new.txt").write_text("new\n")
+            spoil(out)
+        assert (out / "policy.yaml").read_text() == "old\n"
+        shutil.rmtree(tmp_path)
+        tmp_path.mkdir()
+
+
+def test_force_replaces_a_link_not_what_it_points_to(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "mine.txt").write_text("precious\n")
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    with atomic_dir(link, "calibrate", force=True) as tmp:
+        (tmp / "f").write_text("1")
+    assert not link.is_symlink() and (link / "f").read_text() == "1"
+    assert (real / "mine.txt").read_text() == "precious\n"
