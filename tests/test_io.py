@@ -98,7 +98,10 @@ def test_an_existing_file_is_refused_whatever_the_flags(tmp_path, force):
         r"\(--force replaces only opsnn-quant outputs\)",
     ):
         check_output_dir(out, "probe", force=force)
-    with pytest.raises(OutputError, match="is an existing file"), atomic_dir(out, "probe", force=force):
+    with (
+        pytest.raises(OutputError, match="is an existing file"),
+        atomic_dir(out, "probe", force=force),
+    ):
         pass
     assert out.read_text() == "precious\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
@@ -715,3 +718,137 @@ def test_force_replaces_a_link_not_what_it_points_to(tmp_path):
         (tmp / "f").write_text("1")
     assert not link.is_symlink() and (link / "f").read_text() == "1"
     assert (real / "mine.txt").read_text() == "precious\n"
+
+
+# ---- issue 58 §3: every writer holds its output's lock and those of the outputs it lies in ----
+
+_HOLD_RAW = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the lock alone, as a writer before issue 58
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+class _Holder:
+    """Another process holding a lock until the block ends (no sleeps: it waits on its stdin)."""
+
+    def __init__(self, code, path):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(path)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def __enter__(self):
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "held"
+        return self
+
+    def __exit__(self, *exc):
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+_HOLD_OUTPUT = _HOLD.replace("time.sleep(60)", "sys.stdin.read()")
+
+
+def _with_report(tmp_path):
+    """A calibrate output OUT holding a report an earlier evaluate -o OUT/report wrote."""
+    out = _ours(tmp_path / "out")
+    with atomic_dir(out / "report", "report") as tmp:
+        (tmp / "report.md").write_text("verdict: PASS\n")
+    return out, _tree(out)
+
+
+def test_a_nested_writer_is_refused_while_the_enclosing_output_is_written(tmp_path):
+    # calibrate -o OUT & then evaluate -o OUT/report: the report was written, then swapped away
+    out, before = _with_report(tmp_path)
+    with _Holder(_HOLD_OUTPUT, out):  # what a calibrate -o OUT holds for its whole run
+        lies_in = (
+            f"output {out / 'report'} lies in the output {out}, which another opsnn-quant run "
+            "is writing; wait for it to finish or choose another output"
+        )
+        with pytest.raises(OutputError) as err, atomic_dir(out / "report", "report") as tmp:
+            (tmp / "report.md").write_text("verdict: FAIL\n")
+        assert str(err.value) == lies_in
+        with pytest.raises(OutputError, match="lies in the output"):
+            check_output_dir(out / "report", "report")  # refused before any work, too
+        with pytest.raises(OutputError, match="lies in the output"):
+            check_output_dir(out / "report" / "plots", "plots")  # however deep
+        with pytest.raises(OutputError, match="lies in the output"):
+            write_output_file(out / "amct.cfg", "x\n", "amct-cfg")  # a loose file as well
+    assert _tree(out) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert not [p for p in out.iterdir() if ".tmp-" in p.name]
+
+
+def test_the_enclosing_swap_never_removes_a_report_being_written(tmp_path):
+    out, before = _with_report(tmp_path)
+    # evaluate -o OUT/report holds OUT's lock too: a calibrate -o OUT is refused at its start
+    with _Holder(_HOLD_OUTPUT, out / "report"):
+        with pytest.raises(OutputError) as err, atomic_dir(out, "calibrate", force=True) as tmp:
+            (tmp / "policy.yaml").write_text("new\n")
+        assert str(err.value) == (
+            f"output {out} is being written by another opsnn-quant run; wait for it to finish "
+            "or choose another output"
+        )
+    assert _tree(out) == before
+    # a writer holding the report's lock alone (an older opsnn-quant): the swap, --force or not,
+    # puts OUT back and keeps its own output aside
+    for force in (False, True):
+        live = "holds report, which another opsnn-quant run is writing"
+        with (
+            _Holder(_HOLD_RAW, out / "report"),
+            pytest.raises(OutputChangedError, match=live),
+            atomic_dir(out, "calibrate", force=force) as tmp,
+        ):
+            (tmp / "policy.yaml").write_text("new\n")
+        assert _tree(out) == before
+        shutil.rmtree(tmp)
+    # and one building OUT/report.tmp-<token> (its marker locked), --force: the same
+    building = (
+        "import sys\nfrom pathlib import Path\nfrom opsnn_quant.io import _open_tmp\n"
+        "tmp, _, lock = _open_tmp(Path(sys.argv[1]), 'report')\n"
+        "print('held', flush=True)\nsys.stdin.read()\n"
+    )
+    with _Holder(building, out / "report"):
+        (busy,) = [p for p in out.iterdir() if p.name.startswith("report.tmp-")]
+        with (
+            pytest.raises(OutputChangedError, match=f"holds {busy.name}, which another"),
+            atomic_dir(out, "calibrate", force=True) as tmp,
+        ):
+            (tmp / "policy.yaml").write_text("new\n")
+        assert (busy / MARKER).is_file()
+        assert {k: v for k, v in _tree(out).items() if not k.startswith(busy.name)} == before
+    assert (out / "report" / "report.md").read_text() == "verdict: PASS\n"
+
+
+def test_nested_writers_of_one_run_share_its_locks(tmp_path):
+    # export-weights holds OUT and writes OUT/export/ascendv1 and its notes: not a second writer
+    out, _ = _with_report(tmp_path)
+    with output_lock(out), output_lock(out):
+        with atomic_dir(out / "export" / "ascendv1", "ascendv1") as tmp:
+            (tmp / "w.bin").write_bytes(b"w")
+        write_output_file(out / "export" / "ascendv1.notes.txt", "n\n", "ascendv1.notes")
+    assert check_output_dir(out, "calibrate") == out  # recorded, still ours
+    # another thread is another writer
+    import threading
+
+    seen = []
+    with output_lock(out):
+        worker = threading.Thread(target=lambda: seen.append(_try(out / "report")))
+        worker.start()
+        worker.join()
+    assert seen == ["lies in the output"]
+    with output_lock(out / "report"):  # all released
+        pass
+
+
+def _try(path):
+    try:
+        with atomic_dir(path, "report"):
+            pass
+    except OutputError as exc:
+        return "lies in the output" if "lies in the output" in str(exc) else str(exc)
+    return "written"
