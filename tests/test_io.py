@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -20,6 +21,7 @@ from opsnn_quant.io import (
     OutputError,
     atomic_dir,
     atomic_write_text,
+    check_adoptable,
     check_output_dir,
     check_output_file,
     output_lock,
@@ -852,3 +854,54 @@ def _try(path):
     except OutputError as exc:
         return "lies in the output" if "lies in the output" in str(exc) else str(exc)
     return "written"
+
+
+# ---- issue 58 §14: --resume compares contents, not sizes -------------------------------------
+
+
+def _kept(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt), atomic_dir(out, "calibrate", keep_if=".done") as tmp:
+        (tmp / "policy.yaml").write_text("unet.*: int8\n")
+        (tmp / ".done").write_text("policy\n")
+        raise KeyboardInterrupt
+    kept = unfinished_output(out, "calibrate")
+    assert kept is not None
+    return out, kept
+
+
+def test_a_same_length_edit_of_a_kept_file_is_not_adopted(tmp_path):
+    out, kept = _kept(tmp_path)
+    assert _marker(kept)["sha256"] == {
+        ".done": hashlib.sha256(b"policy\n").hexdigest(),
+        "policy.yaml": hashlib.sha256(b"unet.*: int8\n").hexdigest(),
+    }
+    (kept / "policy.yaml").write_text("unet.*: fp16\n")  # the same 13 bytes
+    with pytest.raises(OutputError) as err:
+        check_adoptable(kept)
+    assert str(err.value) == (
+        f"--resume: {kept / 'policy.yaml'} was added, removed or changed since the interrupted "
+        "run kept its output; run without --resume"
+    )
+    with (
+        pytest.raises(OutputError, match=r"policy\.yaml was added, removed or changed"),
+        atomic_dir(out, "calibrate", resume=kept, keep_if=".done"),
+    ):
+        pass
+    assert (kept / "policy.yaml").read_text() == "unet.*: fp16\n" and not out.exists()
+    (kept / "policy.yaml").write_text("unet.*: int8\n")  # put back: adopted
+    with atomic_dir(out, "calibrate", resume=kept, keep_if=".done") as again:
+        (again / ".done").unlink()
+    assert "sha256" not in _marker(out)  # a finished output's marker: as before, no hashes
+
+
+def test_a_kept_output_of_a_version_without_hashes_is_compared_by_size(tmp_path):
+    _, kept = _kept(tmp_path)
+    doc = _marker(kept)
+    del doc["sha256"]
+    (kept / MARKER).write_text(json.dumps(doc))
+    (kept / "policy.yaml").write_text("unet.*: fp16\n")
+    assert check_adoptable(kept).token == doc["token"]  # sizes only, as that version recorded
+    (kept / "policy.yaml").write_text("unet.*: fp32!\n")
+    with pytest.raises(OutputError, match=r"policy\.yaml was added, removed or changed"):
+        check_adoptable(kept)
