@@ -9,9 +9,10 @@ replaces only what we wrote: an output of another kind or one edited since (its 
 there), never a directory without our marker, a file, a home directory, a filesystem root or
 mount point, a directory holding a ``.git``, or an input of the command (resolved: a ``zoo:``
 model's directory, the package itself). Every writer into an output holds its lock and the
-locks of the outputs it lies in (:func:`output_lock`). Directories are built in a ``<name>.tmp-<token>`` sibling and swapped in by
-two renames (the old one aside to ``<name>.old-<token>``, the new one into place); a run killed
-between the two is repaired by the next one, which restores or removes what that run left.
+locks of the outputs it lies in (:func:`output_lock`). Directories are built in a
+``<name>.tmp-<token>`` sibling and swapped in by two renames (the old one aside to
+``<name>.old-<token>``, the new one into place); a run killed between the two is repaired by the
+next one, which restores or removes what that run left.
 """
 
 from __future__ import annotations
@@ -246,8 +247,9 @@ def _check_parents(target: Path) -> None:
             return
 
 
-# How a refusal that --force cannot lift ends.
+# How a refusal that --force cannot lift ends: of what is there, and of where it is.
 NEVER_FORCED = "choose a new or empty directory (--force replaces only opsnn-quant outputs)"
+NEVER_HERE = "choose a new directory inside it (--force replaces only opsnn-quant outputs)"
 
 
 def _homes() -> list[Path]:
@@ -366,9 +368,11 @@ def check_output_dir(
     _check_not_an_input(target, inputs)
     _check_parents(target)
     never = _why_never_at(target)
-    if never is None and not target.is_symlink() and target.exists() and not target.is_dir():
+    if never is not None:
+        raise OutputError(f"output {target} {never}; {NEVER_HERE}")
+    if not target.is_symlink() and target.exists() and not target.is_dir():
         never = "is an existing file, not an opsnn-quant output"
-    if never is None and target.is_dir() and not target.is_symlink() and any(target.iterdir()):
+    elif target.is_dir() and not target.is_symlink() and any(target.iterdir()):
         never = _why_never_replaced(target)
     if never is not None:
         raise OutputError(f"output {target} {never}; {NEVER_FORCED}")

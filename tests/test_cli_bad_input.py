@@ -439,7 +439,7 @@ def test_force_onto_a_home_directory_is_refused_and_deletes_nothing(
     assert main([*argv, "-o", str(home), "--force"]) == 2
     err = _errors(capsys.readouterr().err)
     assert err == [
-        f"error: output {home} is your home directory; choose a new or empty directory "
+        f"error: output {home} is your home directory; choose a new directory inside it "
         "(--force replaces only opsnn-quant outputs)"
     ]
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == [

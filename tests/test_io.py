@@ -608,7 +608,7 @@ def _scratch_home(tmp_path, monkeypatch):
     return home
 
 
-def _refused_whatever_the_flags(out, match):
+def _refused_whatever_the_flags(out, match, advice="choose a new or empty directory"):
     """``out`` is refused by the check and by a whole run, --force or not; nothing changes."""
     before = _tree(out.parent)
     for force in (False, True):
@@ -616,25 +616,26 @@ def _refused_whatever_the_flags(out, match):
             check_output_dir(out, "calibrate", force=force)
         assert re.search(match, str(err.value)), str(err.value)
         assert str(err.value).startswith(f"output {out} ") and "\n" not in str(err.value)
-        assert str(err.value).endswith(
-            "; choose a new or empty directory (--force replaces only opsnn-quant outputs)"
-        )
+        assert str(err.value).endswith(f"; {advice} (--force replaces only opsnn-quant outputs)")
         with pytest.raises(OutputError, match=match), atomic_dir(out, "calibrate", force=force):
             raise AssertionError("the run must not start")
     assert _tree(out.parent) == before
 
 
+INSIDE = "choose a new directory inside it"
+
+
 def test_force_never_replaces_a_home_directory(tmp_path, monkeypatch):
     # calibrate ... -o ~ --force: rc 0 and Documents/thesis.txt gone
     home = _scratch_home(tmp_path, monkeypatch)
-    _refused_whatever_the_flags(home, "is your home directory")
+    _refused_whatever_the_flags(home, "is your home directory", INSIDE)
     # an opsnn-quant marker copied into it changes nothing, nor does a trailing "/." or a link
     (home / MARKER).write_text(Marker("calibrate", "cd" * 16, {"policy.yaml": 1}).to_json())
-    _refused_whatever_the_flags(home, "is your home directory")
+    _refused_whatever_the_flags(home, "is your home directory", INSIDE)
     with pytest.raises(OutputError, match="is your home directory"):
         check_output_dir(home / "Documents" / "..", "calibrate", force=True)
     # the directory holding it, too
-    _refused_whatever_the_flags(home.parent, f"holds your home directory {home}")
+    _refused_whatever_the_flags(home.parent, f"holds your home directory {home}", INSIDE)
     assert (home / "Documents" / "thesis.txt").read_text() == "years of work\n"
     # inside it is fine
     with atomic_dir(home / "out", "calibrate") as tmp:
@@ -650,14 +651,18 @@ def test_force_never_replaces_the_users_real_home(tmp_path, monkeypatch):
     (real / "Documents" / "thesis.txt").write_text("years of work\n")
     monkeypatch.setenv("HOME", str(tmp_path / "elsewhere"))
     monkeypatch.setattr(pwd, "getpwuid", lambda uid: types.SimpleNamespace(pw_dir=str(real)))
-    _refused_whatever_the_flags(real, "is your home directory")
+    _refused_whatever_the_flags(real, "is your home directory", INSIDE)
 
 
 def test_force_never_replaces_a_mount_point(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     assert os.path.ismount("/proc")
-    with pytest.raises(OutputError, match="is a filesystem root or mount point"):
+    with pytest.raises(OutputError) as err:
         check_output_dir("/proc", "calibrate", force=True)
+    assert str(err.value) == (
+        "output /proc is a filesystem root or mount point; choose a new directory inside it "
+        "(--force replaces only opsnn-quant outputs)"
+    )
 
 
 @pytest.mark.parametrize("where", [".git", "sub/.git"])
