@@ -529,7 +529,7 @@ def test_two_commands_writing_into_one_output_exclude_each_other(tmp_path):
             [sys.executable, "-c", code, str(out)], capture_output=True, text=True
         )
         assert proc.returncode != 0 and "being written by another" in proc.stderr
-    with output_lock(out):  # free again; and re-entrant use by one process is not needed
+    with output_lock(out):  # free again
         pass
 
 
