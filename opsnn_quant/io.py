@@ -4,11 +4,15 @@ Every output directory opsnn-quant writes carries a marker file (:data:`MARKER`)
 of output (``calibrate``, ``probe``, ``quant``, ``report``...) and listing what it holds. A
 directory is replaced only when it is empty or, entry by entry, an output of the same kind
 (:mod:`opsnn_quant.ownership`), unless the caller forces it; a loose output file only when it
-holds what we wrote there. Anything else is refused with one line naming the path, and an input
-of the command (resolved: a ``zoo:`` model's directory, the package itself) never is replaced,
-``--force`` or not. Directories are built in a ``<name>.tmp-<token>`` sibling and swapped in by
-two renames (the old one aside to ``<name>.old-<token>``, the new one into place); a run killed
-between the two is repaired by the next one, which restores or removes what that run left.
+holds what we wrote there. Anything else is refused with one line naming the path. ``--force``
+replaces only what we wrote: an output of another kind or one edited since (its marker still
+there), never a directory without our marker, a file, a home directory, a filesystem root or
+mount point, a directory holding a ``.git``, or an input of the command (resolved: a ``zoo:``
+model's directory, the package itself). Every writer into an output holds its lock and the
+locks of the outputs it lies in (:func:`output_lock`). Directories are built in a
+``<name>.tmp-<token>`` sibling and swapped in by two renames (the old one aside to
+``<name>.old-<token>``, the new one into place); a run killed between the two is repaired by the
+next one, which restores or removes what that run left.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import os
 import shutil
 import stat
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, TypeVar
@@ -33,6 +38,7 @@ from opsnn_quant.ownership import (
     MARKER,
     Marker,
     first_foreign_entry,
+    hashes_of,
     hold,
     is_live,
     is_token,
@@ -127,7 +133,7 @@ def empty_dir(path: str | os.PathLike[str]) -> Path:
     if any(p.name != MARKER for p in target.iterdir()):
         raise OutputError(
             f"{target} is not empty: give a new or empty directory (the opsnn-quant commands "
-            "replace their own outputs, with --force any)"
+            "replace their own outputs)"
         )
     return target
 
@@ -241,6 +247,66 @@ def _check_parents(target: Path) -> None:
             return
 
 
+# How a refusal that --force cannot lift ends: of what is there, and of where it is.
+NEVER_FORCED = "choose a new or empty directory (--force replaces only opsnn-quant outputs)"
+NEVER_HERE = "choose a new directory inside it (--force replaces only opsnn-quant outputs)"
+
+
+def _homes() -> list[Path]:
+    """The user's home directories: ``$HOME`` and the password database's (they may differ)."""
+    found = [os.environ.get("HOME", "")]
+    with contextlib.suppress(ImportError, KeyError, OSError):  # no pwd (Windows), no entry
+        import pwd
+
+        found.append(pwd.getpwuid(os.getuid()).pw_dir)
+    return [Path(h).resolve() for h in dict.fromkeys(found) if h and os.path.isabs(h)]
+
+
+def _why_never_at(target: Path) -> str | None:
+    """Why the location ``target`` is never replaced, ``--force`` or not: a filesystem root or
+    mount point, a home directory or a directory holding one (None: it may be)."""
+    # what would be replaced: the entry itself (a link is replaced, not what it points to)
+    plain = target.name not in ("", ".", "..")
+    where = target.absolute().parent.resolve() / target.name if plain else target.resolve()
+    if where == Path(where.anchor) or (not target.is_symlink() and os.path.ismount(where)):
+        return "is a filesystem root or mount point"
+    for home in _homes():
+        if where == home:
+            return "is your home directory"
+        if _is_within(home, where):
+            return f"holds your home directory {home}"
+    return None
+
+
+def _first_git(directory: Path) -> str | None:
+    """The first ``.git`` under ``directory`` (relative path), or None; links not followed."""
+    for root, dirs, files in os.walk(directory):
+        dirs.sort()
+        for name in sorted([*dirs, *files]):
+            if name == ".git":
+                return (Path(root) / name).relative_to(directory).as_posix()
+    return None
+
+
+def _why_never_replaced(directory: Path) -> str | None:
+    """Why the existing, non-empty ``directory`` is not ours to replace even with ``--force``
+    (None: it is an opsnn-quant output, perhaps edited since or of another kind)."""
+    found = read_marker(directory)
+    if found.kind is None:
+        return "exists and is not an opsnn-quant output"
+    git = _first_git(directory)  # walked only in our outputs (a home is refused without it)
+    if git is not None:
+        return f"holds {git} (a version-control repository)"
+    if found.marker is not None:
+        held = manifest_of(directory)
+        if held and not set(held) & set(found.marker.manifest):
+            return (
+                f"holds {min(held)} but none of the files its opsnn-quant marker lists (a "
+                "marker copied there vouches for nothing)"
+            )
+    return None
+
+
 def _why_not_replaceable(target: Path, kind: str) -> str | None:
     """Why ``target`` (an existing, non-empty directory) is not ours to replace, or None."""
     found = read_marker(target)
@@ -279,7 +345,10 @@ def check_output_dir(
     Args:
         path: the output directory.
         kind: the kind of output the command writes (its marker).
-        force: replace an existing directory or file that is not an output of this kind.
+        force: replace an opsnn-quant output of another kind, one changed since it was
+            written, or a symbolic link (the link, not what it points to); never a directory
+            without our marker, a file, a home or root directory, a mount point, a directory
+            holding a ``.git``.
         inputs: paths the command reads (recipe, resolved model directory, data, suite...):
             the output may not be one of them, contain one or lie inside one, ``force`` or not.
             The opsnn-quant package itself is always an input.
@@ -291,12 +360,24 @@ def check_output_dir(
 
     Raises:
         OutputError: ``path`` is the working directory or contains it, is, contains or lies in
-            an input, has a file as parent, is being written by another run, exists and is
-            not ours entry by entry (without ``force``), or its parent cannot be written.
+            an input, has a file as parent, is being written by another run (it or an output
+            it lies in), is never ours to replace (see ``force``), exists and is not ours entry
+            by entry (without ``force``), or its parent cannot be written.
     """
     target = Path(path)
     _check_not_an_input(target, inputs)
     _check_parents(target)
+    never = _why_never_at(target)
+    if never is not None:
+        raise OutputError(f"output {target} {never}; {NEVER_HERE}")
+    if not target.is_symlink() and target.exists() and not target.is_dir():
+        never = "is an existing file, not an opsnn-quant output"
+    elif target.is_dir() and not target.is_symlink() and any(target.iterdir()):
+        never = _why_never_replaced(target)
+    if never is not None:
+        raise OutputError(f"output {target} {never}; {NEVER_FORCED}")
+    with output_lock(target):  # refused now, before any work, when another run writes it
+        pass
     repair_siblings(target, kind, keep_unfinished=keep_unfinished)
     if target.is_symlink():
         if not force:
@@ -304,9 +385,6 @@ def check_output_dir(
                 f"output {target} is {_link_text(target)}; give the directory itself, remove "
                 "the link or pass --force (the link is replaced, not what it points to)"
             )
-    elif target.exists() and not target.is_dir():
-        if not force:
-            raise OutputError(f"output {target} is an existing file; remove it or pass --force")
     elif target.is_dir() and any(target.iterdir()) and not force:
         reason = _why_not_replaceable(target, kind)
         if reason is not None:
@@ -362,13 +440,16 @@ def atomic_dir(
         path: the output directory.
         kind: the kind of output, recorded in its marker; an existing ``path`` is replaced only
             when it is empty or, entry by entry, an output of this kind.
-        force: replace ``path`` whatever it is.
+        force: replace an opsnn-quant output of another kind or one changed since, or a link
+            (see :func:`check_output_dir`; checked again at the swap).
         resume: an unfinished output of an earlier run into ``path`` (see
             :func:`unfinished_output`) to build on instead of a new temporary directory.
         keep_if: on an interruption or a failure of the work (not of writing: a full disk keeps
             nothing), keep the temporary directory (for ``resume``) when this entry of it exists (the caller's record of finished work; it removes that entry before the
             block ends, so the output never holds it). A run without ``resume`` removes a kept
             directory (see :func:`repair_siblings`).
+
+    Holds :func:`output_lock` of ``path`` (and of the outputs it lies in) throughout.
 
     Raises:
         OutputError: see :func:`check_output_dir`; also when writing fails for lack of space or
@@ -406,42 +487,119 @@ def _built(tmp: Path, target: Path, lock: IO[str], keep_if: str | None) -> Itera
         raise
 
 
+# The output directories this thread holds locked: (device, inode) -> how many holders. A
+# writer nested in another one of the same run (export-weights' exports inside OUT, calibrate's
+# quant/ inside its output) takes the same lock again: flock would refuse a second open file of
+# the same process, so the lock is taken once and counted. Another thread is another writer.
+_HELD = threading.local()
+
+
+def _held() -> dict[tuple[int, int], int]:
+    held: dict[tuple[int, int], int] | None = getattr(_HELD, "locks", None)
+    if held is None:
+        held = _HELD.locks = {}
+    return held
+
+
 @contextlib.contextmanager
 def output_lock(path: str | os.PathLike[str]) -> Iterator[None]:
-    """Hold, while the block runs, the lock every command writing into the output directory
-    ``path`` takes (a ``calibrate`` replacing it, an ``export-weights`` redoing its exports), so
-    two of them never mix their files in one output. Nothing is held where ``path`` is not an
-    existing directory (there is nothing to mix into yet; the swap checks it again).
+    """Hold, while the block runs, the lock every command writing into the output ``path``
+    takes (a ``calibrate`` replacing it, an ``export-weights`` redoing its exports, an
+    ``evaluate`` writing its report), and the lock of every output ``path`` lies in, outermost
+    first: ``evaluate -o OUT/report`` and ``calibrate -o OUT`` exclude each other. The second
+    writer is refused, never kept waiting. Nothing is held for ``path`` itself where it is not an
+    existing directory (a loose file, or nothing to mix into yet; the swap checks it again). A
+    thread already holding one of the locks holds it again (nested writers of one run).
 
     Raises:
-        OutputError: another opsnn-quant run holds the lock.
+        OutputError: another opsnn-quant run holds one of the locks.
     """
     target = Path(path)
+    with contextlib.ExitStack() as stack:
+        for outer, _ in reversed(list(_enclosing_outputs(target))):
+            stack.enter_context(_dir_lock(outer, target))
+        stack.enter_context(_dir_lock(target, target))
+        yield
+
+
+@contextlib.contextmanager
+def _dir_lock(directory: Path, target: Path) -> Iterator[None]:
+    """An exclusive flock on the directory itself (not a file in it: the output is replaced
+    whole), for ``target``'s writer (named in the refusal)."""
     try:
         import fcntl
     except ImportError:  # no flock (Windows): the temporary directory's lock still holds
         yield
         return
     try:
-        fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:  # absent, a file or a link: refused or replaced by the checks, not locked
         yield
         return
     try:
+        held = os.fstat(fd)
+        key = (held.st_dev, held.st_ino)
+        locks = _held()
+        if key not in locks:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise _busy(target, directory) from None
+            now = os.stat(directory, follow_symlinks=False)
+            if (now.st_dev, now.st_ino) != key:
+                raise _busy(target, directory)  # swapped for another directory meanwhile
+        locks[key] = locks.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            locks[key] -= 1
+            if not locks[key]:
+                del locks[key]
+    finally:
+        os.close(fd)  # the first holder's close releases the lock
+
+
+def _locked_by_another(directory: Path) -> bool:
+    """Whether another writer (another process or thread) holds ``directory``'s output lock or
+    its marker's (a run building it)."""
+    if is_live(directory):
+        return True
+    try:
+        import fcntl
+
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except (ImportError, OSError):
+        return False
+    try:
+        held = os.fstat(fd)
+        if (held.st_dev, held.st_ino) in _held():
+            return False  # this writer's own
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise _busy(target) from None
-        now = os.stat(target, follow_symlinks=False)
-        held = os.fstat(fd)
-        if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
-            raise _busy(target)  # swapped for another directory between the open and the lock
-        yield
+            return True
+        return False
     finally:
         os.close(fd)
 
 
-def _busy(target: Path) -> OutputError:
+def _live_nested(directory: Path) -> str | None:
+    """The first output inside ``directory`` (relative path) that another run is writing."""
+    for root, dirs, _ in os.walk(directory):
+        dirs.sort()
+        for name in dirs:
+            inner = Path(root) / name
+            if not inner.is_symlink() and (inner / MARKER).is_file() and _locked_by_another(inner):
+                return inner.relative_to(directory).as_posix()
+    return None
+
+
+def _busy(target: Path, locked: Path | None = None) -> OutputError:
+    if locked is not None and locked.absolute() != target.absolute():
+        return OutputError(
+            f"output {target} lies in the output {locked}, which another opsnn-quant run is "
+            "writing; wait for it to finish or choose another output"
+        )
     return OutputError(
         f"output {target} is being written by another opsnn-quant run; wait for it to finish "
         "or choose another output"
@@ -467,7 +625,8 @@ def check_adoptable(tmp: Path) -> Marker:
     """The marker of ``tmp``, an unfinished output kept for ``--resume``, once ``tmp`` proves to
     hold what the interrupted run left there: only directories and regular files (a link would
     send the resumed run's writes outside the output) and, when the run recorded it on the way
-    out, the same manifest (paths and sizes).
+    out, the same manifest (paths and sizes) and the same contents (SHA-256 of each file; a
+    kept output of a version that recorded no hashes is compared by size).
 
     Raises:
         OutputError: ``tmp`` is not such an output, is live, or was changed since.
@@ -485,8 +644,14 @@ def check_adoptable(tmp: Path) -> Marker:
                     "output was changed since its run stopped; run without --resume"
                 )
     found = manifest_of(tmp)
+    changed = None
     if marker.manifest and found != marker.manifest:
         changed = sorted(set(found.items()) ^ set(marker.manifest.items()))[0][0]
+    elif marker.hashes:
+        now = hashes_of(tmp, found)
+        diff = sorted(set(now.items()) ^ set(marker.hashes.items()))
+        changed = diff[0][0] if diff else None
+    if changed is not None:
         raise OutputError(
             f"--resume: {tmp / changed} was added, removed or changed since the interrupted run "
             "kept its output; run without --resume"
@@ -503,7 +668,9 @@ def _fail(tmp: Path, lock: IO[str], keep_if: str | None) -> None:
     if keep_if is not None and (tmp / keep_if).exists():
         kept = read_marker(tmp).marker
         if kept is not None:  # what is kept, so that --resume can tell it is untouched
-            _rewrite_marker(lock, Marker(kept.kind, kept.token, manifest_of(tmp)))
+            manifest = manifest_of(tmp)
+            hashes = hashes_of(tmp, manifest)  # a same-length edit keeps every size
+            _rewrite_marker(lock, Marker(kept.kind, kept.token, manifest, hashes))
         lock.close()
         log.warning("kept the finished work in %s: the same command with --resume goes on", tmp)
         return
@@ -527,22 +694,22 @@ def _swap(tmp: Path, target: Path, marker: Marker, lock: IO[str], *, force: bool
     _rewrite_marker(lock, marker)
     old = None
     if target.is_dir() and not target.is_symlink():
+        never = _why_never_at(target)
+        if never is not None:  # refused at the start; the location cannot have changed since
+            raise _changed(target, tmp, never)
         old = target.parent / f"{target.name}.old-{marker.token}"
         os.replace(target, old)
         # Checked again once aside (nothing can be added to it by name any more): a user's
-        # file put there while this run built its output is never removed with it.
-        reason = None if force or not any(old.iterdir()) else _why_not_replaceable(old, marker.kind)
-        if reason is not None and read_marker(old).kind is None:
-            reason = (
-                f"holds {min(p.name for p in old.iterdir())}, which is not an opsnn-quant output"
-            )
+        # file put there while this run built its output, or a nested output another run is
+        # writing, is never removed with it; --force or not.
+        reason = _why_not_swapped(old, marker.kind, force=force)
         if reason is not None:
             os.replace(old, target)
             raise _changed(target, tmp, reason)
     elif target.exists() or target.is_symlink():
-        if not force:  # appeared while this run built its output (refused at the start)
+        if not force or not target.is_symlink():  # appeared while this run built its output
             raise _changed(target, tmp, "is now a file or a link")
-        target.unlink()  # a file or a link, replaced with --force (refused otherwise)
+        target.unlink()  # a link, replaced with --force (not what it points to)
     try:
         os.replace(tmp, target)
     except BaseException:
@@ -554,6 +721,19 @@ def _swap(tmp: Path, target: Path, marker: Marker, lock: IO[str], *, force: bool
     lock.close()
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _why_not_swapped(old: Path, kind: str, *, force: bool) -> str | None:
+    """Why the previous output, renamed aside to ``old``, must not be removed (None: it may)."""
+    live = _live_nested(old)
+    if live is not None:
+        return f"holds {live}, which another opsnn-quant run is writing"
+    if not any(old.iterdir()):
+        return None
+    reason = _why_never_replaced(old) if force else _why_not_replaceable(old, kind)
+    if reason is not None and read_marker(old).kind is None:
+        reason = f"holds {min(p.name for p in old.iterdir())}, which is not an opsnn-quant output"
+    return reason
 
 
 def _changed(target: Path, tmp: Path, reason: str) -> OutputChangedError:
@@ -639,15 +819,20 @@ def write_output_file(
     """Write a loose output file atomically (after :func:`check_output_file`) and record it in
     its directory's ledger, so that the next run may replace it.
 
+    Holds the locks of the outputs it lies in (:func:`output_lock`) while it writes.
+
     Raises:
-        OutputError: as :func:`check_output_file` and :func:`atomic_write_bytes`.
+        OutputError: as :func:`check_output_file` and :func:`atomic_write_bytes`; another run
+            writes an output ``path`` lies in.
     """
-    target = check_output_file(path, kind, force=force)
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    atomic_write_bytes(target, raw)
-    atomic_write_text(target.parent / LEDGER, ledger_text(target.parent, target.name, kind, raw))
-    _record_in_enclosing(target)
-    _record_in_enclosing(target.parent / LEDGER)
+    with output_lock(path):
+        target = check_output_file(path, kind, force=force)
+        raw = data.encode("utf-8") if isinstance(data, str) else data
+        atomic_write_bytes(target, raw)
+        ledger = ledger_text(target.parent, target.name, kind, raw)
+        atomic_write_text(target.parent / LEDGER, ledger)
+        _record_in_enclosing(target)
+        _record_in_enclosing(target.parent / LEDGER)
     return target
 
 
@@ -676,15 +861,17 @@ def write_output_files(
 def remove_output_file(path: str | os.PathLike[str], kind: str) -> bool:
     """Remove ``path`` when it is a ``kind`` file opsnn-quant wrote, unchanged; True if removed.
 
-    A user's file of that name is left as it is.
+    A user's file of that name is left as it is. Holds the locks of the outputs it lies in.
     """
     target = Path(path)
-    if not owned_file(target, kind):
-        return False
-    target.unlink()
-    atomic_write_text(target.parent / LEDGER, ledger_text(target.parent, target.name, kind, None))
-    _record_in_enclosing(target)
-    _record_in_enclosing(target.parent / LEDGER)
+    with output_lock(target):
+        if not owned_file(target, kind):
+            return False
+        target.unlink()
+        ledger = ledger_text(target.parent, target.name, kind, None)
+        atomic_write_text(target.parent / LEDGER, ledger)
+        _record_in_enclosing(target)
+        _record_in_enclosing(target.parent / LEDGER)
     return True
 
 

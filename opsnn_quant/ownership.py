@@ -56,21 +56,28 @@ class Marker:
         kind: the kind of output.
         token: the token of the run that wrote it.
         manifest: relative path -> size of each file of the output (the marker excluded).
+        hashes: relative path -> SHA-256 of each file, recorded only in an unfinished output
+            kept for ``--resume`` (a same-length edit changes no size); empty elsewhere (an
+            output swapped into place is not hashed: nothing reads it).
     """
 
     kind: str
     token: str
     manifest: dict[str, int] = field(default_factory=dict)
+    hashes: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        """The marker file's text."""
-        doc = {
+        """The marker file's text (``sha256`` only when there are hashes: a finished output's
+        marker is the same bytes as before they existed, but for its token)."""
+        doc: dict[str, object] = {
             "tool": TOOL,
             "schema_version": MARKER_SCHEMA,
             "kind": self.kind,
             "token": self.token,
             "manifest": self.manifest,
         }
+        if self.hashes:
+            doc["sha256"] = self.hashes
         return json.dumps(doc, sort_keys=True, indent=1) + "\n"
 
 
@@ -101,14 +108,17 @@ def read_marker(directory: Path) -> MarkerFound:
     if not isinstance(doc, dict) or doc.get("tool") != TOOL or not isinstance(doc.get("kind"), str):
         return MarkerFound()
     token, manifest = doc.get("token"), doc.get("manifest")
+    hashes = doc.get("sha256", {})  # absent in markers written before hashes were kept
     if (
         not isinstance(token, str)
         or not is_token(token)
         or not isinstance(manifest, dict)
         or not all(isinstance(k, str) and type(v) is int for k, v in manifest.items())
+        or not isinstance(hashes, dict)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in hashes.items())
     ):
         return MarkerFound(legacy_kind=doc["kind"])
-    return MarkerFound(Marker(doc["kind"], token, dict(manifest)))
+    return MarkerFound(Marker(doc["kind"], token, dict(manifest), dict(hashes)))
 
 
 def manifest_of(directory: Path) -> dict[str, int]:
@@ -122,6 +132,26 @@ def manifest_of(directory: Path) -> dict[str, int]:
             if rel != MARKER:
                 out[rel] = (base / name).lstat().st_size
     return dict(sorted(out.items()))
+
+
+def hashes_of(directory: Path, manifest: dict[str, int]) -> dict[str, str]:
+    """Relative path -> SHA-256 of each regular file of ``manifest`` under ``directory`` (a
+    link is listed by size only: :func:`opsnn_quant.io.check_adoptable` refuses links)."""
+    out: dict[str, str] = {}
+    for rel in manifest:
+        path = directory / rel
+        if path.is_file() and not path.is_symlink():
+            out[rel] = file_sha256(path)
+    return out
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB chunks (a kept output may hold weights)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def first_foreign_entry(directory: Path, marker: Marker) -> str | None:

@@ -141,6 +141,16 @@ def _copied_marker(done: Path, d: Path) -> str:
     return str(d / "u")
 
 
+def _output_with_git(d: Path) -> str:
+    from opsnn_quant.io import atomic_dir
+
+    with atomic_dir(d / "o", "quant") as tmp:  # the kind engine-demo writes
+        (tmp / "model.safetensors").write_bytes(b"x")
+    (d / "o" / ".git").mkdir()
+    (d / "o" / ".git" / "config").write_text("[remote] token\n")
+    return str(d / "o")
+
+
 def _link(d: Path) -> str:
     (d / "real").mkdir()
     (d / "link").symlink_to(d / "real")
@@ -213,11 +223,20 @@ def _errors(stderr: str) -> list[str]:
 CASES = [
     # §1 outputs
     Case("engine-demo over a foreign dir", lambda d, r, rec, done: ["engine-demo", "-o", _foreign_dir(d)],
-         2, "exists and is not an opsnn-quant output; choose another or pass --force"),
+         2, "exists and is not an opsnn-quant output; choose a new or empty directory (--force replaces only opsnn-quant outputs)"),
+    # issue 58 §2: --force replaces only what is ours
+    Case("engine-demo --force over a foreign dir", lambda d, r, rec, done: ["engine-demo", "-o", _foreign_dir(d), "--force"],
+         2, "exists and is not an opsnn-quant output; choose a new or empty directory (--force replaces only opsnn-quant outputs)"),
+    Case("calibrate --force over a file", lambda d, r, rec, done: ["calibrate", str(rec), "-o", str(_bytes(d, "f", b"x")), "--force"],
+         2, "is an existing file, not an opsnn-quant output; choose a new or empty directory (--force replaces only opsnn-quant outputs)"),
+    Case("--force over an output holding .git", lambda d, r, rec, done: ["engine-demo", "-o", _output_with_git(d), "--force"],
+         2, "holds .git (a version-control repository); choose a new or empty directory (--force replaces only opsnn-quant outputs)"),
+    Case("a copied marker, --force", lambda d, r, rec, done: ["engine-demo", "-o", _copied_marker(done, d), "--force"],
+         2, "holds thesis.tex but none of the files its opsnn-quant marker lists"),
     Case("probe over a calibrate output", lambda d, r, rec, done: ["probe", str(rec), "-o", str(done)],
          2, "exists and is a 'calibrate' output"),
     Case("calibrate over a file", lambda d, r, rec, done: ["calibrate", str(rec), "-o", str(_bytes(d, "f", b"x"))],
-         2, "is an existing file; remove it or pass --force"),
+         2, "is an existing file, not an opsnn-quant output; choose a new or empty directory (--force replaces only opsnn-quant outputs)"),
     Case("name is an absolute path", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, "name: tiny", "name: /tmp/victim")],
          2, "line 1: name: String should match pattern"),
     Case("name climbs out", lambda d, r, rec, done: ["calibrate", _recipe_with(rec, d, "name: tiny", "name: ../..")],
@@ -250,7 +269,7 @@ CASES = [
     Case("export-weights over a user's notes file", lambda d, r, rec, done: ["export-weights", str(done), "-o", _user_notes(d), "--data", str(r / "prompts.txt")],
          2, "ascendv1.notes.txt exists and is not an opsnn-quant ascendv1.notes file"),
     Case("a copied marker", lambda d, r, rec, done: ["engine-demo", "-o", _copied_marker(done, d)],
-         2, "holds thesis.tex, which is not part of the quant output"),
+         2, "holds thesis.tex but none of the files its opsnn-quant marker lists"),
     Case("-o is a symbolic link", lambda d, r, rec, done: ["probe", str(rec), "-o", _link(d)],
          2, "is a symbolic link to"),
     # §2 inputs
@@ -451,12 +470,44 @@ def test_a_source_date_epoch_that_is_no_time_is_one_line_before_any_work(
     assert not (tmp_path / "r").exists()
 
 
-def test_force_replaces_a_foreign_directory(tmp_path, capsys):
-    out = Path(_foreign_dir(tmp_path))
+def test_force_replaces_our_edited_output_and_an_empty_directory(tmp_path, capsys):
+    out = tmp_path / "o"
+    out.mkdir()  # empty: no --force needed
+    assert main(["engine-demo", "-o", str(out)]) == 0
+    assert json.loads((out / MARKER).read_text())["kind"] == "quant"
+    (out / "notes.txt").write_text("added since\n")  # edited: ours still, with --force
+    assert main(["engine-demo", "-o", str(out)]) == 2
     assert main(["engine-demo", "-o", str(out), "--force"]) == 0
     assert not (out / "notes.txt").exists() and (out / "model.safetensors").is_file()
-    assert json.loads((out / MARKER).read_text())["kind"] == "quant"
     assert main(["engine-demo", "-o", str(out)]) == 0  # its own output: replaced without --force
+
+
+def test_force_onto_a_home_directory_is_refused_and_deletes_nothing(
+    tiny, tmp_path, monkeypatch, capsys
+):
+    # issue 58 §2: calibrate --model M --data D -o ~ --force replaced the home directory
+    root, _, _ = tiny
+    home = tmp_path / "home"
+    (home / "Documents").mkdir(parents=True)
+    (home / "Documents" / "thesis.txt").write_text("years of work\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)  # (from inside it, -o ~ is refused as the working directory)
+
+    def refuse(*a, **k):
+        raise AssertionError("a model was loaded before the output was checked")
+
+    monkeypatch.setattr("opsnn_quant.pipeline.context.load_adapter", refuse)
+    argv = ["calibrate", "--model", str(root / "pipe"), "--data", str(root / "prompts.txt")]
+    assert main([*argv, "-o", str(home), "--force"]) == 2
+    err = _errors(capsys.readouterr().err)
+    assert err == [
+        f"error: output {home} is your home directory; choose a new directory inside it "
+        "(--force replaces only opsnn-quant outputs)"
+    ]
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == [
+        "home", "home/Documents", "home/Documents/thesis.txt"
+    ]  # fmt: skip
+    assert (home / "Documents" / "thesis.txt").read_text() == "years of work\n"
 
 
 def test_a_full_disk_after_the_model_loaded_is_one_line_and_the_old_output_survives(

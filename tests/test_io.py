@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -9,6 +10,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from opsnn_quant.io import (
     OutputError,
     atomic_dir,
     atomic_write_text,
+    check_adoptable,
     check_output_dir,
     check_output_file,
     output_lock,
@@ -28,6 +31,7 @@ from opsnn_quant.io import (
     write_output_file,
     write_output_files,
 )
+from opsnn_quant.ownership import Marker
 
 
 def _ours(path, kind="calibrate", text="old\n"):
@@ -74,21 +78,35 @@ def test_anything_else_is_refused_and_left_alone(tmp_path, kind):
         pass
     assert str(out) in str(info.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
-    # --force replaces it
+    if kind is None:  # issue 58 §2: not ours, so --force does not replace it either
+        with pytest.raises(OutputError, match="--force replaces only opsnn-quant outputs"):
+            check_output_dir(out, "calibrate", force=True)
+        assert (out / "notes.txt").read_text() == "precious\n"
+        return
+    # another command's output: --force replaces it
     with atomic_dir(out, "calibrate", force=True) as tmp:
         (tmp / "policy.yaml").write_text("new\n")
     assert sorted(p.name for p in out.iterdir()) == [MARKER, "policy.yaml"]
 
 
-def test_an_existing_file_is_refused_unless_forced(tmp_path):
+@pytest.mark.parametrize("force", [False, True])
+def test_an_existing_file_is_refused_whatever_the_flags(tmp_path, force):
+    # issue 58 §2: a user's file where the output goes is never ours (--force removed it)
     out = tmp_path / "out"
     out.write_text("precious\n")
-    with pytest.raises(OutputError, match="is an existing file"):
-        check_output_dir(out, "probe")
+    with pytest.raises(
+        OutputError,
+        match=r"is an existing file, not an opsnn-quant output; choose a new or empty directory "
+        r"\(--force replaces only opsnn-quant outputs\)",
+    ):
+        check_output_dir(out, "probe", force=force)
+    with (
+        pytest.raises(OutputError, match="is an existing file"),
+        atomic_dir(out, "probe", force=force),
+    ):
+        pass
     assert out.read_text() == "precious\n"
-    with atomic_dir(out, "probe", force=True) as tmp:
-        (tmp / "probe.json").write_text("{}")
-    assert (out / "probe.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
 def test_outputs_that_would_eat_the_inputs_or_the_cwd_are_refused(tmp_path, monkeypatch):
@@ -232,10 +250,11 @@ def test_a_copied_marker_does_not_make_a_folder_ours(tmp_path):
     user.mkdir()
     (user / "thesis.tex").write_text("years of work\n")
     shutil.copy(done / MARKER, user / MARKER)
-    with pytest.raises(
-        OutputError, match=r"holds thesis.tex, which is not part of the quant output"
-    ):
-        check_output_dir(user, "quant")
+    for force in (False, True):  # issue 58 §2: nor does it with --force
+        with pytest.raises(
+            OutputError, match=r"holds thesis.tex but none of the files its opsnn-quant marker"
+        ):
+            check_output_dir(user, "quant", force=force)
     # the same for a file added to a real output, or one whose size changed
     (done / "notes.txt").write_text("mine\n")
     with pytest.raises(OutputError, match=r"holds notes\.txt"):
@@ -510,7 +529,7 @@ def test_two_commands_writing_into_one_output_exclude_each_other(tmp_path):
             [sys.executable, "-c", code, str(out)], capture_output=True, text=True
         )
         assert proc.returncode != 0 and "being written by another" in proc.stderr
-    with output_lock(out):  # free again; and re-entrant use by one process is not needed
+    with output_lock(out):  # free again
         pass
 
 
@@ -572,3 +591,322 @@ def test_output_files_are_all_checked_before_any_is_written(tmp_path):
     notes.write_text("mine\n")
     write_output_files({cfg: ("c\n", "atc-keep-dtype")}, stale={notes: "atc-keep-dtype.notes"})
     assert notes.read_text() == "mine\n"
+
+
+# ---- issue 58 §2: --force replaces only what is ours -----------------------------------------
+
+
+def _tree(root):
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def _scratch_home(tmp_path, monkeypatch):
+    home = tmp_path / "home" / "user"
+    (home / "Documents").mkdir(parents=True)
+    (home / "Documents" / "thesis.txt").write_text("years of work\n")
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+def _refused_whatever_the_flags(out, match, advice="choose a new or empty directory"):
+    """``out`` is refused by the check and by a whole run, --force or not; nothing changes."""
+    before = _tree(out.parent)
+    for force in (False, True):
+        with pytest.raises(OutputError) as err:
+            check_output_dir(out, "calibrate", force=force)
+        assert re.search(match, str(err.value)), str(err.value)
+        assert str(err.value).startswith(f"output {out} ") and "\n" not in str(err.value)
+        assert str(err.value).endswith(f"; {advice} (--force replaces only opsnn-quant outputs)")
+        with pytest.raises(OutputError, match=match), atomic_dir(out, "calibrate", force=force):
+            raise AssertionError("the run must not start")
+    assert _tree(out.parent) == before
+
+
+INSIDE = "choose a new directory inside it"
+
+
+def test_force_never_replaces_a_home_directory(tmp_path, monkeypatch):
+    # calibrate ... -o ~ --force: rc 0 and Documents/thesis.txt gone
+    home = _scratch_home(tmp_path, monkeypatch)
+    _refused_whatever_the_flags(home, "is your home directory", INSIDE)
+    # an opsnn-quant marker copied into it changes nothing, nor does a trailing "/." or a link
+    (home / MARKER).write_text(Marker("calibrate", "cd" * 16, {"policy.yaml": 1}).to_json())
+    _refused_whatever_the_flags(home, "is your home directory", INSIDE)
+    with pytest.raises(OutputError, match="is your home directory"):
+        check_output_dir(home / "Documents" / "..", "calibrate", force=True)
+    # the directory holding it, too
+    _refused_whatever_the_flags(home.parent, f"holds your home directory {home}", INSIDE)
+    assert (home / "Documents" / "thesis.txt").read_text() == "years of work\n"
+    # inside it is fine
+    with atomic_dir(home / "out", "calibrate") as tmp:
+        (tmp / "f").write_text("1")
+
+
+def test_force_never_replaces_the_users_real_home(tmp_path, monkeypatch):
+    # $HOME pointed elsewhere: the password database's home is still the user's
+    import pwd
+
+    real = tmp_path / "real-home"
+    (real / "Documents").mkdir(parents=True)
+    (real / "Documents" / "thesis.txt").write_text("years of work\n")
+    monkeypatch.setenv("HOME", str(tmp_path / "elsewhere"))
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: types.SimpleNamespace(pw_dir=str(real)))
+    _refused_whatever_the_flags(real, "is your home directory", INSIDE)
+
+
+def test_force_never_replaces_a_mount_point(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    assert os.path.ismount("/proc")
+    with pytest.raises(OutputError) as err:
+        check_output_dir("/proc", "calibrate", force=True)
+    assert str(err.value) == (
+        "output /proc is a filesystem root or mount point; choose a new directory inside it "
+        "(--force replaces only opsnn-quant outputs)"
+    )
+
+
+@pytest.mark.parametrize("where", [".git", "sub/.git"])
+def test_force_never_replaces_a_directory_holding_a_git_repository(tmp_path, where):
+    out = _ours(tmp_path / "out")  # ours, but a repository was made in it since
+    (out / where).mkdir(parents=True)
+    (out / where / "config").write_text("[remote] token\n")
+    _refused_whatever_the_flags(out, rf"holds {re.escape(where)} \(a version-control repository\)")
+
+
+def test_force_never_replaces_a_directory_without_our_marker(tmp_path):
+    out = tmp_path / "out"
+    (out / "sub").mkdir(parents=True)
+    (out / "sub" / "notes.txt").write_text("precious\n")
+    _refused_whatever_the_flags(out, "exists and is not an opsnn-quant output")
+
+
+def test_force_replaces_our_output_edited_or_of_another_kind_and_an_empty_directory(tmp_path):
+    out = _ours(tmp_path / "out", kind="probe")
+    (out / "policy.yaml").write_text("edited by hand, longer\n")
+    (out / "added.txt").write_text("mine\n")
+    with pytest.raises(OutputError, match="or pass --force"):
+        check_output_dir(out, "calibrate")  # without --force: refused as before
+    with atomic_dir(out, "calibrate", force=True) as tmp:
+        (tmp / "probe.json").write_text("{}\n")
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "probe.json"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with atomic_dir(empty, "calibrate") as tmp:  # no --force needed
+        (tmp / "f").write_text("1")
+    assert (empty / "f").read_text() == "1"
+
+
+def test_force_at_the_swap_keeps_a_directory_that_stopped_being_ours(tmp_path):
+    # checked at the start, and again once the previous output is aside: a marker removed (or
+    # a .git made) while the run built its output keeps the directory, --force or not
+    for spoil, match in (
+        (lambda out: (out / MARKER).unlink(), "holds policy.yaml, which is not an opsnn-quant"),
+        (lambda out: (out / ".git").mkdir(), r"holds \.git \(a version-control repository\)"),
+    ):
+        out = _ours(tmp_path / "out")
+        with (
+            pytest.raises(OutputChangedError, match=match),
+            atomic_dir(out, "calibrate", force=True) as tmp,
+        ):
+            (tmp / "new.txt").write_text("new\n")
+            spoil(out)
+        assert (out / "policy.yaml").read_text() == "old\n"
+        shutil.rmtree(tmp_path)
+        tmp_path.mkdir()
+
+
+def test_force_replaces_a_link_not_what_it_points_to(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "mine.txt").write_text("precious\n")
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    with atomic_dir(link, "calibrate", force=True) as tmp:
+        (tmp / "f").write_text("1")
+    assert not link.is_symlink() and (link / "f").read_text() == "1"
+    assert (real / "mine.txt").read_text() == "precious\n"
+
+
+# ---- issue 58 §3: every writer holds its output's lock and those of the outputs it lies in ----
+
+_HOLD_RAW = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the lock alone, as a writer before issue 58
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+class _Holder:
+    """Another process holding a lock until the block ends (no sleeps: it waits on its stdin)."""
+
+    def __init__(self, code, path):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(path)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def __enter__(self):
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "held"
+        return self
+
+    def __exit__(self, *exc):
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+_HOLD_OUTPUT = _HOLD.replace("time.sleep(60)", "sys.stdin.read()")
+
+
+def _with_report(tmp_path):
+    """A calibrate output OUT holding a report an earlier evaluate -o OUT/report wrote."""
+    out = _ours(tmp_path / "out")
+    with atomic_dir(out / "report", "report") as tmp:
+        (tmp / "report.md").write_text("verdict: PASS\n")
+    return out, _tree(out)
+
+
+def test_a_nested_writer_is_refused_while_the_enclosing_output_is_written(tmp_path):
+    # calibrate -o OUT & then evaluate -o OUT/report: the report was written, then swapped away
+    out, before = _with_report(tmp_path)
+    with _Holder(_HOLD_OUTPUT, out):  # what a calibrate -o OUT holds for its whole run
+        lies_in = (
+            f"output {out / 'report'} lies in the output {out}, which another opsnn-quant run "
+            "is writing; wait for it to finish or choose another output"
+        )
+        with pytest.raises(OutputError) as err, atomic_dir(out / "report", "report") as tmp:
+            (tmp / "report.md").write_text("verdict: FAIL\n")
+        assert str(err.value) == lies_in
+        with pytest.raises(OutputError, match="lies in the output"):
+            check_output_dir(out / "report", "report")  # refused before any work, too
+        with pytest.raises(OutputError, match="lies in the output"):
+            check_output_dir(out / "report" / "plots", "plots")  # however deep
+        with pytest.raises(OutputError, match="lies in the output"):
+            write_output_file(out / "amct.cfg", "x\n", "amct-cfg")  # a loose file as well
+    assert _tree(out) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert not [p for p in out.iterdir() if ".tmp-" in p.name]
+
+
+def test_the_enclosing_swap_never_removes_a_report_being_written(tmp_path):
+    out, before = _with_report(tmp_path)
+    # evaluate -o OUT/report holds OUT's lock too: a calibrate -o OUT is refused at its start
+    with _Holder(_HOLD_OUTPUT, out / "report"):
+        with pytest.raises(OutputError) as err, atomic_dir(out, "calibrate", force=True) as tmp:
+            (tmp / "policy.yaml").write_text("new\n")
+        assert str(err.value) == (
+            f"output {out} is being written by another opsnn-quant run; wait for it to finish "
+            "or choose another output"
+        )
+    assert _tree(out) == before
+    # a writer holding the report's lock alone (an older opsnn-quant): the swap, --force or not,
+    # puts OUT back and keeps its own output aside
+    for force in (False, True):
+        live = "holds report, which another opsnn-quant run is writing"
+        with (
+            _Holder(_HOLD_RAW, out / "report"),
+            pytest.raises(OutputChangedError, match=live),
+            atomic_dir(out, "calibrate", force=force) as tmp,
+        ):
+            (tmp / "policy.yaml").write_text("new\n")
+        assert _tree(out) == before
+        shutil.rmtree(tmp)
+    # and one building OUT/report.tmp-<token> (its marker locked), --force: the same
+    building = (
+        "import sys\nfrom pathlib import Path\nfrom opsnn_quant.io import _open_tmp\n"
+        "tmp, _, lock = _open_tmp(Path(sys.argv[1]), 'report')\n"
+        "print('held', flush=True)\nsys.stdin.read()\n"
+    )
+    with _Holder(building, out / "report"):
+        (busy,) = [p for p in out.iterdir() if p.name.startswith("report.tmp-")]
+        with (
+            pytest.raises(OutputChangedError, match=f"holds {busy.name}, which another"),
+            atomic_dir(out, "calibrate", force=True) as tmp,
+        ):
+            (tmp / "policy.yaml").write_text("new\n")
+        assert (busy / MARKER).is_file()
+        assert {k: v for k, v in _tree(out).items() if not k.startswith(busy.name)} == before
+    assert (out / "report" / "report.md").read_text() == "verdict: PASS\n"
+
+
+def test_nested_writers_of_one_run_share_its_locks(tmp_path):
+    # export-weights holds OUT and writes OUT/export/ascendv1 and its notes: not a second writer
+    out, _ = _with_report(tmp_path)
+    with output_lock(out), output_lock(out):
+        with atomic_dir(out / "export" / "ascendv1", "ascendv1") as tmp:
+            (tmp / "w.bin").write_bytes(b"w")
+        write_output_file(out / "export" / "ascendv1.notes.txt", "n\n", "ascendv1.notes")
+    assert check_output_dir(out, "calibrate") == out  # recorded, still ours
+    # another thread is another writer
+    import threading
+
+    seen = []
+    with output_lock(out):
+        worker = threading.Thread(target=lambda: seen.append(_try(out / "report")))
+        worker.start()
+        worker.join()
+    assert seen == ["lies in the output"]
+    with output_lock(out / "report"):  # all released
+        pass
+
+
+def _try(path):
+    try:
+        with atomic_dir(path, "report"):
+            pass
+    except OutputError as exc:
+        return "lies in the output" if "lies in the output" in str(exc) else str(exc)
+    return "written"
+
+
+# ---- issue 58 §14: --resume compares contents, not sizes -------------------------------------
+
+
+def _kept(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt), atomic_dir(out, "calibrate", keep_if=".done") as tmp:
+        (tmp / "policy.yaml").write_text("unet.*: int8\n")
+        (tmp / ".done").write_text("policy\n")
+        raise KeyboardInterrupt
+    kept = unfinished_output(out, "calibrate")
+    assert kept is not None
+    return out, kept
+
+
+def test_a_same_length_edit_of_a_kept_file_is_not_adopted(tmp_path):
+    out, kept = _kept(tmp_path)
+    assert _marker(kept)["sha256"] == {
+        ".done": hashlib.sha256(b"policy\n").hexdigest(),
+        "policy.yaml": hashlib.sha256(b"unet.*: int8\n").hexdigest(),
+    }
+    (kept / "policy.yaml").write_text("unet.*: fp16\n")  # the same 13 bytes
+    with pytest.raises(OutputError) as err:
+        check_adoptable(kept)
+    assert str(err.value) == (
+        f"--resume: {kept / 'policy.yaml'} was added, removed or changed since the interrupted "
+        "run kept its output; run without --resume"
+    )
+    with (
+        pytest.raises(OutputError, match=r"policy\.yaml was added, removed or changed"),
+        atomic_dir(out, "calibrate", resume=kept, keep_if=".done"),
+    ):
+        pass
+    assert (kept / "policy.yaml").read_text() == "unet.*: fp16\n" and not out.exists()
+    (kept / "policy.yaml").write_text("unet.*: int8\n")  # put back: adopted
+    with atomic_dir(out, "calibrate", resume=kept, keep_if=".done") as again:
+        (again / ".done").unlink()
+    assert "sha256" not in _marker(out)  # a finished output's marker: as before, no hashes
+
+
+def test_a_kept_output_of_a_version_without_hashes_is_compared_by_size(tmp_path):
+    _, kept = _kept(tmp_path)
+    doc = _marker(kept)
+    del doc["sha256"]
+    (kept / MARKER).write_text(json.dumps(doc))
+    (kept / "policy.yaml").write_text("unet.*: fp16\n")
+    assert check_adoptable(kept).token == doc["token"]  # sizes only, as that version recorded
+    (kept / "policy.yaml").write_text("unet.*: fp32!\n")
+    with pytest.raises(OutputError, match=r"policy\.yaml was added, removed or changed"):
+        check_adoptable(kept)

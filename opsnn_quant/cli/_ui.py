@@ -264,6 +264,11 @@ def without_nproc(argv: list[str]) -> list[str]:
     return out
 
 
+FORCE_HELP = (
+    "replace OUT also when it is an opsnn-quant output of another command or one changed since "
+    "(never what opsnn-quant did not write: a directory without its marker, a file, a home or "
+    "root directory, a mount point, a directory holding .git)"
+)
 ALLOW_PICKLE_HELP = (
     "read model weights that exist as pickles only (*.bin, *.pt, *.pth, *.ckpt), with "
     "torch.load(weights_only=True), never a full unpickle; without it such a model is refused "

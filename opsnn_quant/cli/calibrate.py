@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from opsnn_quant.probe.report import Fp16Stats, SensitivityReport
     from opsnn_quant.recipe import Recipe
 
-FORCE_HELP = "replace OUT even if it is not an output of this command"
+FORCE_HELP = _ui.FORCE_HELP
 DEVICE_HELP = "place the model on cpu | npu | npu:N | cuda:N [default: the recipe's, else cpu]"
 DTYPE_HELP = "load the model in float32 | float16 | bfloat16 [default: the recipe's, else float32]"
 # The placement options calibrate and probe share.

@@ -36,9 +36,7 @@ def register(app: typer.Typer) -> None:
             "out/engine-demo"
         ),
         seed: Annotated[int, typer.Option(help="seed of the model and the data")] = 0,
-        force: Annotated[
-            bool, typer.Option("--force", help="replace OUT even if it is not a checkpoint")
-        ] = False,
+        force: Annotated[bool, typer.Option("--force", help=_ui.FORCE_HELP)] = False,
     ) -> None:
         """Quantize a small transformer block with every scheme and print its error vs fp32."""
         import copy

@@ -23,9 +23,7 @@ def evaluate_cmd(
     ],
     suite: Annotated[str, typer.Option(help="suite YAML path or built-in name")],
     out: Annotated[Path, typer.Option("-o", "--out", help="report directory")],
-    force: Annotated[
-        bool, typer.Option("--force", help="replace OUT even if it is not a report")
-    ] = False,
+    force: Annotated[bool, typer.Option("--force", help=_ui.FORCE_HELP)] = False,
     baseline: Annotated[
         str | None, typer.Option(help="float model (default: the candidate's source)")
     ] = None,

@@ -31,7 +31,7 @@ def export_weights(
     ] = None,
     limit: Annotated[int, typer.Option(help="records of --data to use")] = 1,
     force: Annotated[
-        bool, typer.Option("--force", help="replace outputs that are not ours")
+        bool, typer.Option("--force", help=_ui.FORCE_HELP.replace("OUT", "an export"))
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
     allow_pickle: Annotated[

@@ -6,7 +6,9 @@ memory it may take runs one transformer block at a time.
 ``model.encoder.layers.N``, ``unet.down_blocks.N``), keeps as many resident as the budget allows
 beside the rest of the model and one block in flight, and writes each other block's tensors
 (parameters and buffers) to a safetensors file in its own temporary directory, leaving them on
-the ``meta`` device (shapes intact, no storage). A forward pre-hook loads the block's tensors
+the ``meta`` device (shapes intact, no storage). The directory carries a lock file naming this
+tool, locked for the offloader's life: a run killed (SIGKILL, OOM) leaves its directory behind,
+and the next offloader in the same temporary folder removes it (:func:`sweep_orphans`). A forward pre-hook loads the block's tensors
 back on entry, a forward hook frees them on exit: the values a forward sees are the bytes the
 block held, so every result is the same bits as the in-memory run's.
 
@@ -26,18 +28,27 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import logging
+import os
 import shutil
 import tempfile
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from torch import nn
 
+log = logging.getLogger(__name__)
+
 ATTRIBUTE = "_opsnn_offload"
+PREFIX = "opsnn-quant-offload-"
+# The lock file of an offload directory, and what it says once locked: a directory whose file
+# does not say this exactly is not ours (a look-alike, or one still being made) and is left alone.
+LOCK_FILE = ".opsnn-quant-offload.lock"
+LOCK_TEXT = "opsnn-quant offload directory: block weights of a running model\n"
 # set while a checkpointed block recomputes its forward in the backward (see
 # BlockOffload.checkpointed): forward hooks there see each of its calls a second time
 _RECOMPUTING: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -55,6 +66,84 @@ def offload_of(model: nn.Module) -> BlockOffload | None:
     """The offloader attached to ``model`` (None: the model is all in memory)."""
     found = model.__dict__.get(ATTRIBUTE)
     return found if isinstance(found, BlockOffload) else None
+
+
+def make_offload_dir(directory: Path | None = None) -> tuple[Path, IO[str]]:
+    """A new ``opsnn-quant-offload-*`` directory in ``directory`` (None: the system's temporary
+    folder) and its lock file, open and locked: held as long as the file stays open. The
+    orphans of killed runs in the same folder are removed first (:func:`sweep_orphans`)."""
+    root = Path(directory) if directory is not None else Path(tempfile.gettempdir())
+    sweep_orphans(root)
+    made = Path(tempfile.mkdtemp(prefix=PREFIX, dir=root))
+    try:
+        lock = open(made / LOCK_FILE, "x", encoding="utf-8")  # noqa: SIM115 (held by the caller)
+        _flock(lock.fileno(), blocking=True)  # locked before it says it is ours
+        lock.write(LOCK_TEXT)
+        lock.flush()
+    except BaseException:
+        shutil.rmtree(made, ignore_errors=True)
+        raise
+    return made, lock
+
+
+def sweep_orphans(root: Path) -> list[Path]:
+    """Remove the offload directories in ``root`` whose owner is gone: ours (the lock file says
+    :data:`LOCK_TEXT`), owned by this user, not a link, and with no process holding the lock.
+    A look-alike without our lock file, or one whose lock is held, is left alone. Returns what
+    was removed."""
+    removed: list[Path] = []
+    try:
+        entries = sorted(p for p in root.iterdir() if p.name.startswith(PREFIX))
+    except OSError:
+        return removed
+    for entry in entries:
+        if _orphan_removed(entry):
+            removed.append(entry)
+    for entry in removed:
+        log.info("removed %s (the offload files of a run that was killed)", entry)
+    return removed
+
+
+def _orphan_removed(entry: Path) -> bool:
+    try:
+        st = entry.lstat()
+        mine = not hasattr(os, "getuid") or st.st_uid == os.getuid()
+        if entry.is_symlink() or not entry.is_dir() or not mine:
+            return False
+        fd = os.open(entry / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # no lock file (a look-alike), a FIFO's open refused, another user's
+        return False
+    try:
+        if not _flock(fd, blocking=False):
+            return False  # its run is alive
+        with os.fdopen(os.dup(fd), encoding="utf-8") as f:
+            if f.read(len(LOCK_TEXT) + 1) != LOCK_TEXT:
+                return False  # not ours, or its maker has not said so yet
+        shutil.rmtree(entry, ignore_errors=True)  # while locked: no one else takes it meanwhile
+        return not entry.exists()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _flock(fd: int, *, blocking: bool) -> bool:
+    """An exclusive flock on ``fd``; False when another holds it (``blocking`` False)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): never remove another run's directory
+        return blocking
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _remove(directory: Path, lock: IO[str]) -> None:
+    # the files first, then the lock: a sweep never sees the directory unlocked and half gone
+    shutil.rmtree(directory, ignore_errors=True)
+    lock.close()
 
 
 def find_blocks(model: nn.Module) -> dict[str, nn.Module]:
@@ -142,7 +231,8 @@ class BlockOffload:
         budget: bytes the model's weights may hold in memory: the blocks that do not fit beside
             the rest of the model and one block in flight are offloaded (in model order, the
             first ones stay).
-        directory: where the temporary directory goes (None: the system's temporary folder).
+        directory: where the temporary directory goes (None: the system's temporary folder);
+            the directories killed runs left there are removed first.
         fill: a model built on the ``meta`` device (:mod:`opsnn_quant.models.streamed`): the
             value of each ``meta`` tensor (full dotted name, the meta tensor), read one at a
             time. The offloaded blocks' files are written from it, block by block, and the
@@ -164,8 +254,8 @@ class BlockOffload:
         device: torch.device | None = None,
     ) -> None:
         self.model = model
-        self.dir = Path(tempfile.mkdtemp(prefix="opsnn-quant-offload-", dir=directory))
-        self._finalizer = weakref.finalize(self, shutil.rmtree, self.dir, True)
+        self.dir, lock = make_offload_dir(directory)
+        self._finalizer = weakref.finalize(self, _remove, self.dir, lock)
         self.loads = 0
         self.blocks: dict[str, _Block] = {}
         self._window: str | None = None

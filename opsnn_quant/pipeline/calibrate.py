@@ -29,7 +29,7 @@ from opsnn_quant.evaluation.suite import Suite
 from opsnn_quant.formats.calibrate_output import PROBE_FILE, CalibrateOutput
 from opsnn_quant.formats.checkpoint import OUTPUT_KIND as CHECKPOINT_KIND
 from opsnn_quant.formats.checkpoint import save_quantized
-from opsnn_quant.io import atomic_dir, atomic_write_text
+from opsnn_quant.io import atomic_dir, atomic_write_text, output_lock
 from opsnn_quant.models import ModelAdapter
 from opsnn_quant.models.offload import offload_of
 from opsnn_quant.pipeline.context import RunContext, load_recipe_model
@@ -178,9 +178,20 @@ def execute_calibrate(
     """The phases of a resolved run (:func:`~.run.resolve_run` checked it before any work),
     all into ``run.out``, built in a temporary sibling and swapped into place at the end.
 
+    Holds the lock of ``run.out`` (and of the outputs it lies in) from the first phase: a
+    writer into it meanwhile (``evaluate -o OUT/report``) is refused, not swapped away.
+
     Raises:
-        OpsnnQuantError: bad data or model, or a failure of a phase.
+        OpsnnQuantError: bad data or model, or a failure of a phase; another run writes
+            ``run.out`` (``OutputError``).
     """
+    with output_lock(run.out):
+        return _execute(run, progress, sharing)
+
+
+def _execute(
+    run: CalibrateRun, progress: Progress | None, sharing: Sharing | None
+) -> CalibrateResult:
     say = progress or (lambda m: log.info("%s", m))
     recipe, out = run.recipe, run.out
     unfinished, journal = resumable(out, OUTPUT_KIND, run.identity) if run.resume else (None, None)

@@ -123,7 +123,24 @@ def check_evaluate(
 
 
 def run_evaluate(job: EvaluateJob, progress: Progress | None = None) -> AcceptanceReport:
-    """Load the candidate and its float baseline, evaluate, write ``report.{json,md,html}``."""
+    """Load the candidate and its float baseline, evaluate, write ``report.{json,md,html}``.
+
+    The rank that writes holds the lock of ``job.out`` (and of the outputs it lies in:
+    ``-o OUT/report``) throughout (:func:`opsnn_quant.io.output_lock`).
+
+    Raises:
+        OutputError: another run writes ``job.out`` or an output it lies in.
+    """
+    from opsnn_quant.distributed import current_world
+    from opsnn_quant.io import output_lock
+
+    if not current_world().is_main:
+        return _run_evaluate(job, progress)
+    with output_lock(job.out):  # a calibrate -o OUT meanwhile would swap the report away
+        return _run_evaluate(job, progress)
+
+
+def _run_evaluate(job: EvaluateJob, progress: Progress | None) -> AcceptanceReport:
     import torch
 
     from opsnn_quant.backends.devices import resolve_device

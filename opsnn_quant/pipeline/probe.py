@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.formats.calibrate_output import PROBE_FILE
-from opsnn_quant.io import atomic_dir, check_output_dir
+from opsnn_quant.io import atomic_dir, check_output_dir, output_lock
 from opsnn_quant.probe.api import ProbeConfig
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.recipe import recipe_inputs
@@ -136,13 +136,18 @@ def run_probe_job(
 ) -> SensitivityReport:
     """Load the data and the model, probe, write ``OUT/probe.json`` and ``OUT/timings.json``
     (rank 0 of a distributed run: pass 1 over its share, the others' merged, see
-    :mod:`opsnn_quant.pipeline.sharing`)."""
+    :mod:`opsnn_quant.pipeline.sharing`). Holds the lock of ``OUT`` (and of the outputs it lies
+    in) from the start (:func:`opsnn_quant.io.output_lock`)."""
+    with output_lock(job.out):  # a writer into OUT meanwhile would be swapped away
+        return _run_probe_job(job, say=progress or (lambda m: None), sharing=sharing)
+
+
+def _run_probe_job(job: ProbeJob, say: Progress, sharing: Sharing | None) -> SensitivityReport:
     from opsnn_quant.core.fingerprint import probe_inputs
     from opsnn_quant.models.offload import offload_of
     from opsnn_quant.pipeline.timings import write_timings
     from opsnn_quant.probe.api import run_probe
 
-    say = progress or (lambda m: None)
     records, adapter = _load(job, say, sharing)
     shard = sharing.shard(adapter, records) if sharing is not None else None
     try:

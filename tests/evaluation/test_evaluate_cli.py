@@ -223,3 +223,32 @@ def test_a_pipeline_candidate_whose_images_are_nan_fails(candidate, tmp_path):
     assert rows["psnr_min"][0] == "PASS"  # a bound of 0 dB passes anything
     assert rows["candidate_finite"] == ("FAIL", 1.0)
     assert rows["baseline_finite"] == ("PASS", 0.0) and rows["baseline_sane"][0] == "PASS"
+
+
+def test_evaluate_into_an_output_holds_it_for_the_whole_run(candidate, tmp_path, monkeypatch):
+    # issue 58 §3: evaluate -o OUT/report took no lock on OUT: a calibrate -o OUT meanwhile
+    # swapped the report away. Now the calibrate is refused while the evaluate runs.
+    import subprocess
+    import sys
+
+    from opsnn_quant.io import atomic_dir
+
+    out = tmp_path / "out"
+    with atomic_dir(out, "calibrate") as tmp:  # a calibrate output to put the report in
+        (tmp / "policy.yaml").write_text("x\n")
+    code = "import sys\nfrom opsnn_quant.io import output_lock\nwith output_lock(sys.argv[1]): pass"
+    tried = []
+
+    def calibrate_meanwhile(*args, **kwargs):  # the evaluate is running
+        argv = [sys.executable, "-c", code, str(out)]
+        tried.append(subprocess.run(argv, capture_output=True, text=True))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("opsnn_quant.formats.candidates.load_candidate", calibrate_meanwhile)
+    argv = ["evaluate", "--candidate", str(candidate / "out"), "--suite",
+            str(_suite(candidate, 5.0)), "-o", str(out / "report"), "--quiet"]  # fmt: skip
+    assert main(argv) == 130
+    (proc,) = tried
+    assert proc.returncode != 0
+    assert f"output {out} is being written by another opsnn-quant run" in proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == [".opsnn-quant.json", "policy.yaml"]

@@ -138,3 +138,75 @@ def test_a_checkpointed_backward_holds_one_block_and_gives_the_same_gradient(tmp
     assert torch.equal(_input_gradient(net, x, v), want) and len(loaded) == 3  # plain again
     with checkpointed(Net()):  # a model all in memory: nothing to do
         pass
+
+
+# ---- issue 58 §9: offload directories carry a lock; the next run removes a killed run's ----
+
+_KILLED = """
+import os, signal, sys
+from pathlib import Path
+import torch
+from torch import nn
+from opsnn_quant.models.offload import BlockOffload
+
+net = nn.Sequential(nn.ModuleList([nn.Sequential(nn.Linear(8, 8)) for _ in range(2)]))
+off = BlockOffload(net, budget=1, directory=Path(sys.argv[1]))
+print(off.dir, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # no finalizer, no atexit: the files stay
+"""
+
+
+def _offload_dirs(root):
+    return sorted(p.name for p in root.iterdir() if p.name.startswith("opsnn-quant-offload-"))
+
+
+def test_the_offload_files_of_a_killed_run_are_removed_by_the_next_run(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED, str(tmp_path)], capture_output=True, text=True
+    )
+    assert proc.returncode == -9, proc.stderr
+    left = tmp_path / proc.stdout.strip()
+    assert left.parent == tmp_path and any(left.glob("block*.safetensors"))  # what a kill left
+    off = BlockOffload(Net(), budget=1, directory=tmp_path)  # the next run
+    assert not left.exists()
+    assert _offload_dirs(tmp_path) == [off.dir.name]
+    off.close()
+    assert _offload_dirs(tmp_path) == []
+
+
+def test_a_live_run_and_a_look_alike_are_left_alone(tmp_path):
+    import fcntl
+    import os
+
+    from opsnn_quant.models.offload import LOCK_FILE, make_offload_dir, sweep_orphans
+
+    live, lock = make_offload_dir(tmp_path)  # another run's, alive (its lock held)
+    (live / "block0.safetensors").write_bytes(b"w")
+    look_alike = tmp_path / "opsnn-quant-offload-mine"  # a user's, named like ours: no lock file
+    look_alike.mkdir()
+    (look_alike / "data.bin").write_bytes(b"precious")
+    forged = tmp_path / "opsnn-quant-offload-forged"  # a lock file that does not say it is ours
+    forged.mkdir()
+    (forged / LOCK_FILE).write_text("something else\n")
+    linked = tmp_path / "opsnn-quant-offload-link"  # a link to an orphan is not followed
+    (tmp_path / "elsewhere").mkdir()
+    orphan, orphan_lock = make_offload_dir(tmp_path / "elsewhere")
+    orphan_lock.close()
+    linked.symlink_to(orphan, target_is_directory=True)
+    assert sweep_orphans(tmp_path) == []
+    assert (live / "block0.safetensors").read_bytes() == b"w"
+    assert (look_alike / "data.bin").read_bytes() == b"precious" and (forged / LOCK_FILE).exists()
+    assert orphan.is_dir() and linked.is_symlink()
+    # the same lock taken by another open file (what another process holds) keeps it too
+    lock.close()
+    fd = os.open(live / LOCK_FILE, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    assert sweep_orphans(tmp_path) == []
+    os.close(fd)
+    assert sweep_orphans(tmp_path) == [live]  # its owner gone: removed
+    assert _offload_dirs(tmp_path) == [
+        "opsnn-quant-offload-forged", "opsnn-quant-offload-link", "opsnn-quant-offload-mine"
+    ]  # fmt: skip

@@ -414,3 +414,44 @@ def test_a_naive_strategy_pays_for_pass_1_only_and_writes_the_same_model(tmp_pat
     ):
         a, b = (tmp_path / d / rel for d in ("staged", "whole"))
         assert a.read_bytes() == b.read_bytes(), rel
+
+
+_WRITE_REPORT = (
+    "import sys\nfrom opsnn_quant.io import atomic_dir\n"
+    "with atomic_dir(sys.argv[1], 'report') as tmp:\n    (tmp / 'report.md').write_text('PASS')\n"
+)
+
+
+def test_a_report_into_the_output_is_refused_for_the_whole_calibrate_run(
+    tiny_sd_calibrated, tmp_path, monkeypatch
+):
+    # issue 58 §3: calibrate -o OUT & then evaluate -o OUT/report: evaluate said "wrote", then
+    # the calibrate's swap removed OUT/report. The calibrate holds OUT from its first phase.
+    import shutil
+    import subprocess
+    import sys
+
+    from opsnn_quant.pipeline import calibrate as workflow
+
+    _, recipe, done = tiny_sd_calibrated
+    out = tmp_path / "out"
+    shutil.copytree(done, out)  # an earlier calibrate's output, being replaced
+    report = out / "report"
+    tried = []
+
+    def evaluate_meanwhile(*args, **kwargs):  # the data is loaded, the model not yet
+        argv = [sys.executable, "-c", _WRITE_REPORT, str(report)]
+        tried.append(subprocess.run(argv, capture_output=True, text=True))
+        raise KeyboardInterrupt  # enough: the run was in flight
+
+    monkeypatch.setattr(workflow, "load_model", evaluate_meanwhile)
+    assert main(["calibrate", str(recipe), "-o", str(out), "--quiet"]) == 130
+    (proc,) = tried
+    assert proc.returncode != 0 and not report.exists()
+    assert (
+        f"output {report} lies in the output {out}, which another opsnn-quant run is writing; "
+        "wait for it to finish or choose another output"
+    ) in proc.stderr
+    # the calibrate gone, the lock is free again
+    proc = subprocess.run([sys.executable, "-c", _WRITE_REPORT, str(report)], capture_output=True)
+    assert proc.returncode == 0 and (report / "report.md").read_text() == "PASS"

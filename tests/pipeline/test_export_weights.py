@@ -34,9 +34,10 @@ def test_export_weights_refuses_an_output_another_run_is_writing(tiny_sd_calibra
         holder.wait()
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
+    # refused at the check, before the model loads (issue 58 §3: the exports lie in OUT)
     assert err[0] == (
-        f"error: output {out} is being written by another opsnn-quant run; wait for it to "
-        "finish or choose another output"
+        f"error: output {out / 'export' / 'ascendv1'} lies in the output {out}, which another "
+        "opsnn-quant run is writing; wait for it to finish or choose another output"
     )
     assert run_files(out) == before
 

@@ -104,3 +104,30 @@ def test_a_failure_before_any_phase_finished_keeps_nothing(whole, tmp_path, monk
         _interrupt(m, "run_probe")
         assert main(["calibrate", str(recipe), "-o", str(out), "--quiet"]) == 130
     assert _leftovers(out) == [] and not out.exists()
+
+
+def test_a_same_length_edit_of_the_kept_policy_is_refused_naming_the_file(
+    whole, tmp_path, monkeypatch, capsys
+):
+    # issue 58 §14: --resume compared sizes: a kept policy.yaml edited to the same length (a
+    # rule's precision changed) was adopted and deployed
+    recipe, _ = whole
+    out = tmp_path / "out"
+    cmd = ["calibrate", str(recipe), "-o", str(out), "--quiet"]
+    with monkeypatch.context() as m:
+        _interrupt(m, "float_references")  # the first phase after the policy's
+        assert main(cmd) == 130
+    (kept,) = _leftovers(out)
+    policy = tmp_path / kept / "policy.yaml"
+    text = policy.read_text()
+    edited = text.replace("int8", "fp16", 1) if "int8" in text else text.replace("fp16", "int8", 1)
+    assert edited != text and len(edited.encode()) == len(text.encode())
+    policy.write_text(edited)
+    capsys.readouterr()
+    assert main([*cmd, "--resume"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert err == [
+        f"error: --resume: {policy} was added, removed or changed since the interrupted run kept "
+        "its output; run without --resume"
+    ]
+    assert policy.read_text() == edited and not out.exists()  # nothing adopted, nothing removed
