@@ -18,8 +18,10 @@ ENV = {
     # (a decoder step of 1 row rounds otherwise than the same row among 8, so a transcript would
     # depend on the batch it was decoded in); strict conditional numerical reproducibility
     # makes the same inputs give the same bits, whatever the rows beside them and the threads
-    # (oneMKL developer guide, "Reproducibility Conditions": ?gemm in strict mode). MKL reads it
-    # at its first call, not when torch loads: it must be set before the first matmul.
+    # (oneMKL developer guide, "Reproducibility Conditions": ?gemm in strict mode; on a CPU
+    # where it holds only from a few rows on, batches are padded to them: gemm_rows_floor).
+    # MKL reads it at its first call, not when torch loads: it must be set before the first
+    # matmul.
     "MKL_CBWR": "AUTO,STRICT",
     # Idle OpenMP threads spin by default, which starves other work on small shared machines.
     "OMP_WAIT_POLICY": "PASSIVE",
@@ -65,20 +67,62 @@ def set_reproducible(seed: int | None = None, threads: int | None = None) -> Non
             torch.manual_seed(seed)
 
 
-def gemm_rows_invariant() -> bool:
-    """Whether this process's float GEMM gives a row the same bits whatever the rows beside
-    it: a (1, 384) and a (3, 384) product against the same rows of an (8, 384) one. False
-    where MKL's strict reproducibility is not in effect (``MKL_CBWR`` set after the process's
-    first matmul, or to another mode) on a CPU whose kernel choice follows the row count;
-    outputs then depend on how inputs were batched. A few microseconds."""
-    import torch
+# Row counts the probe compares (see gemm_rows_floor): a product of PROBE_ROWS rows against
+# each of its first 1..PROBE_ROWS - 1 rows alone.
+PROBE_ROWS = 16
+# The largest floor a batch is padded to: past it the process is called batch-dependent.
+MAX_ROWS_FLOOR = 8
+_floor: list[int | None] = []  # the process's answer, once measured (it cannot change)
 
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(8, 384, generator=g)
-    w = torch.randn(384, 384, generator=g)
-    with torch.no_grad():
-        full = torch.nn.functional.linear(x, w)
-        return all(torch.equal(torch.nn.functional.linear(x[:m], w), full[:m]) for m in (1, 3))
+
+def gemm_rows_floor() -> int | None:
+    """The fewest rows from which this process's float GEMM gives a row the same bits whatever
+    the rows beside it (1: any count), or None when no count up to :data:`MAX_ROWS_FLOOR` does.
+
+    MKL's strict reproducibility (``MKL_CBWR=AUTO,STRICT`` before the first matmul) makes every
+    count agree on an Intel CPU; on an AMD EPYC (AVX-512, measured with torch 2.13's MKL
+    2024.2) products of 1 to 3 rows still round otherwise than the same rows among 4 or more,
+    whatever ``MKL_CBWR`` says, while every count from 4 agrees. A batch padded to the floor
+    (:func:`rows_to_run`) is then computed the same bits in any batch. Without strict mode
+    the counts disagree past the floor and the answer is None. Measured once a process: a
+    (PROBE_ROWS, 384) x (384, 384) product against its first rows (about a millisecond)."""
+    if not _floor:
+        import torch
+
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(PROBE_ROWS, 384, generator=g)
+        w = torch.randn(384, 384, generator=g)
+        with torch.no_grad():
+            full = torch.nn.functional.linear(x, w)
+            same = [torch.equal(torch.nn.functional.linear(x[:m], w), full[:m])
+                    for m in range(1, PROBE_ROWS)]  # fmt: skip
+        _floor.append(floor_of(same))
+    return _floor[0]
+
+
+def floor_of(same: list[bool]) -> int | None:
+    """The smallest row count m from which every count agrees (``same[m - 1]``: whether m rows
+    alone gave the bits of the full product), or None when it is past :data:`MAX_ROWS_FLOOR`
+    or there is none."""
+    floor = next((m for m in range(1, len(same) + 1) if all(same[m - 1 :])), None)
+    return floor if floor is not None and floor <= MAX_ROWS_FLOOR else None
+
+
+def gemm_rows_invariant() -> bool:
+    """Whether a float GEMM's rows, in batches padded to :func:`gemm_rows_floor` rows
+    (:func:`rows_to_run`), are the same bits whatever the rows beside them. False where MKL's
+    strict reproducibility is not in effect (``MKL_CBWR`` set after the process's first matmul,
+    or to another mode) on a CPU whose kernel choice follows the row count; outputs then depend
+    on how inputs were batched."""
+    return gemm_rows_floor() is not None
+
+
+def rows_to_run(rows: int) -> int:
+    """How many rows to compute a batch of ``rows`` items in so that each item's result is the
+    same bits in any batch: ``rows``, or :func:`gemm_rows_floor` when that is more (the caller
+    pads with copies of an item and drops their results). A process whose rows are not
+    invariant at any floor runs ``rows`` (its report says the outputs depend on the batch)."""
+    return max(rows, gemm_rows_floor() or 1)
 
 
 # The latest time a report can carry: the end of year 9999, the last a datetime holds (some

@@ -270,7 +270,8 @@ def output_conditions(adapter: ModelAdapter) -> dict[str, Any]:
     """What both models' outputs depend on beside their inputs (see
     ``ReportSchema.outputs_depend_on``): the batch size they were generated in (the suite's,
     applied to both models), the threads, the device, torch's CPU capability and version, and
-    on a CPU whether a float GEMM's row is independent of the rows batched with it
+    on a CPU whether a float GEMM's row is independent of the rows batched with it, batches
+    padded to the CPU's floor of rows as the adapters pad them
     (:func:`~opsnn_quant.core.determinism.gemm_rows_invariant`)."""
     import torch
 

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from opsnn_quant.core import progress
+from opsnn_quant.core.determinism import rows_to_run
 from opsnn_quant.core.hub import (
     check_pickle_weights,
     quiet_progress_bars,
@@ -119,18 +120,20 @@ def _load_whole(path: Path, pickled: bool, dtype: torch.dtype) -> nn.Module:
     return model
 
 
-def _nan_utterances(steps: list[torch.Tensor], utterances: int) -> int:
-    """How many of a batch's ``utterances`` had NaN logits at some decoding step (``steps``:
-    per step, a flag per row; rows are utterance-major, ``beams`` of them per utterance)."""
+def _nan_utterances(steps: list[torch.Tensor], utterances: int, kept: int | None = None) -> int:
+    """How many of a batch's first ``kept`` (default: all) ``utterances`` had NaN logits at
+    some decoding step (``steps``: per step, a flag per row; rows are utterance-major,
+    ``beams`` of them per utterance; the rest of the batch is padding)."""
+    kept = utterances if kept is None else kept
     if not steps or not any(bool(s.any()) for s in steps):
         return 0
     rows = max(s.numel() for s in steps)
     if rows % utterances:  # rows not per utterance: every utterance may be the one
-        return utterances
+        return kept
     per_row = torch.zeros(rows, dtype=torch.bool)
     for s in steps:
         per_row[: s.numel()] |= s
-    return int(per_row.reshape(utterances, -1).any(dim=1).sum())
+    return int(per_row.reshape(utterances, -1).any(dim=1)[:kept].sum())
 
 
 class WhisperAdapter(ModelAdapter):
@@ -242,14 +245,20 @@ class WhisperAdapter(ModelAdapter):
             if isinstance(logits, torch.Tensor) and logits.dim() >= 2:
                 nan.append(torch.isnan(logits).flatten(1).any(dim=1).cpu())
 
+        n = len(audio)
+        # a batch of fewer rows than the CPU's GEMM rounds alike is padded with copies of its
+        # last utterance (their transcripts dropped): each utterance decodes to the same bits
+        # in any batch (a slice, a rank's shard, the set's last batch)
+        padded = list(audio) + [audio[-1]] * (rows_to_run(n) - n)
         handle = self.model.register_forward_hook(watch, with_kwargs=True)
         try:
             with torch.no_grad():
-                ids = self.model.generate(self.features(audio), **self.decoding())  # type: ignore[operator]
+                ids = self.model.generate(self.features(padded), **self.decoding())  # type: ignore[operator]
         finally:
             handle.remove()
-        self.nan_outputs += _nan_utterances(nan, len(audio))
-        return [t.strip() for t in self.processor.batch_decode(ids, skip_special_tokens=True)]
+        self.nan_outputs += _nan_utterances(nan, len(padded), n)
+        texts = self.processor.batch_decode(ids[:n], skip_special_tokens=True)
+        return [t.strip() for t in texts]
 
     def evaluation_inputs(self, records: Sequence[Any]) -> list[Any]:
         """The 16 kHz waveforms of the records (checked: NaN/Inf, rate)."""

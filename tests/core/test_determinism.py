@@ -12,13 +12,30 @@ import sys
 import pytest
 
 from opsnn_quant.core import determinism
-from opsnn_quant.core.determinism import gemm_rows_invariant, set_reproducible
+from opsnn_quant.core.determinism import (
+    gemm_rows_floor,
+    gemm_rows_invariant,
+    rows_to_run,
+    set_reproducible,
+)
 
 
-def test_rows_are_invariant_with_strict_cnr_set_before_the_first_matmul():
+def test_rows_are_invariant_from_the_floor_with_strict_cnr_set_before_the_first_matmul():
     # tests/conftest.py sets it before torch loads, as the CLI's main() does before any work
+    import torch
+
     assert os.environ["MKL_CBWR"] == "AUTO,STRICT"
+    floor = gemm_rows_floor()
+    assert floor is not None and 1 <= floor <= determinism.MAX_ROWS_FLOOR
     assert gemm_rows_invariant()
+    # every count from the floor on gives a row the same bits as among 32 rows (a wider
+    # product than the probe's, other sizes): what padding a batch to the floor relies on
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(32, 512, generator=g), torch.randn(1024, 512, generator=g)
+    full = torch.nn.functional.linear(x, w)
+    for m in range(floor, 32):
+        assert torch.equal(torch.nn.functional.linear(x[:m], w), full[:m]), m
+    assert [rows_to_run(n) for n in (1, floor, floor + 5)] == [floor, floor, floor + 5]
 
 
 def test_a_fresh_process_set_up_by_set_reproducible_has_invariant_rows():
@@ -32,6 +49,21 @@ def test_a_fresh_process_set_up_by_set_reproducible_has_invariant_rows():
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "True"
+
+
+@pytest.mark.parametrize(
+    ("same", "floor"),
+    [
+        ([True] * 15, 1),  # Intel, strict: every count agrees
+        ([False] * 3 + [True] * 12, 4),  # AMD EPYC, strict or not: from 4 rows on
+        ([False, False, False, True, False, False, False] + [True] * 8, 8),
+        ([False] * 8 + [True] * 7, None),  # from 9 rows only: past MAX_ROWS_FLOOR
+        ([False, False, False, True] + [False] * 10 + [True], None),
+        ([False] * 15, None),  # compatible mode on the AMD EPYC: no count agrees
+    ],
+)
+def test_the_floor_is_the_first_count_from_which_every_count_agrees(same, floor):
+    assert determinism.floor_of(same) == floor
 
 
 def test_set_reproducible_warns_when_it_comes_after_the_first_matmul(monkeypatch, caplog):
