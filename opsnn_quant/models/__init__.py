@@ -123,6 +123,16 @@ def check_weights(source: str, *, allow_pickle: bool = False) -> None:
             would copy that is no regular file inside the directory
             (:func:`~opsnn_quant.models.confine.check_export_sources`).
     """
+    try:
+        _check_weights(source, allow_pickle)
+    except OSError as exc:  # a directory we may not walk (--model /proc): one line, not a trace
+        where = exc.filename or source
+        raise ModelLoadError(
+            f"cannot read the model directory {source}: {where}: {exc.strerror or exc}"
+        ) from exc
+
+
+def _check_weights(source: str, allow_pickle: bool) -> None:
     from pathlib import Path
 
     from opsnn_quant.models.confine import check_export_sources
