@@ -88,7 +88,7 @@ def not_regular(path: Path) -> str | None:
         return None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            return "is a symbolic link loop, not a regular file"
+            return "is a symbolic link loop"
         return f"cannot be read: {exc.strerror or exc}"
     if not stat.S_ISREG(mode):
         return f"is {_kind(mode)}, not a regular file"

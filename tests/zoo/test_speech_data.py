@@ -345,3 +345,35 @@ def test_whisper_wer_on_eval_subset() -> None:
     assert report["utterances"] == 16
     assert report["wer"] <= 0.10, report["errors"]
     assert report["raw_wer"] > report["wer"]  # punctuation and case count as raw errors
+
+
+def test_a_fifo_or_a_link_loop_in_the_eval_large_cache_is_refused_at_once(
+    small_cache: Path,
+) -> None:
+    # issue 58: before, file_sha256 opened a FIFO audio.flac and evaluate hung until killed;
+    # a self-looping link entry ended in a NotADirectoryError trace. Refused, never deleted.
+    import os
+    import time
+
+    from opsnn_quant.errors import CacheError
+    from tests.zoo.test_cache_dir import within
+
+    small_cache.mkdir(parents=True)
+    utts = sd.utterance_list(sd.EVAL_LARGE, SMALL)
+    manifest = {**sd._large_manifest(utts, 0), "espeak_ng": sd.espeak_version(),
+                "files": {sd.EVAL_AUDIO: "0" * 64, sd.EVAL_TABLE: "0" * 64}}  # fmt: skip
+    (small_cache / sd.EVAL_LARGE_MANIFEST).write_text(json.dumps(manifest))
+    (small_cache / sd.EVAL_TABLE).write_text("")
+    os.mkfifo(small_cache / sd.EVAL_AUDIO)
+    started = time.perf_counter()
+    with within(1.0), pytest.raises(CacheError) as err:
+        sd.split_records(sd.EVAL_LARGE, limit=2)
+    assert time.perf_counter() - started < 1.0
+    assert str(err.value).startswith(
+        f"cache file {small_cache / sd.EVAL_AUDIO} is a named pipe (FIFO), not a regular file; "
+    )
+    assert (small_cache / sd.EVAL_AUDIO).exists()
+    shutil.rmtree(small_cache)
+    small_cache.symlink_to(small_cache.name)
+    with within(1.0), pytest.raises(CacheError, match="is a symbolic link loop; "):
+        sd.split_records(sd.EVAL_LARGE, limit=2)
