@@ -90,15 +90,21 @@ def test_file_sha256_is_the_standard_digest(tmp_path: Path):
 # ---- issue 58: what is read back from the cache is the cache's own (cases 4, 8, 11) --------
 
 
+class StillRunning(BaseException):
+    """Raised by :func:`within`: no ``except OSError`` or ``except Exception`` swallows it (a
+    TimeoutError is an OSError, which a reader's own handler would take for a missing file)."""
+
+
 @contextmanager
 def within(seconds: float):
-    """Fail (TimeoutError) rather than hang when the block takes longer than ``seconds``."""
+    """Fail (:class:`StillRunning`, again every ``seconds``) rather than hang when the block
+    takes longer than ``seconds``."""
 
     def expire(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s")
+        raise StillRunning(f"still running after {seconds} s")
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds, seconds)
     try:
         yield
     finally:
