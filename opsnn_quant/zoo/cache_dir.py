@@ -22,8 +22,8 @@ import stat
 import tempfile
 import time
 from collections.abc import Callable
+from io import BufferedReader
 from pathlib import Path
-from typing import BinaryIO
 
 from opsnn_quant.errors import CacheError
 from opsnn_quant.models.confine import DIRECTORY, escape, not_regular
@@ -115,7 +115,7 @@ def check_entry(final: Path, root: Path) -> None:
                 raise CacheError(cache_refusal(Path(top) / name, why, root))
 
 
-def open_cached(path: Path, root: Path | None = None) -> BinaryIO:
+def open_cached(path: Path, root: Path | None = None) -> BufferedReader:
     """Open ``path`` for reading only if it is a regular file (inside cache ``root`` when given).
 
     The file is opened without blocking and checked on the open descriptor, so a FIFO put there
