@@ -38,6 +38,12 @@ class ModelLoadError(InputError):
     """A model directory, family or zoo entry that cannot be loaded."""
 
 
+class CacheError(InputError):
+    """A file of opsnn-quant's cache that is no regular file inside the cache (a FIFO, a device,
+    a link loop or a link out of it), or a cache entry that does not match its stamp where the
+    cache cannot be rewritten."""
+
+
 class DeviceUnavailableError(InputError):
     """A device this machine does not have (no torch_npu, no CUDA, no such index): the user
     names another one, so it is bad input, not a failure of a backend."""

@@ -212,3 +212,28 @@ def test_export_weights_of_a_model_whose_tokenizer_file_links_out(
     line = _refused(["export-weights", str(done), "-o", str(out), "--data",
                      str(root / "prompts.txt")], capsys, out)  # fmt: skip
     assert line.startswith(f"error: model file {pipe}/tokenizer/merges.txt resolves to ")
+
+
+@pytest.mark.parametrize("kind", ["csv", "jsonl", "parquet"])
+def test_a_data_file_naming_audio_out_of_its_directory(kind, tmp_path, monkeypatch, capsys):
+    # issue 58 case 6: before, /abs/private/secret.wav named in a .csv/.jsonl/.parquet was read
+    from tests.models.test_hf_data import _data_file
+
+    _no_load(monkeypatch)
+    data = tmp_path / "data"
+    data.mkdir()
+    (tmp_path / "private").mkdir()
+    _wav(data / "a.wav")
+    _wav(tmp_path / "private" / "secret.wav")
+    secret = str(tmp_path / "private" / "secret.wav")
+    file = _data_file(kind, data / "speech", [{"file_name": "a.wav", "text": "hi"},
+                                              {"file_name": secret, "text": "yo"}])  # fmt: skip
+    capsys.readouterr()  # datasets' progress bar, writing the parquet
+    out = tmp_path / "o"
+    line = _refused(["probe", "zoo:whisper-tiny.en", "--data", str(file), "-o", str(out)],
+                    capsys, out)  # fmt: skip
+    where = f"{file} line 2" if kind == "jsonl" else f"{file} record 2"
+    assert line == (
+        f"error: {where}: audio {secret!r} resolves to {secret}, outside {data}; a data file "
+        f"names audio files inside the directory holding it ({data})"
+    )

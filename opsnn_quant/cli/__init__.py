@@ -9,6 +9,7 @@ the user can fix (:class:`~opsnn_quant.errors.InputError`) print one line and ex
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -98,6 +99,16 @@ def _warning_to_debug_log(
     )
 
 
+PATH_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.ELOOP, errno.ENAMETOOLONG})
+"""The errors of a path itself (not of the program): what :func:`main` prints as one line."""
+
+
+def path_error_line(exc: OSError) -> str:
+    """``/proc/1/root: Permission denied; check the path and its permissions``."""
+    where = f"{exc.filename}: " if exc.filename is not None else ""
+    return f"{where}{exc.strerror or exc}; check the path and its permissions"
+
+
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     raise Interrupted(signum)
 
@@ -127,6 +138,14 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: {_ui.one_line(str(err))}\n")
         sys.stderr.flush()
         return err.exit_code
+    except OSError as exc:
+        # a path the user named that the system will not let us use (unreadable, a link loop):
+        # input, whatever check met it first; any other OSError is ours and stays a trace
+        if exc.errno not in PATH_ERRNOS:
+            raise
+        sys.stderr.write(f"error: {_ui.one_line(path_error_line(exc))}\n")
+        sys.stderr.flush()
+        return 2
     except Interrupted as exc:
         name = "" if exc.signum == signal.SIGINT else f" ({signal.Signals(exc.signum).name})"
         print(f"interrupted{name}", file=sys.stderr)

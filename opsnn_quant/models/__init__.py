@@ -124,6 +124,16 @@ def check_weights(source: str, *, allow_pickle: bool = False) -> None:
             file linked out of it included
             (:func:`~opsnn_quant.models.loader_files.check_model_sources`).
     """
+    try:
+        _check_weights(source, allow_pickle)
+    except OSError as exc:  # a directory we may not walk (--model /proc): one line, not a trace
+        where = exc.filename or source
+        raise ModelLoadError(
+            f"cannot read the model directory {source}: {where}: {exc.strerror or exc}"
+        ) from exc
+
+
+def _check_weights(source: str, allow_pickle: bool) -> None:
     from pathlib import Path
 
     from opsnn_quant.models.loader_files import check_model_sources

@@ -15,6 +15,7 @@ One exception: a Hugging Face hub cache snapshot (``<cache>/models--<org>--<name
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -64,10 +65,13 @@ def escape(path: Path, root: Path) -> str | None:
     Returns:
         The reason, a phrase such as ``"resolves to /etc/passwd, outside /data/speech"``.
     """
-    target = Path(os.path.realpath(path))
+    try:
+        target = Path(os.path.realpath(path))
+    except OSError as exc:  # a link into a directory we may not read (/proc/1/cwd)
+        return f"cannot be read: {exc.strerror or exc}"
     if not any(_within(target, base) for base in _roots(root)):
         return f"resolves to {target}, outside {root}"
-    if os.path.islink(path) and not target.exists():
+    if os.path.islink(path) and not os.path.lexists(target):
         return "is a link to a missing file"
     return not_regular(target)
 
@@ -81,6 +85,8 @@ def not_regular(path: Path) -> str | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "is a symbolic link loop"
         return f"cannot be read: {exc.strerror or exc}"
     if not stat.S_ISREG(mode):
         return f"is {_kind(mode)}, not a regular file"

@@ -11,7 +11,8 @@ A source string is one of:
 * a folder of ``.wav`` (16-bit PCM mono) and/or ``.flac``, ``.mp3``, ``.ogg``, ``.opus`` (mono)
   files, with an optional
   ``transcripts.tsv`` or ``transcripts.txt`` (``<file name or its stem><TAB><text>`` per line);
-  each must be a regular file inside the folder (no link out of it, no FIFO).
+  each must be a regular file inside the folder (no link out of it, no FIFO); only the first
+  ``limit`` files (by name) are checked and decoded.
 
 Records come back as dicts (``caption``/``prompt``/``text``, ``audio`` + ``sampling_rate``).
 """
@@ -27,7 +28,6 @@ from typing import Any
 import numpy as np
 
 from opsnn_quant.errors import CalibrationError, ConfigError
-from opsnn_quant.io import read_text
 from opsnn_quant.models.confine import escape
 from opsnn_quant.models.hf_data import hf_records, is_hf_source, read_mono, text_lines
 from opsnn_quant.sources import named_records
@@ -67,7 +67,7 @@ def load_records(
     elif path.is_file() and path.suffix == ".txt":
         records = _prompt_lines(path, limit)
     elif path.is_dir() and any(f.suffix in AUDIO_SUFFIXES for f in path.iterdir()):
-        records = _audio_folder(path)
+        records = _audio_folder(path, limit)
     else:
         raise ConfigError(
             f"data source {source} is not a zoo name, a .txt of prompts, a datasets source "
@@ -114,19 +114,20 @@ def _confined(file: Path, folder: Path) -> None:
         raise ConfigError(f"{file} {why}; an audio folder's files must be regular files inside it")
 
 
-def _transcripts(path: Path) -> dict[str, str]:
+def _transcripts(path: Path, keys: set[str]) -> dict[str, str]:
     """``<file name or stem><TAB><text>`` lines of the folder's transcript file (either name;
-    both at once is ambiguous)."""
+    both at once is ambiguous), those of ``keys`` only, read line by line."""
     found = [path / name for name in TRANSCRIPT_FILES if (path / name).exists()]
     if len(found) > 1:
         raise ConfigError(f"{path} has both {' and '.join(TRANSCRIPT_FILES)}; keep one")
     for file in found:
         _confined(file, path)
     texts: dict[str, str] = {}
-    for line in read_text(found[0]).splitlines() if found else []:
-        if "\t" in line:
-            k, v = line.split("\t", 1)
-            texts[k] = v
+    for _, raw in text_lines(found[0]) if found else []:
+        for line in raw.splitlines():  # str.splitlines' line ends, as the whole file's were
+            k, tab, v = line.partition("\t")
+            if tab and k in keys:
+                texts[k] = v
     return texts
 
 
@@ -146,12 +147,16 @@ def _read_audio(file: Path) -> tuple[np.ndarray, int]:
     return pcm.astype(np.float32) / 32768.0, rate
 
 
-def _audio_folder(path: Path) -> list[dict[str, Any]]:
-    texts = _transcripts(path)
-    records = []
+def _audio_folder(path: Path, limit: int | None) -> list[dict[str, Any]]:
+    """The first ``limit`` audio files of a folder (by name), each checked, then decoded; the
+    others are neither checked nor read."""
     files = sorted(f for f in path.iterdir() if f.suffix in AUDIO_SUFFIXES and not f.is_dir())
+    files = files[:limit]
     for file in files:
         _confined(file, path)
+    texts = _transcripts(path, {k for f in files for k in (f.name, f.stem)})
+    records = []
+    for file in files:
         audio, rate = _read_audio(file)
         text = texts.get(file.name, texts.get(file.stem, ""))
         records.append({"audio": audio, "sampling_rate": rate, "text": text, "id": file.name})

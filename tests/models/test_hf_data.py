@@ -247,3 +247,248 @@ def test_a_jsonl_is_read_only_up_to_the_limit_and_a_huge_record_refused(tmp_path
     (tmp_path / "p.json").write_text(json.dumps([{"prompt": "d" * (2**20 + 1)}]))
     with pytest.raises(ConfigError, match=r"p\.json record 1: prompt is longer than 1048576"):
         load_records(str(tmp_path / "p.json"))
+
+
+# ---- issue 58 case 6: a file a data file names is inside the directory holding it ----------
+
+
+def _data_file(kind: str, path: Path, rows: list[dict]) -> Path:
+    """``rows`` written as a ``kind`` (jsonl, json, csv, parquet) data file at ``path``."""
+    file = path.with_suffix(f".{kind}")
+    if kind == "jsonl":
+        _jsonl(file, rows)
+    elif kind == "json":
+        file.write_text(json.dumps(rows))
+    elif kind == "csv":
+        names = list(rows[0])
+        file.write_text(",".join(names) + "\n" + "".join(
+            ",".join(str(r[n]) for n in names) + "\n" for r in rows))  # fmt: skip
+    else:
+        datasets.Dataset.from_list(rows).to_parquet(str(file))
+    return file
+
+
+def _where(kind: str, file: Path, n: int) -> str:
+    return f"{file} line {n}" if kind == "jsonl" else f"{file} record {n}"
+
+
+KINDS = ["jsonl", "json", "csv", "parquet"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name", ["ABS", "../outside/secret.wav", "link.wav"])
+def test_a_data_file_naming_audio_out_of_its_directory_is_refused_before_decoding(
+    kind, name, tmp_path, monkeypatch
+):
+    # before: read whatever the column named (/abs/private/secret.wav, ../, a link out)
+    import opsnn_quant.models.hf_data as hf_data
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (tmp_path / "outside").mkdir()
+    _wav(data / "a.wav", PCM)
+    _wav(tmp_path / "outside" / "secret.wav", PCM)
+    (data / "link.wav").symlink_to(tmp_path / "outside" / "secret.wav")
+    name = str(tmp_path / "outside" / "secret.wav") if name == "ABS" else name
+    file = _data_file(kind, data / "speech", [{"file_name": "a.wav", "text": "hi"},
+                                              {"file_name": name, "text": "yo"}])  # fmt: skip
+    decoded = []
+    monkeypatch.setattr(hf_data, "read_mono", lambda *a, **k: decoded.append(a) or (PCM, 16000))
+    with pytest.raises(ConfigError) as err:
+        load_records(str(file))
+    assert str(err.value) == (
+        f"{_where(kind, file, 2)}: audio {name!r} resolves to {tmp_path}/outside/secret.wav, "
+        f"outside {data}; a data file names audio files inside the directory holding it ({data})"
+    )
+    assert decoded == []  # checked before any audio is decoded
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_relative_audio_name_is_read_from_the_data_file_s_directory(kind, tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    (data / "clips").mkdir(parents=True)
+    _wav(data / "clips" / "a.wav", PCM)
+    os.mkfifo(data / "clips" / "b.wav")
+    file = _data_file(kind, data / "speech", [{"file_name": "clips/a.wav", "text": "hi"}])
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # before: relative to the working directory
+    records = load_records(str(file))
+    assert [r["text"] for r in records] == ["hi"]
+    assert np.array_equal(records[0]["audio"], PCM.astype(np.float32) / 32768.0)
+    file = _data_file(kind, data / "speech", [{"file_name": "clips/b.wav", "text": "x"}])
+    with pytest.raises(ConfigError, match=r"audio 'clips/b\.wav' is a named pipe \(FIFO\)"):
+        load_records(str(file))
+
+
+def test_a_parquet_audio_column_naming_a_file_out_of_its_directory(tmp_path):
+    # the Audio feature (undecoded: a path, no bytes), as datasets writes it
+    data = tmp_path / "data"
+    data.mkdir()
+    _wav(tmp_path / "secret.wav", PCM)
+    _wav(data / "a.wav", PCM)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    features = {"audio": {"decode": False, "_type": "Audio"},
+                "text": {"dtype": "string", "_type": "Value"}}  # fmt: skip
+    meta = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
+    for audio, ok in (("a.wav", True), (str(tmp_path / "secret.wav"), False)):
+        table = pa.table({"audio": [{"bytes": None, "path": audio}], "text": ["x"]})
+        pq.write_table(table.replace_schema_metadata(meta), data / "s.parquet")
+        if ok:
+            assert load_records(str(data / "s.parquet"))[0]["text"] == "x"
+            continue
+        with pytest.raises(ConfigError, match=r"s\.parquet record 1: audio .* outside"):
+            load_records(str(data / "s.parquet"))
+
+
+# ---- issue 58 case 7: read as far as needed, nothing written to the datasets cache ----------
+
+
+def _peak(fn):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        return fn(), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+BIG = 4 * 2**20  # a 4 MiB cell: past the 1 MiB a record may hold
+
+
+@pytest.mark.parametrize("kind", ["json", "csv"])
+def test_a_text_file_is_read_only_up_to_the_limit(kind, tmp_path):
+    # before: datasets.load_dataset read (and converted) the whole file before --limit
+    file = tmp_path / f"p.{kind}"
+    if kind == "json":
+        file.write_text('[{"prompt": "a"}, {"prompt": "' + "b" * BIG + '"}, {oops')
+    else:
+        file.write_text('prompt\na\n"' + "b" * BIG + '"\nnot,valid,here\n')
+    records, peak = _peak(lambda: load_records(str(file), 1))
+    assert [r["prompt"] for r in records] == ["a"] and peak < 2**20  # the rest never read
+    with pytest.raises(ConfigError) as err:
+        _peak(lambda: load_records(str(file), 2))
+    where = "record 2" if kind == "json" else "line 3"  # a .csv: the physical line first
+    assert str(err.value) == (
+        f"{file} {where} is longer than 1048576 bytes (1 MiB), the most one record may hold; "
+        "split it or shorten it"
+    )
+
+    def whole() -> None:
+        with pytest.raises(ConfigError):
+            load_records(str(file))
+
+    _, peak = _peak(whole)
+    assert peak < 4 * 2**20  # refused once 1 MiB of it is read, never loaded whole
+
+
+def test_a_json_array_streams_whatever_its_layout(tmp_path):
+    file = tmp_path / "p.json"
+    file.write_text('\ufeff [\n {"prompt": "a", "n": -Infinity},\n\t{"prompt":'
+                    ' "c\\u00e9"} ,{"prompt": "d"}]\n')  # fmt: skip
+    assert _prompts(load_records(str(file))) == ["a", "c\u00e9", "d"]
+    file.write_text('["bare", "text"]')  # an array of strings: the text column, as datasets
+    assert _prompts(load_records(str(file))) == ["bare", "text"]
+    file.write_text('[{"prompt": "a"}, 5]')
+    with pytest.raises(ConfigError, match=r"p\.json record 2 is a number \(5\), not a JSON"):
+        load_records(str(file))
+    file.write_text('[{"prompt": "a"} {"prompt": "b"}]')
+    with pytest.raises(ConfigError, match=r"after record 1 it has '\{' where ',' or '\]'"):
+        load_records(str(file))
+    file.write_text('[{"prompt": "a"}, {"prompt": x}]')
+    with pytest.raises(ConfigError, match=r"p\.json record 2 is not valid JSON: Expecting value"):
+        load_records(str(file))
+    file.write_text('[{"prompt": "a"}, {"prompt": "b"')
+    with pytest.raises(ConfigError, match=r"record 2 is not valid JSON"):
+        load_records(str(file))
+    file.write_text("[" + ",".join(f'{{"prompt": "p{i}"}}' for i in range(5000)) + "]")
+    assert _prompts(load_records(str(file)))[-1] == "p4999"  # past many chunks
+
+
+def test_a_parquet_reads_only_the_row_groups_asked_for(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    file = tmp_path / "p.parquet"
+    table = pa.table({"prompt": ["a", "b" * BIG], "other": ["x", "y"]})
+    pq.write_table(table, file, row_group_size=1)
+    meta = pq.ParquetFile(file).metadata
+    second = meta.row_group(1).column(0)
+    with file.open("r+b") as f:  # the second row group's pages: garbage now
+        f.seek(second.data_page_offset)
+        f.write(b"\xff" * 64)
+    records, peak = _peak(lambda: load_records(str(file), 1))
+    assert _prompts(records) == ["a"] and peak < 2**20  # before: the file was read whole
+    pq.write_table(table, file, row_group_size=1)
+    with pytest.raises(ConfigError) as err:
+        load_records(str(file), 2)
+    assert str(err.value).startswith(f"{file} records 2-2: column prompt holds ")
+    assert str(err.value).endswith("more than 1048576 bytes (1 MiB) a record, the most one "
+                                   "record may hold")  # fmt: skip
+
+
+def test_nothing_is_written_to_the_datasets_cache(tmp_path, monkeypatch):
+    # before: each .json/.csv/.parquet became an Arrow copy in ~/.cache/huggingface/datasets
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    data = tmp_path / "data"
+    (data / "snap" / "data").mkdir(parents=True)
+    for kind in KINDS:
+        _data_file(kind, data / "p", [{"prompt": "a"}, {"prompt": "b"}])
+        assert _prompts(load_records(str(data / f"p.{kind}"))) == ["a", "b"]
+    datasets.Dataset.from_dict({"prompt": ["c", "d", "e"]}).to_parquet(
+        str(data / "snap" / "data" / "train-00000-of-00001.parquet"))  # fmt: skip
+    datasets.Dataset.from_dict({"prompt": ["t"]}).to_parquet(
+        str(data / "snap" / "data" / "test-00000-of-00001.parquet"))  # fmt: skip
+    assert _prompts(load_records(str(data / "snap"), 2)) == ["c", "d"]
+    assert _prompts(load_records(str(data / "snap"), split="test")) == ["t"]
+    assert not cache.exists() or list(cache.rglob("*")) == []
+
+
+def test_an_audio_folder_decodes_only_the_records_used(tmp_path, monkeypatch):
+    # before: every file of the folder was decoded whatever --limit said
+    import opsnn_quant.models.data as data_mod
+    import opsnn_quant.models.hf_data as hf_data
+
+    for i in range(9):
+        _wav(tmp_path / f"{i}.wav", PCM)
+    os.mkfifo(tmp_path / "9.wav")  # past the limit: never looked at
+    decoded = []
+    real = data_mod._read_audio
+    monkeypatch.setattr(data_mod, "_read_audio", lambda f: decoded.append(f.name) or real(f))
+    assert [r["id"] for r in load_records(str(tmp_path), 2)] == ["0.wav", "1.wav"]
+    assert decoded == ["0.wav", "1.wav"]
+    # the same from a metadata file and from a data file's audio column
+    (tmp_path / "9.wav").unlink()
+    _wav(tmp_path / "9.wav", PCM)
+    rows = [{"file_name": f"{i}.wav", "text": str(i)} for i in range(9)] + [{"file_name": 5}]
+    calls = []
+    real_mono = hf_data.read_mono
+    monkeypatch.setattr(hf_data, "read_mono", lambda *a: calls.append(a) or real_mono(*a))
+    _data_file("csv", tmp_path / "speech", rows[:9])
+    assert [r["text"] for r in load_records(str(tmp_path / "speech.csv"), 2)] == ["0", "1"]
+    _jsonl(tmp_path / "metadata.jsonl", rows)
+    assert [r["text"] for r in load_records(str(tmp_path), 2)] == ["0", "1"]
+    assert len(calls) == 4
+
+
+def test_a_csv_is_read_record_by_record_as_pandas_reads_its_cells(tmp_path):
+    file = tmp_path / "p.csv"
+    file.write_text(',prompt,n\n0,"two\nlines, one cell",1\n\n1,"say ""hi""",\n2,,3\n')
+    assert _prompts(load_records(str(file), 2)) == ["two\nlines, one cell", 'say "hi"']
+    with pytest.raises(ConfigError, match=r"p\.csv record 3: prompt is empty$"):
+        load_records(str(file))
+    assert load_records(str(file), 1, column="Unnamed: 0") == [{"prompt": "0"}]  # pandas' name
+    file.write_text("prompt,prompt\na,b\n")
+    with pytest.raises(ConfigError, match=r"header names column 'prompt' twice; rename one"):
+        load_records(str(file))
+    file.write_text("prompt\na\nb,c\n")
+    with pytest.raises(ConfigError, match=r"record 2 has 2 cells, its header names 1 columns"):
+        load_records(str(file))
+    with file.open("w") as f:  # one quoted cell over many lines, each under the line cap
+        f.write('prompt\n"' + ("x" * 2**19 + "\n") * 4 + '"\n')
+    with pytest.raises(ConfigError, match=r"p\.csv record 1 is longer than 1048576 bytes"):
+        load_records(str(file))

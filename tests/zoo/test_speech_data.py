@@ -345,3 +345,69 @@ def test_whisper_wer_on_eval_subset() -> None:
     assert report["utterances"] == 16
     assert report["wer"] <= 0.10, report["errors"]
     assert report["raw_wer"] > report["wer"]  # punctuation and case count as raw errors
+
+
+def test_a_fifo_or_a_link_loop_in_the_eval_large_cache_is_refused_at_once(
+    small_cache: Path,
+) -> None:
+    # issue 58: before, file_sha256 opened a FIFO audio.flac and evaluate hung until killed;
+    # a self-looping link entry ended in a NotADirectoryError trace. Refused, never deleted.
+    import os
+    import time
+
+    from opsnn_quant.errors import CacheError
+    from tests.zoo.test_cache_dir import within
+
+    small_cache.mkdir(parents=True)
+    utts = sd.utterance_list(sd.EVAL_LARGE, SMALL)
+    manifest = {**sd._large_manifest(utts, 0), "espeak_ng": sd.espeak_version(),
+                "files": {sd.EVAL_AUDIO: "0" * 64, sd.EVAL_TABLE: "0" * 64}}  # fmt: skip
+    (small_cache / sd.EVAL_LARGE_MANIFEST).write_text(json.dumps(manifest))
+    (small_cache / sd.EVAL_TABLE).write_text("")
+    os.mkfifo(small_cache / sd.EVAL_AUDIO)
+    started = time.perf_counter()
+    with within(1.0), pytest.raises(CacheError) as err:
+        sd.split_records(sd.EVAL_LARGE, limit=2)
+    assert time.perf_counter() - started < 1.0
+    assert str(err.value).startswith(
+        f"cache file {small_cache / sd.EVAL_AUDIO} is a named pipe (FIFO), not a regular file; "
+    )
+    assert (small_cache / sd.EVAL_AUDIO).exists()
+    shutil.rmtree(small_cache)
+    small_cache.symlink_to(small_cache.name)
+    with within(1.0), pytest.raises(CacheError, match="is a symbolic link loop; "):
+        sd.split_records(sd.EVAL_LARGE, limit=2)
+
+
+@needs_espeak
+def test_a_changed_eval_large_set_in_a_read_only_cache_is_one_line(
+    small_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue 58: a set whose file no longer matches its manifest is generated again where the
+    # cache can be written (test above); where it cannot, refused in one line, left as it is
+    import errno
+    import hashlib
+
+    from opsnn_quant.errors import CacheError
+
+    small_cache.mkdir(parents=True)
+    (small_cache / sd.EVAL_AUDIO).write_bytes(b"not the audio it was")
+    (small_cache / sd.EVAL_TABLE).write_text("")
+    manifest = {**sd._large_manifest(sd.utterance_list(sd.EVAL_LARGE, SMALL), 0),
+                "espeak_ng": sd.espeak_version(),
+                "files": {sd.EVAL_AUDIO: hashlib.sha256(b"the audio").hexdigest(),
+                          sd.EVAL_TABLE: hashlib.sha256(b"").hexdigest()}}  # fmt: skip
+    (small_cache / sd.EVAL_LARGE_MANIFEST).write_text(json.dumps(manifest))
+
+    def unwritable(*args, **kwargs):
+        raise PermissionError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr("opsnn_quant.zoo.cache_dir.tempfile.mkdtemp", unwritable)
+    with pytest.raises(CacheError) as err:
+        sd.split_records(sd.EVAL_LARGE, limit=2)
+    assert str(err.value) == (
+        f"the cached speech eval-large set in {small_cache} cannot be used (audio.flac does not "
+        "match its hash) and the cache cannot be rewritten (Read-only file system): remove it, "
+        "or set OPSNN_QUANT_CACHE to a writable directory"
+    )
+    assert (small_cache / sd.EVAL_AUDIO).read_bytes() == b"not the audio it was"

