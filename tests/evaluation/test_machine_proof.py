@@ -122,7 +122,16 @@ def child(calibrated: str, samples: int, out: str) -> None:
     _, _, report = judge_slice(Path(calibrated), samples)
     info = {"isa": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads()}
     Path(out).write_text(json.dumps({"outputs": report.outputs, "figures": figures(report),
-                                     "info": info}))  # fmt: skip
+                                     "nan": nan_shares(report), "info": info}))  # fmt: skip
+
+
+NAN_KEYS = ("baseline_nan_share", "candidate_nan_share")
+
+
+def nan_shares(report: Any) -> dict[str, float]:
+    """The share of each model's outputs computed from NaN, as the report measured them (what
+    evaluate adds to the quality figures: a model's own, whichever machine judges it)."""
+    return {k: report.measured[k] for k in NAN_KEYS}
 
 
 def figures(report: Any) -> dict[str, tuple[Any, ...]]:
@@ -221,8 +230,11 @@ def test_whisper_verdict_never_flips_between_pass_and_fail_on_another_cpu_kind(
     inputs = QualityInputs.load(suite, baseline, suite_records(suite))
     level = suite.metrics.confidence
     pairs = {}
+    nan = {"here": nan_shares(here), "other": other["nan"]}
     for bn, cn in itertools.product(outputs, repeat=2):
         quality = inputs.quality(outputs[bn][0], outputs[cn][1], confidence=level)
+        quality.measured.update(baseline_nan_share=nan[bn]["baseline_nan_share"],
+                                candidate_nan_share=nan[cn]["candidate_nan_share"])  # fmt: skip
         pairs[f"baseline {bn}, candidate {cn}"] = build_report(suite, quality, created="")
     assert figures(pairs["baseline here, candidate here"]) == figures(here)
     assert (
