@@ -80,7 +80,10 @@ def export(
     batch_num: Annotated[int, typer.Option(min=1, help="AMCT calibration batches")] = 1,
     force: Annotated[
         bool,
-        typer.Option("--force", help="replace FILE even if it is not this format's output"),
+        typer.Option(
+            "--force",
+            help="replace FILE when opsnn-quant wrote it there and it was changed since (never a file it did not write)",
+        ),
     ] = False,
 ) -> None:
     """Write POLICY in a format AMCT or ATC reads (never over one of its inputs)."""
@@ -146,7 +149,11 @@ def build(
         "policy.yaml"
     ),
     force: Annotated[
-        bool, typer.Option("--force", help="replace OUT even if not a policy")
+        bool,
+        typer.Option(
+            "--force",
+            help="replace OUT when it is a policy opsnn-quant wrote that was changed since (never a file it did not write)",
+        ),
     ] = False,
 ) -> None:
     """Decide a policy from an earlier probe under another budget or target (no model run)."""
