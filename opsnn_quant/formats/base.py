@@ -66,6 +66,7 @@ class Format:
         root_calls_for: what the calls are for (the error that asks for ``--data`` says it).
         float_model: a ``model`` writer reads the float model: ``calibrate`` hands it what
             :meth:`stage` made before quantizing, ``export-weights`` loads the float model.
+        stager: ``"module:function"`` that :meth:`stage` runs (empty: nothing is staged).
     """
 
     name: ClassVar[str]
@@ -77,6 +78,7 @@ class Format:
     root_calls: ClassVar[RootCalls] = "never"
     root_calls_for: ClassVar[str] = ""
     float_model: ClassVar[bool] = False
+    stager: ClassVar[str] = ""
 
     # ---- write ----------------------------------------------------------------------------
 
@@ -100,9 +102,12 @@ class Format:
     ) -> Any:
         """With :attr:`float_model`: what the writer needs of the float model, made from
         ``adapter.model`` before ``calibrate`` quantizes it (handed to the writer as
-        ``ModelExportContext.staged``); it may write under ``export_dir`` where its writer
-        picks it up."""
-        return None
+        ``ModelExportContext.staged``) by :attr:`stager`, ``(adapter, policy, calls,
+        export_dir, *, say)``; it may write under ``export_dir`` where its writer picks it
+        up. None: nothing to stage."""
+        if not self.stager:
+            return None
+        return _resolve(self.stager)(adapter, policy, calls, export_dir, say=say)
 
     def writer(self) -> Callable[..., Any]:
         """The function that writes this format.
@@ -112,9 +117,7 @@ class Format:
         """
         if not self.handler:
             raise ConfigError(f"format {self.name!r} is read, not written")
-        module, _, func = self.handler.partition(":")
-        handler: Callable[..., Any] = getattr(importlib.import_module(module), func)
-        return handler
+        return _resolve(self.handler)
 
     # ---- read -----------------------------------------------------------------------------
 
@@ -151,6 +154,13 @@ class Format:
     def run_dtype(self, path: Path, dtype: str) -> str:
         """The dtype the candidate's pipeline runs in when ``dtype`` is asked for."""
         return dtype
+
+
+def _resolve(name: str) -> Callable[..., Any]:
+    """The function ``"module:function"`` names (imported on first use)."""
+    module, _, func = name.partition(":")
+    handler: Callable[..., Any] = getattr(importlib.import_module(module), func)
+    return handler
 
 
 # class -> its instance, in registration order (the export order)

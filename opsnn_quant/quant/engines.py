@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     import torch
 
     from opsnn_quant.backends.base import QuantBackend
-    from opsnn_quant.quant.qmodule import QuantModule
 
 Smoothing = Literal["multiplier", "mul_scale", "fold"]
 """How a SmoothQuant factor ``s`` reaches an engine's Linear: ``multiplier`` (this package's
@@ -38,7 +37,8 @@ modules fold ``1 / s`` into AscendQuantV2's per-channel multiplier, DynamicQuant
 (vLLM-Ascend's Linear applies none: the factor is divided into the norm that feeds it, one factor
 shared by every Linear that norm feeds)."""
 
-_ENGINE_MATH = "opsnn_quant.quant.engine"
+_ENGINE_MATH = "opsnn_quant.quant.engine"  # the parameters in the form each engine holds them
+_ROWS = "opsnn_quant.quant.qmodule"  # each engine's Linear on a frozen module's rows
 
 
 @dataclass(frozen=True)
@@ -111,10 +111,9 @@ class Engine:
         packed: torch.Tensor = _handler(self.deq_scale_pack)(deq_scale)
         return packed
 
-    def linear_rows(
-        self, module: QuantModule[Any], x2d: torch.Tensor, backend: QuantBackend
-    ) -> torch.Tensor:
-        """``module``'s (M, K) rows through this engine's Linear (see :attr:`rows`)."""
+    def linear_rows(self, module: Any, x2d: torch.Tensor, backend: QuantBackend) -> torch.Tensor:
+        """A frozen ``QuantModule``'s (M, K) rows through this engine's Linear (see
+        :attr:`rows`; the module is not typed here: the quantized modules import this table)."""
         out: torch.Tensor = _handler(self.rows)(module, x2d, backend)
         return out
 
@@ -160,7 +159,7 @@ OPSNN = Engine(
     weight_scales="float32",
     input_scale=f"{_ENGINE_MATH}:calibrated_input_scale",
     deq_scale_pack="opsnn_quant.ascend:npu_trans_quant_param",
-    rows=f"{_ENGINE_MATH}:opsnn_rows",
+    rows=f"{_ROWS}:opsnn_rows",
 )
 # mindiesd 3.1.0 mindiesd/quantization: quantize.py replaces nn.Linear only (W8A8, W8A8_TIMESTEP,
 # W8A8_DYNAMIC, W8A16; W4A16's WeightQuantLinear takes per-channel scales only); layer.py 347-363
@@ -179,7 +178,7 @@ MINDIE_SD = Engine(
     weight_scales="model",  # a float16 model rounds dynamic scales through float16 too
     input_scale=f"{_ENGINE_MATH}:mindie_sd_input_scale",
     deq_scale_pack=f"{_ENGINE_MATH}:deqscale2int64",
-    rows=f"{_ENGINE_MATH}:mindie_sd_rows",
+    rows=f"{_ROWS}:mindie_sd_rows",
     run_dtypes=("bfloat16", "float16"),
 )
 # vllm_ascend/quantization/methods: W8A8 (w8a8_static.py), W8A8_DYNAMIC, W8A16 Linear schemes;
@@ -196,7 +195,7 @@ VLLM_ASCEND = Engine(
     weight_scales="model",
     input_scale=f"{_ENGINE_MATH}:vllm_ascend_input_scale",
     deq_scale_pack=f"{_ENGINE_MATH}:deqscale2int64",
-    rows=f"{_ENGINE_MATH}:vllm_ascend_rows",
+    rows=f"{_ROWS}:vllm_ascend_rows",
     fused=VLLM_FUSED,
     tied_float=TIED_HEAD_VLLM,
 )

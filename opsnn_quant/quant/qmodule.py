@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from opsnn_quant.ascend import engines
 from opsnn_quant.ascend.matmul import WEIGHT_CHUNK, native_int8_matmul
 from opsnn_quant.backends import get_backend
 from opsnn_quant.backends.base import QuantBackend
@@ -280,6 +281,116 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
                 d["input_scale"] = float(iq.scale)
                 d["input_offset"] = float(iq.offset)
         return d
+
+
+# ---- each engine's Linear on a frozen module's (M, K) rows (``Engine.rows``) ----------------
+
+
+def opsnn_rows(module: QuantModule[Any], x2d: torch.Tensor, backend: QuantBackend) -> torch.Tensor:
+    """(M, K) -> (M, N): this package's Ascend quant arithmetic (the backend's torch_npu ops or
+    their CPU reference) on ``module``'s frozen parameters, in the rows' dtype."""
+    spec = module.spec
+    if spec.precision == Precision.W4A16:
+        # (K // 8, N): the transposed view of the (N, K // 8) words npu_weight_quant_
+        # batchmatmul takes (as npu_convert_weight_to_int4pack lays them out).
+        packed_t = module.weight.reshape(module.out_n, module.in_k // 8).t()
+        return backend.weight_quant_matmul(
+            x2d,
+            packed_t,
+            module.weight_quantizer.scale,
+            module.bias,
+            group_size=spec.group_size or 0,
+        )
+    w_q_t = module.weight.reshape(module.out_n, module.in_k).t()
+    if spec.precision == Precision.W8A16:
+        return backend.weight_quant_matmul(x2d, w_q_t, module.weight_quantizer.scale, module.bias)
+    wf = module.reference_weight(x2d, backend)
+    out_dtype = TORCH_DTYPES[spec.output_dtype]
+    iq = module.input_quantizer
+    if spec.static_activations:
+        g = iq.group_index()  # the step group's row of every static parameter, if grouped
+
+        def pick(t: torch.Tensor) -> torch.Tensor:
+            return t if g is None else t[g]
+
+        offset = None if spec.activation_symmetric else pick(iq.offset).reshape(1).to(x2d.dtype)
+        x_q = backend.quantize_static(x2d, pick(iq.inv_scale).to(x2d.dtype), offset)
+        # fp16 output goes through the fixpipe's packed FP19 scale; bf16 takes fp32.
+        scale = pick(module.deq_scale_packed if out_dtype == torch.float16 else module.deq_scale)
+        y = backend.quant_matmul(
+            x_q, w_q_t, scale, pertoken_scale=None, bias=pick(module.quant_bias),
+            output_dtype=out_dtype, w_float_t=wf,
+        )  # fmt: skip
+    else:
+        smooth = getattr(iq, "smooth_scales", None)
+        smooth = None if smooth is None else smooth.to(x2d.dtype)
+        x_q, tok_scale = backend.quantize_dynamic(x2d, smooth)
+        y = backend.quant_matmul(
+            x_q, w_q_t, module.weight_quantizer.scale, pertoken_scale=tok_scale,
+            bias=module.bias, output_dtype=out_dtype, w_float_t=wf,
+        )  # fmt: skip
+    return y.to(x2d.dtype)
+
+
+def mindie_sd_rows(
+    module: QuantModule[Any], x2d: torch.Tensor, backend: QuantBackend
+) -> torch.Tensor:
+    """(M, K) -> (M, N) in the rows' dtype: MindIE-SD's Linear (:mod:`opsnn_quant.ascend.engines`)
+    on ``module``'s parameters as its loader holds them (see
+    :mod:`opsnn_quant.formats.mindie_sd`'s reader): activations times ``mul_scale`` in the
+    engine dtype, the float32 bias of a weight-only Linear."""
+    wf = module.reference_weight(x2d, backend)
+    spec, iq = module.spec, module.input_quantizer
+    dtype = TORCH_DTYPES[spec.output_dtype]
+    w_t = module.weight.reshape(module.out_n, module.in_k).t()
+    mul = getattr(iq, "mul_scale", None)
+    if spec.weight_only:  # MindIE-SD holds the bias in float32
+        y = engines.weight_only(x2d, w_t, module.weight_quantizer.scale, module.bias, dtype)
+    elif spec.static_activations:
+        g = iq.group_index()  # W8A8_TIMESTEP: the row of the step the loop is at
+        rows = (lambda t: t) if g is None else (lambda t: t[g])
+        offset = rows(iq.offset).reshape(1).to(torch.int8)
+        # input_scale: bfloat16 in a bfloat16 model, float32 in a float16 one
+        held = rows(iq.scale).reshape(1).to(dtype if dtype == torch.bfloat16 else torch.float32)
+        y = engines.mindie_sd_static(
+            x2d, w_t, rows(module.deq_scale), rows(module.quant_bias), held, offset, mul, dtype,
+            wf,
+        )  # fmt: skip
+    else:
+        scale = module.weight_quantizer.scale.to(dtype)
+        bias = None if module.bias is None else module.bias.to(dtype)
+        held = scale if dtype == torch.bfloat16 else scale.to(torch.float32)
+        y = engines.mindie_sd_dynamic(x2d, w_t, held, bias, mul, dtype, wf)
+    return y.to(x2d.dtype)
+
+
+def vllm_ascend_rows(
+    module: QuantModule[Any], x2d: torch.Tensor, backend: QuantBackend
+) -> torch.Tensor:
+    """(M, K) -> (M, N) in the rows' dtype: vLLM-Ascend's Linear
+    (:mod:`opsnn_quant.ascend.engines`) on ``module``'s parameters as its loader holds them (see
+    :mod:`opsnn_quant.formats.ascendv1`'s consumers): a SmoothQuant factor is folded into the
+    norm before (the rows divided by it here), the bias in the params dtype."""
+    wf = module.reference_weight(x2d, backend)
+    spec, iq = module.spec, module.input_quantizer
+    dtype = TORCH_DTYPES[spec.output_dtype]
+    w_t = module.weight.reshape(module.out_n, module.in_k).t()
+    folded = getattr(iq, "smooth", None)
+    # what the norm with the factor divided into it hands the Linear
+    x = x2d if folded is None else x2d.to(torch.float32) / folded
+    bias = None if module.bias is None else module.bias.to(dtype)
+    if spec.weight_only:
+        y = engines.weight_only(x, w_t, module.weight_quantizer.scale, bias, dtype)
+    elif spec.static_activations:
+        offset = iq.offset.reshape(1).to(torch.int8)
+        deq = module.deq_scale_packed if dtype == torch.float16 else module.deq_scale
+        y = engines.vllm_ascend_static(
+            x, w_t, deq, module.quant_bias, iq.scale.reshape(1).to(dtype), offset, dtype, wf
+        )
+    else:
+        scale = module.weight_quantizer.scale.to(dtype)
+        y = engines.vllm_ascend_dynamic(x, w_t, scale, bias, dtype, wf)
+    return y.to(x2d.dtype)
 
 
 QuantT = TypeVar("QuantT", bound=QuantModule[Any])

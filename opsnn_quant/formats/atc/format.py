@@ -3,17 +3,12 @@ model) and ATC's three precision files (written from the policy)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from opsnn_quant.formats.base import Format
 
 if TYPE_CHECKING:
-    from opsnn_quant.models.base import ModelAdapter
-    from opsnn_quant.policy.schema import ResolvedPolicy
     from opsnn_quant.policy.targets import Target
-    from opsnn_quant.recording import Call
 
 _POLICY = "opsnn_quant.formats.atc.precision"
 
@@ -27,7 +22,8 @@ class ATCGraphsFormat(Format):
     handler = "opsnn_quant.formats.atc.model_export:write"
     root_calls = "always"  # one call per root gives each graph's input shapes
     root_calls_for = "the ATC graphs"
-    float_model = True  # the float graphs beside the QDQ ones
+    float_model = True  # the float graphs beside the QDQ ones, exported before quantizing
+    stager = "opsnn_quant.formats.atc.model_export:stage_float_graphs"
 
     def left_out(self, target: Target) -> str | None:
         if target.route == "atc":
@@ -37,20 +33,6 @@ class ATCGraphsFormat(Format):
             f"{target.name} does not deploy through ATC; no graphs written "
             "(opsnn-quant export-weights OUT -f atc --data SRC writes them)"
         )
-
-    def stage(
-        self,
-        adapter: ModelAdapter,
-        policy: ResolvedPolicy,
-        calls: Mapping[str, Sequence[Call]],
-        export_dir: Path,
-        say: Callable[[str], None],
-    ) -> Any:
-        """The float graphs, exported before quantizing into ``export_dir/.atc-float/``
-        (:func:`~opsnn_quant.formats.atc.model_export.stage_float_graphs`)."""
-        from opsnn_quant.formats.atc.model_export import stage_float_graphs
-
-        return stage_float_graphs(adapter, policy, calls, export_dir, say=say)
 
 
 class ATCKeepDtype(Format):
