@@ -84,7 +84,7 @@ def plan_model_exports(
 def _wanted(ctx: RunContext, resolved: ResolvedPolicy) -> tuple[list[str], list[str]]:
     """The recipe's model exports this run writes, and a note for each the target's route
     leaves out (:meth:`~opsnn_quant.formats.base.Format.left_out`)."""
-    if ctx.quantizer != "opsnn":
+    if not ctx.quantizer.ours:  # AMCT writes its own model
         return [], []
     wanted, notes = [], []
     for f in ctx.recipe.exports:
