@@ -10,6 +10,7 @@ import typer
 
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.formats.calibrate_output import PROBE_FILE
+from opsnn_quant.formats.registry import exporters
 
 if TYPE_CHECKING:
     from opsnn_quant.policy.schema import ResolvedPolicy
@@ -55,7 +56,7 @@ def export(
         typer.Option(
             "--format",
             "-f",
-            help="amct-cfg | amct-eager | atc-keep-dtype | atc-customize-dtypes | atc-modify-mixlist",
+            help=" | ".join(e.name for e in exporters("policy")),  # the format table's
         ),
     ],
     out: Annotated[
