@@ -43,6 +43,7 @@ from opsnn_quant.ownership import (
     is_live,
     is_token,
     ledger_text,
+    listed_file,
     manifest_of,
     new_token,
     owned_file,
@@ -790,17 +791,25 @@ def check_output_file(
     """Refuse an output file we must not replace, before any work is done.
 
     An existing file is replaced only when it holds exactly what opsnn-quant wrote there as a
-    ``kind`` file (the ledger beside it, :mod:`opsnn_quant.ownership`), or with ``force``.
+    ``kind`` file (the ledger beside it, :mod:`opsnn_quant.ownership`), or with ``force`` when
+    the ledger records that opsnn-quant wrote it (changed since, or of another kind); a file
+    opsnn-quant never wrote there is the user's, replaced whatever the flags never (issue 58).
 
     Raises:
         OutputError: ``path`` is a directory, is an input (``force`` or not), has a file as
-            parent, exists and is not ours (without ``force``), or cannot be written.
+            parent, exists and was never ours (``force`` or not) or is not ours as it is
+            (without ``force``), or cannot be written.
     """
     target = Path(path)
     if target.is_dir() and not target.is_symlink():
         raise OutputError(f"{target} is a directory; give a file path")
     _check_not_an_input(target, inputs)
     _check_parents(target)
+    if target.is_file() and not target.is_symlink() and not listed_file(target):
+        raise OutputError(
+            f"output {target} exists and is not an opsnn-quant file; remove it or choose "
+            "another path (--force replaces only what opsnn-quant wrote)"
+        )
     if not force:
         if target.is_symlink():
             raise OutputError(f"output {target} is {_link_text(target)}; remove it or pass --force")

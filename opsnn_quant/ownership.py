@@ -208,6 +208,13 @@ def owned_file(path: Path, kind: str | None) -> bool:
         return False
 
 
+def listed_file(path: Path) -> bool:
+    """Whether the ledger beside ``path`` records a file of that name: opsnn-quant wrote one
+    there, whatever its bytes are now (``--force`` may replace it; a file never recorded is
+    the user's, whatever the flags)."""
+    return path.name in (_read_ledger(path.parent) or {})
+
+
 def ledger_text(directory: Path, name: str, kind: str, data: bytes | None) -> str:
     """The ledger of ``directory`` with ``name`` recorded as ``data`` of ``kind`` (or dropped
     when ``data`` is None); entries whose files are gone or changed are dropped too."""

@@ -32,7 +32,7 @@ from opsnn_quant.core.user_config import (
     yaml_error,
 )
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.formats.policy_files import FORMATS
+from opsnn_quant.formats.registry import exporters
 from opsnn_quant.io import read_text
 from opsnn_quant.models.settings import DiTSettings, SDSettings, WhisperSettings
 from opsnn_quant.policy.baselines import Strategy
@@ -209,7 +209,7 @@ class Recipe(StrictModel):
     strategy: Strategy = Field(
         default="search", description="search the policy, or a reference baseline to compare with"
     )
-    exports: list[str] = Field(default_factory=lambda: list(FORMATS))
+    exports: list[str] = Field(default_factory=lambda: [e.name for e in exporters()])
     seed: Seed = 0
 
     @model_validator(mode="after")
@@ -254,11 +254,10 @@ class Recipe(StrictModel):
     @field_validator("exports")
     @classmethod
     def _known_exports(cls, v: list[str]) -> list[str]:
-        unknown = [f for f in v if f not in FORMATS]
+        known = [e.name for e in exporters()]  # the format table as it is (registered ones too)
+        unknown = [f for f in v if f not in known]
         if unknown:
-            raise ValueError(
-                f"unknown export format(s) {unknown}; choose from {', '.join(FORMATS)}"
-            )
+            raise ValueError(f"unknown export format(s) {unknown}; choose from {', '.join(known)}")
         return v
 
     def probe_config(self, seed: int | None = None, **overrides: Any) -> ProbeConfig:

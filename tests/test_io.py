@@ -316,10 +316,12 @@ def test_loose_files_are_replaced_only_when_ours(tmp_path):
     # issue 28 §1: policy export and export-weights' notes overwrote users' files.
     path = tmp_path / "amct.cfg"
     path.write_text("a user's config\n")
-    with pytest.raises(OutputError, match="exists and is not an opsnn-quant amct-cfg file"):
-        write_output_file(path, "ours\n", "amct-cfg")
+    for force in (False, True):  # issue 58: --force replaced a file we never wrote
+        with pytest.raises(OutputError, match="exists and is not an opsnn-quant file; remove it"):
+            write_output_file(path, "ours\n", "amct-cfg", force=force)
     assert path.read_text() == "a user's config\n"
-    write_output_file(path, "ours\n", "amct-cfg", force=True)
+    path.unlink()
+    write_output_file(path, "ours\n", "amct-cfg")
     write_output_file(path, "ours, again\n", "amct-cfg")  # ours, unchanged: replaced
     with pytest.raises(OutputError, match="not an opsnn-quant amct-eager file"):
         check_output_file(path, "amct-eager")
@@ -328,6 +330,7 @@ def test_loose_files_are_replaced_only_when_ours(tmp_path):
     assert not remove_output_file(path, "amct-cfg") and path.read_text() == "edited\n"
     with pytest.raises(OutputError, match="not an opsnn-quant amct-cfg file"):
         check_output_file(path, "amct-cfg")
+    assert check_output_file(path, "amct-cfg", force=True) == path  # ours, changed: --force
     with pytest.raises(OutputError, match="would replace the input"):
         check_output_file(path, "amct-cfg", force=True, inputs=[path])
     write_output_file(tmp_path / "n.txt", "x\n", "notes")

@@ -31,6 +31,23 @@ def test_the_readme_links_only_to_files_that_exist():
             assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
 
 
+def _headings(page: Path) -> set[str]:
+    """The anchors GitHub gives ``page``'s headings (lower case, punctuation dropped, spaces to
+    hyphens), outside code blocks."""
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+    titles = re.findall(r"^#+\s+(.*?)\s*$", text, flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", t.lower()).replace(" ", "-") for t in titles}
+
+
+def test_the_docs_link_only_to_headings_that_exist():
+    # a link to a section (page.md#section) that was renamed or moved lands at the page's top
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for target, anchor in re.findall(r"\]\(([^)#:]*)#([^)]+)\)", text):
+            linked = page.parent / target if target else page
+            assert anchor in _headings(linked), f"{page.name} links to missing {target}#{anchor}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "index", range(len(SNIPPETS)), ids=[f"{p}-{i}" for i, (p, _) in enumerate(SNIPPETS)]

@@ -9,6 +9,9 @@ from typing import Annotated
 import typer
 
 from opsnn_quant.cli import _ui
+from opsnn_quant.formats.registry import exporters
+
+_MODEL = [e.name for e in exporters("model")]  # the format table's model exports, in its order
 
 
 def export_weights(
@@ -16,7 +19,7 @@ def export_weights(
     fmt: Annotated[
         list[str] | None,
         typer.Option(
-            "--format", "-f", help="ascendv1 | mindie-sd | atc; repeatable [default: ascendv1]"
+            "--format", "-f", help=f"{' | '.join(_MODEL)}; repeatable [default: {_MODEL[0]}]"
         ),
     ] = None,
     dest: Annotated[

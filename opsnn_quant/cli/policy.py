@@ -10,6 +10,7 @@ import typer
 
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.formats.calibrate_output import PROBE_FILE
+from opsnn_quant.formats.registry import exporters
 
 if TYPE_CHECKING:
     from opsnn_quant.policy.schema import ResolvedPolicy
@@ -55,7 +56,7 @@ def export(
         typer.Option(
             "--format",
             "-f",
-            help="amct-cfg | amct-eager | atc-keep-dtype | atc-customize-dtypes | atc-modify-mixlist",
+            help=" | ".join(e.name for e in exporters("policy")),  # the format table's
         ),
     ],
     out: Annotated[
@@ -80,7 +81,10 @@ def export(
     batch_num: Annotated[int, typer.Option(min=1, help="AMCT calibration batches")] = 1,
     force: Annotated[
         bool,
-        typer.Option("--force", help="replace FILE even if it is not this format's output"),
+        typer.Option(
+            "--force",
+            help="replace FILE when opsnn-quant wrote it there and it was changed since (never a file it did not write)",
+        ),
     ] = False,
 ) -> None:
     """Write POLICY in a format AMCT or ATC reads (never over one of its inputs)."""
@@ -146,7 +150,11 @@ def build(
         "policy.yaml"
     ),
     force: Annotated[
-        bool, typer.Option("--force", help="replace OUT even if not a policy")
+        bool,
+        typer.Option(
+            "--force",
+            help="replace OUT when it is a policy opsnn-quant wrote that was changed since (never a file it did not write)",
+        ),
     ] = False,
 ) -> None:
     """Decide a policy from an earlier probe under another budget or target (no model run)."""

@@ -1,39 +1,32 @@
-"""A measured candidate's verdict on the paired bootstrap interval of a WER/CER delta, looked
-at every few utterances (issue 43 §2, issue 44 §4).
+"""Sequential judging of a speech candidate: the paired bootstrap interval of its WER/CER
+delta, looked at every few utterances of a slice.
 
-The measured search of ``calibrate`` (:mod:`opsnn_quant.evaluation.slice_scorer`) judges each
-candidate on a slice of utterances, and a candidate passes only when its interval does, as in
-the acceptance report. Most candidates are far from the bound (a static W8A8 Whisper at +3 WER
-points against a 0.5 bound), and transcribing the rest of the slice cannot change their verdict.
-So the candidate is transcribed in groups of :data:`LOOK_EVERY` utterances, the first group
-halved (:func:`looks`: a candidate far beyond the bound fails on 8 utterances), and, after
-each group, the paired bootstrap interval of the delta (the utterances resampled with their float and
-candidate errors together, the corpus rate's ratio of sums recomputed) is compared with the
-bound (:func:`levels`):
+The measured search of ``calibrate`` (:mod:`opsnn_quant.evaluation.slice_scorer` applies these
+rules) transcribes a candidate and the float model in groups and stops at the first look that
+decides; a candidate passes a bound only when its interval does, as in the acceptance report.
 
-* at level ``1 - alpha / looks`` (Bonferroni over every look, the last one included): wholly
-  inside the bound is a PASS, wholly beyond it a FAIL; either ends the measurement, and the
-  chance that any look passes a candidate whose true delta is beyond the bound stays below
-  ``alpha``;
-* at an early look, a *futility* stop (non-binding, as group-sequential trials use): when the
-  one-sided lower bound at ``1 - beta / early looks`` already lies beyond the bound, the
-  candidate is very unlikely ever to be shown to pass, and it FAILS there. This only turns
-  would-be passes into fails (the search is never less safe); the chance that it stops a
-  candidate whose true delta meets the bound stays below ``beta``;
-* at the last look, an interval still across the bound is INCONCLUSIVE: not a pass;
-* but the first look never passes (no look of fewer than :data:`MIN_PASS` utterances does;
-  the slice's last look excepted: the slice is the user's size). A percentile bootstrap never
-  reaches beyond what its sample holds: on 8 utterances none of which got worse, the interval's
-  upper end is exactly 0 whatever the candidate does to the utterances not yet drawn, and it
-  "passes" any bound. A share ``p`` of harmed utterances goes unseen in ``n`` with chance
-  ``(1 - p)^n``: 39 % in 8 for the 11 % that the issue-46 Mandarin candidate harmed on its eval
-  set (it passed its slice on 8 utterances, then measured +15 CER points on the eval set); 15 %
-  in 16. On the same slice, that candidate is not passed at 16 (+9.7 [-0.30, +25.9] at 32:
-  INCONCLUSIVE). 16 is a compromise with cost: 32 (an unseen harmed share of at most ~9 % at
-  95 %, the rule of three) would add 24 utterances of each model to every passing candidate
-  (calibrate whisper-tiny-en: +18 s on 38). Fails stay early: they are the safe direction.
+* Looks (:func:`looks`): after ``LOOK_EVERY // 2`` utterances, then every :data:`LOOK_EVERY`,
+  the last one the whole slice.
+* Interval (:func:`delta_interval`): the candidate's corpus rate (total errors / total
+  reference length, :func:`utterance_errors`) minus the float model's, in points; paired
+  percentile bootstrap (utterances drawn with replacement with both models' errors, both sums
+  recomputed), seeded (:data:`SEED`): the same outputs give the same verdict.
+* Levels (:func:`levels`): ``1 - alpha / n_looks`` to decide (Bonferroni over every look, the
+  last included; ``alpha = 1 - metrics.confidence``), the one-sided ``1 - beta / (n_looks - 1)``
+  lower bound for futility at the early looks.
+* Verdict at a look: wholly within the bound PASS, wholly beyond it FAIL; at an early look, a
+  futility lower bound beyond the bound FAILS (non-binding, as in group-sequential trials); at
+  the last, across the bound is INCONCLUSIVE, not a pass. No look of fewer than
+  :data:`MIN_PASS` utterances passes (the slice's last excepted: its size is the user's): a
+  percentile bootstrap never reaches beyond its sample (on ``n`` utterances none of which got
+  worse its upper end is exactly 0), and a share ``p`` of harmed utterances goes unseen in ``n``
+  with chance ``(1 - p)^n``.
 
-The resampling is seeded: the same outputs give the same verdict.
+Guarantees, at the intervals' nominal level: the chance that any look passes a candidate whose
+true delta is beyond the bound stays below ``alpha``; the futility stop only turns would-be
+passes into fails, and stops a candidate whose true delta meets the bound with a chance below
+``beta``. Fails may come at the first look: they are the safe direction. Why the constants are
+what they are: ``docs/changelog.md`` (2026-12-05, 2026-12-06).
 """
 
 from __future__ import annotations

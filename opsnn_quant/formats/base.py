@@ -7,31 +7,41 @@ A :class:`Format` is one format, both ways:
   (AscendV1, MindIE-SD, ATC graphs). Its writer is named ``"module:function"`` (:attr:`handler`)
   and imported on first use, so that checking a recipe's ``exports`` needs neither torch nor the
   writers' code. A format writes into the file or the new or empty directory it is given; the
-  commands own the output around it.
+  commands own the output around it and hand a ``model`` writer what the format declares it
+  reads (:attr:`root_calls`, :attr:`float_model`, :meth:`stage`, :meth:`left_out`): the
+  command layer names no format.
 * **read**: a directory a user passes (``evaluate --candidate``, ``export-weights OUT``) is
   recognised by the formats that read (:attr:`read_order`), which say where its float model is,
   what evaluating it reads, and load it as a candidate.
 
 :func:`register_format` adds a class to the table (registration order is the export order);
 :mod:`opsnn_quant.formats.registry` registers the built-in ones and is where callers look
-formats up.
+formats up. Adding a format is one folder (its ``Format`` class and writer) and one
+registration, from inside the package or outside it.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.quant.engines import Engine
 
 if TYPE_CHECKING:
     from opsnn_quant.models.base import ModelAdapter
+    from opsnn_quant.policy.schema import ResolvedPolicy
     from opsnn_quant.policy.targets import Target
     from opsnn_quant.probe.report import SensitivityReport
+    from opsnn_quant.recording import Call
 
 Kind = Literal["policy", "model", "directory"]
+RootCalls = Literal["never", "smoothed", "always"]
+"""When a ``model`` format's writer reads recorded root calls: ``never``, ``smoothed`` (for a
+model with SmoothQuant factors: AscendV1 folds them, traced on the calls) or ``always`` (ATC: the
+ONNX graphs' shapes)."""
 _F = TypeVar("_F", bound="type[Format]")
 
 
@@ -50,6 +60,13 @@ class Format:
             (not our quantized modules): it is loaded into its float baseline.
         read_order: where it is tried when a directory is recognised (lower first); None: the
             format is never recognised from a directory.
+        root_calls: what a ``model`` writer reads of the recorded calls of each root
+            (:data:`RootCalls`): the command layer records one call per root for it (``calibrate``
+            from its data, ``export-weights`` from ``--data``, which it then requires).
+        root_calls_for: what the calls are for (the error that asks for ``--data`` says it).
+        float_model: a ``model`` writer reads the float model: ``calibrate`` hands it what
+            :meth:`stage` made before quantizing, ``export-weights`` loads the float model.
+        stager: ``"module:function"`` that :meth:`stage` runs (empty: nothing is staged).
     """
 
     name: ClassVar[str]
@@ -58,8 +75,39 @@ class Format:
     handler: ClassVar[str] = ""
     engine: ClassVar[bool] = False
     read_order: ClassVar[int | None] = None
+    root_calls: ClassVar[RootCalls] = "never"
+    root_calls_for: ClassVar[str] = ""
+    float_model: ClassVar[bool] = False
+    stager: ClassVar[str] = ""
 
     # ---- write ----------------------------------------------------------------------------
+
+    def needs_root_calls(self, smoothed: bool) -> bool:
+        """Whether the ``model`` writer reads one recorded call per root, for a model with
+        (``smoothed``) or without SmoothQuant factors."""
+        return self.root_calls == "always" or (self.root_calls == "smoothed" and smoothed)
+
+    def left_out(self, target: Target) -> str | None:
+        """Why ``calibrate`` does not write this ``model`` format for ``target`` although the
+        recipe lists it (a note); None: it writes it."""
+        return None
+
+    def stage(
+        self,
+        adapter: ModelAdapter,
+        policy: ResolvedPolicy,
+        calls: Mapping[str, Sequence[Call]],
+        export_dir: Path,
+        say: Callable[[str], None],
+    ) -> Any:
+        """With :attr:`float_model`: what the writer needs of the float model, made from
+        ``adapter.model`` before ``calibrate`` quantizes it (handed to the writer as
+        ``ModelExportContext.staged``) by :attr:`stager`, ``(adapter, policy, calls,
+        export_dir, *, say)``; it may write under ``export_dir`` where its writer picks it
+        up. None: nothing to stage."""
+        if not self.stager:
+            return None
+        return _resolve(self.stager)(adapter, policy, calls, export_dir, say=say)
 
     def writer(self) -> Callable[..., Any]:
         """The function that writes this format.
@@ -69,9 +117,7 @@ class Format:
         """
         if not self.handler:
             raise ConfigError(f"format {self.name!r} is read, not written")
-        module, _, func = self.handler.partition(":")
-        handler: Callable[..., Any] = getattr(importlib.import_module(module), func)
-        return handler
+        return _resolve(self.handler)
 
     # ---- read -----------------------------------------------------------------------------
 
@@ -110,6 +156,13 @@ class Format:
         return dtype
 
 
+def _resolve(name: str) -> Callable[..., Any]:
+    """The function ``"module:function"`` names (imported on first use)."""
+    module, _, func = name.partition(":")
+    handler: Callable[..., Any] = getattr(importlib.import_module(module), func)
+    return handler
+
+
 # class -> its instance, in registration order (the export order)
 TABLE: dict[type[Format], Format] = {}
 
@@ -145,13 +198,13 @@ class ModelSource(Format):
         return load_adapter(family, str(path), **placement), None
 
 
-def run_dtype(target: Target | str | None, dtype: str) -> str:
-    """The dtype a pipeline whose int8 modules ``target``'s engine runs (or the engine named)
-    runs in: ``dtype``, except that MindIE-SD runs its Linears in ``float16`` or ``bfloat16``
-    and returns that dtype (mindiesd 3.1.0 ``quantization/layer.py`` 347-363,
-    ``QuantConfig.dtype`` default bfloat16), so its whole pipeline runs in ``dtype`` when it is
-    one of those, else in bfloat16."""
-    engine = target if isinstance(target, str) or target is None else target.engine
-    if engine != "mindie-sd" or dtype in ("float16", "bfloat16"):
+def run_dtype(runs: Target | Engine | None, dtype: str) -> str:
+    """The dtype a pipeline whose int8 modules ``runs`` (a target's engine, or an engine) runs
+    runs in when ``dtype`` is asked for: ``dtype``, unless the engine's Linears take only
+    some (:meth:`~opsnn_quant.quant.engines.Engine.run_dtype`: MindIE-SD runs its Linears in
+    ``float16`` or ``bfloat16`` and returns that dtype, mindiesd 3.1.0
+    ``quantization/layer.py`` 347-363, ``QuantConfig.dtype`` default bfloat16)."""
+    if runs is None:
         return dtype
-    return "bfloat16"
+    engine = runs if isinstance(runs, Engine) else runs.engine_def
+    return engine.run_dtype(dtype)

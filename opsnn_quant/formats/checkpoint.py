@@ -199,9 +199,10 @@ def expected_state(
             exp["input_quantizer.step_bounds"] = (g, torch.int64)
     if smoothed:
         exp["input_quantizer.smooth"] = ((k,), torch.float32)
-        if module.spec.engine == "mindie-sd":  # MindIE-SD's mul_scale, in the engine dtype
+        smoothing = module.spec.engine_def.smoothing
+        if smoothing == "mul_scale":  # MindIE-SD's mul_scale, in the engine dtype
             exp["input_quantizer.mul_scale"] = ((k,), TORCH_DTYPES[module.spec.output_dtype])
-        elif module.spec.engine == "opsnn" and not module.spec.static_activations:
+        elif smoothing == "multiplier" and not module.spec.static_activations:
             exp["input_quantizer.smooth_scales"] = ((k,), torch.float32)
     return exp
 

@@ -4,10 +4,12 @@ registered, and where callers look them up.
 ``calibrate`` (a recipe's ``exports``), ``policy export -f`` and ``export-weights -f`` find a
 format to write by name (:func:`exporter`, :func:`exporters`); ``evaluate --candidate`` and
 ``export-weights OUT`` find what a directory is (:func:`recognise`). Nothing dispatches on
-format names elsewhere. The built-in formats, in the export order: the policy files (AMCT,
-ATC's precision files, msModelSlim YAML), then the model directories (AscendV1, MindIE-SD,
-ATC graphs); our calibrate output is read only. :func:`register_format` (a class) or
-:func:`register_exporter` (a name and its writer) adds a team's own.
+format names elsewhere: the commands read what each format declares (its kind, output, the root
+calls and float model its writer reads, the targets it is left out for). The built-in formats,
+in the export order: the policy files (AMCT, ATC's precision files, msModelSlim YAML), then the
+model directories (AscendV1, MindIE-SD, ATC graphs), each writer in its format's folder; our
+calibrate output is read only. :func:`register_format` (a class) or :func:`register_exporter`
+(a name and its writer) adds a team's own, from inside the package or outside it.
 """
 
 from __future__ import annotations

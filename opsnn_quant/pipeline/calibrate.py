@@ -584,11 +584,11 @@ def quantize_phase(
     on the same data: the same observers, no pass)."""
     with ctx.timed("quantize"):
         loop = ctx.adapter.forward_loop(data.calibration)
-        if ctx.quantizer == "amct":
-            from opsnn_quant.amct.handoff import run_amct_roots
-
-            ctx.say("handing the policy to AMCT")
-            run_amct_roots(ctx.adapter, resolved.policy, loop, ctx.out.root / "amct")
+        if not ctx.quantizer.ours:  # it writes its own model, into OUT/<name>/
+            ctx.say(f"handing the policy to {ctx.quantizer.who}")
+            ctx.quantizer.run_hand_off(
+                ctx.adapter, resolved.policy, loop, ctx.out.root / ctx.quantizer.name
+            )
             return
         ctx.say("quantizing")
         set_reproducible(seed=ctx.seed)
@@ -613,7 +613,7 @@ def measure_phase(
     ctx: RunContext, holdout: RecordedRoots | None
 ) -> dict[Modality, dict[str, float]]:
     """The quantized model's per-modality SQNR against the float outputs on held-out data."""
-    if holdout is None or ctx.quantizer != "opsnn":
+    if holdout is None or not ctx.quantizer.ours:
         return {}
     ctx.say("measuring the quantized model on held-out data")
     return measure_modalities(ctx.adapter, holdout)
@@ -669,7 +669,7 @@ def acceptance_phase(
     report in ``report/``; returns the verdict (None without a suite, or with AMCT) and what to
     try next after a FAIL or an INCONCLUSIVE one."""
     suite = ctx.run.suite
-    if suite is None or ctx.quantizer != "opsnn":
+    if suite is None or not ctx.quantizer.ours:
         return None, []
     import torch
 

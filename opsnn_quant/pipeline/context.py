@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from opsnn_quant.formats.calibrate_output import CalibrateOutput
 from opsnn_quant.models import load_adapter
 from opsnn_quant.models.base import ModelAdapter
+from opsnn_quant.pipeline.quantizers import Quantizer
 from opsnn_quant.pipeline.resume import Journal
-from opsnn_quant.pipeline.run import CalibrateRun, Quantizer
+from opsnn_quant.pipeline.run import CalibrateRun
 from opsnn_quant.pipeline.sharing import Sharing
 from opsnn_quant.policy.targets import Target
 from opsnn_quant.recipe import Recipe
@@ -52,7 +53,8 @@ class RunContext:
 
     @property
     def quantizer(self) -> Quantizer:
-        """Who quantizes: ``opsnn`` (our exact Ascend arithmetic) or ``amct``."""
+        """Who quantizes: ``opsnn`` (our exact Ascend arithmetic) or ``amct``
+        (:mod:`opsnn_quant.pipeline.quantizers`)."""
         return self.run.quantizer
 
     @property

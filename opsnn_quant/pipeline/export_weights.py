@@ -53,8 +53,8 @@ def check_export_weights(
     table), the calibrate output, the data the exports need, the output locations.
 
     Raises:
-        ConfigError: an unknown format, not a calibrate output, or ``data`` missing where the
-            ATC graphs or SmoothQuant folding need one call per root.
+        ConfigError: an unknown format, not a calibrate output, or ``data`` missing where a
+            format reads one call per root (ATC's graphs, AscendV1's SmoothQuant folding).
         OutputError: an output that must not be replaced.
     """
     from opsnn_quant.core.user_config import check_limit
@@ -67,7 +67,7 @@ def check_export_weights(
 
     check_limit(limit)
     model_formats = [e.name for e in exporters("model")]
-    wanted = list(dict.fromkeys(formats or ["ascendv1"]))
+    wanted = list(dict.fromkeys(formats or model_formats[:1]))  # default: the table's first
     bad = [f for f in wanted if f not in model_formats]
     if bad:
         raise ConfigError(f"--format must be one of {', '.join(model_formats)}, got {bad[0]!r}")
@@ -76,8 +76,10 @@ def check_export_weights(
     if not calib.policy.is_file():
         raise ConfigError(f"{out} has no policy.yaml; give a calibrate output directory")
     smoothed = any(m.get("smoothquant_alpha") is not None for m in desc["modules"].values())
-    if data is None and ("atc" in wanted or smoothed):
-        why = "the ATC graphs" if "atc" in wanted else "folding its SmoothQuant factors"
+    need = [e.root_calls_for for e in exporters("model")
+            if e.name in wanted and e.needs_root_calls(smoothed)]  # fmt: skip
+    if data is None and need:
+        why = " and ".join(need)
         raise ConfigError(f"{why} need one call per root: pass --data (e.g. the recipe's data)")
     source = str(desc.get("source_model") or "")
     check_weights(source, allow_pickle=allow_pickle)
@@ -108,6 +110,7 @@ def run_export_weights(job: ExportWeightsJob, progress: Progress | None = None) 
 
 def _export_weights(job: ExportWeightsJob, progress: Progress | None) -> list[str]:
     from opsnn_quant.formats.candidates import load_candidate
+    from opsnn_quant.formats.registry import exporters
     from opsnn_quant.models import load_adapter
     from opsnn_quant.models.data import load_records
     from opsnn_quant.pipeline.model_exports import write_model_exports
@@ -129,8 +132,9 @@ def _export_weights(job: ExportWeightsJob, progress: Progress | None) -> list[st
         say("recording one call per root")
         calls = record_roots(adapter, adapter.forward_loop(records), 1).calls
     float_model = None
-    if "atc" in job.formats:
-        say("loading the float model for the ATC graphs")
+    reads_float = [e.name for e in exporters("model") if e.name in job.formats and e.float_model]
+    if reads_float:
+        say(f"loading the float model for {', '.join(reads_float)}")
         settings = getattr(adapter, "settings", None)  # the calibrated model's, not defaults
         ran_with = settings.model_dump() if settings is not None else {}
         float_model = load_adapter(

@@ -2,8 +2,8 @@
 takes them.
 
 The policy's own files (AMCT/ATC configs, msModelSlim YAML) come with the policy phase; which
-model exports the target gets (:class:`ExportPlan`), the one call per root they trace and ATC's
-float graphs come while the model is still float (quantize swaps its modules in place, and no
+model exports the target gets (:class:`ExportPlan`), the one call per root they trace and what
+they make of the float model (ATC's float graphs) come while the model is still float (quantize swaps its modules in place, and no
 second float copy is loaded for them); the model exports themselves
 (:mod:`opsnn_quant.pipeline.model_exports`) after quantizing. Every format is an entry of the
 exporter table (:mod:`opsnn_quant.formats.registry`).
@@ -19,12 +19,7 @@ from opsnn_quant.formats.policy_files import export_policy, write_export
 from opsnn_quant.formats.registry import exporter
 from opsnn_quant.models.offload import resident
 from opsnn_quant.pipeline.context import RunContext
-from opsnn_quant.pipeline.model_exports import (
-    ModelExports,
-    StagedGraphs,
-    stage_float_graphs,
-    write_model_exports,
-)
+from opsnn_quant.pipeline.model_exports import ModelExports, write_model_exports
 from opsnn_quant.policy.schema import ResolvedPolicy
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.recording import Call, RecordedRoots, record_roots
@@ -52,13 +47,14 @@ class ExportPlan:
         wanted: the model export formats to write, in the exporter table's order.
         notes: the formats left out, and why.
         calls: one recorded call per root, the inputs the exports trace.
-        staged: ATC's float graphs, exported before quantizing (None: no ATC export).
+        staged: per format that reads the float model, what it made of it before quantizing
+            (:meth:`~opsnn_quant.formats.base.Format.stage`: ATC's float graphs).
     """
 
     wanted: list[str]
     notes: list[str]
     calls: Mapping[str, Sequence[Call]]
-    staged: StagedGraphs | None
+    staged: Mapping[str, Any]
 
 
 def plan_model_exports(
@@ -69,39 +65,38 @@ def plan_model_exports(
     holdout: RecordedRoots | None,
 ) -> ExportPlan:
     """What the model exports need while the model is still float: the formats the target
-    gets (none but with our engine: AMCT writes its own model), their root calls and ATC's
-    float graphs."""
+    gets (none but with our engine: AMCT writes its own model), the root calls they read and
+    what they make of the float model (each format declares both)."""
     wanted, notes = _wanted(ctx, resolved)
-    calls = (
-        _export_calls(ctx, calibration, root_calls, holdout) if _traced(wanted, resolved) else {}
-    )
-    staged = None
-    if "atc" in wanted:
+    entries = [exporter(f) for f in wanted]
+    smoothed = any(isinstance(s, QuantSpec) and s.smoothquant for s in resolved.specs.values())
+    traced = any(e.needs_root_calls(smoothed) for e in entries)
+    calls = _export_calls(ctx, calibration, root_calls, holdout) if traced else {}
+    staged: dict[str, Any] = {}
+    if any(e.float_model for e in entries):
         with resident(ctx.adapter.model):  # an offloaded model: all its blocks, to trace
-            staged = stage_float_graphs(ctx.adapter, resolved, calls, ctx.out.export, say=ctx.say)
+            for e in entries:
+                if e.float_model:
+                    staged[e.name] = e.stage(ctx.adapter, resolved, calls, ctx.out.export, ctx.say)
     return ExportPlan(wanted, notes, calls, staged)
 
 
 def _wanted(ctx: RunContext, resolved: ResolvedPolicy) -> tuple[list[str], list[str]]:
-    if ctx.quantizer != "opsnn":
+    """The recipe's model exports this run writes, and a note for each the target's route
+    leaves out (:meth:`~opsnn_quant.formats.base.Format.left_out`)."""
+    if not ctx.quantizer.ours:  # AMCT writes its own model
         return [], []
-    wanted = [f for f in ctx.recipe.exports if exporter(f).kind == "model"]
-    notes = []
-    if "atc" in wanted and resolved.target.route != "atc":
-        # ONNX exports cost ~25 s per demo UNet graph: only where ATC is the deployment route
-        wanted.remove("atc")
-        notes.append(
-            f"atc: {resolved.target.name} does not deploy through ATC; no graphs written "
-            "(opsnn-quant export-weights OUT -f atc --data SRC writes them)"
-        )
+    wanted, notes = [], []
+    for f in ctx.recipe.exports:
+        entry = exporter(f)
+        if entry.kind != "model":
+            continue
+        why = entry.left_out(resolved.target)
+        if why is None:
+            wanted.append(f)
+        else:
+            notes.append(f"{f}: {why}")
     return wanted, notes
-
-
-def _traced(wanted: Sequence[str], resolved: ResolvedPolicy) -> bool:
-    """Whether a wanted export reads root calls: ATC (the ONNX graphs' shapes) and AscendV1
-    with SmoothQuant (its folds are traced); MindIE-SD and a fold-free AscendV1 read none."""
-    smoothed = any(isinstance(s, QuantSpec) and s.smoothquant for s in resolved.specs.values())
-    return "atc" in wanted or ("ascendv1" in wanted and smoothed)
 
 
 def _export_calls(
@@ -128,6 +123,6 @@ def write_exports(ctx: RunContext, resolved: ResolvedPolicy, plan: ExportPlan) -
         return ModelExports(list(plan.notes))
     done = write_model_exports(
         ctx.adapter, resolved, plan.calls, ctx.out.export, plan.wanted,
-        float_graphs=plan.staged, say=ctx.say,
+        staged=plan.staged, say=ctx.say,
     )  # fmt: skip
     return ModelExports(plan.notes + done.notes, done.int8)

@@ -2,10 +2,10 @@
 and ``opsnn-quant export-weights``.
 
 :func:`write_model_exports` runs the wanted ``model`` formats of the table
-(:mod:`opsnn_quant.formats.registry`, their writers in :mod:`opsnn_quant.formats.model_writers`)
-in the table's order, each into its own directory built atomically here; their notes (modules
-not exported in their quantized form, graphs that could not be exported) go to
-``export/<name>.notes.txt`` and are returned.
+(:mod:`opsnn_quant.formats.registry`, each writer in its format's folder) in the table's order,
+each into its own directory built atomically here; their notes (modules not exported in their
+quantized form, graphs that could not be exported) go to ``export/<name>.notes.txt`` and are
+returned.
 """
 
 from __future__ import annotations
@@ -14,15 +14,11 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
-from opsnn_quant.formats.model_writers import (
-    ExportOutcome,
-    ModelExportContext,
-    StagedGraphs,
-    stage_float_graphs,
-)
+from opsnn_quant.formats.model_writers import ExportOutcome, ModelExportContext
 from opsnn_quant.formats.registry import exporters
 from opsnn_quant.io import atomic_dir, remove_output_file, write_output_file
 from opsnn_quant.models.base import ModelAdapter
@@ -30,13 +26,7 @@ from opsnn_quant.policy.schema import ResolvedPolicy
 from opsnn_quant.recording import Call
 
 log = logging.getLogger(__name__)
-__all__ = [
-    "ModelExports",
-    "StagedGraphs",
-    "notes_file",
-    "stage_float_graphs",
-    "write_model_exports",
-]
+__all__ = ["ModelExports", "notes_file", "write_model_exports"]
 
 
 def write_model_exports(
@@ -47,12 +37,12 @@ def write_model_exports(
     wanted: Sequence[str],
     *,
     float_model: nn.Module | None = None,
-    float_graphs: StagedGraphs | None = None,
+    staged: Mapping[str, Any] | None = None,
     force: bool = False,
     say: Callable[[str], None] = log.info,
 ) -> ModelExports:
-    """Write the ``wanted`` model exports (``ascendv1``, ``mindie-sd``, ``atc``) into
-    ``export_dir``.
+    """Write the ``wanted`` model exports (``ascendv1``, ``mindie-sd``, ``atc``, a registered
+    one) into ``export_dir``, each handed what its format declares it reads.
 
     Args:
         adapter: the adapter holding the quantized model.
@@ -60,19 +50,23 @@ def write_model_exports(
         calls: recorded calls per root (SmoothQuant folding, ONNX shapes).
         export_dir: the ``export/`` directory.
         wanted: which exports.
-        float_model: the float model (ATC's float graphs); None: only QDQ graphs (or those of
-            ``float_graphs``).
-        float_graphs: ATC's float graphs written before quantizing (:func:`stage_float_graphs`).
+        float_model: the float model, for the formats that read it (ATC's float graphs); None:
+            they write without it (or with what they staged).
+        staged: per format, what its :meth:`~opsnn_quant.formats.base.Format.stage` made of the
+            float model before quantizing (ATC's float graphs).
         force: replace existing directories that are not ours.
         say: progress callback.
 
     Returns:
         The notes, each prefixed by its export's name, and what each export wrote in int8.
     """
-    ctx = ModelExportContext(adapter, policy, calls, export_dir, float_model, float_graphs, say)
     done = ModelExports()
     for entry in exporters("model"):  # in the table's order: ascendv1, mindie-sd, atc
         if entry.name in wanted:
+            ctx = ModelExportContext(
+                adapter, policy, calls, export_dir, float_model if entry.float_model else None,
+                (staged or {}).get(entry.name), say,
+            )  # fmt: skip
             # each export its own output (its marker's kind: the format's name)
             with atomic_dir(export_dir / entry.output, entry.name, force=force) as tmp:
                 outcome: ExportOutcome = entry.writer()(ctx, tmp)

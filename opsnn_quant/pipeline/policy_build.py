@@ -14,12 +14,14 @@ from pydantic import ValidationError
 
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.formats.calibrate_output import PROBE_FILE
-from opsnn_quant.io import atomic_write_text, read_text
+from opsnn_quant.io import check_output_file, read_text, write_output_file
 from opsnn_quant.policy.budget import Budget
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy
 from opsnn_quant.policy.targets import Target, get_target
 from opsnn_quant.probe.report import SensitivityReport
+
+POLICY_KIND = "policy"  # the ledger's kind of a policy file `policy build` writes
 
 
 def parse_budget(text: str) -> Budget:
@@ -55,8 +57,9 @@ def build_from_probe(
 
     Raises:
         ConfigError: a missing/invalid report, target or budget, a report that did not measure
-            what the target runs (:func:`check_probe_serves`); ``out`` exists and is not a
-            policy (unless ``force``).
+            what the target runs (:func:`check_probe_serves`).
+        OutputError: ``out`` exists and is not a policy opsnn-quant wrote there (a policy it
+            wrote and that was changed since: unless ``force``).
     """
     file = probe / PROBE_FILE if probe.is_dir() else probe
     if not file.is_file():
@@ -66,13 +69,10 @@ def build_from_probe(
     report = SensitivityReport.load(file)
     tgt, parsed = get_target(target), parse_budget(budget)
     check_probe_serves(report, tgt, file)
-    if out.exists() and not force:
-        try:
-            PrecisionPolicy.load(out)
-        except ConfigError as exc:
-            raise ConfigError(f"{out} exists and is not a policy file; pass --force") from exc
+    # replaced only when opsnn-quant wrote it (the ledger beside it), never a user's policy
+    check_output_file(out, POLICY_KIND, force=force, inputs=[file])
     policy = build_policy(report, parsed, tgt)
-    atomic_write_text(out, policy.to_yaml())
+    write_output_file(out, policy.to_yaml(), POLICY_KIND, force=force)
     return policy
 
 

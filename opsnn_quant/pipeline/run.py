@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from opsnn_quant.backends.devices import resolve_device
 from opsnn_quant.core.user_config import check_seed
@@ -26,6 +26,7 @@ from opsnn_quant.io import check_output_dir
 from opsnn_quant.models import check_model_source, check_weights
 from opsnn_quant.models.footprint import check_source_memory
 from opsnn_quant.models.settings import check_source_fits
+from opsnn_quant.pipeline.quantizers import Quantizer, get_quantizer
 from opsnn_quant.pipeline.resume import run_identity
 from opsnn_quant.policy.targets import Target, get_target
 from opsnn_quant.probe.api import check_offloaded_estimators
@@ -35,10 +36,6 @@ from opsnn_quant.recipe_flags import recipe_yaml
 
 OUTPUT_KIND = "calibrate"
 
-# Who quantizes the model: opsnn-quant itself (the Ascend operators' exact arithmetic) or CANN's
-# AMCT, handed the policy. Not the deploy engine a target names (policy.targets.Engine).
-Quantizer = Literal["opsnn", "amct"]
-QUANTIZERS: tuple[Quantizer, ...] = ("opsnn", "amct")
 
 OFFLOAD_REMEDY = (
     "leave out probe.exhaustive, give --strategy all-w8a8-minmax, all-w8a8-dynamic or "
@@ -55,7 +52,8 @@ class CalibrateRun:
         out: the output directory (checked: see :func:`resolve_run`).
         seed: the run's seed (the recipe's unless overridden).
         target: the recipe's deployment target.
-        quantizer: ``opsnn`` or ``amct`` (``--engine``).
+        quantizer: who quantizes (``--engine``: ``opsnn`` or ``amct``,
+            :mod:`opsnn_quant.pipeline.quantizers`).
         suite: the acceptance suite of ``--evaluate`` (None: no acceptance run).
         suite_name: the name or path it was given as (for the run's identity).
         metric_suite: the suite ``budget.metric`` is measured with (None: no measured search).
@@ -112,7 +110,7 @@ def resolve_run(
         recipe: the calibration recipe.
         out: the output directory.
         seed: overrides the recipe's seed.
-        engine: ``opsnn`` or ``amct`` (see :data:`QUANTIZERS`).
+        engine: ``opsnn`` or ``amct`` (:data:`~opsnn_quant.pipeline.quantizers.QUANTIZERS`).
         suite: an acceptance suite (built-in name or path) to evaluate the result with.
         force: replace ``out`` even when it is not a calibrate output.
         latency: what the acceptance run times (``none``, ``target``, ``all``).
@@ -168,15 +166,15 @@ def resolve_run(
             check_suite_fits(
                 used, source, family=recipe.model.family, settings=recipe.settings_dict()
             )
-    if metric is not None and engine == "amct":
+    if metric is not None and not get_quantizer(engine).ours:
         raise ConfigError(
-            "budget.metric measures candidates quantized by opsnn-quant; with --engine amct "
-            "the written model is AMCT's: leave budget.metric out"
+            f"budget.metric measures candidates quantized by opsnn-quant; with --engine {engine} "
+            f"the written model is {get_quantizer(engine).who}'s: leave budget.metric out"
         )
     quantizer = check_quantizer(engine)  # last: AMCT imported only for a run otherwise good
     seed = recipe.seed if seed is None else seed
     identity = run_identity(
-        recipe=recipe_yaml(recipe.model_copy(update={"seed": seed})), engine=quantizer,
+        recipe=recipe_yaml(recipe.model_copy(update={"seed": seed})), engine=quantizer.name,
         suite=suite, latency=latency, from_probe=from_probe,
         allow_broken_baseline=allow_broken_baseline,
     )  # fmt: skip
@@ -202,19 +200,15 @@ def check_offload_unshared(max_memory: int | None, distributed: bool) -> None:
 
 
 def check_quantizer(engine: str) -> Quantizer:
-    """``engine`` if it is one of :data:`QUANTIZERS` (AMCT importable for ``amct``).
+    """The quantizer ``engine`` names, installed (AMCT importable for ``amct``).
 
     Raises:
         ConfigError: an unknown quantizer.
         MissingDependencyError: ``amct`` without CANN's AMCT installed.
     """
-    if engine not in QUANTIZERS:
-        raise ConfigError(f"--engine must be {' or '.join(QUANTIZERS)}, got {engine!r}")
-    if engine == "amct":
-        from opsnn_quant.amct.run import import_amct
-
-        import_amct()  # AMCT ships with CANN and may simply not be here
-    return engine
+    quantizer = get_quantizer(engine)
+    quantizer.check_available()
+    return quantizer
 
 
 def check_offloadable(recipe: Recipe, quantizer: str) -> None:
@@ -228,10 +222,11 @@ def check_offloadable(recipe: Recipe, quantizer: str) -> None:
     Raises:
         ConfigError: the run needs what does not run offloaded.
     """
-    if quantizer == "amct":
+    why = get_quantizer(quantizer).offloaded
+    if why is not None:
         raise ConfigError(
-            "--max-memory: --engine amct runs the model in AMCT, which does not run an "
-            "offloaded model; leave out --max-memory or use --engine opsnn"
+            f"--max-memory: --engine {quantizer} {why}; leave out --max-memory or use "
+            "--engine opsnn"
         )
     if recipe.strategy == "search" and recipe.budget.metric is None:
         try:

@@ -414,7 +414,7 @@ def _engine_fits(spec: QuantSpec, target: Target) -> tuple[bool, str]:
     scales)."""
     if spec.timestep_bounds and not target.timestep_scales:
         return False, f"{target.name} keeps one static scale (no per-step scales)"
-    if spec.engine != target.engine:
+    if spec.engine_def is not target.engine_def:  # one table entry per engine
         return False, (
             f"{target.name} runs {target.engine}'s arithmetic; the rule's quant settings are "
             f"{spec.engine}'s (engine: {target.engine})"

@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.probe.config import ProbeConfig
+from opsnn_quant.quant.engines import MINDIE_SD, VLLM_ASCEND, Engine, Smoothing, get_engine
 from opsnn_quant.quant.spec import DEFAULT_GROUP_SIZE, QuantSpec
 from opsnn_quant.types import Precision
 
@@ -46,28 +47,6 @@ INT8_MODULE_TYPES: frozenset[str] = frozenset({"Linear", "Conv2d"})
 """Module types the engine can make int8 (as ``opsnn_quant.quant.api.quantizable_modules``)."""
 
 OverflowMode = Literal["inf_nan", "saturate"]
-# Whose arithmetic and loader runs the result: ``opsnn`` (this package's quantized modules, on
-# torch_npu or the CPU reference; ATC's QDQ graphs are built from them), ``mindie-sd``
-# (``mindiesd.quantize``'s Linear classes), ``vllm-ascend`` (its ModelSlim Linear methods).
-Engine = Literal["opsnn", "mindie-sd", "vllm-ascend"]
-# How a SmoothQuant factor reaches the engine: ``runtime`` (our modules fold it into AscendQuantV2's
-# per-channel multiplier / DynamicQuant's smooth_scales; MindIE-SD multiplies by
-# ``<linear>.div.mul_scale`` before quantizing), ``fold`` (vLLM-Ascend's W8A8 methods take no
-# smoothing: the factor is divided into the norm before the Linears, one factor shared by all the
-# Linears that norm feeds, so SmoothQuant is offered only to those groups, see
-# ``SensitivityReport.smoothing_groups``), or ``none`` (no SmoothQuant scheme is offered).
-Smoothing = Literal["runtime", "fold", "none"]
-
-
-# vllm 0.23.0 model_executor/models/whisper.py: load_weights skips every ``proj_out.*`` tensor
-# (AutoWeightsLoader(skip_prefixes=["proj_out."])) and ``ParallelLMHead.tie_weights`` makes the
-# head's weight the decoder's embedding Parameter; a quantized head (vllm-ascend
-# modelslim_config.py get_quant_method: AscendEmbeddingMethod) keeps unloaded scales and its
-# process_weights_after_loading transposes the shared embedding, so no token lookup works.
-TIED_HEAD_VLLM = (
-    "vLLM loads a head tied to an embedding from that embedding, in float (it skips the head's "
-    "own tensors; a quantized head would transpose the shared embedding)"
-)
 
 
 @dataclass(frozen=True)
@@ -88,23 +67,12 @@ class Target:
         timestep_scales: static activation scales can switch per denoising step at run time
             (``w8a8_timestep``: an eager route picks the step's scale for each call; a compiled
             ATC graph has one fixed scale).
-        engine: whose arithmetic runs the int8 modules (:data:`Engine`); the target's
-            QuantSpecs carry it, so the reference computes what that engine computes.
-        smoothing: how SmoothQuant factors deploy (:data:`Smoothing`).
-        fused: groups of sibling Linear names the engine loads as one fused layer (vLLM's
-            ``qkv_proj`` from ``q_proj``/``k_proj``/``v_proj``): every member present under one
-            parent gets the same QuantSpec (the engine takes one type and one input scale).
+        engine: the name of whose arithmetic runs the int8 modules, an entry of the engine
+            table (:attr:`engine_def`: its smoothing, fused layers, tied modules...); the
+            target's QuantSpecs carry it, so the reference computes what that engine computes.
         export: the model export format the engine loads (an exporter table name).
         dtype: the engine's activation and output dtype (``float16``/``bfloat16``) that its
             int8 specs carry (``QuantSpec.output_dtype``); None: the spec's default (float16).
-        step_smoothing: per-step static scales combine with SmoothQuant. MindIE-SD: no, as
-            exported here: its ``W8A8TimeStepQuantLinear`` does multiply by ``mul_scale`` in
-            both branches (mindiesd 3.1.0 ``layer.py`` 422-423, 440-441; so at 3066189 too,
-            which this once misread), but the export and the reader do not carry that
-            combination yet, so the policy never asks for it.
-        tied_float: why the engine runs a module tied to an embedding (a head sharing its token
-            embedding's weight) in float, loaded from that embedding; None: it loads the
-            module's own tensors like any other.
     """
 
     name: str
@@ -118,20 +86,37 @@ class Target:
     k_multiple: int = 1
     n_multiple: int = 1
     timestep_scales: bool = False
-    engine: Engine = "opsnn"
-    smoothing: Smoothing = "runtime"
-    fused: tuple[tuple[str, ...], ...] = ()
+    engine: str = "opsnn"
     export: str | None = None
     dtype: Literal["float16", "bfloat16"] | None = None
-    step_smoothing: bool = True
-    tied_float: str | None = None
+
+    def __post_init__(self) -> None:
+        get_engine(self.engine)  # a known engine
+
+    @property
+    def engine_def(self) -> Engine:
+        """The entry of the engine table (:mod:`opsnn_quant.quant.engines`) :attr:`engine`
+        names: what the engine that runs this target's int8 modules does differently."""
+        return get_engine(self.engine)
+
+    @property
+    def smoothing(self) -> Smoothing:
+        """How SmoothQuant factors deploy: the engine's
+        (:data:`~opsnn_quant.quant.engines.Smoothing`; ``fold``: into the norm before)."""
+        return self.engine_def.smoothing
+
+    @property
+    def step_smoothing(self) -> bool:
+        """Per-step static scales combine with SmoothQuant on the engine."""
+        return self.engine_def.step_smoothing
 
     def tie_reason(self, tied_to: str | None) -> str | None:
         """Why this target keeps a module tied to the embedding ``tied_to`` float (None: not
         tied, or the engine loads tied modules as any other)."""
-        if tied_to is None or self.tied_float is None:
+        tied_float = self.engine_def.tied_float
+        if tied_to is None or tied_float is None:
             return None
-        return f"tied to {tied_to}: {self.tied_float}"
+        return f"tied to {tied_to}: {tied_float}"
 
     def can_run(
         self,
@@ -211,7 +196,6 @@ class Target:
                 if module_type is None or t == module_type
             )
             and (self.timestep_scales or not s.per_step)
-            and (self.smoothing != "none" or not s.smoothquant)
             and (self.step_smoothing or not (s.per_step and s.smoothquant))
         )
 
@@ -246,7 +230,7 @@ class Target:
 
     def spec_for(self, spec: QuantSpec) -> QuantSpec:
         """``spec`` as this target's engine runs it: its arithmetic (``engine``) and dtype."""
-        if self.engine == "opsnn" and self.dtype is None:
+        if self.dtype is None and not self.engine_def.model_dtype:
             return spec
         return dataclasses.replace(
             spec, engine=self.engine, output_dtype=self.dtype or spec.output_dtype
@@ -255,7 +239,7 @@ class Target:
     def fused_group(self, name: str) -> tuple[str, ...] | None:
         """The fused group ``name``'s last component belongs to (None: none)."""
         leaf = name.rpartition(".")[2]
-        return next((g for g in self.fused if leaf in g), None)
+        return next((g for g in self.engine_def.fused if leaf in g), None)
 
     def fused_layers(self, names: Iterable[str]) -> list[list[str]]:
         """The layers the engine fuses among ``names``: siblings (one parent) whose last
@@ -274,10 +258,6 @@ class Target:
 
 _LIN = frozenset({"Linear"})
 _LIN_CONV = frozenset({"Linear", "Conv2d"})
-
-# Linear names vLLM loads as one fused layer (its models' packed_modules_mapping: qkv_proj,
-# gate_up_proj; Whisper's cross-attention kv_proj is k_proj + v_proj, inside the q/k/v group).
-VLLM_FUSED: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 TARGETS: dict[str, Target] = {
     t.name: t
@@ -314,8 +294,7 @@ TARGETS: dict[str, Target] = {
             max_k=65535,
             max_n=65535,
             timestep_scales=True,
-            step_smoothing=False,
-            engine="mindie-sd",
+            engine=MINDIE_SD.name,
             export="mindie-sd",
             dtype="bfloat16",  # mindiesd.quantize's default dtype
         ),
@@ -330,16 +309,13 @@ TARGETS: dict[str, Target] = {
             int8={Precision.W8A8: _LIN, Precision.W8A8_DYNAMIC: _LIN, Precision.W8A16: _LIN},
             max_k=65535,
             max_n=65535,
-            engine="vllm-ascend",
-            smoothing="fold",
-            fused=VLLM_FUSED,
+            engine=VLLM_ASCEND.name,
             export="ascendv1",
             # served with --dtype bfloat16: every dtype combination its Linear methods pass to
             # npu_quant_matmul is a documented one (float16 per-token takes a float16 weight
             # scale, which the torch_npu table does not list); export/ascendv1/config.json says
             # so, since vLLM's --dtype auto reads nothing else
             dtype="bfloat16",
-            tied_float=TIED_HEAD_VLLM,
         ),
         Target(
             name="ascend910b-atc",

@@ -35,12 +35,13 @@ from opsnn_quant.probe.report import SchemeError, TimestepRanges
 from opsnn_quant.probe.seeding import PassOneStatistics, all_stepped, group_range, symmetric_range
 from opsnn_quant.probe.steps import StepRanges
 from opsnn_quant.probe.subsets import strided_rows, strided_samples
+from opsnn_quant.quant.engines import get_engine
 from opsnn_quant.quant.gptq import MomentStore
 from opsnn_quant.quant.modules import QuantConv2d, QuantLinear, QuantModule, im2col_conv
 from opsnn_quant.quant.observers import MinMaxObserver, MSEObserver, observed_span
 from opsnn_quant.quant.schemes import SCHEMES, scheme_spec, schemes_for
 from opsnn_quant.quant.smoothquant import ChannelStats, search_alphas
-from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, ENGINE_PRECISIONS, QuantSpec
+from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, QuantSpec
 from opsnn_quant.types import Precision
 
 # Candidates per module type, from the one scheme table (quant/schemes.py).
@@ -264,7 +265,7 @@ class LocalProbe:
         variant = "plain" if smooth is None else key
         if spec.precision == Precision.W4A16:
             variant = "int4"  # packed int4 words and per-group scales: a weight of its own
-        if spec.engine != "opsnn":  # an engine keeps dynamic / weight-only scales in its dtype
+        if spec.engine_def.weight_scales == "model":  # dynamic / weight-only scales in its dtype
             variant = f"{variant}-{spec.static_activations}"
         if spec.needs_moments:  # GPTQ's integers: shared by the candidates of one half only
             variant = f"gptq{'' if half is None else half}-{variant}"
@@ -277,7 +278,8 @@ class LocalProbe:
 
     def _for_engine(self, spec: QuantSpec) -> QuantSpec:
         """``spec`` in the engine's arithmetic and dtype (as the policy will write it)."""
-        if self.engine == "opsnn" or spec.precision not in ENGINE_PRECISIONS[self.engine]:
+        engine = get_engine(self.engine)
+        if not engine.model_dtype or not engine.runs(spec.precision):
             return spec
         changes: dict[str, Any] = {
             "engine": self.engine,

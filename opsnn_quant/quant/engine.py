@@ -1,4 +1,5 @@
-"""A quantized module's parameters in the form a serving engine holds them (``QuantSpec.engine``).
+"""A quantized module's parameters in the form a serving engine holds them (``QuantSpec.engine``,
+its entry of :mod:`opsnn_quant.quant.engines`: ``Engine.input_scale``, ``Engine.deq_scale_pack``).
 
 The engines keep some scales in their model dtype (bfloat16/float16) and compute with those
 roundings; a module made for an engine chooses its parameters so that the rounded values are the
@@ -8,7 +9,8 @@ ones it means:
   ``input_scale`` to bfloat16 in a bfloat16 model (float32 in a float16 one) and divides by it;
   vLLM-Ascend casts it to the params dtype and multiplies by ``1 / input_scale`` computed in that
   dtype. The module keeps the stored value and dequantizes with the scale that is effectively
-  applied (:func:`engine_input_scale`), so ``deq_scale`` and ``quant_bias`` match it;
+  applied (:func:`mindie_sd_input_scale`, :func:`vllm_ascend_input_scale`), so ``deq_scale``
+  and ``quant_bias`` match it;
 * weight scales an engine keeps in its dtype (per-token and weight-only Linears): rounded up to a
   representable value before the weight is quantized (:func:`round_up_to`), so the int8 values
   never need clipping and the engine's scale is the one they were made with;
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
+from opsnn_quant.quant.observers import MIN_SCALE
 
 # a spec's output dtype name -> torch dtype (the engine dtype of a module made for an engine)
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -53,26 +57,28 @@ def mul_scale_of(smooth: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor
     return mul, factor
 
 
+def calibrated_input_scale(scale: float, dtype: torch.dtype) -> tuple[float, float]:
+    """This package's arithmetic: the calibrated ``input_scale`` is stored and applied as is
+    (``Engine.input_scale`` of ``opsnn``)."""
+    return scale, scale
+
+
 @torch.no_grad()
-def engine_input_scale(engine: str, scale: float, dtype: torch.dtype) -> tuple[float, float]:
-    """The ``input_scale`` to store for a static activation scale ``scale``, and the scale the
-    engine effectively quantizes with (what ``deq_scale`` and ``quant_bias`` are made from).
+def mindie_sd_input_scale(scale: float, dtype: torch.dtype) -> tuple[float, float]:
+    """MindIE-SD's ``input_scale`` for a calibrated static scale in a ``dtype`` model:
+    ``(stored, effective)``, both exact in float32. A bfloat16 model holds
+    ``input_scale.to(bfloat16)``, a float16 one the float32 as stored, and divides by it."""
+    s32 = torch.tensor([max(scale, MIN_SCALE)], dtype=torch.float32)
+    stored = s32.to(torch.bfloat16).to(torch.float32) if dtype == torch.bfloat16 else s32
+    return float(stored), float(stored)
 
-    Args:
-        engine: ``mindie-sd`` or ``vllm-ascend``.
-        scale: the calibrated scale.
-        dtype: the engine dtype.
 
-    Returns:
-        ``(stored, effective)``, both float values exact in float32.
-    """
-    s32 = torch.tensor([scale], dtype=torch.float32)
-    if engine == "mindie-sd":
-        # bfloat16 model: input_scale.to(bfloat16); float16 model: float32 as stored
-        stored = s32.to(torch.bfloat16).to(torch.float32) if dtype == torch.bfloat16 else s32
-        return float(stored), float(stored)
-    # vllm-ascend: the params-dtype input_scale and its reciprocal in that dtype (as on load)
-    held = s32.to(dtype)
+@torch.no_grad()
+def vllm_ascend_input_scale(scale: float, dtype: torch.dtype) -> tuple[float, float]:
+    """vLLM-Ascend's ``input_scale`` for a calibrated static scale in a ``dtype`` model:
+    ``(stored, effective)``, both exact in float32. It holds ``input_scale`` in the params dtype
+    and multiplies by its reciprocal computed in that dtype (as on load)."""
+    held = torch.tensor([max(scale, MIN_SCALE)], dtype=torch.float32).to(dtype)
     multiplier = 1 / held
     return float(held.to(torch.float32)), 1.0 / float(multiplier.to(torch.float64))
 

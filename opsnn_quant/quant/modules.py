@@ -132,7 +132,7 @@ class QuantConv2d(QuantModule[nn.Conv2d]):
                 f"module '{name}': GPTQ rounding and bias correction of a conv are for static "
                 "activations (W8A8) only: no engine runs a per-token int8 conv"
             )
-        if spec.engine != "opsnn":
+        if not spec.engine_def.conv:
             raise ConfigError(
                 f"module '{name}': {spec.engine} quantizes Linear layers only (engine arithmetic "
                 "is a Linear's)"

@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from opsnn_quant.ascend import engines, npu_trans_quant_param
+from opsnn_quant.ascend import engines
 from opsnn_quant.ascend.matmul import WEIGHT_CHUNK, native_int8_matmul
 from opsnn_quant.backends import get_backend
 from opsnn_quant.backends.base import QuantBackend
 from opsnn_quant.errors import CalibrationError
-from opsnn_quant.quant.engine import TORCH_DTYPES, deqscale2int64
+from opsnn_quant.quant.engine import TORCH_DTYPES
 from opsnn_quant.quant.functional import fold_bias_int32
 from opsnn_quant.quant.gptq import Moments, corrected_bias, gptq_round
 from opsnn_quant.quant.quantizers import InputQuantizer, WeightQuantizer
@@ -145,9 +145,8 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
         if self.spec.static_activations:
             w_scale = self.weight_quantizer.scale.to(torch.float64)
             deqs = [(x_scale * w_scale).to(torch.float32) for x_scale, _ in x_params]
-            # our fp16 path feeds npu_trans_quant_param's packing; an engine's is its own
-            pack = npu_trans_quant_param if self.spec.engine == "opsnn" else deqscale2int64
-            packed = [pack(d) for d in deqs]
+            # a float16 model's packing: npu_trans_quant_param's for ours, an engine's its own
+            packed = [self.spec.engine_def.pack_deq_scale(d) for d in deqs]
             biases = [
                 fold_bias_int32(bias, d, off, w_q)
                 for d, (_, off) in zip(deqs, x_params, strict=True)
@@ -187,11 +186,9 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
     def _engine_weight_scale_dtype(self) -> torch.dtype | None:
         """The dtype a serving engine keeps this module's weight scales in (its per-token and
         weight-only Linears; None: float32, as this package's arithmetic and static W8A8)."""
-        if self.spec.engine == "opsnn" or self.spec.static_activations:
+        if self.spec.engine_def.weight_scales == "float32" or self.spec.static_activations:
             return None
-        dtype = OUTPUT_DTYPES[self.spec.output_dtype]
-        # MindIE-SD's float16 model rounds dynamic scales through float16 too
-        return dtype
+        return OUTPUT_DTYPES[self.spec.output_dtype]
 
     def int8_weight_shape(self) -> tuple[int, ...]:
         """Shape of the frozen integer weight: (N, K) int8 unless a subclass keeps its layout;
@@ -205,6 +202,11 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
         """Bytes of the fp32 weight copy this module keeps for the reference backend (0: none)."""
         c = self._w_cache
         return 0 if c is None else c.numel() * c.element_size()
+
+    def reference_weight(self, x2d: torch.Tensor, backend: QuantBackend) -> torch.Tensor | None:
+        """The fp32 copy of the int8 weight (transposed) a reference-backend call on the (M, K)
+        rows ``x2d`` takes (see :meth:`_weight_float_t`); None on other backends."""
+        return self._weight_float_t(x2d.shape[0]) if backend.name == "reference" else None
 
     def _weight_float_t(self, rows: int) -> torch.Tensor | None:
         """fp32 copy of the int8 weight, transposed, kept for calls of few rows (a decoder's
@@ -249,88 +251,9 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
         return out
 
     def _quant_rows(self, x2d: torch.Tensor, backend: QuantBackend) -> torch.Tensor:
-        spec = self.spec
-        if spec.engine != "opsnn":
-            wf = self._weight_float_t(x2d.shape[0]) if backend.name == "reference" else None
-            return self._engine_rows(x2d, wf).to(x2d.dtype)
-        if spec.precision == Precision.W4A16:
-            # (K // 8, N): the transposed view of the (N, K // 8) words npu_weight_quant_
-            # batchmatmul takes (as npu_convert_weight_to_int4pack lays them out).
-            packed_t = self.weight.reshape(self.out_n, self.in_k // 8).t()
-            return backend.weight_quant_matmul(
-                x2d,
-                packed_t,
-                self.weight_quantizer.scale,
-                self.bias,
-                group_size=spec.group_size or 0,
-            )
-        w_q_t = self.weight.reshape(self.out_n, self.in_k).t()
-        if spec.precision == Precision.W8A16:
-            return backend.weight_quant_matmul(x2d, w_q_t, self.weight_quantizer.scale, self.bias)
-        wf = self._weight_float_t(x2d.shape[0]) if backend.name == "reference" else None
-        out_dtype = OUTPUT_DTYPES[spec.output_dtype]
-        iq = self.input_quantizer
-        if spec.static_activations:
-            g = iq.group_index()  # the step group's row of every static parameter, if grouped
-
-            def pick(t: torch.Tensor) -> torch.Tensor:
-                return t if g is None else t[g]
-
-            offset = None if spec.activation_symmetric else pick(iq.offset).reshape(1).to(x2d.dtype)
-            x_q = backend.quantize_static(x2d, pick(iq.inv_scale).to(x2d.dtype), offset)
-            # fp16 output goes through the fixpipe's packed FP19 scale; bf16 takes fp32.
-            scale = pick(self.deq_scale_packed if out_dtype == torch.float16 else self.deq_scale)
-            y = backend.quant_matmul(
-                x_q, w_q_t, scale, pertoken_scale=None, bias=pick(self.quant_bias),
-                output_dtype=out_dtype, w_float_t=wf,
-            )  # fmt: skip
-        else:
-            smooth = getattr(iq, "smooth_scales", None)
-            smooth = None if smooth is None else smooth.to(x2d.dtype)
-            x_q, tok_scale = backend.quantize_dynamic(x2d, smooth)
-            y = backend.quant_matmul(
-                x_q, w_q_t, self.weight_quantizer.scale, pertoken_scale=tok_scale,
-                bias=self.bias, output_dtype=out_dtype, w_float_t=wf,
-            )  # fmt: skip
-        return y.to(x2d.dtype)
-
-    def _engine_rows(self, x2d: torch.Tensor, wf: torch.Tensor | None) -> torch.Tensor:
-        """(M, K) -> (M, N) in the engine dtype: the serving engine's own Linear
-        (:mod:`opsnn_quant.ascend.engines`) on this module's parameters as the engine loads
-        them (the same casts as its loader: see :mod:`opsnn_quant.formats.ascendv1`'s consumers)."""
-        spec, iq = self.spec, self.input_quantizer
-        dtype = OUTPUT_DTYPES[spec.output_dtype]
-        w_t = self.weight.reshape(self.out_n, self.in_k).t()
-        mindie = spec.engine == "mindie-sd"
-        folded = None if mindie else getattr(iq, "smooth", None)
-        if folded is not None:  # vLLM: what the norm with the factor divided into it gives
-            x2d = x2d.to(torch.float32) / folded
-        if spec.weight_only:  # vLLM holds the bias in its params dtype, MindIE-SD in float32
-            bias = self.bias if mindie or self.bias is None else self.bias.to(dtype)
-            return engines.weight_only(x2d, w_t, self.weight_quantizer.scale, bias, dtype)
-        if spec.static_activations:
-            g = iq.group_index()  # W8A8_TIMESTEP: the row of the step the loop is at
-            rows = (lambda t: t) if g is None else (lambda t: t[g])
-            offset = rows(iq.offset).reshape(1).to(torch.int8)
-            if mindie:  # input_scale: bfloat16 in a bfloat16 model, float32 in a float16 one
-                scale = rows(iq.scale).reshape(1)
-                held = scale.to(dtype if dtype == torch.bfloat16 else torch.float32)
-                mul = getattr(iq, "mul_scale", None)
-                return engines.mindie_sd_static(
-                    x2d, w_t, rows(self.deq_scale), rows(self.quant_bias), held, offset, mul,
-                    dtype, wf,
-                )  # fmt: skip
-            deq = self.deq_scale_packed if dtype == torch.float16 else self.deq_scale
-            return engines.vllm_ascend_static(
-                x2d, w_t, deq, self.quant_bias, iq.scale.reshape(1).to(dtype), offset, dtype, wf
-            )
-        scale = self.weight_quantizer.scale.to(dtype)
-        bias = None if self.bias is None else self.bias.to(dtype)
-        if mindie:
-            held = scale if dtype == torch.bfloat16 else scale.to(torch.float32)
-            mul = getattr(iq, "mul_scale", None)
-            return engines.mindie_sd_dynamic(x2d, w_t, held, bias, mul, dtype, wf)
-        return engines.vllm_ascend_dynamic(x2d, w_t, scale, bias, dtype, wf)
+        """(M, K) -> (M, N) in the rows' dtype: the spec's engine's Linear on the frozen
+        parameters (:attr:`QuantSpec.engine_def`)."""
+        return self.spec.engine_def.linear_rows(self, x2d, backend)
 
     def describe(self) -> dict[str, Any]:
         """Per-module entry of ``description.json``."""
@@ -358,6 +281,116 @@ class QuantModule(nn.Module, ABC, Generic[FloatT]):
                 d["input_scale"] = float(iq.scale)
                 d["input_offset"] = float(iq.offset)
         return d
+
+
+# ---- each engine's Linear on a frozen module's (M, K) rows (``Engine.rows``) ----------------
+
+
+def opsnn_rows(module: QuantModule[Any], x2d: torch.Tensor, backend: QuantBackend) -> torch.Tensor:
+    """(M, K) -> (M, N): this package's Ascend quant arithmetic (the backend's torch_npu ops or
+    their CPU reference) on ``module``'s frozen parameters, in the rows' dtype."""
+    spec = module.spec
+    if spec.precision == Precision.W4A16:
+        # (K // 8, N): the transposed view of the (N, K // 8) words npu_weight_quant_
+        # batchmatmul takes (as npu_convert_weight_to_int4pack lays them out).
+        packed_t = module.weight.reshape(module.out_n, module.in_k // 8).t()
+        return backend.weight_quant_matmul(
+            x2d,
+            packed_t,
+            module.weight_quantizer.scale,
+            module.bias,
+            group_size=spec.group_size or 0,
+        )
+    w_q_t = module.weight.reshape(module.out_n, module.in_k).t()
+    if spec.precision == Precision.W8A16:
+        return backend.weight_quant_matmul(x2d, w_q_t, module.weight_quantizer.scale, module.bias)
+    wf = module.reference_weight(x2d, backend)
+    out_dtype = TORCH_DTYPES[spec.output_dtype]
+    iq = module.input_quantizer
+    if spec.static_activations:
+        g = iq.group_index()  # the step group's row of every static parameter, if grouped
+
+        def pick(t: torch.Tensor) -> torch.Tensor:
+            return t if g is None else t[g]
+
+        offset = None if spec.activation_symmetric else pick(iq.offset).reshape(1).to(x2d.dtype)
+        x_q = backend.quantize_static(x2d, pick(iq.inv_scale).to(x2d.dtype), offset)
+        # fp16 output goes through the fixpipe's packed FP19 scale; bf16 takes fp32.
+        scale = pick(module.deq_scale_packed if out_dtype == torch.float16 else module.deq_scale)
+        y = backend.quant_matmul(
+            x_q, w_q_t, scale, pertoken_scale=None, bias=pick(module.quant_bias),
+            output_dtype=out_dtype, w_float_t=wf,
+        )  # fmt: skip
+    else:
+        smooth = getattr(iq, "smooth_scales", None)
+        smooth = None if smooth is None else smooth.to(x2d.dtype)
+        x_q, tok_scale = backend.quantize_dynamic(x2d, smooth)
+        y = backend.quant_matmul(
+            x_q, w_q_t, module.weight_quantizer.scale, pertoken_scale=tok_scale,
+            bias=module.bias, output_dtype=out_dtype, w_float_t=wf,
+        )  # fmt: skip
+    return y.to(x2d.dtype)
+
+
+def mindie_sd_rows(
+    module: QuantModule[Any], x2d: torch.Tensor, backend: QuantBackend
+) -> torch.Tensor:
+    """(M, K) -> (M, N) in the rows' dtype: MindIE-SD's Linear (:mod:`opsnn_quant.ascend.engines`)
+    on ``module``'s parameters as its loader holds them (see
+    :mod:`opsnn_quant.formats.mindie_sd`'s reader): activations times ``mul_scale`` in the
+    engine dtype, the float32 bias of a weight-only Linear."""
+    wf = module.reference_weight(x2d, backend)
+    spec, iq = module.spec, module.input_quantizer
+    dtype = TORCH_DTYPES[spec.output_dtype]
+    w_t = module.weight.reshape(module.out_n, module.in_k).t()
+    mul = getattr(iq, "mul_scale", None)
+    if spec.weight_only:  # MindIE-SD holds the bias in float32
+        y = engines.weight_only(x2d, w_t, module.weight_quantizer.scale, module.bias, dtype)
+    elif spec.static_activations:
+        g = iq.group_index()  # W8A8_TIMESTEP: the row of the step the loop is at
+        rows = (lambda t: t) if g is None else (lambda t: t[g])
+        offset = rows(iq.offset).reshape(1).to(torch.int8)
+        # input_scale: bfloat16 in a bfloat16 model, float32 in a float16 one
+        held = rows(iq.scale).reshape(1).to(dtype if dtype == torch.bfloat16 else torch.float32)
+        y = engines.mindie_sd_static(
+            x2d, w_t, rows(module.deq_scale), rows(module.quant_bias), held, offset, mul, dtype,
+            wf,
+        )  # fmt: skip
+    else:
+        scale = module.weight_quantizer.scale.to(dtype)
+        bias = None if module.bias is None else module.bias.to(dtype)
+        held = scale if dtype == torch.bfloat16 else scale.to(torch.float32)
+        y = engines.mindie_sd_dynamic(x2d, w_t, held, bias, mul, dtype, wf)
+    return y.to(x2d.dtype)
+
+
+def vllm_ascend_rows(
+    module: QuantModule[Any], x2d: torch.Tensor, backend: QuantBackend
+) -> torch.Tensor:
+    """(M, K) -> (M, N) in the rows' dtype: vLLM-Ascend's Linear
+    (:mod:`opsnn_quant.ascend.engines`) on ``module``'s parameters as its loader holds them (see
+    :mod:`opsnn_quant.formats.ascendv1`'s consumers): a SmoothQuant factor is folded into the
+    norm before (the rows divided by it here), the bias in the params dtype."""
+    wf = module.reference_weight(x2d, backend)
+    spec, iq = module.spec, module.input_quantizer
+    dtype = TORCH_DTYPES[spec.output_dtype]
+    w_t = module.weight.reshape(module.out_n, module.in_k).t()
+    folded = getattr(iq, "smooth", None)
+    # what the norm with the factor divided into it hands the Linear
+    x = x2d if folded is None else x2d.to(torch.float32) / folded
+    bias = None if module.bias is None else module.bias.to(dtype)
+    if spec.weight_only:
+        y = engines.weight_only(x, w_t, module.weight_quantizer.scale, bias, dtype)
+    elif spec.static_activations:
+        offset = iq.offset.reshape(1).to(torch.int8)
+        deq = module.deq_scale_packed if dtype == torch.float16 else module.deq_scale
+        y = engines.vllm_ascend_static(
+            x, w_t, deq, module.quant_bias, iq.scale.reshape(1).to(dtype), offset, dtype, wf
+        )
+    else:
+        scale = module.weight_quantizer.scale.to(dtype)
+        y = engines.vllm_ascend_dynamic(x, w_t, scale, bias, dtype, wf)
+    return y.to(x2d.dtype)
 
 
 QuantT = TypeVar("QuantT", bound=QuantModule[Any])

@@ -11,14 +11,14 @@ from torch import nn
 
 from opsnn_quant.core.timesteps import current_step, group_of
 from opsnn_quant.errors import CalibrationError, ConfigError
-from opsnn_quant.quant.engine import TORCH_DTYPES, engine_input_scale, mul_scale_of
+from opsnn_quant.quant.engine import TORCH_DTYPES, mul_scale_of
 from opsnn_quant.quant.functional import (
     quantize_weight_per_channel,
     quantize_weight_per_group_int4,
     static_inv_scale,
 )
 from opsnn_quant.quant.gptq import Moments, SplitMoments
-from opsnn_quant.quant.observers import MIN_SCALE, Observer, make_observer
+from opsnn_quant.quant.observers import Observer, make_observer
 from opsnn_quant.quant.smoothquant import ChannelStats, search_alpha, smoothing_factors
 from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID, QuantSpec
 
@@ -154,10 +154,11 @@ class InputQuantizer(nn.Module):
 
     def engine_smoothing(self) -> None:
         """For a module made for a serving engine (``spec.engine``), before :meth:`freeze` and
-        before the weight is smoothed: MindIE-SD's ``mul_scale`` (``1 / s`` in the engine dtype,
-        buffer ``mul_scale``) and the factor it effectively applies, which replaces ``smooth``.
-        vLLM-Ascend's factor is folded into the producer's float weights: ``smooth`` as is."""
-        if self.spec.engine != "mindie-sd" or self.smooth is None:
+        before the weight is smoothed: an engine that multiplies by ``mul_scale`` (MindIE-SD:
+        ``1 / s`` in the engine dtype, buffer ``mul_scale``) effectively applies the factor that
+        undoes it, which replaces ``smooth``. A factor folded into the producer's float weights
+        (vLLM-Ascend) or into the quantize multiplier (ours) is kept as is."""
+        if self.spec.engine_def.smoothing != "mul_scale" or self.smooth is None:
             return
         dtype = TORCH_DTYPES[self.spec.output_dtype]
         mul, self.smooth = mul_scale_of(self.smooth, dtype)
@@ -168,7 +169,7 @@ class InputQuantizer(nn.Module):
         steps (one pair without timestep groups; ``(1, 0)`` when dynamic). For a serving
         engine's module the ``scale`` buffer holds the ``input_scale`` it stores and the scale
         returned is the one the engine effectively applies
-        (:func:`~opsnn_quant.quant.engine.engine_input_scale`)."""
+        (:meth:`~opsnn_quant.quant.engines.Engine.input_scale_of`)."""
         if self.spec.static_activations:
             qps = []
             for g, obs in enumerate(self.observers):
@@ -194,7 +195,7 @@ class InputQuantizer(nn.Module):
             result = [(eff, off) for _, off, _, eff in qps]
         else:
             result = [(1.0, 0.0)]
-            if self.smooth is not None and self.spec.engine == "opsnn":
+            if self.smooth is not None and self.spec.engine_def.smoothing == "multiplier":
                 self.register_buffer("smooth_scales", (1.0 / self.smooth).to(torch.float32))
         if self.smooth is not None:
             smooth = self.smooth.to(torch.float32)
@@ -205,11 +206,10 @@ class InputQuantizer(nn.Module):
 
     def _engine_scale(self, scale: float) -> tuple[float, float]:
         """(scale to store, scale effectively applied): the calibrated one twice for this
-        package's own arithmetic, the engine's rounding of it otherwise."""
-        if self.spec.engine == "opsnn":
-            return scale, scale
+        package's own arithmetic, the engine's rounding of it otherwise
+        (:meth:`~opsnn_quant.quant.engines.Engine.input_scale_of`)."""
         dtype = TORCH_DTYPES[self.spec.output_dtype]
-        return engine_input_scale(self.spec.engine, max(scale, MIN_SCALE), dtype)
+        return self.spec.engine_def.input_scale_of(scale, dtype)
 
     def extra_repr(self) -> str:
         return f"{self.spec.precision.value}, observer={self.spec.observer}"

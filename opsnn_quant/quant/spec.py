@@ -7,16 +7,10 @@ from typing import Any, Literal
 
 from opsnn_quant.core.timesteps import check_bounds
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.quant.engines import Engine, get_engine
 from opsnn_quant.types import Precision
 
 ObserverName = Literal["minmax", "percentile", "mse", "kl"]
-EngineName = Literal["opsnn", "mindie-sd", "vllm-ascend"]
-ENGINES: tuple[str, ...] = ("opsnn", "mindie-sd", "vllm-ascend")
-# The precisions a serving engine's own Linear classes run (opsnn: every one).
-ENGINE_PRECISIONS = {
-    "mindie-sd": (Precision.W8A8, Precision.W8A8_DYNAMIC, Precision.W8A16),
-    "vllm-ascend": (Precision.W8A8, Precision.W8A8_DYNAMIC, Precision.W8A16),
-}
 OBSERVERS: tuple[str, ...] = ("minmax", "percentile", "mse", "kl")
 OUTPUT_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 DEFAULT_ALPHA_GRID: tuple[float, ...] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
@@ -48,9 +42,10 @@ class QuantSpec:
         timestep_bounds: ``w8a8`` only: static activation scales per group of denoising steps,
             given by each group's first step (``(0, 4, 8)``: steps 0-3, 4-7, 8 on); the step
             comes from :mod:`opsnn_quant.core.timesteps` (set by the diffusion sampling loops).
-        engine: whose arithmetic the module computes once frozen: ``opsnn`` (torch_npu's quant
-            ops as this package calls them: fp32 activations on the reference, SmoothQuant in
-            the quantize multiplier), ``mindie-sd`` or ``vllm-ascend`` (that engine's Linear,
+        engine: whose arithmetic the module computes once frozen, an entry of the engine table
+            (:mod:`opsnn_quant.quant.engines`, :attr:`engine_def`): ``opsnn`` (torch_npu's
+            quant ops as this package calls them: fp32 activations on the reference, SmoothQuant
+            in the quantize multiplier), ``mindie-sd`` or ``vllm-ascend`` (that engine's Linear,
             activations and scales in ``output_dtype``: :mod:`opsnn_quant.ascend.engines`).
         weight_rounding: how the int8 weight is rounded to its per-channel scales: ``nearest``,
             or ``gptq`` (error-compensating, from the calibration inputs' Hessian:
@@ -70,7 +65,7 @@ class QuantSpec:
     output_dtype: Literal["float16", "bfloat16"] = "float16"
     group_size: int | None = None
     timestep_bounds: tuple[int, ...] | None = None
-    engine: EngineName = "opsnn"
+    engine: str = "opsnn"
     weight_rounding: Literal["nearest", "gptq"] = "nearest"
     bias_correction: bool = False
 
@@ -139,17 +134,25 @@ class QuantSpec:
         return self.weight_rounding == "gptq" or self.bias_correction
 
     def _check_engine(self) -> None:
-        if self.engine not in ENGINES:
-            raise ConfigError(f"unknown engine {self.engine!r}; choose one of {ENGINES}")
-        if self.engine == "opsnn":
-            return
-        if self.precision not in ENGINE_PRECISIONS[self.engine]:
+        engine = get_engine(self.engine)  # unknown: an error naming the known ones
+        if not engine.runs(self.precision):
             raise ConfigError(f"{self.engine} has no {self.precision.value} Linear")
-        if self.timestep_bounds is not None and self.engine != "mindie-sd":
+        if self.timestep_bounds is not None and not engine.step_scales:
             raise ConfigError(f"{self.engine} keeps one static scale (no per-step scales)")
-        if self.timestep_bounds is not None and self.smoothquant_alpha is not None:
-            # W8A8TimeStepQuantLinear's static branch quantizes x itself (no mul_scale)
-            raise ConfigError("MindIE-SD's per-step Linear (W8A8_TIMESTEP) takes no SmoothQuant")
+        if (
+            self.timestep_bounds is not None
+            and self.smoothquant_alpha is not None
+            and not engine.step_smoothing
+        ):
+            raise ConfigError(
+                f"{self.engine}'s per-step Linear (W8A8_TIMESTEP) takes no SmoothQuant"
+            )
+
+    @property
+    def engine_def(self) -> Engine:
+        """The entry of the engine table (:mod:`opsnn_quant.quant.engines`) this spec's
+        :attr:`engine` names: what its arithmetic does differently."""
+        return get_engine(self.engine)
 
     @property
     def static_activations(self) -> bool:

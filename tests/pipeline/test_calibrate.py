@@ -358,11 +358,12 @@ def test_a_mindie_sd_candidate_is_judged_in_the_dtype_the_engine_runs():
     # pipelines run so: evaluate and calibrate --evaluate judge such candidates in it.
     from opsnn_quant.formats.candidates import run_dtype
     from opsnn_quant.policy.targets import get_target
+    from opsnn_quant.quant.engines import MINDIE_SD
 
     mindie, vllm = get_target("ascend910b-mindie-sd"), get_target("ascend910b-vllm-ascend")
     assert run_dtype(mindie, "float32") == "bfloat16"
     assert run_dtype(mindie, "float16") == "float16"
-    assert run_dtype("mindie-sd", "bfloat16") == "bfloat16"
+    assert run_dtype(MINDIE_SD, "bfloat16") == "bfloat16"
     assert run_dtype(vllm, "float32") == "float32"  # its candidates run the params dtype inside
     assert run_dtype(None, "float32") == "float32"
 

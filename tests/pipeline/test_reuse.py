@@ -112,11 +112,22 @@ def test_policy_build_decides_again_under_another_budget(done, tmp_path, capsys)
     ):
         assert main([*argv[:6], bad_budget, "-o", str(tmp_path / "x.yaml")]) == 2
         assert error in capsys.readouterr().err
+    # our policy is replaced on the next build; a user's file, a policy or not, never is
+    assert main(argv) == 0 and policy.read_text() == expected.to_yaml()
     notes = tmp_path / "notes.yaml"
     notes.write_text("my: notes\n")
-    assert main([*argv[:-1], str(notes)]) == 2
-    assert "exists and is not a policy file" in capsys.readouterr().err
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(expected.to_yaml())  # a policy the user wrote (a copy of ours, say)
+    for theirs in (notes, mine):
+        for force in ([], ["--force"]):
+            assert main([*argv[:-1], str(theirs), *force]) == 2
+            assert "exists and is not an opsnn-quant file" in capsys.readouterr().err
     assert yaml.safe_load(notes.read_text()) == {"my": "notes"}
+    # ours, edited since: kept without --force, replaced with it
+    policy.write_text(policy.read_text() + "# my note\n")
+    assert main(argv) == 2
+    assert "not an opsnn-quant policy file (or was changed since)" in capsys.readouterr().err
+    assert main([*argv, "--force"]) == 0 and policy.read_text() == expected.to_yaml()
 
 
 def test_policy_build_refuses_a_target_the_probe_did_not_measure(

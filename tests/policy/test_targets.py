@@ -27,7 +27,7 @@ def test_engine_targets_carry_their_engines_capabilities():
     # MindIE-SD replaces nn.Linear only (mindiesd/quantization/quantize.py); non-fusion
     # SmoothQuant (<linear>.div.mul_scale) is applied at run time, in bfloat16 by default
     assert (mindie.engine, mindie.smoothing, mindie.export, mindie.dtype) == (
-        "mindie-sd", "runtime", "mindie-sd", "bfloat16",
+        "mindie-sd", "mul_scale", "mindie-sd", "bfloat16",
     )  # fmt: skip
     assert not mindie.can_run("Conv2d", "w8a8")[0] and mindie.can_run("Linear", "w8a8")[0]
     assert "w8a8_smoothquant" in mindie.schemes("Linear") and mindie.schemes("Conv2d") == ()

@@ -10,12 +10,8 @@ from torch import nn
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.formats.checkpoint import load_quantized, save_quantized
 from opsnn_quant.quant.api import quantize
-from opsnn_quant.quant.engine import (
-    deqscale2int64,
-    engine_input_scale,
-    mul_scale_of,
-    round_up_to,
-)
+from opsnn_quant.quant.engine import deqscale2int64, mul_scale_of, round_up_to
+from opsnn_quant.quant.engines import MINDIE_SD, OPSNN, VLLM_ASCEND
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Precision
 
@@ -43,11 +39,13 @@ def test_mul_scale_and_the_factor_it_applies():
 
 def test_engine_input_scale_is_what_the_engine_applies():
     # MindIE-SD, bf16: input_scale.to(bfloat16); 0.05 -> 205/128 * 2^-5
-    assert engine_input_scale("mindie-sd", 0.05, BF16) == (0.050048828125, 0.050048828125)
-    stored, eff = engine_input_scale("mindie-sd", 0.05, FP16)  # float32 as stored
+    assert MINDIE_SD.input_scale_of(0.05, BF16) == (0.050048828125, 0.050048828125)
+    stored, eff = MINDIE_SD.input_scale_of(0.05, FP16)  # float32 as stored
     assert stored == eff == float(torch.tensor(0.05, dtype=torch.float32))
     # vLLM-Ascend, fp16: fp16(0.1) = 0.0999755859375, 1 / it rounded to fp16 = 10.0
-    assert engine_input_scale("vllm-ascend", 0.1, FP16) == (0.0999755859375, 0.1)
+    assert VLLM_ASCEND.input_scale_of(0.1, FP16) == (0.0999755859375, 0.1)
+    # ours: the calibrated scale, stored and applied as is (fp32 activations)
+    assert OPSNN.input_scale_of(0.1, BF16) == (0.1, 0.1)
 
 
 def test_deqscale2int64_keeps_the_fp32_bits_sign_extended():

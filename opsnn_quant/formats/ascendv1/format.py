@@ -21,8 +21,11 @@ class AscendV1Format(ExportedDirectory):
     name = "ascendv1"
     kind = "model"
     output = "ascendv1"
-    handler = "opsnn_quant.formats.model_writers:ascendv1"
+    handler = "opsnn_quant.formats.ascendv1.model_export:write"
     read_order = 20  # after MindIE-SD, whose files are quant_model_* too
+    # SmoothQuant factors are folded into the producers: traced on one call per root
+    root_calls = "smoothed"
+    root_calls_for = "folding its SmoothQuant factors"
 
     @classmethod
     def recognises(cls, path: Path) -> bool:

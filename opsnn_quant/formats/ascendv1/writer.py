@@ -38,6 +38,7 @@ from opsnn_quant.formats.ascendv1.contract import VERSION, model_quant_type
 from opsnn_quant.formats.safetensors_io import LazyTensor, Tensorish
 from opsnn_quant.models.offload import BlockOffload
 from opsnn_quant.quant.engine import TORCH_DTYPES, deqscale2int64
+from opsnn_quant.quant.engines import VLLM_ASCEND
 from opsnn_quant.quant.modules import QuantLinear, QuantModule
 from opsnn_quant.types import Precision
 from opsnn_quant.version import __version__
@@ -147,7 +148,7 @@ def _quant_tensors(
     exact = True
     if qtype == "W8A8":
         iq = module.input_quantizer
-        if module.spec.engine == "vllm-ascend":  # the scale the engine holds, in its dtype
+        if module.spec.engine_def is VLLM_ASCEND:  # the scale the engine holds, in its dtype
             scale = iq.scale.reshape(1).to(TORCH_DTYPES[params_dtype])
         elif folded:  # the factor went into the producer: the per-tensor part of the multiplier
             scale = iq.scale.reshape(1).to(torch.float32)

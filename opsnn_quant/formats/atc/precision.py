@@ -122,41 +122,49 @@ def _source_note(node_map: object) -> str:
     )
 
 
-def export_atc(
-    fmt: str,
-    policy: ResolvedPolicy,
-    node_map: Mapping[str, Sequence[str]] | None,
-    node_io: Mapping[str, tuple[str, int, int]] | None,
-    op_types: Mapping[str, str] | None,
-) -> ExportResult:
-    """One of :data:`ATC_FORMATS` for the resolved policy."""
-    modules, resolved = policy.modules, dict(policy.resolution)
-    notes: list[str] = []
-    if fmt == "atc-modify-mixlist":
-        return _mixlist(resolved, modules, op_types or {}, notes)
-    # Containers' children carry most nodes. A container's own ops (a residual block's sums) are
-    # in the node map under its name, or derived for the block types TORCH_EXPORT_OPS knows.
+def _pinnable(
+    policy: ResolvedPolicy, node_map: Mapping[str, Sequence[str]] | None
+) -> dict[str, Resolved]:
+    """The resolved modules whose nodes a precision file can name. Containers' children carry
+    most nodes; a container's own ops (a residual block's sums) are in the node map under its
+    name, or derived for the block types TORCH_EXPORT_OPS knows."""
+    modules = policy.modules
     parents = {n.rsplit(".", 1)[0] for n in modules if "." in n}
-    resolved = {
+    return {
         n: r
-        for n, r in resolved.items()
+        for n, r in policy.resolution.items()
         if n not in parents or node_map is not None or modules.get(n) in TORCH_EXPORT_OPS
     }
+
+
+def keep_dtype(fmt: str, policy: ResolvedPolicy, options: PolicyExportOptions) -> ExportResult:
+    """``--keep_dtype``: the nodes of the modules the policy pins to fp32 (the ``atc-keep-dtype``
+    writer of the format table)."""
+    modules, node_map = policy.modules, options.node_map
+    notes: list[str] = []
+    resolved = _pinnable(policy, node_map)
     pins = [
         n for n, r in resolved.items() if r.precision == Precision.FP32 and r.rule != "unassigned"
     ]
-    if fmt == "atc-keep-dtype":
-        lines = [node for n in pins for node in _nodes(n, modules, node_map, notes)]
-        notes.insert(0, _source_note(node_map))
-        return ExportResult(fmt, "".join(f"{x}\n" for x in lines), tuple(notes))
-    # --customize_dtypes: fp32 pins and bf16 modules, one dtype per input and output.
+    lines = [node for n in pins for node in _nodes(n, modules, node_map, notes)]
+    notes.insert(0, _source_note(node_map))
+    return ExportResult(fmt, "".join(f"{x}\n" for x in lines), tuple(notes))
+
+
+def customize_dtypes(
+    fmt: str, policy: ResolvedPolicy, options: PolicyExportOptions
+) -> ExportResult:
+    """``--customize_dtypes``: fp32 pins and bf16 modules, one dtype per input and output (the
+    ``atc-customize-dtypes`` writer of the format table)."""
+    modules, node_map = policy.modules, options.node_map
+    notes: list[str] = []
     lines = []
-    for name, res in resolved.items():
+    for name, res in _pinnable(policy, node_map).items():
         dtype = _DTYPES.get(res.precision)
         if dtype is None or res.rule == "unassigned":
             continue
         for node in _nodes(name, modules, node_map, notes):
-            io = _io_of(node, node_io)
+            io = _io_of(node, options.node_io)
             if io is None:
                 notes.append(f"{node}: unknown input/output count; not listed (pass --onnx)")
                 continue
@@ -172,6 +180,12 @@ def export_atc(
         "the operator's inputs",
     )
     return ExportResult(fmt, "".join(f"{x}\n" for x in lines), tuple(notes))
+
+
+def modify_mixlist(fmt: str, policy: ResolvedPolicy, options: PolicyExportOptions) -> ExportResult:
+    """``--modify_mixlist``: the OpTypes whose every module the policy pins to fp32, moved to the
+    black list (the ``atc-modify-mixlist`` writer of the format table)."""
+    return _mixlist(dict(policy.resolution), policy.modules, options.op_types or {}, [])
 
 
 def _io_of(node: str, node_io: Mapping[str, tuple[str, int, int]] | None) -> tuple[int, int] | None:
@@ -245,8 +259,3 @@ def onnx_node_io(path: str) -> dict[str, tuple[str, int, int]]:
         n.name: (n.op_type, sum(1 for i in n.input if i), sum(1 for o in n.output if o))
         for n in model.graph.node
     }
-
-
-def atc_config(fmt: str, resolved: ResolvedPolicy, options: PolicyExportOptions) -> ExportResult:
-    """The exporter table's handler of the three ATC precision files (:func:`export_atc`)."""
-    return export_atc(fmt, resolved, options.node_map, options.node_io, options.op_types)

@@ -32,8 +32,9 @@ wrapper``): ``p.div.mul_scale`` = 1 / s in the engine dtype, tagged ``FLOAT``, a
 tensors under ``p.linear.*``. Every other parameter of the component is written too, tagged
 ``FLOAT`` (the saver's ``on_float_module``); MindIE-SD never loads those.
 
-A module made for MindIE-SD's arithmetic (``QuantSpec.engine == "mindie-sd"``) computes exactly
-what MindIE-SD computes on these files. One made for this package's own (a Linear of a model
+A module made for MindIE-SD's arithmetic (its spec's engine the table's
+:data:`~opsnn_quant.quant.engines.MINDIE_SD`) computes exactly what MindIE-SD computes on these
+files. One made for this package's own (a Linear of a model
 calibrated for another target) is written with the same tensors; MindIE-SD then rounds its
 ``input_scale`` and ``mul_scale`` to the engine dtype, which the notes say.
 """
@@ -60,6 +61,7 @@ from opsnn_quant.io import empty_dir
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.offload import BlockOffload, offload_of
 from opsnn_quant.quant.engine import TORCH_DTYPES, mul_scale_of
+from opsnn_quant.quant.engines import MINDIE_SD
 from opsnn_quant.quant.modules import QuantLinear, QuantModule
 from opsnn_quant.types import Precision
 
@@ -239,7 +241,7 @@ def _add_linear(
             mul = mul_scale_of(smooth, dtype)[0]
         out.add(f"{name}.div.mul_scale", "FLOAT", mul.to(dtype))
         prefix = f"{name}.linear"
-    if spec.engine != "mindie-sd":
+    if spec.engine_def is not MINDIE_SD:
         out.other_arithmetic.append(name)
     out.add(f"{prefix}.weight", qtype, module.weight.reshape(n, -1))
     if spec.timestep_bounds:
@@ -321,7 +323,7 @@ def _engine_dtype(component: nn.Module) -> torch.dtype:
     dtypes = Counter(
         m.spec.output_dtype
         for m in component.modules()
-        if isinstance(m, QuantModule) and m.spec.engine == "mindie-sd"
+        if isinstance(m, QuantModule) and m.spec.engine_def is MINDIE_SD
     )
     return TORCH_DTYPES[dtypes.most_common(1)[0][0]] if dtypes else torch.bfloat16
 

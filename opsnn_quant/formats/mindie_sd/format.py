@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.formats.base import run_dtype
 from opsnn_quant.formats.calibrate_output import CalibrateOutput, ExportedDirectory
+from opsnn_quant.quant.engines import MINDIE_SD
 
 if TYPE_CHECKING:
     from opsnn_quant.models.base import ModelAdapter
@@ -22,7 +22,7 @@ class MindIESDFormat(ExportedDirectory):
     name = "mindie-sd"
     kind = "model"
     output = "mindie-sd"
-    handler = "opsnn_quant.formats.model_writers:mindie_sd"
+    handler = "opsnn_quant.formats.mindie_sd.model_export:write"
     read_order = 10
 
     @classmethod
@@ -47,8 +47,7 @@ class MindIESDFormat(ExportedDirectory):
         return str(baseline or recorded)
 
     def run_dtype(self, path: Path, dtype: str) -> str:
-
-        return run_dtype("mindie-sd", dtype)
+        return MINDIE_SD.run_dtype(dtype)
 
     def load_candidate(
         self, path: Path, family: str | None, baseline: str | None, placement: dict[str, Any]
