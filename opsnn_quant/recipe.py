@@ -90,7 +90,7 @@ class ModelSection(StrictModel):
     )
     # validated by the family's settings model (below); the instance kept, its fields written
     settings: SerializeAsAny[FamilySettings] = Field(
-        default_factory=dict,  # type: ignore[arg-type]  # validated into the family's
+        default_factory=dict,  # validated into the family's settings model
         validate_default=True,
         description="the family's settings (see its settings model)",
     )

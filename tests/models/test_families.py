@@ -25,11 +25,20 @@ def test_the_built_ins_are_registered_in_message_order():
     ("files", "family"),
     [
         ({"model_index.json": {"unet": ["diffusers", "UNet2DConditionModel"]}}, "diffusers-sd"),
-        ({"model_index.json": {"transformer": ["diffusers", "SD3Transformer2DModel"],
-                               "unet": [None, None]}}, "diffusers-dit"),  # fmt: skip
+        (
+            {
+                "model_index.json": {
+                    "transformer": ["diffusers", "SD3Transformer2DModel"],
+                    "unet": [None, None],
+                }
+            },
+            "diffusers-dit",
+        ),
         # a pipeline naming a UNet is a UNet pipeline, whatever else it names
-        ({"model_index.json": {"transformer": ["diffusers", "X"], "unet": ["diffusers", "Y"]}},
-         "diffusers-sd"),  # fmt: skip
+        (
+            {"model_index.json": {"transformer": ["diffusers", "X"], "unet": ["diffusers", "Y"]}},
+            "diffusers-sd",
+        ),
         ({"config.json": {"model_type": "whisper"}}, "whisper"),
         ({"config.json": {"model_type": "llama"}}, None),
         ({"config.json": ["not", "an", "object"]}, None),

@@ -22,6 +22,7 @@ from opsnn_quant.models import (
     Family,
     FamilySettings,
     ModelAdapter,
+    check_weights,
     family_names,
     guess_family,
     load_adapter,
@@ -29,7 +30,6 @@ from opsnn_quant.models import (
     unregister_family,
 )
 from opsnn_quant.models import family as family_table
-from opsnn_quant.models import check_weights
 from opsnn_quant.models.data import check_records
 from opsnn_quant.recipe import Recipe
 from opsnn_quant.types import ForwardLoop, Modality
@@ -63,6 +63,7 @@ class ToyAdapter(ModelAdapter):
 
     def __init__(self, model: nn.Module, width: int, settings: ToySettings, model_id: str):
         self.model, self.width, self.settings, self.model_id = model, width, settings, model_id
+        self.net: nn.Module = model.get_submodule("net")
 
     @classmethod
     def load(cls, source, settings, dtype, *, allow_pickle=False, skeletons=None) -> ToyAdapter:
@@ -86,14 +87,16 @@ class ToyAdapter(ModelAdapter):
 
         def loop(model: nn.Module) -> None:
             for i in range(0, len(prompts), size):
-                model.net(_inputs(prompts[i : i + size], self.width, self.settings.gain))
+                model.get_submodule("net")(
+                    _inputs(prompts[i : i + size], self.width, self.settings.gain)
+                )
 
         return loop
 
     def generate(self, inputs: Sequence[Any], seed: int = 0) -> list[Any]:
         x = _inputs([r["prompt"] for r in inputs], self.width, self.settings.gain)
         with torch.no_grad():
-            return list(self.model.net(x))
+            return list(self.net(x))
 
 
 def _prompts(records: Sequence[Any]) -> list[str]:
@@ -188,7 +191,9 @@ def test_the_command_line_refuses_what_the_family_refuses_before_any_work(toy, t
         "(a toy model takes prompts of text)"
     )
     (model / "model.safetensors").rename(model / "weights.safetensors")  # its weight check
-    with pytest.raises(ModelLoadError, match="a toy model keeps its weights in model.safetensors"):
+    with pytest.raises(
+        ModelLoadError, match=r"a toy model keeps its weights in model\.safetensors"
+    ):
         check_weights(str(model))
     assert main(base) == 2
     assert capsys.readouterr().err.count("\n") == 1 and not out.exists()
@@ -201,7 +206,9 @@ def test_the_tables_read_the_registration(toy):
     assert isinstance(adapter, ToyAdapter) and adapter.settings == ToySettings(gain=2.0)
     with pytest.raises(ConfigError, match=r"toy settings: gian: .*the keys: batch_size, gain"):
         load_adapter("toy", str(model), gian=2.0)
-    with pytest.raises(CalibrationError, match=r"^X: sample 1 is no .* \(a toy model takes prompts of text\)$"):
+    with pytest.raises(
+        CalibrationError, match=r"^X: sample 1 is no .* \(a toy model takes prompts of text\)$"
+    ):
         check_records("toy", [{"prompt": "a"}, {"prompt": ""}], "X")
     with pytest.raises(ConfigError, match="'toy' is registered already"):
         register_family(TOY)
@@ -229,8 +236,16 @@ def test_a_plugin_registers_by_entry_point_and_is_listed(monkeypatch, capsys):
         assert "toy" in family_names()
         assert main(["builtins"]) == 0
         listed = [x for x in capsys.readouterr().out.splitlines() if x.startswith("family")]
-        assert listed[0].split() == ["family", "diffusers-sd", "recipe", "sd15-template,",
-                                     "suite", "sd15-template;", "target", "ascend910b-mindie-sd"]
+        assert listed[0].split() == [
+            "family",
+            "diffusers-sd",
+            "recipe",
+            "sd15-template,",
+            "suite",
+            "sd15-template;",
+            "target",
+            "ascend910b-mindie-sd",
+        ]
         assert listed[-1].split() == ["family", "toy", "-;", "target", "cpu-reference"]
     finally:
         unregister_family("toy")
