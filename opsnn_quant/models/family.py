@@ -14,6 +14,19 @@ The built-in families (:mod:`opsnn_quant.models.families`) register with
 registers the same way, from Python or from an installed package's ``opsnn_quant.families``
 entry point (its value: a :class:`Family`), as source providers do (:mod:`opsnn_quant.sources`).
 
+A team's family, e.g.::
+
+    class MySettings(FamilySettings):
+        batch_size: int = Field(default=4, gt=0)
+
+    register_family(Family(
+        name="my-family", adapter=MyAdapter,  # MyAdapter.load(source, settings, dtype, ...)
+        settings=MySettings, detect=lambda path: (path / "my_config.yaml").is_file(),
+    ))
+
+after which ``calibrate --model DIR --data SRC`` finds it in ``DIR`` (or ``--family my-family``),
+``--set batch_size=8`` is validated by ``MySettings`` and a recipe names it as a built-in.
+
 Kept free of torch and of the adapters' libraries: an adapter is imported when a model loads.
 """
 

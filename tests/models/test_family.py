@@ -16,17 +16,14 @@ from pydantic import Field
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from opsnn_quant import Family, FamilySettings, ModelAdapter, register_family
 from opsnn_quant.cli import main
 from opsnn_quant.errors import CalibrationError, ConfigError, ModelLoadError
 from opsnn_quant.models import (
-    Family,
-    FamilySettings,
-    ModelAdapter,
     check_weights,
     family_names,
     guess_family,
     load_adapter,
-    register_family,
     unregister_family,
 )
 from opsnn_quant.models import family as family_table
