@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from opsnn_quant.models.base import ModelAdapter
 
 GROUP = "opsnn_quant.families"
+NAME = re.compile(r"^[a-z][a-z0-9_-]*$")  # a family's name, as a recipe and --family spell it
 
 
 class FamilySettings(BaseModel):
@@ -161,8 +163,15 @@ def register_family(family: Family, *, replace: bool = False) -> Family:
     """Add ``family`` to the table (``replace``: over a family of the same name).
 
     Raises:
-        ConfigError: the name is taken, or another family has the same settings model.
+        ConfigError: the name is taken or no plain name, its settings model is no
+            :class:`FamilySettings`, or another family has the same settings model.
     """
+    if not NAME.match(family.name):
+        raise ConfigError(f"model family name {family.name!r}: lower-case letters, digits, - or _")
+    if not (isinstance(family.settings, type) and issubclass(family.settings, FamilySettings)):
+        raise ConfigError(
+            f"model family {family.name!r}: its settings model must subclass FamilySettings"
+        )
     if family.name in TABLE and not replace:
         raise ConfigError(f"model family {family.name!r} is registered already")
     for other in TABLE.values():

@@ -4,6 +4,7 @@ trivial adapter), is calibrated by the command line once registered, and found b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -209,6 +210,12 @@ def test_the_tables_read_the_registration(toy):
         check_records("toy", [{"prompt": "a"}, {"prompt": ""}], "X")
     with pytest.raises(ConfigError, match="'toy' is registered already"):
         register_family(TOY)
+    with pytest.raises(ConfigError, match="settings model ToySettings is toy's"):
+        register_family(dataclasses.replace(TOY, name="toy-2"))
+    with pytest.raises(ConfigError, match="must subclass FamilySettings"):
+        register_family(dataclasses.replace(TOY, name="toy-2", settings=dict))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="lower-case letters"):
+        register_family(dataclasses.replace(TOY, name="Toy 2"))
     recipe = {"name": "t", "model": {"family": "toy", "source": str(model)},
               "data": {"calibration": str(prompts)}, "probe": {"timestep_groups": 2}}  # fmt: skip
     with pytest.raises(ValueError, match="toy models have no denoising steps"):
