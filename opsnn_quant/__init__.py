@@ -20,7 +20,9 @@ if TYPE_CHECKING:
     from opsnn_quant.formats.checkpoint import load_quantized, save_quantized
     from opsnn_quant.formats.policy_files import export_policy
     from opsnn_quant.models import load_adapter
+    from opsnn_quant.models.base import ModelAdapter
     from opsnn_quant.models.data import load_records
+    from opsnn_quant.models.family import Family, FamilySettings, register_family
     from opsnn_quant.policy.budget import Budget
     from opsnn_quant.policy.schema import PrecisionPolicy, ResolvedPolicy
     from opsnn_quant.policy.search import build_policy
@@ -62,6 +64,10 @@ _EXPORTS: dict[str, str] = {
     "load_suite": "opsnn_quant.evaluation.suite",
     "write_report": "opsnn_quant.evaluation.render",
     "load_adapter": "opsnn_quant.models",
+    "ModelAdapter": "opsnn_quant.models.base",
+    "Family": "opsnn_quant.models.family",
+    "FamilySettings": "opsnn_quant.models.family",
+    "register_family": "opsnn_quant.models.family",
     "load_records": "opsnn_quant.models.data",
     "set_reproducible": "opsnn_quant.core.determinism",
 }
@@ -79,9 +85,12 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Budget",
+    "Family",
+    "FamilySettings",
     "ForwardLoop",
     "InputError",
     "Modality",
+    "ModelAdapter",
     "OpsnnQuantError",
     "Precision",
     "PrecisionPolicy",
@@ -101,6 +110,7 @@ __all__ = [
     "load_suite",
     "probe",
     "quantize",
+    "register_family",
     "register_quant_module",
     "run_probe",
     "save_quantized",

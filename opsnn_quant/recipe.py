@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     Field,
+    SerializeAsAny,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -34,7 +35,7 @@ from opsnn_quant.core.user_config import (
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.formats.registry import exporters
 from opsnn_quant.io import read_text
-from opsnn_quant.models.settings import DiTSettings, SDSettings, WhisperSettings
+from opsnn_quant.models.family import FamilySettings, family_names, find_family
 from opsnn_quant.policy.baselines import Strategy
 from opsnn_quant.policy.budget import Budget
 from opsnn_quant.policy.targets import get_target
@@ -45,7 +46,11 @@ from opsnn_quant.types import DEVICE_PATTERN, Modality
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
-class _ModelBase(StrictModel):
+class ModelSection(StrictModel):
+    """Which model, loaded by which family's adapter, run with which settings: the family's
+    own settings model (:mod:`opsnn_quant.models.family`), so that a registered family's
+    settings are validated as a built-in's are."""
+
     source: str = Field(description="zoo:<name> or a local model directory")
     device: str = Field(
         default="cpu", pattern=DEVICE_PATTERN, description="cpu, npu, npu:N, cuda or cuda:N"
@@ -79,33 +84,42 @@ class _ModelBase(StrictModel):
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
 
+    family: str = Field(
+        description="a registered model family (diffusers-sd, diffusers-dit, whisper, or a "
+        "team's own)"
+    )
+    # validated by the family's settings model (below); the instance kept, its fields written
+    settings: SerializeAsAny[FamilySettings] = Field(
+        default_factory=dict,  # validated into the family's settings model
+        validate_default=True,
+        description="the family's settings (see its settings model)",
+    )
 
-class SDModel(_ModelBase):
-    """A diffusers Stable-Diffusion-like pipeline and its sampling settings."""
+    @field_validator("family")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        if find_family(v) is None:
+            raise ValueError(family_choices())
+        return v
 
-    family: Literal["diffusers-sd"]
-    settings: SDSettings = Field(default_factory=SDSettings)
-
-
-class DiTModel(_ModelBase):
-    """A diffusers pipeline whose denoiser is a transformer (SD3, FLUX, PixArt, Wan)."""
-
-    family: Literal["diffusers-dit"]
-    settings: DiTSettings = Field(default_factory=DiTSettings)
-
-
-class WhisperModel(_ModelBase):
-    """A transformers Whisper model and its decoding settings."""
-
-    family: Literal["whisper"]
-    settings: WhisperSettings = Field(default_factory=WhisperSettings)
+    @field_validator("settings", mode="before")
+    @classmethod
+    def _family_settings(cls, v: Any, info: ValidationInfo) -> Any:
+        family = find_family(info.data.get("family", ""))
+        if family is None:  # the family's own error says what is wrong
+            return FamilySettings()
+        return family.validate(v)
 
 
-# Which model, loaded by which adapter, run with which (family-checked) settings.
-ModelSection = Annotated[SDModel | DiTModel | WhisperModel, Field(discriminator="family")]
-FAMILY_TAGS = frozenset({"diffusers-sd", "diffusers-dit", "whisper"})
-# Families whose forward loop runs no sampling loop (no step clock): per-step scales mean nothing.
-STEPLESS_FAMILIES = frozenset({"whisper"})
+def family_choices() -> str:
+    """What a recipe's ``model.family`` may be (the message of a bad one)."""
+    return f"must be one of {', '.join(sorted(family_names()))}"
+
+
+def settings_keys(data: object) -> list[str]:
+    """The settings keys of the family a raw recipe mapping names (empty for none known)."""
+    family = find_family(_family(data))
+    return list(family.settings.model_fields) if family is not None else []
 
 
 class DataSection(StrictModel):
@@ -214,7 +228,8 @@ class Recipe(StrictModel):
 
     @model_validator(mode="after")
     def _timesteps_need_a_sampling_loop(self) -> Recipe:
-        if self.probe.timestep_groups is not None and self.model.family in STEPLESS_FAMILIES:
+        family = find_family(self.model.family)
+        if self.probe.timestep_groups is not None and family is not None and not family.steps:
             raise ValueError(
                 f"probe.timestep_groups: {self.model.family} models have no denoising steps"
             )
@@ -350,18 +365,15 @@ def load_recipe(name_or_path: str) -> Recipe:
         return Recipe.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        # The family tag of the model union is not a YAML key: leave it out of the location.
-        loc = [str(x) for x in err["loc"] if str(x) not in FAMILY_TAGS]
+        loc = [str(x) for x in err["loc"]]
         msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
-            loc.append("family")
-            msg = f"must be one of {', '.join(sorted(FAMILY_TAGS))}"
+        if loc == ["model", "family"]:  # missing, not a string or not registered
+            msg = family_choices()
         if err["type"] == "extra_forbidden" and loc:
-            known = known_fields(Recipe, loc, data)
             if loc[:2] == ["model", "settings"]:  # a family's few settings: all of them
-                msg += keys_hint(loc[-1], known, f"{_family(data)} settings are")
+                msg += keys_hint(loc[-1], settings_keys(data), f"{_family(data)} settings are")
             else:
-                msg += did_you_mean(loc[-1], known)
+                msg += did_you_mean(loc[-1], known_fields(Recipe, loc, data))
         if not loc and ": " in msg and msg.split(": ", 1)[0].count(".") >= 1:
             # a whole-recipe check names its field first ("probe.timestep_groups: ...")
             field, msg = msg.split(": ", 1)

@@ -1,7 +1,7 @@
 """The recipe a command line means: a recipe file with flags over its fields, or no recipe at all.
 
 ``calibrate --model DIR --data SRC`` needs no recipe: the family is guessed from the model's files
-(as ``probe`` does), the target is the family's usual engine (:data:`DEFAULT_TARGETS`) and
+(as ``probe`` does), the target is the family's usual engine (its ``target``) and
 ``--set KEY=VALUE`` gives model settings. With a recipe, the same flags override its fields. The
 result is validated as a recipe file is, and written into the output as ``recipe.yaml``
 (:func:`recipe_yaml`) so that the run can be repeated exactly with ``calibrate OUT/recipe.yaml``.
@@ -17,18 +17,18 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from opsnn_quant.core.user_config import check_limit, keys_hint, known_fields
+from opsnn_quant.core.user_config import check_limit, keys_hint
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.models.family import find_family
 from opsnn_quant.models.settings import parse_set_options
-from opsnn_quant.recipe import FAMILY_TAGS, Recipe, is_suite_path, load_recipe
+from opsnn_quant.recipe import (
+    Recipe,
+    family_choices,
+    is_suite_path,
+    load_recipe,
+    settings_keys,
+)
 
-# The engine a family's models are usually served by on Ascend (its target without a recipe):
-# MindIE-SD for diffusers pipelines, vLLM-Ascend for Whisper.
-DEFAULT_TARGETS = {
-    "diffusers-sd": "ascend910b-mindie-sd",
-    "diffusers-dit": "ascend910b-mindie-sd",
-    "whisper": "ascend910b-vllm-ascend",
-}
 DEFAULT_RECIPE = "shapes-t2i"
 
 
@@ -135,7 +135,8 @@ def _apply(data: dict[str, Any], flags: RecipeFlags) -> dict[str, Any]:
                 metric[key] = from_cwd(value)
     if flags.target is not None:
         recipe["target"] = flags.target
-    recipe.setdefault("target", DEFAULT_TARGETS.get(model["family"], "cpu-reference"))
+    family = find_family(model["family"])  # the engine its models are usually served by
+    recipe.setdefault("target", family.target if family is not None else "cpu-reference")
     return recipe
 
 
@@ -192,15 +193,16 @@ def _validated(data: dict[str, Any]) -> Recipe:
         return Recipe.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"] if str(x) not in FAMILY_TAGS)
+        loc = ".".join(str(x) for x in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
+        if loc == "model.family":  # not a string or not registered
+            msg = family_choices()
         if loc.startswith("model.settings."):
             key = loc.removeprefix("model.settings.")
             where = f"--set {key}"
             if err["type"] == "extra_forbidden":
-                known = known_fields(Recipe, ["model", "settings", key], data)
                 family = data.get("model", {}).get("family", "the model's")
-                msg += keys_hint(key, known, f"{family} settings are")
+                msg += keys_hint(key, settings_keys(data), f"{family} settings are")
         elif loc == "budget" or loc.startswith("budget."):
             where = f"--budget {loc.removeprefix('budget').lstrip('.')}".rstrip()
         else:

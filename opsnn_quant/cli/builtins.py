@@ -1,4 +1,5 @@
-"""``opsnn-quant builtins``: the recipes and suites shipped in the package, each validated."""
+"""``opsnn-quant builtins``: the recipes and suites shipped in the package, each validated, and
+the registered model families with the recipe and suite a model of each starts from."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """List the built-in recipes and suites with their paths, loading each one (a check
-        that an installed package ships them intact)."""
+        that an installed package ships them intact), then the model families (a plug-in's
+        too): the recipe and suite to copy for a model of each, and its usual target."""
         from opsnn_quant.core.resources import builtin_files
         from opsnn_quant.evaluation.suite import load_suite
+        from opsnn_quant.models.family import families
         from opsnn_quant.recipe import load_recipe
 
         recipes, suites = builtin_files("recipes"), builtin_files("suites")
@@ -37,3 +40,10 @@ def register(app: typer.Typer) -> None:
                 found = True
             if not found:
                 load_recipe(name)  # the recipe loader's error names what is built in
+        for family in families() if not names else []:
+            starts = ", ".join(
+                f"{what} {name}"
+                for what, name in (("recipe", family.recipe), ("suite", family.suite))
+                if name
+            )
+            typer.echo(f"family  {family.name:20} {starts or '-'}; target {family.target}")

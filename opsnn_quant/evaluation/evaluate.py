@@ -99,9 +99,10 @@ def apply_generation(adapter: ModelAdapter, suite: Suite) -> None:
 def generation_settings(suite: Suite, family: str) -> dict[str, Any]:
     """The suite's generation values that ``family``'s settings have: what
     :func:`apply_generation` gives its models, and what they are loaded and checked with."""
-    from opsnn_quant.models.settings import SETTINGS
+    from opsnn_quant.models.family import find_family
 
-    fields = set(SETTINGS[family].model_fields) if family in SETTINGS else set()
+    entry = find_family(family)
+    fields = set(entry.settings.model_fields) if entry is not None else set()
     return {k: v for k, v in suite.generation.model_dump().items() if k in fields and v is not None}
 
 

@@ -1,4 +1,8 @@
-"""Model adapters: load a family, name its modalities, run it (see :class:`ModelAdapter`)."""
+"""Model adapters: load a family, name its modalities, run it (see :class:`ModelAdapter`).
+
+Every family is an entry of the family table (:mod:`opsnn_quant.models.family`); the built-in
+ones (:mod:`opsnn_quant.models.families`) are registered on import.
+"""
 
 from __future__ import annotations
 
@@ -6,20 +10,21 @@ import re
 from typing import Any
 
 from opsnn_quant.errors import ModelLoadError
+from opsnn_quant.models import families as _builtin  # noqa: F401  (registers the built-ins)
 from opsnn_quant.models.base import ModelAdapter, modality_of
 from opsnn_quant.models.checks import check_model_files
-from opsnn_quant.models.settings import (
-    DiTSettings,
-    SDSettings,
-    WhisperSettings,
-    check_source_fits,
-    settings_for,
+from opsnn_quant.models.family import (
+    Family,
+    FamilySettings,
+    detect_family,
+    family_names,
+    get_family,
+    layout_family,
+    register_family,
+    unregister_family,
 )
+from opsnn_quant.models.settings import check_source_fits, settings_for
 from opsnn_quant.sources import split_source
-
-# diffusers-dit last: error messages list the families in this order.
-FAMILIES = ("diffusers-sd", "whisper", "diffusers-dit")
-# Zoo models whose family their name does not say.
 
 
 def load_adapter(
@@ -35,8 +40,9 @@ def load_adapter(
     """Load ``source`` (``zoo:<name>`` or a directory) with the adapter of ``family``.
 
     Args:
-        family: ``diffusers-sd`` (UNet pipelines), ``diffusers-dit`` (transformer-denoiser
-            pipelines: SD3, FLUX, PixArt, Wan) or ``whisper`` (``generic`` is Python-only:
+        family: a registered family (:mod:`opsnn_quant.models.family`): ``diffusers-sd``
+            (UNet pipelines), ``diffusers-dit`` (transformer-denoiser pipelines: SD3, FLUX,
+            PixArt, Wan), ``whisper``, or one a team registered (``generic`` is Python-only:
             build a :class:`~opsnn_quant.models.generic.GenericAdapter`); None: guessed from
             the source (:func:`guess_family`).
         source: model location.
@@ -62,39 +68,18 @@ def load_adapter(
     """
     from opsnn_quant.backends.devices import resolve_device, resolve_dtype
 
-    family = family or guess_family(source)
-    if family not in FAMILIES:
-        raise ModelLoadError(f"unknown model family {family!r}; known: {', '.join(FAMILIES)}")
-    checked = settings_for(family, settings)
+    entry = get_family(family or guess_family(source), ModelLoadError)
+    checked = settings_for(entry.name, settings)
     check_model_files(source)  # before the configs' values are read as limits
     check_source_fits(source, checked, where="settings.")
     place = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
-    adapter: ModelAdapter
     # --max-memory: the pipeline's models (Whisper: the model) built on the meta device, blocks
     # streamed from the files (opsnn_quant.models.streamed) instead of loaded whole first
     skeletons: list[Any] | None = [] if max_memory is not None else None
-    if family == "diffusers-sd":
-        from opsnn_quant.models.diffusers_sd import DiffusersSDAdapter
-
-        assert isinstance(checked, SDSettings)
-        adapter = DiffusersSDAdapter.load(
-            source, checked, dtype=torch_dtype, allow_pickle=allow_pickle, skeletons=skeletons
-        )
-    elif family == "diffusers-dit":
-        from opsnn_quant.models.diffusers_dit import DiffusersDiTAdapter
-
-        assert isinstance(checked, DiTSettings)
-        adapter = DiffusersDiTAdapter.load(
-            source, checked, dtype=torch_dtype, allow_pickle=allow_pickle, skeletons=skeletons
-        )
-    else:
-        from opsnn_quant.models.whisper import WhisperAdapter
-
-        assert isinstance(checked, WhisperSettings)
-        adapter = WhisperAdapter.load(
-            source, checked, dtype=torch_dtype, allow_pickle=allow_pickle, skeletons=skeletons
-        )
+    adapter = entry.adapter_class().load(
+        source, checked, torch_dtype, allow_pickle=allow_pickle, skeletons=skeletons
+    )
     if max_memory is None:
         adapter.place(place)
         return adapter
@@ -143,32 +128,9 @@ def _check_weights(source: str, allow_pickle: bool) -> None:
     check_model_files(source)
     if allow_pickle or split_source(source) is not None or not path.is_dir():
         return  # allowed: the loader says which pickles it reads
-    if (path / "model_index.json").is_file():
-        from opsnn_quant.models.diffusers_base import check_pipeline_weights, pipeline_index
-
-        check_pipeline_weights(source, *pipeline_index(source), allow_pickle=allow_pickle)
-    elif (path / "config.json").is_file():
-        from opsnn_quant.models.whisper import check_whisper_weights
-
-        check_whisper_weights(source, path, allow_pickle=allow_pickle)
-
-
-def _pipeline_family(index_file: Any) -> str:
-    """``diffusers-dit`` for a pipeline whose denoiser is a transformer, else ``diffusers-sd``."""
-    import json
-
-    try:
-        index = json.loads(index_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelLoadError(f"{index_file} is not valid JSON") from exc
-    if not isinstance(index, dict):
-        raise ModelLoadError(f"{index_file} is not a JSON object")
-
-    def named(component: str) -> bool:  # [library, class], not [null, null]
-        v = index.get(component)
-        return isinstance(v, list) and len(v) == 2 and v[1] is not None
-
-    return "diffusers-dit" if named("transformer") and not named("unet") else "diffusers-sd"
+    family = layout_family(path)  # a pipeline's index, a transformers config.json, ...
+    if family is not None and family.check_weights is not None:
+        family.check_weights(source, path, allow_pickle)
 
 
 # what a Hugging Face hub id looks like (owner/name), as opposed to a local path
@@ -198,8 +160,8 @@ def check_model_source(source: str) -> None:
 
 
 def guess_family(source: str) -> str:
-    """Family from a named source's provider (``zoo:NAME``) or a model directory's files."""
-    import json
+    """Family from a named source's provider (``zoo:NAME``) or a model directory's files (the
+    first registered family whose ``detect`` says yes)."""
     from pathlib import Path
 
     from opsnn_quant.sources import model_path, named_family
@@ -209,26 +171,24 @@ def guess_family(source: str) -> str:
         if family:
             return family
         source = str(model_path(source))  # a provider that does not say: its directory's files
-    path = Path(source)
-    if (path / "model_index.json").is_file():
-        return _pipeline_family(path / "model_index.json")
-    cfg = path / "config.json"
-    if cfg.is_file():
-        try:
-            if json.loads(cfg.read_text()).get("model_type") == "whisper":
-                return "whisper"
-        except json.JSONDecodeError as exc:
-            raise ModelLoadError(f"{cfg} is not valid JSON") from exc
+    found = detect_family(Path(source))
+    if found is not None:
+        return found.name
     check_model_source(source)
     raise ModelLoadError(f"cannot tell the model family of {source}; pass --family")
 
 
 __all__ = [
-    "FAMILIES",
+    "Family",
+    "FamilySettings",
     "ModelAdapter",
     "check_model_source",
     "check_weights",
+    "family_names",
+    "get_family",
     "guess_family",
     "load_adapter",
     "modality_of",
+    "register_family",
+    "unregister_family",
 ]

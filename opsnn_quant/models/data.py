@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import wave
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ import numpy as np
 
 from opsnn_quant.errors import CalibrationError, ConfigError
 from opsnn_quant.models.confine import escape
+from opsnn_quant.models.family import find_family
 from opsnn_quant.models.hf_data import hf_records, is_hf_source, read_mono, text_lines
 from opsnn_quant.sources import named_records
 
@@ -230,7 +231,7 @@ def is_silent(audio: np.ndarray) -> bool:
     return not audio.size or float(np.max(np.abs(audio))) <= SILENCE_PEAK
 
 
-def _audio_records(data: Sequence[Any]) -> list[np.ndarray]:
+def speech_from(data: Sequence[Any]) -> list[np.ndarray]:
     """:func:`audio_from`, refusing data whose every waveform is silent."""
     arrays = audio_from(data)
     if all(is_silent(a) for a in arrays):
@@ -241,19 +242,12 @@ def _audio_records(data: Sequence[Any]) -> list[np.ndarray]:
     return arrays
 
 
-# What each family's model takes from a record, in words and checked (before the model loads).
-INPUTS: dict[str, tuple[str, Callable[[Sequence[Any]], Sequence[Any]]]] = {
-    "diffusers-sd": ("prompts", prompts_from),
-    "diffusers-dit": ("prompts", prompts_from),
-    "whisper": ("16 kHz audio", _audio_records),
-}
-
-
 def check_records(family: str, records: Sequence[Any], what: str) -> None:
     """Refuse ``records`` that ``family``'s model cannot take (prompts for a Whisper model,
     audio for a pipeline, a bad sample), or audio that is silent throughout, before the model
     loads: else they would be found only where they are first used (held-out data after the
-    whole probe). A family without an entry in :data:`INPUTS` passes.
+    whole probe). The family's own check says (:attr:`~opsnn_quant.models.family.Family
+    .check_records`); a family without one, or no registered family, passes.
 
     Args:
         family: the model family.
@@ -263,14 +257,13 @@ def check_records(family: str, records: Sequence[Any], what: str) -> None:
     Raises:
         CalibrationError: what is wrong, after ``what``.
     """
-    entry = INPUTS.get(family)
-    if entry is None:
+    entry = find_family(family)
+    if entry is None or entry.check_records is None:
         return
-    takes, check = entry
     try:
-        check(records)
+        entry.check_records(records)
     except CalibrationError as exc:
-        raise CalibrationError(f"{what}: {exc} (a {family} model takes {takes})") from None
+        raise CalibrationError(f"{what}: {exc} (a {family} model takes {entry.takes})") from None
 
 
 def batched(items: Sequence[Any], size: int) -> list[Sequence[Any]]:

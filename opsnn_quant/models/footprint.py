@@ -27,9 +27,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.errors import ConfigError
+
+if TYPE_CHECKING:
+    from opsnn_quant.models.settings import DiTSettings, SDSettings
 
 FP32 = 4
 COPIES = 3  # an op's input, its output and one temporary
@@ -229,13 +232,14 @@ def check_source_memory(
     max_memory: int | None = None,
     offload: bool = False,
 ) -> None:
-    """:func:`check_footprint` of a diffusion pipeline's settings on a model source (``zoo:``
-    or a directory), before it loads; other families and unresolved sources pass.
+    """The memory check of the family whose settings ``settings`` are (its
+    :attr:`~opsnn_quant.models.family.Family.footprint`) on a model source (``zoo:`` or a
+    directory), before it loads; a family without an estimate and unresolved sources pass.
 
     Args:
         source: the model source.
-        settings: its validated settings (``SDSettings`` / ``DiTSettings`` size a call).
-        records: at most this many prompts run (a ``--limit``): a call's batch is no larger.
+        settings: its validated settings.
+        records: at most this many records run (a ``--limit``): a call's batch is no larger.
         where: what the message puts before a setting's name.
         max_memory: the user's budget in bytes (None: what this machine has free).
         offload: the model's blocks are offloaded beyond ``max_memory``
@@ -244,16 +248,35 @@ def check_source_memory(
     Raises:
         ConfigError: the run's floor exceeds the budget.
     """
-    import dataclasses
-
-    from opsnn_quant.models.settings import DiTSettings, SDSettings
+    from opsnn_quant.models.family import family_of
     from opsnn_quant.sources import model_path
 
-    if not isinstance(settings, SDSettings | DiTSettings):
+    family = family_of(settings)
+    if family is None or family.footprint is None:
         return
     path = model_path(source)
-    if not path.is_dir():
-        return
+    if path.is_dir():
+        family.footprint(path, settings, records, where, max_memory, offload)
+
+
+def check_diffusion_memory(
+    path: Path,
+    settings: SDSettings | DiTSettings,
+    records: int | None,
+    where: str,
+    max_memory: int | None,
+    offload: bool,
+) -> None:
+    """:func:`check_footprint` of a diffusion pipeline's call at ``settings`` (``batch_size``,
+    ``height``, ``width``, ``guidance_scale``, ``num_frames`` if it has one) in the pipeline
+    directory ``path``: the diffusion families' footprint (arguments as
+    :func:`check_source_memory`'s).
+
+    Raises:
+        ConfigError: the run's floor exceeds the budget.
+    """
+    import dataclasses
+
     batch = min(settings.batch_size, records) if records else settings.batch_size
     frames = getattr(settings, "num_frames", None) or 1
     # classifier-free guidance runs at a scale above 1 (a pipeline's own default left None:

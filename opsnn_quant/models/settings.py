@@ -1,5 +1,6 @@
-"""Per-family run settings (recipe ``model.settings``), validated strictly: a typo or a wrong type
-is an error that names the field, never a silently ignored key.
+"""The settings models of the built-in families (recipe ``model.settings``), validated strictly: a
+typo or a wrong type is an error that names the field, never a silently ignored key. Each checks
+itself against a model's config files (``check_fits``).
 
 Kept free of torch so that recipes validate before any model library loads.
 """
@@ -13,10 +14,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from opsnn_quant.core.user_config import keys_hint
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.models.family import FamilySettings, get_family
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +35,7 @@ MAX_BEAMS = 64  # transformers keeps batch x beams sequences and their KV caches
 MAX_SEQUENCE_LENGTH = 512
 
 
-class _Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-
-class SDSettings(_Settings):
+class SDSettings(FamilySettings):
     """Sampling settings of a diffusion pipeline, used for calibration and generation."""
 
     steps: int = Field(default=20, gt=0, description="denoising steps per image")
@@ -50,8 +48,12 @@ class SDSettings(_Settings):
         default=None, gt=0, le=MAX_SIDE, multiple_of=8, description="image width, px"
     )
 
+    def check_fits(self, model_dir: Path, where: str) -> None:
+        """``steps`` up to the scheduler's ``num_train_timesteps`` (see :func:`check_fits`)."""
+        _check_diffusion(model_dir, self, where)
 
-class DiTSettings(_Settings):
+
+class DiTSettings(FamilySettings):
     """Sampling settings of a transformer-denoiser pipeline (SD3, FLUX, PixArt, Wan).
 
     A field left None takes the pipeline's own default (``guidance_scale``: SD3 7.0, FLUX 3.5,
@@ -87,8 +89,13 @@ class DiTSettings(_Settings):
         description="frames per video (text-to-video pipelines only)",
     )
 
+    def check_fits(self, model_dir: Path, where: str) -> None:
+        """``steps`` up to the scheduler's ``num_train_timesteps``, the size up to an SD3
+        transformer's ``pos_embed_max_size`` (see :func:`check_fits`)."""
+        _check_diffusion(model_dir, self, where)
 
-class WhisperSettings(_Settings):
+
+class WhisperSettings(FamilySettings):
     """Decoding settings of a Whisper model, used for calibration and generation."""
 
     batch_size: int = Field(
@@ -111,23 +118,32 @@ class WhisperSettings(_Settings):
         "transcribe",
     )
 
+    def check_fits(self, model_dir: Path, where: str) -> None:
+        """``language`` and ``task`` against ``generation_config.json``, ``max_new_tokens`` plus
+        the decoder prompt up to ``config.json``'s ``max_target_positions`` (see
+        :func:`check_fits`)."""
+        generation = _json(model_dir / "generation_config.json")
+        _check_language(model_dir, self, generation, where)
+        config = _json(model_dir / "config.json")
+        limit = (config or {}).get("max_target_positions")
+        if not isinstance(limit, int):
+            return
+        prompt = whisper_prompt_tokens(generation)
+        if self.max_new_tokens + prompt > limit:
+            raise ConfigError(
+                f"{where}max_new_tokens: {self.max_new_tokens} does not fit {model_dir}: "
+                f"its decoder takes {limit} positions (config.json max_target_positions), "
+                f"{prompt} of them the prompt; use at most {limit - prompt}"
+            )
 
-SETTINGS: dict[str, type[_Settings]] = {
-    "diffusers-sd": SDSettings,
-    "whisper": WhisperSettings,
-    "diffusers-dit": DiTSettings,
-}
 
-
-def settings_for(family: str, values: dict[str, Any]) -> _Settings:
+def settings_for(family: str, values: dict[str, Any]) -> FamilySettings:
     """The validated settings of ``family`` (a function's form of the recipe check).
 
     Raises:
         ConfigError: an unknown family, an unknown field or a wrong value (named).
     """
-    cls = SETTINGS.get(family)
-    if cls is None:
-        raise ConfigError(f"unknown model family {family!r}; known: {', '.join(SETTINGS)}")
+    cls = get_family(family).settings
     try:
         return cls.model_validate(values)
     except ValidationError as exc:
@@ -182,8 +198,9 @@ def whisper_prompt_tokens(generation_config: dict[str, Any] | None) -> int:
     return 1 + multilingual + (1 if cfg.get("no_timestamps_token_id") is not None else 0)
 
 
-def check_fits(model_dir: Path, settings: _Settings, where: str = "model.settings.") -> None:
-    """Refuse settings that the model's own config files say it cannot run, before it loads.
+def check_fits(model_dir: Path, settings: FamilySettings, where: str = "model.settings.") -> None:
+    """Refuse settings that the model's own config files say it cannot run, before it loads
+    (each family's settings model says how: its ``check_fits``).
 
     Reads JSON only: a diffusion pipeline's ``scheduler/scheduler_config.json`` (``steps`` up to
     its ``num_train_timesteps``), an SD3 transformer's ``pos_embed_max_size`` (the largest
@@ -193,28 +210,13 @@ def check_fits(model_dir: Path, settings: _Settings, where: str = "model.setting
 
     Args:
         model_dir: the model's local directory.
-        settings: the validated settings of ``family``.
+        settings: the validated settings of its family.
         where: what the message puts before a setting's name (``model.settings.``, ``--set ``).
 
     Raises:
         ConfigError: a setting beyond the model's limit, named with the limit and its file.
     """
-    if isinstance(settings, SDSettings | DiTSettings):
-        _check_diffusion(model_dir, settings, where)
-    elif isinstance(settings, WhisperSettings):
-        generation = _json(model_dir / "generation_config.json")
-        _check_language(model_dir, settings, generation, where)
-        config = _json(model_dir / "config.json")
-        limit = (config or {}).get("max_target_positions")
-        if not isinstance(limit, int):
-            return
-        prompt = whisper_prompt_tokens(generation)
-        if settings.max_new_tokens + prompt > limit:
-            raise ConfigError(
-                f"{where}max_new_tokens: {settings.max_new_tokens} does not fit {model_dir}: "
-                f"its decoder takes {limit} positions (config.json max_target_positions), "
-                f"{prompt} of them the prompt; use at most {limit - prompt}"
-            )
+    settings.check_fits(model_dir, where)
 
 
 def whisper_is_multilingual(generation_config: dict[str, Any] | None) -> bool | None:
@@ -295,7 +297,9 @@ def _check_diffusion(model_dir: Path, settings: SDSettings | DiTSettings, where:
             )
 
 
-def check_source_fits(source: str, settings: _Settings, where: str = "model.settings.") -> None:
+def check_source_fits(
+    source: str, settings: FamilySettings, where: str = "model.settings."
+) -> None:
     """:func:`check_fits` on a model source (``zoo:<name>`` or a directory), before it loads.
 
     A source that does not resolve to a local directory is left to the loader to refuse.

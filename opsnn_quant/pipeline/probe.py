@@ -81,7 +81,7 @@ def check_probe(
     from opsnn_quant.backends.devices import resolve_device
     from opsnn_quant.core.user_config import check_limit
     from opsnn_quant.errors import ConfigError
-    from opsnn_quant.models import FAMILIES, check_weights, guess_family
+    from opsnn_quant.models import check_weights, family_names, guess_family
     from opsnn_quant.models.footprint import check_source_memory
     from opsnn_quant.models.settings import check_source_fits, parse_set_options, settings_for
     from opsnn_quant.probe.api import check_offloaded_estimators
@@ -106,8 +106,9 @@ def check_probe(
     else:
         if data is None:
             raise ConfigError("probing a model needs --data (e.g. zoo:shapes/calibration)")
-        if family is not None and family not in FAMILIES:
-            raise ConfigError(f"--family must be one of {', '.join(FAMILIES)}, got {family!r}")
+        if family is not None and family not in family_names():
+            known = ", ".join(family_names())
+            raise ConfigError(f"--family must be one of {known}, got {family!r}")
         family, source, settings = family or guess_family(target), target, {}
         source_data, n = data, limit
         inputs = [str(p) for s in (target, data) for p in local_paths(s)]
