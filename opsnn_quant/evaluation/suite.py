@@ -1,8 +1,11 @@
 """Acceptance suites: what to generate, what to measure, and the thresholds a candidate must meet.
 
-A suite is a YAML file validated by :class:`Suite` (``evaluate/*.yaml``). Thresholds, all
+A suite is a YAML file validated by :class:`Suite` (``evaluate/*.yaml``). Its ``task`` is one
+of the task table's (:mod:`.registry`: ``t2i``, ``asr``, or a registered one). Thresholds, all
 optional, compare the candidate (quantized) model with the baseline (fp32) model run on the
-same data, prompts and seeds:
+same data, prompts and seeds: each bounds one metric of the metric table (:mod:`.metrics`),
+which says the tasks it applies to, its comparator, the values the bound may take and what
+else the suite must set for it. The built-in ones:
 
 ==========================  ===============================================================
 ``fid_vs_baseline_max``     FID/FD between candidate and baseline image sets  <= value
@@ -47,40 +50,25 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from opsnn_quant.core.resources import builtin_dir
 from opsnn_quant.core.thresholds import Thresholds
 from opsnn_quant.core.user_config import MAX_SAMPLES, Seed, StrictModel, yaml_error
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.evaluation.intervals import DEFAULT_CONFIDENCE
+from opsnn_quant.evaluation.registry import (
+    requirements_problem,
+    task,
+    tasks,
+    thresholds_problem,
+)
 from opsnn_quant.evaluation.text_norm import TextNorm, normalizer_for
 from opsnn_quant.io import read_text
 from opsnn_quant.sources import is_named
 
 SCHEMA_VERSION = 1
-DEFAULT_CONFIDENCE = 0.95  # metrics.confidence: level of each quality figure's interval
 SUITES_DIR = builtin_dir("suites")  # shipped in the package; the repository's evaluate/ points here
-
-T2I_THRESHOLDS = frozenset(
-    {
-        "fid_vs_baseline_max",
-        "fid_delta_max",
-        "kid_delta_max",
-        "clip_score_delta_min",
-        "psnr_min",
-        "ssim_min",
-    }
-)
-ASR_THRESHOLDS = frozenset(
-    {
-        "wer_delta_max_points",
-        "cer_delta_max_points",
-        "agreement_wer_max_points",
-        "agreement_cer_max_points",
-    }
-)
-WORD_THRESHOLDS = frozenset({"wer_delta_max_points", "agreement_wer_max_points"})
-SHARED_THRESHOLDS = frozenset({"latency_p99_ratio_max", "memory_ratio_max"})
 
 
 class DataSpec(StrictModel):
@@ -207,7 +195,7 @@ class Suite(StrictModel):
 
     schema_version: int = SCHEMA_VERSION
     name: str
-    task: Literal["t2i", "asr"]
+    task: str
     description: str = ""
     data: DataSpec
     seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1)
@@ -215,34 +203,27 @@ class Suite(StrictModel):
     metrics: MetricsSpec = MetricsSpec()
     latency: LatencySpec = LatencySpec()
 
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, name: str) -> str:
+        known = [t.name for t in tasks()]
+        if name not in known:
+            raise ValueError(f"unknown task {name!r}; the tasks: {', '.join(known)}")
+        return name
+
     @model_validator(mode="after")
     def _consistent(self) -> Suite:
         if self.schema_version != SCHEMA_VERSION:
             raise ValueError(
                 f"schema_version {self.schema_version} is not supported (expected {SCHEMA_VERSION})"
             )
-        allowed = (T2I_THRESHOLDS if self.task == "t2i" else ASR_THRESHOLDS) | SHARED_THRESHOLDS
-        wrong = sorted(self.metrics.thresholds.set_names() - allowed)
-        if wrong:
-            raise ValueError(f"thresholds {wrong} do not apply to task {self.task!r}")
-        t = self.metrics.thresholds
-        for name in ("fid_delta_max", "kid_delta_max"):
-            if getattr(t, name) is not None and self.data.reference is None:
-                raise ValueError(f"metrics.thresholds.{name} needs data.reference (real images)")
-        distribution = (t.fid_delta_max, t.fid_vs_baseline_max, t.kid_delta_max)
-        if any(x is not None for x in distribution) and self.metrics.fid_features is None:
-            raise ValueError("FID and KID thresholds need metrics.fid_features")
-        if t.clip_score_delta_min is not None and self.metrics.clip is None:
-            raise ValueError("clip_score_delta_min needs metrics.clip")
-        if self.task == "asr" and self.data.reference is not None:
-            raise ValueError("data.reference (reference images) applies to t2i suites only")
-        words = sorted(WORD_THRESHOLDS & t.set_names())
-        if words and not self.text_norm().words:
-            raise ValueError(
-                f"generation.language {self.generation.language} is written without spaces "
-                f"between words, so it is judged by characters: {', '.join(words)} would count "
-                "whole sentences; use cer_delta_max_points and agreement_cer_max_points"
-            )
+        problem = thresholds_problem(self.metrics.thresholds, "metrics.thresholds", self.task)
+        problem = problem or requirements_problem(self)
+        if problem:
+            raise ValueError(problem)
+        if self.data.reference is not None and not task(self.task).reference_images:
+            kinds = ", ".join(t.name for t in tasks() if t.reference_images)
+            raise ValueError(f"data.reference (reference images) applies to {kinds} suites only")
         return self
 
     def text_norm(self) -> TextNorm:
