@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ConfigDict, SerializerFunctionWrapHandler, model_serializer
+from pydantic import ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from opsnn_quant.core.user_config import StrictModel
 
@@ -24,7 +24,7 @@ class Thresholds(StrictModel):
 
     # the bounds are the extra keys: any name here, the metric table says which are known
     model_config = ConfigDict(extra="allow")
-    __pydantic_extra__: dict[str, float | None]
+    __pydantic_extra__: dict[str, float | None] = Field(init=False)
 
     def set_names(self) -> set[str]:
         """Names of the thresholds given."""

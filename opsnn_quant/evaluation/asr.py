@@ -22,7 +22,7 @@ from opsnn_quant.evaluation.metrics import Compared, Metric, Range, register_met
 from opsnn_quant.evaluation.quality import QualityResult, measure_metrics, share
 from opsnn_quant.evaluation.report_schema import QualityRow
 from opsnn_quant.evaluation.sequential import Errors, Rate, delta_interval, utterance_errors
-from opsnn_quant.evaluation.tasks import Task, register_task
+from opsnn_quant.evaluation.tasks import Task, TaskInputs, register_task
 from opsnn_quant.evaluation.text_norm import Normalize, TextNorm, as_norm
 from opsnn_quant.evaluation.wer import (
     ErrorRates,
@@ -39,8 +39,7 @@ from opsnn_quant.evaluation.wer import (
 if TYPE_CHECKING:
     import torch
 
-    from opsnn_quant.evaluation.evaluate import QualityInputs
-    from opsnn_quant.evaluation.suite import Suite
+    from opsnn_quant.evaluation.suite_schema import SuiteSpec
     from opsnn_quant.models.base import ModelAdapter
 
 TASK = "asr"
@@ -148,14 +147,14 @@ def compare_transcripts(
 # --- what an asr suite's metrics read beside the transcripts ----------------------------------
 
 
-def _prepare(inputs: QualityInputs, adapter: ModelAdapter, allow_pickle: bool) -> QualityInputs:
+def _prepare(inputs: TaskInputs, adapter: ModelAdapter, allow_pickle: bool) -> TaskInputs:
     """The utterances' reference transcripts (empty ones where the data has none)."""
     refs = adapter.references(inputs.records) or [""] * len(inputs.inputs)
     return dataclasses.replace(inputs, references=refs)
 
 
 def _compare(
-    inputs: QualityInputs,
+    inputs: TaskInputs,
     baseline: list[Any],
     candidate: list[Any],
     extracted: tuple[torch.Tensor, torch.Tensor] | None,
@@ -215,7 +214,7 @@ def _agreement_interval(rate: Rate) -> Any:
     return interval
 
 
-def _by_words(suite: Suite) -> str | None:
+def _by_words(suite: SuiteSpec) -> str | None:
     """A WER of a language written without spaces between words counts whole sentences."""
     if suite.text_norm().words:
         return None
@@ -249,7 +248,7 @@ AGREEMENT_CER = register_metric(Metric(
 ))  # fmt: skip
 
 
-def _fidelity(suite: Suite) -> str:
+def _fidelity(suite: SuiteSpec) -> str:
     """The words that differ from the float transcripts (their characters without word
     boundaries)."""
     return (AGREEMENT_WER if suite.text_norm().words else AGREEMENT_CER).key

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +28,7 @@ from opsnn_quant.evaluation.gate import check_latency_mode, plan_latency
 from opsnn_quant.evaluation.registry import check_task, task
 from opsnn_quant.evaluation.report import AcceptanceReport
 from opsnn_quant.evaluation.suite import Suite
+from opsnn_quant.evaluation.tasks import TaskInputs
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.policy.targets import Target, get_target
 from opsnn_quant.types import Progress
@@ -407,16 +408,9 @@ def _generate_from(adapter: ModelAdapter, seed: int, part: Sequence[Any], first:
 
 
 @dataclass(frozen=True)
-class QualityInputs:
-    """What the quality metrics of a suite read beside both models' outputs: the inputs and
-    records they came from, the references, the CLIP scorer and the FD features."""
-
-    suite: Suite
-    records: list[dict[str, Any]]
-    inputs: list[Any]
-    references: list[str]
-    clip: Any
-    features: Any
+class QualityInputs(TaskInputs):
+    """What the quality metrics of a suite read beside both models' outputs
+    (:class:`~.tasks.TaskInputs`), loaded by the suite's task, and its quality figures."""
 
     @classmethod
     def load(
@@ -426,7 +420,8 @@ class QualityInputs:
         """The suite's inputs for ``adapter``'s family, and what its task's metrics read
         beside the outputs, loaded once (:attr:`~.tasks.Task.prepare`: e.g. the CLIP)."""
         inputs = cls(suite, records, adapter.evaluation_inputs(records), [], None, None)
-        return task(suite.task).prepare(inputs, adapter, allow_pickle)
+        prepared = task(suite.task).prepare(inputs, adapter, allow_pickle)
+        return cls(**{f.name: getattr(prepared, f.name) for f in fields(prepared)})
 
     def quality(
         self,

@@ -33,7 +33,7 @@ from opsnn_quant.evaluation.intervals import Interval, unit_bootstrap
 from opsnn_quant.evaluation.sequential import Rate
 
 if TYPE_CHECKING:
-    from opsnn_quant.evaluation.suite import Suite
+    from opsnn_quant.evaluation.suite_schema import SuiteSpec
 
 Comparator = Literal["<=", ">="]
 
@@ -50,8 +50,8 @@ class Compared:
             seed's image; utterances): output ``i`` belongs to unit ``i % units``.
     """
 
-    baseline: Sequence[Any]
-    candidate: Sequence[Any]
+    baseline: Any
+    candidate: Any
     units: int
 
 
@@ -128,7 +128,7 @@ class Metric:
     statistic: Callable[[np.ndarray], np.ndarray] = mean_of_drawn
     interval: Callable[[Any, float], Interval | None] | None = None
     label_of: Callable[[Any], str] | None = None
-    requires: Callable[[Suite], str | None] | None = None
+    requires: Callable[[SuiteSpec], str | None] | None = None
     speed: bool = False
     signed: bool = False
     rate: Rate | None = None

@@ -28,7 +28,7 @@ from opsnn_quant.evaluation.metrics import (
 from opsnn_quant.evaluation.tasks import TASKS, Task, check_task, register_task
 
 if TYPE_CHECKING:
-    from opsnn_quant.evaluation.suite import Suite
+    from opsnn_quant.evaluation.suite_schema import SuiteSpec
 
 __all__ = [
     "Compared",
@@ -119,7 +119,7 @@ def thresholds_problem(
     return None
 
 
-def requirements_problem(suite: Suite) -> str | None:
+def requirements_problem(suite: SuiteSpec) -> str | None:
     """What a suite that bounds a metric does not set but the metric needs (its
     :attr:`~.metrics.Metric.requires`, e.g. reference images), every bound with the same
     problem named; None: nothing."""

@@ -18,6 +18,7 @@ from opsnn_quant.backends.devices import backend_label
 from opsnn_quant.core.thresholds import Thresholds
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.evaluate import QualityInputs, generate_outputs, generation_of
+from opsnn_quant.evaluation.metrics import Comparator
 from opsnn_quant.evaluation.registry import bounded_by, budget_problem, check_task, metric, task
 from opsnn_quant.evaluation.report import Criterion, Status
 from opsnn_quant.evaluation.runner import verdict
@@ -221,15 +222,20 @@ class SliceScorer:
         :attr:`~.metrics.Metric.rate`: the figures a paired interval is computed for); empty
         otherwise."""
         bounds = self.judged.metrics.thresholds
-        found = {n: bounded_by(n) for n in sorted(bounds.set_names())}
-        rates = {n: m.rate for n, m in found.items() if m is not None and m.rate is not None}
-        if not found or len(rates) != len(found):
-            return {}
-        return {found[n].key: (rate, float(bounds.get(n) or 0.0)) for n, rate in rates.items()}
+        rates: dict[str, tuple[Rate, float]] = {}
+        for name in sorted(bounds.set_names()):
+            found = bounded_by(name)
+            if found is None or found.rate is None:
+                return {}
+            rates[found.key] = (found.rate, float(bounds.get(name) or 0.0))
+        return rates
 
 
 def _quality(
-    rows: list[Criterion], measured: dict[str, float | None], fidelity: str, comparator: str
+    rows: list[Criterion],
+    measured: dict[str, float | None],
+    fidelity: str,
+    comparator: Comparator,
 ) -> tuple[float, ...]:
     """Each bound's figure signed so that larger is better (an unmeasured one: worst), then the
     task's closeness to the float outputs (``fidelity``, a measured key, and its

@@ -42,11 +42,10 @@ from opsnn_quant.evaluation.quality import (
     share,
 )
 from opsnn_quant.evaluation.report_schema import ImagePairRow, QualityRow
-from opsnn_quant.evaluation.tasks import Task, register_task
+from opsnn_quant.evaluation.tasks import Task, TaskInputs, register_task
 
 if TYPE_CHECKING:
-    from opsnn_quant.evaluation.evaluate import QualityInputs
-    from opsnn_quant.evaluation.suite import Suite
+    from opsnn_quant.evaluation.suite_schema import SuiteSpec
     from opsnn_quant.models.base import ModelAdapter
 
 TASK = "t2i"
@@ -104,7 +103,7 @@ def t2i_quality(
         batch_size: Feature-extraction batch.
         extracted: the baseline's and the candidate's features, already extracted with
             ``fid_features`` (a distributed run's, each rank its share: see
-            :meth:`opsnn_quant.evaluation.evaluate.QualityInputs.shared_features`).
+            :meth:`opsnn_quant.evaluation.evaluate.TaskInputs.shared_features`).
         confidence: Also each figure's paired bootstrap interval at this level
             (:mod:`.intervals`); None: none (a measured search's slice).
         prompts_count: Distinct prompts, each with one image per seed in seed-major order
@@ -289,7 +288,7 @@ def _clip(name: str | None, allow_pickle: bool = False) -> tuple[Any, Any, str] 
     return model, processor, name
 
 
-def clip_metrics(suite: Suite, allow_pickle: bool = False) -> tuple[Any, Any]:
+def clip_metrics(suite: SuiteSpec, allow_pickle: bool = False) -> tuple[Any, Any]:
     """(CLIP scorer or None, FD features: ``"inception"``, CLIP features or None)."""
     clip = _clip(suite.metrics.clip, allow_pickle)
     scorer = None
@@ -304,7 +303,7 @@ def clip_metrics(suite: Suite, allow_pickle: bool = False) -> tuple[Any, Any]:
     return scorer, "inception" if suite.metrics.fid_features == "inception" else None
 
 
-def reference_images(suite: Suite, records: list[dict[str, Any]]) -> list[np.ndarray] | None:
+def reference_images(suite: SuiteSpec, records: list[dict[str, Any]]) -> list[np.ndarray] | None:
     """The suite's reference images: its dataset records' own (``data.reference: dataset``),
     one per prompt; None otherwise."""
     if suite.data.reference != "dataset":
@@ -315,14 +314,14 @@ def reference_images(suite: Suite, records: list[dict[str, Any]]) -> list[np.nda
     ]
 
 
-def _prepare(inputs: QualityInputs, adapter: ModelAdapter, allow_pickle: bool) -> QualityInputs:
+def _prepare(inputs: TaskInputs, adapter: ModelAdapter, allow_pickle: bool) -> TaskInputs:
     """The suite's CLIP (scorer and FD features), loaded once."""
     scorer, features = clip_metrics(inputs.suite, allow_pickle)
     return dataclasses.replace(inputs, clip=scorer, features=features)
 
 
 def _compare(
-    inputs: QualityInputs,
+    inputs: TaskInputs,
     baseline: list[Any],
     candidate: list[Any],
     extracted: tuple[torch.Tensor, torch.Tensor] | None,
@@ -343,19 +342,19 @@ def _compare(
 _T2I = frozenset({TASK})
 
 
-def _needs_features(suite: Suite) -> str | None:
+def _needs_features(suite: SuiteSpec) -> str | None:
     return (
         None if suite.metrics.fid_features else "FID and KID thresholds need metrics.fid_features"
     )
 
 
-def _needs_reference(suite: Suite) -> str | None:
+def _needs_reference(suite: SuiteSpec) -> str | None:
     if suite.data.reference is None:
         return "metrics.thresholds.{names} needs data.reference (real images)"
     return _needs_features(suite)
 
 
-def _needs_clip(suite: Suite) -> str | None:
+def _needs_clip(suite: SuiteSpec) -> str | None:
     return None if suite.metrics.clip else "{names} needs metrics.clip"
 
 

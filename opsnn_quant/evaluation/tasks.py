@@ -21,10 +21,26 @@ from opsnn_quant.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
-    from opsnn_quant.evaluation.evaluate import QualityInputs
     from opsnn_quant.evaluation.quality import QualityResult
-    from opsnn_quant.evaluation.suite import Suite
+    from opsnn_quant.evaluation.suite_schema import SuiteSpec
     from opsnn_quant.models.base import ModelAdapter
+
+
+@dataclass(frozen=True)
+class TaskInputs:
+    """What the quality metrics of a suite read beside both models' outputs: the inputs and
+    records they came from, and what the suite's task loads for them once (:attr:`Task.prepare`:
+    the reference transcripts; the CLIP scorer and the FD features).
+
+    The evaluation's :class:`~.evaluate.TaskInputs` is one, able to load and measure itself.
+    """
+
+    suite: SuiteSpec
+    records: list[dict[str, Any]]
+    inputs: list[Any]
+    references: list[str]
+    clip: Any
+    features: Any
 
 
 @dataclass(frozen=True)
@@ -43,10 +59,10 @@ class Task:
             the folder itself (audio files and transcripts).
         reference_images: a suite may name reference images (``data.reference``).
         prepare: what the metrics read beside the outputs, loaded once: a
-            :class:`~.evaluate.QualityInputs` with the suite's inputs and records -> the same
-            with the task's own (CLIP and features, reference transcripts); the model's adapter
+            :class:`TaskInputs` with the suite's inputs and records -> the same with the
+            task's own (CLIP and features, reference transcripts); the model's adapter
             and ``allow_pickle`` given.
-        compare: both models' outputs (on a :class:`~.evaluate.QualityInputs`'s inputs, with
+        compare: both models' outputs (on a :class:`TaskInputs`' inputs, with
             the FD features the ranks extracted already, if any, and the interval level or
             None) -> the :class:`~.quality.QualityResult` of every metric of the task.
         fidelity: the metric (key) of a suite that tells how close the candidate's outputs stay
@@ -60,13 +76,13 @@ class Task:
     seeded: bool
     inputs_file: str | None
     reference_images: bool
-    prepare: Callable[[QualityInputs, ModelAdapter, bool], QualityInputs]
+    prepare: Callable[[TaskInputs, ModelAdapter, bool], TaskInputs]
     compare: Callable[
-        [QualityInputs, list[Any], list[Any], tuple[torch.Tensor, torch.Tensor] | None,
+        [TaskInputs, list[Any], list[Any], tuple[torch.Tensor, torch.Tensor] | None,
          float | None],
         QualityResult,
     ]  # fmt: skip
-    fidelity: Callable[[Suite], str]
+    fidelity: Callable[[SuiteSpec], str]
 
     def outputs_of(self, inputs: int, seeds: int) -> int:
         """How many outputs a model generates for ``inputs`` inputs and ``seeds`` seeds."""
@@ -88,7 +104,7 @@ def register_task(task: Task) -> Task:
     return task
 
 
-def check_task(suite: Suite, adapter: ModelAdapter, where: str = "") -> None:
+def check_task(suite: SuiteSpec, adapter: ModelAdapter, where: str = "") -> None:
     """Refuse a model of another task than the suite's (a model that names none fits any).
 
     Raises:
