@@ -134,6 +134,8 @@ class Metric:
     rate: Rate | None = None
 
     def __post_init__(self) -> None:
+        if self.tasks is not None:  # any collection of names will do
+            object.__setattr__(self, "tasks", frozenset(self.tasks))
         if not self.bound:
             suffix = "_max" if self.comparator == "<=" else "_min"
             object.__setattr__(self, "bound", self.key + suffix)
