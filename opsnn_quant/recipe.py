@@ -33,6 +33,7 @@ from opsnn_quant.core.user_config import (
     yaml_error,
 )
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.evaluation.registry import budget_problem
 from opsnn_quant.formats.registry import exporters
 from opsnn_quant.io import read_text
 from opsnn_quant.models.family import FamilySettings, family_names, find_family
@@ -233,6 +234,16 @@ class Recipe(StrictModel):
             raise ValueError(
                 f"probe.timestep_groups: {self.model.family} models have no denoising steps"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _metric_bounds(self) -> Recipe:
+        # the metric table's check (its task's, once the run has read the suite)
+        metric = self.budget.metric
+        if metric is not None:
+            problem = budget_problem(metric.bounds(), others=list(type(metric).model_fields))
+            if problem:
+                raise ValueError(problem)
         return self
 
     @model_validator(mode="after")

@@ -14,20 +14,21 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from pydantic import BaseModel
 
 from opsnn_quant.backends.devices import backend_label
 from opsnn_quant.distributed import World, current_world, gather_in_order, gather_seconds
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.gate import check_latency_mode, plan_latency
+from opsnn_quant.evaluation.registry import check_task, task
 from opsnn_quant.evaluation.report import AcceptanceReport
 from opsnn_quant.evaluation.suite import Suite
+from opsnn_quant.evaluation.tasks import TaskInputs
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.policy.targets import Target, get_target
 from opsnn_quant.types import Progress
@@ -60,7 +61,8 @@ def suite_records(suite: Suite, start: int = 0, count: int | None = None) -> lis
         raise ConfigError(f"suite {suite.name}: data needs a dataset or a folder")
     else:
         folder = Path(d.folder)
-        source = str(folder / "prompts.txt") if suite.task == "t2i" else str(folder)
+        inputs_file = task(suite.task).inputs_file
+        source = str(folder / inputs_file) if inputs_file else str(folder)
     records = load_records(source, limit)[start:]
     if count is not None and len(records) < count:
         raise ConfigError(
@@ -128,23 +130,6 @@ def check_suite_fits(
     except ConfigError as exc:
         raise ConfigError(f"suite {suite.name}: generation: {exc}") from None
     check_source_fits(source, checked, where)
-
-
-def _clip(name: str | None, allow_pickle: bool = False) -> tuple[Any, Any, str] | None:
-    if name is None:
-        return None
-    if Path(name).is_dir():
-        from opsnn_quant.evaluation.clip_score import load_local_clip
-
-        model, processor = load_local_clip(name, allow_pickle=allow_pickle)
-        return model, processor, Path(name).name
-    from opsnn_quant.evaluation.clip_score import load_local_clip
-    from opsnn_quant.sources import model_path
-
-    # A bare name is a zoo model (shapes-clip); any <scheme>:<name> source works too.
-    source = name if ":" in name else f"zoo:{name}"
-    model, processor = load_local_clip(str(model_path(source)))
-    return model, processor, name
 
 
 @dataclass
@@ -221,7 +206,8 @@ def evaluate(
     say = progress or (lambda m: log.info("%s", m))
     mode = check_latency_mode(latency)
     judged_for = _target_of(target, policy)
-    _check_task(suite, baseline, candidate)
+    for adapter in (baseline, candidate):
+        check_task(suite, adapter)
     backends = _Backends.of(baseline, candidate, baseline_backend, candidate_backend)
     for adapter in (baseline, candidate):
         apply_generation(adapter, suite)
@@ -399,15 +385,6 @@ def _target_of(target: str | Target | None, policy: dict[str, Any] | None) -> Ta
     return None if target is None else get_target(target)
 
 
-def _check_task(suite: Suite, *adapters: ModelAdapter) -> None:
-    for adapter in adapters:
-        if adapter.task and adapter.task != suite.task:
-            raise ConfigError(
-                f"suite {suite.name} is a {suite.task} suite, but {adapter.model_id} is a "
-                f"{adapter.task} model"
-            )
-
-
 def generate_outputs(adapter: ModelAdapter, suite: Suite, inputs: list[Any]) -> list[Any]:
     """``adapter``'s outputs on the suite's ``inputs``: one image per prompt and seed of the
     suite (seed ``s`` for the first prompt, ``s + i`` for the i-th), or one transcript per
@@ -416,7 +393,7 @@ def generate_outputs(adapter: ModelAdapter, suite: Suite, inputs: list[Any]) -> 
     world = current_world()
     settings = getattr(adapter, "settings", None)
     batch = int(getattr(settings, "batch_size", None) or 1)
-    if suite.task != "t2i":
+    if not task(suite.task).seeded:
         return gather_in_order(world, inputs, batch, lambda part, _: list(adapter.generate(part)))
     out: list[Any] = []
     for seed in suite.seeds:
@@ -426,35 +403,26 @@ def generate_outputs(adapter: ModelAdapter, suite: Suite, inputs: list[Any]) -> 
 
 
 def _generate_from(adapter: ModelAdapter, seed: int, part: Sequence[Any], first: int) -> list[Any]:
-    """``part`` of a t2i suite's inputs starting at index ``first``: its seeds are ``seed +
+    """``part`` of a seeded task's inputs starting at index ``first``: its seeds are ``seed +
     first + i``, as in one call on all inputs."""
     return list(adapter.generate(part, seed=seed + first))
 
 
 @dataclass(frozen=True)
-class QualityInputs:
-    """What the quality metrics of a suite read beside both models' outputs: the inputs and
-    records they came from, the references, the CLIP scorer and the FD features."""
-
-    suite: Suite
-    records: list[dict[str, Any]]
-    inputs: list[Any]
-    references: list[str]
-    clip: Any
-    features: Any
+class QualityInputs(TaskInputs):
+    """What the quality metrics of a suite read beside both models' outputs
+    (:class:`~.tasks.TaskInputs`), loaded by the suite's task, and its quality figures."""
 
     @classmethod
     def load(
         cls, suite: Suite, adapter: ModelAdapter, records: list[dict[str, Any]],
         allow_pickle: bool = False,
     ) -> QualityInputs:  # fmt: skip
-        """The suite's inputs for ``adapter``'s family; CLIP loaded once (t2i suites)."""
-        inputs = adapter.evaluation_inputs(records)
-        if suite.task == "t2i":
-            scorer, features = _clip_metrics(suite, allow_pickle)
-            return cls(suite, records, inputs, [], scorer, features)
-        refs = adapter.references(records) or [""] * len(inputs)
-        return cls(suite, records, inputs, refs, None, None)
+        """The suite's inputs for ``adapter``'s family, and what its task's metrics read
+        beside the outputs, loaded once (:attr:`~.tasks.Task.prepare`: e.g. the CLIP)."""
+        inputs = cls(suite, records, adapter.evaluation_inputs(records), [], None, None)
+        prepared = task(suite.task).prepare(inputs, adapter, allow_pickle)
+        return cls(**{f.name: getattr(prepared, f.name) for f in fields(prepared)})
 
     def quality(
         self,
@@ -467,29 +435,7 @@ class QualityInputs:
         (``extracted``: both sets' FD features, when the ranks extracted them already;
         ``confidence``: with their paired bootstrap intervals at this level, by utterance or
         prompt, see :mod:`.intervals`)."""
-        from opsnn_quant.evaluation.runner import asr_quality, t2i_quality
-
-        if self.suite.task != "t2i":
-            from opsnn_quant.models.data import is_silent
-
-            return asr_quality(
-                self.references, baseline, candidate, confidence=confidence,
-                normalize=self.suite.text_norm(),
-                silent=[isinstance(x, np.ndarray) and is_silent(x) for x in self.inputs],
-            )  # fmt: skip
-        n = len(self.inputs)
-        return t2i_quality(
-            baseline,
-            candidate,
-            self.inputs * len(self.suite.seeds),
-            seeds=[seed + i for seed in self.suite.seeds for i in range(n)],
-            clip=self.clip,
-            fid_features=self.features,
-            reference_images=_reference_images(self.suite, self.records),
-            extracted=extracted,
-            confidence=confidence,
-            prompts_count=n,
-        )
+        return task(self.suite.task).compare(self, baseline, candidate, extracted, confidence)
 
     def shared_features(
         self, world: World, baseline: list[Any], candidate: list[Any]
@@ -497,7 +443,7 @@ class QualityInputs:
         """Several ranks, an FD metric: both sets' features, each rank extracting its share
         (whole feature batches: the single process's batches, so the same bits) and every
         rank getting them all in order; None otherwise (rank 0 extracts them itself)."""
-        if world.size == 1 or self.suite.task != "t2i" or self.features is None:
+        if world.size == 1 or self.features is None:
             return None
         import torch
 
@@ -533,9 +479,8 @@ def _generate(
     metrics = current_world().agree(
         lambda: QualityInputs.load(suite, candidate, records, allow_pickle)
     )
-    n = len(metrics.inputs)
-    what = (f"generating {n * len(suite.seeds)} images" if suite.task == "t2i"
-            else f"transcribing {n} utterances")  # fmt: skip
+    kind = task(suite.task)
+    what = kind.doing.format(count=kind.outputs_of(len(metrics.inputs), len(suite.seeds)))
     say(f"{what} with the baseline (float)")
     baseline.nan_outputs = candidate.nan_outputs = 0
     t1 = time.perf_counter()
@@ -555,7 +500,7 @@ def _generate(
     times["baseline outputs"], times["candidate outputs"] = t2 - t1, t3 - t2
     times["quality metrics"] = (t1 - t0) + (time.perf_counter() - t3)  # with loading them
     batch = metrics.inputs[: suite.generation.batch_size]
-    kwargs = {"seed": 0} if suite.task == "t2i" else {}
+    kwargs = {"seed": 0} if kind.seeded else {}
     return _Generated(quality, base_out, cand_out, _workload(batch, **kwargs), len(batch))
 
 
@@ -580,15 +525,6 @@ def _workload(batch: list[Any], **kwargs: Any) -> Callable[[ModelAdapter], Calla
     return work
 
 
-def _reference_images(suite: Suite, records: list[dict[str, Any]]) -> list[np.ndarray] | None:
-    if suite.data.reference != "dataset":
-        return None
-    return [
-        np.asarray(r["image"].convert("RGB") if hasattr(r["image"], "convert") else r["image"])
-        for r in records
-    ]
-
-
 def _check_clip_weights(suite: Suite, allow_pickle: bool) -> None:
     """Refuse a suite's local CLIP directory with pickle weights only before any generation
     (:func:`~opsnn_quant.core.hub.check_pickle_weights`; the zoo's CLIP is safetensors)."""
@@ -605,23 +541,6 @@ def _check_clip_weights(suite: Suite, allow_pickle: bool) -> None:
         convert=f'python -c "from transformers import CLIPModel as M; '
         f"M.from_pretrained('{name}').save_pretrained('{name}')\"",
     )
-
-
-def _clip_metrics(suite: Suite, allow_pickle: bool = False) -> tuple[Any, Any]:
-    """(CLIP scorer or None, FD features: ``"inception"``, CLIP features or None)."""
-    clip = _clip(suite.metrics.clip, allow_pickle)
-    scorer = None
-    if clip is not None:
-        from opsnn_quant.evaluation.clip_score import ClipScorer
-
-        scorer = ClipScorer(clip[0], clip[1], clip[2])
-    if suite.metrics.fid_features == "clip":
-        if clip is None:
-            raise ConfigError("metrics.fid_features: clip needs metrics.clip")
-        from opsnn_quant.evaluation.fid import ClipImageFeatures
-
-        return scorer, ClipImageFeatures.from_processor(clip[0], clip[1], clip[2])
-    return scorer, "inception" if suite.metrics.fid_features == "inception" else None
 
 
 def _timing_note(has_int8: bool, baseline_backend: str, candidate_backend: str) -> str:

@@ -31,9 +31,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from opsnn_quant.core.thresholds import LATENCY_BOUNDS
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.ort_speed import BACKEND as ORT_BACKEND
+from opsnn_quant.evaluation.registry import metrics
 from opsnn_quant.evaluation.suite import Suite
 from opsnn_quant.policy.targets import Target
 
@@ -160,7 +160,7 @@ def plan_latency(
         available.append(("onnxruntime", ORT_BACKEND))
     available.append(("eager", candidate_backend))
     set_names = suite.metrics.thresholds.set_names()
-    wanted = any(k in set_names for k in LATENCY_BOUNDS)
+    wanted = any(m.bound in set_names for m in metrics() if m.speed)
     pick = pick_source(available, judged) if wanted else None
     source, backend = available[pick] if pick is not None else (None, None)
     onnx_asked = lat.onnx_speed and onnx_possible

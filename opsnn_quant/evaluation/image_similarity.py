@@ -85,19 +85,33 @@ def pair_similarities(baseline: ImageBatch, candidate: ImageBatch) -> list[PairS
     return rows
 
 
-def summarize(pairs: list[PairSimilarity]) -> dict[str, float]:
-    """Set-level figures: median and minimum PSNR, mean and minimum SSIM.
+@dataclass(frozen=True)
+class PairSummary:
+    """Set-level figures of the image pairs (dB for PSNR).
 
     The median is used for PSNR because identical pairs are ``inf`` and would make a mean
     meaningless; SSIM is bounded, so its mean is fine.
+    """
+
+    psnr_median: float
+    psnr_worst: float
+    ssim_mean: float
+    ssim_worst: float
+
+
+def summarize(pairs: list[PairSimilarity]) -> PairSummary:
+    """Median and minimum PSNR, mean and minimum SSIM of the pairs.
+
+    Raises:
+        ShapeError: no pairs.
     """
     if not pairs:
         raise ShapeError("no image pairs to summarise")
     psnrs = [p.psnr_db for p in pairs]
     ssims = [p.ssim for p in pairs]
-    return {
-        "psnr_median_db": float(np.median(psnrs)),
-        "psnr_min_db": float(min(psnrs)),
-        "ssim_mean": float(np.mean(ssims)),
-        "ssim_min": float(min(ssims)),
-    }
+    return PairSummary(
+        psnr_median=float(np.median(psnrs)),
+        psnr_worst=float(min(psnrs)),
+        ssim_mean=float(np.mean(ssims)),
+        ssim_worst=float(min(ssims)),
+    )

@@ -1,18 +1,16 @@
-"""Paired bootstrap intervals of the acceptance report's quality figures (issue 44).
+"""Paired bootstrap intervals of the acceptance report's figures (issue 44): the machinery.
 
-Each interval resamples the samples the figure is made of (utterances, or prompts with all
-their seeds' images) with replacement, baseline and candidate together, and recomputes the
-figure on every resample: WER/CER deltas and agreement WER as corpus ratios of sums
-(:func:`~.sequential.delta_interval`), median PSNR, mean SSIM and the CLIP-score delta as the
-statistic of the drawn prompts' values. The percentile interval at the suite's
-``metrics.confidence`` is the report's ``[ci_low, ci_high]``. The draws are seeded
-(:data:`~.sequential.SEED`), so the same outputs give the same bytes.
-
-A Fréchet distance is a statistic of the whole set (its means and covariances) with no
-per-sample decomposition: it gets no interval and is judged on its point estimate. KID, the
-distribution criterion, is a U-statistic over pairs of prompts: its interval
-(:func:`~.kid.kid_delta`) resamples the same prompts, and each resample's estimate leaves out
-the pairs of draws that are copies of one prompt.
+Each interval resamples the samples a figure is made of (its task's units: utterances, or
+prompts with all their seeds' images) with replacement, baseline and candidate together, and
+recomputes the figure on every resample; the percentile interval at the suite's
+``metrics.confidence`` is the report's ``[ci_low, ci_high]``. How a figure decomposes is its
+metric's (:class:`~.metrics.Metric`): a statistic of per-output values (median PSNR, mean
+SSIM, the CLIP-score delta: :func:`unit_bootstrap`), a corpus rate's ratio of sums (WER/CER
+deltas, agreement: :func:`~.sequential.delta_interval`), or KID's U-statistic over pairs of
+prompts (:func:`~.kid.kid_delta`, whose resamples leave out the pairs of draws that are copies
+of one prompt). A Fréchet distance is a statistic of the whole set (its means and covariances)
+with no per-sample decomposition: it gets no interval and is judged on its point estimate. The
+draws are seeded (:data:`~.sequential.SEED`), so the same outputs give the same bytes.
 """
 
 from __future__ import annotations
@@ -24,15 +22,9 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from opsnn_quant.evaluation.sequential import (
-    RESAMPLES,
-    SEED,
-    Errors,
-    delta_interval,
-    utterance_errors,
-)
-from opsnn_quant.evaluation.suite import DEFAULT_CONFIDENCE
-from opsnn_quant.evaluation.text_norm import Normalize
+from opsnn_quant.evaluation.sequential import RESAMPLES, SEED
+
+DEFAULT_CONFIDENCE = 0.95  # a suite's metrics.confidence: the level of each figure's interval
 
 NO_INTERVAL_NOTE = (
     "no interval: a set statistic with no per-sample decomposition, judged on its point estimate"
@@ -48,40 +40,6 @@ class Interval(BaseModel):
     high: float
     level: float
     n: int
-
-
-def asr_intervals(
-    references: Sequence[str],
-    baseline_texts: Sequence[str],
-    candidate_texts: Sequence[str],
-    level: float = DEFAULT_CONFIDENCE,
-    *,
-    normalize: Normalize = True,
-    resamples: int = RESAMPLES,
-) -> dict[str, Interval]:
-    """Intervals of ``wer_delta_points``, ``cer_delta_points``, ``agreement_wer_points`` and
-    ``agreement_cer_points`` (in points), each utterance resampled with its baseline and
-    candidate errors."""
-    n = len(references)
-    out: dict[str, Interval] = {}
-    if n == 0:
-        return out
-    for key, rate in (("wer_delta_points", "wer"), ("cer_delta_points", "cer")):
-        base = utterance_errors(references, baseline_texts, rate, normalize)  # type: ignore[arg-type]
-        cand = utterance_errors(references, candidate_texts, rate, normalize)  # type: ignore[arg-type]
-        _, low, high = delta_interval(base, cand, level, resamples=resamples)
-        out[key] = Interval(low=low, high=high, level=level, n=n)
-    # Agreement WER: the candidate's errors against the baseline's transcripts, whose words
-    # are the denominator; a zero-error "baseline" makes delta_interval the plain ratio.
-    agree = utterance_errors(baseline_texts, candidate_texts, "wer", normalize)
-    zero = Errors(tuple(0 for _ in agree.errors), agree.lengths)
-    _, low, high = delta_interval(zero, agree, level, resamples=resamples)
-    out["agreement_wer_points"] = Interval(low=low, high=high, level=level, n=n)
-    agree = utterance_errors(baseline_texts, candidate_texts, "cer", normalize)
-    zero = Errors(tuple(0 for _ in agree.errors), agree.lengths)
-    _, low, high = delta_interval(zero, agree, level, resamples=resamples)
-    out["agreement_cer_points"] = Interval(low=low, high=high, level=level, n=n)
-    return out
 
 
 def draw_groups(groups: int, resamples: int = RESAMPLES, *, stream: int = 0) -> np.ndarray:
@@ -129,42 +87,29 @@ def _unclip(x: float, big: float) -> float:
     return math.inf if x >= big else -math.inf if x <= -big else x
 
 
-def _by_prompt(values: Sequence[float], prompts: int) -> np.ndarray:
-    """Per-image values (seed-major: every prompt for the first seed, then the next) as
-    ``prompts x seeds``: one resampling unit per prompt."""
+def by_unit(values: Sequence[float], units: int) -> np.ndarray:
+    """Per-output values (repeat-major: every unit's first output, then the next: every prompt
+    for the first seed, then the next) as ``units x repeats``: one resampling unit a row."""
     arr = np.asarray(values, dtype=np.float64)
-    return arr.reshape(-1, prompts).T
+    return arr.reshape(-1, units).T
 
 
-def image_intervals(
-    psnr_db: Sequence[float],
-    ssim: Sequence[float],
-    prompts: int,
+def unit_bootstrap(
+    values: Sequence[float],
+    units: int,
+    statistic: Callable[[np.ndarray], np.ndarray],
     level: float = DEFAULT_CONFIDENCE,
     *,
-    clip_baseline: Sequence[float] | None = None,
-    clip_candidate: Sequence[float] | None = None,
     resamples: int = RESAMPLES,
-) -> dict[str, Interval]:
-    """Intervals of ``psnr_median_db`` (median of the pairs' PSNR), ``ssim_mean`` and, with
-    both CLIP scores per image, ``clip_score_delta`` (mean candidate - baseline), each prompt
-    resampled with all of its images (``prompts`` divides the image count; images in the
-    seed-major order the evaluation generates them in)."""
-    n = len(psnr_db)
-    if n == 0 or prompts <= 0 or n % prompts:
-        return {}
-    out: dict[str, Interval] = {}
-
-    def put(key: str, values: Sequence[float], stat: Callable[[np.ndarray], np.ndarray]) -> None:
-        low, high = group_bootstrap(_by_prompt(values, prompts), stat, level, resamples=resamples)
-        out[key] = Interval(low=low, high=high, level=level, n=prompts)
-
-    put("psnr_median_db", psnr_db, lambda d: np.median(d, axis=1))
-    put("ssim_mean", ssim, lambda d: np.mean(d, axis=1))
-    if clip_baseline is not None and clip_candidate is not None:
-        diff = np.asarray(clip_candidate, dtype=np.float64) - np.asarray(clip_baseline)
-        put("clip_score_delta", list(diff), lambda d: np.mean(d, axis=1))
-    return out
+) -> Interval | None:
+    """The interval of a figure that is ``statistic`` of per-output ``values``, each unit
+    resampled with all of its outputs (``units`` divides their count; outputs in the
+    repeat-major order a suite generates them in); None when they are not whole units."""
+    n = len(values)
+    if n == 0 or units <= 0 or n % units:
+        return None
+    low, high = group_bootstrap(by_unit(values, units), statistic, level, resamples=resamples)
+    return Interval(low=low, high=high, level=level, n=units)
 
 
 def samples_to_decide(interval: Interval, threshold: float) -> int | None:

@@ -35,9 +35,13 @@ import torch
 
 from opsnn_quant.errors import InputError
 from opsnn_quant.evaluation.fid import FD_SUFFIX, INCEPTION_SPACE
-from opsnn_quant.evaluation.intervals import Interval, draw_groups, percentile_interval
+from opsnn_quant.evaluation.intervals import (
+    DEFAULT_CONFIDENCE,
+    Interval,
+    draw_groups,
+    percentile_interval,
+)
 from opsnn_quant.evaluation.sequential import RESAMPLES
-from opsnn_quant.evaluation.suite import DEFAULT_CONFIDENCE
 
 KID_DEGREE = 3  # the cubic kernel of the KID definition
 # Resamples per block of the bootstrap: bounds the count matrices' memory for large n.

@@ -212,7 +212,7 @@ class ReportSchema(ReportModel):
 
     schema_version: int = REPORT_SCHEMA_VERSION
     suite: str
-    task: Literal["t2i", "asr"]
+    task: str  # the suite's (a task of :mod:`.tasks`)
     baseline_label: str = "baseline"
     candidate_label: str = "candidate"
     created: str = ""

@@ -1,7 +1,8 @@
 """The steps ``evaluate(baseline, candidate, suite)`` is made of, minus model loading and generation.
 
-Quality figures come from :mod:`.quality` (re-exported here); this module turns them and the
-latency figures into criteria and the report. The orchestrator generates with both models
+Quality figures come from the suite's task (:mod:`.t2i`, :mod:`.asr`: re-exported here); this
+module turns them and the latency figures into criteria, one per threshold the suite sets, in
+the metric table's order (:mod:`.registry`), and the report. The orchestrator generates with both models
 (adapters), then::
 
     q = t2i_quality(base_imgs, cand_imgs, prompts, seeds=seeds, clip=scorer, fid_features=feats)
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from opsnn_quant.core.determinism import source_date_epoch
+from opsnn_quant.evaluation.asr import asr_quality
 from opsnn_quant.evaluation.gate import (
     LatencyPlan,
     Source,
@@ -32,7 +34,8 @@ from opsnn_quant.evaluation.intervals import NO_INTERVAL_NOTE, Interval, judge
 from opsnn_quant.evaluation.latency import LatencyResult
 from opsnn_quant.evaluation.ort_speed import OrtSpeedResult
 from opsnn_quant.evaluation.profile import ModuleTimeRow, StabilityResult, StageRow
-from opsnn_quant.evaluation.quality import QualityResult, asr_quality, t2i_quality
+from opsnn_quant.evaluation.quality import QualityResult
+from opsnn_quant.evaluation.registry import metrics
 from opsnn_quant.evaluation.report import (
     NOT_JUDGED,
     NOTHING_JUDGED_NOTE,
@@ -43,14 +46,15 @@ from opsnn_quant.evaluation.report import (
     overall_verdict,
     sensitivity_rows,
 )
+from opsnn_quant.evaluation.speed import latency_measured
 from opsnn_quant.evaluation.suite import Suite
+from opsnn_quant.evaluation.t2i import t2i_quality
 
 if TYPE_CHECKING:
     from opsnn_quant.policy.targets import Target
     from opsnn_quant.probe.report import SensitivityReport
 
 __all__ = [
-    "THRESHOLDS",
     "QualityResult",
     "asr_quality",
     "build_report",
@@ -58,40 +62,6 @@ __all__ = [
     "t2i_quality",
     "verdict",
 ]
-
-# suite threshold -> (measured key, comparator, default label)
-THRESHOLDS: dict[str, tuple[str, Literal["<=", ">="], str]] = {
-    # Neutral labels: t2i_quality replaces them with "FID ..." or "FD ..." per feature space.
-    "fid_vs_baseline_max": ("fid_vs_baseline", "<=", "Fréchet distance candidate vs baseline"),
-    "fid_delta_max": ("fid_delta", "<=", "Fréchet distance vs reference, candidate - baseline"),
-    "kid_delta_max": ("kid_delta", "<=", "KID vs reference, candidate - baseline"),
-    "clip_score_delta_min": ("clip_score_delta", ">=", "CLIP score, candidate - baseline"),
-    "psnr_min": ("psnr_median_db", ">=", "median PSNR vs baseline (dB)"),
-    "ssim_min": ("ssim_mean", ">=", "mean SSIM vs baseline"),
-    "wer_delta_max_points": ("wer_delta_points", "<=", "WER candidate - baseline (points)"),
-    "cer_delta_max_points": ("cer_delta_points", "<=", "CER candidate - baseline (points)"),
-    "agreement_wer_max_points": (
-        "agreement_wer_points",
-        "<=",
-        "WER of candidate vs baseline (points)",
-    ),
-    "agreement_cer_max_points": (
-        "agreement_cer_points",
-        "<=",
-        "CER of candidate vs baseline (points)",
-    ),
-    "latency_p99_ratio_max": ("latency_p99_ratio", "<=", "p99 latency candidate / baseline"),
-    "memory_ratio_max": ("memory_ratio", "<=", "peak memory candidate / baseline"),
-}
-_LATENCY_KEYS = {"latency_p99_ratio", "memory_ratio"}
-
-
-def latency_measured(baseline: LatencyResult, candidate: LatencyResult) -> dict[str, float | None]:
-    """``latency_p99_ratio`` and ``memory_ratio`` (candidate / baseline; None if unmeasured)."""
-    p99 = candidate.p99_ms / baseline.p99_ms if baseline.p99_ms > 0 else None
-    mb, mc = baseline.peak_memory_bytes, candidate.peak_memory_bytes
-    mem = mc / mb if mb and mc is not None else None
-    return {"latency_p99_ratio": p99, "memory_ratio": mem}
 
 
 def verdict(
@@ -131,14 +101,16 @@ def verdict(
     labels = labels or {}
     judged = judged_backends(target, suite.latency.enforce_backends)
     rows = []
-    for key, threshold in suite.metrics.thresholds.model_dump().items():
+    bounds = suite.metrics.thresholds
+    for metric in metrics():
+        threshold = bounds.get(metric.bound)
         if threshold is None:
             continue
-        mkey, comp, label = THRESHOLDS[key]
+        key, mkey, comp, label = metric.bound, metric.key, metric.comparator, metric.label
         value = measured.get(mkey)
         if value is not None and math.isnan(value):
             value = None
-        is_latency = mkey in _LATENCY_KEYS
+        is_latency = metric.speed
         backend = (latency_backend or "") if is_latency else quality_backend
         missing = "not measured" + (f" ({unmeasured_why})" if is_latency and unmeasured_why else "")
         status: Status

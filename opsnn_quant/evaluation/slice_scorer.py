@@ -12,14 +12,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from opsnn_quant.backends.devices import backend_label
 from opsnn_quant.core.thresholds import Thresholds
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.evaluate import QualityInputs, generate_outputs, generation_of
+from opsnn_quant.evaluation.metrics import Comparator
+from opsnn_quant.evaluation.registry import bounded_by, budget_problem, check_task, metric, task
 from opsnn_quant.evaluation.report import Criterion, Status
-from opsnn_quant.evaluation.runner import THRESHOLDS, verdict
+from opsnn_quant.evaluation.runner import verdict
 from opsnn_quant.evaluation.sequential import (
     MIN_PASS,
     Rate,
@@ -31,17 +33,6 @@ from opsnn_quant.evaluation.sequential import (
 from opsnn_quant.evaluation.suite import Suite
 from opsnn_quant.models.base import ModelAdapter
 
-# The bounds a speech slice can decide early (:mod:`.sequential`): each a delta of a rate.
-SEQUENTIAL: dict[str, Rate] = {"wer_delta_max_points": "wer", "cer_delta_max_points": "cer"}
-
-# Per task, the measured figure of closeness to the float model's outputs, and its direction:
-# the words that differ from the float transcripts; the median PSNR against the float images.
-FIDELITY: dict[str, tuple[str, Literal["<=", ">="]]] = {
-    "asr": ("agreement_wer_points", "<="),
-    "asr-chars": ("agreement_cer_points", "<="),
-    "t2i": ("psnr_median_db", ">="),
-}
-
 
 @dataclass(frozen=True)
 class SliceScore:
@@ -52,7 +43,7 @@ class SliceScore:
         criteria: one row per bound, PASS or FAIL.
         passed: every bound holds.
         quality: the bounds' figures in their order, then the task's closeness to the float
-            outputs (:data:`FIDELITY`), each signed so that larger is better
+            outputs (:attr:`~.tasks.Task.fidelity`), each signed so that larger is better
             (``-wer_delta_points``, ``-agreement_wer_points``): what ranks two candidates of
             equal coverage.
     """
@@ -90,7 +81,7 @@ def _figure(key: str, value: float | None) -> str:
     """A figure as printed: differences signed (``+0.45``), levels plain (``40.8``)."""
     if value is None:
         return "n/a"
-    return f"{value:+.4g}" if "delta" in key else f"{value:.4g}"
+    return f"{value:+.4g}" if metric(key).signed else f"{value:.4g}"
 
 
 class SliceScorer:
@@ -125,14 +116,10 @@ class SliceScorer:
         *,
         allow_pickle: bool = False,
     ) -> None:
-        problem = bounds.quality_problem()
+        problem = budget_problem(bounds, suite.task)
         if problem:
-            raise ConfigError(f"budget.metric {problem}")
-        if baseline.task and baseline.task != suite.task:
-            raise ConfigError(
-                f"budget.metric: suite {suite.name} is a {suite.task} suite, but "
-                f"{baseline.model_id} is a {baseline.task} model"
-            )
+            raise ConfigError(problem)
+        check_task(suite, baseline, "budget.metric: ")
         self.suite = suite
         self.judged = suite.model_copy(
             update={"metrics": suite.metrics.model_copy(update={"thresholds": bounds.bounds()})}
@@ -207,21 +194,19 @@ class SliceScorer:
             note = f"cannot pass after {where}: {note}"
         elif not last:
             note = f"decided after {where}"
-        task: str = self.suite.task
-        if task == "asr" and not self.suite.text_norm().words:
-            task = "asr-chars"  # closeness by characters (no word boundaries)
-        quality = _quality(rows, result.measured, task)
+        fidelity = metric(task(self.suite.task).fidelity(self.suite))
+        quality = _quality(rows, result.measured, fidelity.key, fidelity.comparator)
         return SliceScore(result.measured, rows, status == "PASS", quality, note, status)
 
     @property
     def _unit(self) -> str:
-        return "utterances" if self.suite.task == "asr" else "prompts"
+        return task(self.suite.task).unit
 
     def _futile(self, refs: list[str], base: list[Any], outputs: list[Any]) -> str | None:
         """Why an undecided look stops for futility: a bound's one-sided lower bound at the
         futility level lies beyond it (None: none does)."""
         tail = (1 + self.futility) / 2
-        for name, (rate, bound) in self.rates.items():
+        for key, (rate, bound) in self.rates.items():
             norm = self.suite.text_norm()
             _, low, _ = delta_interval(
                 utterance_errors(refs, base, rate, norm),
@@ -229,32 +214,35 @@ class SliceScorer:
                 self.futility,
             )  # fmt: skip
             if low > bound:
-                key = name.replace("_max_points", "_points")
                 return f"the {tail:.1%} lower bound of {key} is {low:+.3g} > {bound:g} (futility)"
         return None
 
     def _sequential_rates(self) -> dict[str, tuple[Rate, float]]:
-        """Bound name -> (rate, bound) when every bound is a WER/CER delta on a speech slice
-        (the figures a paired interval is computed for); empty otherwise."""
-        if self.suite.task != "asr":
-            return {}
+        """Measured key -> (rate, bound) when every bound is a WER/CER delta (a speech slice's,
+        :attr:`~.metrics.Metric.rate`: the figures a paired interval is computed for); empty
+        otherwise."""
         bounds = self.judged.metrics.thresholds
-        names = bounds.set_names()
-        if not names or not names <= set(SEQUENTIAL):
-            return {}
-        return {n: (SEQUENTIAL[n], float(getattr(bounds, n))) for n in sorted(names)}
+        rates: dict[str, tuple[Rate, float]] = {}
+        for name in sorted(bounds.set_names()):
+            found = bounded_by(name)
+            if found is None or found.rate is None:
+                return {}
+            rates[found.key] = (found.rate, float(bounds.get(name) or 0.0))
+        return rates
 
 
 def _quality(
-    rows: list[Criterion], measured: dict[str, float | None], task: str
+    rows: list[Criterion],
+    measured: dict[str, float | None],
+    fidelity: str,
+    comparator: Comparator,
 ) -> tuple[float, ...]:
     """Each bound's figure signed so that larger is better (an unmeasured one: worst), then the
-    task's closeness to the float outputs (:data:`FIDELITY`), which breaks the ties a coarse
-    metric leaves (one word more or less is the same WER delta for many candidates)."""
-    figures = [(r.value, THRESHOLDS[r.key][1]) for r in rows]
-    if task in FIDELITY:
-        key, comparator = FIDELITY[task]
-        figures.append((measured.get(key), comparator))
+    task's closeness to the float outputs (``fidelity``, a measured key, and its
+    ``comparator``: :attr:`~.tasks.Task.fidelity`), which breaks the ties a coarse metric
+    leaves (one word more or less is the same WER delta for many candidates)."""
+    figures = [(r.value, r.comparator) for r in rows]
+    figures.append((measured.get(fidelity), comparator))
     out = []
     for value, comparator in figures:
         if value is None or math.isnan(value):

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opsnn_quant.errors import InputError, MissingDependencyError
-from opsnn_quant.evaluation.report import DiffChunkRow, TranscriptRow
+from opsnn_quant.evaluation.report_schema import DiffChunkRow, TranscriptRow
 from opsnn_quant.evaluation.text_norm import Normalize, as_norm
 
 INSTALL_HINT = "pip install 'opsnn-quant[eval]'"

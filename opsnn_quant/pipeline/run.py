@@ -21,6 +21,7 @@ from opsnn_quant.core.user_config import check_seed
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.evaluate import check_suite_fits
 from opsnn_quant.evaluation.gate import check_latency_mode
+from opsnn_quant.evaluation.registry import budget_problem
 from opsnn_quant.evaluation.suite import Suite, load_suite, suite_inputs
 from opsnn_quant.io import check_output_dir
 from opsnn_quant.models import check_model_source, check_weights
@@ -161,6 +162,10 @@ def resolve_run(
     check_latency_mode(latency)  # with or without a suite: a typo is never silently ignored
     loaded = load_suite(suite) if suite is not None else None
     metric_suite = load_suite(metric.suite) if metric is not None else None
+    if metric is not None and metric_suite is not None:  # the bounds against its task's metrics
+        problem = budget_problem(metric.bounds(), metric_suite.task)
+        if problem:
+            raise ConfigError(f"{problem} (suite {metric_suite.name})")
     for used in (loaded, metric_suite):  # each runs the model at its generation settings
         if used is not None:
             check_suite_fits(

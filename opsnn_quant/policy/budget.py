@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from opsnn_quant.core.thresholds import Thresholds
 from opsnn_quant.core.user_config import StrictModel
@@ -75,7 +75,9 @@ DEFAULT_MAX_EVALUATIONS = 8
 class MetricBudget(Thresholds):
     """A budget in the user's terms: bounds on a suite's metrics (the suite's threshold names,
     e.g. ``wer_delta_max_points: 0.5``), measured on a slice of the suite's data that its own
-    acceptance samples do not include (see :mod:`opsnn_quant.policy.front`).
+    acceptance samples do not include (see :mod:`opsnn_quant.policy.front`). The metric table
+    (:mod:`opsnn_quant.evaluation.registry`) checks the bounds: a recipe's when it is read, the
+    suite's task's when a run starts.
 
     Attributes:
         suite: the acceptance suite (built-in name or file) whose generation settings and
@@ -94,13 +96,6 @@ class MetricBudget(Thresholds):
     data: str | None = Field(default=None, min_length=1)
     samples: int = Field(default=32, gt=0)
     start: int | None = Field(default=None, ge=0)
-
-    @model_validator(mode="after")
-    def _quality_bounds(self) -> MetricBudget:
-        problem = self.quality_problem()
-        if problem:
-            raise ValueError(problem)
-        return self
 
 
 class Budget(_Frozen):

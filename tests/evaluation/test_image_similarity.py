@@ -49,9 +49,10 @@ def test_noise_lowers_ssim_and_summary():
     rows = pair_similarities(base, cand)
     assert rows[0].psnr_db == math.inf and rows[1].ssim < 0.99
     s = summarize(rows)
-    assert s["psnr_min_db"] == min(rows[1].psnr_db, rows[2].psnr_db)
-    assert s["psnr_median_db"] == pytest.approx(max(rows[1].psnr_db, rows[2].psnr_db))
-    assert s["ssim_mean"] == pytest.approx(np.mean([r.ssim for r in rows]))
+    assert s.psnr_worst == min(rows[1].psnr_db, rows[2].psnr_db)
+    assert s.psnr_median == pytest.approx(max(rows[1].psnr_db, rows[2].psnr_db))
+    assert s.ssim_mean == pytest.approx(np.mean([r.ssim for r in rows]))
+    assert s.ssim_worst == min(r.ssim for r in rows)
 
 
 def test_psnr_matches_definition_on_random_pair():

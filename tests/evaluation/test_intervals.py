@@ -10,15 +10,16 @@ import numpy as np
 import pytest
 
 from opsnn_quant.errors import ConfigError
+from opsnn_quant.evaluation.asr import asr_quality
+from opsnn_quant.evaluation.clip_score import ClipScoreResult
+from opsnn_quant.evaluation.image_similarity import PairSimilarity
 from opsnn_quant.evaluation.intervals import (
     NO_INTERVAL_NOTE,
     Interval,
-    asr_intervals,
-    image_intervals,
     judge,
     samples_to_decide,
 )
-from opsnn_quant.evaluation.quality import asr_quality
+from opsnn_quant.evaluation.registry import metrics
 from opsnn_quant.evaluation.report import (
     EXIT_FAIL,
     EXIT_INCONCLUSIVE,
@@ -41,6 +42,30 @@ def _refs(n: int) -> list[str]:
 
 
 # --- the intervals themselves, computed by hand ------------------------------------------------
+
+
+def asr_intervals(refs, base, cand, level=0.95):
+    """Every asr metric's interval (through the metric table) of the transcripts."""
+    intervals = asr_quality(refs, base, cand, confidence=level).intervals
+    assert intervals is not None
+    return intervals
+
+
+def image_intervals(psnr_db, ssim, prompts, *, clip_baseline=None, clip_candidate=None):
+    """Every t2i metric's interval (through the metric table) of image pairs with these
+    PSNR/SSIM values (seed-major) and, when given, CLIP scores."""
+    from opsnn_quant.evaluation.t2i import ImageComparison
+
+    values = zip(psnr_db, ssim, strict=True)
+    pairs = [PairSimilarity(i, p, s, 0.0, 0) for i, (p, s) in enumerate(values)]
+    clip = None
+    if clip_baseline is not None:
+        clip = (ClipScoreResult(float(np.mean(clip_baseline)), list(clip_baseline)),
+                ClipScoreResult(float(np.mean(clip_candidate)), list(clip_candidate)))  # fmt: skip
+    n = len(pairs)
+    compared = ImageComparison([None] * n, [None] * n, prompts, pairs, clip=clip)
+    got = {m.key: m.interval_at(compared, 0.95) for m in metrics("t2i")}
+    return {k: v for k, v in got.items() if v is not None}
 
 
 def test_identical_outputs_give_a_zero_interval():

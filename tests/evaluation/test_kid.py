@@ -23,10 +23,10 @@ from opsnn_quant.evaluation.kid import (
     unpaired_kid,
     weighted_mmd2,
 )
-from opsnn_quant.evaluation.quality import t2i_quality
 from opsnn_quant.evaluation.render import md_text, render_html, render_markdown
 from opsnn_quant.evaluation.report import AcceptanceReport, fmt
 from opsnn_quant.evaluation.runner import build_report, verdict
+from opsnn_quant.evaluation.t2i import t2i_quality
 from tests.evaluation.conftest import random_images
 from tests.evaluation.test_fid import PooledFeatures
 from tests.evaluation.test_runner import t2i_suite

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from opsnn_quant.errors import InputError
+from opsnn_quant.evaluation.asr import asr_quality
 from opsnn_quant.evaluation.clip_score import ClipScorer
 from opsnn_quant.evaluation.fid import ClipImageFeatures, frechet_distance
-from opsnn_quant.evaluation.quality import asr_quality, t2i_quality
+from opsnn_quant.evaluation.t2i import t2i_quality
 from tests.evaluation.conftest import random_images
 from tests.evaluation.test_fid import PooledFeatures
 
@@ -82,7 +83,7 @@ def test_asr_quality_points():
 
 
 def test_a_chinese_report_shows_character_rates_only():
-    from opsnn_quant.evaluation.quality import asr_quality
+    from opsnn_quant.evaluation.asr import asr_quality
     from opsnn_quant.evaluation.text_norm import normalizer_for
 
     refs, base, cand = (

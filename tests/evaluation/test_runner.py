@@ -180,7 +180,7 @@ def test_build_report_unmeasured_quality_fails():
 
 def test_a_broken_baseline_fails_the_verdict_unless_allowed():
     # A random Whisper transcribes nothing: its empty transcripts "agree" with any candidate's.
-    from opsnn_quant.evaluation.quality import asr_quality
+    from opsnn_quant.evaluation.asr import asr_quality
 
     refs = ["one two", "three four", "five", "six"]
     broken = asr_quality(refs, ["", "", "", "five"], ["", "", "", "five"])
@@ -204,7 +204,7 @@ def test_a_broken_baseline_fails_the_verdict_unless_allowed():
 def test_flat_baseline_images_count_as_broken():
     import numpy as np
 
-    from opsnn_quant.evaluation.quality import t2i_quality
+    from opsnn_quant.evaluation.t2i import t2i_quality
 
     rng = np.random.default_rng(0)
     textured = [rng.integers(0, 256, (8, 8, 3), dtype=np.uint8) for _ in range(3)]
@@ -222,7 +222,7 @@ def _by_key(report):
 def test_a_looping_baseline_above_100_percent_wer_is_broken_unless_allowed():
     # issue 58: a random Whisper says "bang" eight times for every utterance: WER above 100 %,
     # no transcript empty, and every candidate that does the same "matches" it
-    from opsnn_quant.evaluation.quality import asr_quality
+    from opsnn_quant.evaluation.asr import asr_quality
 
     refs = ["the truck is parked", "i like juice", "we bought apples", "call me"]
     bang = ["Bang bang bang bang bang bang bang bang."] * 4
