@@ -83,7 +83,6 @@ def check_evaluate(
     Raises:
         ConfigError: a bad option, suite, target or candidate (an AscendV1 directory without a
             known float model, one that breaks the format's contract).
-        CheckpointError: an engine's directory its engine refuses (in ``dtype`` included).
         ModelLoadError: pickle-only float weights without ``allow_pickle``.
         OutputError: ``out`` must not be replaced (or would replace an input).
     """
@@ -107,7 +106,6 @@ def check_evaluate(
     loaded = load_suite(suite)
     fmt = recognise(candidate)
     source = fmt.float_source(candidate, baseline)
-    fmt.run_dtype(candidate, dtype)  # a dtype its engine refuses for its files: refused here
     inputs = [*fmt.inputs(candidate), *suite_inputs(suite)]
     inputs += [str(p) for p in local_paths(source)]
     check_weights(source, allow_pickle=allow_pickle)
