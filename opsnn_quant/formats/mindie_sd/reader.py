@@ -17,10 +17,11 @@ MindIE-SD`` 3066189), without importing it (it imports torch_npu at module level
   ``p.div.mul_scale`` in the weights moves the other tensors under ``p.linear``;
 * tensors and their load-time casts (``layer.py`` lines 182-453): see :class:`MindieSdLinear`.
   Its output is in the engine dtype whatever the input's (lines 347-363);
-* the dtype (:func:`engine_dtype`): ``QuantConfig.dtype``, bfloat16 by default or float16; a
-  static Linear hands ``deq_scale`` as stored to ``npu_quant_matmul`` (lines 280-281, 358-359),
-  whose bfloat16 output refuses an int64 scale: msModelSlim's files of a float16 or float32
-  model (its ``deqscale2int64_by_dtype`` packs their ``deq_scale`` as int64) run in float16 only;
+* the dtype (:func:`engine_dtype`): ``QuantConfig.dtype`` (``config.py`` 120, 138), bfloat16
+  by default or float16; a static Linear hands ``deq_scale`` as stored to ``npu_quant_matmul``
+  (``layer.py`` 279-280, 347-348; 436-437 for W8A8_TIMESTEP), whose bfloat16 output refuses an
+  int64 scale: msModelSlim's files of a float16 or float32 model (its
+  ``deqscale2int64_by_dtype`` packs their ``deq_scale`` as int64) run in float16 only;
 * which module a description is for (:func:`apply_mindie_sd_dir`): ``quantize(module, desc)``
   is given it, the names are relative to it; msModelSlim writes one component's files flat.
 
