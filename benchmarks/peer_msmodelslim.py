@@ -19,7 +19,15 @@ API: msModelSlim's ``msmodelslim.pytorch.llm_ptq.llm_ptq_tools`` (``Calibrator``
 
 ``disable_level='L0'`` (no automatic fallback search) and msModelSlim's default
 ``disable_last_linear=True`` (the LM head of Whisper stays float). Then ``Calibrator.run()`` and
-``Calibrator.save(OUT, save_type=['safe_tensor'])`` (its deployable weights and description).
+``Calibrator.save(OUT, save_type=[SAVE_TYPE])`` (its deployable weights and description), by
+one of its two safetensors savers (``--save-type``):
+
+* ``safe_tensor`` (the default; ``llm_ptq_tools/save/saver/safetensors.py``):
+  ``quant_model_description_<type>.json`` and ``quant_model_weight_<type>.safetensors``, the
+  files MindIE-SD's ``quantize()`` reads (static W8A8's ``deq_scale`` int64, the float32 bits,
+  unless the model is bfloat16: ``complex_quantifier.py`` ``deqscale2int64_by_dtype``);
+* ``ascendV1`` (``saver/ascend_v1.py``): ``quant_model_description.json`` (``version`` 1.0.0)
+  and ``quant_model_weight_<type>.safetensors``, the AscendV1 files vLLM-Ascend reads.
 
 The calls: Whisper's as keyword dicts (``input_features``, ``decoder_input_ids``): for a model
 with ``generate`` msModelSlim's first pass (``get_features`` in ``Calibrator.__init__``) runs
@@ -101,6 +109,8 @@ def main() -> None:
     p.add_argument("--data", required=True, type=Path, help="torch.save'd list of kwargs dicts")
     p.add_argument("--scheme", choices=("w8a8_dynamic", "w8a8"), required=True)
     p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--save-type", default="safe_tensor", choices=("safe_tensor", "ascendV1"),
+                   help="msModelSlim's saver: MindIE-SD's files, or AscendV1's")  # fmt: skip
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     p.add_argument("--max-new-tokens", type=int, default=None,
@@ -131,7 +141,7 @@ def main() -> None:
     t_init = time.perf_counter()
     calibrator.run()
     t_run = time.perf_counter()
-    calibrator.save(str(args.out), save_type=["safe_tensor"])
+    calibrator.save(str(args.out), save_type=[args.save_type])
     t_save = time.perf_counter()
     described: dict[str, str] = {}
     for f in sorted(args.out.glob("*.json")):

@@ -152,7 +152,12 @@ class Format:
         return None
 
     def run_dtype(self, path: Path, dtype: str) -> str:
-        """The dtype the candidate's pipeline runs in when ``dtype`` is asked for."""
+        """The dtype the candidate's pipeline runs in when ``dtype`` is asked for (read before
+        any model loads).
+
+        Raises:
+            CheckpointError: the format's engine refuses the files in ``dtype`` (one line).
+        """
         return dtype
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The engines' own Python code for tests/conformance/, each installed into a directory of its
-# own under .engines/ (never into the project's venv): a conformance test runs the engine in a
-# subprocess with PYTHONPATH=.engines/<engine>...:tests/conformance/torch_npu_stand_in:<repo> and
-# the project's python and torch.
+# The engines' own Python code for tests/conformance/ (and msModelSlim's, the peer whose files
+# they read), each installed into a directory of its own under .engines/ (never into the
+# project's venv): a conformance test runs the engine in a subprocess with
+# PYTHONPATH=.engines/<engine>...:tests/conformance/torch_npu_stand_in:<repo> and the project's
+# python and torch (msModelSlim: PYTHONPATH=.engines/msmodelslim-26.1.0 alone).
 #
 #   tests/conformance/engines.sh          (after `. .venv/bin/activate`; .ci/run calls it)
 #
@@ -22,6 +23,13 @@
 # dependencies are torch (the project's) and torch-npu (the stand-in); what it imports besides
 # (torch, safetensors: the project's) is einops; strenum only on Python < 3.11; triton and
 # wcmatch are optional (imported in try/except).
+#
+# msModelSlim 26.1.0 (PyPI `msmodelslim`, a py3 wheel with per-Python native helpers): the peer
+# whose own files tests/conformance/test_msmodelslim_peer.py reads, run as the benchmark runs it
+# (benchmarks/peer_msmodelslim.py: its llm_ptq Calibrator on the CPU, no torch_npu). `--no-deps`:
+# of its declared dependencies its llm_ptq import closure needs easydict (pinned by it, 1.13) and
+# einops beyond the project's venv (torch, accelerate, pydantic, scipy, requests: the project's;
+# wcmatch and pygtrie are not imported there).
 #
 # vLLM 0.23.0 (PyPI `vllm`, a manylinux abi3 wheel built for CUDA and torch 2.11): its Python
 # files only. The wheel is fetched (pinned by file name and sha256, from pip's indexes) and
@@ -149,6 +157,14 @@ if ! "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
   exit 1
 fi
 install mindiesd-3.1.0 mindiesd==3.1.0 einops==0.8.2
+install msmodelslim-26.1.0 msmodelslim==26.1.0 easydict==1.13 einops==0.8.2
+PYTHONPATH="$DIR/msmodelslim-26.1.0" "$PY" -c '
+from msmodelslim.pytorch.llm_ptq.llm_ptq_tools import Calibrator, QuantConfig
+' >"$DIR/.msmodelslim-import-check.log" 2>&1 || {
+  tail -5 "$DIR/.msmodelslim-import-check.log" >&2
+  echo "engines: msmodelslim 26.1.0 does not import (log: $DIR/.msmodelslim-import-check.log)" >&2
+  exit 1
+}
 
 # vLLM: its pinned dependencies, then the wheel's files but its native libraries
 VLLM_DIR="$DIR/vllm-$VLLM_VERSION"

@@ -5,13 +5,15 @@ Run by ``tests/conformance/test_mindie_sd_engine.py`` as a subprocess with
 
     python tests/conformance/mindie_sd_engine_run.py JOB.json RESULT.json
 
-For each case of the job: build the float model (``mindie_sd_models``), load its float weights,
-cast it to bfloat16 (MindIE-SD's default dtype), call ``mindiesd.quantize(model, desc)``
-unmodified, run the saved inputs (each step of a W8A8_TIMESTEP table after
+For each case of the job: build the float model (``mindie_sd_models``; or load a diffusers model
+directory, ``model_dir``), load its float weights, cast it to the case's dtype (bfloat16,
+MindIE-SD's default, unless ``dtype`` says float16), call ``mindiesd.quantize(model, desc,
+dtype=...)`` unmodified, run the saved inputs (each step of a W8A8_TIMESTEP table after
 ``TimestepManager.set_timestep_idx``, and an unregistered step: the dynamic branch) and save the
-outputs. Also: what ``quantize`` raises on a
-weights file of mode 0o644, and what 3.1.0's ``TimestepPolicyConfig.register`` raises without
-a ``target``. Nothing here computes a quantized value itself.
+outputs; an exception of the engine's while it runs is the case's result (``error``). Also
+(``refuse`` in the job): what ``quantize`` raises on a weights file of mode 0o644, and what
+3.1.0's ``TimestepPolicyConfig.register`` raises without a ``target``. Nothing here computes a
+quantized value itself.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch_npu  # the stand-in (on this PYTHONPATH only)
 from mindiesd import TimestepManager, TimestepPolicyConfig, quantize
 from safetensors.torch import load_file, save_file
 
-from tests.conformance.mindie_sd_models import build, forward
+from tests.conformance.mindie_sd_models import build, build_dir, forward
 
 ENGINE_LAYERS = "mindiesd.quantization.layer"
 
@@ -36,10 +38,12 @@ def _error(exc: BaseException) -> dict[str, str]:
 
 
 def run_case(case: dict[str, Any]) -> dict[str, Any]:
-    model = build(case["model"])
-    model.load_state_dict(load_file(case["state"]))
-    model.to(torch.bfloat16).eval()
-    kwargs: dict[str, Any] = {}
+    dtype = getattr(torch, case.get("dtype", "bfloat16"))
+    model = build(case["model"]) if "model" in case else build_dir(case["model_dir"])
+    if "state" in case:
+        model.load_state_dict(load_file(case["state"]))
+    model.to(dtype).eval()
+    kwargs: dict[str, Any] = {"dtype": dtype} if "dtype" in case else {}
     steps = case.get("steps")
     if steps:
         policy = TimestepPolicyConfig()
@@ -51,8 +55,17 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         for name, m in model.named_modules()
         if type(m).__module__ == ENGINE_LAYERS
     }
-    inputs = {k: v.to(torch.bfloat16) for k, v in load_file(case["inputs"]).items()}
+    inputs = {k: v.to(dtype) for k, v in load_file(case["inputs"]).items()}
     outputs = {}
+    try:
+        _run(model, inputs, steps, outputs)
+    except Exception as exc:  # the engine's refusal is the case's result
+        return {"replaced": replaced, "error": _error(exc)}
+    save_file(outputs, case["out"])
+    return {"replaced": replaced}
+
+
+def _run(model: Any, inputs: dict[str, torch.Tensor], steps: int | None, outputs: dict) -> None:
     if steps:
         for t in range(steps):
             TimestepManager.set_timestep_idx(t)
@@ -63,8 +76,6 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         outputs["dynamic"] = forward(model, inputs).contiguous()
     else:
         outputs["y"] = forward(model, inputs).contiguous()
-    save_file(outputs, case["out"])
-    return {"replaced": replaced}
 
 
 def main(job_path: str, result_path: str) -> None:
@@ -79,16 +90,17 @@ def main(job_path: str, result_path: str) -> None:
         "torch": torch.__version__,
         "cases": {name: run_case(case) for name, case in job["cases"].items()},
     }
-    try:
-        quantize(build("block").to(torch.bfloat16), job["refuse"])
-        result["refused"] = None
-    except Exception as exc:
-        result["refused"] = _error(exc)
-    try:
-        TimestepPolicyConfig().register(range(2), "static")
-        result["register_default_target"] = None
-    except Exception as exc:
-        result["register_default_target"] = _error(exc)
+    if "refuse" in job:
+        try:
+            quantize(build("block").to(torch.bfloat16), job["refuse"])
+            result["refused"] = None
+        except Exception as exc:
+            result["refused"] = _error(exc)
+        try:
+            TimestepPolicyConfig().register(range(2), "static")
+            result["register_default_target"] = None
+        except Exception as exc:
+            result["register_default_target"] = _error(exc)
     with open(result_path, "w") as f:
         json.dump(result, f, indent=1)
 

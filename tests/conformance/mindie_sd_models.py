@@ -58,6 +58,17 @@ def build(kind: str) -> nn.Module:
     raise ValueError(kind)
 
 
+def build_dir(directory: str) -> nn.Module:
+    """A diffusers model saved in ``directory`` (its ``config.json``'s ``_class_name``), float32."""
+    import json
+    from pathlib import Path
+
+    import diffusers
+
+    name = json.loads((Path(directory) / "config.json").read_text())["_class_name"]
+    return cast(nn.Module, getattr(diffusers, name).from_pretrained(directory))
+
+
 def forward(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """The model's output tensor on ``inputs`` (keyword arguments)."""
     with torch.no_grad():

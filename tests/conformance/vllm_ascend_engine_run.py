@@ -132,6 +132,11 @@ def load(directory: str, dist_init: str) -> tuple[Any, VllmConfig, dict[str, tor
 
 def run_export(job: dict[str, Any], dist_init: str) -> dict[str, Any]:
     result: dict[str, Any] = {}
+    try:  # the dtype vLLM resolves, also for a directory it then fails to build a model from
+        config = EngineArgs(model=job["dir"], quantization="ascend").create_model_config()
+        result["resolved_dtype"] = str(config.dtype)
+    except Exception as exc:
+        result["config_error"] = _error(exc)
     try:
         model, vllm_config, loaded = load(job["dir"], dist_init)
     except Exception as exc:  # a refusal of the engine's is a result (the test says which)

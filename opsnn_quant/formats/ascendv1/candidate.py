@@ -9,11 +9,21 @@ parts); every weight then comes from the candidate directory:
 * a diffusers pipeline directory (``model_index.json``): each component subdirectory with a
   description is loaded as AscendV1, each other one with safetensors weights is loaded as float
   weights (strictly, every tensor), so what is evaluated is the directory as written.
+
+The quantized Linears run in the model dtype the engine runs the directory in
+(:meth:`~opsnn_quant.formats.ascendv1.reader.AscendV1Checkpoint.params_dtype`): where the
+checkpoint does not say it, ``vllm serve``'s default from the directory's ``config.json``, else
+from the float model's (msModelSlim's savers write none; a user copies the float model's to
+serve the files). A Whisper description without the keys vLLM 0.23.0 looks its layers up under
+(:mod:`~opsnn_quant.formats.ascendv1.vllm_prefixes`; msModelSlim 26.1.0 writes none) is judged
+all the same, with a warning: vLLM-Ascend would not build the model (``KeyError``), another
+AscendV1 engine may.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +37,11 @@ from opsnn_quant.formats.ascendv1.reader import (
     is_ascendv1_dir,
     read_ascendv1,
 )
+from opsnn_quant.formats.ascendv1.vllm_prefixes import WHY, architectures, vllm_prefix_aliases
 from opsnn_quant.formats.safetensors_io import open_tensor_files
 from opsnn_quant.models.base import ModelAdapter
+
+log = logging.getLogger(__name__)
 
 
 def is_ascendv1_candidate(directory: Path) -> bool:
@@ -87,8 +100,39 @@ def _fits(module: nn.Module, ckpt: AscendV1Checkpoint) -> bool:
     return all(p in names for p in ckpt.linears) and all(f in state for f in ckpt.floats)
 
 
-def apply_ascendv1_dir(model: nn.Module, directory: str | Path) -> list[str]:
+def _float_config(float_dir: Path | None, component: str) -> Path | None:
+    """The float model's ``config.json`` of ``component`` (``""``: the model's own)."""
+    if float_dir is None:
+        return None
+    config = float_dir / component / "config.json" if component else float_dir / "config.json"
+    return config if config.is_file() else None
+
+
+def _apply(part: nn.Module, ckpt: AscendV1Checkpoint, config: Path | None) -> None:
+    """Load ``ckpt`` into ``part`` in the engine's dtype, warning where vLLM-Ascend would not
+    build the model from its description."""
+    own = ckpt.directory / "config.json"
+    source = own if own.is_file() else config
+    archs = architectures(source) if source is not None else []
+    linears = [n for n, m in part.named_modules() if isinstance(m, nn.Linear)]
+    wanted = vllm_prefix_aliases(ckpt.description, archs, linears)
+    missing = [key for key in wanted if key not in ckpt.description]
+    if missing:
+        log.warning(
+            "%s: judged, but vLLM-Ascend 0.23.0.post1 would not build this %s from it: its "
+            "description lacks the %d keys vLLM looks the layers up under (%r, ...; KeyError). %s",
+            ckpt.directory, archs[0], len(missing), missing[0], WHY,
+        )  # fmt: skip
+    apply_ascendv1(part, ckpt, params_dtype=ckpt.params_dtype(config))
+
+
+def apply_ascendv1_dir(
+    model: nn.Module, directory: str | Path, float_dir: Path | None = None
+) -> list[str]:
     """Load an AscendV1 directory or pipeline directory into ``model`` (in place).
+
+    ``float_dir``: the float model's directory, whose ``config.json`` (the component's, for a
+    component) gives the engine's dtype where the candidate's files do not.
 
     Returns:
         The module names loaded as AscendV1 (``""``: the whole model).
@@ -105,7 +149,7 @@ def apply_ascendv1_dir(model: nn.Module, directory: str | Path) -> list[str]:
         if not fitting:
             raise AscendV1Error(f"{root}: its tensor names fit neither the model nor a component")
         name, part = fitting[0]
-        apply_ascendv1(part, ckpt)
+        _apply(part, ckpt, _float_config(float_dir, name))
         return [name]
     if not (root / "model_index.json").is_file():
         raise AscendV1Error(f"{root}: no quant_model_description.json; not an AscendV1 directory")
@@ -113,7 +157,7 @@ def apply_ascendv1_dir(model: nn.Module, directory: str | Path) -> list[str]:
     for name, child in model.named_children():
         sub = root / name
         if is_ascendv1_dir(sub):
-            apply_ascendv1(child, read_ascendv1(sub))
+            _apply(child, read_ascendv1(sub), _float_config(float_dir, name))
             loaded.append(name)
         elif sub.is_dir():
             _load_float(child, sub)
@@ -162,12 +206,14 @@ def load_ascendv1_candidate(
 ) -> ModelAdapter:
     """The float ``baseline`` loaded by its adapter (``allow_pickle`` and the family's
     ``settings``: see :func:`~opsnn_quant.models.load_adapter`), then the AscendV1
-    ``directory`` on top."""
+    ``directory`` on top, its quantized Linears in the engine's dtype (the baseline's
+    ``config.json`` stands for the one the directory lacks)."""
     from opsnn_quant.models import load_adapter
+    from opsnn_quant.sources import model_path
 
     adapter = load_adapter(
         family, baseline, device=device, dtype=dtype, allow_pickle=allow_pickle, **settings
     )
-    apply_ascendv1_dir(adapter.model, directory)
+    apply_ascendv1_dir(adapter.model, directory, model_path(baseline))
     adapter.model_id = str(directory)
     return adapter

@@ -81,13 +81,20 @@ class AscendV1Checkpoint:
         """One tensor of the checkpoint."""
         return self.tensors.load(name)
 
-    def params_dtype(self) -> torch.dtype:
+    def params_dtype(self, float_config: Path | None = None) -> torch.dtype:
         """The model dtype the engine runs the quantized Linears in (their output dtype).
 
         In order: our own ``metadata.opsnn_quant.params_dtype``; a W8A8 ``deq_scale``'s dtype
-        (int64 only for fp16 models, float32 for bf16: msModelSlim's ``deqscale2int64_by_dtype``);
-        ``torch_dtype``/``dtype`` in ``config.json`` when fp16/bf16; float16.
+        (int64 only for fp16 models, float32 for bf16: msModelSlim's ``deqscale2int64_by_dtype``,
+        and vLLM-Ascend's ``deq_scale`` parameter, ``methods/w8a8_static.py:66-69``); else what
+        ``vllm serve --dtype auto`` runs it in (:func:`~opsnn_quant.formats.ascendv1.vllm_dtype.
+        auto_dtype`) from the directory's ``config.json``, or where it has none from
+        ``float_config`` (the float model's, which a user copies beside msModelSlim's files to
+        serve them: its savers write none): bfloat16 for a float32 model or one whose config
+        names no dtype.
         """
+        from opsnn_quant.formats.ascendv1.vllm_dtype import auto_dtype
+
         meta = self.description.get("metadata")
         ours = meta.get("opsnn_quant") if isinstance(meta, dict) else None
         if isinstance(ours, dict) and ours.get("params_dtype") in PARAMS_DTYPES:
@@ -96,16 +103,16 @@ class AscendV1Checkpoint:
             if "deq_scale" in entry.suffixes:
                 dtype = self.tensors.info[f"{prefix}.deq_scale"][0]
                 return torch.float16 if dtype == torch.int64 else torch.bfloat16
-        config = self.directory / "config.json"
-        if config.is_file():
+        own = self.directory / "config.json"
+        path = own if own.is_file() else float_config
+        doc: Any = None
+        if path is not None and path.is_file():
             try:
-                doc = json.loads(config.read_text(encoding="utf-8"))
+                doc = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
-                doc = {}
-            value = doc.get("torch_dtype", doc.get("dtype")) if isinstance(doc, dict) else None
-            if value in PARAMS_DTYPES:
-                return PARAMS_DTYPES[value]
-        return torch.float16
+                doc = None
+        tensor_dtypes = {info[0] for info in self.tensors.info.values()}
+        return auto_dtype(doc if isinstance(doc, dict) else None, tensor_dtypes)
 
 
 def find_description(directory: Path) -> Path | None:

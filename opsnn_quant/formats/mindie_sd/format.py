@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.formats.calibrate_output import CalibrateOutput, ExportedDirectory
-from opsnn_quant.quant.engines import MINDIE_SD
 
 if TYPE_CHECKING:
     from opsnn_quant.models.base import ModelAdapter
@@ -47,7 +46,9 @@ class MindIESDFormat(ExportedDirectory):
         return str(baseline or recorded)
 
     def run_dtype(self, path: Path, dtype: str) -> str:
-        return MINDIE_SD.run_dtype(dtype)
+        from opsnn_quant.formats.mindie_sd.reader import engine_dtype
+
+        return engine_dtype(path, dtype)
 
     def load_candidate(
         self, path: Path, family: str | None, baseline: str | None, placement: dict[str, Any]

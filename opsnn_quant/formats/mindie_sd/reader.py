@@ -16,7 +16,14 @@ MindIE-SD`` 3066189), without importing it (it imports torch_npu at module level
   them ``FLOAT`` leaves the layer as loaded, else the first valid type decides;
   ``p.div.mul_scale`` in the weights moves the other tensors under ``p.linear``;
 * tensors and their load-time casts (``layer.py`` lines 182-453): see :class:`MindieSdLinear`.
-  Its output is in the engine dtype whatever the input's (lines 347-363).
+  Its output is in the engine dtype whatever the input's (lines 347-363);
+* the dtype (:func:`engine_dtype`): ``QuantConfig.dtype`` (``config.py`` 120, 138), bfloat16
+  by default or float16; a static Linear hands ``deq_scale`` as stored to ``npu_quant_matmul``
+  (``layer.py`` 279-280, 347-348; 436-437 for W8A8_TIMESTEP), whose bfloat16 output refuses an
+  int64 scale: msModelSlim's files of a float16 or float32 model (its
+  ``deqscale2int64_by_dtype`` packs their ``deq_scale`` as int64) run in float16 only;
+* which module a description is for (:func:`apply_mindie_sd_dir`): ``quantize(module, desc)``
+  is given it, the names are relative to it; msModelSlim writes one component's files flat.
 
 The arithmetic is :mod:`opsnn_quant.ascend.engines` (``mindie_sd_*``, ``weight_only``).
 """
@@ -38,6 +45,7 @@ from opsnn_quant.ascend import engines
 from opsnn_quant.core.safetensors_header import read_safetensors_header
 from opsnn_quant.core.timesteps import current_step
 from opsnn_quant.errors import CheckpointError
+from opsnn_quant.quant.engines import MINDIE_SD
 
 DESCRIPTION_MAX_BYTES = 10 * 2**30  # file_utils.MAX_FILE_SIZE
 WEIGHT_MAX_BYTES = 100 * 2**30  # utils.MAX_WEIGHT_SIZE
@@ -58,6 +66,12 @@ STATIC = frozenset(
 )  # fmt: skip
 TIMESTEP = "W8A8_TIMESTEP"
 SUPPORTED = STATIC | {"W8A8_DYNAMIC", "W8A16", TIMESTEP}
+# The deq_scale dtypes (safetensors names) torch_npu's npu_quant_matmul takes per output dtype,
+# without a per-token scale (its documented table for Atlas A2/A3, as the CPU reference checks
+# it: opsnn_quant/ascend/_qmm_checks.py _check_combination): bfloat16 output a float32 or
+# bfloat16 scale, float16 output an int64 (the packed form) or float32 one.
+DEQ_SCALE_DTYPES = {"bfloat16": frozenset({"F32", "BF16"}), "float16": frozenset({"I64", "F32"})}
+_DTYPE_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "I64": "int64"}
 
 
 class MindieSdError(CheckpointError):
@@ -150,6 +164,76 @@ def read_mindie_sd(description: str | Path) -> MindieSdCheckpoint:
     # SafetensorError traceback nor an allocation of the size it claims)
     read_safetensors_header(weights, error=MindieSdError)
     return MindieSdCheckpoint(desc, qtype, weights)
+
+
+def deq_scale_dtypes(directory: Path) -> dict[str, str]:
+    """Every ``deq_scale`` of the components of ``directory`` (the static Linears' and the
+    W8A8_TIMESTEP tables'): ``<component>/<tensor>`` -> its safetensors dtype (``I64``, ``F32``...),
+    read from the weight files' headers.
+
+    Raises:
+        MindieSdError: any check of :func:`read_mindie_sd`.
+    """
+    found: dict[str, str] = {}
+    for component, desc in component_descriptions(directory).items():
+        header = read_safetensors_header(read_mindie_sd(desc).weights, error=MindieSdError)
+        for name, entry in header.tensors.items():
+            if name.endswith(".deq_scale"):
+                found[f"{component}/{name}" if component else name] = entry.dtype
+    return found
+
+
+def engine_dtype(directory: Path, dtype: str) -> str:
+    """The dtype MindIE-SD runs the files of ``directory`` in when ``dtype`` is asked for.
+
+    ``dtype`` itself when it is one MindIE-SD runs (``QuantConfig.dtype``: bfloat16 or float16)
+    and ``npu_quant_matmul`` takes every ``deq_scale`` of the files in it; for another (float32)
+    the first of MindIE-SD's dtypes that takes them all: bfloat16 (its default), else float16
+    (msModelSlim's static files of a float16 or float32 model: their ``deq_scale`` is int64).
+
+    Raises:
+        MindieSdError: ``dtype`` is one MindIE-SD runs but its matmul refuses a ``deq_scale`` of
+            the files (the engine fails there too), or no dtype takes them all.
+    """
+    found = deq_scale_dtypes(directory)
+    takes = [d for d in MINDIE_SD.run_dtypes if set(found.values()) <= DEQ_SCALE_DTYPES[d]]
+    if dtype in takes or (dtype not in MINDIE_SD.run_dtypes and takes):
+        return dtype if dtype in takes else takes[0]
+    refused = dtype if dtype in MINDIE_SD.run_dtypes else MINDIE_SD.run_dtypes[0]
+    name, kind = next(
+        (n, k) for n, k in sorted(found.items()) if k not in DEQ_SCALE_DTYPES[refused]
+    )
+    fix = (
+        f"; it runs in {takes[0]} (--dtype {takes[0]})"
+        if takes
+        else (f"; no dtype takes them all (deq_scale dtypes {sorted(set(found.values()))})")
+    )
+    raise MindieSdError(
+        f"{name}: {_DTYPE_NAMES.get(kind, kind)} deq_scale, which MindIE-SD's static Linear in "
+        f"{refused} hands to npu_quant_matmul, whose {refused} output takes "
+        f"{' or '.join(_DTYPE_NAMES[k] for k in sorted(DEQ_SCALE_DTYPES[refused]))} only "
+        f"(the engine refuses it){fix}"
+    )
+
+
+def described_layers(description: dict[str, Any]) -> set[str]:
+    """The modules a description gives an algorithm (``<p>.weight``, or ``<p>.linear.weight``
+    with ``<p>.div.mul_scale``: the smoothed form), by name relative to the module it is for."""
+    names = set()
+    for key, value in description.items():
+        if not (key.endswith(".weight") and isinstance(value, str)):
+            continue
+        if value.upper() not in QUANT_ALGORITHMS:
+            continue
+        name = key.removesuffix(".weight")
+        smoothed = name.endswith(".linear") and f"{name.removesuffix('.linear')}.div.mul_scale"
+        names.add(name.removesuffix(".linear") if smoothed and smoothed in description else name)
+    return names
+
+
+def _fits(module: nn.Module, names: set[str]) -> bool:
+    """Every described name is a module of ``module`` (MindIE-SD would otherwise leave it float)."""
+    return names <= {n for n, _ in module.named_modules()}
 
 
 def layer_algorithm(name: str, description: dict[str, Any]) -> str | None:
@@ -372,18 +456,39 @@ def _descriptions(directory: Path) -> list[Path]:
 def apply_mindie_sd_dir(
     model: nn.Module, directory: Path, *, dtype: torch.dtype = torch.bfloat16
 ) -> list[str]:
-    """Apply every component of ``directory`` to ``model`` (a pipeline's components by name, or
-    the model itself) as ``mindiesd.quantize`` would be called on each; the names replaced.
+    """Apply every component of ``directory`` to ``model`` as ``mindiesd.quantize`` would be
+    called on each; the names replaced.
+
+    A component subdirectory is for the model's component of that name; a description in
+    ``directory`` itself for the model, or else for the one component its names are relative
+    to (msModelSlim writes a pipeline's ``transformer`` flat).
 
     Raises:
-        MindieSdError: a component the model lacks, or any check of :func:`read_mindie_sd` and
-            :func:`apply_mindie_sd`.
+        MindieSdError: a component the model lacks, a description naming a module its component
+            (or, flat, the model and every component) lacks, or any check of
+            :func:`read_mindie_sd` and :func:`apply_mindie_sd`.
     """
     replaced = []
     for component, desc in component_descriptions(directory).items():
-        target = model if not component else getattr(model, component, None)
-        if not isinstance(target, nn.Module):
-            raise MindieSdError(f"{desc}: the model has no component {component!r}")
-        names = apply_mindie_sd(target, read_mindie_sd(desc), dtype=dtype)
-        replaced += [f"{component}.{n}" if component else n for n in names]
+        ckpt = read_mindie_sd(desc)
+        names = described_layers(ckpt.description)
+        if component:
+            target = getattr(model, component, None)
+            if not isinstance(target, nn.Module):
+                raise MindieSdError(f"{desc}: the model has no component {component!r}")
+            parts = [(component, target)]
+        else:
+            parts = [("", model), *model.named_children()]
+        fitting = [(n, m) for n, m in parts if _fits(m, names)]
+        if not fitting:
+            missing = sorted(names - {n for n, _ in parts[0][1].named_modules()})
+            what = f"component {component!r}" if component else "neither the model nor a component"
+            raise MindieSdError(
+                f"{desc}: its layer names fit {what} (it names "
+                f"{missing[0] if missing else 'no layer'}; MindIE-SD would leave such a layer "
+                "float): is the baseline the model it was made from?"
+            )
+        name, target = fitting[0]
+        done = apply_mindie_sd(target, ckpt, dtype=dtype)
+        replaced += [f"{name}.{n}" if name else n for n in done]
     return replaced
