@@ -613,6 +613,11 @@ _V2_MLA = (
 )
 _V2_KV = "key/value dequant scales are KV antiquant, not supported by the reference"
 _V2_FP8 = "is a FP8/MX/HiFloat8 mode of Ascend 950 (A2/A3 have no FP8): out of scope"
+_V2_FP8_QUANT_MODES = (
+    6,
+    7,
+    8,
+)  # MX per-block / FP8 per-block modes (MindIE-SD 3.1.0 quantization/layer.py l.487, l.555-557)
 _V2_REFUSED: dict[str, str] = {
     "dequant_scale_query": _V2_MLA,
     "query_quant_mode": _V2_MLA,
@@ -719,8 +724,11 @@ def npu_fused_infer_attention_score_v2(
         "out_dtype": out_dtype,
     }
     for name, value_ in refused.items():
-        if value_ is not None and not (isinstance(value_, int) and value_ == 0):
-            raise ShapeError(f"{op}: {name} {_V2_REFUSED[name]}")
+        if value_ is None or (isinstance(value_, int) and value_ == 0):
+            continue
+        fp8_mode = name.endswith("quant_mode") and value_ in _V2_FP8_QUANT_MODES
+        label = f"{name}={value_}" if isinstance(value_, int) else name
+        raise ShapeError(f"{op}: {label} {_V2_FP8 if fp8_mode else _V2_REFUSED[name]}")
     if sparse_mode == 9:  # v2 doc l.162: treeMask, MLA only
         raise ShapeError(
             f"{op}: sparse_mode=9 (treeMask) is MLA-only: out of scope of the reference"
