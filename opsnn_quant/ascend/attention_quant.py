@@ -35,7 +35,7 @@ import torch
 from opsnn_quant.ascend._checks import require_dtype
 from opsnn_quant.errors import ShapeError
 
-_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 INT8_SYM_MAX = 127.0
 
 

@@ -91,3 +91,23 @@ class QuantBackend(Protocol):
         None when the backend has no int8 convolution (the caller then runs im2col +
         :meth:`quant_matmul`: torch_npu's eager API has no int8 conv)."""
         ...
+
+    def quant_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        deq_scale1: torch.Tensor,
+        quant_scale1: torch.Tensor,
+        deq_scale2: torch.Tensor,
+        num_heads: int,
+        num_key_value_heads: int,
+        scale: float,
+        input_layout: str,
+        atten_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Fused int8 attention (``npu_fused_infer_attention_score``, prefill branch, Atlas A2/A3)
+        of int8 ``q``/``k``/``v`` (Q_S > 1) with per-tensor float32 ``deq_scale1`` (after QK^T),
+        ``quant_scale1`` (on P before PV) and ``deq_scale2`` (after PV); float16 output."""
+        ...

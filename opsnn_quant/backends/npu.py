@@ -1,7 +1,7 @@
 """NPU backend: torch_npu's quantized operators, imported only when a tensor is on an ``npu`` device.
 
 Written against the documented torch_npu API (``npu_quantize``, ``npu_dynamic_quant``,
-``npu_quant_matmul``, ``npu_weight_quant_batchmatmul``). It cannot run on the machines this
+``npu_quant_matmul``, ``npu_weight_quant_batchmatmul``, ``npu_fused_infer_attention_score``). It cannot run on the machines this
 project is tested on; its call sequence is tested with a stand-in ``torch_npu`` module.
 """
 
@@ -88,3 +88,34 @@ class NpuBackend:
     ) -> torch.Tensor | None:
         """None: torch_npu's eager API has no int8 convolution (im2col + npu_quant_matmul)."""
         return None
+
+    def quant_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        deq_scale1: torch.Tensor,
+        quant_scale1: torch.Tensor,
+        deq_scale2: torch.Tensor,
+        num_heads: int,
+        num_key_value_heads: int,
+        scale: float,
+        input_layout: str,
+        atten_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """FIA's int8 full quant; the float32 deq scales are a documented form (no packing)."""
+        out, _ = _torch_npu().npu_fused_infer_attention_score(
+            q,
+            k,
+            v,
+            atten_mask=atten_mask,
+            dequant_scale1=deq_scale1,
+            quant_scale1=quant_scale1,
+            dequant_scale2=deq_scale2,
+            num_heads=num_heads,
+            num_key_value_heads=num_key_value_heads,
+            scale=scale,
+            input_layout=input_layout,
+        )
+        return out

@@ -79,3 +79,34 @@ class ReferenceBackend:
         rows = acc.permute(0, 2, 3, 1).reshape(-1, w_q.shape[0])
         k = w_q[0].numel()
         return ascend.quant_matmul_epilogue(rows, scale, k=k, bias=bias, output=output_dtype)
+
+    def quant_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        deq_scale1: torch.Tensor,
+        quant_scale1: torch.Tensor,
+        deq_scale2: torch.Tensor,
+        num_heads: int,
+        num_key_value_heads: int,
+        scale: float,
+        input_layout: str,
+        atten_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """See :meth:`QuantBackend.quant_attention`."""
+        out, _ = ascend.npu_fused_infer_attention_score(
+            q,
+            k,
+            v,
+            atten_mask=atten_mask,
+            dequant_scale1=deq_scale1,
+            quant_scale1=quant_scale1,
+            dequant_scale2=deq_scale2,
+            num_heads=num_heads,
+            num_key_value_heads=num_key_value_heads,
+            scale=scale,
+            input_layout=input_layout,
+        )
+        return out

@@ -70,6 +70,13 @@ class FakeTorchNpu(types.ModuleType):
             antiquant_group_size=antiquant_group_size,
         )  # fmt: skip
 
+    def npu_fused_infer_attention_score(self, query, key, value, **kwargs):
+        self.calls.append(
+            ("npu_fused_infer_attention_score", query.dtype, kwargs["dequant_scale1"].dtype,
+             kwargs["quant_scale1"].dtype, kwargs["dequant_scale2"].dtype, kwargs["input_layout"])
+        )  # fmt: skip
+        return ascend.npu_fused_infer_attention_score(query, key, value, **kwargs)
+
 
 def test_get_backend_is_the_single_decision_point():
     assert isinstance(get_backend(torch.device("cpu")), ReferenceBackend)
@@ -194,3 +201,32 @@ def test_npu_quant_matmul_has_torch_npus_signature_and_the_cache_changes_no_bit(
     assert torch.equal(
         got, ascend.npu_quant_matmul(x, w, s, pertoken_scale=pt, output_dtype=torch.bfloat16)
     )
+
+
+def test_quant_attention_calls_fia_with_int8_qkv_and_float32_scales(monkeypatch):
+    fake = FakeTorchNpu()
+    monkeypatch.setitem(sys.modules, "torch_npu", fake)
+    g = torch.Generator().manual_seed(1)
+    q = torch.randint(-128, 128, (1, 2, 5, 32), dtype=torch.int8, generator=g)
+    k = torch.randint(-128, 128, (1, 1, 7, 32), dtype=torch.int8, generator=g)
+    v = torch.randint(-128, 128, (1, 1, 7, 32), dtype=torch.int8, generator=g)
+    kw = dict(
+        deq_scale1=torch.tensor([2e-4]), quant_scale1=torch.tensor([127.0]),
+        deq_scale2=torch.tensor([3e-5]), num_heads=2, num_key_value_heads=1, scale=0.125,
+        input_layout="BNSD",
+    )  # fmt: skip
+    got = NpuBackend().quant_attention(q, k, v, **kw)
+    assert fake.calls == [
+        ("npu_fused_infer_attention_score", torch.int8, torch.float32, torch.float32,
+         torch.float32, "BNSD")
+    ]  # fmt: skip
+    want = ReferenceBackend().quant_attention(q, k, v, **kw)
+    assert got.dtype == torch.float16 and torch.equal(got, want)
+    assert torch.equal(
+        want,
+        ascend.npu_prompt_flash_attention(
+            q, k, v, deq_scale1=kw["deq_scale1"], quant_scale1=kw["quant_scale1"],
+            deq_scale2=kw["deq_scale2"], num_heads=2, num_key_value_heads=1, scale_value=0.125,
+            input_layout="BNSD", next_tokens=2147483647,
+        ),
+    )  # fmt: skip
