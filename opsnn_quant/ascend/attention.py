@@ -11,12 +11,13 @@ full-quant mode (below); its FP8/MX block modes (``query_quant_mode`` 6-8, ``flo
 query/key/value, as MindIE-SD 3.1.0's ``FP8RotateQuantFA`` / ``MXFP8RotateQuantFA`` call it in
 ``mindiesd/quantization/layer.py`` l.456-574) need FP8 hardware (Ascend 950): out of scope here.
 
-**The int8 path** (query/key/value int8, Q_S > 1; FIA routes Q_S > 1 to the PFA kernel). The A2
-kernel is ``PromptFlashAttentionS1s2Bns1X910`` in high-performance mode, whose int8 type traits
+**The int8 path** (query/key/value int8, Q_S > 1; FIA runs the PFA kernel for Q_S > 1,
+``attention/fused_infer_attention_score/op_kernel/fused_infer_attention_score.cpp`` l.23-24, l.48).
+The A2 kernel is ``PromptFlashAttentionS1s2Bns1X910`` in high-performance mode, whose int8 type traits
 compute in float16 (ops-transformer ``attention/prompt_flash_attention/op_kernel/
 prompt_flash_attention_base.h`` l.82-90: mmOutputType = softmaxType = half). Per (batch, head),
-over blocks of ``KV_BLOCK`` keys (the int8 S2 tile, ``prompt_flash_attention_tiling.cpp``
-l.121/l.6647-6651), with ``x910.h`` = ``op_kernel/prompt_flash_attention_s1s2_bns1_x910.h`` and
+over blocks of keys (the int8 S2 tile, :func:`int8_kv_block`: 1024, or 2048 for Q_S <= 16 with a
+long KV and no mask), with ``x910.h`` = ``op_kernel/prompt_flash_attention_s1s2_bns1_x910.h`` and
 ``x910_base.h`` = ``..._x910_base.h``::
 
     S   = fp16(fp32(Q @ K_blk^T) * fp19(deq_scale1))   # Cube int32, fixpipe DEQF16 (x910.h l.463)
@@ -54,9 +55,9 @@ are correctly rounded / summed in torch's order (they feed ``P`` before its fp16
 difference of one fp32 ulp can move a ``P`` tie); half arithmetic rounds to nearest even; the
 fixpipe's fp32 -> fp16 conversion rounds to nearest even (as :func:`~opsnn_quant.ascend.
 quant_matmul_epilogue`); half -> int8 casts (``CAST_NONE``) round half to even and saturate, NaN
--> 0; ``static_cast<half>`` of the per-tensor scalars rounds to nearest even. ``KV_BLOCK`` = 1024
-is the tiling's starting S2 tile for int8; the tiling shrinks it only when the unified buffer
-does not fit (large D): pass ``kv_block`` to :func:`int8_attention_bnsd` then.
+-> 0; ``static_cast<half>`` of the per-tensor scalars rounds to nearest even. The S2 tile of
+:func:`int8_kv_block` is the tiling's starting one; the tiling shrinks it only when the unified
+buffer does not fit (large D): pass ``kv_block`` to :func:`int8_attention_bnsd` then.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ from opsnn_quant.ascend.params import fp19, unpack_quant_param
 from opsnn_quant.errors import ShapeError
 
 KV_BLOCK = 1024  # prompt_flash_attention_tiling.cpp l.121 CVDIFF_SINNER_FACTOR_DEFAULT (int8)
+KV_BLOCK_SMALL_QS = 2048  # l.122 CVDIFF_SINNER_FACTOR_SMALL_QS
+SMALL_QS = 16  # l.116 CVDIFF_SMALL_QS_THRESHOLDS
 HALF_MIN = -65504.0  # 0xFBFF, the masked score in half (x910_base.h l.1260)
 INT_MAX = 2147483647
 _FP16_MIN_NORMAL = 2.0**-14
@@ -145,6 +148,15 @@ def deq_scale_value(deq_scale: torch.Tensor) -> torch.Tensor:
         scale, _ = unpack_quant_param(deq_scale.reshape(-1)[:1].view(torch.int64))
         return scale.reshape(())
     return fp19(deq_scale.reshape(-1)[:1]).reshape(())
+
+
+def int8_kv_block(s1: int, s2: int, has_mask: bool) -> int:
+    """The int8 kernel's S2 tile (``prompt_flash_attention_tiling.cpp``
+    ``AdjustCVTilingCVDiff`` l.6647-6690): 1024 keys, 2048 when Q_S <= 16, KV_S > 2048 and no
+    mask. The tiling's UB-fitting loop may shrink it further for a large D (not modelled)."""
+    if s1 <= SMALL_QS and s2 > KV_BLOCK_SMALL_QS and not has_mask:
+        return KV_BLOCK_SMALL_QS
+    return KV_BLOCK
 
 
 def _fixpipe_fp16(acc: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -347,8 +359,9 @@ def _attention(
     masked = _mask_bnsd(plan, atten_mask, sparse_mode, pre_tokens, next_tokens)
     if plan.int8:
         assert deq_scale1 is not None and quant_scale1 is not None and deq_scale2 is not None
+        block = int8_kv_block(plan.s1, plan.s2, atten_mask is not None)
         out_h, lse = int8_attention_bnsd(
-            q, k, v, deq_scale1, quant_scale1, deq_scale2, scale, masked
+            q, k, v, deq_scale1, quant_scale1, deq_scale2, scale, masked, kv_block=block
         )
     else:
         out32, lse = float_attention_bnsd(q, k, v, scale, masked)

@@ -18,7 +18,12 @@ from opsnn_quant.ascend import (
     npu_prompt_flash_attention,
     npu_trans_quant_param,
 )
-from opsnn_quant.ascend.attention import deq_scale_value, float_attention_bnsd, int8_attention_bnsd
+from opsnn_quant.ascend.attention import (
+    deq_scale_value,
+    float_attention_bnsd,
+    int8_attention_bnsd,
+    int8_kv_block,
+)
 from opsnn_quant.errors import ShapeError
 
 F16 = np.float16
@@ -236,12 +241,15 @@ def test_int8_path_is_bit_exact_to_the_kernel_golden(block):
     assert np.array_equal(got.numpy().view(np.uint16), want.view(np.uint16))
 
 
-def test_row_sum_is_rounded_half_away_and_blocks_accumulate_in_half():
-    # 2049 equal scores: P = 1, P_q = 127 for every key. Blocks of 1024, 1024, 1 key give
-    # 127 * 1024 / 128 = 1016 twice and 127 / 128 once; in half 1016 + 1016 + 0.9921875 = 2033
-    # (spacing 1 above 2048 / 2 ... 2032.99 rounds to 2033). The fp32 row sum 2049 is a tie between
-    # the halves 2048 and 2050: CAST_ROUND takes 2050 (nearest-even would take 2048).
-    q = torch.ones(1, 1, 2, 32, dtype=torch.int8)
+@pytest.mark.parametrize(("s1", "tile"), [(2, 2048), (17, 1024)])
+def test_row_sum_is_rounded_half_away_and_blocks_accumulate_in_half(s1, tile):
+    # 2049 equal scores: P = 1, P_q = 127 for every key. Q_S <= 16 without a mask tiles S2 by
+    # 2048 (127 * 2048 / 128 = 2032, then 127 / 128); Q_S = 17 by 1024 (1016, 1016, 127 / 128).
+    # Either way the half sum is 2033 (2032.99 rounds to the spacing 1 there). The fp32 row sum
+    # 2049 is a tie between the halves 2048 and 2050: CAST_ROUND takes 2050, not nearest-even 2048.
+    assert int8_kv_block(s1, 2049, has_mask=False) == tile
+    assert int8_kv_block(2, 2049, has_mask=True) == 1024
+    q = torch.ones(1, 1, s1, 32, dtype=torch.int8)
     k = torch.ones(1, 1, 2049, 32, dtype=torch.int8)
     out = npu_prompt_flash_attention(
         q, k, k.clone(), deq_scale1=ONE, quant_scale1=torch.tensor([127.0]),
