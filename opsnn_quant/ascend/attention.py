@@ -1,6 +1,14 @@
 """Fused attention of Atlas A2 with int8 Q/K/V: ``npu_prompt_flash_attention`` (PFA) and
 ``npu_fused_infer_attention_score`` (FIA, and its ``_v2``).
 
+Sources: op-plugin (commit 517f2e7d) ``docs/zh/custom_APIs/torch_npu/``:
+``torch_npu-npu_prompt_flash_attention.md`` ("PFA doc"),
+``torch_npu-npu_fused_infer_attention_score.md`` ("FIA doc") and its ``_v2.md`` ("v2 doc");
+``op_plugin/ops/opapi/FlashAttentionKernelNpuOpApi.cpp`` and
+``FusedInferAttentionScoreKernelNpuOpApi.cpp``; ops-transformer (commit c29bc106) kernels and
+tilings under ``attention/``; CANN 8.1.RC1 AscendC high-level API implementations. The argument
+checks and their citations are in :mod:`opsnn_quant.ascend._attention_checks`.
+
 **Which chip runs which.** Atlas A2 (910B) and A3 run PFA and FIA with int8 query/key/value and
 per-tensor ``deq_scale1`` / ``quant_scale1`` / ``deq_scale2`` (PFA doc l.7-9, l.31, l.56-58; FIA
 doc l.7-8). Atlas 300I/310P ("Atlas 推理系列加速卡产品") runs PFA with float16 only and takes none
@@ -48,11 +56,12 @@ l.1569), so mixed forms are refused.
 **The float path** (float16/bfloat16 query/key/value) is computed in fp32 (scores, softmax,
 ``P @ V``) and rounded once to the output dtype: the high-precision model. The kernels round ``P``
 to the input dtype before ``P @ V`` and fp16's default high-performance mode runs the softmax in
-half, so the float path agrees with the NPU to the input dtype's rounding, not bit for bit.
+half (PFA passes ``inner_precise=1``, ``FlashAttentionKernelNpuOpApi.cpp`` l.1008), so the float
+path agrees with the NPU to the input dtype's rounding, not bit for bit.
 
 **Assumptions** (kernel details that are not public): the vector unit's ``exp`` and fp32 row sums
-are correctly rounded / summed in torch's order (they feed ``P`` before its fp16 rounding, so a
-difference of one fp32 ulp can move a ``P`` tie); half arithmetic rounds to nearest even; the
+are torch's (an fp32 ulp of difference there moves ``P`` only when it crosses an fp16 rounding
+boundary); half arithmetic rounds to nearest even; the
 fixpipe's fp32 -> fp16 conversion rounds to nearest even (as :func:`~opsnn_quant.ascend.
 quant_matmul_epilogue`); half -> int8 casts (``CAST_NONE``) round half to even and saturate, NaN
 -> 0; ``static_cast<half>`` of the per-tensor scalars rounds to nearest even. The S2 tile of
@@ -344,7 +353,7 @@ def _attention(
         )
     out_dtype = (
         torch.int8 if quant_scale2 is not None else (torch.float16 if plan.int8 else query.dtype)
-    )  # op-plugin FlashAttentionKernelNpuOpApi.cpp l.995-1001
+    )  # op-plugin FlashAttentionKernelNpuOpApi.cpp l.997-1003
     q = _to_bnsd(query, plan.layout, plan.n)
     k = _to_bnsd(key, plan.layout, plan.n_kv)
     v = _to_bnsd(value, plan.layout, plan.n_kv)
