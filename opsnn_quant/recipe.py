@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from opsnn_quant.core.readers import read_text
 from opsnn_quant.core.resources import builtin_files
 from opsnn_quant.core.user_config import (
     SampleLimit,
@@ -34,7 +35,6 @@ from opsnn_quant.core.user_config import (
 )
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.formats.registry import exporters
-from opsnn_quant.io import read_text
 from opsnn_quant.models.family import FamilySettings, family_names, find_family
 from opsnn_quant.policy.baselines import Strategy
 from opsnn_quant.policy.budget import Budget

@@ -159,7 +159,7 @@ def budget_flag(text: str) -> dict[str, Any]:
     Raises:
         ConfigError: not YAML, or not a mapping.
     """
-    from opsnn_quant.io import read_text
+    from opsnn_quant.core.readers import read_text
 
     raw = read_text(Path(text)) if text.endswith((".yaml", ".yml")) else text
     try:

@@ -49,12 +49,12 @@ from typing import Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from opsnn_quant.core.readers import read_text
 from opsnn_quant.core.resources import builtin_dir
 from opsnn_quant.core.thresholds import Thresholds
 from opsnn_quant.core.user_config import MAX_SAMPLES, Seed, StrictModel, yaml_error
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.text_norm import TextNorm, normalizer_for
-from opsnn_quant.io import read_text
 from opsnn_quant.sources import is_named
 
 SCHEMA_VERSION = 1

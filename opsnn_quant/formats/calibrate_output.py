@@ -87,7 +87,7 @@ class CalibrateOutput:
         """
         import yaml
 
-        from opsnn_quant.io import read_text
+        from opsnn_quant.core.readers import read_text
 
         if not self.recipe.is_file():
             return {}

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.formats.registry import exporter, exporters
 from opsnn_quant.formats.result import ExportResult
-from opsnn_quant.io import write_output_files
+from opsnn_quant.output.loose import write_output_files
 from opsnn_quant.policy.schema import PrecisionPolicy, ResolvedPolicy
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ def export_files(
     """The files of ``result`` written at ``path`` (path -> (text, kind)): the file, and the
     notes of a comment-less format in ``<path>.notes.txt``; and the notes file an earlier run
     may have left that this one does not write (path -> kind), for
-    :func:`opsnn_quant.io.write_output_files`."""
+    :func:`opsnn_quant.output.loose.write_output_files`."""
     notes_path, notes_kind = Path(f"{path}.notes.txt"), f"{result.format}.notes"
     files: dict[Path, tuple[str | bytes, str]] = {Path(path): (result.text, result.format)}
     if result.notes and not result.comments:
@@ -115,7 +115,7 @@ def export_files(
 def write_export(result: ExportResult, path: str | Path) -> list[Path]:
     """Write ``result`` at ``path`` in a directory the caller owns (its notes beside it, see
     :func:`export_files`); a file there is replaced only when it is this format's file as we
-    wrote it (:func:`opsnn_quant.io.check_output_file`). The command layer writes over a
+    wrote it (:func:`opsnn_quant.output.loose.check_output_file`). The command layer writes over a
     user's path with its own checks (``policy export``: ``--force``, its inputs).
 
     Raises:

@@ -3,7 +3,7 @@
 :func:`execute_calibrate` reads as its numbered phases. Everything that can be checked before
 the model loads was, once, when the run was resolved (:func:`~.run.resolve_run`: output path,
 suite, latency mode, AMCT, data); then ``OUT/`` is built in a temporary sibling and renamed into
-place (:func:`opsnn_quant.io.atomic_dir`). Each phase takes the run's
+place (:func:`opsnn_quant.output.directories.atomic_dir`). Each phase takes the run's
 :class:`~.context.RunContext` and the values earlier phases returned, and returns its own: the probe a :class:`~opsnn_quant.probe.api.ProbeResult`, the policy phase the
 :class:`~opsnn_quant.policy.schema.ResolvedPolicy` every later phase takes.
 """
@@ -29,9 +29,11 @@ from opsnn_quant.evaluation.suite import Suite
 from opsnn_quant.formats.calibrate_output import PROBE_FILE, CalibrateOutput
 from opsnn_quant.formats.checkpoint import OUTPUT_KIND as CHECKPOINT_KIND
 from opsnn_quant.formats.checkpoint import save_quantized
-from opsnn_quant.io import atomic_dir, atomic_write_text, output_lock
 from opsnn_quant.models import ModelAdapter
 from opsnn_quant.models.offload import offload_of
+from opsnn_quant.output.directories import atomic_dir
+from opsnn_quant.output.files import atomic_write_text
+from opsnn_quant.output.locks import output_lock
 from opsnn_quant.pipeline.context import RunContext, load_recipe_model
 from opsnn_quant.pipeline.exports import (
     ExportPlan,

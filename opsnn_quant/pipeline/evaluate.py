@@ -92,8 +92,8 @@ def check_evaluate(
     from opsnn_quant.evaluation.render import OUTPUT_KIND
     from opsnn_quant.evaluation.suite import load_suite, suite_inputs
     from opsnn_quant.formats.base import ModelSource
-    from opsnn_quant.io import check_output_dir
     from opsnn_quant.models import check_weights, guess_family
+    from opsnn_quant.output.directories import check_output_dir
     from opsnn_quant.policy.targets import get_target
     from opsnn_quant.sources import local_paths
 
@@ -126,13 +126,13 @@ def run_evaluate(job: EvaluateJob, progress: Progress | None = None) -> Acceptan
     """Load the candidate and its float baseline, evaluate, write ``report.{json,md,html}``.
 
     The rank that writes holds the lock of ``job.out`` (and of the outputs it lies in:
-    ``-o OUT/report``) throughout (:func:`opsnn_quant.io.output_lock`).
+    ``-o OUT/report``) throughout (:func:`opsnn_quant.output.locks.output_lock`).
 
     Raises:
         OutputError: another run writes ``job.out`` or an output it lies in.
     """
     from opsnn_quant.distributed import current_world
-    from opsnn_quant.io import output_lock
+    from opsnn_quant.output.locks import output_lock
 
     if not current_world().is_main:
         return _run_evaluate(job, progress)
@@ -148,8 +148,8 @@ def _run_evaluate(job: EvaluateJob, progress: Progress | None) -> AcceptanceRepo
     from opsnn_quant.evaluation.evaluate import evaluate
     from opsnn_quant.evaluation.render import OUTPUT_KIND
     from opsnn_quant.formats.candidates import cast_adapter, load_candidate
-    from opsnn_quant.io import atomic_dir
     from opsnn_quant.models import load_adapter
+    from opsnn_quant.output.directories import atomic_dir
     from opsnn_quant.policy.schema import PrecisionPolicy
     from opsnn_quant.policy.summary import policy_summary
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from opsnn_quant.core.readers import read_text
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.formats.calibrate_output import PROBE_FILE
-from opsnn_quant.io import check_output_file, read_text, write_output_file
+from opsnn_quant.output.loose import check_output_file, write_output_file
 from opsnn_quant.policy.budget import Budget
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy

@@ -1,7 +1,7 @@
 """``probe``: a recipe's or a model's probe job, checked before any load, run into OUT.
 
 OUT holds ``probe.json`` and ``timings.json``, built in a temporary sibling and renamed into
-place like every output (:func:`opsnn_quant.io.atomic_dir`).
+place like every output (:func:`opsnn_quant.output.directories.atomic_dir`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.formats.calibrate_output import PROBE_FILE
-from opsnn_quant.io import atomic_dir, check_output_dir, output_lock
+from opsnn_quant.output.directories import atomic_dir, check_output_dir
+from opsnn_quant.output.locks import output_lock
 from opsnn_quant.probe.api import ProbeConfig
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.recipe import recipe_inputs
@@ -138,7 +139,7 @@ def run_probe_job(
     """Load the data and the model, probe, write ``OUT/probe.json`` and ``OUT/timings.json``
     (rank 0 of a distributed run: pass 1 over its share, the others' merged, see
     :mod:`opsnn_quant.pipeline.sharing`). Holds the lock of ``OUT`` (and of the outputs it lies
-    in) from the start (:func:`opsnn_quant.io.output_lock`)."""
+    in) from the start (:func:`opsnn_quant.output.locks.output_lock`)."""
     with output_lock(job.out):  # a writer into OUT meanwhile would be swapped away
         return _run_probe_job(job, say=progress or (lambda m: None), sharing=sharing)
 

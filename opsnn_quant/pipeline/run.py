@@ -3,10 +3,10 @@
 The command line and the Python API both end in :func:`resolve_run`: every name becomes a value
 there (the target, the acceptance suite, the ``budget.metric`` suite, the quantizer) and every
 check that needs no data or model runs there, once: the model source and its weights, the
-output directory (:func:`~opsnn_quant.io.check_output_dir`), the device, the settings against
+output directory (:func:`~opsnn_quant.output.directories.check_output_dir`), the device, the settings against
 the model's config files, the memory floor, the latency mode. The phases take the resolved run
 and never look a name up again. Only the swap of the finished output checks ``OUT`` once more,
-under its lock (:func:`~opsnn_quant.io.atomic_dir`): the directory may change while a run works.
+under its lock (:func:`~opsnn_quant.output.directories.atomic_dir`): the directory may change while a run works.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.evaluate import check_suite_fits
 from opsnn_quant.evaluation.gate import check_latency_mode
 from opsnn_quant.evaluation.suite import Suite, load_suite, suite_inputs
-from opsnn_quant.io import check_output_dir
 from opsnn_quant.models import check_model_source, check_weights
 from opsnn_quant.models.footprint import check_source_memory
 from opsnn_quant.models.settings import check_source_fits
+from opsnn_quant.output.directories import check_output_dir
 from opsnn_quant.pipeline.quantizers import Quantizer, get_quantizer
 from opsnn_quant.pipeline.resume import run_identity
 from opsnn_quant.policy.targets import Target, get_target

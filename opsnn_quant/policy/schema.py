@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from opsnn_quant.core.numerics import fmt_share
+from opsnn_quant.core.readers import read_text
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.io import atomic_write_text, read_text
+from opsnn_quant.output.files import atomic_write_text
 from opsnn_quant.policy import _yaml, form
 from opsnn_quant.policy.budget import Budget
 from opsnn_quant.policy.rule import Rule, glob_matcher

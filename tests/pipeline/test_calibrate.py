@@ -418,7 +418,7 @@ def test_a_naive_strategy_pays_for_pass_1_only_and_writes_the_same_model(tmp_pat
 
 
 _WRITE_REPORT = (
-    "import sys\nfrom opsnn_quant.io import atomic_dir\n"
+    "import sys\nfrom opsnn_quant.output.directories import atomic_dir\n"
     "with atomic_dir(sys.argv[1], 'report') as tmp:\n    (tmp / 'report.md').write_text('PASS')\n"
 )
 

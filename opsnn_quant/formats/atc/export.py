@@ -33,7 +33,7 @@ from opsnn_quant.core.tensors import first_tensor
 from opsnn_quant.formats.atc.commands import check_aoe, check_atc, shell_line
 from opsnn_quant.formats.atc.onnx.fast import markable
 from opsnn_quant.formats.policy_files import export_policy, write_export
-from opsnn_quant.io import atomic_write_text, write_json_atomic
+from opsnn_quant.output.files import atomic_write_text, write_json_atomic
 from opsnn_quant.policy.schema import ResolvedPolicy
 from opsnn_quant.quant.modules import QuantModule
 from opsnn_quant.recording import Call
