@@ -64,7 +64,8 @@ def _whisper_recipe(root: Path) -> Path:
 def _differing(recipe_path: Path, out: Path, consumer: str) -> tuple[int, int]:
     """(quantized Linears whose engine output differs from ours, quantized Linears compared) on
     one recorded call per root."""
-    from opsnn_quant.formats.ascendv1 import apply_ascendv1, read_ascendv1
+    from opsnn_quant.formats.ascendv1.consumer import apply_ascendv1
+    from opsnn_quant.formats.ascendv1.reader import read_ascendv1
     from opsnn_quant.formats.mindie_sd.reader import apply_mindie_sd_dir
 
     recipe = load_recipe(str(recipe_path))

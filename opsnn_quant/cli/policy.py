@@ -89,7 +89,8 @@ def export(
 ) -> None:
     """Write POLICY in a format AMCT or ATC reads (never over one of its inputs)."""
     from opsnn_quant.formats.atc.precision import load_node_map, onnx_node_io
-    from opsnn_quant.formats.policy_files import export_files, export_policy
+    from opsnn_quant.formats.policy_files import export_policy
+    from opsnn_quant.formats.result import export_files
     from opsnn_quant.output.loose import write_output_files
 
     result = export_policy(

@@ -130,7 +130,8 @@ def _load_float(module: nn.Module, directory: Path) -> None:
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise AscendV1Error(f"{directory}: a model component without safetensors weights")
-    tensors = open_tensor_files(directory, indexes[0] if len(indexes) == 1 else None, files)
+    index = indexes[0] if len(indexes) == 1 else None
+    tensors = open_tensor_files(directory, index, files, error=AscendV1Error)
     state = module.state_dict(keep_vars=True)
     for name in sorted(set(tensors.info) - set(state)):
         raise AscendV1Error(f"{directory / name}: not a tensor of the model")

@@ -40,7 +40,7 @@ from opsnn_quant.policy.schema import Resolved, ResolvedPolicy
 from opsnn_quant.types import Precision
 
 if TYPE_CHECKING:
-    from opsnn_quant.formats.policy_files import PolicyExportOptions
+    from opsnn_quant.formats.result import PolicyExportOptions
 
 ATC_FORMATS = ("atc-keep-dtype", "atc-customize-dtypes", "atc-modify-mixlist")
 

@@ -21,8 +21,7 @@ from torch import nn
 
 from opsnn_quant.errors import ModelLoadError
 from opsnn_quant.folding.smooth_fold import Call
-from opsnn_quant.formats.ascendv1 import export_ascendv1
-from opsnn_quant.formats.ascendv1.export import AscendV1Export
+from opsnn_quant.formats.ascendv1.export import AscendV1Export, export_ascendv1
 from opsnn_quant.models import check_weights
 from opsnn_quant.models.loader_files import check_model_sources
 from opsnn_quant.output.directories import atomic_dir

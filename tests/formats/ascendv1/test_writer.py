@@ -11,7 +11,9 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from opsnn_quant.formats.ascendv1 import apply_ascendv1, export_ascendv1, read_ascendv1
+from opsnn_quant.formats.ascendv1.consumer import apply_ascendv1
+from opsnn_quant.formats.ascendv1.export import export_ascendv1
+from opsnn_quant.formats.ascendv1.reader import read_ascendv1
 from opsnn_quant.formats.ascendv1.writer import component_export, engine_input_scale
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.spec import QuantSpec
