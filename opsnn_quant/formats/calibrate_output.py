@@ -1,7 +1,7 @@
 """The layout of a calibrate output directory: one owner for the names every command reads and
 writes (``probe.json``, ``policy.yaml``, ``quant/``, ``export/``, ``report/``, ``timings.json``,
 ``recipe.yaml``), instead of literals spread over the commands. What a directory a user passes
-is, is :func:`opsnn_quant.formats.candidates.recognise`'s answer.
+is, is :func:`opsnn_quant.formats.registry.recognise`'s answer.
 """
 
 from __future__ import annotations

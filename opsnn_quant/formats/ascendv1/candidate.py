@@ -31,15 +31,6 @@ from opsnn_quant.formats.safetensors_io import open_tensor_files
 from opsnn_quant.models.base import ModelAdapter
 
 
-def is_ascendv1_candidate(directory: Path) -> bool:
-    """An AscendV1 directory, or a pipeline directory with an AscendV1 component."""
-    if is_ascendv1_dir(directory):
-        return True
-    return (directory / "model_index.json").is_file() and any(
-        is_ascendv1_dir(p) for p in sorted(directory.iterdir()) if p.is_dir()
-    )
-
-
 def looks_ascendv1(directory: Path) -> bool:
     """A directory meant as AscendV1: a ``quant_model_*`` file in it or in a subdirectory (so
     that a broken one is reported as such, not as a model of unknown family)."""
