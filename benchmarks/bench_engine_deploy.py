@@ -33,8 +33,8 @@ from opsnn_quant.core.determinism import set_reproducible
 from opsnn_quant.core.timesteps import at_step, current_step
 from opsnn_quant.formats.checkpoint import load_quantized
 from opsnn_quant.pipeline.calibrate import load_recipe_model, run_calibrate
+from opsnn_quant.pipeline.recipe import load_recipe
 from opsnn_quant.quant.modules import is_quant_module
-from opsnn_quant.recipe import load_recipe
 from opsnn_quant.recording import record_roots, replay
 from tests import tiny_pipelines
 

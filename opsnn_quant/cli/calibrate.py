@@ -22,10 +22,10 @@ from opsnn_quant.formats.calibrate_output import PROBE_FILE, TIMINGS_FILE
 if TYPE_CHECKING:
     from opsnn_quant.pipeline.calibrate import CalibrateResult
     from opsnn_quant.pipeline.probe import ProbeJob
+    from opsnn_quant.pipeline.recipe import Recipe
     from opsnn_quant.pipeline.run import CalibrateRun
     from opsnn_quant.pipeline.sharing import Sharing
     from opsnn_quant.probe.report import Fp16Stats, SensitivityReport
-    from opsnn_quant.recipe import Recipe
 
 FORCE_HELP = _ui.FORCE_HELP
 DEVICE_HELP = "place the model on cpu | npu | npu:N | cuda:N [default: the recipe's, else cpu]"
@@ -263,10 +263,10 @@ def calibrate(
     from opsnn_quant.core.user_config import check_seed
     from opsnn_quant.models.footprint import parse_size
     from opsnn_quant.pipeline.calibrate import contribute_statistics
+    from opsnn_quant.pipeline.recipe_flags import RecipeFlags, effective_recipe
     from opsnn_quant.pipeline.run import check_offload_unshared
     from opsnn_quant.pipeline.sharing import Sharing
     from opsnn_quant.policy.baselines import STRATEGIES
-    from opsnn_quant.recipe_flags import RecipeFlags, effective_recipe
 
     check_seed(seed)  # the flag's own message (the run checks a Python caller's seed too)
     memory = parse_size(max_memory) if max_memory is not None else None
@@ -357,8 +357,8 @@ class CalibrateCommand:
     def resolve(self, *, distributed: bool) -> CalibrateRun:
         """The run, every name resolved and everything checked before any load (the recipe
         file is one of its inputs: no output replaces it)."""
+        from opsnn_quant.pipeline.recipe import resolve_recipe
         from opsnn_quant.pipeline.run import resolve_run
-        from opsnn_quant.recipe import resolve_recipe
 
         read = [str(resolve_recipe(self.recipe_arg))] if self.recipe_arg is not None else []
         return resolve_run(
@@ -488,7 +488,7 @@ def probe_cmd(
 
 def _recipe_device(target: str) -> str:
     """The device a recipe places its model on (a model directory: the CPU)."""
-    from opsnn_quant.recipe import builtin_recipes, load_recipe
+    from opsnn_quant.pipeline.recipe import builtin_recipes, load_recipe
 
     if target.endswith((".yaml", ".yml")) or target in builtin_recipes():
         return load_recipe(target).model.device

@@ -47,6 +47,8 @@ from opsnn_quant.pipeline.measured import (
     metric_source,
     slice_records,
 )
+from opsnn_quant.pipeline.recipe import Recipe
+from opsnn_quant.pipeline.recipe_flags import recipe_yaml
 from opsnn_quant.pipeline.resume import RESUME_FILE, Journal, resumable
 from opsnn_quant.pipeline.run import OFFLOAD_REMEDY, OUTPUT_KIND, CalibrateRun, resolve_run
 from opsnn_quant.pipeline.sharing import Sharing
@@ -76,8 +78,6 @@ from opsnn_quant.probe.measure import measure_modalities
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.schemes import SCHEMES
-from opsnn_quant.recipe import Recipe
-from opsnn_quant.recipe_flags import recipe_yaml
 from opsnn_quant.recording import RecordedRoots, record_roots
 from opsnn_quant.types import Modality, Progress
 

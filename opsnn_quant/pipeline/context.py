@@ -11,11 +11,11 @@ from opsnn_quant.formats.calibrate_output import CalibrateOutput
 from opsnn_quant.models import load_adapter
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.pipeline.quantizers import Quantizer
+from opsnn_quant.pipeline.recipe import Recipe
 from opsnn_quant.pipeline.resume import Journal
 from opsnn_quant.pipeline.run import CalibrateRun
 from opsnn_quant.pipeline.sharing import Sharing
 from opsnn_quant.policy.targets import Target
-from opsnn_quant.recipe import Recipe
 from opsnn_quant.types import Progress
 
 

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 from opsnn_quant.formats.calibrate_output import PROBE_FILE
 from opsnn_quant.output.directories import atomic_dir, check_output_dir
 from opsnn_quant.output.locks import output_lock
+from opsnn_quant.pipeline.recipe import recipe_inputs
 from opsnn_quant.probe.api import ProbeConfig
 from opsnn_quant.probe.report import SensitivityReport
-from opsnn_quant.recipe import recipe_inputs
 from opsnn_quant.types import Progress
 
 if TYPE_CHECKING:
@@ -85,9 +85,9 @@ def check_probe(
     from opsnn_quant.models import check_weights, family_names, guess_family
     from opsnn_quant.models.footprint import check_source_memory
     from opsnn_quant.models.settings import check_source_fits, parse_set_options, settings_for
+    from opsnn_quant.pipeline.recipe import builtin_recipes, load_recipe, resolve_recipe
     from opsnn_quant.probe.api import check_offloaded_estimators
     from opsnn_quant.probe.moments import moments_memory
-    from opsnn_quant.recipe import builtin_recipes, load_recipe, resolve_recipe
     from opsnn_quant.sources import local_paths
 
     check_limit(limit)

@@ -27,12 +27,12 @@ from opsnn_quant.models.footprint import check_source_memory
 from opsnn_quant.models.settings import check_source_fits
 from opsnn_quant.output.directories import check_output_dir
 from opsnn_quant.pipeline.quantizers import Quantizer, get_quantizer
+from opsnn_quant.pipeline.recipe import Recipe, recipe_inputs
+from opsnn_quant.pipeline.recipe_flags import recipe_yaml
 from opsnn_quant.pipeline.resume import run_identity
 from opsnn_quant.policy.targets import Target, get_target
 from opsnn_quant.probe.api import check_offloaded_estimators
 from opsnn_quant.probe.moments import moments_memory
-from opsnn_quant.recipe import Recipe, recipe_inputs
-from opsnn_quant.recipe_flags import recipe_yaml
 
 OUTPUT_KIND = "calibrate"
 

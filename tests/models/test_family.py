@@ -29,7 +29,7 @@ from opsnn_quant.models import (
 )
 from opsnn_quant.models import family as family_table
 from opsnn_quant.models.data import check_records
-from opsnn_quant.recipe import Recipe
+from opsnn_quant.pipeline.recipe import Recipe
 from opsnn_quant.types import ForwardLoop, Modality
 
 CONFIG = "toy.cfg"  # the toy's own format: key = value lines

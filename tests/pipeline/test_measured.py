@@ -10,10 +10,10 @@ import torch
 import yaml
 
 from opsnn_quant.pipeline.calibrate import run_calibrate
+from opsnn_quant.pipeline.recipe import Recipe, builtin_recipes
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.spec import QuantSpec
-from opsnn_quant.recipe import Recipe, builtin_recipes
 from tests._deps import needs_espeak
 
 
@@ -144,9 +144,9 @@ def test_a_candidates_float_copy_after_pass_one_equals_a_fresh_load(tmp_path):
     from opsnn_quant.pipeline.calibrate import probe_config_for
     from opsnn_quant.pipeline.context import load_recipe_model
     from opsnn_quant.pipeline.measured import float_copy
+    from opsnn_quant.pipeline.recipe import load_recipe
     from opsnn_quant.policy.targets import get_target
     from opsnn_quant.probe.api import start_probe
-    from opsnn_quant.recipe import load_recipe
     from tests.tiny_pipelines import save_tiny_sd3, tiny_dit_recipe
 
     save_tiny_sd3(tmp_path / "pipe")
@@ -253,7 +253,7 @@ def test_the_documented_budget_example_slices_data_the_suite_does_not_judge(tmp_
     from opsnn_quant.evaluation.suite import load_suite
     from opsnn_quant.models.data import load_records
     from opsnn_quant.pipeline.measured import metric_source, slice_records
-    from opsnn_quant.recipe_flags import RecipeFlags, effective_recipe
+    from opsnn_quant.pipeline.recipe_flags import RecipeFlags, effective_recipe
 
     docs = (Path(__file__).parents[2] / "docs" / "cli.md").read_text()
     assert DOCUMENTED_BUDGET in docs

@@ -21,7 +21,7 @@ from opsnn_quant.core.user_config import check_limit, keys_hint
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.models.family import find_family
 from opsnn_quant.models.settings import parse_set_options
-from opsnn_quant.recipe import (
+from opsnn_quant.pipeline.recipe import (
     Recipe,
     family_choices,
     is_suite_path,
