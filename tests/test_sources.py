@@ -7,6 +7,7 @@ import json
 
 from opsnn_quant import sources
 from opsnn_quant.models import guess_family
+from opsnn_quant.sources import resolve_source
 
 
 class _Store:
@@ -26,7 +27,7 @@ class _Store:
 
 
 def test_the_zoo_says_its_families_without_building_a_directory():
-    assert [guess_family(f"zoo:{n}") for n in ("shapes-t2i", "shapes-dit", "whisper-tiny-en")] == [
+    assert [guess_family(resolve_source(f"zoo:{n}")) for n in ("shapes-t2i", "shapes-dit", "whisper-tiny-en")] == [
         "diffusers-sd", "diffusers-dit", "whisper"
     ]  # fmt: skip
 
@@ -37,5 +38,5 @@ def test_a_provider_that_does_not_say_is_guessed_from_its_directory(tmp_path, mo
              "unet": [None, None]}  # fmt: skip
     (tmp_path / "dit" / "model_index.json").write_text(json.dumps(index))
     monkeypatch.setattr(sources, "providers", lambda: {"store": _Store(tmp_path)})
-    assert sources.named_family("store:dit") is None
-    assert guess_family("store:dit") == "diffusers-dit"
+    assert sources.named_family(resolve_source("store:dit")) is None
+    assert guess_family(resolve_source("store:dit")) == "diffusers-dit"

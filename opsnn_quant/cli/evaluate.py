@@ -135,7 +135,6 @@ def launch(job: EvaluateJob, nproc: int, backend: str | None) -> int:
     """``--nproc N``: the checked command again in N processes on this host (torchrun's
     elastic agent); returns the run's exit code."""
     from opsnn_quant import distributed as dist
-    from opsnn_quant.cli import main
     from opsnn_quant.evaluation.evaluate import suite_records
 
     dist.check_nproc(nproc, len(suite_records(job.suite)))
@@ -143,7 +142,7 @@ def launch(job: EvaluateJob, nproc: int, backend: str | None) -> int:
     dist.check_backend(
         backend or {"npu": "hccl", "cuda": "nccl"}.get(job.device.split(":")[0], "gloo")
     )
-    return dist.launch_local(nproc, main, _ui.without_nproc(_ui.ARGV))
+    return _ui.relaunch(nproc)
 
 
 def register(app: typer.Typer) -> None:

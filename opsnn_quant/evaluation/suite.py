@@ -323,14 +323,13 @@ def suite_file(path_or_name: str | Path) -> Path:
     return path
 
 
-def suite_inputs(path_or_name: str | Path) -> list[str]:
-    """The local paths a suite reads (its file, data folder, reference images): an output may
-    not replace them.
+def suite_inputs(suite: Suite, path_or_name: str | Path) -> list[str]:
+    """The local paths ``suite``, loaded from ``path_or_name``, reads (its file, data folder,
+    reference images, tuning data): an output may not replace them.
 
     Raises:
-        ConfigError: as :func:`load_suite`.
+        ConfigError: as :func:`suite_file`.
     """
-    suite = load_suite(path_or_name)
     paths = [suite_file(path_or_name), suite.data.folder]
     if suite.data.reference not in (None, "dataset"):
         paths.append(Path(str(suite.data.reference)))

@@ -112,6 +112,22 @@ class CalibrateOutput:
         return None
 
 
+def probe_report_file(path: Path, where: str = "") -> Path:
+    """The probe report ``path`` names: a ``probe.json`` itself, or that of the probe or
+    calibrate output ``path`` is.
+
+    Raises:
+        ConfigError: no report there (``where`` begins the message: the flag that named it).
+    """
+    file = path / PROBE_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise ConfigError(
+            f"{where}{path}: no probe report there (a probe or calibrate output, or its "
+            f"{PROBE_FILE})"
+        )
+    return file
+
+
 class CalibrateOutputFormat(Format):
     """Our calibrate output, read as a candidate: the float source recorded in ``quant/``, our
     quantized modules loaded from it, its ``probe.json`` and ``policy.yaml`` beside."""
@@ -137,10 +153,9 @@ class CalibrateOutputFormat(Format):
 
     def run_dtype(self, path: Path, dtype: str) -> str:
         from opsnn_quant.policy.schema import PrecisionPolicy
-        from opsnn_quant.policy.targets import get_target
 
         policy = CalibrateOutput(path).policy
-        target = get_target(PrecisionPolicy.load(policy).target) if policy.is_file() else None
+        target = PrecisionPolicy.load(policy).target_def if policy.is_file() else None
         return run_dtype(target, dtype)
 
     def load_candidate(

@@ -64,7 +64,7 @@ def check_export_weights(
     from opsnn_quant.output.directories import check_output_dir
     from opsnn_quant.output.loose import check_output_file
     from opsnn_quant.pipeline.model_exports import notes_file
-    from opsnn_quant.sources import local_paths
+    from opsnn_quant.sources import local_paths, resolve_source
 
     check_limit(limit)
     model_formats = [e.name for e in exporters("model")]
@@ -82,12 +82,12 @@ def check_export_weights(
     if data is None and need:
         why = " and ".join(need)
         raise ConfigError(f"{why} need one call per root: pass --data (e.g. the recipe's data)")
-    source = str(desc.get("source_model") or "")
+    source = resolve_source(str(desc.get("source_model") or ""))
     check_weights(source, allow_pickle=allow_pickle)
     export_dir = dest or calib.export
     read = calib.read_by_consumers()
-    read += local_paths(source) if source else []
-    read += local_paths(data) if data is not None else []
+    read += local_paths(source) if source.text else []
+    read += local_paths(resolve_source(data)) if data is not None else []
     for f in wanted:
         check_output_dir(export_dir / f, f, force=force, inputs=read)
         path, kind = notes_file(export_dir, f)

@@ -21,6 +21,7 @@ from opsnn_quant.types import Progress
 if TYPE_CHECKING:
     from opsnn_quant.models.base import ModelAdapter
     from opsnn_quant.pipeline.sharing import Sharing
+    from opsnn_quant.sources import Source
 
 PROBE_KIND = "probe"
 
@@ -30,7 +31,8 @@ class ProbeJob:
     """What ``probe`` runs, resolved from a recipe or a model and checked before any load.
 
     Attributes:
-        family, source, settings: the model and its checked settings.
+        family, source, settings: the model (its source resolved once) and its checked
+            settings.
         data, limit: the calibration data and how many records of it.
         config: the probe configuration.
         device, dtype, allow_pickle: how the model loads.
@@ -42,7 +44,7 @@ class ProbeJob:
     """
 
     family: str
-    source: str
+    source: Source
     settings: dict[str, Any]
     data: str
     limit: int | None
@@ -88,16 +90,17 @@ def check_probe(
     from opsnn_quant.pipeline.recipe import builtin_recipes, load_recipe, resolve_recipe
     from opsnn_quant.probe.api import check_offloaded_estimators
     from opsnn_quant.probe.moments import moments_memory
-    from opsnn_quant.sources import local_paths
+    from opsnn_quant.sources import local_paths, resolve_source
 
     check_limit(limit)
     moments_memory()  # OPSNN_QUANT_MOMENTS_MEMORY, read at pass 1: refused before any load
     is_recipe = target.endswith((".yaml", ".yml")) or target in builtin_recipes()
     if is_recipe:
         r = load_recipe(target).with_placement(device, dtype)
-        inputs = [*recipe_inputs(r), str(resolve_recipe(target))]
-        inputs += [str(p) for p in (local_paths(data) if data else [])]
-        family, source, settings = r.model.family, r.model.source, r.settings_dict()
+        source = resolve_source(r.model.source)  # split once, here
+        inputs = [*recipe_inputs(r, source), str(resolve_recipe(target))]
+        inputs += [str(p) for p in (local_paths(resolve_source(data)) if data else [])]
+        family, settings = r.model.family, r.settings_dict()
         device, dtype = r.model.device, r.model.dtype
         source_data = data or r.data.calibration
         n = limit or r.probe.data_limit or r.data.limit
@@ -110,9 +113,10 @@ def check_probe(
         if family is not None and family not in family_names():
             known = ", ".join(family_names())
             raise ConfigError(f"--family must be one of {known}, got {family!r}")
-        family, source, settings = family or guess_family(target), target, {}
+        source = resolve_source(target)  # split once, here
+        family, settings = family or guess_family(source), {}
         source_data, n = data, limit
-        inputs = [str(p) for s in (target, data) for p in local_paths(s)]
+        inputs = [str(p) for s in (source, resolve_source(data)) for p in local_paths(s)]
         cfg = ProbeConfig(exhaustive=exhaustive)
     checked = settings_for(family, {**settings, **parse_set_options(sets)})
     check_weights(source, allow_pickle=allow_pickle)  # the model's configs before their limits

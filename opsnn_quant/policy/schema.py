@@ -154,6 +154,12 @@ class PrecisionPolicy(_Frozen):
                 )
         return v
 
+    @property
+    def target_def(self) -> Target:
+        """The target this policy names (the file is where the name enters: checked when it
+        was read)."""
+        return get_target(self.target)
+
     def __str__(self) -> str:
         """A person's summary: target, rules, and each modality's decision (``print(policy)``;
         ``repr`` keeps every field)."""
@@ -345,7 +351,7 @@ class PrecisionPolicy(_Frozen):
         names = list(modules)
         self.check_rules(names, modules)
         resolution = self.resolve(names, modules, modalities)
-        target = get_target(self.target)  # the policy file is where the name enters
+        target = self.target_def
         specs = {name: self.spec_of(res) for name, res in resolution.items()}
         problems = []
         for name, res in resolution.items():

@@ -103,7 +103,7 @@ def test_run_calibrate_on_a_tiny_pipeline_writes_every_artifact(tmp_path, monkey
     loads: list[str] = []
     real_load = workflow.load_recipe_model
     monkeypatch.setattr(
-        workflow, "load_recipe_model", lambda r: loads.append(r.name) or real_load(r)
+        workflow, "load_recipe_model", lambda r, s=None: loads.append(r.name) or real_load(r, s)
     )
 
     save_tiny_sd(tmp_path / "pipe")
@@ -312,7 +312,7 @@ def test_the_acceptance_reports_policy_table_shows_measured_beside_predicted():
     from opsnn_quant.evaluation.render import render_markdown
     from opsnn_quant.evaluation.runner import QualityResult, build_report
     from opsnn_quant.evaluation.suite import parse_suite
-    from opsnn_quant.pipeline.calibrate import with_measured
+    from opsnn_quant.policy.summary import with_measured
     from opsnn_quant.types import Modality
 
     summary = {"model": "m", "target": "ascend910b-atc", "rules": 3, "modalities": {
@@ -372,6 +372,7 @@ def test_a_naive_strategy_pays_for_pass_1_only_and_writes_the_same_model(tmp_pat
     # Decide first (issue 43): all-w8a8-dynamic reads no estimate, so only pass 1 runs; the
     # checkpoint and exports are those the whole probe's statistics give (bit for bit).
     from opsnn_quant.pipeline import calibrate as workflow
+    from opsnn_quant.pipeline import run as resolution
     from opsnn_quant.pipeline.calibrate import run_calibrate
     from opsnn_quant.pipeline.recipe import load_recipe
     from opsnn_quant.probe.report import SensitivityReport
@@ -397,11 +398,11 @@ def test_a_naive_strategy_pays_for_pass_1_only_and_writes_the_same_model(tmp_pat
     assert staged.int8_mac_share and staged.int8_mac_share > 0
     assert report.config["schemes"] == ["w8a8_dynamic"]  # no other scheme's observers
     # the same run with every scheme the target runs and the estimators (before issue 43)
-    real_config = workflow.probe_config_for
+    real_config = resolution.probe_config
     monkeypatch.setattr(workflow, "estimators_optional", lambda run: False)
     monkeypatch.setattr(
-        workflow,
-        "probe_config_for",
+        resolution,
+        "probe_config",
         lambda r, seed, t: real_config(r.model_copy(update={"strategy": "search"}), seed, t),
     )
     whole = run_calibrate(load_recipe(str(recipe)), tmp_path / "whole")

@@ -262,10 +262,10 @@ def export_ascendv1(
         ModelLoadError: a file to copy from the source that is no regular file inside it (a
             link leading out of it, a FIFO): the output is not written.
     """
-    from opsnn_quant.sources import model_path
+    from opsnn_quant.sources import Source, model_path
 
     source = source_dir or model_path(adapter.model_id)
-    check_model_sources(str(source))  # the files copied below: before anything is written
+    check_model_sources(Source(str(source)))  # the files copied below: before anything is written
     model = adapter.model
     components = _components(model, source)
     # an offloaded model (--max-memory): block by block, each tensor read again from its
