@@ -25,6 +25,9 @@ from typing import Any, Protocol
 from opsnn_quant.errors import ConfigError, ModelLoadError
 
 GROUP = "opsnn_quant.sources"
+BUILTIN_SCHEME = "zoo"
+"""The scheme of the models and data shipped with the package (its demo zoo's provider): what a
+suite's bare dataset or CLIP name stands for (:func:`builtin_source`)."""
 # A scheme is a short lowercase word; anything else with a colon (C:\...) is a path.
 _SCHEME = re.compile(r"^([a-z][a-z0-9_-]*):(.+)$")
 
@@ -98,6 +101,12 @@ def resolve_source(text: str) -> Source:
     """``text`` (a path, or ``<scheme>:<name>``) as a :class:`Source`: split once, here."""
     named = split_source(text)
     return Source(text) if named is None else Source(text, *named)
+
+
+def builtin_source(name: str) -> str:
+    """The named source of ``name`` among the package's own (``shapes-clip`` ->
+    ``zoo:shapes-clip``); a ``<scheme>:<name>`` is already one."""
+    return name if ":" in name else f"{BUILTIN_SCHEME}:{name}"
 
 
 def split_source(source: str) -> tuple[str, str] | None:

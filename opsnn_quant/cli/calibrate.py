@@ -496,15 +496,17 @@ def probe_cmd(
     Under torchrun (or with --nproc) the statistics pass is shared by rank (whole batches
     each, merged exactly); rank 0 does the rest and writes."""
     from opsnn_quant.models.footprint import parse_size
-    from opsnn_quant.pipeline.probe import check_probe
+    from opsnn_quant.pipeline.probe import check_probe, probe_recipe
     from opsnn_quant.pipeline.run import check_offload_unshared
 
     budget = parse_size(max_memory) if max_memory is not None else None
     check_offload_unshared(budget, nproc is not None or dist.launched())
 
+    recipe = probe_recipe(target)  # read once: its device, then its fields
+
     def check(on: str | None) -> ProbeJob:
-        return check_probe(target, out, data, family, limit, set_ or [], exhaustive, on, dtype,
-                           allow_pickle, force, column=data_column, split=split,
+        return check_probe(target, recipe, out, data, family, limit, set_ or [], exhaustive, on,
+                           dtype, allow_pickle, force, column=data_column, split=split,
                            max_memory=budget)  # fmt: skip
 
     if nproc is not None and not dist.launched():
@@ -513,7 +515,7 @@ def probe_cmd(
         batch = int(job.settings.get("batch_size", 1) or 1)
         check_launch(job.device, nproc, dist_backend)
         raise typer.Exit(launch(nproc, records, batch))
-    world = dist.init_world(device or _recipe_device(target), dist_backend)
+    world = dist.init_world(device or (recipe.model.device if recipe else "cpu"), dist_backend)
     try:
         if world.distributed:  # rank 0 checks (the one writer); each rank its own device
             job = dataclasses.replace(
@@ -531,15 +533,6 @@ def probe_cmd(
         for line in overflow_lines(report):  # whole lines: a log reader greps them
             _ui.console.print(line, markup=False, soft_wrap=True)
         _ui.console.print(f"wrote {out / PROBE_FILE}, {out / TIMINGS_FILE}")
-
-
-def _recipe_device(target: str) -> str:
-    """The device a recipe places its model on (a model directory: the CPU)."""
-    from opsnn_quant.pipeline.recipe import builtin_recipes, load_recipe
-
-    if target.endswith((".yaml", ".yml")) or target in builtin_recipes():
-        return load_recipe(target).model.device
-    return "cpu"
 
 
 def _probe_records(job: ProbeJob) -> int:

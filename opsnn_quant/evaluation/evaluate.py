@@ -30,7 +30,7 @@ from opsnn_quant.evaluation.report import AcceptanceReport
 from opsnn_quant.evaluation.suite import Suite
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.policy.targets import Target
-from opsnn_quant.sources import Source
+from opsnn_quant.sources import Source, builtin_source
 from opsnn_quant.types import Progress
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def suite_records(suite: Suite, start: int = 0, count: int | None = None) -> lis
     d = suite.data
     limit = d.samples if count is None else start + count
     if d.dataset is not None:
-        source = f"zoo:{d.dataset}/{d.split}"
+        source = builtin_source(f"{d.dataset}/{d.split}")
     elif d.folder is None:
         raise ConfigError(f"suite {suite.name}: data needs a dataset or a folder")
     else:
@@ -146,9 +146,8 @@ def _clip(name: str | None, allow_pickle: bool = False) -> tuple[Any, Any, str] 
     from opsnn_quant.evaluation.clip_score import load_local_clip
     from opsnn_quant.sources import model_path
 
-    # A bare name is a zoo model (shapes-clip); any <scheme>:<name> source works too.
-    source = name if ":" in name else f"zoo:{name}"
-    model, processor = load_local_clip(str(model_path(source)))
+    # a bare name is one of the package's own models (shapes-clip), else any named source
+    model, processor = load_local_clip(str(model_path(builtin_source(name))))
     return model, processor, name
 
 

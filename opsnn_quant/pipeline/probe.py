@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from opsnn_quant.formats.calibrate_output import PROBE_FILE
 from opsnn_quant.output.directories import atomic_dir, check_output_dir
 from opsnn_quant.output.locks import output_lock
-from opsnn_quant.pipeline.recipe import recipe_inputs
+from opsnn_quant.pipeline.recipe import Recipe, recipe_inputs
 from opsnn_quant.probe.api import ProbeConfig
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.types import Progress
@@ -60,8 +60,22 @@ class ProbeJob:
     max_memory: int | None = None  # --max-memory: the blocks beyond it offloaded
 
 
+def probe_recipe(target: str) -> Recipe | None:
+    """The recipe ``probe TARGET`` names (a path or a built-in name), read once; None when
+    ``TARGET`` is a model.
+
+    Raises:
+        ConfigError: a bad recipe.
+    """
+    from opsnn_quant.pipeline.recipe import builtin_recipes, load_recipe
+
+    is_recipe = target.endswith((".yaml", ".yml")) or target in builtin_recipes()
+    return load_recipe(target) if is_recipe else None
+
+
 def check_probe(
     target: str,
+    recipe: Recipe | None,
     out: Path,
     data: str | None,
     family: str | None,
@@ -77,8 +91,8 @@ def check_probe(
     split: str | None = None,
     max_memory: int | None = None,
 ) -> ProbeJob:
-    """Resolve ``probe TARGET``'s options (a recipe's fields, or a model with ``--data``) and
-    check them: limit, family, settings, the model's files (weights, classes, configs,
+    """Resolve ``probe TARGET``'s options (``recipe``'s fields, :func:`probe_recipe`, or the
+    model ``target`` with ``--data``) and check them: limit, family, settings, the model's files (weights, classes, configs,
     safetensors headers), settings against its config files, device, the host memory a call
     takes against ``max_memory`` (None: what is free), and last the output location."""
     from opsnn_quant.backends.devices import resolve_device
@@ -87,16 +101,16 @@ def check_probe(
     from opsnn_quant.models import check_weights, family_names, guess_family
     from opsnn_quant.models.footprint import check_source_memory
     from opsnn_quant.models.settings import check_source_fits, parse_set_options, settings_for
-    from opsnn_quant.pipeline.recipe import builtin_recipes, load_recipe, resolve_recipe
+    from opsnn_quant.pipeline.recipe import resolve_recipe
     from opsnn_quant.probe.api import check_offloaded_estimators
     from opsnn_quant.probe.moments import moments_memory
     from opsnn_quant.sources import local_paths, resolve_source
 
     check_limit(limit)
     moments_memory()  # OPSNN_QUANT_MOMENTS_MEMORY, read at pass 1: refused before any load
-    is_recipe = target.endswith((".yaml", ".yml")) or target in builtin_recipes()
-    if is_recipe:
-        r = load_recipe(target).with_placement(device, dtype)
+    is_recipe = recipe is not None
+    if recipe is not None:
+        r = recipe.with_placement(device, dtype)
         source = resolve_source(r.model.source)  # split once, here
         inputs = [*recipe_inputs(r, source), str(resolve_recipe(target))]
         inputs += [str(p) for p in (local_paths(resolve_source(data)) if data else [])]

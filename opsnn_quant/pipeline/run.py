@@ -158,12 +158,8 @@ def resolve_run(
             check_suite_fits(
                 used, source, family=recipe.model.family, settings=recipe.settings_dict()
             )
-    if metric is not None and not get_quantizer(engine).ours:
-        raise ConfigError(
-            f"budget.metric measures candidates quantized by opsnn-quant; with --engine {engine} "
-            f"the written model is {get_quantizer(engine).who}'s: leave budget.metric out"
-        )
-    quantizer = check_quantizer(engine)  # last: AMCT imported only for a run otherwise good
+    # last: AMCT is imported only for a run otherwise good
+    quantizer = check_quantizer(engine, measured=metric is not None)
     seed = recipe.seed if seed is None else seed
     identity = run_identity(
         recipe=recipe_yaml(recipe.model_copy(update={"seed": seed})), engine=quantizer.name,
@@ -228,14 +224,20 @@ def check_offload_unshared(max_memory: int | None, distributed: bool) -> None:
         )
 
 
-def check_quantizer(engine: str) -> Quantizer:
-    """The quantizer ``engine`` names, installed (AMCT importable for ``amct``).
+def check_quantizer(engine: str, *, measured: bool = False) -> Quantizer:
+    """The quantizer ``engine`` names, installed (AMCT importable for ``amct``); ``measured``:
+    the run measures candidates (``budget.metric``), which only our quantizer makes.
 
     Raises:
-        ConfigError: an unknown quantizer.
+        ConfigError: an unknown quantizer, or another's with ``measured``.
         MissingDependencyError: ``amct`` without CANN's AMCT installed.
     """
     quantizer = get_quantizer(engine)
+    if measured and not quantizer.ours:
+        raise ConfigError(
+            f"budget.metric measures candidates quantized by opsnn-quant; with --engine {engine} "
+            f"the written model is {quantizer.who}'s: leave budget.metric out"
+        )
     quantizer.check_available()
     return quantizer
 
