@@ -236,7 +236,7 @@ def recipe_for(row: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
     if "@" in row:
         return _width_recipe(row, work, args)
     if row in ("shapes-t2i", "shapes-dit", "whisper-tiny-en"):
-        from opsnn_quant.recipe import load_recipe
+        from opsnn_quant.pipeline.recipe import load_recipe
 
         return load_recipe(row).model_dump(mode="json")
     if row == "sd15-256":
@@ -371,7 +371,7 @@ def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
     from opsnn_quant.core.memory import release_memory
     from opsnn_quant.models.data import load_records
     from opsnn_quant.pipeline.calibrate import load_recipe_model, run_calibrate
-    from opsnn_quant.recipe import Recipe
+    from opsnn_quant.pipeline.recipe import Recipe
 
     load_before = os.getloadavg()[0]
     work = Path(args.workdir) / f"{row}-{args.gemm}"

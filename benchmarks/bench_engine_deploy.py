@@ -33,8 +33,8 @@ from opsnn_quant.core.determinism import set_reproducible
 from opsnn_quant.core.timesteps import at_step, current_step
 from opsnn_quant.formats.checkpoint import load_quantized
 from opsnn_quant.pipeline.calibrate import load_recipe_model, run_calibrate
+from opsnn_quant.pipeline.recipe import load_recipe
 from opsnn_quant.quant.modules import is_quant_module
-from opsnn_quant.recipe import load_recipe
 from opsnn_quant.recording import record_roots, replay
 from tests import tiny_pipelines
 
@@ -64,7 +64,8 @@ def _whisper_recipe(root: Path) -> Path:
 def _differing(recipe_path: Path, out: Path, consumer: str) -> tuple[int, int]:
     """(quantized Linears whose engine output differs from ours, quantized Linears compared) on
     one recorded call per root."""
-    from opsnn_quant.formats.ascendv1 import apply_ascendv1, read_ascendv1
+    from opsnn_quant.formats.ascendv1.consumer import apply_ascendv1
+    from opsnn_quant.formats.ascendv1.reader import read_ascendv1
     from opsnn_quant.formats.mindie_sd.reader import apply_mindie_sd_dir
 
     recipe = load_recipe(str(recipe_path))

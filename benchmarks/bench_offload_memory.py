@@ -42,7 +42,7 @@ from opsnn_quant.core.determinism import set_reproducible
 set_reproducible(seed=0, threads=1)
 from opsnn_quant.models import offload
 from opsnn_quant.pipeline.calibrate import run_calibrate
-from opsnn_quant.recipe import Recipe
+from opsnn_quant.pipeline.recipe import Recipe
 
 init = offload.BlockOffload.__init__
 

@@ -23,6 +23,7 @@ Gathering goes through ``torch.distributed.all_gather_object``: our own in-proce
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import re
@@ -392,7 +393,12 @@ def check_nproc(nproc: int, samples: int) -> None:
         )
 
 
-def launch_local(nproc: int, entry: Callable[[list[str]], int], argv: list[str]) -> int:
+Entry = Callable[[list[str]], int] | str
+"""What a rank runs with its arguments: a function, or one named ``"module:function"`` (a
+program's entry point, as its console script names it: imported in the rank)."""
+
+
+def launch_local(nproc: int, entry: Entry, argv: list[str]) -> int:
     """Run ``entry(argv)`` in ``nproc`` processes on this host under torchrun's elastic agent
     (what ``torchrun --standalone --nproc-per-node N`` does) and return the run's exit code:
     rank 0's, or the first other rank's when rank 0's is 0.
@@ -426,10 +432,14 @@ def launch_local(nproc: int, entry: Callable[[list[str]], int], argv: list[str])
     return ordered[0] or next((c for c in ordered if c), 0)
 
 
-def _rank_entry(entry: Callable[[list[str]], int], argv: list[str], launcher: int) -> int:
+def _rank_entry(entry: Entry, argv: list[str], launcher: int) -> int:
     """A rank :func:`launch_local` spawned: watch the launcher first, then ``entry(argv)``."""
     _no_death_signal()
     watch_parent(launcher)
+    if isinstance(entry, str):
+        module, _, name = entry.partition(":")
+        entry = getattr(importlib.import_module(module), name)
+        assert callable(entry), name
     return entry(argv)
 
 

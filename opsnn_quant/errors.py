@@ -30,6 +30,15 @@ class CheckpointError(InputError):
     """A quantized checkpoint that is missing, corrupt or does not fit the model."""
 
 
+class OutputError(InputError):
+    """An output path that cannot or must not be written (exists, not ours, read-only, full)."""
+
+
+class OutputChangedError(OutputError):
+    """The output location changed while a run built its replacement (a user's file appeared
+    there): nothing was replaced, and the finished output is kept in its temporary sibling."""
+
+
 class ConfigError(InputError):
     """A recipe, policy, suite or mapping that is invalid or names nothing."""
 

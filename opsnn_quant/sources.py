@@ -6,12 +6,18 @@ never imports a provider by name: the demo zoo is one provider (``zoo``), a team
 can be another, installed beside it. A provider turns a model name into a local directory in its
 library's standard layout (a diffusers pipeline, a transformers model), which the adapters load
 as any other directory, and a data name into records.
+
+A command resolves the model source it was given once (:func:`resolve_source`): the library
+functions that check, fingerprint or place a model take that :class:`Source`, which carries its
+split and prepares its directory once; a family's adapter, a plug-in, takes the text
+(:func:`model_path`).
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,6 +25,9 @@ from typing import Any, Protocol
 from opsnn_quant.errors import ConfigError, ModelLoadError
 
 GROUP = "opsnn_quant.sources"
+BUILTIN_SCHEME = "zoo"
+"""The scheme of the models and data shipped with the package (its demo zoo's provider): what a
+suite's bare dataset or CLIP name stands for (:func:`builtin_source`)."""
 # A scheme is a short lowercase word; anything else with a colon (C:\...) is a path.
 _SCHEME = re.compile(r"^([a-z][a-z0-9_-]*):(.+)$")
 
@@ -50,6 +59,54 @@ def providers() -> dict[str, SourceProvider]:
         provider = ep.load()
         out[ep.name] = provider() if isinstance(provider, type) else provider
     return out
+
+
+@dataclass(frozen=True)
+class Source:
+    """A model or data source resolved once (:func:`resolve_source`).
+
+    Attributes:
+        text: the source as given: what outputs record (``description.json``'s source model)
+            and what a family's adapter loads.
+        scheme, name: a named source's parts (``zoo``, ``shapes-t2i``); None for a path.
+    """
+
+    text: str
+    scheme: str | None = None
+    name: str | None = None
+
+    @property
+    def named(self) -> bool:
+        """Whether it is a named source (``<scheme>:<name>``), not a path."""
+        return self.scheme is not None
+
+    @functools.cached_property
+    def path(self) -> Path:
+        """The local directory of the model: a path as given; a named model's from its
+        provider (prepared on first use, once).
+
+        Raises:
+            ConfigError: an unknown scheme.
+            ModelLoadError: the provider does not know the name.
+        """
+        if self.scheme is None or self.name is None:
+            return Path(self.text)
+        return _model_dir(self.scheme, self.name)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def resolve_source(text: str) -> Source:
+    """``text`` (a path, or ``<scheme>:<name>``) as a :class:`Source`: split once, here."""
+    named = split_source(text)
+    return Source(text) if named is None else Source(text, *named)
+
+
+def builtin_source(name: str) -> str:
+    """The named source of ``name`` among the package's own (``shapes-clip`` ->
+    ``zoo:shapes-clip``); a ``<scheme>:<name>`` is already one."""
+    return name if ":" in name else f"{BUILTIN_SCHEME}:{name}"
 
 
 def split_source(source: str) -> tuple[str, str] | None:
@@ -91,7 +148,10 @@ def model_path(source: str) -> Path:
     named = split_source(source)
     if named is None:
         return Path(source)
-    scheme, name = named
+    return _model_dir(*named)
+
+
+def _model_dir(scheme: str, name: str) -> Path:
     provider = provider_for(scheme)
     if name not in provider.model_names():
         known = ", ".join(provider.model_names())
@@ -99,7 +159,7 @@ def model_path(source: str) -> Path:
     return provider.model_dir(name)
 
 
-def named_family(source: str) -> str | None:
+def named_family(source: Source) -> str | None:
     """The model family of a named model source, when its provider says (an optional
     ``family(name)`` method: telling it needs no directory, which a provider may have to build);
     None for a path or a provider that does not say.
@@ -107,12 +167,10 @@ def named_family(source: str) -> str | None:
     Raises:
         ConfigError: an unknown scheme.
     """
-    named = split_source(source)
-    if named is None:
+    if source.scheme is None or source.name is None:
         return None
-    scheme, name = named
-    family = getattr(provider_for(scheme), "family", None)
-    return family(name) if callable(family) else None
+    family = getattr(provider_for(source.scheme), "family", None)
+    return family(source.name) if callable(family) else None
 
 
 def named_records(source: str, limit: int | None) -> list[dict[str, Any]] | None:
@@ -124,7 +182,7 @@ def named_records(source: str, limit: int | None) -> list[dict[str, Any]] | None
     return provider_for(scheme).records(name, limit)
 
 
-def local_paths(source: str) -> list[Path]:
+def local_paths(source: Source) -> list[Path]:
     """The local paths a model or data source reads, for the rule that no output replaces an
     input: a path is itself; a named model is its provider's directory (resolved, as the
     adapters load it); a named data source is what its provider's optional
@@ -134,12 +192,10 @@ def local_paths(source: str) -> list[Path]:
         ConfigError: an unknown scheme.
         ModelLoadError: the provider cannot prepare the named model.
     """
-    named = split_source(source)
-    if named is None:
-        return [Path(source)]
-    scheme, name = named
-    provider = provider_for(scheme)
-    if name in provider.model_names():
-        return [provider.model_dir(name)]
+    if source.scheme is None or source.name is None:
+        return [Path(source.text)]
+    provider = provider_for(source.scheme)
+    if source.name in provider.model_names():
+        return [source.path]
     data_paths = getattr(provider, "data_paths", None)
-    return [Path(p) for p in data_paths(name)] if callable(data_paths) else []
+    return [Path(p) for p in data_paths(source.name)] if callable(data_paths) else []

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from opsnn_quant.cli import main
-from opsnn_quant.io import MARKER
+from opsnn_quant.output.ownership import MARKER
 from tests.tiny_pipelines import save_tiny_sd, tiny_sd_recipe, tiny_t2i_suite
 
 
@@ -69,7 +69,7 @@ def test_calibrate_writes_the_design_layout_byte_identically_on_a_rerun(
     assert list(run_times[0]) == list(run_times[1])
     assert {"probe", "quantize", "baseline outputs", "candidate outputs"} <= set(run_times[0])
     assert sorted(a) == sorted(b)
-    # Markers name their run (a random token, opsnn_quant/ownership.py): what they list is equal.
+    # Markers name their run (a random token, opsnn_quant/output/ownership.py): what they list is equal.
     markers = [rel for rel in a if rel.endswith(MARKER)]
     assert {"quant/" + MARKER, "export/ascendv1/" + MARKER, MARKER} <= set(markers)
     for rel in markers:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from opsnn_quant.cli import main
-from opsnn_quant.io import MARKER
+from opsnn_quant.output.ownership import MARKER
 from tests.tiny_pipelines import save_tiny_sd, save_tiny_sd3, save_tiny_whisper, tiny_t2i_suite
 
 
@@ -142,7 +142,7 @@ def _copied_marker(done: Path, d: Path) -> str:
 
 
 def _output_with_git(d: Path) -> str:
-    from opsnn_quant.io import atomic_dir
+    from opsnn_quant.output.directories import atomic_dir
 
     with atomic_dir(d / "o", "quant") as tmp:  # the kind engine-demo writes
         (tmp / "model.safetensors").write_bytes(b"x")
@@ -535,12 +535,12 @@ def test_a_full_disk_after_the_model_loaded_is_one_line_and_the_old_output_survi
 
 def test_a_read_only_output_location_is_refused_before_loading(tiny, tmp_path, monkeypatch, capsys):
     _, recipe, _ = tiny
-    import opsnn_quant.io
+    import opsnn_quant.output.places
 
     def read_only(*a, **k):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))
 
-    monkeypatch.setattr(opsnn_quant.io.tempfile, "mkdtemp", read_only)
+    monkeypatch.setattr(opsnn_quant.output.places.tempfile, "mkdtemp", read_only)
     monkeypatch.setattr("opsnn_quant.pipeline.context.load_adapter", lambda *a, **k: 1 / 0)
     assert main(["calibrate", str(recipe), "-o", str(tmp_path / "o")]) == 2
     assert _errors(capsys.readouterr().err) == [

@@ -7,6 +7,7 @@ import json
 
 from opsnn_quant import sources
 from opsnn_quant.models import guess_family
+from opsnn_quant.sources import resolve_source
 
 
 class _Store:
@@ -26,7 +27,7 @@ class _Store:
 
 
 def test_the_zoo_says_its_families_without_building_a_directory():
-    assert [guess_family(f"zoo:{n}") for n in ("shapes-t2i", "shapes-dit", "whisper-tiny-en")] == [
+    assert [guess_family(resolve_source(f"zoo:{n}")) for n in ("shapes-t2i", "shapes-dit", "whisper-tiny-en")] == [
         "diffusers-sd", "diffusers-dit", "whisper"
     ]  # fmt: skip
 
@@ -37,5 +38,32 @@ def test_a_provider_that_does_not_say_is_guessed_from_its_directory(tmp_path, mo
              "unet": [None, None]}  # fmt: skip
     (tmp_path / "dit" / "model_index.json").write_text(json.dumps(index))
     monkeypatch.setattr(sources, "providers", lambda: {"store": _Store(tmp_path)})
-    assert sources.named_family("store:dit") is None
-    assert guess_family("store:dit") == "diffusers-dit"
+    assert sources.named_family(resolve_source("store:dit")) is None
+    assert guess_family(resolve_source("store:dit")) == "diffusers-dit"
+
+
+def test_a_source_is_split_once_and_its_directory_prepared_once(tmp_path, monkeypatch):
+    # a command resolves its model source once; every check after it reads the same object
+    from opsnn_quant.models import check_model_source, check_weights
+
+    (tmp_path / "dit").mkdir()
+    index = {"_class_name": "StableDiffusion3Pipeline", "transformer": ["diffusers", "X"]}
+    (tmp_path / "dit" / "model_index.json").write_text(json.dumps(index))
+    store, prepared = _Store(tmp_path), []
+    real_dir = store.model_dir
+    monkeypatch.setattr(store, "model_dir", lambda n: prepared.append(n) or real_dir(n))
+    monkeypatch.setattr(sources, "providers", lambda: {"store": store})
+    source = resolve_source("store:dit")
+    assert (source.scheme, source.name, source.named, str(source)) == (
+        "store",
+        "dit",
+        True,
+        "store:dit",
+    )
+    check_model_source(source)
+    check_weights(source)
+    assert guess_family(source) == "diffusers-dit"
+    assert sources.local_paths(source) == [tmp_path / "dit"] and source.path == tmp_path / "dit"
+    assert prepared == ["dit"]  # once, on first use
+    local = resolve_source(str(tmp_path / "dit"))
+    assert not local.named and local.path == tmp_path / "dit" and local.scheme is None

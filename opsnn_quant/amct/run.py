@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.errors import CalibrationError, MissingDependencyError
 from opsnn_quant.formats.amct.config import export_amct_cfg
-from opsnn_quant.io import atomic_write_text
+from opsnn_quant.output.files import atomic_write_text
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.types import ForwardLoop
 

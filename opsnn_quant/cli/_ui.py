@@ -250,6 +250,20 @@ NPROC_HELP = (
 DIST_BACKEND_HELP = "hccl | nccl | gloo [default: hccl on npu, nccl on cuda, gloo]"
 
 
+CLI_ENTRY = "opsnn_quant.cli:main"
+"""The command line's entry point (the ``opsnn-quant`` console script): what each rank that
+``--nproc`` starts runs again, with the same arguments but ``--nproc``."""
+
+
+def relaunch(nproc: int) -> int:
+    """This command line again in ``nproc`` processes on this host (``--nproc N``: torchrun's
+    elastic agent, :func:`~opsnn_quant.distributed.launch_local`); returns the run's exit
+    code."""
+    from opsnn_quant import distributed as dist
+
+    return dist.launch_local(nproc, CLI_ENTRY, without_nproc(ARGV))
+
+
 def without_nproc(argv: list[str]) -> list[str]:
     """``argv`` without its ``--nproc N`` / ``--nproc=N`` (each rank runs the rest)."""
     out: list[str] = []

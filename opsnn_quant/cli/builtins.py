@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
         from opsnn_quant.core.resources import builtin_files
         from opsnn_quant.evaluation.suite import load_suite
         from opsnn_quant.models.family import families
-        from opsnn_quant.recipe import load_recipe
+        from opsnn_quant.pipeline.recipe import load_recipe
 
         recipes, suites = builtin_files("recipes"), builtin_files("suites")
         wanted = names or sorted({*recipes, *suites})

@@ -16,16 +16,15 @@ import typer
 from opsnn_quant import distributed as dist
 from opsnn_quant.cli import _ui
 from opsnn_quant.core.numerics import fmt_db, fmt_share
-from opsnn_quant.errors import ConfigError
 from opsnn_quant.formats.calibrate_output import PROBE_FILE, TIMINGS_FILE
 
 if TYPE_CHECKING:
     from opsnn_quant.pipeline.calibrate import CalibrateResult
     from opsnn_quant.pipeline.probe import ProbeJob
+    from opsnn_quant.pipeline.recipe import Recipe
     from opsnn_quant.pipeline.run import CalibrateRun
     from opsnn_quant.pipeline.sharing import Sharing
     from opsnn_quant.probe.report import Fp16Stats, SensitivityReport
-    from opsnn_quant.recipe import Recipe
 
 FORCE_HELP = _ui.FORCE_HELP
 DEVICE_HELP = "place the model on cpu | npu | npu:N | cuda:N [default: the recipe's, else cpu]"
@@ -58,6 +57,95 @@ MaxMemoryOpt = Annotated[
     ),
 ]
 FAIL_EXIT = 3  # --evaluate's FAIL; INCONCLUSIVE exits 4 (as evaluate: verdict_exit_code)
+# calibrate's own arguments and options
+RecipeArg = Annotated[
+    str | None,
+    typer.Argument(
+        help="recipe YAML path or built-in name [default: shapes-t2i, or none with --model]"
+    ),
+]
+OutOpt = Annotated[
+    Path | None, typer.Option("-o", "--out", help="output directory [default: out/NAME]")
+]
+ForceOpt = Annotated[bool, typer.Option("--force", help=FORCE_HELP)]
+SeedOpt = Annotated[int | None, typer.Option(help="override the recipe's seed")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress display")]
+EngineOpt = Annotated[
+    str, typer.Option(help="opsnn (exact Ascend arithmetic) or amct (needs CANN's AMCT)")
+]
+EvaluateOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--evaluate",
+        help="acceptance suite to run after (exit 3 on FAIL, 4 on INCONCLUSIVE)",
+    ),
+]
+StrategyOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="override the recipe: search | all-w8a8-minmax | all-w8a8-dynamic | all-fp16"
+    ),
+]
+LatencyOpt = Annotated[
+    str,
+    typer.Option(help="with --evaluate, what to time: target | all | none (see evaluate)"),
+]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="the model (a directory or zoo:NAME): no recipe needed, or over the recipe's"
+    ),
+]
+DataOpt = Annotated[str | None, typer.Option(help="calibration data source (over the recipe's)")]
+TargetOpt = Annotated[
+    str | None,
+    typer.Option(help="deployment target [default: the recipe's, or the family's engine]"),
+]
+FamilyOpt = Annotated[str | None, typer.Option(help="model family with --model [default: guessed]")]
+LimitOpt = Annotated[int | None, typer.Option(help="use the first N calibration samples")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="model setting KEY=VALUE (repeatable), e.g. steps=20"),
+]
+HoldoutOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="held-out data the quantized model is measured on (over the recipe's "
+        "data.holdout; same forms as --data)"
+    ),
+]
+BudgetOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--budget",
+        help="the recipe's budget, replaced: a YAML file or inline YAML, e.g. "
+        "'{metric: {suite: whisper-tiny-en, wer_delta_max_points: 0.5}}'",
+    ),
+]
+FromProbeOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--from-probe",
+        help="reuse an earlier probe (a probe/calibrate output or its probe.json) made "
+        "with the same settings on the same model and data",
+    ),
+]
+AllowBrokenBaselineOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-broken-baseline",
+        help="with --evaluate: judge the candidate even when the float baseline is broken "
+        "(outputs mostly empty, flat or one token repeated, WER above 100%, NaN)",
+    ),
+]
+ResumeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--resume",
+        help="go on from the phases (probe, policy) an interrupted run of the same command "
+        "finished; a run without it starts over",
+    ),
+]
 
 
 # One line when a run measured nothing beyond the probe's estimates (an own model without a
@@ -153,100 +241,28 @@ def _probe_table(report: SensitivityReport) -> _ui.Table:
 
 
 def calibrate(
-    recipe: Annotated[
-        str | None,
-        typer.Argument(
-            help="recipe YAML path or built-in name [default: shapes-t2i, or none with --model]"
-        ),
-    ] = None,
-    out: Annotated[
-        Path | None, typer.Option("-o", "--out", help="output directory [default: out/NAME]")
-    ] = None,
-    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
-    seed: Annotated[int | None, typer.Option(help="override the recipe's seed")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress display")] = False,
-    engine: Annotated[
-        str, typer.Option(help="opsnn (exact Ascend arithmetic) or amct (needs CANN's AMCT)")
-    ] = "opsnn",
-    evaluate: Annotated[
-        str | None,
-        typer.Option(
-            "--evaluate",
-            help="acceptance suite to run after (exit 3 on FAIL, 4 on INCONCLUSIVE)",
-        ),
-    ] = None,
-    strategy: Annotated[
-        str | None,
-        typer.Option(
-            help="override the recipe: search | all-w8a8-minmax | all-w8a8-dynamic | all-fp16"
-        ),
-    ] = None,
-    latency: Annotated[
-        str,
-        typer.Option(help="with --evaluate, what to time: target | all | none (see evaluate)"),
-    ] = "target",
-    model: Annotated[
-        str | None,
-        typer.Option(
-            help="the model (a directory or zoo:NAME): no recipe needed, or over the recipe's"
-        ),
-    ] = None,
-    data: Annotated[
-        str | None, typer.Option(help="calibration data source (over the recipe's)")
-    ] = None,
-    target: Annotated[
-        str | None,
-        typer.Option(help="deployment target [default: the recipe's, or the family's engine]"),
-    ] = None,
-    family: Annotated[
-        str | None, typer.Option(help="model family with --model [default: guessed]")
-    ] = None,
-    limit: Annotated[int | None, typer.Option(help="use the first N calibration samples")] = None,
-    sets: Annotated[
-        list[str] | None,
-        typer.Option("--set", help="model setting KEY=VALUE (repeatable), e.g. steps=20"),
-    ] = None,
+    recipe: RecipeArg = None,
+    out: OutOpt = None,
+    force: ForceOpt = False,
+    seed: SeedOpt = None,
+    quiet: QuietOpt = False,
+    engine: EngineOpt = "opsnn",
+    evaluate: EvaluateOpt = None,
+    strategy: StrategyOpt = None,
+    latency: LatencyOpt = "target",
+    model: ModelOpt = None,
+    data: DataOpt = None,
+    target: TargetOpt = None,
+    family: FamilyOpt = None,
+    limit: LimitOpt = None,
+    sets: SetOpt = None,
     data_column: DataColumnOpt = None,
     split: SplitOpt = None,
-    holdout: Annotated[
-        str | None,
-        typer.Option(
-            help="held-out data the quantized model is measured on (over the recipe's "
-            "data.holdout; same forms as --data)"
-        ),
-    ] = None,
-    budget: Annotated[
-        str | None,
-        typer.Option(
-            "--budget",
-            help="the recipe's budget, replaced: a YAML file or inline YAML, e.g. "
-            "'{metric: {suite: whisper-tiny-en, wer_delta_max_points: 0.5}}'",
-        ),
-    ] = None,
-    from_probe: Annotated[
-        Path | None,
-        typer.Option(
-            "--from-probe",
-            help="reuse an earlier probe (a probe/calibrate output or its probe.json) made "
-            "with the same settings on the same model and data",
-        ),
-    ] = None,
-    allow_broken_baseline: Annotated[
-        bool,
-        typer.Option(
-            "--allow-broken-baseline",
-            help="with --evaluate: judge the candidate even when the float baseline is broken "
-            "(outputs mostly empty, flat or one token repeated, WER above 100%, NaN)",
-        ),
-    ] = False,
-    resume: Annotated[
-        bool,
-        typer.Option(
-            "--resume",
-            help="go on from the phases (probe, policy) an interrupted run of the same command "
-            "finished; a run without it starts over",
-        ),
-    ] = False,
+    holdout: HoldoutOpt = None,
+    budget: BudgetOpt = None,
+    from_probe: FromProbeOpt = None,
+    allow_broken_baseline: AllowBrokenBaselineOpt = False,
+    resume: ResumeOpt = False,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     allow_pickle: AllowPickleOpt = False,
@@ -262,78 +278,22 @@ def calibrate(
     batches each, merged exactly); rank 0 does the rest and writes."""
     from opsnn_quant.core.user_config import check_seed
     from opsnn_quant.models.footprint import parse_size
-    from opsnn_quant.pipeline.calibrate import contribute_statistics
-    from opsnn_quant.pipeline.run import check_offload_unshared
-    from opsnn_quant.pipeline.sharing import Sharing
-    from opsnn_quant.policy.baselines import STRATEGIES
-    from opsnn_quant.recipe_flags import RecipeFlags, effective_recipe
+    from opsnn_quant.pipeline.recipe_flags import RecipeEdits, RecipeFlags, effective_recipe
 
     check_seed(seed)  # the flag's own message (the run checks a Python caller's seed too)
     memory = parse_size(max_memory) if max_memory is not None else None
-    if strategy is not None and strategy not in STRATEGIES:
-        raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    edits = RecipeEdits(device, dtype, strategy, allow_pickle, memory)
     flags = RecipeFlags(model, data, family, target, limit, tuple(sets or ()), data_column, split,
                         holdout, budget)  # fmt: skip
-    r = effective_recipe(recipe, flags).with_placement(device, dtype)
-    if strategy is not None:
-        r = r.with_strategy(strategy)
-    if allow_pickle:  # as the recipe's model.allow_pickle: true
-        r = r.model_copy(update={"model": r.model.model_copy(update={"allow_pickle": True})})
-    if memory is not None:  # the recipe's model.max_memory, overridden
-        r = r.model_copy(update={"model": r.model.model_copy(update={"max_memory": memory})})
-    check_offload_unshared(r.model.max_memory, nproc is not None or dist.launched())
+    r = edits.apply(effective_recipe(recipe, flags))  # 1. the recipe the command line means
     out = out if out is not None else Path("out") / r.name
     # a setting's message names the flag where settings came from flags (as probe's does)
     where = "--set " if sets or recipe is None else "model.settings."
-    run = CalibrateCommand(r, out, recipe, seed, engine, evaluate, force, latency, from_probe,
-                           allow_broken_baseline, resume, where)  # fmt: skip
-    if nproc is not None and not dist.launched():
-        check_launch(r.model.device, nproc, dist_backend)
-        run.resolve(distributed=True)  # refused here, before the processes start
-        calib = r.data.load(r.data.calibration, r.data.limit)
-        records = min(len(calib), r.probe.data_limit or len(calib))
-        batch = int(getattr(r.model.settings, "batch_size", 1) or 1)
-        raise typer.Exit(launch(nproc, records, batch))
-    world = dist.init_world(r.model.device, dist_backend)
-    try:
-        if world.distributed:  # each rank loads the model on its own device
-            run = dataclasses.replace(run, recipe=r.with_placement(world.device, dtype))
-        sharing = Sharing.of(world) if world.distributed else None
-        if sharing is not None and not world.is_main:
-            sharing.lockstep.run(lambda: contribute_statistics(run.recipe, sharing, seed=seed))
-            return
-        result = run.main(quiet, sharing)
-    finally:
-        dist.finish_world()
-    if not quiet:
-        _ui.print_table(_summary_table(r.name, r.target, result))
-        for line in result.search.notes(timed=True) if result.search else []:
-            _ui.console.print(line)
-        share = "-" if result.int8_mac_share is None else fmt_share(result.int8_mac_share)
-        own = result.target.export if result.target is not None else None
-        for fmt, shares in result.deployed.items():
-            whose = f" ({r.target}'s engine loads it)" if fmt == own else ""
-            _ui.console.print(
-                f"int8 MAC share as written in export/{fmt}: {fmt_share(shares['overall'])}{whose}"
-            )
-        every = result.int8_share_of_all_macs
-        of_all = "" if every is None else f" ({fmt_share(every)} of all MACs)"
-        _ui.console.print(
-            f"int8 MAC share overall: {share} of the Linear/Conv2d MACs{of_all}; wall time "
-            f"{result.seconds['total']:.0f} s; wrote {out}/"
-        )
-    else:  # quiet: still the path of what was written (and the verdict below)
-        typer.echo(f"wrote {out}/")
-    if evaluate is None and r.data.holdout is None and r.budget.metric is None:
-        typer.echo(UNJUDGED, err=True)
-    if result.verdict is not None:
-        typer.echo(f"acceptance ({evaluate}): {result.verdict}; report in {out}/report/")
-        for line in result.next_steps:
-            typer.echo(line)
-        if result.verdict != "PASS":
-            from opsnn_quant.evaluation.report_schema import verdict_exit_code
-
-            raise typer.Exit(verdict_exit_code(result.verdict))
+    command = CalibrateCommand(r, out, recipe, seed, engine, evaluate, force, latency,
+                               from_probe, allow_broken_baseline, resume, where)  # fmt: skip
+    result = command.launch(quiet, nproc, dist_backend, dtype)  # 2. the run, in its processes
+    if result is not None:  # 3. what it did (rank 0)
+        print_calibrate(result, command, quiet)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -357,8 +317,8 @@ class CalibrateCommand:
     def resolve(self, *, distributed: bool) -> CalibrateRun:
         """The run, every name resolved and everything checked before any load (the recipe
         file is one of its inputs: no output replaces it)."""
+        from opsnn_quant.pipeline.recipe import resolve_recipe
         from opsnn_quant.pipeline.run import resolve_run
-        from opsnn_quant.recipe import resolve_recipe
 
         read = [str(resolve_recipe(self.recipe_arg))] if self.recipe_arg is not None else []
         return resolve_run(
@@ -367,6 +327,43 @@ class CalibrateCommand:
             allow_broken_baseline=self.allow_broken_baseline, resume=self.resume, inputs=read,
             distributed=distributed, settings_where=self.settings_where,
         )  # fmt: skip
+
+    def launch(
+        self, quiet: bool, nproc: int | None, backend: str | None, dtype: str | None
+    ) -> CalibrateResult | None:
+        """The run in its processes: ``nproc`` of them started here (``--nproc``: this one
+        waits and exits with their code), or this one alone or as a rank of torchrun's.
+        Returns the result on rank 0 (None on the other ranks).
+
+        Raises:
+            OpsnnQuantError: bad input, refused before any process starts where it can be.
+        """
+        from opsnn_quant.pipeline.calibrate import contribute_statistics
+        from opsnn_quant.pipeline.run import check_offload_unshared
+        from opsnn_quant.pipeline.sharing import Sharing
+
+        r = self.recipe
+        check_offload_unshared(r.model.max_memory, nproc is not None or dist.launched())
+        if nproc is not None and not dist.launched():
+            check_launch(r.model.device, nproc, backend)
+            self.resolve(distributed=True)  # refused here, before the processes start
+            calib = r.data.load(r.data.calibration, r.data.limit)
+            records = min(len(calib), r.probe.data_limit or len(calib))
+            batch = int(getattr(r.model.settings, "batch_size", 1) or 1)
+            raise typer.Exit(launch(nproc, records, batch))
+        world = dist.init_world(r.model.device, backend)
+        try:
+            run = self
+            if world.distributed:  # each rank loads the model on its own device
+                run = dataclasses.replace(self, recipe=r.with_placement(world.device, dtype))
+            sharing = Sharing.of(world) if world.distributed else None
+            if sharing is None or world.is_main:
+                return run.main(quiet, sharing)
+            seed = self.seed
+            sharing.lockstep.run(lambda: contribute_statistics(run.recipe, sharing, seed=seed))
+            return None
+        finally:
+            dist.finish_world()
 
     def main(self, quiet: bool, sharing: Sharing | None) -> CalibrateResult:
         """Resolve and run (rank 0 of a distributed run: alone after the shared statistics,
@@ -385,6 +382,57 @@ class CalibrateCommand:
         return work() if sharing is None else sharing.lockstep.run(work)
 
 
+def print_calibrate(result: CalibrateResult, command: CalibrateCommand, quiet: bool) -> None:
+    """What a finished calibrate did: the summary table, the search's rounds and the MAC
+    shares (the path written alone with ``quiet``), then the acceptance verdict.
+
+    Raises:
+        typer.Exit: the acceptance run did not PASS (its verdict's exit code).
+    """
+    r, out, suite = command.recipe, command.out, command.suite
+    if not quiet:
+        _ui.print_table(_summary_table(r.name, r.target, result))
+        for line in result.search.notes(timed=True) if result.search else []:
+            _ui.console.print(line)
+        for line in share_lines(result, r.target):
+            _ui.console.print(line)
+        _ui.console.print(
+            f"{overall_line(result)}; wall time {result.seconds['total']:.0f} s; wrote {out}/"
+        )
+    else:  # quiet: still the path of what was written (and the verdict below)
+        typer.echo(f"wrote {out}/")
+    if suite is None and r.data.holdout is None and r.budget.metric is None:
+        typer.echo(UNJUDGED, err=True)
+    if result.verdict is not None:
+        typer.echo(f"acceptance ({suite}): {result.verdict}; report in {out}/report/")
+        for line in result.next_steps:
+            typer.echo(line)
+        if result.verdict != "PASS":
+            from opsnn_quant.evaluation.report_schema import verdict_exit_code
+
+            raise typer.Exit(verdict_exit_code(result.verdict))
+
+
+def share_lines(result: CalibrateResult, target: str) -> list[str]:
+    """One line per written artifact: the share of the MACs it deploys in int8."""
+    own = result.target.export if result.target is not None else None
+    lines = []
+    for fmt, shares in result.deployed.items():
+        whose = f" ({target}'s engine loads it)" if fmt == own else ""
+        lines.append(
+            f"int8 MAC share as written in export/{fmt}: {fmt_share(shares['overall'])}{whose}"
+        )
+    return lines
+
+
+def overall_line(result: CalibrateResult) -> str:
+    """The int8 share of the Linear/Conv2d MACs, and of all the model's MACs where counted."""
+    share = "-" if result.int8_mac_share is None else fmt_share(result.int8_mac_share)
+    every = result.int8_share_of_all_macs
+    of_all = "" if every is None else f" ({fmt_share(every)} of all MACs)"
+    return f"int8 MAC share overall: {share} of the Linear/Conv2d MACs{of_all}"
+
+
 def check_launch(device: str, nproc: int, backend: str | None) -> None:
     """``--nproc N`` on this host: N devices of the recipe's kind, a backend that runs on it.
 
@@ -400,11 +448,10 @@ def launch(nproc: int, records: int, batch: int) -> int:
     """``--nproc N``: the command again in N processes on this host (torchrun's elastic
     agent), after checking that each gets a batch of the ``records`` calibration records (in
     batches of ``batch``); returns the run's exit code."""
-    from opsnn_quant.cli import main
     from opsnn_quant.pipeline.sharing import check_processes
 
     check_processes(nproc, records, batch)
-    return dist.launch_local(nproc, main, _ui.without_nproc(_ui.ARGV))
+    return _ui.relaunch(nproc)
 
 
 def probe_cmd(
@@ -449,15 +496,17 @@ def probe_cmd(
     Under torchrun (or with --nproc) the statistics pass is shared by rank (whole batches
     each, merged exactly); rank 0 does the rest and writes."""
     from opsnn_quant.models.footprint import parse_size
-    from opsnn_quant.pipeline.probe import check_probe
+    from opsnn_quant.pipeline.probe import check_probe, probe_recipe
     from opsnn_quant.pipeline.run import check_offload_unshared
 
     budget = parse_size(max_memory) if max_memory is not None else None
     check_offload_unshared(budget, nproc is not None or dist.launched())
 
+    recipe = probe_recipe(target)  # read once: its device, then its fields
+
     def check(on: str | None) -> ProbeJob:
-        return check_probe(target, out, data, family, limit, set_ or [], exhaustive, on, dtype,
-                           allow_pickle, force, column=data_column, split=split,
+        return check_probe(target, recipe, out, data, family, limit, set_ or [], exhaustive, on,
+                           dtype, allow_pickle, force, column=data_column, split=split,
                            max_memory=budget)  # fmt: skip
 
     if nproc is not None and not dist.launched():
@@ -466,7 +515,7 @@ def probe_cmd(
         batch = int(job.settings.get("batch_size", 1) or 1)
         check_launch(job.device, nproc, dist_backend)
         raise typer.Exit(launch(nproc, records, batch))
-    world = dist.init_world(device or _recipe_device(target), dist_backend)
+    world = dist.init_world(device or (recipe.model.device if recipe else "cpu"), dist_backend)
     try:
         if world.distributed:  # rank 0 checks (the one writer); each rank its own device
             job = dataclasses.replace(
@@ -484,15 +533,6 @@ def probe_cmd(
         for line in overflow_lines(report):  # whole lines: a log reader greps them
             _ui.console.print(line, markup=False, soft_wrap=True)
         _ui.console.print(f"wrote {out / PROBE_FILE}, {out / TIMINGS_FILE}")
-
-
-def _recipe_device(target: str) -> str:
-    """The device a recipe places its model on (a model directory: the CPU)."""
-    from opsnn_quant.recipe import builtin_recipes, load_recipe
-
-    if target.endswith((".yaml", ".yml")) or target in builtin_recipes():
-        return load_recipe(target).model.device
-    return "cpu"
 
 
 def _probe_records(job: ProbeJob) -> int:

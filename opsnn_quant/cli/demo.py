@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
         from opsnn_quant.core.numerics import cosine, sqnr_db
         from opsnn_quant.core.user_config import check_seed
         from opsnn_quant.formats.checkpoint import OUTPUT_KIND, save_quantized
-        from opsnn_quant.io import atomic_dir, check_output_dir
+        from opsnn_quant.output.directories import atomic_dir, check_output_dir
         from opsnn_quant.quant.api import quantize
         from opsnn_quant.quant.spec import QuantSpec
         from opsnn_quant.types import Precision

@@ -10,73 +10,87 @@ import typer
 from opsnn_quant.cli import _ui
 
 if TYPE_CHECKING:
+    from opsnn_quant.evaluation.report import AcceptanceReport
     from opsnn_quant.pipeline.evaluate import EvaluateJob
 
 
+CandidateOpt = Annotated[
+    Path,
+    typer.Option(
+        help="calibrate output directory (holds quant/), an AscendV1 directory "
+        "(needs --baseline unless ours), or a model source"
+    ),
+]
+SuiteOpt = Annotated[str, typer.Option(help="suite YAML path or built-in name")]
+ReportOutOpt = Annotated[Path, typer.Option("-o", "--out", help="report directory")]
+ForceOpt = Annotated[bool, typer.Option("--force", help=_ui.FORCE_HELP)]
+BaselineOpt = Annotated[
+    str | None, typer.Option(help="float model (default: the candidate's source)")
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q")]
+DeviceOpt = Annotated[str, typer.Option(help="place both models on cpu | npu | npu:N | cuda:N")]
+DtypeOpt = Annotated[str, typer.Option(help="load both models in float32 | float16 | bfloat16")]
+CandidateDtypeOpt = Annotated[
+    str, typer.Option(help="float32 or float16: dtype of the candidate's float modules")
+]
+LatencyOpt = Annotated[
+    str,
+    typer.Option(
+        help="what to time: target (the figure the suite's latency criteria read), "
+        "all (also eager timing, profile and stability of both models), none"
+    ),
+]
+TargetOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="deployment target latency is judged for (default: the candidate's "
+        "policy.yaml); latency on any other backend is reported, not judged"
+    ),
+]
+AllowPickleOpt = Annotated[
+    bool,
+    typer.Option("--allow-pickle", help=_ui.ALLOW_PICKLE_HELP + " (also a suite's CLIP)"),
+]
+AllowBrokenBaselineOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-broken-baseline",
+        help="judge the candidate even when the float baseline is broken (a random model: "
+        "outputs mostly empty, flat or one token repeated, WER above 100%, NaN)",
+    ),
+]
+NprocOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--nproc",
+        help="processes on this host, one per device, each with whole requests (launches "
+        "torchrun's elastic agent; across hosts run torchrun -m opsnn_quant evaluate)",
+    ),
+]
+DistBackendOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--dist-backend", help="hccl | nccl | gloo [default: hccl on npu, nccl on cuda, gloo]"
+    ),
+]
+
+
 def evaluate_cmd(
-    candidate: Annotated[
-        Path,
-        typer.Option(
-            help="calibrate output directory (holds quant/), an AscendV1 directory "
-            "(needs --baseline unless ours), or a model source"
-        ),
-    ],
-    suite: Annotated[str, typer.Option(help="suite YAML path or built-in name")],
-    out: Annotated[Path, typer.Option("-o", "--out", help="report directory")],
-    force: Annotated[bool, typer.Option("--force", help=_ui.FORCE_HELP)] = False,
-    baseline: Annotated[
-        str | None, typer.Option(help="float model (default: the candidate's source)")
-    ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
-    device: Annotated[
-        str, typer.Option(help="place both models on cpu | npu | npu:N | cuda:N")
-    ] = "cpu",
-    dtype: Annotated[
-        str, typer.Option(help="load both models in float32 | float16 | bfloat16")
-    ] = "float32",
-    candidate_dtype: Annotated[
-        str, typer.Option(help="float32 or float16: dtype of the candidate's float modules")
-    ] = "float32",
-    latency: Annotated[
-        str,
-        typer.Option(
-            help="what to time: target (the figure the suite's latency criteria read), "
-            "all (also eager timing, profile and stability of both models), none"
-        ),
-    ] = "target",
-    target: Annotated[
-        str | None,
-        typer.Option(
-            help="deployment target latency is judged for (default: the candidate's "
-            "policy.yaml); latency on any other backend is reported, not judged"
-        ),
-    ] = None,
-    allow_pickle: Annotated[
-        bool,
-        typer.Option("--allow-pickle", help=_ui.ALLOW_PICKLE_HELP + " (also a suite's CLIP)"),
-    ] = False,
-    allow_broken_baseline: Annotated[
-        bool,
-        typer.Option(
-            "--allow-broken-baseline",
-            help="judge the candidate even when the float baseline is broken (a random model: "
-            "outputs mostly empty, flat or one token repeated, WER above 100%, NaN)",
-        ),
-    ] = False,
-    nproc: Annotated[
-        int | None,
-        typer.Option(
-            "--nproc",
-            help="processes on this host, one per device, each with whole requests (launches "
-            "torchrun's elastic agent; across hosts run torchrun -m opsnn_quant evaluate)",
-        ),
-    ] = None,
-    dist_backend: Annotated[
-        str | None,
-        typer.Option(
-            "--dist-backend", help="hccl | nccl | gloo [default: hccl on npu, nccl on cuda, gloo]"
-        ),
-    ] = None,
+    candidate: CandidateOpt,
+    suite: SuiteOpt,
+    out: ReportOutOpt,
+    force: ForceOpt = False,
+    baseline: BaselineOpt = None,
+    quiet: QuietOpt = False,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "float32",
+    candidate_dtype: CandidateDtypeOpt = "float32",
+    latency: LatencyOpt = "target",
+    target: TargetOpt = None,
+    allow_pickle: AllowPickleOpt = False,
+    allow_broken_baseline: AllowBrokenBaselineOpt = False,
+    nproc: NprocOpt = None,
+    dist_backend: DistBackendOpt = None,
 ) -> None:
     """Run baseline and candidate on the suite; write report.{json,md,html}. Exit 0 PASS, 3
     FAIL, 4 INCONCLUSIVE.
@@ -92,8 +106,6 @@ def evaluate_cmd(
     import dataclasses
 
     from opsnn_quant import distributed as dist
-    from opsnn_quant.evaluation.render import interval_text
-    from opsnn_quant.evaluation.report import fmt
     from opsnn_quant.pipeline.evaluate import check_evaluate, run_evaluate
 
     def check(on: str) -> EvaluateJob:
@@ -116,26 +128,34 @@ def evaluate_cmd(
     finally:
         dist.finish_world()
     if not quiet:
-        for c in report.criteria:
-            ci = interval_text(c)
-            _ui.console.print(
-                f"{c.status:12} {c.label} [{c.backend}]: {fmt(c.value)} "
-                + ("" if ci == "-" else f"{ci} n={c.n} ")
-                + f"(threshold {c.comparator} {fmt(c.threshold)})"
-                + (f"; {c.note}" if c.note else ""),
-                markup=False,
-            )
-        _ui.console.print(f"[b]{report.verdict}[/b]: wrote {out}/report.html")
-        for line in report.next_steps(str(candidate)):
-            _ui.console.print(line, markup=False)
+        print_report(report, candidate, out)
     raise typer.Exit(report.exit_code)
+
+
+def print_report(report: AcceptanceReport, candidate: Path, out: Path) -> None:
+    """Each criterion on one line (status, figure, interval, threshold), then the verdict and
+    what to try next."""
+    from opsnn_quant.evaluation.render import interval_text
+    from opsnn_quant.evaluation.report import fmt
+
+    for c in report.criteria:
+        ci = interval_text(c)
+        _ui.console.print(
+            f"{c.status:12} {c.label} [{c.backend}]: {fmt(c.value)} "
+            + ("" if ci == "-" else f"{ci} n={c.n} ")
+            + f"(threshold {c.comparator} {fmt(c.threshold)})"
+            + (f"; {c.note}" if c.note else ""),
+            markup=False,
+        )
+    _ui.console.print(f"[b]{report.verdict}[/b]: wrote {out}/report.html")
+    for line in report.next_steps(str(candidate)):
+        _ui.console.print(line, markup=False)
 
 
 def launch(job: EvaluateJob, nproc: int, backend: str | None) -> int:
     """``--nproc N``: the checked command again in N processes on this host (torchrun's
     elastic agent); returns the run's exit code."""
     from opsnn_quant import distributed as dist
-    from opsnn_quant.cli import main
     from opsnn_quant.evaluation.evaluate import suite_records
 
     dist.check_nproc(nproc, len(suite_records(job.suite)))
@@ -143,7 +163,7 @@ def launch(job: EvaluateJob, nproc: int, backend: str | None) -> int:
     dist.check_backend(
         backend or {"npu": "hccl", "cuda": "nccl"}.get(job.device.split(":")[0], "gloo")
     )
-    return dist.launch_local(nproc, main, _ui.without_nproc(_ui.ARGV))
+    return _ui.relaunch(nproc)
 
 
 def register(app: typer.Typer) -> None:

@@ -88,9 +88,10 @@ def export(
     ] = False,
 ) -> None:
     """Write POLICY in a format AMCT or ATC reads (never over one of its inputs)."""
-    from opsnn_quant.formats.atc.precision import onnx_node_io
-    from opsnn_quant.formats.policy_files import export_files, export_policy
-    from opsnn_quant.io import load_node_map, write_output_files
+    from opsnn_quant.formats.atc.precision import load_node_map, onnx_node_io
+    from opsnn_quant.formats.policy_files import export_policy
+    from opsnn_quant.formats.result import export_files
+    from opsnn_quant.output.loose import write_output_files
 
     result = export_policy(
         _resolved(policy, probe)[0],

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from opsnn_quant.sources import model_path
+from opsnn_quant.sources import Source
 
 _MIB = 1024 * 1024
 
@@ -67,9 +67,9 @@ def _is_image(value: Any) -> bool:
     return all(hasattr(value, a) for a in ("mode", "size", "getdata", "tobytes"))
 
 
-def model_fingerprint(source: str) -> str:
+def model_fingerprint(source: Source) -> str:
     """sha256 over the model directory's files (see the module docstring)."""
-    root = model_path(source)
+    root = source.path
     files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
     h = hashlib.sha256()
     for file in files:
@@ -88,7 +88,7 @@ def model_fingerprint(source: str) -> str:
     return h.hexdigest()
 
 
-def probe_inputs(source: str, records: Sequence[Any]) -> dict[str, str]:
+def probe_inputs(source: Source, records: Sequence[Any]) -> dict[str, str]:
     """The fingerprints a probe report records: ``{"model": ..., "data": ...}``."""
     return {"model": model_fingerprint(source), "data": data_fingerprint(records)}
 

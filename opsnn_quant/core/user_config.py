@@ -1,6 +1,6 @@
 """What every user-written configuration shares: recipes, suites, model settings, CLI counts.
 
-One place for the checks that recipes (:mod:`opsnn_quant.recipe`), suites
+One place for the checks that recipes (:mod:`opsnn_quant.pipeline.recipe`), suites
 (:mod:`opsnn_quant.evaluation.suite`) and the CLI options that override them apply alike, so
 that a value refused in a YAML file is refused with the same words on the command line:
 

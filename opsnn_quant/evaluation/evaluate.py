@@ -30,7 +30,8 @@ from opsnn_quant.evaluation.report import AcceptanceReport
 from opsnn_quant.evaluation.suite import Suite
 from opsnn_quant.evaluation.tasks import TaskInputs
 from opsnn_quant.models.base import ModelAdapter
-from opsnn_quant.policy.targets import Target, get_target
+from opsnn_quant.policy.targets import Target
+from opsnn_quant.sources import Source, builtin_source
 from opsnn_quant.types import Progress
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ def suite_records(suite: Suite, start: int = 0, count: int | None = None) -> lis
     d = suite.data
     limit = d.samples if count is None else start + count
     if d.dataset is not None:
-        source = f"zoo:{d.dataset}/{d.split}"
+        source = builtin_source(f"{d.dataset}/{d.split}")
     elif d.folder is None:
         raise ConfigError(f"suite {suite.name}: data needs a dataset or a folder")
     else:
@@ -109,7 +110,11 @@ def generation_settings(suite: Suite, family: str) -> dict[str, Any]:
 
 
 def check_suite_fits(
-    suite: Suite, source: str, *, family: str | None = None, settings: dict[str, Any] | None = None
+    suite: Suite,
+    source: Source,
+    *,
+    family: str | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> None:
     """Refuse, before any model loads, a suite whose generation settings the model at
     ``source`` cannot run: its values over ``settings`` (the model's own, e.g. a recipe's;
@@ -154,7 +159,7 @@ def evaluate(
     progress: Progress | None = None,
     created: str | None = None,
     latency: str = "target",
-    target: str | Target | None = None,
+    target: Target | None = None,
     baseline_backend: str | None = None,
     allow_pickle: bool = False,
     allow_broken_baseline: bool = False,
@@ -173,7 +178,7 @@ def evaluate(
             modules ``npu`` on an NPU (torch_npu's kernels), else ``<device>-reference`` (the
             exact Ascend arithmetic, e.g. ``cpu-reference``); for a float model its device.
         policy: :func:`~opsnn_quant.policy.summary.policy_summary` of the candidate, shown in
-            the report; its ``target`` is the default of ``target``.
+            the report.
         sensitivity: The probe's :class:`~opsnn_quant.probe.report.SensitivityReport`.
         progress: Called with a short phrase as each phase starts.
         created: Report timestamp (default now; ``""`` for reproducible output).
@@ -181,8 +186,8 @@ def evaluate(
             read; ``all``: every measurement the suite configures (eager timing of both
             models, one profile each, stability run, ONNX Runtime figure); ``none``: nothing.
             See :func:`~.gate.plan_latency`.
-        target: The deployment target latency is judged for (default ``policy["target"]``;
-            None: unknown, so no latency criterion is judged).
+        target: The deployment target latency is judged for (the candidate's policy's, as a
+            command resolves it; None: unknown, so no latency criterion is judged).
         baseline_backend: Label of the baseline's eager timing (default: its device, ``cpu``).
         allow_pickle: Read a suite CLIP directory that has pickle weights only (with
             ``torch.load(weights_only=True)``); False: refused before anything is generated.
@@ -197,15 +202,14 @@ def evaluate(
         input order) ride along in :attr:`AcceptanceReport.outputs` for the report's grids.
 
     Raises:
-        ConfigError: ``latency`` is not none/target/all, ``target`` is unknown, or the suite's
-            task is not the models' task.
+        ConfigError: ``latency`` is not none/target/all, or the suite's task is not the
+            models' task.
         ModelLoadError: the suite's CLIP has pickle weights only and ``allow_pickle`` is False.
     """
     from opsnn_quant.evaluation.runner import build_report
 
     say = progress or (lambda m: log.info("%s", m))
     mode = check_latency_mode(latency)
-    judged_for = _target_of(target, policy)
     for adapter in (baseline, candidate):
         check_task(suite, adapter)
     backends = _Backends.of(baseline, candidate, baseline_backend, candidate_backend)
@@ -218,7 +222,7 @@ def evaluate(
     out = _generate(baseline, candidate, suite, records, say, times, allow_pickle=allow_pickle)
     notes: list[str] = []
     plan = plan_latency(
-        suite, mode, target=judged_for, baseline_backend=backends.baseline,
+        suite, mode, target=target, baseline_backend=backends.baseline,
         candidate_backend=backends.candidate, onnx_possible=backends.int8,
     )  # fmt: skip
     figures = _time(plan, suite, baseline, candidate, out, records, backends, notes, say, times)
@@ -236,7 +240,7 @@ def evaluate(
         sensitivity=sensitivity,
         notes=notes,
         created=created,
-        target=judged_for,
+        target=target,
         latency_plan=plan,
         allow_broken_baseline=allow_broken_baseline,
         baseline_backend=backends.baseline,
@@ -375,14 +379,6 @@ def _time(
         times["latency"] = time.perf_counter() - started
         notes += rank_latency_notes(current_world(), figures)
     return figures
-
-
-def _target_of(target: str | Target | None, policy: dict[str, Any] | None) -> Target | None:
-    """The target latency is judged for: given, else the policy's; looked up once, here (an
-    unknown name fails before any work)."""
-    if target is None and policy is not None and policy.get("target"):
-        target = str(policy["target"])
-    return None if target is None else get_target(target)
 
 
 def generate_outputs(adapter: ModelAdapter, suite: Suite, inputs: list[Any]) -> list[Any]:

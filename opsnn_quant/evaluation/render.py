@@ -37,7 +37,7 @@ from opsnn_quant.evaluation.report_schema import (
     TranscriptRow,
     fmt,
 )
-from opsnn_quant.io import empty_dir
+from opsnn_quant.output.files import empty_dir
 
 OUTPUT_KIND = "report"
 RUN_TIMES = "Run times"  # the one section whose figures differ between two runs of one command
@@ -484,7 +484,7 @@ def write_report(
     Args:
         report: The report. Its ``image_pairs`` are kept in order (worst first); the first
             ``max_pairs`` get a side-by-side PNG when the images are given.
-        out_dir: A new or empty directory (see :func:`~opsnn_quant.io.empty_dir`; the commands
+        out_dir: A new or empty directory (see :func:`~opsnn_quant.output.files.empty_dir`; the commands
             replace an earlier report whole, atomically).
         baseline_images, candidate_images: The images ``image_pairs[*].index`` points into
             (default: the report's own :attr:`~ReportSchema.outputs`, when they are images).

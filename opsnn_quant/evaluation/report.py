@@ -82,7 +82,7 @@ class AcceptanceReport(ReportSchema):
         as the CLI does (see :func:`~opsnn_quant.evaluation.render.write_report`).
 
         Args:
-            out_dir: A new or empty directory (see :func:`~opsnn_quant.io.empty_dir`; the
+            out_dir: A new or empty directory (see :func:`~opsnn_quant.output.files.empty_dir`; the
                 commands replace an earlier report whole).
             baseline_images, candidate_images: The images the image pairs point into (default:
                 the run's own outputs, when the report carries them).

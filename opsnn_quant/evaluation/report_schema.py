@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
+from opsnn_quant.core.readers import load_json_model
 from opsnn_quant.evaluation.latency import LatencyResult
 from opsnn_quant.evaluation.ort_speed import OrtSpeedResult
 from opsnn_quant.evaluation.profile import ModuleTimeRow, StabilityResult, StageRow
-from opsnn_quant.io import load_json_model
 
 if TYPE_CHECKING:
     from opsnn_quant.probe.report import SensitivityReport

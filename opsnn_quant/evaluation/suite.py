@@ -51,6 +51,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError, field_validator, model_validator
 
+from opsnn_quant.core.readers import read_text
 from opsnn_quant.core.resources import builtin_dir
 from opsnn_quant.core.user_config import yaml_error
 from opsnn_quant.errors import ConfigError
@@ -68,7 +69,6 @@ from opsnn_quant.evaluation.suite_schema import (
     MetricsSpec,
     SuiteSpec,
 )
-from opsnn_quant.io import read_text
 from opsnn_quant.sources import is_named
 
 __all__ = [
@@ -186,14 +186,13 @@ def suite_file(path_or_name: str | Path) -> Path:
     return path
 
 
-def suite_inputs(path_or_name: str | Path) -> list[str]:
-    """The local paths a suite reads (its file, data folder, reference images): an output may
-    not replace them.
+def suite_inputs(suite: Suite, path_or_name: str | Path) -> list[str]:
+    """The local paths ``suite``, loaded from ``path_or_name``, reads (its file, data folder,
+    reference images, tuning data): an output may not replace them.
 
     Raises:
-        ConfigError: as :func:`load_suite`.
+        ConfigError: as :func:`suite_file`.
     """
-    suite = load_suite(path_or_name)
     paths = [suite_file(path_or_name), suite.data.folder]
     if suite.data.reference not in (None, "dataset"):
         paths.append(Path(str(suite.data.reference)))

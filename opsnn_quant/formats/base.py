@@ -147,6 +147,12 @@ class Format:
         over them)."""
         return [str(path)]
 
+    def own_model(self, path: Path) -> str | None:
+        """The model the candidate at ``path`` is itself, loaded as it is (whose config files
+        the suite's settings must fit as its float source's do); None: it is loaded from or
+        into its float source."""
+        return None
+
     def policy_file(self, path: Path) -> Path | None:
         """The candidate's ``policy.yaml``, if it has one."""
         return None
@@ -194,6 +200,9 @@ class ModelSource(Format):
 
     def float_source(self, path: Path, baseline: str | None) -> str:
         return baseline or str(path)
+
+    def own_model(self, path: Path) -> str | None:
+        return str(path)
 
     def load_candidate(
         self, path: Path, family: str | None, baseline: str | None, placement: dict[str, Any]

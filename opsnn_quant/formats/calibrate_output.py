@@ -1,7 +1,7 @@
 """The layout of a calibrate output directory: one owner for the names every command reads and
 writes (``probe.json``, ``policy.yaml``, ``quant/``, ``export/``, ``report/``, ``timings.json``,
 ``recipe.yaml``), instead of literals spread over the commands. What a directory a user passes
-is, is :func:`opsnn_quant.formats.candidates.recognise`'s answer.
+is, is :func:`opsnn_quant.formats.registry.recognise`'s answer.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class CalibrateOutput:
         """
         import yaml
 
-        from opsnn_quant.io import read_text
+        from opsnn_quant.core.readers import read_text
 
         if not self.recipe.is_file():
             return {}
@@ -110,6 +110,22 @@ class CalibrateOutput:
         if up.name == EXPORT_DIR and cls(up.parent).quant.is_dir():
             return cls(up.parent)
         return None
+
+
+def probe_report_file(path: Path, where: str = "") -> Path:
+    """The probe report ``path`` names: a ``probe.json`` itself, or that of the probe or
+    calibrate output ``path`` is.
+
+    Raises:
+        ConfigError: no report there (``where`` begins the message: the flag that named it).
+    """
+    file = path / PROBE_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise ConfigError(
+            f"{where}{path}: no probe report there (a probe or calibrate output, or its "
+            f"{PROBE_FILE})"
+        )
+    return file
 
 
 class CalibrateOutputFormat(Format):
@@ -137,10 +153,9 @@ class CalibrateOutputFormat(Format):
 
     def run_dtype(self, path: Path, dtype: str) -> str:
         from opsnn_quant.policy.schema import PrecisionPolicy
-        from opsnn_quant.policy.targets import get_target
 
         policy = CalibrateOutput(path).policy
-        target = get_target(PrecisionPolicy.load(policy).target) if policy.is_file() else None
+        target = PrecisionPolicy.load(policy).target_def if policy.is_file() else None
         return run_dtype(target, dtype)
 
     def load_candidate(

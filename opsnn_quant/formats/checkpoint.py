@@ -20,8 +20,8 @@ from torch import nn
 
 from opsnn_quant.core.safetensors_header import read_safetensors_header
 from opsnn_quant.errors import CheckpointError
-from opsnn_quant.io import empty_dir
 from opsnn_quant.models.offload import offload_of
+from opsnn_quant.output.files import empty_dir
 from opsnn_quant.quant.engine import TORCH_DTYPES
 from opsnn_quant.quant.modules import QuantModule, quant_module_named, set_submodule
 from opsnn_quant.quant.spec import QuantSpec
@@ -60,7 +60,7 @@ def save_quantized(
     Args:
         model: a model returned by :func:`opsnn_quant.quant.api.quantize`.
         directory: a new or empty directory (made when missing; see
-            :func:`~opsnn_quant.io.empty_dir`).
+            :func:`~opsnn_quant.output.files.empty_dir`).
         source_model: id of the float model (recorded in the description).
         extra: more JSON-able fields for the description (e.g. the policy's hash).
         allow_empty: write a checkpoint with no int8 module (a policy that keeps all float).

@@ -1,5 +1,6 @@
 """A policy exported to the files Ascend tools read, through the exporter table: one entry point
-(:func:`export_policy`) and the files an export writes (:func:`export_files`, :func:`write_export`).
+(:func:`export_policy`); the files an export writes are its result's
+(:func:`~opsnn_quant.formats.result.write_export`).
 
 Every exporter takes the module inventory (``{module name: class name}``, model order) because a
 policy holds globs, not module lists. Each returns an :class:`ExportResult`: the file text plus
@@ -18,14 +19,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.formats.registry import exporter, exporters
-from opsnn_quant.formats.result import ExportResult
-from opsnn_quant.io import write_output_files
+from opsnn_quant.formats.result import ExportResult, PolicyExportOptions
 from opsnn_quant.policy.schema import PrecisionPolicy, ResolvedPolicy
 
 if TYPE_CHECKING:
@@ -85,44 +83,3 @@ def export_policy(
     options = PolicyExportOptions(node_map, node_io, op_types, batch_num)
     result: ExportResult = entry.writer()(fmt, policy, options)
     return result
-
-
-@dataclass(frozen=True)
-class PolicyExportOptions:
-    """What some policy exports take beyond the policy and the inventory (see
-    :func:`export_policy`'s arguments)."""
-
-    node_map: Mapping[str, Sequence[str]] | None = None
-    node_io: Mapping[str, tuple[str, int, int]] | None = None
-    op_types: Mapping[str, str] | None = None
-    batch_num: int = 1
-
-
-def export_files(
-    result: ExportResult, path: str | Path
-) -> tuple[dict[Path, tuple[str | bytes, str]], dict[Path, str]]:
-    """The files of ``result`` written at ``path`` (path -> (text, kind)): the file, and the
-    notes of a comment-less format in ``<path>.notes.txt``; and the notes file an earlier run
-    may have left that this one does not write (path -> kind), for
-    :func:`opsnn_quant.io.write_output_files`."""
-    notes_path, notes_kind = Path(f"{path}.notes.txt"), f"{result.format}.notes"
-    files: dict[Path, tuple[str | bytes, str]] = {Path(path): (result.text, result.format)}
-    if result.notes and not result.comments:
-        files[notes_path] = ("\n".join(result.notes) + "\n", notes_kind)
-    return files, ({} if notes_path in files else {notes_path: notes_kind})
-
-
-def write_export(result: ExportResult, path: str | Path) -> list[Path]:
-    """Write ``result`` at ``path`` in a directory the caller owns (its notes beside it, see
-    :func:`export_files`); a file there is replaced only when it is this format's file as we
-    wrote it (:func:`opsnn_quant.io.check_output_file`). The command layer writes over a
-    user's path with its own checks (``policy export``: ``--force``, its inputs).
-
-    Raises:
-        OutputError: a file that must not be replaced, or a location that cannot be written.
-    """
-    files, stale = export_files(result, path)
-    written = write_output_files(files, stale=stale)
-    for note in result.notes:
-        log.info("%s: %s", result.format, note)
-    return written

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from opsnn_quant.core.safetensors_header import MAX_HEADER_BYTES, read_safetensors_header
-from opsnn_quant.formats.ascendv1.contract import AscendV1Error
+from opsnn_quant.errors import CheckpointError
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -32,23 +32,29 @@ DTYPES: dict[str, torch.dtype] = {
     "U8": torch.uint8, "BOOL": torch.bool,
 }  # fmt: skip
 TensorInfo = tuple[torch.dtype, tuple[int, ...]]
+Refusal = type[CheckpointError]
+"""The error a reader raises (a format's own, e.g. ``AscendV1Error``; ``CheckpointError`` by
+default): the message is one line naming the file or tensor."""
 
 
-def read_header(path: Path, max_header_bytes: int = MAX_HEADER_BYTES) -> dict[str, TensorInfo]:
+def read_header(
+    path: Path, max_header_bytes: int = MAX_HEADER_BYTES, *, error: Refusal = CheckpointError
+) -> dict[str, TensorInfo]:
     """Tensor name -> (dtype, shape) from a safetensors header, every entry checked
     (:func:`~opsnn_quant.core.safetensors_header.read_safetensors_header`: only the first ``8 + N``
     bytes are read, after ``N`` is checked against ``max_header_bytes`` and the file size).
 
     Raises:
-        AscendV1Error: unreadable file, a header too large or malformed, a dtype that is not
-            one of :data:`DTYPES`, or data offsets that do not fit the file or the tensor's size.
+        CheckpointError: (``error``) unreadable file, a header too large or malformed, a dtype
+            that is not one of :data:`DTYPES`, or data offsets that do not fit the file or the
+            tensor's size.
     """
-    header = read_safetensors_header(path, error=AscendV1Error, max_header_bytes=max_header_bytes)
+    header = read_safetensors_header(path, error=error, max_header_bytes=max_header_bytes)
     out: dict[str, TensorInfo] = {}
     for name, entry in header.tensors.items():
         dtype = DTYPES.get(entry.dtype)
         if dtype is None:
-            raise AscendV1Error(f"{path}: tensor {name} has unsupported dtype {entry.dtype!r}")
+            raise error(f"{path}: tensor {name} has unsupported dtype {entry.dtype!r}")
         out[name] = dtype, entry.shape
     return out
 
@@ -59,11 +65,18 @@ class TensorFiles:
     Attributes:
         info: tensor name -> (dtype, shape).
         files: tensor name -> the file holding it.
+        error: what a read that fails raises.
     """
 
-    def __init__(self, files: Mapping[str, Path], info: Mapping[str, TensorInfo]) -> None:
+    def __init__(
+        self,
+        files: Mapping[str, Path],
+        info: Mapping[str, TensorInfo],
+        error: Refusal = CheckpointError,
+    ) -> None:
         self.files = dict(files)
         self.info = dict(info)
+        self.error = error
 
     def load(self, name: str) -> torch.Tensor:
         """One tensor, read from its file (memory-mapped, nothing else is read)."""
@@ -74,53 +87,55 @@ class TensorFiles:
             with safe_open(str(path), framework="pt") as f:
                 return f.get_tensor(name)
         except (SafetensorError, OSError) as exc:
-            raise AscendV1Error(f"{path}: cannot read tensor {name}: {exc}") from exc
+            raise self.error(f"{path}: cannot read tensor {name}: {exc}") from exc
 
 
-def open_tensor_files(directory: Path, index: Path | None, files: list[Path]) -> TensorFiles:
+def open_tensor_files(
+    directory: Path, index: Path | None, files: list[Path], *, error: Refusal = CheckpointError
+) -> TensorFiles:
     """Read a sharded set (``index``) or a list of safetensors files, checking every header.
 
     Raises:
-        AscendV1Error: an index naming a missing shard or a tensor its shard lacks, a tensor in
+        CheckpointError: (``error``) an index naming a missing shard or a tensor its shard lacks, a tensor in
             two files, or any header error of :func:`read_header`.
     """
     where: dict[str, Path] = {}
     info: dict[str, TensorInfo] = {}
     if index is not None:
-        weight_map = _weight_map(index)
+        weight_map = _weight_map(index, error)
         headers: dict[str, dict[str, TensorInfo]] = {}
         for name, shard in sorted(weight_map.items()):
             path = directory / shard
             if shard not in headers:
                 if "/" in shard or shard.startswith(".") or not path.is_file():
-                    raise AscendV1Error(f"{index.name}: shard {shard!r} of {name} not found")
-                headers[shard] = read_header(path)
+                    raise error(f"{index.name}: shard {shard!r} of {name} not found")
+                headers[shard] = read_header(path, error=error)
             if name not in headers[shard]:
-                raise AscendV1Error(f"{name}: named in {index.name} but not in {shard}")
+                raise error(f"{name}: named in {index.name} but not in {shard}")
             where[name], info[name] = path, headers[shard][name]
         for shard, header in headers.items():
             extra = sorted(set(header) - set(weight_map))
             if extra:
-                raise AscendV1Error(f"{extra[0]}: in {shard} but not in {index.name}")
-        return TensorFiles(where, info)
+                raise error(f"{extra[0]}: in {shard} but not in {index.name}")
+        return TensorFiles(where, info, error)
     for path in files:
-        for name, entry in read_header(path).items():
+        for name, entry in read_header(path, error=error).items():
             if name in where:
-                raise AscendV1Error(f"{name}: in both {where[name].name} and {path.name}")
+                raise error(f"{name}: in both {where[name].name} and {path.name}")
             where[name], info[name] = path, entry
-    return TensorFiles(where, info)
+    return TensorFiles(where, info, error)
 
 
-def _weight_map(index: Path) -> dict[str, str]:
+def _weight_map(index: Path, error: Refusal) -> dict[str, str]:
     try:
         doc = json.loads(index.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AscendV1Error(f"{index}: not a readable JSON index") from exc
+        raise error(f"{index}: not a readable JSON index") from exc
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
     ):
-        raise AscendV1Error(f"{index}: 'weight_map' must map tensor names to shard file names")
+        raise error(f"{index}: 'weight_map' must map tensor names to shard file names")
     return weight_map
 
 
@@ -145,11 +160,11 @@ class LazyTensor:
         """The tensor, checked against the declared dtype and shape.
 
         Raises:
-            AscendV1Error: ``make`` returned another dtype or shape.
+            CheckpointError: ``make`` returned another dtype or shape.
         """
         t = self.make()
         if t.dtype != self.dtype or tuple(t.shape) != self.shape:
-            raise AscendV1Error(
+            raise CheckpointError(
                 f"a lazy tensor declared {self.dtype} {list(self.shape)} made "
                 f"{t.dtype} {list(t.shape)}"
             )
@@ -185,11 +200,13 @@ def write_safetensors(
     one tensor, not a serialized copy of the whole file.
 
     Raises:
-        AscendV1Error: a dtype safetensors has no name for.
+        CheckpointError: a dtype safetensors has no name for.
     """
     for name, t in tensors.items():
         if t.dtype not in _NAMES:
-            raise AscendV1Error(f"tensor {name}: dtype {t.dtype} cannot be written to safetensors")
+            raise CheckpointError(
+                f"tensor {name}: dtype {t.dtype} cannot be written to safetensors"
+            )
     order = sorted(tensors, key=lambda n: (-_DATA_ORDER[_NAMES[tensors[n].dtype]], n))
     header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
     offset = 0

@@ -24,12 +24,12 @@ from opsnn_quant.models.family import (
     unregister_family,
 )
 from opsnn_quant.models.settings import check_source_fits, settings_for
-from opsnn_quant.sources import split_source
+from opsnn_quant.sources import Source, resolve_source
 
 
 def load_adapter(
     family: str | None,
-    source: str,
+    source: str | Source,
     *,
     device: str = "cpu",
     dtype: str = "float32",
@@ -45,7 +45,8 @@ def load_adapter(
             PixArt, Wan), ``whisper``, or one a team registered (``generic`` is Python-only:
             build a :class:`~opsnn_quant.models.generic.GenericAdapter`); None: guessed from
             the source (:func:`guess_family`).
-        source: model location.
+        source: model location (a command's resolved :class:`~opsnn_quant.sources.Source`, or
+            its text: resolved here, once).
         device: ``cpu``, ``npu``, ``npu:N``, ``cuda`` or ``cuda:N``: the model is placed there
             (every probe statistic, observer and quantized module then runs there).
         dtype: ``float32``, ``float16`` or ``bfloat16``: the model is loaded in it.
@@ -68,17 +69,18 @@ def load_adapter(
     """
     from opsnn_quant.backends.devices import resolve_device, resolve_dtype
 
-    entry = get_family(family or guess_family(source), ModelLoadError)
+    resolved = source if isinstance(source, Source) else resolve_source(source)
+    entry = get_family(family or guess_family(resolved), ModelLoadError)
     checked = settings_for(entry.name, settings)
-    check_model_files(source)  # before the configs' values are read as limits
-    check_source_fits(source, checked, where="settings.")
+    check_model_files(resolved)  # before the configs' values are read as limits
+    check_source_fits(resolved, checked, where="settings.")
     place = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
     # --max-memory: the pipeline's models (Whisper: the model) built on the meta device, blocks
     # streamed from the files (opsnn_quant.models.streamed) instead of loaded whole first
     skeletons: list[Any] | None = [] if max_memory is not None else None
-    adapter = entry.adapter_class().load(
-        source, checked, torch_dtype, allow_pickle=allow_pickle, skeletons=skeletons
+    adapter = entry.adapter_class().load(  # a plug-in: it takes the source's text
+        resolved.text, checked, torch_dtype, allow_pickle=allow_pickle, skeletons=skeletons
     )
     if max_memory is None:
         adapter.place(place)
@@ -96,7 +98,7 @@ def load_adapter(
     return adapter
 
 
-def check_weights(source: str, *, allow_pickle: bool = False) -> None:
+def check_weights(source: Source, *, allow_pickle: bool = False) -> None:
     """Refuse a model directory whose weights are pickles only (unless ``allow_pickle``) from
     its file names, or whose classes, configs or safetensors headers are wrong
     (:func:`~opsnn_quant.models.checks.check_model_files`), before a command reads data or
@@ -112,45 +114,38 @@ def check_weights(source: str, *, allow_pickle: bool = False) -> None:
     try:
         _check_weights(source, allow_pickle)
     except OSError as exc:  # a directory we may not walk (--model /proc): one line, not a trace
-        where = exc.filename or source
+        where = exc.filename or source.text
         raise ModelLoadError(
             f"cannot read the model directory {source}: {where}: {exc.strerror or exc}"
         ) from exc
 
 
-def _check_weights(source: str, allow_pickle: bool) -> None:
-    from pathlib import Path
-
+def _check_weights(source: Source, allow_pickle: bool) -> None:
     from opsnn_quant.models.loader_files import check_model_sources
 
     check_model_sources(source)
-    path = Path(source)
     check_model_files(source)
-    if allow_pickle or split_source(source) is not None or not path.is_dir():
+    if allow_pickle or source.named or not source.path.is_dir():
         return  # allowed: the loader says which pickles it reads
-    family = layout_family(path)  # a pipeline's index, a transformers config.json, ...
+    family = layout_family(source.path)  # a pipeline's index, a transformers config.json, ...
     if family is not None and family.check_weights is not None:
-        family.check_weights(source, path, allow_pickle)
+        family.check_weights(source.text, source.path, allow_pickle)
 
 
 # what a Hugging Face hub id looks like (owner/name), as opposed to a local path
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-def check_model_source(source: str) -> None:
+def check_model_source(source: Source) -> None:
     """Refuse a model source that is neither a named source (``zoo:NAME``) nor an existing path,
     saying how to fetch a hub id (nothing downloads at run time).
 
     Raises:
         ModelLoadError: no such model here.
     """
-    from pathlib import Path
-
-    from opsnn_quant.sources import split_source
-
-    if split_source(source) is not None or Path(source).exists():
+    if source.named or source.path.exists():
         return
-    if _HUB_ID.match(source):
+    if _HUB_ID.match(source.text):
         raise ModelLoadError(
             f"model {source} does not exist here; it looks like a Hugging Face hub id, and "
             f"nothing downloads at run time: `huggingface-cli download {source} --local-dir "
@@ -159,19 +154,17 @@ def check_model_source(source: str) -> None:
     raise ModelLoadError(f"model {source} does not exist")
 
 
-def guess_family(source: str) -> str:
+def guess_family(source: Source) -> str:
     """Family from a named source's provider (``zoo:NAME``) or a model directory's files (the
     first registered family whose ``detect`` says yes)."""
-    from pathlib import Path
+    from opsnn_quant.sources import named_family
 
-    from opsnn_quant.sources import model_path, named_family
-
-    if split_source(source) is not None:
+    if source.named:
         family = named_family(source)
         if family:
             return family
-        source = str(model_path(source))  # a provider that does not say: its directory's files
-    found = detect_family(Path(source))
+        source = Source(str(source.path))  # a provider that does not say: its directory's files
+    found = detect_family(source.path)
     if found is not None:
         return found.name
     check_model_source(source)

@@ -33,7 +33,7 @@ from typing import Any
 
 from opsnn_quant.core.safetensors_header import read_safetensors_header
 from opsnn_quant.errors import ModelLoadError
-from opsnn_quant.sources import split_source
+from opsnn_quant.sources import Source
 
 LIBRARIES = ("diffusers", "transformers")
 """The libraries a ``model_index.json`` may name (besides diffusers' pipeline modules)."""
@@ -141,7 +141,7 @@ def _layer_pattern(label: str) -> re.Pattern[str]:
     return re.compile(start + re.escape(label.lstrip("^")).replace("N", r"(\d+)") + r"\.")
 
 
-def check_model_files(source: str) -> None:
+def check_model_files(source: Source) -> None:
     """Check the model directory ``source`` before it loads (see the module's description).
 
     A zoo model, or a path that is no directory or neither a diffusers pipeline
@@ -154,9 +154,9 @@ def check_model_files(source: str) -> None:
     Raises:
         ModelLoadError: the first problem found, one line naming the file.
     """
-    path = Path(source)
-    if split_source(source) is not None or not path.is_dir():
+    if source.named or not source.path.is_dir():
         return
+    path = source.path
     if (path / "model_index.json").is_file():
         check_pipeline_files(path)
     elif (path / "config.json").is_file():

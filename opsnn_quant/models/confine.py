@@ -20,7 +20,7 @@ import os
 import stat
 from pathlib import Path
 
-from opsnn_quant.ownership import LEDGER, MARKER
+from opsnn_quant.output.ownership import LEDGER, MARKER
 
 OURS = (MARKER, LEDGER)  # our bookkeeping in a model directory is not the model's
 

@@ -70,13 +70,14 @@ class PipelineModule(nn.Module):
         return self.__dict__["pipe"](*args, **kwargs)
 
 
-def pipeline_index(source: str) -> tuple[Path, dict[str, Any]]:
-    """The directory of ``source`` and its ``model_index.json`` (read before any weight loads).
+def pipeline_index(source: str, path: Path | None = None) -> tuple[Path, dict[str, Any]]:
+    """The directory of ``source`` (``path`` when the caller has it resolved) and its
+    ``model_index.json`` (read before any weight loads).
 
     Raises:
         ModelLoadError: not a diffusers pipeline directory, or an unreadable index.
     """
-    path = model_path(source)
+    path = path if path is not None else model_path(source)
     index_file = path / "model_index.json"
     if not index_file.is_file() and (path / "config.json").is_file():
         raise ModelLoadError(

@@ -86,7 +86,8 @@ def check_pipeline_weights(source: str, path: Path, allow_pickle: bool) -> objec
     .check_pipeline_weights`, imported when a pipeline is met)."""
     from opsnn_quant.models.diffusers_base import check_pipeline_weights, pipeline_index
 
-    return check_pipeline_weights(source, *pipeline_index(source), allow_pickle=allow_pickle)
+    index = pipeline_index(source, path)
+    return check_pipeline_weights(source, *index, allow_pickle=allow_pickle)
 
 
 def check_transformers_weights(source: str, path: Path, allow_pickle: bool) -> object:

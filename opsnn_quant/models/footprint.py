@@ -33,6 +33,7 @@ from opsnn_quant.errors import ConfigError
 
 if TYPE_CHECKING:
     from opsnn_quant.models.settings import DiTSettings, SDSettings
+    from opsnn_quant.sources import Source
 
 FP32 = 4
 COPIES = 3  # an op's input, its output and one temporary
@@ -224,7 +225,7 @@ def check_footprint(
 
 
 def check_source_memory(
-    source: str,
+    source: Source,
     settings: Any,
     *,
     records: int | None = None,
@@ -249,12 +250,11 @@ def check_source_memory(
         ConfigError: the run's floor exceeds the budget.
     """
     from opsnn_quant.models.family import family_of
-    from opsnn_quant.sources import model_path
 
     family = family_of(settings)
     if family is None or family.footprint is None:
         return
-    path = model_path(source)
+    path = source.path
     if path.is_dir():
         family.footprint(path, settings, records, where, max_memory, offload)
 

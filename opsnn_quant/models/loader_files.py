@@ -37,6 +37,7 @@ from pathlib import Path
 
 from opsnn_quant.errors import ModelLoadError
 from opsnn_quant.models.confine import DIRECTORY, OURS, escape
+from opsnn_quant.sources import Source
 
 HELPER_GLOBS = ("*.json", "*.py", "*.txt", "*.jinja", "*.model", "*.tiktoken")
 """Files a loader reads beside the weights: msModelSlim's ``copy_files`` globs (``*.json``:
@@ -129,7 +130,7 @@ def model_files(root: Path) -> ModelFiles:
     return ModelFiles(root, pipeline, dict(sorted(read.items())), left_out)
 
 
-def check_model_sources(source: str) -> None:
+def check_model_sources(source: Source) -> None:
     """Refuse a model directory a file of which the loaders read (or an export copies) although
     it is no regular file inside the directory: a weight file, config or tokenizer file that is
     a link leading out of it, a FIFO, a device, a broken link, a folder; a component folder
@@ -140,9 +141,9 @@ def check_model_sources(source: str) -> None:
     Raises:
         ModelLoadError: the first such file, named with the reason.
     """
-    root = Path(source)
-    if not root.is_dir():
+    if source.named or not source.path.is_dir():
         return
+    root = source.path
     try:
         found = model_files(root)
     except OSError as exc:

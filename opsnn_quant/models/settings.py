@@ -19,6 +19,7 @@ from pydantic import Field, ValidationError
 from opsnn_quant.core.user_config import keys_hint
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.models.family import FamilySettings, get_family
+from opsnn_quant.sources import Source
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +299,7 @@ def _check_diffusion(model_dir: Path, settings: SDSettings | DiTSettings, where:
 
 
 def check_source_fits(
-    source: str, settings: FamilySettings, where: str = "model.settings."
+    source: Source, settings: FamilySettings, where: str = "model.settings."
 ) -> None:
     """:func:`check_fits` on a model source (``zoo:<name>`` or a directory), before it loads.
 
@@ -307,8 +308,6 @@ def check_source_fits(
     Raises:
         ConfigError: a setting beyond the model's limit.
     """
-    from opsnn_quant.sources import model_path
-
-    path = model_path(source)
+    path = source.path
     if path.is_dir():
         check_fits(path, settings, where)

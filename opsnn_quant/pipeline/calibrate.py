@@ -3,7 +3,7 @@
 :func:`execute_calibrate` reads as its numbered phases. Everything that can be checked before
 the model loads was, once, when the run was resolved (:func:`~.run.resolve_run`: output path,
 suite, latency mode, AMCT, data); then ``OUT/`` is built in a temporary sibling and renamed into
-place (:func:`opsnn_quant.io.atomic_dir`). Each phase takes the run's
+place (:func:`opsnn_quant.output.directories.atomic_dir`). Each phase takes the run's
 :class:`~.context.RunContext` and the values earlier phases returned, and returns its own: the probe a :class:`~opsnn_quant.probe.api.ProbeResult`, the policy phase the
 :class:`~opsnn_quant.policy.schema.ResolvedPolicy` every later phase takes.
 """
@@ -11,7 +11,6 @@ place (:func:`opsnn_quant.io.atomic_dir`). Each phase takes the run's
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -21,17 +20,17 @@ from typing import Any
 
 from opsnn_quant.backends.devices import backend_label
 from opsnn_quant.core.determinism import set_reproducible
-from opsnn_quant.core.fingerprint import differences, probe_inputs
-from opsnn_quant.core.numerics import fmt_db
-from opsnn_quant.errors import ConfigError
+from opsnn_quant.core.fingerprint import probe_inputs
 from opsnn_quant.evaluation.render import OUTPUT_KIND as REPORT_KIND
 from opsnn_quant.evaluation.suite import Suite
-from opsnn_quant.formats.calibrate_output import PROBE_FILE, CalibrateOutput
+from opsnn_quant.formats.calibrate_output import CalibrateOutput, probe_report_file
 from opsnn_quant.formats.checkpoint import OUTPUT_KIND as CHECKPOINT_KIND
 from opsnn_quant.formats.checkpoint import save_quantized
-from opsnn_quant.io import atomic_dir, atomic_write_text, output_lock
 from opsnn_quant.models import ModelAdapter
 from opsnn_quant.models.offload import offload_of
+from opsnn_quant.output.directories import atomic_dir
+from opsnn_quant.output.files import atomic_write_text
+from opsnn_quant.output.locks import output_lock
 from opsnn_quant.pipeline.context import RunContext, load_recipe_model
 from opsnn_quant.pipeline.exports import (
     ExportPlan,
@@ -45,38 +44,48 @@ from opsnn_quant.pipeline.measured import (
     metric_source,
     slice_records,
 )
+from opsnn_quant.pipeline.recipe import Recipe
+from opsnn_quant.pipeline.recipe_flags import recipe_yaml
 from opsnn_quant.pipeline.resume import RESUME_FILE, Journal, resumable
-from opsnn_quant.pipeline.run import OFFLOAD_REMEDY, OUTPUT_KIND, CalibrateRun, resolve_run
+from opsnn_quant.pipeline.run import (
+    OFFLOAD_REMEDY,
+    OUTPUT_KIND,
+    CalibrateRun,
+    rank_probe_config,
+    resolve_run,
+)
 from opsnn_quant.pipeline.sharing import Sharing
 from opsnn_quant.pipeline.timings import write_timings
-from opsnn_quant.policy.baselines import NAIVE_SCHEMES, naive_policy
+from opsnn_quant.policy.baselines import baselines_first, naive_policy
 from opsnn_quant.policy.front import FrontResult
 from opsnn_quant.policy.schema import PrecisionPolicy, ResolvedPolicy
 from opsnn_quant.policy.search import build_policy
 from opsnn_quant.policy.summary import (
     ModalitySummaryRow,
     deployed_note,
-    int8_mac_shares,
+    deployed_shares,
+    int8_mac_share,
+    int8_share_of_all_macs,
+    position_note,
     summarize,
+    with_measured,
 )
-from opsnn_quant.policy.targets import Target, get_target
+from opsnn_quant.policy.targets import Target
 from opsnn_quant.probe.api import (
-    ProbeConfig,
     ProbeResult,
     StagedProbe,
-    check_offloaded_estimators,
     recollect,
     run_probe,
     start_probe,
     statistics,
 )
 from opsnn_quant.probe.measure import measure_modalities
+from opsnn_quant.probe.outcome import Probed
 from opsnn_quant.probe.report import SensitivityReport
+from opsnn_quant.probe.reuse import reusable_report
 from opsnn_quant.quant.api import quantize
-from opsnn_quant.quant.schemes import SCHEMES
-from opsnn_quant.recipe import Recipe
-from opsnn_quant.recipe_flags import recipe_yaml
 from opsnn_quant.recording import RecordedRoots, record_roots
+from opsnn_quant.sources import Source
 from opsnn_quant.types import Modality, Progress
 
 log = logging.getLogger(__name__)
@@ -142,7 +151,7 @@ def run_calibrate(
             :func:`opsnn_quant.evaluation.evaluate.evaluate`).
         from_probe: an earlier probe to reuse instead of probing (a probe or calibrate output,
             or its ``probe.json``): refused unless made with this run's settings on this run's
-            model and data (see :func:`reusable_probe`).
+            model and data (see :func:`~opsnn_quant.probe.reuse.reusable_report`).
         allow_broken_baseline: the acceptance run judges the candidate even when the float
             baseline is broken (:data:`~opsnn_quant.evaluation.runner.OUTPUT_CHECKS`).
         resume: go on from the phases an interrupted run of the same command finished (kept in
@@ -165,9 +174,10 @@ def run_calibrate(
             suite, AMCT, data), or a failure of a phase.
     """
     run = resolve_run(
-        recipe, out, seed=seed, engine=engine, suite=suite, force=force, latency=latency,
-        from_probe=from_probe, allow_broken_baseline=allow_broken_baseline, resume=resume,
-        max_memory=max_memory, distributed=sharing is not None,
+        recipe.with_max_memory(max_memory), out, seed=seed, engine=engine, suite=suite,
+        force=force, latency=latency, from_probe=from_probe,
+        allow_broken_baseline=allow_broken_baseline, resume=resume,
+        distributed=sharing is not None,
     )  # fmt: skip
     return execute_calibrate(run, progress=progress, sharing=sharing)
 
@@ -198,10 +208,8 @@ def _execute(
     set_reproducible(seed=run.seed)
     started = time.perf_counter()
     data = load_data(recipe, say, run.metric_suite)  # 1. load
-    reused = None
-    if run.from_probe is not None:
-        reused = reusable_probe(recipe, run.seed, run.target, data, run.from_probe)
-    adapter = load_model(recipe, say)
+    reused = reused_probe(run, data)
+    adapter = load_model(recipe, say, run.source)
     if sharing is not None:
         sharing.ready(adapter, data.probe)
     with atomic_dir(
@@ -256,7 +264,7 @@ def contribute_statistics(
     adapter = load_model(recipe, say)
     sharing.ready(adapter, data.probe)
     say("probe pass 1 over this rank's share of the calibration data")
-    cfg = probe_config_for(recipe, seed, get_target(recipe.target))  # this rank's own run
+    cfg = rank_probe_config(recipe, seed)  # this rank's own run
     sharing.send(statistics(adapter, sharing.loop(adapter, data.probe), cfg))
     sharing.done()
 
@@ -290,70 +298,30 @@ def load_data(recipe: Recipe, say: Progress, metric_suite: Suite | None = None) 
     return CalibrationData(calib, calib[:limit] if limit else calib, holdout, sliced)
 
 
-def load_model(recipe: Recipe, say: Progress) -> ModelAdapter:
-    """The recipe's float model."""
+def load_model(recipe: Recipe, say: Progress, source: Source | None = None) -> ModelAdapter:
+    """The recipe's float model (``source``: its model source, resolved by the run)."""
     say(f"loading {recipe.model.source}")
-    return load_recipe_model(recipe)
+    return load_recipe_model(recipe, source)
 
 
 # ---- 2. probe ------------------------------------------------------------------------------
 
 
-def probe_config_for(recipe: Recipe, seed: int, target: Target) -> ProbeConfig:
-    """The probe configuration of a run: only the schemes the target runs (or the recipe's
-    choice among them), on the module types it runs them on (the others' errors and scores
-    would never be used), in the target engine's arithmetic; a naive baseline's only (none for
-    ``all-fp16``)."""
-    schemes = tuple(recipe.probe.schemes or target.schemes())
-    if recipe.strategy != "search":
-        # a naive baseline reads its own scheme's pass-1 statistics and nothing else: no other
-        # scheme's observers (GPTQ's K x K moments per module, SmoothQuant's channel maxima)
-        naive = NAIVE_SCHEMES.get(recipe.strategy)
-        schemes = tuple(s for s in schemes if s == naive)
-    fixed = target.probe_config()  # the target's module types, engine arithmetic, smoothing
-    return recipe.probe_config(
-        seed, schemes=schemes, type_schemes=fixed.type_schemes, engine=fixed.engine,
-        engine_dtype=fixed.engine_dtype, fold_smoothing=fixed.fold_smoothing,
-    )  # fmt: skip
-
-
-def reusable_probe(
-    recipe: Recipe, seed: int, target: Target, data: CalibrationData, path: Path
-) -> SensitivityReport:
-    """The report of an earlier probe (``--from-probe``: a probe or calibrate output, or its
-    ``probe.json``) when it was made with this run's settings on this run's model and data.
+def reused_probe(run: CalibrateRun, data: CalibrationData) -> SensitivityReport | None:
+    """The report of the earlier probe ``--from-probe`` names, checked to be this run's
+    (:func:`~opsnn_quant.probe.reuse.reusable_report`); None without ``--from-probe``.
 
     Raises:
         ConfigError: no report there, or one made with other settings, model or data.
     """
-    file = path / PROBE_FILE if path.is_dir() else path
-    if not file.is_file():
-        raise ConfigError(
-            f"--from-probe {path}: no probe report there (a probe or calibrate output, or its "
-            f"{PROBE_FILE})"
-        )
-    report = SensitivityReport.load(file)
-    if report.not_estimated is not None and recipe.strategy == "search":
-        raise ConfigError(
-            f"--from-probe {file}: that probe ran pass 1 alone ({report.not_estimated}); a "
-            "search may need its estimates: rerun without --from-probe"
-        )
-    cfg = probe_config_for(recipe, seed, target)
-    wanted = {"family": recipe.model.family, **json.loads(json.dumps(dataclasses.asdict(cfg)))}
-    changed = sorted(k for k in set(wanted) | set(report.config)
-                     if report.config.get(k) != wanted.get(k))  # fmt: skip
-    if changed:
-        raise ConfigError(
-            f"--from-probe {file}: the probe ran with other settings ({', '.join(changed)}); "
-            "rerun without --from-probe"
-        )
-    other = differences(report.inputs, probe_inputs(recipe.model.source, data.probe))
-    if other:
-        raise ConfigError(
-            f"--from-probe {file}: the probe ran on another {' and '.join(other)} than this run's "
-            "(fingerprints differ); rerun without --from-probe"
-        )
-    return report
+    if run.from_probe is None:
+        return None
+    file = probe_report_file(run.from_probe, "--from-probe ")
+    inputs = probe_inputs(run.source, data.probe)
+    return reusable_report(
+        file, run.probe, run.recipe.model.family, inputs,
+        needs_estimates=run.recipe.strategy == "search",
+    )  # fmt: skip
 
 
 def probe_phase(ctx: RunContext, data: CalibrationData, reused: SensitivityReport | None) -> Probed:
@@ -363,8 +331,8 @@ def probe_phase(ctx: RunContext, data: CalibrationData, reused: SensitivityRepor
 
     Decide first: when the decision may read pass 1 alone (:func:`estimators_optional`), only
     pass 1 runs here; the estimators run later, if the decision needs them. ``probe.json`` is
-    written once the probe is settled (:meth:`Probed.settle`)."""
-    cfg = probe_config_for(ctx.recipe, ctx.seed, ctx.target)
+    written once the probe is settled (:meth:`~opsnn_quant.probe.outcome.Probed.settle`)."""
+    cfg = ctx.run.probe
     loop = ctx.adapter.forward_loop(data.probe)
     shard = ctx.sharing.shard(ctx.adapter, data.probe) if ctx.sharing is not None else None
     earlier = reused
@@ -381,28 +349,39 @@ def probe_phase(ctx: RunContext, data: CalibrationData, reused: SensitivityRepor
             earlier.save(ctx.out.probe)
             probed = recollect(ctx.adapter, loop, earlier, cfg, progress=ctx.say, shard=shard)
         ctx.journal.mark("probe")
-        return Probed(ctx, probed)
-    inputs = probe_inputs(ctx.recipe.model.source, data.probe)
+        return run_probed(ctx, probed)
+    inputs = probe_inputs(ctx.run.source, data.probe)
     if estimators_optional(ctx.run):
-        first = cfg if shard is not None else first_decision_config(cfg)
+        first = cfg if shard is not None else baselines_first(cfg)
         with ctx.timed("probe"):
             staged = start_probe(ctx.adapter, loop, first, progress=ctx.say, shard=shard, full=cfg)
-        return Probed(ctx, None, staged, inputs)
+        return run_probed(ctx, None, staged, inputs)
     with ctx.timed("probe"):
         probed = run_probe(ctx.adapter, loop, cfg, progress=ctx.say, shard=shard)
-    done = Probed(ctx, None, inputs=inputs)
+    done = run_probed(ctx, None, inputs=inputs)
     done.settled(probed)
     return done
 
 
-def first_decision_config(cfg: ProbeConfig) -> ProbeConfig:
-    """Pass 1 of a measured search that decides first: the statistics of the naive baselines'
-    schemes only (the candidates measured before any estimate); the other schemes' observers
-    (GPTQ's K x K moments per module above all) are paid for only if the estimators run."""
-    schemes = cfg.schemes if cfg.schemes is not None else tuple(SCHEMES)
-    return dataclasses.replace(
-        cfg, schemes=tuple(s for s in schemes if s in NAIVE_SCHEMES.values())
-    )
+def run_probed(
+    ctx: RunContext,
+    result: ProbeResult | None,
+    staged: StagedProbe | None = None,
+    inputs: dict[str, str] | None = None,
+) -> Probed:
+    """The run's probe (:class:`~opsnn_quant.probe.outcome.Probed`): settled into ``probe.json``
+    and the journal, its estimators timed as a phase, refused where the model is offloaded and
+    one of them does not run so."""
+
+    def keep(settled: ProbeResult) -> None:
+        settled.report.save(ctx.out.probe)
+        ctx.journal.mark("probe")
+
+    offloaded = ctx.recipe.model.max_memory is not None
+    return Probed(
+        result, staged, inputs or {}, keep=keep, say=ctx.say, timed=ctx.timed,
+        offload_remedy=OFFLOAD_REMEDY if offloaded else None,
+    )  # fmt: skip
 
 
 def estimators_optional(run: CalibrateRun) -> bool:
@@ -410,68 +389,6 @@ def estimators_optional(run: CalibrateRun) -> bool:
     estimates; a measured search reads them only when no baseline meets the budget at full
     int8 coverage. The estimate-only search (no ``budget.metric``) always does."""
     return run.recipe.strategy != "search" or run.metric_suite is not None
-
-
-@dataclass
-class Probed:
-    """The probe phase's outcome: pass 1 at least, the estimators when the decision asks.
-
-    Attributes:
-        ctx: the run.
-        result: the settled result (None until :meth:`settle`).
-        staged: pass 1 of a probe whose estimators have not run (None: not staged).
-        inputs: the fingerprints of the model and data, for the report.
-    """
-
-    ctx: RunContext
-    result: ProbeResult | None
-    staged: StagedProbe | None = None
-    inputs: dict[str, str] = field(default_factory=dict)
-
-    def first(self) -> ProbeResult:
-        """Pass 1's result (the settled one once settled): enough for the naive baselines."""
-        if self.result is not None:
-            return self.result
-        assert self.staged is not None
-        return self.staged.first("not settled")
-
-    def estimated(self) -> ProbeResult:
-        """The whole probe: the estimators run now on pass 1's run (if staged)."""
-        if self.result is not None and self.result.report.not_estimated is None:
-            return self.result
-        assert self.staged is not None, "a settled probe without estimates cannot run them"
-        if self.ctx.recipe.model.max_memory is not None:
-            try:
-                check_offloaded_estimators(self.staged.config)
-            except ConfigError as e:
-                raise ConfigError(
-                    f"{e}; no naive baseline met budget.metric, so the search needs them: "
-                    f"{OFFLOAD_REMEDY}"
-                ) from None
-        with self.ctx.timed("probe estimators"):
-            return self.settled(self.staged.finish())
-
-    def settle(self, reason: str) -> ProbeResult:
-        """The result the run goes on with: the whole probe if it ran, else pass 1's, its
-        report saying why no estimator ran (``reason``)."""
-        if self.result is not None:
-            return self.result
-        assert self.staged is not None
-        if self.staged.finished:
-            return self.settled(self.staged.finish())
-        ctx = self.ctx
-        ctx.say(f"probe estimators skipped: {reason}")
-        result = self.settled(self.staged.first(reason))
-        self.staged.release()  # inputs and calls kept for the estimators: not needed
-        return result
-
-    def settled(self, probed: ProbeResult) -> ProbeResult:
-        """``probed`` with the inputs' fingerprints, saved as ``probe.json``."""
-        report = probed.report.model_copy(update={"inputs": self.inputs})
-        self.result = dataclasses.replace(probed, report=report)
-        report.save(self.ctx.out.probe)
-        self.ctx.journal.mark("probe")
-        return self.result
 
 
 # ---- 3. policy -----------------------------------------------------------------------------
@@ -550,7 +467,7 @@ def float_references(
         ctx.say(f"held-out SQNR not measured: {judged}")
     elif data.holdout is not None:
         ctx.say("recording float outputs on held-out data")
-        max_calls = ctx.recipe.probe_config(ctx.seed).max_root_calls
+        max_calls = ctx.run.probe.max_root_calls
         loop = ctx.adapter.forward_loop(data.holdout)
         holdout = record_roots(ctx.adapter, loop, max_calls, seed=ctx.seed + 1)
     plan = plan_model_exports(ctx, resolved, data.calibration, probed.root_calls, holdout)
@@ -619,13 +536,6 @@ def measure_phase(
     return measure_modalities(ctx.adapter, holdout)
 
 
-def deployed_shares(
-    report: SensitivityReport, int8: Mapping[str, list[str]]
-) -> dict[str, dict[str, float]]:
-    """Per written artifact, the share of MACs it deploys in int8 (per modality, overall)."""
-    return {fmt: int8_mac_shares(report, names) for fmt, names in int8.items()}
-
-
 def add_policy_notes(
     ctx: RunContext,
     resolved: ResolvedPolicy,
@@ -641,19 +551,6 @@ def add_policy_notes(
     notes = [n for n in notes if n]
     if notes:
         resolved.policy.with_notes(*notes).save(ctx.out.policy)
-
-
-def position_note(modality: Modality, figures: Mapping[str, float], backend: str) -> str:
-    """One line for the policy's notes: a modality's held-out SQNR per group of output positions
-    on ``backend`` ("" when the adapter names none)."""
-    groups = {k.split(":", 1)[1]: v for k, v in figures.items() if k.startswith("sqnr_db:")}
-    if not groups:
-        return ""
-    parts = ", ".join(f"{name} {fmt_db(v)}" for name, v in groups.items())
-    return (
-        f"measured on held-out data ({backend}): {modality.value} {fmt_db(figures['sqnr_db'])}"
-        f" overall; {parts}"
-    )
 
 
 # ---- 9. accept -----------------------------------------------------------------------------
@@ -678,7 +575,7 @@ def acceptance_phase(
     from opsnn_quant.policy.summary import policy_summary
 
     ctx.say("loading the float baseline for the acceptance run")
-    baseline = load_recipe_model(ctx.recipe)
+    baseline = load_recipe_model(ctx.recipe, ctx.run.source)
     dtype = run_dtype(resolved.target, ctx.recipe.model.dtype)
     if dtype != ctx.recipe.model.dtype:  # the engine's pipeline dtype, as evaluate judges it
         cast_adapter(ctx.adapter, getattr(torch, dtype))
@@ -699,42 +596,3 @@ def acceptance_phase(
     with atomic_dir(ctx.out.report, REPORT_KIND) as tmp:
         acc.save(tmp)
     return str(acc.verdict), acc.next_steps(str(ctx.run.out))
-
-
-def with_measured(
-    summary: dict[str, Any], measured: Mapping[Modality, Mapping[str, float]]
-) -> dict[str, Any]:
-    """The policy summary with each modality's held-out SQNR beside its predicted one (the
-    summary table's ``meas`` column), for the acceptance report."""
-    modalities = summary.get("modalities", {})
-    for modality, figures in measured.items():
-        if modality.value in modalities and "sqnr_db" in figures:
-            modalities[modality.value]["measured_sqnr_db"] = round(figures["sqnr_db"], 3)
-    return summary
-
-
-def int8_mac_share(report: SensitivityReport, rows: list[ModalitySummaryRow]) -> float | None:
-    """Share of all MACs in int8, the modalities weighted by their MACs."""
-
-    def macs(modality: Modality) -> float:
-        summary = report.modalities.get(modality.value)
-        return float(summary.macs) if summary is not None else 0.0
-
-    int8 = sum(r.int8_mac_share * macs(r.modality) for r in rows)
-    total = sum(macs(r.modality) for r in rows)
-    return int8 / total if total else None
-
-
-def int8_share_of_all_macs(
-    report: SensitivityReport, rows: list[ModalitySummaryRow]
-) -> float | None:
-    """The int8 MACs over all the model's MACs, attention's products and Conv1d/Conv3d
-    included; None where the probe did not count those."""
-    int8 = everything = 0.0
-    for r in rows:
-        summary = report.modalities.get(r.modality.value)
-        if summary is None or summary.pass_macs is None or summary.other_macs is None:
-            return None
-        int8 += r.int8_mac_share * summary.pass_macs
-        everything += summary.pass_macs + summary.other_macs
-    return int8 / everything if everything else None

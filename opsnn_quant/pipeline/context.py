@@ -11,11 +11,12 @@ from opsnn_quant.formats.calibrate_output import CalibrateOutput
 from opsnn_quant.models import load_adapter
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.pipeline.quantizers import Quantizer
+from opsnn_quant.pipeline.recipe import Recipe
 from opsnn_quant.pipeline.resume import Journal
 from opsnn_quant.pipeline.run import CalibrateRun
 from opsnn_quant.pipeline.sharing import Sharing
 from opsnn_quant.policy.targets import Target
-from opsnn_quant.recipe import Recipe
+from opsnn_quant.sources import Source
 from opsnn_quant.types import Progress
 
 
@@ -72,12 +73,13 @@ class RunContext:
             self.timings[phase] = self.timings.get(phase, 0.0) + time.perf_counter() - t0
 
 
-def load_recipe_model(recipe: Recipe) -> ModelAdapter:
-    """The recipe's model, through its adapter (a fresh float copy on every call)."""
+def load_recipe_model(recipe: Recipe, source: Source | None = None) -> ModelAdapter:
+    """The recipe's model, through its adapter (a fresh float copy on every call); ``source``:
+    its model source as the run resolved it (None: resolved from the recipe's text)."""
     m = recipe.model
     return load_adapter(
         m.family,
-        m.source,
+        source if source is not None else m.source,
         device=m.device,
         dtype=m.dtype,
         allow_pickle=m.allow_pickle,

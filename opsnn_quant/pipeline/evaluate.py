@@ -21,6 +21,7 @@ from opsnn_quant.types import Progress
 if TYPE_CHECKING:
     from opsnn_quant.evaluation.report import AcceptanceReport
     from opsnn_quant.evaluation.suite import Suite
+    from opsnn_quant.policy.schema import PrecisionPolicy
     from opsnn_quant.policy.targets import Target
 
 CANDIDATE_DTYPES = ("float32", "float16")
@@ -36,7 +37,7 @@ class EvaluateJob:
         source: the float model it is compared with (and, for AscendV1, loaded into).
         suite: the acceptance suite.
         out: the report directory.
-        target: ``--target`` (None: the candidate's policy's, if any).
+        target: ``--target``, else the candidate's policy's (None: neither).
         device, dtype: where and in which dtype both models load.
         candidate_dtype: ``float16`` casts the candidate's float modules.
         latency: what to time (``none``, ``target``, ``all``).
@@ -45,6 +46,7 @@ class EvaluateJob:
         allow_broken_baseline: a broken float baseline is reported, not failed.
         settings: the suite's generation settings both models run with (those their family
             has): they load with them, so that their config files are checked at these values.
+        policy: the candidate's policy, if it has one (read once, here; shown in the report).
     """
 
     candidate: Path
@@ -61,6 +63,7 @@ class EvaluateJob:
     force: bool
     allow_broken_baseline: bool = False
     settings: dict[str, Any] = field(default_factory=dict)
+    policy: PrecisionPolicy | None = None
 
 
 def check_evaluate(
@@ -91,11 +94,11 @@ def check_evaluate(
     from opsnn_quant.evaluation.gate import check_latency_mode
     from opsnn_quant.evaluation.render import OUTPUT_KIND
     from opsnn_quant.evaluation.suite import load_suite, suite_inputs
-    from opsnn_quant.formats.base import ModelSource
-    from opsnn_quant.io import check_output_dir
     from opsnn_quant.models import check_weights, guess_family
+    from opsnn_quant.output.directories import check_output_dir
+    from opsnn_quant.policy.schema import PrecisionPolicy
     from opsnn_quant.policy.targets import get_target
-    from opsnn_quant.sources import local_paths
+    from opsnn_quant.sources import local_paths, resolve_source
 
     if candidate_dtype not in CANDIDATE_DTYPES:
         raise ConfigError(f"--candidate-dtype must be float32 or float16, got {candidate_dtype!r}")
@@ -106,19 +109,24 @@ def check_evaluate(
     loaded = load_suite(suite)
     fmt = recognise(candidate)
     source = fmt.float_source(candidate, baseline)
-    inputs = [*fmt.inputs(candidate), *suite_inputs(suite)]
-    inputs += [str(p) for p in local_paths(source)]
-    check_weights(source, allow_pickle=allow_pickle)
-    family = guess_family(source)
+    model = resolve_source(source)
+    inputs = [*fmt.inputs(candidate), *suite_inputs(loaded, suite)]
+    inputs += [str(p) for p in local_paths(model)]
+    check_weights(model, allow_pickle=allow_pickle)
+    family = guess_family(model)
     # the suite's generation settings, not the family's defaults, against each model's configs
-    own = [str(candidate)] if isinstance(fmt, ModelSource) else []  # a model of its own
-    for model in dict.fromkeys([source, *own]):
-        check_suite_fits(loaded, model, family=family)
+    own = fmt.own_model(candidate)  # a model of its own, loaded as it is
+    for each in dict.fromkeys([source, *([own] if own is not None else [])]):
+        check_suite_fits(loaded, model if each == source else resolve_source(each), family=family)
+    policy_file = fmt.policy_file(candidate)
+    policy = PrecisionPolicy.load(policy_file) if policy_file and policy_file.is_file() else None
+    if resolved_target is None and policy is not None:
+        resolved_target = policy.target_def  # latency is judged for the policy's target
     check_output_dir(out, OUTPUT_KIND, force=force, inputs=inputs)
     return EvaluateJob(
         candidate, fmt, source, loaded, out, resolved_target, device, dtype, candidate_dtype,
         latency, allow_pickle, force, allow_broken_baseline,
-        generation_settings(loaded, family),
+        generation_settings(loaded, family), policy,
     )  # fmt: skip
 
 
@@ -126,13 +134,13 @@ def run_evaluate(job: EvaluateJob, progress: Progress | None = None) -> Acceptan
     """Load the candidate and its float baseline, evaluate, write ``report.{json,md,html}``.
 
     The rank that writes holds the lock of ``job.out`` (and of the outputs it lies in:
-    ``-o OUT/report``) throughout (:func:`opsnn_quant.io.output_lock`).
+    ``-o OUT/report``) throughout (:func:`opsnn_quant.output.locks.output_lock`).
 
     Raises:
         OutputError: another run writes ``job.out`` or an output it lies in.
     """
     from opsnn_quant.distributed import current_world
-    from opsnn_quant.io import output_lock
+    from opsnn_quant.output.locks import output_lock
 
     if not current_world().is_main:
         return _run_evaluate(job, progress)
@@ -148,9 +156,8 @@ def _run_evaluate(job: EvaluateJob, progress: Progress | None) -> AcceptanceRepo
     from opsnn_quant.evaluation.evaluate import evaluate
     from opsnn_quant.evaluation.render import OUTPUT_KIND
     from opsnn_quant.formats.candidates import cast_adapter, load_candidate
-    from opsnn_quant.io import atomic_dir
     from opsnn_quant.models import load_adapter
-    from opsnn_quant.policy.schema import PrecisionPolicy
+    from opsnn_quant.output.directories import atomic_dir
     from opsnn_quant.policy.summary import policy_summary
 
     say = progress or (lambda m: None)
@@ -168,14 +175,11 @@ def _run_evaluate(job: EvaluateJob, progress: Progress | None) -> AcceptanceRepo
         None, job.source, device=job.device, dtype=job.dtype, allow_pickle=job.allow_pickle,
         **job.settings,
     ))  # fmt: skip
-    policy = job.fmt.policy_file(job.candidate)
     report = evaluate(
         base,
         cand,
         job.suite,
-        policy=policy_summary(PrecisionPolicy.load(policy))
-        if policy and policy.is_file()
-        else None,
+        policy=policy_summary(job.policy) if job.policy is not None else None,
         sensitivity=sensitivity,
         progress=say,
         latency=job.latency,

@@ -60,10 +60,11 @@ def check_export_weights(
     from opsnn_quant.core.user_config import check_limit
     from opsnn_quant.formats.checkpoint import read_description
     from opsnn_quant.formats.registry import exporters
-    from opsnn_quant.io import check_output_dir, check_output_file
     from opsnn_quant.models import check_weights
+    from opsnn_quant.output.directories import check_output_dir
+    from opsnn_quant.output.loose import check_output_file
     from opsnn_quant.pipeline.model_exports import notes_file
-    from opsnn_quant.sources import local_paths
+    from opsnn_quant.sources import local_paths, resolve_source
 
     check_limit(limit)
     model_formats = [e.name for e in exporters("model")]
@@ -81,12 +82,12 @@ def check_export_weights(
     if data is None and need:
         why = " and ".join(need)
         raise ConfigError(f"{why} need one call per root: pass --data (e.g. the recipe's data)")
-    source = str(desc.get("source_model") or "")
+    source = resolve_source(str(desc.get("source_model") or ""))
     check_weights(source, allow_pickle=allow_pickle)
     export_dir = dest or calib.export
     read = calib.read_by_consumers()
-    read += local_paths(source) if source else []
-    read += local_paths(data) if data is not None else []
+    read += local_paths(source) if source.text else []
+    read += local_paths(resolve_source(data)) if data is not None else []
     for f in wanted:
         check_output_dir(export_dir / f, f, force=force, inputs=read)
         path, kind = notes_file(export_dir, f)
@@ -97,12 +98,12 @@ def check_export_weights(
 def run_export_weights(job: ExportWeightsJob, progress: Progress | None = None) -> list[str]:
     """Load the quantized model, record one call per root, write the exports; their notes.
 
-    Holds the lock of ``job.out`` throughout (:func:`opsnn_quant.io.output_lock`).
+    Holds the lock of ``job.out`` throughout (:func:`opsnn_quant.output.locks.output_lock`).
 
     Raises:
         OutputError: another run is writing ``job.out``.
     """
-    from opsnn_quant.io import output_lock
+    from opsnn_quant.output.locks import output_lock
 
     with output_lock(job.out):  # a calibrate replacing OUT meanwhile would mix the two
         return _export_weights(job, progress)

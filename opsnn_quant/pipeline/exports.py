@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opsnn_quant.formats.policy_files import export_policy, write_export
+from opsnn_quant.formats.policy_files import export_policy
 from opsnn_quant.formats.registry import exporter
+from opsnn_quant.formats.result import write_export
 from opsnn_quant.models.offload import resident
 from opsnn_quant.pipeline.context import RunContext
 from opsnn_quant.pipeline.model_exports import ModelExports, write_model_exports

@@ -20,8 +20,9 @@ from torch import nn
 
 from opsnn_quant.formats.model_writers import ExportOutcome, ModelExportContext
 from opsnn_quant.formats.registry import exporters
-from opsnn_quant.io import atomic_dir, remove_output_file, write_output_file
 from opsnn_quant.models.base import ModelAdapter
+from opsnn_quant.output.directories import atomic_dir
+from opsnn_quant.output.loose import remove_output_file, write_output_file
 from opsnn_quant.policy.schema import ResolvedPolicy
 from opsnn_quant.recording import Call
 

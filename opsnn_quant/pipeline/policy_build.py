@@ -12,9 +12,10 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from opsnn_quant.core.readers import read_text
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.formats.calibrate_output import PROBE_FILE
-from opsnn_quant.io import check_output_file, read_text, write_output_file
+from opsnn_quant.formats.calibrate_output import probe_report_file
+from opsnn_quant.output.loose import check_output_file, write_output_file
 from opsnn_quant.policy.budget import Budget
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy
@@ -61,11 +62,7 @@ def build_from_probe(
         OutputError: ``out`` exists and is not a policy opsnn-quant wrote there (a policy it
             wrote and that was changed since: unless ``force``).
     """
-    file = probe / PROBE_FILE if probe.is_dir() else probe
-    if not file.is_file():
-        raise ConfigError(
-            f"{probe}: no probe report there (a probe or calibrate output, or its {PROBE_FILE})"
-        )
+    file = probe_report_file(probe)
     report = SensitivityReport.load(file)
     tgt, parsed = get_target(target), parse_budget(budget)
     check_probe_serves(report, tgt, file)

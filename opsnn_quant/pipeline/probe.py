@@ -1,7 +1,7 @@
 """``probe``: a recipe's or a model's probe job, checked before any load, run into OUT.
 
 OUT holds ``probe.json`` and ``timings.json``, built in a temporary sibling and renamed into
-place like every output (:func:`opsnn_quant.io.atomic_dir`).
+place like every output (:func:`opsnn_quant.output.directories.atomic_dir`).
 """
 
 from __future__ import annotations
@@ -11,15 +11,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.formats.calibrate_output import PROBE_FILE
-from opsnn_quant.io import atomic_dir, check_output_dir, output_lock
+from opsnn_quant.output.directories import atomic_dir, check_output_dir
+from opsnn_quant.output.locks import output_lock
+from opsnn_quant.pipeline.recipe import Recipe, recipe_inputs
 from opsnn_quant.probe.api import ProbeConfig
 from opsnn_quant.probe.report import SensitivityReport
-from opsnn_quant.recipe import recipe_inputs
 from opsnn_quant.types import Progress
 
 if TYPE_CHECKING:
     from opsnn_quant.models.base import ModelAdapter
     from opsnn_quant.pipeline.sharing import Sharing
+    from opsnn_quant.sources import Source
 
 PROBE_KIND = "probe"
 
@@ -29,7 +31,8 @@ class ProbeJob:
     """What ``probe`` runs, resolved from a recipe or a model and checked before any load.
 
     Attributes:
-        family, source, settings: the model and its checked settings.
+        family, source, settings: the model (its source resolved once) and its checked
+            settings.
         data, limit: the calibration data and how many records of it.
         config: the probe configuration.
         device, dtype, allow_pickle: how the model loads.
@@ -41,7 +44,7 @@ class ProbeJob:
     """
 
     family: str
-    source: str
+    source: Source
     settings: dict[str, Any]
     data: str
     limit: int | None
@@ -57,8 +60,22 @@ class ProbeJob:
     max_memory: int | None = None  # --max-memory: the blocks beyond it offloaded
 
 
+def probe_recipe(target: str) -> Recipe | None:
+    """The recipe ``probe TARGET`` names (a path or a built-in name), read once; None when
+    ``TARGET`` is a model.
+
+    Raises:
+        ConfigError: a bad recipe.
+    """
+    from opsnn_quant.pipeline.recipe import builtin_recipes, load_recipe
+
+    is_recipe = target.endswith((".yaml", ".yml")) or target in builtin_recipes()
+    return load_recipe(target) if is_recipe else None
+
+
 def check_probe(
     target: str,
+    recipe: Recipe | None,
     out: Path,
     data: str | None,
     family: str | None,
@@ -74,8 +91,8 @@ def check_probe(
     split: str | None = None,
     max_memory: int | None = None,
 ) -> ProbeJob:
-    """Resolve ``probe TARGET``'s options (a recipe's fields, or a model with ``--data``) and
-    check them: limit, family, settings, the model's files (weights, classes, configs,
+    """Resolve ``probe TARGET``'s options (``recipe``'s fields, :func:`probe_recipe`, or the
+    model ``target`` with ``--data``) and check them: limit, family, settings, the model's files (weights, classes, configs,
     safetensors headers), settings against its config files, device, the host memory a call
     takes against ``max_memory`` (None: what is free), and last the output location."""
     from opsnn_quant.backends.devices import resolve_device
@@ -84,19 +101,20 @@ def check_probe(
     from opsnn_quant.models import check_weights, family_names, guess_family
     from opsnn_quant.models.footprint import check_source_memory
     from opsnn_quant.models.settings import check_source_fits, parse_set_options, settings_for
+    from opsnn_quant.pipeline.recipe import resolve_recipe
     from opsnn_quant.probe.api import check_offloaded_estimators
     from opsnn_quant.probe.moments import moments_memory
-    from opsnn_quant.recipe import builtin_recipes, load_recipe, resolve_recipe
-    from opsnn_quant.sources import local_paths
+    from opsnn_quant.sources import local_paths, resolve_source
 
     check_limit(limit)
     moments_memory()  # OPSNN_QUANT_MOMENTS_MEMORY, read at pass 1: refused before any load
-    is_recipe = target.endswith((".yaml", ".yml")) or target in builtin_recipes()
-    if is_recipe:
-        r = load_recipe(target).with_placement(device, dtype)
-        inputs = [*recipe_inputs(r), str(resolve_recipe(target))]
-        inputs += [str(p) for p in (local_paths(data) if data else [])]
-        family, source, settings = r.model.family, r.model.source, r.settings_dict()
+    is_recipe = recipe is not None
+    if recipe is not None:
+        r = recipe.with_placement(device, dtype)
+        source = resolve_source(r.model.source)  # split once, here
+        inputs = [*recipe_inputs(r, source), str(resolve_recipe(target))]
+        inputs += [str(p) for p in (local_paths(resolve_source(data)) if data else [])]
+        family, settings = r.model.family, r.settings_dict()
         device, dtype = r.model.device, r.model.dtype
         source_data = data or r.data.calibration
         n = limit or r.probe.data_limit or r.data.limit
@@ -109,9 +127,10 @@ def check_probe(
         if family is not None and family not in family_names():
             known = ", ".join(family_names())
             raise ConfigError(f"--family must be one of {known}, got {family!r}")
-        family, source, settings = family or guess_family(target), target, {}
+        source = resolve_source(target)  # split once, here
+        family, settings = family or guess_family(source), {}
         source_data, n = data, limit
-        inputs = [str(p) for s in (target, data) for p in local_paths(s)]
+        inputs = [str(p) for s in (source, resolve_source(data)) for p in local_paths(s)]
         cfg = ProbeConfig(exhaustive=exhaustive)
     checked = settings_for(family, {**settings, **parse_set_options(sets)})
     check_weights(source, allow_pickle=allow_pickle)  # the model's configs before their limits
@@ -138,7 +157,7 @@ def run_probe_job(
     """Load the data and the model, probe, write ``OUT/probe.json`` and ``OUT/timings.json``
     (rank 0 of a distributed run: pass 1 over its share, the others' merged, see
     :mod:`opsnn_quant.pipeline.sharing`). Holds the lock of ``OUT`` (and of the outputs it lies
-    in) from the start (:func:`opsnn_quant.io.output_lock`)."""
+    in) from the start (:func:`opsnn_quant.output.locks.output_lock`)."""
     with output_lock(job.out):  # a writer into OUT meanwhile would be swapped away
         return _run_probe_job(job, say=progress or (lambda m: None), sharing=sharing)
 

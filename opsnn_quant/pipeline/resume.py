@@ -3,7 +3,7 @@
 A calibrate run records each finished phase in ``.resume.json`` inside its temporary output
 directory (with what identifies the run: the effective recipe, engine, suite, latency mode...).
 When the run fails or is interrupted after a phase finished, the temporary directory is kept
-(:func:`opsnn_quant.io.atomic_dir`'s ``keep_if``); the same command with ``--resume`` takes it
+(:func:`opsnn_quant.output.directories.atomic_dir`'s ``keep_if``); the same command with ``--resume`` takes it
 over and skips what is done. The record is removed before the output is swapped into place, so
 a resumed run writes the files an uninterrupted one does.
 
@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.io import atomic_write_text, check_adoptable, unfinished_output
+from opsnn_quant.output.directories import check_adoptable, unfinished_output
+from opsnn_quant.output.files import atomic_write_text
 from opsnn_quant.version import __version__
 
 RESUME_FILE = ".resume.json"

@@ -1,12 +1,13 @@
 """One ``calibrate`` run, its strings resolved once (:class:`CalibrateRun`).
 
 The command line and the Python API both end in :func:`resolve_run`: every name becomes a value
-there (the target, the acceptance suite, the ``budget.metric`` suite, the quantizer) and every
-check that needs no data or model runs there, once: the model source and its weights, the
-output directory (:func:`~opsnn_quant.io.check_output_dir`), the device, the settings against
-the model's config files, the memory floor, the latency mode. The phases take the resolved run
-and never look a name up again. Only the swap of the finished output checks ``OUT`` once more,
-under its lock (:func:`~opsnn_quant.io.atomic_dir`): the directory may change while a run works.
+there (the target, the acceptance suite, the ``budget.metric`` suite, the quantizer, the probe
+configuration) and every check that needs no data or model runs there, once: the model source
+and its weights, the output directory (:func:`~opsnn_quant.output.directories.check_output_dir`),
+the device, the settings against the model's config files, the memory floor, the latency mode.
+Each file is parsed once: the suites here, the recipe before (the caller's). The phases take the
+resolved run and never look a name up again. Only the swap of the finished output checks ``OUT`` once more,
+under its lock (:func:`~opsnn_quant.output.directories.atomic_dir`): the directory may change while a run works.
 """
 
 from __future__ import annotations
@@ -23,17 +24,19 @@ from opsnn_quant.evaluation.evaluate import check_suite_fits
 from opsnn_quant.evaluation.gate import check_latency_mode
 from opsnn_quant.evaluation.registry import budget_problem
 from opsnn_quant.evaluation.suite import Suite, load_suite, suite_inputs
-from opsnn_quant.io import check_output_dir
 from opsnn_quant.models import check_model_source, check_weights
 from opsnn_quant.models.footprint import check_source_memory
 from opsnn_quant.models.settings import check_source_fits
+from opsnn_quant.output.directories import check_output_dir
 from opsnn_quant.pipeline.quantizers import Quantizer, get_quantizer
+from opsnn_quant.pipeline.recipe import Recipe, recipe_inputs
+from opsnn_quant.pipeline.recipe_flags import recipe_yaml
 from opsnn_quant.pipeline.resume import run_identity
+from opsnn_quant.policy.baselines import probed_schemes
 from opsnn_quant.policy.targets import Target, get_target
-from opsnn_quant.probe.api import check_offloaded_estimators
+from opsnn_quant.probe.api import ProbeConfig, check_offloaded_estimators
 from opsnn_quant.probe.moments import moments_memory
-from opsnn_quant.recipe import Recipe, recipe_inputs
-from opsnn_quant.recipe_flags import recipe_yaml
+from opsnn_quant.sources import Source, resolve_source
 
 OUTPUT_KIND = "calibrate"
 
@@ -52,7 +55,9 @@ class CalibrateRun:
         recipe: the recipe, the command line's overrides applied (``max_memory`` included).
         out: the output directory (checked: see :func:`resolve_run`).
         seed: the run's seed (the recipe's unless overridden).
+        source: the recipe's model source, resolved once.
         target: the recipe's deployment target.
+        probe: the probe this run makes (:func:`probe_config`).
         quantizer: who quantizes (``--engine``: ``opsnn`` or ``amct``,
             :mod:`opsnn_quant.pipeline.quantizers`).
         suite: the acceptance suite of ``--evaluate`` (None: no acceptance run).
@@ -70,7 +75,9 @@ class CalibrateRun:
     recipe: Recipe
     out: Path
     seed: int
+    source: Source
     target: Target
+    probe: ProbeConfig
     quantizer: Quantizer
     suite: Suite | None
     suite_name: str | None
@@ -100,7 +107,6 @@ def resolve_run(
     from_probe: Path | None = None,
     allow_broken_baseline: bool = False,
     resume: bool = False,
-    max_memory: int | None = None,
     inputs: Iterable[str] = (),
     distributed: bool = False,
     settings_where: str = "model.settings.",
@@ -108,7 +114,8 @@ def resolve_run(
     """Check everything checkable before data and model load, and resolve every name, once.
 
     Args:
-        recipe: the calibration recipe.
+        recipe: the calibration recipe (its ``model.max_memory``: the host memory, in bytes, a
+            call of the model may take; None: what the machine has free).
         out: the output directory.
         seed: overrides the recipe's seed.
         engine: ``opsnn`` or ``amct`` (:data:`~opsnn_quant.pipeline.quantizers.QUANTIZERS`).
@@ -118,8 +125,6 @@ def resolve_run(
         from_probe: an earlier probe to reuse.
         allow_broken_baseline: judge the candidate even when the float baseline is broken.
         resume: go on from an interrupted run into ``out``.
-        max_memory: host memory (bytes) a call of the model may take, over the recipe's
-            ``model.max_memory`` (None: the recipe's; none there: what the machine has free).
         inputs: more paths the run reads (the recipe file): ``out`` may not replace them.
         distributed: the probe's statistics pass is shared among processes.
         settings_where: what a message about a model setting puts before its name, for the
@@ -133,35 +138,22 @@ def resolve_run(
     """
     check_seed(seed, "seed")  # the recipe's is checked by its schema
     moments_memory()  # OPSNN_QUANT_MOMENTS_MEMORY, read at pass 1: refused before any load
-    if max_memory is not None:  # every model this run loads is offloaded beyond it
-        recipe = recipe.model_copy(
-            update={"model": recipe.model.model_copy(update={"max_memory": max_memory})}
-        )
-    budget = recipe.model.max_memory
-    check_offload_unshared(budget, distributed)
-    source, settings = recipe.model.source, recipe.model.settings
+    check_offload_unshared(recipe.model.max_memory, distributed)
+    source = resolve_source(recipe.model.source)  # split once, here
     check_model_source(source)
     check_weights(source, allow_pickle=recipe.model.allow_pickle)
     metric = recipe.budget.metric
+    loaded = load_suite(suite) if suite is not None else None  # each suite file read once
+    metric_suite = load_suite(metric.suite) if metric is not None else None
     read = [
-        *recipe_inputs(recipe),
-        *(suite_inputs(suite) if suite else []),
-        *(suite_inputs(metric.suite) if metric is not None else []),
+        *recipe_inputs(recipe, source),
+        *(suite_inputs(loaded, suite) if loaded is not None and suite is not None else []),
+        *(suite_inputs(metric_suite, metric.suite) if metric_suite and metric else []),
         *inputs,
     ]
     check_output_dir(out, OUTPUT_KIND, force=force, inputs=read, keep_unfinished=resume)
-    resolve_device(recipe.model.device)  # an npu recipe on a machine without torch_npu: now
-    check_source_fits(source, settings, settings_where)  # e.g. steps vs the scheduler
-    if recipe.model.device.startswith("cpu"):  # the activations of one call, in host memory
-        check_source_memory(
-            source, settings, records=recipe.data.limit, where=settings_where,
-            max_memory=budget, offload=budget is not None,
-        )  # fmt: skip
-    if budget is not None:
-        check_offloadable(recipe, engine)
+    check_placement(recipe, source, engine, settings_where)
     check_latency_mode(latency)  # with or without a suite: a typo is never silently ignored
-    loaded = load_suite(suite) if suite is not None else None
-    metric_suite = load_suite(metric.suite) if metric is not None else None
     if metric is not None and metric_suite is not None:  # the bounds against its task's metrics
         problem = budget_problem(metric.bounds(), metric_suite.task)
         if problem:
@@ -171,23 +163,56 @@ def resolve_run(
             check_suite_fits(
                 used, source, family=recipe.model.family, settings=recipe.settings_dict()
             )
-    if metric is not None and not get_quantizer(engine).ours:
-        raise ConfigError(
-            f"budget.metric measures candidates quantized by opsnn-quant; with --engine {engine} "
-            f"the written model is {get_quantizer(engine).who}'s: leave budget.metric out"
-        )
-    quantizer = check_quantizer(engine)  # last: AMCT imported only for a run otherwise good
+    # last: AMCT is imported only for a run otherwise good
+    quantizer = check_quantizer(engine, measured=metric is not None)
     seed = recipe.seed if seed is None else seed
     identity = run_identity(
         recipe=recipe_yaml(recipe.model_copy(update={"seed": seed})), engine=quantizer.name,
         suite=suite, latency=latency, from_probe=from_probe,
         allow_broken_baseline=allow_broken_baseline,
     )  # fmt: skip
+    target = get_target(recipe.target)  # the recipe checked the name when it was read
     return CalibrateRun(
-        recipe, out, seed, get_target(recipe.target), quantizer, loaded, suite,
-        metric_suite, latency, from_probe, allow_broken_baseline, resume, force,
+        recipe, out, seed, source, target, probe_config(recipe, seed, target), quantizer,
+        loaded, suite, metric_suite, latency, from_probe, allow_broken_baseline, resume, force,
         identity,
     )  # fmt: skip
+
+
+def check_placement(recipe: Recipe, source: Source, engine: str, settings_where: str) -> None:
+    """Where the model goes, before it loads: the device exists, the settings fit the model's
+    config files, one call's activations fit the host memory (on the CPU), and an offloaded
+    model (``model.max_memory``) runs what the run asks of it.
+
+    Raises:
+        OpsnnQuantError: one of them does not.
+    """
+    settings, budget = recipe.model.settings, recipe.model.max_memory
+    resolve_device(recipe.model.device)  # an npu recipe on a machine without torch_npu: now
+    check_source_fits(source, settings, settings_where)  # e.g. steps vs the scheduler
+    if recipe.model.device.startswith("cpu"):  # the activations of one call, in host memory
+        check_source_memory(
+            source, settings, records=recipe.data.limit, where=settings_where,
+            max_memory=budget, offload=budget is not None,
+        )  # fmt: skip
+    if budget is not None:
+        check_offloadable(recipe, engine)
+
+
+def probe_config(recipe: Recipe, seed: int, target: Target) -> ProbeConfig:
+    """The probe a run makes (:meth:`~opsnn_quant.policy.targets.Target.probe_config`): the
+    recipe's probe settings, measuring only the schemes the target runs (or the recipe's choice
+    among them) that its strategy reads (:func:`~opsnn_quant.policy.baselines.probed_schemes`),
+    on the module types the target runs them on, in its engine's arithmetic."""
+    schemes = probed_schemes(recipe.strategy, recipe.probe.schemes or target.schemes())
+    return target.probe_config(**{**recipe.probe_settings(), "schemes": schemes, "seed": seed})
+
+
+def rank_probe_config(recipe: Recipe, seed: int | None = None) -> ProbeConfig:
+    """The probe configuration of a rank but 0 of a distributed run (:func:`probe_config`),
+    resolved from the recipe (rank 0 resolves the whole run)."""
+    seed = recipe.seed if seed is None else seed
+    return probe_config(recipe, seed, get_target(recipe.target))
 
 
 def check_offload_unshared(max_memory: int | None, distributed: bool) -> None:
@@ -204,14 +229,20 @@ def check_offload_unshared(max_memory: int | None, distributed: bool) -> None:
         )
 
 
-def check_quantizer(engine: str) -> Quantizer:
-    """The quantizer ``engine`` names, installed (AMCT importable for ``amct``).
+def check_quantizer(engine: str, *, measured: bool = False) -> Quantizer:
+    """The quantizer ``engine`` names, installed (AMCT importable for ``amct``); ``measured``:
+    the run measures candidates (``budget.metric``), which only our quantizer makes.
 
     Raises:
-        ConfigError: an unknown quantizer.
+        ConfigError: an unknown quantizer, or another's with ``measured``.
         MissingDependencyError: ``amct`` without CANN's AMCT installed.
     """
     quantizer = get_quantizer(engine)
+    if measured and not quantizer.ours:
+        raise ConfigError(
+            f"budget.metric measures candidates quantized by opsnn-quant; with --engine {engine} "
+            f"the written model is {quantizer.who}'s: leave budget.metric out"
+        )
     quantizer.check_available()
     return quantizer
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from opsnn_quant.formats.calibrate_output import TIMINGS_FILE
-from opsnn_quant.io import atomic_write_text
+from opsnn_quant.output.files import atomic_write_text
 
 SCHEMA_VERSION = 1
 

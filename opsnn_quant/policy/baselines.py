@@ -12,12 +12,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import Literal, get_args
 
 from opsnn_quant.policy.rule import QuantFields
 from opsnn_quant.policy.schema import PrecisionPolicy, Rule, derive_prefixes
-from opsnn_quant.policy.targets import Target, get_target
+from opsnn_quant.policy.targets import Target
+from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.probe.report import SensitivityReport
+from opsnn_quant.quant.schemes import SCHEMES
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Modality, Precision
 
@@ -33,25 +37,45 @@ NAIVE_INT8 = {
 NAIVE_SCHEMES = {"all-w8a8-minmax": "w8a8", "all-w8a8-dynamic": "w8a8_dynamic"}
 
 
-def int8_runnable(report: SensitivityReport, target: str | Target) -> list[str]:
+def probed_schemes(strategy: str, schemes: Sequence[str]) -> tuple[str, ...]:
+    """The schemes among ``schemes`` a run deciding by ``strategy`` probes: all of them for the
+    search; a naive baseline's own scheme alone (none for ``all-fp16``): it reads its own
+    scheme's pass-1 statistics and nothing else, so no other scheme's observers are paid for
+    (GPTQ's K x K moments per module, SmoothQuant's channel maxima)."""
+    if strategy == "search":
+        return tuple(schemes)
+    naive = NAIVE_SCHEMES.get(strategy)
+    return tuple(s for s in schemes if s == naive)
+
+
+def baselines_first(config: ProbeConfig) -> ProbeConfig:
+    """Pass 1 of a measured search that decides first: the statistics of the naive baselines'
+    schemes only (the candidates measured before any estimate); the other schemes' observers
+    (GPTQ's K x K moments per module above all) are paid for only if the estimators run."""
+    schemes = config.schemes if config.schemes is not None else tuple(SCHEMES)
+    naive = NAIVE_SCHEMES.values()
+    return dataclasses.replace(config, schemes=tuple(s for s in schemes if s in naive))
+
+
+def int8_runnable(report: SensitivityReport, target: Target) -> list[str]:
     """The modules a policy can put in int8 on ``target`` at all: quantizable, called while
     probing, not kept float by the engine (a head tied to an embedding on vLLM-Ascend), of a
     type and shape the target runs in some int8 precision. A policy with all of them int8 has
     full coverage: no candidate has more int8 MACs."""
-    t = get_target(target)
     out = []
     for e in report.modules:
-        if not e.quantizable or e.calls == 0 or t.tie_reason(e.tied_to) is not None:
+        if not e.quantizable or e.calls == 0 or target.tie_reason(e.tied_to) is not None:
             continue
         shape = e.weight_shape
-        if any(t.can_run(e.type, p, weight_shape=shape)[0] for p in t.int8_precisions(e.type)):
+        if any(
+            target.can_run(e.type, p, weight_shape=shape)[0] for p in target.int8_precisions(e.type)
+        ):
             out.append(e.name)
     return out
 
 
-def naive_policy(report: SensitivityReport, target: str | Target, strategy: str) -> PrecisionPolicy:
+def naive_policy(report: SensitivityReport, target: Target, strategy: str) -> PrecisionPolicy:
     """The ``strategy`` policy for the modules of ``report`` (see module docstring)."""
-    t = get_target(target)
     modalities = derive_prefixes((e.name, e.modality) for e in report.modules)
     defaults = {
         Modality(m): Precision.FP16 for m in sorted({e.modality.value for e in report.modules})
@@ -62,16 +86,18 @@ def naive_policy(report: SensitivityReport, target: str | Target, strategy: str)
         for e in report.modules:
             if not e.quantizable or e.calls == 0:  # never run (e.g. a t2i pipeline's VAE encoder)
                 continue
-            if t.tie_reason(e.tied_to) is not None:  # the engine runs it float, whatever we write
+            if (
+                target.tie_reason(e.tied_to) is not None
+            ):  # the engine runs it float, whatever we write
                 continue
-            if t.can_run(e.type, precision)[0]:
-                quant = QuantFields.from_spec(t.spec_for(QuantSpec(precision)))
+            if target.can_run(e.type, precision)[0]:
+                quant = QuantFields.from_spec(target.spec_for(QuantSpec(precision)))
                 rules.append(Rule(match=e.name, precision=precision, quant=quant, reason=reason))
     elif strategy != "all-fp16":
         raise ValueError(f"unknown baseline strategy {strategy!r}")
     return PrecisionPolicy(
         model=report.model,
-        target=t.name,
+        target=target.name,
         modalities=modalities,
         defaults=defaults,
         rules=rules,

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.policy.baselines import naive_policy
+from opsnn_quant.policy.baselines import NAIVE_SCHEMES, naive_policy
 from opsnn_quant.policy.budget import Budget, ModalityLimit
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy
@@ -327,3 +327,40 @@ def _bisect(walk: FrontWalk, ladder: list[Candidate]) -> None:
             hi = mid
         else:
             lo = mid
+
+
+# ---- the starting points: the naive baselines, then the estimate ----------------------------
+
+
+def decided_first(label: str, share: float) -> str:
+    """The note of a search that stopped at a baseline with full int8 coverage."""
+    return (
+        f"{label} met budget.metric with every module the target runs in int8 ({share:.1%} of "
+        "the MACs): no candidate has more int8 MACs, so the search stopped there and the "
+        "probe's estimators (SmoothQuant search, local errors, attribution) did not run"
+    )
+
+
+def baseline_candidates(
+    report: SensitivityReport, target: Target, schemes: Sequence[str] | None = None
+) -> list[Candidate]:
+    """The naive int8 baselines ``target`` runs (with an int8 module; whose scheme is among
+    ``schemes`` when given): they need pass 1 only."""
+    starts = []
+    for strategy, scheme in NAIVE_SCHEMES.items():
+        if schemes is not None and scheme not in schemes:
+            continue
+        policy = naive_policy(report, target, strategy)
+        if policy.rules:
+            starts.append(Candidate.of(strategy, policy, report))
+    return starts
+
+
+def estimate_candidates(
+    report: SensitivityReport, target: Target, budget: Budget
+) -> list[Candidate]:
+    """The estimate's own policy at the budget's predicted limits (none without limits)."""
+    if not (budget.limits or budget.default is not None):
+        return []
+    estimate = build_policy(report, budget, target)
+    return [Candidate.of("estimate at the recipe's limits", estimate, report)]

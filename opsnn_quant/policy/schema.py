@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from opsnn_quant.core.numerics import fmt_share
+from opsnn_quant.core.readers import read_text
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.io import atomic_write_text, read_text
+from opsnn_quant.output.files import atomic_write_text
 from opsnn_quant.policy import _yaml, form
 from opsnn_quant.policy.budget import Budget
 from opsnn_quant.policy.rule import Rule, glob_matcher
@@ -152,6 +153,12 @@ class PrecisionPolicy(_Frozen):
                     "(int8 needs rules, which apply to Linear/Conv2d only)"
                 )
         return v
+
+    @property
+    def target_def(self) -> Target:
+        """The target this policy names (the file is where the name enters: checked when it
+        was read)."""
+        return get_target(self.target)
 
     def __str__(self) -> str:
         """A person's summary: target, rules, and each modality's decision (``print(policy)``;
@@ -344,7 +351,7 @@ class PrecisionPolicy(_Frozen):
         names = list(modules)
         self.check_rules(names, modules)
         resolution = self.resolve(names, modules, modalities)
-        target = get_target(self.target)  # the policy file is where the name enters
+        target = self.target_def
         specs = {name: self.spec_of(res) for name, res in resolution.items()}
         problems = []
         for name, res in resolution.items():

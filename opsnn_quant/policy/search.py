@@ -35,7 +35,7 @@ from opsnn_quant.policy._rules import emit_rules, pin_for
 from opsnn_quant.policy._schemes import Choice, best_choice, noise_to_db
 from opsnn_quant.policy.budget import Budget, FinalCheckResult, FinalCheckSettings
 from opsnn_quant.policy.schema import ModalityFigures, PrecisionPolicy, derive_prefixes
-from opsnn_quant.policy.targets import Target, get_target
+from opsnn_quant.policy.targets import CPU_REFERENCE, Target
 from opsnn_quant.probe.report import ModuleSensitivity, SensitivityReport
 from opsnn_quant.types import Modality, Precision
 
@@ -260,7 +260,7 @@ def _shared_factors(
 def build_policy(
     report: SensitivityReport,
     budget: Budget | None = None,
-    target: str | Target = "cpu-reference",
+    target: Target = CPU_REFERENCE,
     final_check: FinalCheck | None = None,
     *,
     bf16_tolerance: float = 1e-2,
@@ -271,7 +271,8 @@ def build_policy(
     Args:
         report: the probe's SensitivityReport.
         budget: accuracy floors and the MAC-share threshold (defaults: no floors, 0.5).
-        target: target name or object; nothing it cannot run is assigned.
+        target: the deployment target (:func:`~opsnn_quant.policy.targets.get_target`);
+            nothing it cannot run is assigned.
         final_check: optional end-to-end check of a candidate policy (e.g. the evaluator). A
             failing result makes the search fall back more modules and retry (bounded by
             ``budget.final_check.max_iterations``, 3 when unset).
@@ -285,12 +286,11 @@ def build_policy(
         The policy; its YAML is byte-identical for the same inputs.
     """
     budget = budget or Budget()
-    tgt = get_target(target)
     modalities = [mod for mod in Modality if report.by_modality(mod)]
     caps = {mod: budget.limit_for(mod).max_noise() for mod in modalities}
     forced: dict[Modality, str] = {}
     args = (bf16_tolerance, compact)
-    policy = _decide(report, budget, tgt, caps, forced, *args, notes=[])
+    policy = _decide(report, budget, target, caps, forced, *args, notes=[])
     if final_check is None:
         if budget.final_check is not None:
             log.info("budget.final_check is set but no final_check hook was given; skipped")
@@ -314,7 +314,7 @@ def build_policy(
             else:
                 tightened = min(caps[mod], policy.figures[mod].noise)
                 caps[mod] = tightened * 10.0 ** (-settings.tighten_db / 10.0)
-        policy = _decide(report, budget, tgt, caps, forced, *args, notes=[])
+        policy = _decide(report, budget, target, caps, forced, *args, notes=[])
     if not result.passed:
         log.warning("final check did not pass; returning the most conservative policy tried")
     return policy.with_notes(*notes)

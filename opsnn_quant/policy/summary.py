@@ -1,4 +1,6 @@
-"""Per-modality summary of a policy (the rows of the CLI table)."""
+"""What a decided policy comes to: per-modality rows (the CLI table), per-module rows, the share
+of the MACs in int8 (per modality, per written artifact, overall and over all the model's MACs),
+and the notes and summary an acceptance report shows."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from opsnn_quant.core.numerics import fmt_db
 from opsnn_quant.policy.schema import PrecisionPolicy, ResolvedPolicy
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.quant.schemes import SCHEMES
@@ -189,3 +192,62 @@ def policy_summary(policy: PrecisionPolicy) -> dict[str, Any]:
         "rules": len(policy.rules),
         "modalities": figures,
     }
+
+
+def deployed_shares(
+    report: SensitivityReport, int8: Mapping[str, list[str]]
+) -> dict[str, dict[str, float]]:
+    """Per written artifact, the share of MACs it deploys in int8 (per modality, overall)."""
+    return {fmt: int8_mac_shares(report, names) for fmt, names in int8.items()}
+
+
+def int8_mac_share(report: SensitivityReport, rows: list[ModalitySummaryRow]) -> float | None:
+    """Share of all MACs in int8, the modalities weighted by their MACs."""
+
+    def macs(modality: Modality) -> float:
+        summary = report.modalities.get(modality.value)
+        return float(summary.macs) if summary is not None else 0.0
+
+    int8 = sum(r.int8_mac_share * macs(r.modality) for r in rows)
+    total = sum(macs(r.modality) for r in rows)
+    return int8 / total if total else None
+
+
+def int8_share_of_all_macs(
+    report: SensitivityReport, rows: list[ModalitySummaryRow]
+) -> float | None:
+    """The int8 MACs over all the model's MACs, attention's products and Conv1d/Conv3d
+    included; None where the probe did not count those."""
+    int8 = everything = 0.0
+    for r in rows:
+        summary = report.modalities.get(r.modality.value)
+        if summary is None or summary.pass_macs is None or summary.other_macs is None:
+            return None
+        int8 += r.int8_mac_share * summary.pass_macs
+        everything += summary.pass_macs + summary.other_macs
+    return int8 / everything if everything else None
+
+
+def position_note(modality: Modality, figures: Mapping[str, float], backend: str) -> str:
+    """One line for the policy's notes: a modality's held-out SQNR per group of output positions
+    on ``backend`` ("" when the adapter names none)."""
+    groups = {k.split(":", 1)[1]: v for k, v in figures.items() if k.startswith("sqnr_db:")}
+    if not groups:
+        return ""
+    parts = ", ".join(f"{name} {fmt_db(v)}" for name, v in groups.items())
+    return (
+        f"measured on held-out data ({backend}): {modality.value} {fmt_db(figures['sqnr_db'])}"
+        f" overall; {parts}"
+    )
+
+
+def with_measured(
+    summary: dict[str, Any], measured: Mapping[Modality, Mapping[str, float]]
+) -> dict[str, Any]:
+    """The policy summary with each modality's held-out SQNR beside its predicted one (the
+    summary table's ``meas`` column), for the acceptance report."""
+    modalities = summary.get("modalities", {})
+    for modality, figures in measured.items():
+        if modality.value in modalities and "sqnr_db" in figures:
+            modalities[modality.value]["measured_sqnr_db"] = round(figures["sqnr_db"], 3)
+    return summary

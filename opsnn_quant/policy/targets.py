@@ -351,6 +351,8 @@ TARGETS: dict[str, Target] = {
 }
 # Earlier names, read in recipes and policies written before the engine was part of the target.
 ALIASES: dict[str, str] = {"ascend310p": "ascend310p-atc"}
+CPU_REFERENCE: Target = TARGETS["cpu-reference"]
+"""The target a policy is decided for when none is given: the CPU reference of every scheme."""
 
 
 def get_target(name: str | Target) -> Target:

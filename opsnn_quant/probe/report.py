@@ -31,7 +31,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from opsnn_quant.io import atomic_write_text, load_json_model
+from opsnn_quant.core.readers import load_json_model
+from opsnn_quant.output.files import atomic_write_text
 from opsnn_quant.types import Modality
 
 SCHEMA_VERSION = 1

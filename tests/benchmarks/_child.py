@@ -8,7 +8,7 @@ os.environ["OPSNN_QUANT_INT8_GEMM"] = "fp32-chunk"
 from opsnn_quant.core.determinism import set_reproducible
 set_reproducible(seed=0, threads=1)
 from opsnn_quant.pipeline.calibrate import run_calibrate
-from opsnn_quant.recipe import Recipe
+from opsnn_quant.pipeline.recipe import Recipe
 
 def hwm():
     with open("/proc/self/status") as f:

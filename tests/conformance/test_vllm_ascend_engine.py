@@ -47,8 +47,8 @@ from opsnn_quant.formats.ascendv1.vllm_prefixes import aliased_key, is_alias
 from opsnn_quant.formats.checkpoint import load_quantized
 from opsnn_quant.models import load_adapter
 from opsnn_quant.models.data import load_records
+from opsnn_quant.pipeline.recipe import builtin_recipes
 from opsnn_quant.quant.modules import is_quant_module
-from opsnn_quant.recipe import builtin_recipes
 from tests._deps import needs_espeak
 
 pytestmark = needs_espeak  # the zoo's calibration speech is generated with espeak-ng

@@ -231,12 +231,12 @@ def test_evaluate_into_an_output_holds_it_for_the_whole_run(candidate, tmp_path,
     import subprocess
     import sys
 
-    from opsnn_quant.io import atomic_dir
+    from opsnn_quant.output.directories import atomic_dir
 
     out = tmp_path / "out"
     with atomic_dir(out, "calibrate") as tmp:  # a calibrate output to put the report in
         (tmp / "policy.yaml").write_text("x\n")
-    code = "import sys\nfrom opsnn_quant.io import output_lock\nwith output_lock(sys.argv[1]): pass"
+    code = "import sys\nfrom opsnn_quant.output.locks import output_lock\nwith output_lock(sys.argv[1]): pass"
     tried = []
 
     def calibrate_meanwhile(*args, **kwargs):  # the evaluate is running

@@ -170,8 +170,8 @@ def whisper_calibrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ``quant/model.safetensors`` bytes as the recipe's full run (checked once by hand: ``cmp``
     equal) in a fraction of the time."""
     from opsnn_quant.pipeline.calibrate import run_calibrate
+    from opsnn_quant.pipeline.recipe import load_recipe
     from opsnn_quant.policy.schema import PrecisionPolicy
-    from opsnn_quant.recipe import load_recipe
     from opsnn_quant.types import Precision
 
     recipe = load_recipe("whisper-tiny-en").with_strategy("all-w8a8-dynamic")

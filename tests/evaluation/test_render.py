@@ -14,7 +14,8 @@ import pytest
 
 from opsnn_quant.evaluation.render import md_text, render_html, render_markdown, write_report
 from opsnn_quant.evaluation.report import AcceptanceReport
-from opsnn_quant.io import MARKER, atomic_dir
+from opsnn_quant.output.directories import atomic_dir
+from opsnn_quant.output.ownership import MARKER
 from opsnn_quant.policy.targets import get_target
 from tests.evaluation.sample_report import asr_report, t2i_report
 

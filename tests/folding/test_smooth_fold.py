@@ -9,7 +9,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from opsnn_quant.formats.ascendv1 import apply_ascendv1, export_ascendv1, read_ascendv1
+from opsnn_quant.formats.ascendv1.consumer import apply_ascendv1
+from opsnn_quant.formats.ascendv1.export import export_ascendv1
+from opsnn_quant.formats.ascendv1.reader import read_ascendv1
 from opsnn_quant.producers import trace_producers
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.spec import QuantSpec

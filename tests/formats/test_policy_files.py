@@ -16,13 +16,9 @@ from torch import nn
 from typer.testing import CliRunner
 
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.formats.atc.precision import torch_scope
-from opsnn_quant.formats.policy_files import (
-    export_policy,
-    modules_from_model,
-    write_export,
-)
-from opsnn_quant.io import load_node_map
+from opsnn_quant.formats.atc.precision import load_node_map, torch_scope
+from opsnn_quant.formats.policy_files import export_policy, modules_from_model
+from opsnn_quant.formats.result import write_export
 from opsnn_quant.policy.rule import QuantFields, Rule
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.types import Precision

@@ -17,7 +17,7 @@ from opsnn_quant.models.checks import (
     index_entries,
     weight_files,
 )
-from opsnn_quant.sources import model_path
+from opsnn_quant.sources import model_path, resolve_source
 
 # ---- config values ---------------------------------------------------------------------------
 
@@ -271,15 +271,15 @@ def test_a_tensor_in_two_shards_is_refused(tmp_path):
 def test_a_config_that_is_not_json_is_refused(tmp_path):
     (tmp_path / "config.json").write_text("{")
     with pytest.raises(ModelLoadError, match=r"config\.json is not valid JSON"):
-        check_model_files(str(tmp_path))
+        check_model_files(resolve_source(str(tmp_path)))
 
 
 def test_the_zoo_models_and_what_is_no_model_directory_pass(tmp_path):
     for name in ("zoo:shapes-t2i", "zoo:shapes-dit"):
-        check_model_files(str(model_path(name)))
-    check_model_files("zoo:shapes-t2i")
-    check_model_files(str(tmp_path))  # neither model_index.json nor config.json
-    check_model_files(str(tmp_path / "missing"))
+        check_model_files(resolve_source(str(model_path(name))))
+    check_model_files(resolve_source("zoo:shapes-t2i"))
+    check_model_files(resolve_source(str(tmp_path)))  # neither model_index.json nor config.json
+    check_model_files(resolve_source(str(tmp_path / "missing")))
 
 
 def test_load_adapter_checks_the_files_before_the_settings_read_their_limits(tmp_path):

@@ -13,6 +13,7 @@ from opsnn_quant.cli import main
 from opsnn_quant.errors import ModelLoadError
 from opsnn_quant.models import check_weights
 from opsnn_quant.models.confine import escape, not_regular
+from opsnn_quant.sources import resolve_source
 
 
 def _errors(stderr: str) -> list[str]:
@@ -47,7 +48,7 @@ def test_a_model_directory_we_may_not_walk_is_one_line(tmp_path, monkeypatch):
 
     monkeypatch.setattr(loader_files, "check_model_sources", denied)
     with pytest.raises(ModelLoadError) as err:
-        check_weights(str(tmp_path / "m"))
+        check_weights(resolve_source(str(tmp_path / "m")))
     assert str(err.value) == (
         f"cannot read the model directory {tmp_path / 'm'}: {tmp_path / 'm'}/private: "
         "Permission denied"

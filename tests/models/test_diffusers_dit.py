@@ -8,6 +8,8 @@ import pytest
 from opsnn_quant.core.timesteps import current_step
 from opsnn_quant.errors import ConfigError, ModelLoadError
 from opsnn_quant.models import guess_family, load_adapter
+from opsnn_quant.policy.targets import get_target
+from opsnn_quant.sources import resolve_source
 from opsnn_quant.types import Modality
 from tests.tiny_pipelines import (
     save_tiny_flux,
@@ -103,7 +105,7 @@ def _load(pipes, name, **settings):
 def test_loads_names_modalities_roots_and_stages(pipes, name):
     cls, encoders, modules = EXPECTED[name]
     assert json.loads((pipes[name] / "model_index.json").read_text())["_class_name"] == cls
-    assert guess_family(str(pipes[name])) == "diffusers-dit"
+    assert guess_family(resolve_source(str(pipes[name]))) == "diffusers-dit"
     adapter = _load(pipes, name, steps=1)
     names = {n for n, _ in adapter.model.named_modules()}
     for module, modality in modules.items():
@@ -243,7 +245,7 @@ def test_probe_estimates_every_root_and_the_policy_quantizes_the_transformer(pip
     assert (attn in softmax) == (name in ("sd3", "pixart"))
     # The engine holds on each: the policy makes transformer Linears int8, and the quantized
     # pipeline still samples (Wan's time embedding included).
-    policy = oq.build_policy(report, oq.Budget(), "ascend910b-atc")
+    policy = oq.build_policy(report, oq.Budget(), get_target("ascend910b-atc"))
     oq.quantize(adapter.model, policy, loop)
     int8 = [
         n
@@ -294,9 +296,9 @@ def test_unsupported_class_exits_2_from_the_cli(pipes, tmp_path, capsys):
 
 
 def test_guess_family_of_zoo_names():
-    assert guess_family("zoo:shapes-dit") == "diffusers-dit"
-    assert guess_family("zoo:shapes-t2i") == "diffusers-sd"
-    assert guess_family("zoo:whisper-tiny.en") == "whisper"
+    assert guess_family(resolve_source("zoo:shapes-dit")) == "diffusers-dit"
+    assert guess_family(resolve_source("zoo:shapes-t2i")) == "diffusers-sd"
+    assert guess_family(resolve_source("zoo:whisper-tiny.en")) == "whisper"
 
 
 def test_pixart_encodes_raw_captions_and_bins_only_where_the_checkpoint_has_bins(pipes):

@@ -5,6 +5,7 @@ import pytest
 
 from opsnn_quant.errors import CalibrationError, ModelLoadError
 from opsnn_quant.models import guess_family, load_adapter
+from opsnn_quant.sources import resolve_source
 from opsnn_quant.types import Modality
 from tests.tiny_pipelines import save_tiny_sd
 
@@ -17,7 +18,7 @@ def tiny_sd(tmp_path_factory):
 
 
 def test_loads_names_and_modalities(tiny_sd):
-    assert guess_family(str(tiny_sd)) == "diffusers-sd"
+    assert guess_family(resolve_source(str(tiny_sd))) == "diffusers-sd"
     adapter = load_adapter("diffusers-sd", str(tiny_sd), steps=2, batch_size=2)
     names = {n for n, _ in adapter.model.named_modules()}
     assert "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q" in names

@@ -13,7 +13,7 @@ from opsnn_quant.evaluation.suite import load_suite
 from opsnn_quant.models import families as builtin
 from opsnn_quant.models.family import detect_family, families, family_names, get_family
 from opsnn_quant.models.settings import settings_for
-from opsnn_quant.recipe import load_recipe
+from opsnn_quant.pipeline.recipe import load_recipe
 
 
 def test_the_built_ins_are_registered_in_message_order():

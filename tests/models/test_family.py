@@ -29,7 +29,8 @@ from opsnn_quant.models import (
 )
 from opsnn_quant.models import family as family_table
 from opsnn_quant.models.data import check_records
-from opsnn_quant.recipe import Recipe
+from opsnn_quant.pipeline.recipe import Recipe
+from opsnn_quant.sources import resolve_source
 from opsnn_quant.types import ForwardLoop, Modality
 
 CONFIG = "toy.cfg"  # the toy's own format: key = value lines
@@ -192,14 +193,14 @@ def test_the_command_line_refuses_what_the_family_refuses_before_any_work(toy, t
     with pytest.raises(
         ModelLoadError, match=r"a toy model keeps its weights in model\.safetensors"
     ):
-        check_weights(str(model))
+        check_weights(resolve_source(str(model)))
     assert main(base) == 2
     assert capsys.readouterr().err.count("\n") == 1 and not out.exists()
 
 
 def test_the_tables_read_the_registration(toy):
     model, prompts = toy
-    assert family_names()[-1] == "toy" and guess_family(str(model)) == "toy"
+    assert family_names()[-1] == "toy" and guess_family(resolve_source(str(model))) == "toy"
     adapter = load_adapter(None, str(model), gain=2.0)
     assert isinstance(adapter, ToyAdapter) and adapter.settings == ToySettings(gain=2.0)
     with pytest.raises(ConfigError, match=r"toy settings: gian: .*the keys: batch_size, gain"):
@@ -224,7 +225,7 @@ def test_the_tables_read_the_registration(toy):
     with pytest.raises(ModelLoadError, match="unknown model family 'toy'"):
         load_adapter("toy", str(model))
     with pytest.raises(ModelLoadError, match="cannot tell the model family"):
-        guess_family(str(model))
+        guess_family(resolve_source(str(model)))
 
 
 def test_a_plugin_registers_by_entry_point_and_is_listed(monkeypatch, capsys):

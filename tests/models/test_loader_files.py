@@ -21,6 +21,7 @@ from opsnn_quant.models.loader_files import (
     is_helper,
     model_files,
 )
+from opsnn_quant.sources import resolve_source
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
@@ -117,19 +118,19 @@ def test_a_weight_file_linked_out_of_the_model_is_refused(tmp_path):
         "directory: replace it with the file itself (a copy or a hard link) or remove it"
     )
     with pytest.raises(ModelLoadError) as err:
-        check_model_sources(str(model))
+        check_model_sources(resolve_source(str(model)))
     assert str(err.value) == want
     with pytest.raises(ModelLoadError) as err:  # the check every command makes first
-        check_weights(str(model), allow_pickle=True)
+        check_weights(resolve_source(str(model)), allow_pickle=True)
     assert str(err.value) == want
     # a link inside the model directory is the file it names; a hard link is a regular file
     (model / "unet" / "diffusion_pytorch_model.safetensors").unlink()
     (model / "unet" / "w.safetensors").write_text("x")
     (model / "unet" / "diffusion_pytorch_model.safetensors").symlink_to("w.safetensors")
-    check_model_sources(str(model))
+    check_model_sources(resolve_source(str(model)))
     (model / "unet" / "diffusion_pytorch_model.safetensors").unlink()
     os.link(elsewhere, model / "unet" / "diffusion_pytorch_model.safetensors")
-    check_model_sources(str(model))
+    check_model_sources(resolve_source(str(model)))
 
 
 @pytest.mark.parametrize(
@@ -152,7 +153,7 @@ def test_a_file_the_loaders_read_that_is_no_regular_file_inside_is_refused(
      "devzero": lambda: path.symlink_to("/dev/zero"),
      "passwd": lambda: path.symlink_to("/etc/passwd")}[make]()  # fmt: skip
     with pytest.raises(ModelLoadError, match="^" + re.escape(f"model file {path} {said}")):
-        check_model_sources(str(model))
+        check_model_sources(resolve_source(str(model)))
 
 
 def test_a_component_folder_linked_out_is_refused_an_unread_one_is_not_looked_at(tmp_path):
@@ -162,7 +163,7 @@ def test_a_component_folder_linked_out_is_refused_an_unread_one_is_not_looked_at
     (model / "scheduler").rmdir()
     (model / "scheduler").symlink_to(tmp_path / "shared")
     with pytest.raises(ModelLoadError, match=f"model file {model}/scheduler resolves to "):
-        check_model_sources(str(model))
+        check_model_sources(resolve_source(str(model)))
     (model / "scheduler").unlink()
     # what no loader reads may be anything: a key linked out, a FIFO, a .git of links
     (model / "id_rsa").symlink_to("/etc/passwd")
@@ -170,7 +171,7 @@ def test_a_component_folder_linked_out_is_refused_an_unread_one_is_not_looked_at
     (model / ".git").mkdir()
     (model / ".git" / "config.json").symlink_to("/etc/passwd")
     (model / "not_in_index").symlink_to(tmp_path / "shared")
-    check_model_sources(str(model))
+    check_model_sources(resolve_source(str(model)))
 
 
 def test_a_hub_cache_snapshot_links_its_weights_into_its_blobs(tmp_path):
@@ -180,12 +181,12 @@ def test_a_hub_cache_snapshot_links_its_weights_into_its_blobs(tmp_path):
     snap.mkdir(parents=True)
     (snap / "config.json").symlink_to("../../blobs/h1")
     (snap / "model.safetensors").symlink_to("../../blobs/h2")
-    check_model_sources(str(snap))
+    check_model_sources(resolve_source(str(snap)))
     (repo / "blobs" / "h2").unlink()
     (repo / "blobs" / "h2").symlink_to(tmp_path / "elsewhere.safetensors")
     (tmp_path / "elsewhere.safetensors").write_text("x")
     with pytest.raises(ModelLoadError, match=r"model\.safetensors resolves to .*elsewhere"):
-        check_model_sources(str(snap))
+        check_model_sources(resolve_source(str(snap)))
 
 
 def test_a_model_directory_that_cannot_be_listed_is_one_line(tmp_path, monkeypatch):
@@ -196,4 +197,4 @@ def test_a_model_directory_that_cannot_be_listed_is_one_line(tmp_path, monkeypat
     with pytest.raises(
         ModelLoadError, match=f"^{tmp_path}: cannot be read \\(Permission denied\\)$"
     ):
-        check_model_sources(str(tmp_path))
+        check_model_sources(resolve_source(str(tmp_path)))

@@ -128,7 +128,7 @@ def test_allow_pickle_calibrates_and_the_commands_after_it_need_it_too(pickled, 
 
 def test_recipe_allow_pickle_loads_the_pickles_with_weights_only(pickled, monkeypatch, caplog):
     from opsnn_quant.pipeline.calibrate import load_recipe_model
-    from opsnn_quant.recipe import load_recipe
+    from opsnn_quant.pipeline.recipe import load_recipe
 
     root, recipe = pickled
     r = load_recipe(str(recipe))

@@ -5,6 +5,7 @@ import pytest
 
 from opsnn_quant.errors import CalibrationError, ModelLoadError
 from opsnn_quant.models import guess_family, load_adapter
+from opsnn_quant.sources import resolve_source
 from opsnn_quant.types import Modality
 
 pytest.importorskip(
@@ -18,7 +19,7 @@ def adapter():
 
 
 def test_names_modalities_and_roots(adapter):
-    assert guess_family("zoo:whisper-tiny.en") == "whisper"
+    assert guess_family(resolve_source("zoo:whisper-tiny.en")) == "whisper"
     names = {n for n, _ in adapter.model.named_modules()}
     assert "model.encoder.layers.0.self_attn.q_proj" in names
     assert adapter.modality_of("model.encoder.layers.3.fc2") == Modality.AUDIO_ENCODER

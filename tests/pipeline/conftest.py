@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from opsnn_quant.cli import main
-from opsnn_quant.ownership import MARKER
+from opsnn_quant.output.ownership import MARKER
 from tests.tiny_pipelines import save_tiny_sd, tiny_sd_recipe
 
 # Files whose bytes differ between any two runs: the wall-clock times and the run's own token.

@@ -97,13 +97,13 @@ def test_run_calibrate_on_a_tiny_pipeline_writes_every_artifact(tmp_path, monkey
     from opsnn_quant.formats.policy_files import EXPORT_FILES
     from opsnn_quant.pipeline import calibrate as workflow
     from opsnn_quant.pipeline.calibrate import run_calibrate
-    from opsnn_quant.recipe import load_recipe
+    from opsnn_quant.pipeline.recipe import load_recipe
     from tests.tiny_pipelines import save_tiny_sd
 
     loads: list[str] = []
     real_load = workflow.load_recipe_model
     monkeypatch.setattr(
-        workflow, "load_recipe_model", lambda r: loads.append(r.name) or real_load(r)
+        workflow, "load_recipe_model", lambda r, s=None: loads.append(r.name) or real_load(r, s)
     )
 
     save_tiny_sd(tmp_path / "pipe")
@@ -145,7 +145,7 @@ def test_a_mindie_sd_target_deploys_its_policy_and_mindie_sd_computes_our_module
     from opsnn_quant.formats.checkpoint import load_quantized
     from opsnn_quant.formats.mindie_sd.reader import apply_mindie_sd_dir
     from opsnn_quant.pipeline.calibrate import load_recipe_model, run_calibrate
-    from opsnn_quant.recipe import load_recipe
+    from opsnn_quant.pipeline.recipe import load_recipe
     from opsnn_quant.recording import record_roots, replay
     from tests.tiny_pipelines import save_tiny_sd3, tiny_sd_recipe
 
@@ -203,7 +203,7 @@ def _evaluate_the_mindie_sd_export(tmp_path, out):
 @needs_espeak
 def test_a_vllm_target_deploys_its_policy_in_ascendv1(tmp_path):
     from opsnn_quant.pipeline.calibrate import run_calibrate
-    from opsnn_quant.recipe import load_recipe
+    from opsnn_quant.pipeline.recipe import load_recipe
     from tests.tiny_pipelines import save_tiny_whisper
 
     save_tiny_whisper(tmp_path / "w")
@@ -254,7 +254,7 @@ def test_a_metric_budget_chooses_by_measurement_and_the_figure_is_the_written_mo
     import json
 
     from opsnn_quant.pipeline.calibrate import run_calibrate
-    from opsnn_quant.recipe import load_recipe
+    from opsnn_quant.pipeline.recipe import load_recipe
 
     recipe, slice_prompts = _metric_setup(tmp_path, psnr_min=5.0)
     out = tmp_path / "out"
@@ -286,7 +286,7 @@ def test_a_metric_budget_chooses_by_measurement_and_the_figure_is_the_written_mo
 def test_a_metric_budget_nothing_meets_falls_back_to_float(tmp_path, capsys):
     # 200 dB median PSNR: no int8 candidate passes; the walk ends on the float rung.
     from opsnn_quant.pipeline.calibrate import run_calibrate
-    from opsnn_quant.recipe import load_recipe
+    from opsnn_quant.pipeline.recipe import load_recipe
 
     recipe, _ = _metric_setup(tmp_path, psnr_min=200.0)
     result = run_calibrate(load_recipe(str(recipe)), tmp_path / "out")
@@ -312,7 +312,7 @@ def test_the_acceptance_reports_policy_table_shows_measured_beside_predicted():
     from opsnn_quant.evaluation.render import render_markdown
     from opsnn_quant.evaluation.runner import QualityResult, build_report
     from opsnn_quant.evaluation.suite import parse_suite
-    from opsnn_quant.pipeline.calibrate import with_measured
+    from opsnn_quant.policy.summary import with_measured
     from opsnn_quant.types import Modality
 
     summary = {"model": "m", "target": "ascend910b-atc", "rules": 3, "modalities": {
@@ -372,9 +372,10 @@ def test_a_naive_strategy_pays_for_pass_1_only_and_writes_the_same_model(tmp_pat
     # Decide first (issue 43): all-w8a8-dynamic reads no estimate, so only pass 1 runs; the
     # checkpoint and exports are those the whole probe's statistics give (bit for bit).
     from opsnn_quant.pipeline import calibrate as workflow
+    from opsnn_quant.pipeline import run as resolution
     from opsnn_quant.pipeline.calibrate import run_calibrate
+    from opsnn_quant.pipeline.recipe import load_recipe
     from opsnn_quant.probe.report import SensitivityReport
-    from opsnn_quant.recipe import load_recipe
     from tests.tiny_pipelines import save_tiny_whisper
 
     save_tiny_whisper(tmp_path / "w")
@@ -397,11 +398,11 @@ def test_a_naive_strategy_pays_for_pass_1_only_and_writes_the_same_model(tmp_pat
     assert staged.int8_mac_share and staged.int8_mac_share > 0
     assert report.config["schemes"] == ["w8a8_dynamic"]  # no other scheme's observers
     # the same run with every scheme the target runs and the estimators (before issue 43)
-    real_config = workflow.probe_config_for
+    real_config = resolution.probe_config
     monkeypatch.setattr(workflow, "estimators_optional", lambda run: False)
     monkeypatch.setattr(
-        workflow,
-        "probe_config_for",
+        resolution,
+        "probe_config",
         lambda r, seed, t: real_config(r.model_copy(update={"strategy": "search"}), seed, t),
     )
     whole = run_calibrate(load_recipe(str(recipe)), tmp_path / "whole")
@@ -418,7 +419,7 @@ def test_a_naive_strategy_pays_for_pass_1_only_and_writes_the_same_model(tmp_pat
 
 
 _WRITE_REPORT = (
-    "import sys\nfrom opsnn_quant.io import atomic_dir\n"
+    "import sys\nfrom opsnn_quant.output.directories import atomic_dir\n"
     "with atomic_dir(sys.argv[1], 'report') as tmp:\n    (tmp / 'report.md').write_text('PASS')\n"
 )
 

@@ -10,7 +10,7 @@ from tests.pipeline.conftest import run_files
 
 _HOLD = """
 import sys, time
-from opsnn_quant.io import output_lock
+from opsnn_quant.output.locks import output_lock
 with output_lock(sys.argv[1]):
     print("held", flush=True)
     time.sleep(120)

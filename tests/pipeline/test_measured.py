@@ -10,10 +10,10 @@ import torch
 import yaml
 
 from opsnn_quant.pipeline.calibrate import run_calibrate
+from opsnn_quant.pipeline.recipe import Recipe, builtin_recipes
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.spec import QuantSpec
-from opsnn_quant.recipe import Recipe, builtin_recipes
 from tests._deps import needs_espeak
 
 
@@ -113,27 +113,6 @@ def test_the_held_out_sqnr_is_skipped_only_after_a_passing_measured_choice():
     assert "(x) end to end" in judged_end_to_end(walk(measured=True, passed=True))
 
 
-def test_the_starting_points_are_the_baselines_the_recipe_allows_then_the_estimate():
-    from opsnn_quant.pipeline.measured import starting_points
-    from opsnn_quant.policy.budget import Budget, ModalityLimit
-    from opsnn_quant.policy.targets import get_target
-    from tests.policy._factory import linear, report
-
-    rep = report(linear("a", 1e-4), linear("b", 1e-2))
-    vllm, atc = get_target("ascend910b-vllm-ascend"), get_target("ascend910b-atc")
-    labels = lambda starts: [c.label for c in starts]  # noqa: E731
-    assert labels(starting_points(rep, vllm, Budget())) == ["all-w8a8-minmax", "all-w8a8-dynamic"]
-    # static activations only (probe.schemes): the per-token baseline is not a candidate
-    static = ["w8a8", "w8a8_mse", "w8a8_smoothquant"]
-    assert labels(starting_points(rep, vllm, Budget(), static)) == ["all-w8a8-minmax"]
-    # ATC runs no per-token activations: its naive dynamic policy is empty, so not a candidate
-    assert labels(starting_points(rep, atc, Budget())) == ["all-w8a8-minmax"]
-    limits = Budget(limits={"denoiser": ModalityLimit(min_sqnr_db=25.0)})
-    starts = starting_points(rep, atc, limits)
-    assert labels(starts) == ["all-w8a8-minmax", "estimate at the recipe's limits"]
-    assert starts[1].share == 0.5  # b (1e-2 > 10^-2.5) falls back: half the MACs
-
-
 def test_a_candidates_float_copy_after_pass_one_equals_a_fresh_load(tmp_path):
     """The measured search copies the run's model after probe pass 1 instead of loading it
     again (issue 43 §2): every tensor of the copy equals a fresh load's, bit for bit, and no
@@ -141,18 +120,18 @@ def test_a_candidates_float_copy_after_pass_one_equals_a_fresh_load(tmp_path):
     from types import SimpleNamespace
 
     from opsnn_quant.models.data import load_records
-    from opsnn_quant.pipeline.calibrate import probe_config_for
     from opsnn_quant.pipeline.context import load_recipe_model
     from opsnn_quant.pipeline.measured import float_copy
+    from opsnn_quant.pipeline.recipe import load_recipe
+    from opsnn_quant.pipeline.run import probe_config
     from opsnn_quant.policy.targets import get_target
     from opsnn_quant.probe.api import start_probe
-    from opsnn_quant.recipe import load_recipe
     from tests.tiny_pipelines import save_tiny_sd3, tiny_dit_recipe
 
     save_tiny_sd3(tmp_path / "pipe")
     recipe = load_recipe(str(tiny_dit_recipe(tmp_path, "copy", target="ascend910b-mindie-sd")))
     adapter = load_recipe_model(recipe)
-    cfg = probe_config_for(recipe, 0, get_target(recipe.target))
+    cfg = probe_config(recipe, 0, get_target(recipe.target))
     records = load_records(recipe.data.calibration, 2)
     start_probe(adapter, adapter.forward_loop(records), cfg).release()
     copied = float_copy(SimpleNamespace(recipe=recipe, adapter=adapter))  # type: ignore[arg-type]
@@ -248,16 +227,16 @@ def test_the_documented_budget_example_slices_data_the_suite_does_not_judge(tmp_
     # and the slice was to start after them)
     from pathlib import Path
 
-    from opsnn_quant.cli.calibrate import calibrate
+    from opsnn_quant.cli.calibrate import BudgetOpt
     from opsnn_quant.errors import ConfigError
     from opsnn_quant.evaluation.suite import load_suite
     from opsnn_quant.models.data import load_records
     from opsnn_quant.pipeline.measured import metric_source, slice_records
-    from opsnn_quant.recipe_flags import RecipeFlags, effective_recipe
+    from opsnn_quant.pipeline.recipe_flags import RecipeFlags, effective_recipe
 
     docs = (Path(__file__).parents[2] / "docs" / "cli.md").read_text()
     assert DOCUMENTED_BUDGET in docs
-    assert DOCUMENTED_BUDGET in str(calibrate.__annotations__["budget"])  # the --budget help
+    assert DOCUMENTED_BUDGET in BudgetOpt.__metadata__[0].help  # the --budget help
     recipe = effective_recipe("whisper-tiny-en", RecipeFlags(budget=DOCUMENTED_BUDGET[1:-1]))
     metric = recipe.budget.metric
     assert metric is not None and metric.data is None and metric.samples == 32

@@ -130,7 +130,7 @@ def test_bad_max_memory_is_one_error_line(tiny_dit, tmp_path, capsys, size):
 
 
 def test_a_recipe_max_memory_is_read_as_bytes(tiny_dit, tmp_path, capsys):
-    from opsnn_quant.recipe import load_recipe
+    from opsnn_quant.pipeline.recipe import load_recipe
 
     _root, recipe = tiny_dit
     data = json.loads(recipe.read_text())

@@ -11,7 +11,7 @@ from tests.pipeline.conftest import run_files
 @needs_espeak
 def test_an_offloaded_whisper_calibrate_writes_the_same_files(tmp_path, offloads):
     from opsnn_quant.pipeline.calibrate import run_calibrate
-    from opsnn_quant.recipe import load_recipe
+    from opsnn_quant.pipeline.recipe import load_recipe
     from tests.tiny_pipelines import save_tiny_whisper
 
     save_tiny_whisper(tmp_path / "w")
@@ -41,7 +41,7 @@ def test_an_offloaded_unet_static_calibrate_writes_the_same_files(tmp_path, offl
     # static int8 (quant_bias, deq_scale) and quantized Conv2d written FLOAT (their dequantized
     # weights made from the block's file when written) in both exports
     from opsnn_quant.pipeline.calibrate import run_calibrate
-    from opsnn_quant.recipe import load_recipe
+    from opsnn_quant.pipeline.recipe import load_recipe
     from tests.tiny_pipelines import save_tiny_sd, tiny_sd_recipe
 
     save_tiny_sd(tmp_path / "pipe")

@@ -11,7 +11,9 @@ import yaml
 from opsnn_quant.cli import main
 from opsnn_quant.policy.budget import Budget, ModalityLimit
 from opsnn_quant.policy.search import build_policy
+from opsnn_quant.policy.targets import get_target
 from opsnn_quant.probe.report import SensitivityReport
+from opsnn_quant.sources import resolve_source
 from tests.pipeline.conftest import run_files
 
 
@@ -29,7 +31,7 @@ def test_the_probe_records_its_models_and_datas_fingerprints(done):
 
     root, _, out = done
     inputs = json.loads((out / "probe.json").read_text())["inputs"]
-    assert inputs["model"] == model_fingerprint(str(root / "pipe"))
+    assert inputs["model"] == model_fingerprint(resolve_source(str(root / "pipe")))
     assert inputs["data"] == data_fingerprint(
         [{"prompt": "a red circle"}, {"prompt": "a blue square"}]
     )
@@ -100,7 +102,7 @@ def test_policy_build_decides_again_under_another_budget(done, tmp_path, capsys)
     report = SensitivityReport.load(out / "probe.json")
     expected = build_policy(
         report, Budget(limits={"denoiser": ModalityLimit(min_sqnr_db=45)}, min_int8_mac_share=0.0),
-        "ascend910b-atc",
+        get_target("ascend910b-atc"),
     )  # fmt: skip
     assert policy.read_text() == expected.to_yaml()
     assert "precision policy for" in capsys.readouterr().out

@@ -12,6 +12,7 @@ from opsnn_quant.policy._compress import plan_rules
 from opsnn_quant.policy.budget import Budget, ModalityLimit
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy
+from opsnn_quant.policy.targets import get_target
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.types import Modality
 
@@ -80,7 +81,7 @@ def test_never_ran_modules_merge_into_one_rule_with_a_true_reason():
         linear("unet.a", 1e-5),
         linear("unet.b", 1e-5),
     )
-    compact, _ = assert_same_resolution(rep, target="ascend910b-atc")
+    compact, _ = assert_same_resolution(rep, target=get_target("ascend910b-atc"))
     (rule,) = [r for r in compact.rules if r.precision.is_float]
     assert rule.match == "vae.encoder.down.*"  # ties go to the deepest glob, the most precise
     assert rule.reason == "stays float: never ran in the calibration forward_loop (5 modules)"
@@ -93,7 +94,7 @@ def test_pins_stay_one_exact_rule_each():
         linear("te.l0.fc", 1e-5, modality="text_encoder"),
         linear("te.l1.fc", 1e-5, modality="text_encoder"),
     )
-    compact, _ = assert_same_resolution(rep, target="ascend310p")
+    compact, _ = assert_same_resolution(rep, target=get_target("ascend310p"))
     assert [r.match for r in compact.rules] == ["te.l0.norm", "te.l1.norm", "te.*"]
 
 
@@ -104,7 +105,7 @@ def test_names_with_glob_metacharacters():
         linear("blk[1].fc*", 1e-5),
         other("blk[1].norm", "LayerNorm"),
     )
-    assert_same_resolution(rep, target="ascend910b-atc")
+    assert_same_resolution(rep, target=get_target("ascend910b-atc"))
 
 
 def _random_report(seed: int) -> SensitivityReport:
@@ -149,7 +150,7 @@ def test_random_reports_resolve_identically(seed, target):
     budget = Budget(
         limits={Modality("denoiser"): ModalityLimit(min_sqnr_db=30.0)}, min_int8_mac_share=0.2
     )
-    assert_same_resolution(rep, budget=budget, target=target)
+    assert_same_resolution(rep, budget=budget, target=get_target(target))
 
 
 @pytest.mark.slow
@@ -167,7 +168,9 @@ def test_a_real_probe_of_a_tiny_sd_pipeline(tmp_path):
     data = load_records(str(tmp_path / "prompts.txt"), None)
     rep = probe(adapter, adapter.forward_loop(data), ProbeConfig(max_root_calls=2))
     budget = Budget(limits={Modality("denoiser"): ModalityLimit(min_sqnr_db=20.0)})
-    compact, single = assert_same_resolution(rep, budget=budget, target="ascend910b-atc")
+    compact, single = assert_same_resolution(
+        rep, budget=budget, target=get_target("ascend910b-atc")
+    )
     inventory = modules_from_model(adapter.model)  # every module of the real model
     assert _resolution(compact, inventory) == _resolution(single, inventory)
     assert compact.resolved_for(adapter.model) is not None
@@ -180,7 +183,7 @@ def test_a_compaction_that_changes_a_resolution_is_refused(monkeypatch):
     monkeypatch.setattr(_rules, "compact_rules", lambda *a: real(*a)[1:])  # drop one rule
     rep = report(linear("a", 1e-5), linear("b", 1e-5, sqnr={"w8a8": 30.0, "w8a8_mse": 33.0}))
     with pytest.raises(RuntimeError, match="compact rules resolve"):
-        build_policy(rep, target="ascend910b-atc")
+        build_policy(rep, target=get_target("ascend910b-atc"))
 
 
 def test_module_rows_keep_the_per_module_detail_of_a_compact_policy():
@@ -192,7 +195,7 @@ def test_module_rows_keep_the_per_module_detail_of_a_compact_policy():
         linear("unet.c", 3e-5),
         other("unet.norm", "LayerNorm"),
     )
-    policy = build_policy(rep, target="ascend910b-atc")
+    policy = build_policy(rep, target=get_target("ascend910b-atc"))
     rows = {r.name: r for r in module_rows(policy.resolved(rep.inventory()), rep)}
     assert list(rows) == [m.name for m in rep.modules]
     assert rows["unet.a"].match == rows["unet.b"].match == "unet.*"  # one glob decides both

@@ -8,11 +8,12 @@ from opsnn_quant.policy.budget import Budget, ModalityLimit
 from opsnn_quant.policy.rule import QuantFields, Rule
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy
+from opsnn_quant.policy.targets import get_target
 from opsnn_quant.types import Modality, Precision
 
 from ._factory import linear, other, report
 
-VLLM = "ascend910b-vllm-ascend"
+VLLM = get_target("ascend910b-vllm-ascend")
 ANY = Budget(min_int8_mac_share=0.0)
 QKV = [f"layer.attn.{n}" for n in ("k_proj", "q_proj", "v_proj")]
 
@@ -92,7 +93,7 @@ def test_a_member_may_fall_back_while_the_others_stay_smoothed():
 
 def _policy(rules, groups):
     return PrecisionPolicy(
-        model="m", target=VLLM, modalities={"": Modality.DENOISER},
+        model="m", target=VLLM.name, modalities={"": Modality.DENOISER},
         defaults={Modality.DENOISER: Precision.FP16}, rules=rules, smoothing_groups=groups,
     )  # fmt: skip
 

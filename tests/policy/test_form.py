@@ -9,10 +9,10 @@ import pytest
 
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.pipeline.calibrate import load_recipe_model
+from opsnn_quant.pipeline.recipe import load_recipe
 from opsnn_quant.policy.form import preset_name
 from opsnn_quant.policy.rule import Rule
 from opsnn_quant.policy.schema import PrecisionPolicy
-from opsnn_quant.recipe import load_recipe
 from opsnn_quant.types import Modality, Precision
 
 ZOO = Path(__file__).parent / "golden" / "zoo"

@@ -12,7 +12,9 @@ from opsnn_quant.policy.budget import Budget
 from opsnn_quant.policy.front import (
     Candidate,
     Measurement,
+    baseline_candidates,
     coverage_ladder,
+    estimate_candidates,
     walk_front,
 )
 from opsnn_quant.policy.targets import get_target
@@ -178,3 +180,27 @@ def test_a_step_walk_does_not_stop_below_full_coverage():
         walk.result()  # no float rung given to fall back to
     walk.bisect(coverage_ladder(REP, NO_SHARE_RULE, ATC))
     assert walk.best().candidate.share == 0.75  # the walk goes on as walk_front would
+
+
+def test_the_starting_points_are_the_baselines_the_recipe_allows_then_the_estimate():
+    from opsnn_quant.policy.budget import ModalityLimit
+
+    def starting_points(rep, target, budget, schemes=None):
+        return [
+            *baseline_candidates(rep, target, schemes),
+            *estimate_candidates(rep, target, budget),
+        ]
+
+    rep = report(linear("a", 1e-4), linear("b", 1e-2))
+    vllm, atc = get_target("ascend910b-vllm-ascend"), get_target("ascend910b-atc")
+    labels = lambda starts: [c.label for c in starts]  # noqa: E731
+    assert labels(starting_points(rep, vllm, Budget())) == ["all-w8a8-minmax", "all-w8a8-dynamic"]
+    # static activations only (probe.schemes): the per-token baseline is not a candidate
+    static = ["w8a8", "w8a8_mse", "w8a8_smoothquant"]
+    assert labels(starting_points(rep, vllm, Budget(), static)) == ["all-w8a8-minmax"]
+    # ATC runs no per-token activations: its naive dynamic policy is empty, so not a candidate
+    assert labels(starting_points(rep, atc, Budget())) == ["all-w8a8-minmax"]
+    limits = Budget(limits={"denoiser": ModalityLimit(min_sqnr_db=25.0)})
+    starts = starting_points(rep, atc, limits)
+    assert labels(starts) == ["all-w8a8-minmax", "estimate at the recipe's limits"]
+    assert starts[1].share == 0.5  # b (1e-2 > 10^-2.5) falls back: half the MACs

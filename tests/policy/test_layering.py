@@ -19,7 +19,7 @@ def _loaded_after(module: str) -> set[str]:
     [
         ("opsnn_quant.policy._rules", "opsnn_quant.policy.search"),
         ("opsnn_quant.formats.atc.precision", "opsnn_quant.formats.policy_files"),
-        ("opsnn_quant.io", "onnx"),
+        ("opsnn_quant.output.directories", "onnx"),
         ("opsnn_quant.formats.atc.onnx.files", "onnx"),
         ("opsnn_quant.formats.policy_files", "torch"),
     ],

@@ -9,6 +9,7 @@ from opsnn_quant.errors import ConfigError
 from opsnn_quant.policy import _yaml
 from opsnn_quant.policy.rule import QuantFields, Rule
 from opsnn_quant.policy.schema import PrecisionPolicy, derive_prefixes
+from opsnn_quant.policy.targets import get_target
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.modules import QuantLinear
 from opsnn_quant.quant.spec import QuantSpec
@@ -265,7 +266,7 @@ def test_printing_a_policy_shows_each_modalitys_decision():
 
     rep = report(linear("a", 1e-4), linear("b", 1e-2))
     budget = Budget(limits={"denoiser": ModalityLimit(min_sqnr_db=30.0)}, min_int8_mac_share=0.0)
-    policy = build_policy(rep, budget, "ascend910b-atc")
+    policy = build_policy(rep, budget, get_target("ascend910b-atc"))
     # b (1e-2 > 1e-3) falls back: a alone, 40 dB predicted, half the MACs
     assert str(policy).splitlines() == [
         f"precision policy for tiny on ascend910b-atc: {len(policy.rules)} rules",
@@ -396,6 +397,6 @@ def test_a_search_that_would_write_more_rules_than_a_policy_holds_says_so(monkey
     any_share = Budget(min_int8_mac_share=0.0)
     monkeypatch.setattr(rules_mod, "MAX_RULES", 3)
     # the compact form (its check against one rule per module is not held to the cap) fits
-    assert len(build_policy(rep, any_share, "cpu-reference").rules) <= 3
+    assert len(build_policy(rep, any_share, get_target("cpu-reference")).rules) <= 3
     with pytest.raises(ConfigError, match=r"would hold 4 rules, more than the 3 a policy may hold"):
-        build_policy(rep, any_share, "cpu-reference", compact=False)
+        build_policy(rep, any_share, get_target("cpu-reference"), compact=False)

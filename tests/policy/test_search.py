@@ -9,6 +9,7 @@ from opsnn_quant.policy.budget import Budget, FinalCheckResult, FinalCheckSettin
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy
 from opsnn_quant.policy.summary import summarize
+from opsnn_quant.policy.targets import get_target
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.modules import QuantLinear
 from opsnn_quant.types import Modality, Precision
@@ -33,7 +34,7 @@ def test_three_modules_and_30_db_budget():
     # 30 dB allows noise 1e-3. Sum 2.6e-3 > 1e-3: the largest contribution per MAC (b, 2e-3,
     # equal MACs) falls back, leaving 0.6e-3 -> 32.22 dB. a and c stay int8.
     rep = report(linear("a", 0.5e-3), linear("b", 2e-3), linear("c", 1e-4))
-    p = build_policy(rep, DB30, "ascend910b-atc")
+    p = build_policy(rep, DB30, get_target("ascend910b-atc"))
     assert _int8_names(p, rep) == ["a", "c"]
     rules = _by_match(p)
     assert rules["b"].precision == Precision.FP16 and "fp16 fallback" in rules["b"].reason
@@ -48,7 +49,9 @@ def test_cosine_limit_is_the_same_noise_budget():
     rep = report(linear("a", 0.5e-3), linear("b", 2e-3), linear("c", 1e-4))
     cos = 1 / math.sqrt(1 + 1e-3) + 1e-12
     p = build_policy(
-        rep, Budget(limits={Modality("denoiser"): ModalityLimit(min_cosine=cos)}), "ascend910b-atc"
+        rep,
+        Budget(limits={Modality("denoiser"): ModalityLimit(min_cosine=cos)}),
+        get_target("ascend910b-atc"),
     )
     assert _int8_names(p, rep) == ["a", "c"]
 
@@ -56,7 +59,7 @@ def test_cosine_limit_is_the_same_noise_budget():
 def test_fallback_order_is_contribution_per_mac():
     # a adds more noise but saves 100x more MACs: b (6e-8 per MAC) goes first, and that is enough.
     rep = report(linear("a", 1e-3, macs=1_000_000), linear("b", 0.6e-3, macs=10_000))
-    p = build_policy(rep, DB30, "ascend910b-atc")
+    p = build_policy(rep, DB30, get_target("ascend910b-atc"))
     assert _int8_names(p, rep) == ["a"]
 
 
@@ -81,12 +84,12 @@ def test_readmits_what_still_fits():
 def test_best_scheme_per_target_and_first_order_rescaling():
     sq = {"w8a8": 30.0, "w8a8_smoothquant": 32.0, "w8a8_dynamic": 36.0}
     rep = report(linear("a", 1e-3, sqnr=sq, alpha=0.6), linear("b", 1e-5))
-    eager = build_policy(rep, target="ascend910b-eager", compact=False)
+    eager = build_policy(rep, target=get_target("ascend910b-eager"), compact=False)
     a = _by_match(eager)["a"]
     assert a.precision == Precision.W8A8_DYNAMIC
     # 1e-3 measured under w8a8 at 30 dB; dynamic has 6 dB more SQNR: 1e-3 * 10**-0.6.
     assert "2.51e-04" in a.reason and "first order" in a.reason
-    atc = build_policy(rep, target="ascend910b-atc", compact=False)
+    atc = build_policy(rep, target=get_target("ascend910b-atc"), compact=False)
     a = _by_match(atc)["a"]
     assert a.precision == Precision.W8A8 and a.quant.smoothquant_alpha == 0.6
     assert a.quant_spec().smoothquant_alpha == 0.6
@@ -101,7 +104,7 @@ def test_end_to_end_scores_beat_local_sqnr_when_the_probe_has_them():
     m = linear("a", 4e-4, sqnr=sq, e2e_scheme="w8a8_smoothquant")
     scores = {"w8a8_smoothquant": 4e-4, "w8a8": 1e-4, "w8a8_mse": 2e-4}
     m = m.model_copy(update={"e2e": m.e2e.model_copy(update={"schemes": scores})})
-    pol = build_policy(report(m), target="ascend910b-atc", compact=False)
+    pol = build_policy(report(m), target=get_target("ascend910b-atc"), compact=False)
     a = _by_match(pol)["a"]
     assert a.precision == Precision.W8A8
     assert a.quant.observer == "minmax" and a.quant.smoothquant_alpha is None
@@ -111,7 +114,9 @@ def test_end_to_end_scores_beat_local_sqnr_when_the_probe_has_them():
 
 def test_module_that_never_ran_stays_float_and_says_so():
     idle = linear("enc", 1e-6).model_copy(update={"calls": 0, "e2e": None})
-    pol = build_policy(report(linear("a", 1e-5), idle), target="ascend910b-atc", compact=False)
+    pol = build_policy(
+        report(linear("a", 1e-5), idle), target=get_target("ascend910b-atc"), compact=False
+    )
     rule = _by_match(pol)["enc"]
     assert rule.precision == Precision.FP16
     assert "never ran" in rule.reason
@@ -121,37 +126,40 @@ def test_overflow_pins_with_evidence():
     rep = report(
         other("norm", "LayerNorm", **overflow_stats(rel_error_bf16=3e-3)), linear("a", 1e-5)
     )
-    pin = _by_match(build_policy(rep, target="ascend910b-eager"))["norm"]
+    pin = _by_match(build_policy(rep, target=get_target("ascend910b-eager")))["norm"]
     assert pin.precision == Precision.BF16
     assert pin.reason.startswith(
         "fp16 overflow: output absmax 8.1e+04 > 65504 (headroom 0.81); inf/nan in 12 outputs"
     )
     assert "bf16 rel. error 3.0e-03 < 0.01" in pin.reason
-    pin = _by_match(build_policy(rep, target="ascend310p"))["norm"]
+    pin = _by_match(build_policy(rep, target=get_target("ascend310p")))["norm"]
     assert pin.precision == Precision.FP32 and "ascend310p-atc has no bf16" in pin.reason
     assert "saturates" in pin.reason
     loud = report(other("norm", "LayerNorm", **overflow_stats(rel_error_bf16=0.05)))
-    pin = _by_match(build_policy(loud, target="ascend910b-eager"))["norm"]
+    pin = _by_match(build_policy(loud, target=get_target("ascend910b-eager")))["norm"]
     assert pin.precision == Precision.FP32 and "bf16 rel. error 5.0e-02 >= 0.01" in pin.reason
     # a flagged Linear is pinned, not quantized
     hot = report(linear("a", 1e-5, fp16=None), linear("b", 1e-5))
     hot.modules[0] = hot.modules[0].model_copy(
         update={"fp16": other("x", "Linear", **overflow_stats()).fp16}
     )
-    assert _int8_names(build_policy(hot, target="ascend910b-atc"), hot) == ["b"]
+    assert _int8_names(build_policy(hot, target=get_target("ascend910b-atc")), hot) == ["b"]
 
 
 def test_target_limits_and_mac_share():
     # On the eager target the Conv2d cannot be int8; it holds 80% of the MACs, so the Linear's
     # 20% is below min_int8_mac_share and the whole modality stays fp16.
     rep = report(linear("conv", 1e-5, type_="Conv2d", macs=800), linear("fc", 1e-5, macs=200))
-    p = build_policy(rep, target="ascend910b-eager")
+    p = build_policy(rep, target=get_target("ascend910b-eager"))
     rules = _by_match(p)
     assert "ascend910b-eager runs w8a8 only for Linear, not Conv2d" in rules["conv"].reason
     assert rules["fc"].precision == Precision.FP16 and "20%" in rules["fc"].reason
     assert p.figures[Modality.DENOISER].chosen == "fp16"
     assert "whole modality fp16" in p.figures[Modality.DENOISER].note
-    assert _int8_names(build_policy(rep, target="ascend910b-atc"), rep) == ["conv", "fc"]
+    assert _int8_names(build_policy(rep, target=get_target("ascend910b-atc")), rep) == [
+        "conv",
+        "fc",
+    ]
 
 
 def test_rules_order_compaction_and_determinism():
@@ -162,7 +170,7 @@ def test_rules_order_compaction_and_determinism():
         linear("unet.a", 0.5e-3), linear("unet.b", 2e-3), linear("unet.c", 1e-4),
         linear("unet.d", 1e-5, sqnr={"w8a8": 30.0, "w8a8_mse": 31.0}),
     )  # fmt: skip
-    p = build_policy(rep, DB30, "ascend910b-atc")
+    p = build_policy(rep, DB30, get_target("ascend910b-atc"))
     assert [(r.match, r.precision.value) for r in p.rules] == [
         ("te.norm", "fp32"),
         ("unet.b", "fp16"),
@@ -172,7 +180,7 @@ def test_rules_order_compaction_and_determinism():
     ]
     assert _by_match(p)["unet.d"].quant.observer == "mse"
     assert p.modalities == {"te": Modality.TEXT_ENCODER, "unet": Modality.DENOISER}
-    again = build_policy(rep, DB30, "ascend910b-atc")
+    again = build_policy(rep, DB30, get_target("ascend910b-atc"))
     assert again.to_yaml() == p.to_yaml()
     assert PrecisionPolicy.from_yaml(p.to_yaml()).to_yaml() == p.to_yaml()
     rows = {r.modality: r for r in summarize(p.resolved(rep.inventory()), rep)}
@@ -192,7 +200,9 @@ def test_final_check_falls_back_more_and_is_bounded():
             passed=n <= 2, metric="clip", delta=0.1 * n, modalities=(Modality.DENOISER,)
         )
 
-    p = build_policy(rep, Budget(min_int8_mac_share=0.0), "cpu-reference", final_check=check)
+    p = build_policy(
+        rep, Budget(min_int8_mac_share=0.0), get_target("cpu-reference"), final_check=check
+    )
     assert seen == [3, 2]  # tightened by 3 dB: noise 6e-4 -> cap 3e-4, c falls back
     assert _int8_names(p, rep) == ["a", "b"]
     assert p.notes[0].startswith("final check 1 failed (clip, delta 0.3)")
@@ -235,7 +245,7 @@ def test_policy_from_search_validates_and_quantizes_a_real_model():
     budget = Budget(
         limits={Modality("text_encoder"): ModalityLimit(min_sqnr_db=35.0)}, min_int8_mac_share=0.4
     )
-    p = build_policy(rep, budget, "ascend910b-eager")
+    p = build_policy(rep, budget, get_target("ascend910b-eager"))
     resolved = p.resolved_for(model).resolution
     assert sum(r.precision == Precision.W8A8_DYNAMIC for r in resolved.values()) == 3
     quantize(model, p, forward_loop_for(model))
@@ -262,7 +272,7 @@ def test_every_scheme_infeasible_pins_the_module_even_unflagged():
         }
     )  # fmt: skip
     ok = linear("blocks.1.fc", 1e-3)
-    policy = build_policy(report(bad, ok), Budget(), "ascend310p")
+    policy = build_policy(report(bad, ok), Budget(), get_target("ascend310p"))
     rule = next(r for r in policy.rules if r.match == "blocks.0.fc")
     assert rule.precision == Precision.FP32
     assert "int8 output overflows fp16 under every scheme" in rule.reason
@@ -280,11 +290,13 @@ def test_the_search_picks_w4a16_where_the_target_runs_it_and_writes_its_group_si
         }
     )
     other = linear("blocks.1.fc", 1e-4)
-    eager = build_policy(report(m, other), Budget(), "ascend910b-eager")
+    eager = build_policy(report(m, other), Budget(), get_target("ascend910b-eager"))
     rule = next(r for r in eager.rules if r.match == "blocks.0.fc")
     assert rule.precision == Precision.W4A16 and rule.quant_spec().group_size == 128
     assert "group_size: 128" in eager.to_yaml()
-    atc = build_policy(report(m, other), Budget(), "ascend910b-atc")  # no int4 path there
+    atc = build_policy(
+        report(m, other), Budget(), get_target("ascend910b-atc")
+    )  # no int4 path there
     assert all(r.precision != Precision.W4A16 for r in atc.rules)
 
 
@@ -294,13 +306,13 @@ def test_the_search_picks_w4a16_where_the_target_runs_it_and_writes_its_group_si
 def test_an_engine_targets_specs_carry_its_arithmetic_and_dtype():
     rep = report(linear("a", 1e-5, sqnr={"w8a8": 35.0, "w8a8_smoothquant": 38.0}),
                  linear("b", 1e-5, sqnr={"w8a8": 35.0, "w8a8_dynamic": 36.0}))  # fmt: skip
-    mindie = build_policy(rep, DB30, "ascend910b-mindie-sd", compact=False)
+    mindie = build_policy(rep, DB30, get_target("ascend910b-mindie-sd"), compact=False)
     specs = {r.match: r.quant_spec() for r in mindie.rules}
     assert {s.engine for s in specs.values()} == {"mindie-sd"}
     assert {s.output_dtype for s in specs.values()} == {"bfloat16"}
     # MindIE-SD applies SmoothQuant at run time (mul_scale): the smoothed scheme may win
     assert specs["a"].smoothquant_alpha == 0.5
-    vllm = build_policy(rep, DB30, "ascend910b-vllm-ascend", compact=False)
+    vllm = build_policy(rep, DB30, get_target("ascend910b-vllm-ascend"), compact=False)
     vspecs = {r.match: r.quant_spec() for r in vllm.rules}
     # vLLM-Ascend has no run-time smoothing: the search never offers it a smoothed scheme
     assert all(s.engine == "vllm-ascend" and s.smoothquant_alpha is None for s in vspecs.values())
@@ -316,7 +328,7 @@ def test_vllm_fused_qkv_take_one_scheme_or_stay_float_together():
         linear("layer.mlp.fc1", 1e-5),
     ]
     rep = report(*mods)
-    p = build_policy(rep, Budget(min_int8_mac_share=0.0), "ascend910b-vllm-ascend",
+    p = build_policy(rep, Budget(min_int8_mac_share=0.0), get_target("ascend910b-vllm-ascend"),
                      compact=False)  # fmt: skip
     precision = {r.match: r.precision for r in p.rules}
     # dynamic: q 3e-5 * 10^0.18 = 4.5e-5, k and v 1e-4 * 10^-1 = 1e-5 each: 6.5e-5 < 2.3e-4
@@ -327,7 +339,7 @@ def test_vllm_fused_qkv_take_one_scheme_or_stay_float_together():
     # a budget only two of them fit: the fused layer falls back whole
     tight = Budget(limits={Modality("denoiser"): ModalityLimit(min_sqnr_db=45.0)},
                    min_int8_mac_share=0.0)  # fmt: skip
-    p = build_policy(rep, tight, "ascend910b-vllm-ascend", compact=False)
+    p = build_policy(rep, tight, get_target("ascend910b-vllm-ascend"), compact=False)
     precision = {r.match: r.precision for r in p.rules}
     assert {precision[f"layer.attn.{n}"] for n in ("q_proj", "k_proj", "v_proj")} == {
         Precision.FP16
@@ -368,7 +380,9 @@ def test_a_head_tied_to_an_embedding_stays_float_where_the_engine_loads_it_so():
     head = linear("proj_out", 1e-9).model_copy(update={"tied_to": "model.decoder.embed_tokens"})
     rep = report(linear("model.decoder.fc1", 1e-9), head)
     assert rep.tied() == {"proj_out": "model.decoder.embed_tokens"}
-    p = build_policy(rep, Budget(min_int8_mac_share=0.0), "ascend910b-vllm-ascend", compact=False)
+    p = build_policy(
+        rep, Budget(min_int8_mac_share=0.0), get_target("ascend910b-vllm-ascend"), compact=False
+    )
     rules = {r.match: r for r in p.rules}
     assert rules["model.decoder.fc1"].precision.is_int8
     assert rules["proj_out"].precision == Precision.FP16
@@ -378,10 +392,12 @@ def test_a_head_tied_to_an_embedding_stays_float_where_the_engine_loads_it_so():
         "quantized head would transpose the shared embedding)"
     )
     # an engine that loads the head's own tensors may quantize it
-    eager = build_policy(rep, Budget(min_int8_mac_share=0.0), "ascend910b-eager", compact=False)
+    eager = build_policy(
+        rep, Budget(min_int8_mac_share=0.0), get_target("ascend910b-eager"), compact=False
+    )
     assert {r.match: r for r in eager.rules}["proj_out"].precision.is_int8
     # the naive baselines leave it out too
-    naive = naive_policy(rep, "ascend910b-vllm-ascend", "all-w8a8-dynamic")
+    naive = naive_policy(rep, get_target("ascend910b-vllm-ascend"), "all-w8a8-dynamic")
     assert [r.match for r in naive.rules] == ["model.decoder.fc1"]
     # and a hand-written policy that quantizes it is refused for that engine only
     mine = PrecisionPolicy(

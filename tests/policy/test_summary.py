@@ -1,8 +1,8 @@
 """The summary rows: module counts and int8 shares of the Linear/Conv2d MACs and of all MACs."""
 
-from opsnn_quant.pipeline.calibrate import int8_mac_share, int8_share_of_all_macs
 from opsnn_quant.policy.baselines import naive_policy
-from opsnn_quant.policy.summary import summarize
+from opsnn_quant.policy.summary import int8_mac_share, int8_share_of_all_macs, summarize
+from opsnn_quant.policy.targets import get_target
 from opsnn_quant.probe.report import ModalitySummary, ModuleSensitivity, SensitivityReport
 from opsnn_quant.types import Modality
 
@@ -37,7 +37,9 @@ def _report(counted: bool) -> SensitivityReport:
 def test_the_int8_share_of_all_macs_counts_what_stays_float_outside_linear_and_conv2d():
     rep = _report(counted=True)
     assert rep.modalities["audio_encoder"].linear_share == 900 / 1500
-    every = naive_policy(rep, "ascend910b-eager", "all-w8a8-dynamic").resolved(rep.inventory())
+    every = naive_policy(rep, get_target("ascend910b-eager"), "all-w8a8-dynamic").resolved(
+        rep.inventory()
+    )
     rows = {r.modality: r for r in summarize(every, rep)}
     enc, dec = rows[Modality.AUDIO_ENCODER], rows[Modality.TEXT_DECODER]
     assert enc.int8_mac_share == 1.0 and enc.int8_share_of_all_macs == 0.6
@@ -49,7 +51,9 @@ def test_the_int8_share_of_all_macs_counts_what_stays_float_outside_linear_and_c
 
 def test_without_the_counts_the_share_of_all_macs_is_unknown_not_guessed():
     rep = _report(counted=False)  # a probe.json from before the counts
-    every = naive_policy(rep, "ascend910b-eager", "all-w8a8-dynamic").resolved(rep.inventory())
+    every = naive_policy(rep, get_target("ascend910b-eager"), "all-w8a8-dynamic").resolved(
+        rep.inventory()
+    )
     rows = summarize(every, rep)
     assert all(r.int8_share_of_all_macs is None for r in rows)
     assert int8_share_of_all_macs(rep, rows) is None

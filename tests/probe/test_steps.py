@@ -72,14 +72,18 @@ def test_the_probe_reports_per_step_ranges_and_scores_per_step_scales():
     # per-step scales beat one static scale on this input, locally and end to end
     assert fc1.w8a8["w8a8_timestep"].sqnr_db > fc1.w8a8["w8a8"].sqnr_db + 3
     assert fc1.e2e.schemes["w8a8_timestep"] < fc1.e2e.schemes["w8a8"]
-    policy = build_policy(report, target="cpu-reference")
+    policy = build_policy(report, target=get_target("cpu-reference"))
     rule = next(r for r in policy.rules if r.matches("fc1"))
     assert rule.precision == Precision.W8A8
     assert rule.quant_spec().timestep_bounds == tuple(fc1.timesteps.bounds)
     # a compiled ATC graph keeps one scale: the scheme is not even measured for that target,
     # and a report that measured it anyway gets the best scheme with one static scale
     assert "w8a8_timestep" not in get_target("ascend910b-atc").schemes()
-    atc = next(r for r in build_policy(report, target="ascend910b-atc").rules if r.matches("fc1"))
+    atc = next(
+        r
+        for r in build_policy(report, target=get_target("ascend910b-atc")).rules
+        if r.matches("fc1")
+    )
     assert atc.quant_spec().timestep_bounds is None
     assert "w8a8_timestep" in get_target("ascend910b-eager").schemes()
 
@@ -105,7 +109,7 @@ def test_per_step_scales_on_smoothed_inputs_are_a_candidate_of_their_own():
     both = fc1.w8a8["w8a8_timestep_smoothquant"]
     assert both.timestep_bounds == fc1.timesteps.bounds and both.smoothquant_alpha is not None
     assert both.sqnr_db > fc1.w8a8["w8a8"].sqnr_db
-    policy = build_policy(report, target="ascend910b-eager")
+    policy = build_policy(report, target=get_target("ascend910b-eager"))
     spec = next(r for r in policy.rules if r.matches("fc1")).quant_spec()
     assert spec.timestep_bounds == tuple(fc1.timesteps.bounds)  # a per-step scheme won
 

@@ -172,7 +172,7 @@ def test_checkpoint_into_a_model_of_different_shapes(tmp_path):
 def test_save_writes_into_a_new_directory_and_never_over_files(tmp_path):
     # the library writes into a directory it is given (made when missing) and never replaces or
     # removes anything: replacing an output whole, atomically, is the commands' (io.atomic_dir)
-    from opsnn_quant.io import OutputError
+    from opsnn_quant.errors import OutputError
 
     model = TinyMLP()
     quantize(model, {"*": "w8a8"}, forward_loop_for(model))

@@ -20,7 +20,7 @@ from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Precision
 
 if TYPE_CHECKING:
-    from opsnn_quant.formats.policy_files import PolicyExportOptions
+    from opsnn_quant.formats.result import PolicyExportOptions
 
 # Layer types AMCT's PyTorch PTQ can quantize (Linear, Conv2d, Conv3d, ConvTranspose2d per the
 # AMCT manual's quantizable-layer tables); every one the policy keeps float goes to skip_layers.

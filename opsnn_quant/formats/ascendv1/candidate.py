@@ -44,15 +44,6 @@ from opsnn_quant.models.base import ModelAdapter
 log = logging.getLogger(__name__)
 
 
-def is_ascendv1_candidate(directory: Path) -> bool:
-    """An AscendV1 directory, or a pipeline directory with an AscendV1 component."""
-    if is_ascendv1_dir(directory):
-        return True
-    return (directory / "model_index.json").is_file() and any(
-        is_ascendv1_dir(p) for p in sorted(directory.iterdir()) if p.is_dir()
-    )
-
-
 def looks_ascendv1(directory: Path) -> bool:
     """A directory meant as AscendV1: a ``quant_model_*`` file in it or in a subdirectory (so
     that a broken one is reported as such, not as a model of unknown family)."""
@@ -174,7 +165,8 @@ def _load_float(module: nn.Module, directory: Path) -> None:
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise AscendV1Error(f"{directory}: a model component without safetensors weights")
-    tensors = open_tensor_files(directory, indexes[0] if len(indexes) == 1 else None, files)
+    index = indexes[0] if len(indexes) == 1 else None
+    tensors = open_tensor_files(directory, index, files, error=AscendV1Error)
     state = module.state_dict(keep_vars=True)
     for name in sorted(set(tensors.info) - set(state)):
         raise AscendV1Error(f"{directory / name}: not a tensor of the model")

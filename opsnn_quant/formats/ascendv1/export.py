@@ -48,7 +48,6 @@ from opsnn_quant.formats.ascendv1.contract import DESCRIPTION_FILE, GLOBAL_KEYS,
 from opsnn_quant.formats.ascendv1.vllm_prefixes import WHY, architectures, vllm_prefix_aliases
 from opsnn_quant.formats.ascendv1.writer import CONV_REASON, ComponentExport, component_export
 from opsnn_quant.formats.safetensors_io import read_header, tensor_bytes, write_tensors
-from opsnn_quant.io import empty_dir
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.confine import DIRECTORY, escape
 from opsnn_quant.models.loader_files import (
@@ -59,6 +58,7 @@ from opsnn_quant.models.loader_files import (
     refusal,
 )
 from opsnn_quant.models.offload import BlockOffload, offload_of
+from opsnn_quant.output.files import empty_dir
 from opsnn_quant.quant.modules import QuantLinear, QuantModule
 
 log = logging.getLogger(__name__)
@@ -249,7 +249,7 @@ def export_ascendv1(
 
     Args:
         adapter: an adapter whose model holds frozen quantized modules.
-        out: a new or empty directory (see :func:`~opsnn_quant.io.empty_dir`).
+        out: a new or empty directory (see :func:`~opsnn_quant.output.files.empty_dir`).
         calls: recorded calls per root (:class:`opsnn_quant.recording.RecordedRoots.calls`):
             one per root is run to find where SmoothQuant factors can be folded.
         source_dir: the float model's directory (default: the adapter's source).
@@ -262,10 +262,10 @@ def export_ascendv1(
         ModelLoadError: a file to copy from the source that is no regular file inside it (a
             link leading out of it, a FIFO): the output is not written.
     """
-    from opsnn_quant.sources import model_path
+    from opsnn_quant.sources import Source, model_path
 
     source = source_dir or model_path(adapter.model_id)
-    check_model_sources(str(source))  # the files copied below: before anything is written
+    check_model_sources(Source(str(source)))  # the files copied below: before anything is written
     model = adapter.model
     components = _components(model, source)
     # an offloaded model (--max-memory): block by block, each tensor read again from its

@@ -149,7 +149,7 @@ def _tensor_files(directory: Path) -> TensorFiles:
     files = sorted(directory.glob("quant_model_weight*.safetensors"))
     if not indexes and not files:
         raise AscendV1Error(f"{directory}: no quant_model_weights*.safetensors")
-    return open_tensor_files(directory, indexes[0] if indexes else None, files)
+    return open_tensor_files(directory, indexes[0] if indexes else None, files, error=AscendV1Error)
 
 
 def _tensor_types(description: dict[str, Any]) -> dict[str, str]:

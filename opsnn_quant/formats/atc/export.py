@@ -32,8 +32,8 @@ from torch import nn
 from opsnn_quant.core.tensors import first_tensor
 from opsnn_quant.formats.atc.commands import check_aoe, check_atc, shell_line
 from opsnn_quant.formats.atc.onnx.fast import markable
-from opsnn_quant.formats.policy_files import export_policy, write_export
-from opsnn_quant.io import atomic_write_text, write_json_atomic
+from opsnn_quant.formats.result import PolicyExportOptions, write_export
+from opsnn_quant.output.files import atomic_write_text, write_json_atomic
 from opsnn_quant.policy.schema import ResolvedPolicy
 from opsnn_quant.quant.modules import QuantModule
 from opsnn_quant.recording import Call
@@ -104,16 +104,16 @@ def _precision_files(
     policy: ResolvedPolicy, graph: Path, nodes: dict[str, list[str]]
 ) -> dict[str, str]:
     """Per-graph --keep_dtype / --customize_dtypes files; flag -> file name (non-empty only)."""
-    from opsnn_quant.formats.atc.precision import onnx_node_io
+    from opsnn_quant.formats.atc.precision import customize_dtypes, keep_dtype, onnx_node_io
 
-    node_io = onnx_node_io(str(graph))
+    options = PolicyExportOptions(node_map=nodes, node_io=onnx_node_io(str(graph)))
     stem = graph.name.removesuffix(".onnx")
     flags = {}
-    for fmt, flag in (
-        ("atc-keep-dtype", "keep_dtype"),
-        ("atc-customize-dtypes", "customize_dtypes"),
+    for fmt, flag, write in (
+        ("atc-keep-dtype", "keep_dtype", keep_dtype),
+        ("atc-customize-dtypes", "customize_dtypes", customize_dtypes),
     ):
-        result = export_policy(policy, fmt, node_map=nodes, node_io=node_io)
+        result = write(fmt, policy, options)
         if result.text.strip():
             name = f"{stem}.{flag}.cfg"
             write_export(result, graph.parent / name)

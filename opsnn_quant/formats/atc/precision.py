@@ -28,17 +28,19 @@ default since 2.9) names nodes ``node_<op>_<n>``: derived names do not apply to 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from opsnn_quant.errors import ConfigError
 from opsnn_quant.formats.result import ExportResult
 from opsnn_quant.policy.schema import Resolved, ResolvedPolicy
 from opsnn_quant.types import Precision
 
 if TYPE_CHECKING:
-    from opsnn_quant.formats.policy_files import PolicyExportOptions
+    from opsnn_quant.formats.result import PolicyExportOptions
 
 ATC_FORMATS = ("atc-keep-dtype", "atc-customize-dtypes", "atc-modify-mixlist")
 
@@ -232,7 +234,7 @@ def onnx_node_io(path: str) -> dict[str, tuple[str, int, int]]:
         MissingDependencyError: onnx is not installed.
         ConfigError: ``path`` is missing, unreadable, empty or not an ONNX model with a graph.
     """
-    from opsnn_quant.errors import ConfigError, MissingDependencyError
+    from opsnn_quant.errors import MissingDependencyError
 
     try:
         import onnx
@@ -259,3 +261,29 @@ def onnx_node_io(path: str) -> dict[str, tuple[str, int, int]]:
         n.name: (n.op_type, sum(1 for i in n.input if i), sum(1 for o in n.output if o))
         for n in model.graph.node
     }
+
+
+def load_node_map(path: str | os.PathLike[str]) -> dict[str, list[str]]:
+    """Module -> ONNX node names from ``<model>.nodes.json`` (or a plain ``{module: [nodes]}``).
+
+    ``path`` may name the ``.onnx`` file: its ``.nodes.json`` sibling is read. A light JSON
+    reader (no torch, no onnx) for the ATC exports and the ONNX tools alike.
+
+    Raises:
+        ConfigError: missing file, invalid JSON, or not a mapping of lists of strings.
+    """
+    p = Path(path)
+    if p.suffix == ".onnx":
+        p = p.with_suffix(".nodes.json")
+    if not p.is_file():
+        raise ConfigError(f"node map {p} not found")
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{p}: invalid JSON at line {exc.lineno}: {exc.msg}") from exc
+    nodes = doc.get("nodes", doc) if isinstance(doc, dict) else None
+    if not isinstance(nodes, dict) or not all(
+        isinstance(v, list) and all(isinstance(x, str) for x in v) for v in nodes.values()
+    ):
+        raise ConfigError(f"{p}: expected {{module name: [ONNX node names]}} (or under 'nodes')")
+    return {str(k): list(v) for k, v in nodes.items()}

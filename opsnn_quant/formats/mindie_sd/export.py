@@ -57,9 +57,9 @@ from torch import nn
 from opsnn_quant.core.timesteps import group_of
 from opsnn_quant.folding.fold_check import dequantized_weight, effective_bias
 from opsnn_quant.formats.safetensors_io import LazyTensor, Tensorish, write_safetensors
-from opsnn_quant.io import empty_dir
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.offload import BlockOffload, offload_of
+from opsnn_quant.output.files import empty_dir
 from opsnn_quant.quant.engine import TORCH_DTYPES, mul_scale_of
 from opsnn_quant.quant.engines import MINDIE_SD
 from opsnn_quant.quant.modules import QuantLinear, QuantModule
@@ -295,7 +295,7 @@ def export_mindie_sd(adapter: ModelAdapter, out: str | Path) -> MindieSdExport:
 
     Args:
         adapter: an adapter whose model holds frozen quantized modules.
-        out: a new or empty directory (see :func:`~opsnn_quant.io.empty_dir`).
+        out: a new or empty directory (see :func:`~opsnn_quant.output.files.empty_dir`).
 
     Returns:
         The :class:`MindieSdExport`; the same model gives the same bytes.

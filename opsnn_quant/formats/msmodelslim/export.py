@@ -40,7 +40,7 @@ from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Modality, Precision
 
 if TYPE_CHECKING:
-    from opsnn_quant.formats.policy_files import PolicyExportOptions
+    from opsnn_quant.formats.result import PolicyExportOptions
 
 # msModelSlim's activation methods are minmax and histogram (linear_quant.md): our clip
 # searches (percentile, mse, kl) map to its histogram search, the closest it has.

@@ -10,13 +10,9 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from opsnn_quant.formats.ascendv1 import (
-    AscendV1Error,
-    AscendV1Linear,
-    apply_ascendv1,
-    read_ascendv1,
-)
-from opsnn_quant.formats.ascendv1.consumer import unpack_w4a16
+from opsnn_quant.formats.ascendv1.consumer import AscendV1Linear, apply_ascendv1, unpack_w4a16
+from opsnn_quant.formats.ascendv1.contract import AscendV1Error
+from opsnn_quant.formats.ascendv1.reader import read_ascendv1
 from opsnn_quant.formats.ascendv1.writer import w4a16_tensors
 from tests.formats.ascendv1 import handmade
 

@@ -21,13 +21,13 @@ from torch import nn
 
 from opsnn_quant.errors import ModelLoadError
 from opsnn_quant.folding.smooth_fold import Call
-from opsnn_quant.formats.ascendv1 import export_ascendv1
-from opsnn_quant.formats.ascendv1.export import AscendV1Export
-from opsnn_quant.io import atomic_dir
+from opsnn_quant.formats.ascendv1.export import AscendV1Export, export_ascendv1
 from opsnn_quant.models import check_weights
 from opsnn_quant.models.loader_files import check_model_sources
+from opsnn_quant.output.directories import atomic_dir
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.spec import QuantSpec
+from opsnn_quant.sources import resolve_source
 from opsnn_quant.types import Precision
 from tests.folding.test_smooth_fold import Stub
 from tests.tiny_models import TinyAttention, forward_loop_for
@@ -136,7 +136,7 @@ def test_a_pipeline_export_copies_the_components_its_index_names(model, tmp_path
                  "v1-5.safetensors": "x", "safety_checker/config.json": "{}"})  # fmt: skip
     pipe = _Pipe(model)
     calls: dict[str, list[Call]] = {"": [(model.example_inputs(), {})]}
-    check_weights(str(src))
+    check_weights(resolve_source(str(src)))
     done = export_ascendv1(Stub(pipe), tmp_path / "av1", calls=calls, source_dir=src)  # type: ignore[arg-type]
     assert sorted(_tree(tmp_path / "av1")) == [
         "den/config.json", "den/quant_model_description.json",
@@ -166,7 +166,7 @@ def test_what_no_engine_reads_is_not_looked_at(model, tmp_path):
     (src / ".git").mkdir()
     (src / ".git" / "config.json").symlink_to("/etc/passwd")
     (src / "extra").symlink_to(tmp_path)
-    check_weights(str(src))
+    check_weights(resolve_source(str(src)))
     done = _export(model, src, tmp_path / "av1")
     assert sorted(_tree(tmp_path / "av1")) == [
         "config.json", "quant_model_description.json", "quant_model_weights.safetensors",
@@ -196,20 +196,20 @@ def test_a_helper_linked_out_of_the_model_directory_is_refused_before_writing(mo
     assert not (tmp_path / "av1").exists() and not list(tmp_path.glob("av1.tmp-*"))
     # the same refusal from the check the commands run before any work
     with pytest.raises(ModelLoadError) as err:
-        check_weights(str(src))
+        check_weights(resolve_source(str(src)))
     assert str(err.value) == want
     # /etc/passwd by an absolute link
     (src / "merges.txt").unlink()
     (src / "merges.txt").symlink_to("/etc/passwd")
     with pytest.raises(ModelLoadError, match=r"merges\.txt resolves to /etc/passwd, outside"):
-        check_model_sources(str(src))
+        check_model_sources(resolve_source(str(src)))
 
 
 def test_a_link_inside_is_copied_as_the_regular_file_it_names(model, tmp_path):
     src = _source(tmp_path)
     (src / "real.txt").write_text("#version: 0.2\n")
     (src / "merges.txt").symlink_to("real.txt")
-    check_weights(str(src))
+    check_weights(resolve_source(str(src)))
     _export(model, src, tmp_path / "av1")
     copied = tmp_path / "av1" / "merges.txt"
     assert not copied.is_symlink() and copied.read_text() == "#version: 0.2\n"
@@ -221,11 +221,11 @@ def test_a_fifo_or_a_broken_link_is_refused_not_waited_on(model, tmp_path):
     with pytest.raises(ModelLoadError, match=r"merges.txt is a named pipe \(FIFO\), not a regular"):
         _export(model, src, tmp_path / "av1")  # before: blocked forever in shutil.copyfile
     with pytest.raises(ModelLoadError, match="is a named pipe"):
-        check_weights(str(src))
+        check_weights(resolve_source(str(src)))
     (src / "merges.txt").unlink()
     (src / "merges.txt").symlink_to("gone.txt")
     with pytest.raises(ModelLoadError, match=r"merges\.txt is a link to a missing file"):
-        check_model_sources(str(src))
+        check_model_sources(resolve_source(str(src)))
     assert not (tmp_path / "av1").exists()
 
 
@@ -238,14 +238,14 @@ def test_a_hub_cache_snapshot_links_into_its_blobs(model, tmp_path):
     (repo / "blobs" / "h2").write_text("#version: 0.2\n")
     (snap / "config.json").symlink_to("../../blobs/h1")
     (snap / "merges.txt").symlink_to("../../blobs/h2")
-    check_weights(str(snap))
+    check_weights(resolve_source(str(snap)))
     _export(model, snap, tmp_path / "av1")
     assert (tmp_path / "av1" / "merges.txt").read_text() == "#version: 0.2\n"
     # a blob that is itself a link out of the cache is still out
     (repo / "blobs" / "h2").unlink()
     (repo / "blobs" / "h2").symlink_to("/etc/passwd")
     with pytest.raises(ModelLoadError, match="resolves to /etc/passwd"):
-        check_weights(str(snap))
+        check_weights(resolve_source(str(snap)))
 
 
 def test_a_components_weights_linked_out_are_refused_before_any_work(model, tmp_path):
@@ -258,7 +258,9 @@ def test_a_components_weights_linked_out_are_refused_before_any_work(model, tmp_
     want = _refusal(src / "vae" / "diffusion_pytorch_model.safetensors",
                     f"resolves to {outside}, outside {src}")  # fmt: skip
     with pytest.raises(ModelLoadError) as err:
-        check_weights(str(src), allow_pickle=True)  # what every command checks first
+        check_weights(
+            resolve_source(str(src)), allow_pickle=True
+        )  # what every command checks first
     assert str(err.value) == want
     pipe = _Pipe(model)
     calls: dict[str, list[Call]] = {"": [(model.example_inputs(), {})]}

@@ -11,7 +11,9 @@ import json
 import pytest
 import torch
 
-from opsnn_quant.formats.ascendv1 import AscendV1Error, export_ascendv1, read_ascendv1
+from opsnn_quant.formats.ascendv1.contract import AscendV1Error
+from opsnn_quant.formats.ascendv1.export import export_ascendv1
+from opsnn_quant.formats.ascendv1.reader import read_ascendv1
 from opsnn_quant.formats.ascendv1.vllm_prefixes import (
     WHISPER,
     aliased_key,

@@ -11,7 +11,9 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from opsnn_quant.formats.ascendv1 import apply_ascendv1, export_ascendv1, read_ascendv1
+from opsnn_quant.formats.ascendv1.consumer import apply_ascendv1
+from opsnn_quant.formats.ascendv1.export import export_ascendv1
+from opsnn_quant.formats.ascendv1.reader import read_ascendv1
 from opsnn_quant.formats.ascendv1.writer import component_export, engine_input_scale
 from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.spec import QuantSpec
@@ -77,7 +79,7 @@ def test_the_same_model_gives_byte_identical_files(tmp_path):
     for name, m in (("a", model), ("b", twin)):
         export_ascendv1(Stub(m), tmp_path / name, calls=calls, source_dir=src)  # type: ignore[arg-type]
     files = sorted(p.name for p in (tmp_path / "a").iterdir())
-    # the format's files only: an output's marker is the commands' (opsnn_quant/io.py atomic_dir)
+    # the format's files only: an output's marker is the commands' (opsnn_quant/output/directories.py atomic_dir)
     assert files == ["config.json", "quant_model_description.json",
                      "quant_model_weights.safetensors"]  # fmt: skip
     for name in files:

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from opsnn_quant.core.determinism import set_reproducible
-from opsnn_quant.formats.ascendv1 import export_ascendv1
 from opsnn_quant.formats.ascendv1.candidate import load_ascendv1_candidate
+from opsnn_quant.formats.ascendv1.export import export_ascendv1
 from opsnn_quant.models import load_adapter
 from opsnn_quant.models.data import load_records
 from opsnn_quant.quant.api import quantize

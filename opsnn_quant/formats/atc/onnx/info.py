@@ -1,7 +1,7 @@
 """What an ONNX export wrote, and what the export and ONNX Runtime sides both need.
 
 :class:`OnnxExportInfo` is written as ``<stem>.nodes.json`` beside the ``.onnx`` file (read it
-back with :func:`opsnn_quant.io.load_node_map`); :func:`require_onnx` imports the optional ONNX
+back with :func:`opsnn_quant.formats.atc.precision.load_node_map`); :func:`require_onnx` imports the optional ONNX
 packages with an install hint.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from opsnn_quant.errors import MissingDependencyError
-from opsnn_quant.io import write_json_atomic
+from opsnn_quant.output.files import write_json_atomic
 
 NODES_SCHEMA_VERSION = 1
 

@@ -41,7 +41,7 @@ from opsnn_quant.formats.atc.onnx.runtime import (  # noqa: E402
     run_onnxruntime,
     to_uint8_weights,
 )
-from opsnn_quant.io import load_node_map  # noqa: E402
+from opsnn_quant.formats.atc.precision import load_node_map  # noqa: E402
 
 LINEAR_SPECS = {
     "sym": QuantSpec(),

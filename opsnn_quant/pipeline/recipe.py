@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from opsnn_quant.core.readers import read_text
 from opsnn_quant.core.resources import builtin_files
 from opsnn_quant.core.user_config import (
     SampleLimit,
@@ -35,12 +36,12 @@ from opsnn_quant.core.user_config import (
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.registry import budget_problem
 from opsnn_quant.formats.registry import exporters
-from opsnn_quant.io import read_text
 from opsnn_quant.models.family import FamilySettings, family_names, find_family
 from opsnn_quant.policy.baselines import Strategy
 from opsnn_quant.policy.budget import Budget
 from opsnn_quant.policy.targets import get_target
 from opsnn_quant.probe.config import ProbeConfig
+from opsnn_quant.sources import Source
 from opsnn_quant.types import DEVICE_PATTERN, Modality
 
 # A recipe name becomes the default output folder out/<name>: a plain identifier, never a path.
@@ -286,6 +287,14 @@ class Recipe(StrictModel):
             raise ValueError(f"unknown export format(s) {unknown}; choose from {', '.join(known)}")
         return v
 
+    def probe_settings(self) -> dict[str, Any]:
+        """The recipe's probe section as :class:`ProbeConfig` fields (those it sets)."""
+        fields = self.probe.model_dump(exclude={"data_limit"}, exclude_none=True)
+        for name in ("smoothquant_alphas", "schemes"):
+            if name in fields:
+                fields[name] = tuple(fields[name])
+        return fields
+
     def probe_config(self, seed: int | None = None, **overrides: Any) -> ProbeConfig:
         """The :class:`ProbeConfig` of this recipe (``seed`` defaults to the recipe's).
 
@@ -293,11 +302,8 @@ class Recipe(StrictModel):
             seed: the probe's seed.
             **overrides: ProbeConfig fields that win over the recipe (e.g. ``exhaustive=True``).
         """
-        fields = self.probe.model_dump(exclude={"data_limit"}, exclude_none=True)
-        for name in ("smoothquant_alphas", "schemes"):
-            if name in fields:
-                fields[name] = tuple(fields[name])
-        return ProbeConfig(**{**fields, **overrides, "seed": self.seed if seed is None else seed})
+        seed = self.seed if seed is None else seed
+        return ProbeConfig(**{**self.probe_settings(), **overrides, "seed": seed})
 
     def settings_dict(self) -> dict[str, Any]:
         """The model settings as keyword arguments of :func:`opsnn_quant.models.load_adapter`."""
@@ -311,6 +317,15 @@ class Recipe(StrictModel):
         )  # fmt: skip
         # a copy, not a re-validation: the CLI checked the name against STRATEGIES
         return self.model_copy(update={"strategy": strategy, "budget": budget})
+
+    def with_max_memory(self, max_memory: int | None) -> Recipe:
+        """A copy whose model may take ``max_memory`` bytes of host memory (``--max-memory``:
+        the blocks beyond it offloaded); None keeps the recipe's ``model.max_memory``."""
+        if max_memory is None:
+            return self
+        return self.model_copy(
+            update={"model": self.model.model_copy(update={"max_memory": max_memory})}
+        )
 
     def with_placement(self, device: str | None, dtype: str | None) -> Recipe:
         """A copy placed on ``device`` in ``dtype`` (None keeps the recipe's), validated.
@@ -330,13 +345,14 @@ class Recipe(StrictModel):
         return self.model_copy(update={"model": model})
 
 
-def recipe_inputs(recipe: Recipe) -> list[str]:
-    """The local paths a recipe reads (the model's directory, resolved for a named source, and
-    the data): an output may not replace them, contain them or lie inside them."""
-    from opsnn_quant.sources import local_paths
+def recipe_inputs(recipe: Recipe, model: Source) -> list[str]:
+    """The local paths a recipe reads (the model's directory, resolved for a named source:
+    ``model``, the recipe's model source resolved, and the data): an output may not replace
+    them, contain them or lie inside them."""
+    from opsnn_quant.sources import local_paths, resolve_source
 
-    sources = [recipe.model.source, recipe.data.calibration, recipe.data.holdout]
-    return [str(p) for s in sources if s is not None for p in local_paths(s)]
+    data = [resolve_source(s) for s in (recipe.data.calibration, recipe.data.holdout) if s]
+    return [str(p) for s in (model, *data) for p in local_paths(s)]
 
 
 def builtin_recipes() -> dict[str, Path]:

@@ -27,6 +27,7 @@ import json
 import os
 import re
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -136,7 +137,7 @@ def manifest_of(directory: Path) -> dict[str, int]:
 
 def hashes_of(directory: Path, manifest: dict[str, int]) -> dict[str, str]:
     """Relative path -> SHA-256 of each regular file of ``manifest`` under ``directory`` (a
-    link is listed by size only: :func:`opsnn_quant.io.check_adoptable` refuses links)."""
+    link is listed by size only: :func:`opsnn_quant.output.directories.check_adoptable` refuses links)."""
     out: dict[str, str] = {}
     for rel in manifest:
         path = directory / rel
@@ -160,7 +161,7 @@ def first_foreign_entry(directory: Path, marker: Marker) -> str | None:
 
     Only the directory's own marker vouches for its entries: a nested output replaced later
     (``export-weights`` redoing ``export/ascendv1``) or a loose file written into it later is
-    recorded in that manifest when it is written (:mod:`opsnn_quant.io`); the marker of a
+    recorded in that manifest when it is written (:mod:`opsnn_quant.output`); the marker of a
     copied sub-directory (``cp -a OUT/quant OUT/quant.bak``) or a copied ledger vouches for
     nothing.
     """
@@ -258,3 +259,11 @@ def is_live(directory: Path) -> bool:
     except OSError:
         return False
     return False
+
+
+def enclosing_outputs(path: Path) -> Iterator[tuple[Path, Marker]]:
+    """The outputs ``path`` lies in, innermost first (each ancestor with a complete marker)."""
+    for parent in path.absolute().parents:
+        marker = read_marker(parent).marker
+        if marker is not None:
+            yield parent, marker

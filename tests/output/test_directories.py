@@ -15,23 +15,23 @@ from pathlib import Path
 
 import pytest
 
-from opsnn_quant.io import (
-    MARKER,
-    OutputChangedError,
-    OutputError,
+from opsnn_quant.errors import OutputChangedError, OutputError
+from opsnn_quant.output.directories import (
     atomic_dir,
-    atomic_write_text,
     check_adoptable,
     check_output_dir,
-    check_output_file,
-    output_lock,
-    remove_output_file,
     repair_siblings,
     unfinished_output,
+)
+from opsnn_quant.output.files import atomic_write_text
+from opsnn_quant.output.locks import output_lock
+from opsnn_quant.output.loose import (
+    check_output_file,
+    remove_output_file,
     write_output_file,
     write_output_files,
 )
-from opsnn_quant.ownership import Marker
+from opsnn_quant.output.ownership import MARKER, Marker
 
 
 def _ours(path, kind="calibrate", text="old\n"):
@@ -129,7 +129,7 @@ def test_outputs_that_would_eat_the_inputs_or_the_cwd_are_refused(tmp_path, monk
 _KILLED_MID_SWAP = """
 import os, sys
 from pathlib import Path
-import opsnn_quant.io as io
+import opsnn_quant.output.directories as io
 
 real, count = os.replace, []
 
@@ -158,7 +158,7 @@ def _leave_unlocked_tmp(tmp_path, name="out", kind="calibrate"):
     token = "ab" * 16
     tmp = tmp_path / f"{name}.tmp-{token}"
     tmp.mkdir()
-    from opsnn_quant.ownership import Marker
+    from opsnn_quant.output.ownership import Marker
 
     (tmp / MARKER).write_text(Marker(kind, token).to_json())
     (tmp / "half.bin").write_bytes(b"x")
@@ -208,14 +208,14 @@ def test_only_our_own_debris_is_touched(tmp_path, caplog):
     other.rename(tmp_path / f"run.old-{_marker(other)['token']}")  # a token, but not this run's
     wrong_kind = _leave_unlocked_tmp(tmp_path, "run", kind="probe")
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    with caplog.at_level("WARNING", logger="opsnn_quant.io"):
+    with caplog.at_level("WARNING", logger="opsnn_quant.output.directories"):
         assert repair_siblings(out, "calibrate") == []
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
     left = [r.getMessage() for r in caplog.records]
     assert len(left) == 4 and all("left " in m and "alone" in m for m in left)
     assert any(str(wrong_kind) in m for m in left)
     caplog.clear()
-    with caplog.at_level("WARNING", logger="opsnn_quant.io"):
+    with caplog.at_level("WARNING", logger="opsnn_quant.output.directories"):
         check_output_dir(out, "calibrate")  # a command checks its output more than once
     assert not caplog.records  # one warning line each, per process
 
@@ -234,7 +234,7 @@ def test_a_live_run_is_not_disturbed(tmp_path):
     with atomic_dir(out, "calibrate") as tmp:
         (tmp / "f").write_text("1")
         code = (
-            "import sys; from opsnn_quant.io import check_output_dir\n"
+            "import sys; from opsnn_quant.output.directories import check_output_dir\n"
             f"check_output_dir({str(out)!r}, 'calibrate')"
         )
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -497,7 +497,7 @@ def test_a_nested_output_added_later_is_recorded_up_every_enclosing_output(tmp_p
 
 _HOLD = """
 import sys, time
-from opsnn_quant.io import output_lock
+from opsnn_quant.output.locks import output_lock
 with output_lock(sys.argv[1]):
     print("held", flush=True)
     time.sleep(60)
@@ -525,7 +525,7 @@ def test_two_commands_writing_into_one_output_exclude_each_other(tmp_path):
     assert (out / "policy.yaml").read_text() == "old\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     # and the other way round: a run building OUT holds it against an export-weights
-    code = "import sys; from opsnn_quant.io import output_lock\nwith output_lock(sys.argv[1]): pass"
+    code = "import sys; from opsnn_quant.output.locks import output_lock\nwith output_lock(sys.argv[1]): pass"
     with atomic_dir(out, "calibrate") as tmp:
         (tmp / "policy.yaml").write_text("new\n")
         proc = subprocess.run(
@@ -818,7 +818,7 @@ def test_the_enclosing_swap_never_removes_a_report_being_written(tmp_path):
         shutil.rmtree(tmp)
     # and one building OUT/report.tmp-<token> (its marker locked), --force: the same
     building = (
-        "import sys\nfrom pathlib import Path\nfrom opsnn_quant.io import _open_tmp\n"
+        "import sys\nfrom pathlib import Path\nfrom opsnn_quant.output.directories import _open_tmp\n"
         "tmp, _, lock = _open_tmp(Path(sys.argv[1]), 'report')\n"
         "print('held', flush=True)\nsys.stdin.read()\n"
     )

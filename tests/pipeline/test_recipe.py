@@ -7,9 +7,9 @@ import pytest
 import yaml
 
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.recipe import builtin_recipes, load_recipe
+from opsnn_quant.pipeline.recipe import builtin_recipes, load_recipe
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_shipped_recipe_validates():

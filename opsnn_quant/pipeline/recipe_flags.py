@@ -21,13 +21,14 @@ from opsnn_quant.core.user_config import check_limit, keys_hint
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.models.family import find_family
 from opsnn_quant.models.settings import parse_set_options
-from opsnn_quant.recipe import (
+from opsnn_quant.pipeline.recipe import (
     Recipe,
     family_choices,
     is_suite_path,
     load_recipe,
     settings_keys,
 )
+from opsnn_quant.policy.baselines import STRATEGIES
 
 DEFAULT_RECIPE = "shapes-t2i"
 
@@ -69,6 +70,48 @@ class RecipeFlags:
         )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class RecipeEdits:
+    """What the command line changes of a recipe beyond its fields' values (None / False: the
+    recipe's own), applied after the flags (:meth:`apply`).
+
+    Attributes:
+        device, dtype: where and in which dtype the model loads (``--device``, ``--dtype``).
+        strategy: how the policy is decided (``--strategy``: the search or a naive baseline).
+        allow_pickle: pickle-only weights may be read (``--allow-pickle``).
+        max_memory: host memory (bytes) the model may take (``--max-memory``).
+
+    Raises:
+        ConfigError: an unknown strategy (when made: before the recipe is read).
+    """
+
+    device: str | None = None
+    dtype: str | None = None
+    strategy: str | None = None
+    allow_pickle: bool = False
+    max_memory: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.strategy is not None and self.strategy not in STRATEGIES:
+            raise ConfigError(
+                f"--strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}"
+            )
+
+    def apply(self, recipe: Recipe) -> Recipe:
+        """``recipe`` with these edits.
+
+        Raises:
+            ConfigError: a device or dtype name the recipe schema refuses.
+        """
+        edited = recipe.with_placement(self.device, self.dtype)
+        if self.strategy is not None:
+            edited = edited.with_strategy(self.strategy)
+        if self.allow_pickle:  # as the recipe's model.allow_pickle: true
+            model = edited.model.model_copy(update={"allow_pickle": True})
+            edited = edited.model_copy(update={"model": model})
+        return edited.with_max_memory(self.max_memory)
+
+
 def effective_recipe(recipe: str | None, flags: RecipeFlags) -> Recipe:
     """The recipe ``recipe`` (a path or built-in name; None: none, or the demo's without
     ``--model``) with ``flags`` over its fields, validated.
@@ -103,10 +146,11 @@ def _bare(model: str) -> dict[str, Any]:
 def _apply(data: dict[str, Any], flags: RecipeFlags) -> dict[str, Any]:
     """``data`` (a recipe's fields) with the flags applied."""
     from opsnn_quant.models import check_model_source, guess_family
+    from opsnn_quant.sources import resolve_source
 
     model = dict(data.get("model", {}))
     if flags.model is not None and flags.model != model.get("source"):
-        check_model_source(flags.model)
+        check_model_source(resolve_source(flags.model))
         model = {k: v for k, v in model.items() if k not in ("source", "family", "settings")}
         model["source"] = flags.model
     if flags.model is not None:  # absolute, as recipe.yaml records it (from_cwd)
@@ -114,7 +158,7 @@ def _apply(data: dict[str, Any], flags: RecipeFlags) -> dict[str, Any]:
     if flags.family is not None:
         model["family"] = flags.family
     elif "family" not in model:
-        model["family"] = guess_family(model["source"])
+        model["family"] = guess_family(resolve_source(model["source"]))
     model["settings"] = {**model.get("settings", {}), **parse_set_options(flags.sets)}
     recipe = {**data, "model": model}
     section = dict(recipe.get("data", {}))
@@ -159,7 +203,7 @@ def budget_flag(text: str) -> dict[str, Any]:
     Raises:
         ConfigError: not YAML, or not a mapping.
     """
-    from opsnn_quant.io import read_text
+    from opsnn_quant.core.readers import read_text
 
     raw = read_text(Path(text)) if text.endswith((".yaml", ".yml")) else text
     try:

@@ -11,8 +11,8 @@ import pytest
 from opsnn_quant.cli import main
 from opsnn_quant.cli.calibrate import UNJUDGED
 from opsnn_quant.errors import ConfigError, ModelLoadError
-from opsnn_quant.recipe import load_recipe
-from opsnn_quant.recipe_flags import RecipeFlags, effective_recipe, recipe_yaml
+from opsnn_quant.pipeline.recipe import load_recipe
+from opsnn_quant.pipeline.recipe_flags import RecipeFlags, effective_recipe, recipe_yaml
 from tests.tiny_pipelines import save_tiny_sd
 
 
