@@ -16,6 +16,9 @@ class Precision(StrEnum):
     ``w8a8`` quantizes activations statically per tensor (AscendQuantV2), ``w8a8_dynamic``
     per token at run time (DynamicQuant), ``w8a16`` is weight-only int8 and ``w4a16`` weight-only
     int4 in groups along K (WeightQuantBatchMatmul, int4 weights packed eight per int32).
+    ``a8`` is an attention module's int8 attention: query, key, value and softmax probabilities
+    in int8 with static per-tensor scales (the fused int8 attention of Atlas A2,
+    :mod:`opsnn_quant.quant.attention`); it has no weights.
     """
 
     FP32 = "fp32"
@@ -25,11 +28,17 @@ class Precision(StrEnum):
     W8A8_DYNAMIC = "w8a8_dynamic"
     W8A16 = "w8a16"
     W4A16 = "w4a16"
+    A8 = "a8"
 
     @property
     def is_float(self) -> bool:
         """True for the floating formats (no int8 arithmetic)."""
         return self in (Precision.FP32, Precision.FP16, Precision.BF16)
+
+    @property
+    def is_attention(self) -> bool:
+        """True for the attention precision (``a8``: no weights, Q/K/V and P in int8)."""
+        return self is Precision.A8
 
     @property
     def is_int8(self) -> bool:

@@ -2,7 +2,9 @@
 
 ``model.safetensors`` holds, for every quantized module, its int8 weight, int32 ``quant_bias``,
 fp32 scales, packed int64 ``deq_scale_packed``, activation scale/offset and SmoothQuant vectors,
-under the module's dotted name. Float modules are not stored: :func:`load_quantized` rebuilds the
+under the module's dotted name; for every int8 attention module (precision ``a8``), its
+``attn_scales`` ((groups, 3) float32: query, key, value), described under ``attention`` (the key
+is left out of a checkpoint without one). Float modules are not stored: :func:`load_quantized` rebuilds the
 quantized model from the float model it came from, and checks every shape.
 """
 
@@ -19,9 +21,14 @@ from safetensors.torch import load_file, save
 from torch import nn
 
 from opsnn_quant.core.safetensors_header import read_safetensors_header
-from opsnn_quant.errors import CheckpointError
+from opsnn_quant.errors import CheckpointError, ConfigError
 from opsnn_quant.models.offload import offload_of
 from opsnn_quant.output.files import empty_dir
+from opsnn_quant.quant.attention import (
+    frozen_attention,
+    is_attention_module,
+    quantized_attention,
+)
 from opsnn_quant.quant.engine import TORCH_DTYPES
 from opsnn_quant.quant.modules import QuantModule, quant_module_named, set_submodule
 from opsnn_quant.quant.spec import QuantSpec
@@ -45,6 +52,7 @@ def quantized_modules(model: nn.Module) -> dict[str, QuantModule[Any]]:
 OUTPUT_KIND = "quant"
 # Keys every module entry of description.json must carry (load_quantized reads them).
 MODULE_KEYS = ("type", "precision", "spec", "weight_shape")
+ATTENTION_KEYS = ("type", "precision", "spec")
 
 
 def save_quantized(
@@ -69,11 +77,13 @@ def save_quantized(
         The directory. Same model and inputs give byte-identical files.
     """
     modules = quantized_modules(model)
-    if not modules and not allow_empty:
+    attention = quantized_attention(model)
+    if not modules and not attention and not allow_empty:
         raise CheckpointError("the model holds no quantized modules; run quantize() first")
+    extra = {**(extra or {}), **_attention_section(attention)}
     off = offload_of(model)
     if off is not None:  # --max-memory: block by block, each tensor read again when written
-        return _save_offloaded(model, off, modules, directory, source_model, extra)
+        return _save_offloaded(model, off, modules, directory, source_model, extra, attention)
     tensors: dict[str, torch.Tensor] = {}
     described: dict[str, Any] = {}
     for name, module in modules.items():
@@ -82,11 +92,35 @@ def save_quantized(
         for key, value in module.state_dict().items():
             tensors[f"{name}.{key}"] = value.detach().cpu().contiguous()
         described[name] = module.describe()
+    tensors |= _attention_tensors(attention)
     description = _description(described, source_model, extra)
     tmp = empty_dir(directory)
     (tmp / WEIGHTS_FILE).write_bytes(save(tensors, metadata={"format": "pt"}))
     (tmp / DESCRIPTION_FILE).write_text(json.dumps(description, indent=2, sort_keys=True) + "\n")
     return Path(directory)
+
+
+def _attention_section(attention: dict[str, Any]) -> dict[str, Any]:
+    """``{"attention": {name: entry}}`` for the int8 attention modules (none: nothing, so a
+    checkpoint without them keeps its bytes)."""
+    if not attention:
+        return {}
+    described = {}
+    for name, module in attention.items():
+        if not module.attn_frozen:
+            raise CheckpointError(f"attention '{name}' is not frozen; finish calibration first")
+        described[name] = {
+            "type": module.attn_float_type.__name__,
+            "precision": module.attn_spec.precision.value,
+            "spec": module.attn_spec.to_dict(),
+        }
+    return {"attention": described}
+
+
+def _attention_tensors(attention: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {
+        f"{n}.attn_scales": m.attn_scales.detach().cpu().contiguous() for n, m in attention.items()
+    }
 
 
 def _description(
@@ -109,6 +143,7 @@ def _save_offloaded(
     directory: str | Path,
     source_model: str | None,
     extra: dict[str, Any] | None,
+    attention: dict[str, Any],
 ) -> Path:
     """:func:`save_quantized` of a model whose blocks are offloaded: each block opened in
     turn for its modules' descriptions, every tensor of an offloaded block written from the
@@ -133,6 +168,7 @@ def _save_offloaded(
                 else:
                     tensors[full] = value.detach().cpu().contiguous()
             described[name] = module.describe()
+    tensors |= _attention_tensors(attention)
     description = _description(described, source_model, extra)
     tmp = empty_dir(directory)
     write_safetensors(tensors, tmp / WEIGHTS_FILE, {"format": "pt"})
@@ -168,6 +204,13 @@ def read_description(directory: str | Path) -> dict[str, Any]:
         missing = [k for k in MODULE_KEYS if not isinstance(entry, dict) or k not in entry]
         if missing:
             raise CheckpointError(f"{path}: module '{name}' lacks {', '.join(missing)}")
+    attention = desc.get("attention", {})
+    if not isinstance(attention, dict):
+        raise CheckpointError(f"{path}: 'attention' is not an object")
+    for name, entry in attention.items():
+        missing = [k for k in ATTENTION_KEYS if not isinstance(entry, dict) or k not in entry]
+        if missing:
+            raise CheckpointError(f"{path}: attention '{name}' lacks {', '.join(missing)}")
     return dict(desc)
 
 
@@ -302,4 +345,33 @@ def load_quantized(float_model: nn.Module, directory: str | Path) -> nn.Module:
         load_frozen(q, state, alpha=entry.get("smoothquant_alpha"))
         q.to(float_weight.device)
         set_submodule(float_model, name, q)
+    _load_attention(float_model, desc.get("attention", {}), tensors, modules)
     return float_model
+
+
+def _load_attention(
+    model: nn.Module,
+    described: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    modules: dict[str, nn.Module],
+) -> None:
+    """Convert and freeze each attention module the checkpoint describes, with its scales."""
+    for name, entry in described.items():
+        module = modules.get(name)
+        if module is None or not is_attention_module(module):
+            raise CheckpointError(
+                f"checkpoint attention '{name}' is no attention module of the model"
+            )
+        if type(module).__name__ != entry["type"]:
+            raise CheckpointError(
+                f"attention '{name}' is a {type(module).__name__} in the model but a "
+                f"{entry['type']} in the checkpoint"
+            )
+        scales = tensors.get(f"{name}.attn_scales")
+        if scales is None or scales.dtype != torch.float32:
+            raise CheckpointError(f"attention '{name}': no float32 attn_scales in the checkpoint")
+        try:
+            spec = QuantSpec.from_dict(dict(entry["spec"]))
+            frozen_attention(module, spec, name, scales)
+        except ConfigError as exc:
+            raise CheckpointError(f"attention '{name}': {exc}") from exc

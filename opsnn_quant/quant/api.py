@@ -12,6 +12,12 @@ from torch import nn
 
 from opsnn_quant.errors import CalibrationError, ConfigError
 from opsnn_quant.models.offload import offload_of, touch, window
+from opsnn_quant.quant.attention import (
+    QuantizedAttention,
+    attention_modules,
+    convert_attention,
+    revert_attention,
+)
 from opsnn_quant.quant.modules import (
     QuantModule,
     is_quant_module,
@@ -119,16 +125,21 @@ def _precision(value: SpecLike) -> Precision:
 def int8_specs(
     model: nn.Module, config: Mapping[str, SpecLike] | ResolvesModules
 ) -> dict[str, QuantSpec]:
-    """Module name -> QuantSpec for the Linear/Conv2d modules ``config`` makes int8: those
-    :func:`quantize` swaps, in model order (validated as it does)."""
+    """Module name -> QuantSpec for the modules ``config`` makes int8: those :func:`quantize`
+    swaps, in model order (validated as it does): Linear/Conv2d modules and, for precision
+    ``a8``, attention modules (:mod:`opsnn_quant.quant.attention`)."""
     swappable = quantizable_modules(model)
+    attentions = attention_modules(model)
     if isinstance(config, ResolvesModules):
         assigned = dict(config.module_specs(model))
         specs = {}
         for name, value in assigned.items():
-            if _precision(value).is_float:
+            precision = _precision(value)
+            if precision.is_float:
                 continue
-            if name not in swappable:
+            if precision.is_attention and name not in attentions:
+                raise ConfigError(f"module '{name}' is not an attention module; it cannot be a8")
+            if not precision.is_attention and name not in swappable:
                 raise ConfigError(f"module '{name}' is not a Linear or Conv2d; it cannot be int8")
             specs[name] = QuantSpec.coerce(value)
         return specs
@@ -139,17 +150,22 @@ def int8_specs(
     specs = {}
     used: set[str] = set()
     for name, (pattern, value) in resolve_globs(model, config).items():
-        # An int8 rule applies to the Linear/Conv2d modules among its matches; containers and
-        # other layers it also matches keep their float precision.
-        if _precision(value).is_float or name not in swappable:
+        # An int8 rule applies to the modules of its kind among its matches (a8: attention
+        # modules; the others: Linear/Conv2d); containers and other layers it also matches keep
+        # their float precision.
+        precision = _precision(value)
+        of_its_kind = attentions if precision.is_attention else swappable
+        if precision.is_float or name not in of_its_kind:
             continue
         specs[name] = QuantSpec.coerce(value)
         used.add(pattern)
     for pattern, value in config.items():
-        if not _precision(value).is_float and pattern not in used:
+        precision = _precision(value)
+        if not precision.is_float and pattern not in used:
+            kind = "attention" if precision.is_attention else "Linear/Conv2d"
             raise ConfigError(
-                f"pattern {pattern!r} ({_precision(value).value}) matches no Linear/Conv2d module "
-                "that an earlier pattern has not already taken"
+                f"pattern {pattern!r} ({precision.value}) matches no {kind} module that an "
+                "earlier pattern has not already taken"
             )
     return specs
 
@@ -192,12 +208,15 @@ def quantize(
             the forward_loop never reached.
     """
     specs = int8_specs(model, config)
-    if any(is_quant_module(m) for m in model.modules()):
+    if any(is_quant_module(m) or isinstance(m, QuantizedAttention) for m in model.modules()):
         raise ConfigError("the model already holds quantized modules; quantize the float model")
     lenient = _glob_assigned(model, config)
+    attention = {n: s for n, s in specs.items() if s.precision.is_attention}
+    specs = {n: s for n, s in specs.items() if n not in attention}
     # an offloaded model (--max-memory): the block of each module read here is opened in turn
     with window(model):
         swapped, floats, skipped = _swap(model, specs, lenient)
+    attentions = _convert_attention(model, attention, lenient, skipped)
     groups = config.smoothing_groups if isinstance(config, SharesSmoothing) else {}
     with window(model):
         _share_weight_absmax(model, swapped, groups)
@@ -206,10 +225,15 @@ def quantize(
         for n, q in swapped.items()
         if q.spec.static_activations or q.spec.smoothquant or q.spec.needs_moments
     }
-    if needs_data and statistics is not None and _seed_all(needs_data, statistics, model):
+    if (
+        needs_data
+        and not attentions  # an attention's ranges are observed by the pass itself
+        and statistics is not None
+        and _seed_all(needs_data, statistics, model)
+    ):
         if progress:
             progress("calibration: the probe's statistics of the same data (no pass)")
-    elif needs_data:
+    elif needs_data or attentions:
         if forward_loop is None:
             raise ConfigError("static activation quantization and SmoothQuant need a forward_loop")
         two_pass = any(s.static_activations and s.smoothquant for s in specs.values())
@@ -227,6 +251,7 @@ def quantize(
             if progress:
                 progress("calibration (activation ranges after SmoothQuant)")
             forward_loop(model)
+    skipped.update(_freeze_attention(attentions, lenient))
     floats.clear()  # before the weights become int8: the float copies are not kept
     _warn_skipped(skipped)
     with window(model) as off:
@@ -234,8 +259,40 @@ def quantize(
             touch(off, name)
             q.freeze()
     _check_shared(swapped, groups)
-    log.info("quantized %d modules", len(swapped))
+    log.info("quantized %d modules, %d attention modules", len(swapped), len(attentions))
     return model
+
+
+def _convert_attention(
+    model: nn.Module, specs: Mapping[str, QuantSpec], lenient: set[str], skipped: dict[str, str]
+) -> dict[str, QuantizedAttention]:
+    """Convert each attention module of ``specs`` in place (a lenient one that cannot take its
+    spec stays float, named in ``skipped``)."""
+    converted: dict[str, QuantizedAttention] = {}
+    for name, spec in specs.items():
+        try:
+            converted[name] = convert_attention(model.get_submodule(name), spec, name)
+        except ConfigError as exc:
+            if name not in lenient:
+                raise
+            skipped[name] = str(exc)
+    return converted
+
+
+def _freeze_attention(modules: dict[str, QuantizedAttention], lenient: set[str]) -> dict[str, str]:
+    """Freeze each calibrated attention module; a lenient one calibration showed cannot run in
+    int8 (never reached SDPA, or a call the op refuses) goes back to float -> why."""
+    out: dict[str, str] = {}
+    for name, module in list(modules.items()):
+        try:
+            module.freeze_attention()
+        except CalibrationError as exc:
+            if name not in lenient:
+                raise
+            revert_attention(module)
+            del modules[name]
+            out[name] = str(exc).removeprefix(f"attention '{name}'").removeprefix(":").strip()
+    return out
 
 
 def _smoothed_members(

@@ -78,6 +78,9 @@ class Engine:
         tied_float: why it runs a module tied to an embedding (a head sharing its token
             embedding's weight) in float, loaded from that embedding; None: it loads the
             module's own tensors like any other.
+        int8_attention: it runs an attention module's SDPA as the fused int8 attention
+            (precision ``a8``, :mod:`opsnn_quant.quant.attention`).
+        attention_note: why its attention stays float when it does not.
     """
 
     name: str
@@ -95,6 +98,8 @@ class Engine:
     run_dtypes: tuple[str, ...] = ()
     fused: tuple[tuple[str, ...], ...] = ()
     tied_float: str | None = None
+    int8_attention: bool = False
+    attention_note: str = "its loader quantizes no attention: attention runs in float"
 
     def runs(self, precision: Precision) -> bool:
         """Whether its Linear classes run ``precision``."""
@@ -150,7 +155,7 @@ VLLM_FUSED: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gat
 OPSNN = Engine(
     name="opsnn",
     description="this package's quantized modules (torch_npu's quant ops, the CPU reference)",
-    linear=frozenset(p for p in Precision if p.is_int8),
+    linear=frozenset(p for p in Precision if p.is_int8 and not p.is_attention),
     conv=True,
     step_scales=True,  # npu_quantize takes the step's scale on every call
     step_smoothing=True,
@@ -160,6 +165,8 @@ OPSNN = Engine(
     input_scale=f"{_ENGINE_MATH}:calibrated_input_scale",
     deq_scale_pack="opsnn_quant.ascend:npu_trans_quant_param",
     rows=f"{_ROWS}:opsnn_rows",
+    int8_attention=True,  # torch_npu's npu_fused_infer_attention_score, int8 full quant (A2/A3)
+    attention_note="",
 )
 # mindiesd 3.1.0 mindiesd/quantization: quantize.py replaces nn.Linear only (W8A8, W8A8_TIMESTEP,
 # W8A8_DYNAMIC, W8A16; W4A16's WeightQuantLinear takes per-channel scales only); layer.py 347-363
@@ -180,6 +187,12 @@ MINDIE_SD = Engine(
     deq_scale_pack=f"{_ENGINE_MATH}:deqscale2int64",
     rows=f"{_ROWS}:mindie_sd_rows",
     run_dtypes=("bfloat16", "float16"),
+    # mindiesd 3.1.0 quantization/layer.py l.456-574: FP8RotateQuantFA / MXFP8RotateQuantFA call
+    # FIA-v2 with float8_e4m3fn query/key/value (Ascend 950); the int8 QuantFA is gone
+    attention_note=(
+        "MindIE-SD 3.1.0 loads FP8 rotated attention only (FP8RotateQuantFA, Ascend 950 FP8 "
+        "hardware); on A2 its attention runs in float"
+    ),
 )
 # vllm_ascend/quantization/methods: W8A8 (w8a8_static.py), W8A8_DYNAMIC, W8A16 Linear schemes;
 # W4A16 is registered for MoE only. No SmoothQuant at run time: folded.
@@ -198,6 +211,12 @@ VLLM_ASCEND = Engine(
     rows=f"{_ROWS}:vllm_ascend_rows",
     fused=VLLM_FUSED,
     tied_float=TIED_HEAD_VLLM,
+    # vllm_ascend/quantization/methods/kv_c8.py l.30, l.75: its "attention" schemes (FAKQuant,
+    # INT8_DYNAMIC) quantize an MLA model's KV cache (kv_lora_rank); none takes Whisper's
+    attention_note=(
+        "vLLM-Ascend 0.23's attention schemes quantize MLA KV caches only: Whisper's attention "
+        "runs in float"
+    ),
 )
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (OPSNN, MINDIE_SD, VLLM_ASCEND)}

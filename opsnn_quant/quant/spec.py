@@ -51,6 +51,8 @@ class QuantSpec:
             or ``gptq`` (error-compensating, from the calibration inputs' Hessian:
             :mod:`opsnn_quant.quant.gptq`); the weight's form and scales are the same either way.
             Linear only, int8 weights (not ``w4a16``).
+        k_mean: ``a8`` only: the key's mean over the keys is subtracted before it is quantized
+            (exact for softmax; a narrower int8 range, :mod:`opsnn_quant.quant.attention`).
         bias_correction: ``w8a8`` only: the quantized weight's expected output shift on the
             calibration inputs is removed from the int32 ``quant_bias``.
             A ``vllm-ascend`` module with SmoothQuant takes ``x / s`` (the output of the norm
@@ -68,6 +70,7 @@ class QuantSpec:
     engine: str = "opsnn"
     weight_rounding: Literal["nearest", "gptq"] = "nearest"
     bias_correction: bool = False
+    k_mean: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", Precision(self.precision))
@@ -105,8 +108,9 @@ class QuantSpec:
             raise ConfigError(f"group_size is for w4a16 only, not {self.precision.value}")
         self._check_engine()
         self._check_weight_rounding()
+        self._check_attention()
         if self.timestep_bounds is not None:
-            if self.precision != Precision.W8A8:
+            if self.precision not in (Precision.W8A8, Precision.A8):
                 raise ConfigError(
                     f"timestep_bounds are static activation scales: w8a8 only, not {self.precision.value}"
                 )
@@ -128,6 +132,19 @@ class QuantSpec:
                 f"not {self.precision.value}"
             )
 
+    def _check_attention(self) -> None:
+        if self.k_mean and self.precision != Precision.A8:
+            raise ConfigError(
+                f"k_mean smooths an attention's key: a8 only, not {self.precision.value}"
+            )
+        if self.precision != Precision.A8:
+            return
+        # an attention has no weights and one arithmetic: the fused op's static per-tensor scales
+        if self.smoothquant_alpha is not None or self.observer != "minmax":
+            raise ConfigError("a8 (int8 attention) takes min-max scales, without SmoothQuant")
+        if not self.activation_symmetric:
+            raise ConfigError("a8 (int8 attention) is symmetric: the fused op takes no offsets")
+
     @property
     def needs_moments(self) -> bool:
         """True when calibration collects the inputs' moments (GPTQ, bias correction)."""
@@ -135,7 +152,10 @@ class QuantSpec:
 
     def _check_engine(self) -> None:
         engine = get_engine(self.engine)  # unknown: an error naming the known ones
-        if not engine.runs(self.precision):
+        if self.precision.is_attention:
+            if not engine.int8_attention:
+                raise ConfigError(f"{self.engine} has no int8 attention: {engine.attention_note}")
+        elif not engine.runs(self.precision):
             raise ConfigError(f"{self.engine} has no {self.precision.value} Linear")
         if self.timestep_bounds is not None and not engine.step_scales:
             raise ConfigError(f"{self.engine} keeps one static scale (no per-step scales)")
@@ -156,8 +176,8 @@ class QuantSpec:
 
     @property
     def static_activations(self) -> bool:
-        """True when activation scales are calibrated (``w8a8``)."""
-        return self.precision == Precision.W8A8
+        """True when activation scales are calibrated (``w8a8``, ``a8``)."""
+        return self.precision in (Precision.W8A8, Precision.A8)
 
     @property
     def weight_only(self) -> bool:
@@ -178,7 +198,7 @@ class QuantSpec:
                 del d[optional]
         # defaults of later fields are left out: earlier checkpoints keep their bytes
         for key, default in (("engine", "opsnn"), ("weight_rounding", "nearest"),
-                             ("bias_correction", False)):  # fmt: skip
+                             ("bias_correction", False), ("k_mean", False)):  # fmt: skip
             if d[key] == default:
                 del d[key]
         if "timestep_bounds" in d:
