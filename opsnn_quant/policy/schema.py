@@ -3,8 +3,9 @@
 Resolution of one module name, in this order:
 
 1. the rules, first match wins (``fnmatch`` globs on module names). A rule with an int8
-   precision only applies to Linear/Conv2d modules; other modules it matches fall through to the
-   next rule, so ``unet.*: w8a8`` never puts a LayerNorm in int8.
+   precision only applies to the modules of its kind (``a8``: attention modules, their SDPA in
+   int8; the others: Linear/Conv2d); other modules it matches fall through to the next rule, so
+   ``unet.*: w8a8`` never puts a LayerNorm (or an attention's SDPA) in int8.
 2. the default of the module's modality, found by the longest matching module-name prefix in
    ``modalities`` (``""`` matches every name).
 3. otherwise the module stays float as loaded (reported as fp32).
@@ -35,8 +36,8 @@ from opsnn_quant.output.files import atomic_write_text
 from opsnn_quant.policy import _yaml, form
 from opsnn_quant.policy.budget import Budget
 from opsnn_quant.policy.rule import Rule, glob_matcher
-from opsnn_quant.policy.targets import INT8_MODULE_TYPES, Target, get_target
-from opsnn_quant.quant.spec import QuantSpec
+from opsnn_quant.policy.targets import Target, get_target, module_types_of
+from opsnn_quant.quant.spec import ATTENTION_TYPE, QuantSpec
 from opsnn_quant.types import Modality, Precision, match_prefix
 
 if TYPE_CHECKING:
@@ -50,7 +51,8 @@ MAX_POLICY_BYTES = 8 << 20
 READABLE_VERSIONS = (1, SCHEMA_VERSION)
 _HEADER = (
     "opsnn-quant precision policy. Rules: first match wins (globs on module names);\n"
-    "int8 rules apply to Linear/Conv2d only; then the modality default (longest prefix).\n"
+    "int8 rules apply to Linear/Conv2d only (a8: attention modules); then the modality\n"
+    "default (longest prefix).\n"
     "An int8 rule names a preset: its precision and the quant settings that differ from the\n"
     "defaults (activation_symmetric true, observer minmax, output_dtype float16, no SmoothQuant)."
 )
@@ -150,7 +152,7 @@ class PrecisionPolicy(_Frozen):
             if not precision.is_float:
                 raise ValueError(
                     f"default of {modality.value} is {precision.value}; defaults must be float "
-                    "(int8 needs rules, which apply to Linear/Conv2d only)"
+                    "(int8 needs rules, which apply to Linear/Conv2d or attention only)"
                 )
         return v
 
@@ -247,10 +249,13 @@ class PrecisionPolicy(_Frozen):
         matchers = [(i, glob_matcher(self.rules[i].match)) for i in globs]  # compiled once
         out: dict[str, Resolved] = {}
         for name in module_names:
-            int8_ok = module_types.get(name) in INT8_MODULE_TYPES
+            kind = module_types.get(name)
 
-            def applies(i: int, int8_ok: bool = int8_ok) -> bool:
-                return self.rules[i].precision.is_float or int8_ok
+            def applies(i: int, kind: str | None = kind) -> bool:
+                # an int8 rule applies to the modules of its kind (a8: attention; the others:
+                # Linear/Conv2d); the next rule decides the rest
+                precision = self.rules[i].precision
+                return precision.is_float or kind in module_types_of(precision)
 
             # First match wins: the first applicable exact-name rule, unless a glob comes earlier.
             best = next((i for i in literal.get(name, ()) if applies(i)), None)
@@ -314,13 +319,12 @@ class PrecisionPolicy(_Frozen):
                 close = difflib.get_close_matches(rule.match, module_names, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise ConfigError(f"{label} matches no module of the model{hint}")
-            if rule.precision.is_int8 and not any(
-                module_types.get(n) in INT8_MODULE_TYPES for n in matched
-            ):
+            kinds = module_types_of(rule.precision)
+            if rule.precision.is_int8 and not any(module_types.get(n) in kinds for n in matched):
                 shown = ", ".join(f"{n} ({module_types.get(n)})" for n in matched[:3])
                 raise ConfigError(
-                    f"{label} matches only modules that cannot be int8: {shown}; "
-                    "int8 runs on Linear/Conv2d only"
+                    f"{label} matches only modules that cannot be {rule.precision.value}: "
+                    f"{shown}; {rule.precision.value} runs on {'/'.join(sorted(kinds))} only"
                 )
 
     def resolved(
@@ -385,8 +389,13 @@ class PrecisionPolicy(_Frozen):
         Raises:
             ConfigError: as :meth:`resolved`.
         """
+        from opsnn_quant.quant.attention import is_attention_module
+
         modules = {n: m for n, m in model.named_modules() if n}
-        types = {n: type(m).__name__ for n, m in modules.items()}
+        types = {
+            n: ATTENTION_TYPE if is_attention_module(m) else type(m).__name__
+            for n, m in modules.items()
+        }
         shapes = {}
         for name, module in modules.items():
             weight = getattr(module, "weight", None)

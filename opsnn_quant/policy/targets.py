@@ -40,11 +40,22 @@ from typing import Any, Literal
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.quant.engines import MINDIE_SD, VLLM_ASCEND, Engine, Smoothing, get_engine
-from opsnn_quant.quant.spec import DEFAULT_GROUP_SIZE, QuantSpec
+from opsnn_quant.quant.spec import ATTENTION_TYPE, DEFAULT_GROUP_SIZE, QuantSpec
 from opsnn_quant.types import Precision
 
 INT8_MODULE_TYPES: frozenset[str] = frozenset({"Linear", "Conv2d"})
-"""Module types the engine can make int8 (as ``opsnn_quant.quant.api.quantizable_modules``)."""
+"""Module types with int8 weights (as ``opsnn_quant.quant.api.quantizable_modules``)."""
+ATTENTION_TYPES: frozenset[str] = frozenset({ATTENTION_TYPE})
+"""The module type of int8 attention (precision ``a8``, :mod:`opsnn_quant.quant.attention`)."""
+
+
+def module_types_of(precision: Precision) -> frozenset[str]:
+    """The module types an int8 ``precision`` applies to: attention for ``a8``, Linear/Conv2d
+    for the others (none for a float precision)."""
+    if precision.is_float:
+        return frozenset()
+    return ATTENTION_TYPES if precision.is_attention else INT8_MODULE_TYPES
+
 
 OverflowMode = Literal["inf_nan", "saturate"]
 
@@ -276,6 +287,9 @@ TARGETS: dict[str, Target] = {
                 Precision.W8A8_DYNAMIC: _LIN,
                 Precision.W8A16: _LIN,
                 Precision.W4A16: _LIN,
+                # npu_fused_infer_attention_score with int8 query/key/value (A2/A3, Q_S > 1:
+                # opsnn_quant/ascend/attention.py): an attention module's SDPA
+                Precision.A8: ATTENTION_TYPES,
             },
             max_k=65535,
             max_n=65535,
@@ -344,7 +358,15 @@ TARGETS: dict[str, Target] = {
             fp16_overflow_mode="inf_nan",
             has_bf16=True,
             # int4 weights are a matmul format (QuantLinear only).
-            int8={p: _LIN if p == Precision.W4A16 else _LIN_CONV for p in Precision if p.is_int8},
+            int8={
+                p: ATTENTION_TYPES
+                if p.is_attention
+                else _LIN
+                if p == Precision.W4A16
+                else _LIN_CONV
+                for p in Precision
+                if p.is_int8
+            },
             timestep_scales=True,
         ),
     )

@@ -54,9 +54,6 @@ from opsnn_quant.types import Precision
 
 log = logging.getLogger(__name__)
 
-ATTENTION_TYPE = "Attention"
-"""The module type of an attention module in probe reports, specs and targets' int8 maps."""
-
 INT8_MAX = 127.0
 P_SCALE = 127.0  # quant_scale1: the unnormalised softmax P in [0, 1] onto [0, 127]
 ALIGN_D = 32  # int8 head dim: a multiple of 32 bytes (FIA doc l.78, l.400)
