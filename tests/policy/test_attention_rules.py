@@ -68,7 +68,7 @@ def test_an_a8_glob_takes_the_attention_and_a_w8a8_glob_its_linears() -> None:
 def test_an_a8_rule_on_no_attention_and_a_target_without_it_are_refused() -> None:
     model = _Block().eval()
     only_linears = _policy("cpu-reference", Rule(match="ff", precision=Precision.A8))
-    with pytest.raises(ConfigError, match="cannot be a8.*Attention only"):
+    with pytest.raises(ConfigError, match=r"cannot be a8.*Attention only"):
         only_linears.resolved_for(model)
     mindie = _policy("ascend910b-mindie-sd", Rule(match="attn1", precision=Precision.A8))
     with pytest.raises(ConfigError, match="cannot run a8"):
