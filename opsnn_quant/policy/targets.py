@@ -231,7 +231,13 @@ class Target:
         return ProbeConfig(
             **{
                 "schemes": schemes,
-                "type_schemes": {t: self.schemes(t) for t in sorted(INT8_MODULE_TYPES)},
+                # attention only where the target runs it: the other targets' probe configs
+                # (and the reuse of their earlier probes) stay as they were
+                "type_schemes": {
+                    t: self.schemes(t)
+                    for t in sorted(INT8_MODULE_TYPES | ATTENTION_TYPES)
+                    if t in INT8_MODULE_TYPES or self.schemes(t)
+                },
                 "engine": self.engine,
                 "engine_dtype": self.dtype,
                 "fold_smoothing": self.smoothing == "fold",

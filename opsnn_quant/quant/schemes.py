@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.quant.spec import QuantSpec
+from opsnn_quant.quant.spec import ATTENTION_TYPE, QuantSpec
 from opsnn_quant.types import Precision
 
 
@@ -119,6 +119,10 @@ SCHEMES: dict[str, Scheme] = {
             ("Linear",),
             per_step=True,
         ),
+        # An attention module's SDPA as the fused int8 attention (quant/attention.py): static
+        # per-tensor query/key/value scales, the key as it is or less its mean over the keys.
+        Scheme("a8", QuantSpec(Precision.A8), False, (ATTENTION_TYPE,)),
+        Scheme("a8_kmean", QuantSpec(Precision.A8, k_mean=True), False, (ATTENTION_TYPE,)),
     )
 }
 

@@ -161,7 +161,9 @@ def test_validate_unknown_module_in_policy():
 
 def test_validate_int8_on_layernorm():
     p = _policy(rules=[Rule(match="norm1", precision=Precision.W8A8)])
-    with pytest.raises(ConfigError, match=r"cannot be int8: norm1 \(LayerNorm\)"):
+    with pytest.raises(
+        ConfigError, match=r"cannot be w8a8: norm1 \(LayerNorm\); w8a8 runs on Conv2d/Linear only"
+    ):
         p.resolved_for(TinyAttention())
 
 

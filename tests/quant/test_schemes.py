@@ -23,7 +23,10 @@ def test_table_names_specs_and_preference_order():
         "w4a16",
         "w8a8_timestep",
         "w8a8_timestep_smoothquant",
+        "a8",
+        "a8_kmean",
     ]
+    assert scheme_spec("a8_kmean") == QuantSpec(Precision.A8, k_mean=True)
     assert scheme_spec("w8a8") == QuantSpec(Precision.W8A8, observer="minmax")
     per_step = get_scheme("w8a8_timestep").spec(None, (0, 3))
     assert per_step == QuantSpec(Precision.W8A8, timestep_bounds=(0, 3))
@@ -49,7 +52,8 @@ def test_table_names_specs_and_preference_order():
 
 
 def test_module_types_drive_the_probe_candidates():
-    assert schemes_for("Linear") == LINEAR_SCHEMES == tuple(SCHEMES)
+    assert schemes_for("Linear") == LINEAR_SCHEMES == tuple(SCHEMES)[:-2]
+    assert schemes_for("Attention") == ("a8", "a8_kmean")
     assert (
         schemes_for("Conv2d") == CONV_SCHEMES == ("w8a8", "w8a8_mse", "w8a8_dynamic", "w8a8_gptq")
     )
