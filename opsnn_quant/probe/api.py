@@ -26,6 +26,7 @@ from opsnn_quant.errors import ConfigError
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.generic import GenericAdapter
 from opsnn_quant.models.offload import checkpointed, offload_of
+from opsnn_quant.probe.attention import AttentionWatch
 from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.probe.e2e import ProbeRun, attribute_modalities, replay_measured
 from opsnn_quant.probe.hooks import NORMS, count_params, watched_modules
@@ -50,6 +51,7 @@ from opsnn_quant.probe.report import (
 from opsnn_quant.probe.seeding import PassOneStatistics
 from opsnn_quant.producers import fold_groups
 from opsnn_quant.quant.api import tied_to_embeddings
+from opsnn_quant.quant.spec import ATTENTION_TYPE
 from opsnn_quant.recording import Call, sample_subset
 from opsnn_quant.types import ForwardLoop, Modality
 
@@ -492,13 +494,17 @@ def _assemble(run: ProbeRun, e2e: dict[str, EndToEnd]) -> SensitivityReport:
 
 
 def _pass_macs(run: ProbeRun) -> dict[str, tuple[int, int]]:
-    """Modality -> the MACs of pass 1 in its Linear/Conv2d calls and outside them."""
+    """Modality -> the MACs of pass 1 in its Linear/Conv2d calls (and the SDPA calls of the
+    attention modules measured for int8: the target runs them) and outside them."""
     w = run.watches
     out = {m: (0, macs) for m, macs in w.other_macs.items()}
-    for name, (macs, _) in w.macs.items():
+    measured = {n: watch.macs for n, watch in w.attention.items() if watch.calls}
+    for name, macs in [*((n, m) for n, (m, _) in w.macs.items()), *measured.items()]:
         key = run.adapter.modality_of(name).value
         linear, other = out.get(key, (0, 0))
-        out[key] = (linear + macs, other)
+        # an SDPA's MACs were counted outside the Linear/Conv2d: moved over
+        moved = macs if name in measured else 0
+        out[key] = (linear + macs, max(other - moved, 0))
     return out
 
 
@@ -506,6 +512,9 @@ def _module_entry(
     run: ProbeRun, name: str, module: nn.Module, e2e: EndToEnd | None, tied_to: str | None
 ) -> ModuleSensitivity:
     w = run.watches
+    watch = w.attention.get(name)
+    if watch is not None and watch.calls:
+        return _attention_entry(run, name, module, watch, e2e)
     kind = run.watched.get(name, (module, "param"))[1]
     lp = w.local.get(name)
     calls = lp.calls if lp is not None else 0
@@ -523,6 +532,24 @@ def _module_entry(
         weight_shape=_weight_shape(lp.module) if lp is not None else None,
         timesteps=lp.timestep_ranges() if lp is not None else None,
         tied_to=tied_to,
+    )
+
+
+def _attention_entry(
+    run: ProbeRun, name: str, module: nn.Module, watch: AttentionWatch, e2e: EndToEnd | None
+) -> ModuleSensitivity:
+    """An attention module measured for int8 attention: type ``Attention``, the MACs and calls
+    of its SDPA, its candidates' local errors (infeasible, with the reason, where the op
+    refuses one of its calls)."""
+    return ModuleSensitivity(
+        name=name,
+        type=ATTENTION_TYPE,
+        modality=run.adapter.modality_of(name),
+        macs=watch.macs // watch.calls,
+        calls=watch.calls,
+        fp16=_fp16_stats(run, name, module, watch.calls),
+        w8a8=watch.results(),
+        e2e=e2e,
     )
 
 

@@ -26,6 +26,11 @@ every scheme. It ranks modules about as well as the structured estimator but mis
 between the noise and the gradient inside a channel (e.g. clipping error on the tokens the output
 is most sensitive to), so it predicts totals and chooses schemes less well.
 
+**Attention modules** (``attention``): the output of their SDPA call is a tap point of its own
+(:mod:`.attention`): the candidates' int8 attention outputs are computed from the call's query,
+key and value when the gradient arrives there, and projected on it as above (structured, with
+either estimator: there is no per-channel noise model of an attention).
+
 **Exhaustive reference**: quantize one module at a time and replay (N + 1 passes).
 """
 
@@ -34,6 +39,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -46,8 +52,10 @@ from opsnn_quant.core.tensors import first_tensor
 from opsnn_quant.core.timesteps import at_step
 from opsnn_quant.errors import CalibrationError
 from opsnn_quant.models.offload import in_recompute
+from opsnn_quant.probe.attention import AttentionWatch, SdpaTaps, detached
 from opsnn_quant.probe.exhaustive import float_outputs, one_at_a_time
 from opsnn_quant.probe.projections import KeptCalls, NoiseFn, Projector, StepKey
+from opsnn_quant.quant.attention import read_call
 from opsnn_quant.recording import detached_copy, split_batch
 
 log = logging.getLogger(__name__)
@@ -90,6 +98,7 @@ def estimate(
     steps: list[int | None] | None = None,
     unreached: UnreachedFn | None = None,
     step_key: StepKey | None = None,
+    attention: dict[str, tuple[nn.Module, AttentionWatch]] | None = None,
 ) -> Attribution:
     """Attribute the root's output noise to ``modules`` (see module docstring).
 
@@ -117,6 +126,9 @@ def estimate(
             of ``(name, scheme)`` at once, by the step each was recorded at (the same key: the
             candidate reads the same clock); None: calls of the same step only (see
             :mod:`~opsnn_quant.probe.projections`).
+        attention: attention modules inside the root -> (module, its pass-1 watch): their SDPA
+            output attributed under each of the watch's schemes (their local errors added to
+            the watch); their contribution under the first scheme in ``contributions``.
     """
     steps = steps if steps is not None else [None] * len(calls)
     gen = torch.Generator().manual_seed(seed)
@@ -132,6 +144,8 @@ def estimate(
         t0 = time.perf_counter()
         energy = 0.0
         acc = {n: dict.fromkeys(schemes[n], 0.0) for n in modules}
+        attention = attention or {}
+        acc |= {n: dict.fromkeys(w.schemes, 0.0) for n, (_, w) in attention.items()}
         kept = KeptCalls()  # the small calls all modules keep to project in batches
         projectors = {
             n: Projector(n, m, schemes[n], quantized_output, acc[n], step_key, kept)
@@ -141,11 +155,17 @@ def estimate(
             # In chunks where asked: the backward keeps the whole forward graph (attention maps
             # included), several times an inference's memory; a chunk of the batch keeps less.
             for part in split_batch(call, max_batch):
-                with at_step(step):
+                state = _CallState()
+                taps = _AttentionCall(attention, acc, state)
+                # a torch function mode sees every call: entered only where there is attention
+                tapping = (
+                    SdpaTaps(taps.modules, taps.handle).tapping() if attention else nullcontext()
+                )
+                with at_step(step), tapping:
                     if noise_power is not None:
-                        state = _diagonal_call(root, part, modules, noise_power, schemes, acc, gen)
+                        _diagonal_call(root, part, modules, noise_power, schemes, acc, gen, state)
                     else:
-                        state = _estimator_call(root, part, modules, projectors, gen, unreached)
+                        _estimator_call(root, part, modules, projectors, gen, unreached, state)
                 energy += state.signal
         for projector in projectors.values():
             projector.flush()
@@ -155,6 +175,7 @@ def estimate(
             for n, by in acc.items()
         }
         contributions = {n: per_scheme[n][schemes[n][0]] for n in modules}
+        contributions |= {n: per_scheme[n][w.schemes[0]] for n, (_, w) in attention.items()}
 
         result = Attribution(contributions, per_scheme, energy, t_fwd, t_est)
         if exhaustive:
@@ -291,6 +312,47 @@ class _CallState:
         return out + self.zero
 
 
+class _AttentionCall:
+    """The attention modules' SDPA outputs in one replayed call: each wired into the graph
+    like a module's output; when its gradient arrives, every candidate's output of the call's
+    own query/key/value, its noise projected on the gradient (per sample of the root's batch)
+    and its local error added to the module's watch."""
+
+    def __init__(
+        self,
+        attention: dict[str, tuple[nn.Module, AttentionWatch]],
+        acc: dict[str, dict[str, float]],
+        state: _CallState,
+    ) -> None:
+        self.watches = {n: w for n, (_, w) in attention.items()}
+        self.modules = {n: m for n, (m, _) in attention.items()}
+        self.acc, self.state = acc, state
+
+    def handle(self, name: str, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """The SDPA call's output, wired to its gradient hook when the op can run the call."""
+        out = func(*args, **kwargs)
+        call = read_call(args, kwargs)
+        if call.problem is not None or not isinstance(out, torch.Tensor) or in_recompute():
+            return out
+        wired = self.state.watch(out)
+        wired.register_hook(partial(self.on_gradient, name, detached(call), out.detach()))
+        return wired
+
+    @torch.no_grad()
+    def on_gradient(self, name: str, call: Any, reference: torch.Tensor, g: torch.Tensor) -> None:
+        """Project each candidate's noise on ``g`` and add its local error."""
+        watch = self.watches[name]
+        batch = self.state.batch
+        g64 = g.detach().to(torch.float64)
+        rows = batch if batch and g64.dim() > 0 and g64.shape[0] == batch else 1
+        for scheme in watch.schemes:
+            out = watch.candidate(scheme, call)
+            watch.add_error(scheme, reference, out)
+            e = out.to(torch.float64) - reference.to(torch.float64)
+            per_sample = (g64.reshape(rows, -1) * e.reshape(rows, -1)).sum(dim=1)
+            self.acc[name][scheme] += float(per_sample.square().sum())
+
+
 def _estimator_call(
     root: nn.Module,
     call: tuple[tuple, dict],
@@ -298,8 +360,8 @@ def _estimator_call(
     projectors: dict[str, Projector],
     gen: torch.Generator,
     unreached: UnreachedFn | None,
+    state: _CallState,
 ) -> _CallState:
-    state = _CallState()
     taps = [
         (module, _StructuredTap(name, projectors[name], state)) for name, module in modules.items()
     ]
@@ -317,8 +379,8 @@ def _diagonal_call(
     schemes: dict[str, tuple[str, ...]],
     acc: dict[str, dict[str, float]],
     gen: torch.Generator,
+    state: _CallState,
 ) -> _CallState:
-    state = _CallState()
     taps = [
         (
             module,

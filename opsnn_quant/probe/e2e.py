@@ -29,6 +29,7 @@ from opsnn_quant.core.memory import release_memory
 from opsnn_quant.core.timesteps import group_of
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.offload import BlockOffload, offload_of, window
+from opsnn_quant.probe.attention import AttentionWatch
 from opsnn_quant.probe.attribution import Attribution, estimate
 from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.probe.local import LocalProbe
@@ -103,19 +104,26 @@ def attribute_modalities(
         if n not in replayed and lp.calls and lp.feasible_schemes()
     }
     e2e: dict[str, EndToEnd] = {}
+    watches = run.watches.attention
     for modality in dict.fromkeys(run.roots.values()):
         results = []
         for root_name in (r for r, m in run.roots.items() if m == modality):
             calls = _replayable_calls(run, modality, root_name)
             names = run.root_members(root_name, (n for n in local if n in best or n in replayed))
             members = {n: run.named[n] for n in names}
-            if not calls or not members:
+            attention = {
+                n: (run.named[n], watches[n])
+                for n in run.root_members(root_name, (n for n, w in watches.items() if w.runs))
+            }
+            if not calls or not (members or attention):
                 continue
             say(
-                f"end-to-end attribution: {modality.value} ({len(members)} modules, {len(calls)} replayed calls)"
+                f"end-to-end attribution: {modality.value} ({len(members)} modules, "
+                f"{len(attention)} attention, {len(calls)} replayed calls)"
             )
-            result = _estimate_root(run, root_name, calls, members, best, replayed)
-            results.append(_with_local_best(result, local, best, replayed))
+            result = _estimate_root(run, root_name, calls, members, best, replayed, attention)
+            result = _with_local_best(result, local, best, replayed)
+            results.append(_attention_best(result, attention, best))
             for name in members:  # nothing reads a root's candidates after its attribution
                 local[name].release()
             release_memory()
@@ -126,6 +134,26 @@ def attribute_modalities(
     for lp in local.values():
         lp.release()
     return e2e
+
+
+def _attention_best(
+    result: Attribution,
+    attention: Mapping[str, tuple[nn.Module, AttentionWatch]],
+    best: dict[str, str],
+) -> Attribution:
+    """For the attention modules, their local best scheme (into ``best``), first in their
+    per-scheme contributions; one no replayed call reached leaves the result."""
+    for name, (_, watch) in attention.items():
+        by_scheme = result.per_scheme.pop(name, {})
+        result.contributions.pop(name, None)
+        chosen = watch.best_scheme()
+        if chosen is None or chosen not in by_scheme:
+            continue
+        best[name] = chosen
+        order = (chosen, *(s for s in watch.schemes if s != chosen and s in watch.energies))
+        result.per_scheme[name] = {s: by_scheme[s] for s in order}
+        result.contributions[name] = by_scheme[chosen]
+    return result
 
 
 def _with_local_best(
@@ -194,6 +222,7 @@ def _estimate_root(
     members: dict[str, nn.Module],
     best: dict[str, str],
     replayed: set[str],
+    attention: dict[str, tuple[nn.Module, AttentionWatch]],
 ) -> Attribution:
     local, cfg = run.watches.local, run.cfg
     modality = run.roots[root_name]
@@ -213,7 +242,9 @@ def _estimate_root(
         local, offload_of(run.adapter.model), replayed, candidates_memory(model_bytes)
     )
     with window(run.adapter.model):  # the blocks weights.of opens: the last one closed after
-        return _estimate_with(run, root_name, calls, members, schemes, max_batch, weights)
+        return _estimate_with(
+            run, root_name, calls, members, schemes, max_batch, weights, attention
+        )
 
 
 # The candidates' integer weights the attribution keeps in memory (see _Weights): half the
@@ -236,6 +267,7 @@ def _estimate_with(
     schemes: dict[str, tuple[str, ...]],
     max_batch: int | None,
     weights: _Weights,
+    attention: dict[str, tuple[nn.Module, AttentionWatch]],
 ) -> Attribution:
     """:func:`~opsnn_quant.probe.attribution.estimate` of one root's ``members``, their
     candidates' weights read where ``weights`` says."""
@@ -257,6 +289,7 @@ def _estimate_with(
             if cfg.estimator == "diagonal"
             else None
         ),
+        attention=attention,
     )
 
 
@@ -364,7 +397,7 @@ def _ranked(result: Attribution, best: dict[str, str], cfg: ProbeConfig) -> dict
             scheme=best[n],
             contribution=result.contributions[n],
             rank=rank,
-            exhaustive=None if result.exhaustive is None else result.exhaustive[n],
+            exhaustive=None if result.exhaustive is None else result.exhaustive.get(n),
             schemes=result.per_scheme[n] if cfg.e2e_schemes == "all" else {},
         )
         for rank, n in enumerate(order, start=1)

@@ -29,11 +29,14 @@ from opsnn_quant.errors import CalibrationError
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.offload import touch, window
 from opsnn_quant.probe.all_macs import OtherMacs, paused
+from opsnn_quant.probe.attention import AttentionWatch, observing
 from opsnn_quant.probe.config import ProbeConfig
 from opsnn_quant.probe.findings import GeluWatch, SoftmaxWatch, attention_parts
 from opsnn_quant.probe.fp16 import Fp16Accumulator
 from opsnn_quant.probe.hooks import QUANTIZABLE, in_rerun, macs_of
 from opsnn_quant.probe.local import LocalProbe, decide_shared
+from opsnn_quant.quant.attention import attention_modules
+from opsnn_quant.quant.spec import ATTENTION_TYPE
 from opsnn_quant.recording import RootRecorder
 from opsnn_quant.types import ForwardLoop, Modality, match_prefix
 
@@ -54,6 +57,8 @@ class Watches:
         gelu: modality -> exact-vs-tanh GELU error of its GELUs.
         other_macs: modality -> the MACs of its matmul-like calls outside Linear/Conv2d
             (attention's products, Conv1d/Conv3d: :mod:`.all_macs`), summed over pass 1.
+        attention: attention module -> its SDPA calls' ranges and MACs, where the target runs
+            int8 attention (:mod:`.attention`).
     """
 
     fp16: dict[str, Fp16Accumulator] = field(default_factory=dict)
@@ -64,6 +69,7 @@ class Watches:
     softmax: dict[str, SoftmaxWatch] = field(default_factory=dict)
     gelu: dict[Modality, GeluWatch] = field(default_factory=dict)
     other_macs: dict[str, int] = field(default_factory=dict)
+    attention: dict[str, AttentionWatch] = field(default_factory=dict)
 
     def portable(self) -> Watches:
         """What pass 1 gathered, fit to send to another process: no modules, no filters (the
@@ -77,6 +83,7 @@ class Watches:
             softmax=self.softmax,
             gelu=self.gelu,
             other_macs=self.other_macs,
+            attention=self.attention,
         )
 
     def merge(self, other: Watches) -> None:
@@ -99,6 +106,8 @@ class Watches:
             self.gelu[modality].merge(gw)
         for key, macs in other.other_macs.items():
             self.other_macs[key] = self.other_macs.get(key, 0) + macs
+        for name, watch in other.attention.items():
+            self.attention[name].merge(watch)
 
 
 class HookSet:
@@ -148,6 +157,12 @@ def watches_for(
             if n and type(m) in QUANTIZABLE
         }
         w.macs = {n: [0, 0] for n in w.local}
+        attention_schemes = cfg.schemes_of(ATTENTION_TYPE)
+        if attention_schemes:  # only where the target runs int8 attention
+            w.attention = {
+                n: AttentionWatch(tuple(attention_schemes))
+                for n in attention_modules(adapter.model)
+            }
         if cfg.attribution:
             w.recorders = {
                 r: RootRecorder(r, cfg.max_root_calls, cfg.seed, adapter.record_filter(r))
@@ -202,7 +217,7 @@ def statistics_pass(
         pre_hook = paused(recorder.forward_pre_hook)
         hooks.add(named[root_name].register_forward_pre_hook(pre_hook, with_kwargs=True))
     counter = OtherMacs(adapter.roots(), named)
-    with counter.counting():
+    with counter.counting(), observing(w.attention, named):
         seconds = _run(forward_loop, adapter.model, hooks)
     for modality, macs in counter.macs.items():
         w.other_macs[modality.value] = w.other_macs.get(modality.value, 0) + macs

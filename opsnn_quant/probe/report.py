@@ -33,6 +33,7 @@ from pydantic_core import PydanticCustomError
 
 from opsnn_quant.core.readers import load_json_model
 from opsnn_quant.output.files import atomic_write_text
+from opsnn_quant.quant.spec import ATTENTION_TYPE
 from opsnn_quant.types import Modality
 
 SCHEMA_VERSION = 1
@@ -205,8 +206,11 @@ class ModuleSensitivity(_Frozen):
 
     @property
     def quantizable(self) -> bool:
-        """True for module types the engine can make int8 (Linear, Conv2d)."""
-        return self.type in ("Linear", "Conv2d")
+        """True for module types the engine can make int8 (Linear, Conv2d) and for attention
+        modules the probe measured int8 attention on (their SDPA: precision ``a8``)."""
+        return self.type in ("Linear", "Conv2d") or (
+            self.type == ATTENTION_TYPE and bool(self.w8a8)
+        )
 
 
 class Finding(_Frozen):

@@ -1,0 +1,190 @@
+"""Attention modules in the probe: the SDPA call of each, watched where the target runs int8
+attention (schemes ``a8``, ``a8_kmean``: :mod:`opsnn_quant.quant.attention`).
+
+* **Pass 1** (:class:`AttentionWatch`): per attention module, over its SDPA calls, the absolute
+  maxima of the query, key (as it is and less its mean over the keys) and value: the static
+  scales each candidate calibrates to, the same numbers ``quantize`` finds; the calls' MACs
+  (the scores and their weighted sum of the values); the first call the int8 op refuses
+  (decode, an unaligned head dim...), which leaves the module float with that reason.
+* **End to end** (:class:`SdpaTaps` in the attribution's replay): the SDPA output is put in the
+  estimator's graph like a module's output; when its gradient ``g`` arrives, each candidate's
+  output is computed from the call's own query/key/value and its noise ``e`` projected on ``g``
+  (the structured estimator of :mod:`.attribution`, in the same forward and backward: no pass
+  of its own). The same outputs give each candidate's local error (signal, noise and cross
+  energies of the SDPA output).
+
+A call is attributed to the innermost watched attention module running when SDPA is called
+(forward pre/post hooks keep the stack); the probe's own re-runs are not the model's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from opsnn_quant.probe.energy import SchemeEnergy
+from opsnn_quant.probe.hooks import in_rerun
+from opsnn_quant.probe.report import SchemeError
+from opsnn_quant.quant.attention import SdpaCall, call_ranges, int8_sdpa, read_call, scales_of
+from opsnn_quant.quant.schemes import SCHEMES
+
+_SDPA = F.scaled_dot_product_attention
+# the fused op's output dtype: what a candidate's error is judged in (report's SchemeError)
+OUTPUT_DTYPE = "float16"
+
+
+@dataclass
+class AttentionWatch:
+    """Pass 1 of one attention module, and its candidates' local errors.
+
+    Attributes:
+        schemes: the candidate schemes measured on it (``a8``, ``a8_kmean``).
+        amax: (2, 3) float32: the query/key/value absolute maxima with the key as it is (row 0)
+            and less its mean over the keys (row 1).
+        calls: SDPA calls seen (those the op can run and those it refuses).
+        macs: their MACs, summed.
+        problem: why the op cannot run one of its calls (the first seen), or None.
+        energies: scheme -> its output error summed over the replayed calls.
+    """
+
+    schemes: tuple[str, ...]
+    amax: torch.Tensor = field(default_factory=lambda: torch.zeros(2, 3))
+    calls: int = 0
+    macs: int = 0
+    problem: str | None = None
+    energies: dict[str, SchemeEnergy] = field(default_factory=dict)
+
+    def observe(self, call: SdpaCall) -> None:
+        """Add one SDPA call of pass 1."""
+        self.calls += 1
+        self.macs += call.macs
+        if call.problem is not None:
+            self.problem = self.problem or call.problem
+            return
+        ranges = torch.stack([call_ranges(call, False), call_ranges(call, True)])
+        self.amax = torch.maximum(self.amax, ranges)
+
+    def merge(self, other: AttentionWatch) -> None:
+        """Pass 1 over this share and ``other``'s (another rank's batches)."""
+        self.amax = torch.maximum(self.amax, other.amax)
+        self.calls += other.calls
+        self.macs += other.macs
+        self.problem = self.problem or other.problem
+
+    @property
+    def runs(self) -> bool:
+        """Whether the int8 op can run every call seen (and there was one)."""
+        return self.calls > 0 and self.problem is None
+
+    def scales(self, scheme: str) -> torch.Tensor:
+        """(3,) float32 scales candidate ``scheme`` calibrates to."""
+        return scales_of(self.amax[1 if self._k_mean(scheme) else 0])
+
+    @staticmethod
+    def _k_mean(scheme: str) -> bool:
+        return SCHEMES[scheme].template.k_mean
+
+    def candidate(self, scheme: str, call: SdpaCall) -> torch.Tensor:
+        """Candidate ``scheme``'s output of ``call`` (float16 op output in the query's dtype)."""
+        return int8_sdpa(call, self.scales(scheme), self._k_mean(scheme))
+
+    def add_error(self, scheme: str, reference: torch.Tensor, output: torch.Tensor) -> None:
+        """Add one call's candidate output against the float SDPA output."""
+        self.energies.setdefault(scheme, SchemeEnergy()).add(reference, output, -1)
+
+    def results(self) -> dict[str, SchemeError]:
+        """Per scheme: its local error (SQNR, cosine of the SDPA output); every scheme
+        infeasible, with the reason, when the op refuses a call."""
+        if self.problem is not None:
+            refused = f"the fused int8 attention cannot run {self.problem}"
+            return {
+                s: SchemeError(sqnr_db=None, cosine=0.0, infeasible=refused) for s in self.schemes
+            }
+        return {s: e.result(None, OUTPUT_DTYPE) for s, e in self.energies.items()}
+
+    def best_scheme(self) -> str | None:
+        """The scheme with the highest local SQNR (ties: the one listed first)."""
+        results = {s: r for s, r in self.results().items() if r.infeasible is None}
+        if not results:
+            return None
+
+        def key(s: str) -> float:
+            db = results[s].sqnr_db
+            return -round(float("inf") if db is None else db, 4)
+
+        return min(results, key=key)
+
+
+Handler = Callable[[str, Callable[..., Any], tuple, dict[str, Any]], Any]
+
+
+class SdpaTaps(TorchFunctionMode):
+    """While :meth:`tapping`: every SDPA call inside one of ``modules`` goes to ``handler(name,
+    func, args, kwargs)``, whose return is the call's result."""
+
+    def __init__(self, modules: dict[str, nn.Module], handler: Handler) -> None:
+        super().__init__()
+        self.modules = modules
+        self.handler = handler
+        self._stack: list[str] = []
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func is _SDPA and self._stack and not in_rerun():
+            return self.handler(self._stack[-1], func, args, kwargs)
+        return func(*args, **kwargs)
+
+    def _enter(self, name: str) -> None:
+        self._stack.append(name)
+
+    def _leave(self) -> None:  # a forward hook returning None: the output is left as it is
+        if self._stack:
+            self._stack.pop()
+
+    @contextmanager
+    def tapping(self) -> Iterator[SdpaTaps]:
+        """Enter the mode with the hooks that say which module a call runs in."""
+        handles = []
+        for name, module in self.modules.items():
+            handles.append(module.register_forward_pre_hook(lambda *_, n=name: self._enter(n)))
+            handles.append(module.register_forward_hook(lambda *_: self._leave()))
+        try:
+            with self:
+                yield self
+        finally:
+            for h in handles:
+                h.remove()
+            self._stack.clear()
+
+
+@contextmanager
+def observing(watches: dict[str, AttentionWatch], modules: dict[str, nn.Module]) -> Iterator[None]:
+    """Pass 1: each watched module's SDPA calls observed (:meth:`AttentionWatch.observe`)."""
+    if not watches:
+        yield
+        return
+
+    def observe(name: str, func: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        out = func(*args, **kwargs)
+        with torch.no_grad():
+            watches[name].observe(read_call(args, kwargs))
+        return out
+
+    with SdpaTaps({n: modules[n] for n in watches}, observe).tapping():
+        yield
+
+
+def detached(call: SdpaCall) -> SdpaCall:
+    """``call`` with its tensors detached (kept for the gradient hook)."""
+    return SdpaCall(
+        call.q.detach(), call.k.detach(), call.v.detach(), call.masked, call.scale, call.problem
+    )
