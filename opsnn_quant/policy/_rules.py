@@ -226,8 +226,9 @@ def compact_rules(
             dbs = [c.sqnr_db for c in group if c.sqnr_db is not None]
             local = f"{min(dbs):.1f}..{max(dbs):.1f} dB" if dbs else "lossless"
             where = f"under {pl.node}" if pl.node else "in the model"
+            kind = "attention modules" if group[0].precision.is_attention else "Linear/Conv2d"
             reason = (
-                f"the {len(group)} probed Linear/Conv2d {where} not named above, best scheme "
+                f"the {len(group)} probed {kind} {where} not named above, best scheme "
                 f"each (local SQNR {local})"
             )
             globs.append(int8_rule(pl.match, group[0], reason))

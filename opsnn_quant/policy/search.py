@@ -85,6 +85,10 @@ def _candidates(
             continue
         # only what the target's engine runs (a report probed for another target has more)
         choice = best_choice(m, allowed, target.timestep_scales, runs(m))
+        refused = {e.infeasible for e in m.w8a8.values()}
+        if choice is None and m.w8a8 and None not in refused:  # the op refuses every scheme
+            plan.fallback[m.name] = f"stays float: {sorted(r for r in refused if r)[0]}"
+            continue
         if choice is None:
             plan.fallback[m.name] = (
                 "stays float: the probe has no end-to-end estimate for a scheme "
