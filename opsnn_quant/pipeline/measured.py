@@ -42,7 +42,7 @@ from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.summary import int8_mac_shares
 from opsnn_quant.policy.targets import Target
 from opsnn_quant.probe.report import SensitivityReport
-from opsnn_quant.quant.api import SeedsCalibration, quantize
+from opsnn_quant.quant.api import SeedsAttention, SeedsCalibration, quantize
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class MeasuredSearch:
     report: SensitivityReport
     target: Target
     calibration: Sequence[dict[str, Any]]
-    statistics: Mapping[str, SeedsCalibration] | None
+    statistics: Mapping[str, SeedsCalibration | SeedsAttention] | None
     suite: Suite
     records: list[dict[str, Any]]
 

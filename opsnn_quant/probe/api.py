@@ -100,7 +100,7 @@ class ProbeResult:
     """
 
     report: SensitivityReport
-    statistics: dict[str, PassOneStatistics] = field(default_factory=dict)
+    statistics: dict[str, PassOneStatistics | AttentionWatch] = field(default_factory=dict)
     root_calls: dict[str, list[Call]] = field(default_factory=dict)
 
 
@@ -215,8 +215,7 @@ class StagedProbe:
         if run is None:
             raise RuntimeError("StagedProbe.first() after release()")
         report = _assemble(run, {}).model_copy(update={"not_estimated": reason})
-        statistics = {n: lp.pass_one() for n, lp in run.watches.local.items()}
-        return ProbeResult(report, statistics, _root_calls(run))
+        return ProbeResult(report, _statistics(run), _root_calls(run))
 
     def finish(self) -> ProbeResult:
         """The estimators on the pass-1 run: the whole probe's result.
@@ -309,8 +308,18 @@ def _estimate(run: ProbeRun, forward_loop: ForwardLoop, say: Callable[[str], Non
         e2e = attribute_modalities(run, say, replayed)
     if replayed:
         _measure_rest(run, forward_loop, say, offloaded)
-    statistics = {n: lp.pass_one() for n, lp in run.watches.local.items()}
+    statistics = _statistics(run)
     return ProbeResult(_assemble(run, e2e), statistics, _root_calls(run))
+
+
+def _statistics(run: ProbeRun) -> dict[str, PassOneStatistics | AttentionWatch]:
+    """What ``quantize`` can take instead of a calibration pass: each Linear/Conv2d's pass-1
+    statistics, each attention module's SDPA ranges (where the op runs its calls)."""
+    w = run.watches
+    out: dict[str, PassOneStatistics | AttentionWatch] = {
+        n: lp.pass_one() for n, lp in w.local.items()
+    }
+    return out | {n: watch for n, watch in w.attention.items() if watch.runs}
 
 
 OFFLOADED_ESTIMATOR = (
@@ -369,7 +378,7 @@ def recollect(
         run = _start(adapter, config)
         say("probe pass 1 again: the calibration statistics the report's run kept in memory")
         _pass_one(run, forward_loop, shard)
-        statistics = {n: lp.pass_one() for n, lp in run.watches.local.items()}
+        statistics = _statistics(run)
         roots = {r: rec.calls[:1] for r, rec in run.watches.recorders.items() if rec.calls}
     return ProbeResult(report, statistics, roots)
 

@@ -32,8 +32,16 @@ from torch.overrides import TorchFunctionMode
 from opsnn_quant.probe.energy import SchemeEnergy
 from opsnn_quant.probe.hooks import in_rerun
 from opsnn_quant.probe.report import SchemeError
-from opsnn_quant.quant.attention import SdpaCall, call_ranges, int8_sdpa, read_call, scales_of
+from opsnn_quant.quant.attention import (
+    QuantizedAttention,
+    SdpaCall,
+    call_ranges,
+    int8_sdpa,
+    read_call,
+    scales_of,
+)
 from opsnn_quant.quant.schemes import SCHEMES
+from opsnn_quant.quant.spec import QuantSpec
 
 _SDPA = F.scaled_dot_product_attention
 # the fused op's output dtype: what a candidate's error is judged in (report's SchemeError)
@@ -82,6 +90,17 @@ class AttentionWatch:
     def runs(self) -> bool:
         """Whether the int8 op can run every call seen (and there was one)."""
         return self.calls > 0 and self.problem is None
+
+    def can_seed_attention(self, spec: QuantSpec) -> bool:
+        """Whether :meth:`seed_attention` gives an ``a8`` module of ``spec`` exactly what its own
+        calibration on the same data would (one group of steps: pass 1 keeps no per-step
+        ranges of attention)."""
+        return spec.precision.is_attention and spec.timestep_bounds is None and self.runs
+
+    def seed_attention(self, module: QuantizedAttention) -> None:
+        """Put pass 1's maxima (of the key as the module's spec takes it) into ``module``."""
+        row = self.amax[1 if module.attn_spec.k_mean else 0]
+        module.seed_calibration(row.unsqueeze(0), self.calls)
 
     def scales(self, scheme: str) -> torch.Tensor:
         """(3,) float32 scales candidate ``scheme`` calibrates to."""

@@ -47,6 +47,20 @@ class SeedsCalibration(Protocol):
 
 
 @runtime_checkable
+class SeedsAttention(Protocol):
+    """Calibration statistics of one attention module collected elsewhere (the probe's pass 1
+    over the same data)."""
+
+    def can_seed_attention(self, spec: QuantSpec) -> bool:
+        """Whether :meth:`seed_attention` gives ``spec`` exactly what calibrating would."""
+        ...
+
+    def seed_attention(self, module: QuantizedAttention) -> None:
+        """Put the statistics into an unfrozen int8 attention module."""
+        ...
+
+
+@runtime_checkable
 class ResolvesModules(Protocol):
     """Anything that maps a model's module names to precisions/specs (e.g. a PrecisionPolicy)."""
 
@@ -177,7 +191,7 @@ def quantize(
     forward_loop: ForwardLoop | None = None,
     *,
     progress: Callable[[str], None] | None = None,
-    statistics: Mapping[str, SeedsCalibration] | None = None,
+    statistics: Mapping[str, SeedsCalibration | SeedsAttention] | None = None,
 ) -> nn.Module:
     """Quantize ``model`` in place: swap modules, calibrate with ``forward_loop``, freeze.
 
@@ -225,12 +239,15 @@ def quantize(
         for n, q in swapped.items()
         if q.spec.static_activations or q.spec.smoothquant or q.spec.needs_moments
     }
+    # seeded only when every module can be (a pass for some would observe the others twice)
+    seeds = _attention_seeds(attentions, statistics)
     if (
-        needs_data
-        and not attentions  # an attention's ranges are observed by the pass itself
-        and statistics is not None
-        and _seed_all(needs_data, statistics, model)
+        (needs_data or attentions)
+        and seeds is not None
+        and (not needs_data or _seed_all(needs_data, statistics or {}, model))
     ):
+        for name, module in attentions.items():
+            seeds[name].seed_attention(module)
         if progress:
             progress("calibration: the probe's statistics of the same data (no pass)")
     elif needs_data or attentions:
@@ -412,17 +429,36 @@ def _warn_skipped(skipped: Mapping[str, str]) -> None:
     log.warning("%d module(s) matched by a wildcard stay float: %s%s", len(skipped), shown, more)
 
 
+def _attention_seeds(
+    modules: Mapping[str, QuantizedAttention],
+    stats: Mapping[str, SeedsCalibration | SeedsAttention] | None,
+) -> dict[str, SeedsAttention] | None:
+    """The statistics of every attention module of ``modules``, when each can seed it (None
+    otherwise; empty for none)."""
+    seeds: dict[str, SeedsAttention] = {}
+    for name, module in modules.items():
+        stat = None if stats is None else stats.get(name)
+        if not isinstance(stat, SeedsAttention) or not stat.can_seed_attention(module.attn_spec):
+            return None
+        seeds[name] = stat
+    return seeds
+
+
 def _seed_all(
     modules: Mapping[str, QuantModule[Any]],
-    stats: Mapping[str, SeedsCalibration],
+    stats: Mapping[str, SeedsCalibration | SeedsAttention],
     model: nn.Module,
 ) -> bool:
     """Seed every module from ``stats`` if each can be (else touch none and return False);
     the SmoothQuant decision reads the weight: an offloaded module's block is opened."""
-    if not all(n in stats and stats[n].can_seed(q.spec) for n, q in modules.items()):
-        return False
+    seeds: dict[str, SeedsCalibration] = {}
+    for name, q in modules.items():
+        stat = stats.get(name)
+        if not isinstance(stat, SeedsCalibration) or not stat.can_seed(q.spec):
+            return False
+        seeds[name] = stat
     with window(model) as off:
         for name, q in modules.items():
             touch(off, name)
-            stats[name].seed(q)
+            seeds[name].seed(q)
     return True

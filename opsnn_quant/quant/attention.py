@@ -302,6 +302,14 @@ class QuantizedAttention(nn.Module):
             )
         return int8_sdpa(call, self.attn_scales[self._group()], self.attn_spec.k_mean)
 
+    def seed_calibration(self, amax: torch.Tensor, calls: int) -> None:
+        """What calibration would have seen, observed elsewhere on the same data (the probe's
+        pass 1): the (groups, 3) maxima and the SDPA calls (then :meth:`freeze_attention`)."""
+        calib = self._attn_calib
+        assert calib is not None
+        calib.amax = amax.to(calib.amax).clone()
+        calib.sdpa_calls = calls
+
     @property
     def attention_calls(self) -> int:
         """The SDPA calls calibration saw."""

@@ -126,3 +126,31 @@ def test_decode_calls_leave_the_module_float_with_the_reason() -> None:
         "query/key/value, FIA doc l.429)"
     }
     assert entry.e2e is None
+
+
+def test_quantize_seeded_by_the_probe_runs_no_pass_and_gets_the_same_scales() -> None:
+    from opsnn_quant.probe.api import run_probe
+
+    data = _data()
+    passes = []
+
+    def loop(m: nn.Module) -> None:
+        passes.append(1)
+        for x in data:
+            m(x)
+
+    adapter = GenericAdapter(_model(), {"": "denoiser"}, loop)
+    result = run_probe(adapter, adapter.forward_loop(), _cfg())
+    specs = {"attn1": QuantSpec(Precision.A8, k_mean=True), "attn2": "a8", "inp": "w8a8"}
+    seeded, calibrated = _model(), _model()
+    before = len(passes)
+    quantize(seeded, specs, loop, statistics=result.statistics)
+    assert len(passes) == before  # no calibration pass
+    quantize(calibrated, specs, loop)
+    assert len(passes) == before + 1
+    for name in ("attn1", "attn2"):
+        assert torch.equal(
+            seeded.get_submodule(name).attn_scales, calibrated.get_submodule(name).attn_scales
+        )
+    x = data[0]
+    assert torch.equal(seeded(x), calibrated(x))
