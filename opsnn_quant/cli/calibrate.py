@@ -83,7 +83,8 @@ EvaluateOpt = Annotated[
 StrategyOpt = Annotated[
     str | None,
     typer.Option(
-        help="override the recipe: search | all-w8a8-minmax | all-w8a8-dynamic | all-fp16"
+        help="override the recipe: search | all-w8a8-minmax | all-w8a8-dynamic | "
+        "all-w8a8-minmax-a8 | all-w8a8-dynamic-a8 | all-fp16"
     ),
 ]
 LatencyOpt = Annotated[

@@ -6,6 +6,9 @@
 * ``all-w8a8-dynamic``: every Linear/Conv2d that ran and that the target runs in W8A8_DYNAMIC
   goes int8 with per-token dynamic activation scales (per-channel weights, no SmoothQuant); the
   rest stays fp16 (on 910B eager every Conv2d: torch_npu has no int8 conv op).
+* ``all-w8a8-minmax-a8``, ``all-w8a8-dynamic-a8``: the same, and every attention module the
+  target runs in int8 attention (``a8``, static per-tensor min/max scales) whose calls the fused
+  op takes; on a target without int8 attention, the Linear-only baseline again.
 * ``all-fp16``: nothing int8; every modality in fp16 (on CPU, evaluate the float model cast to
   fp16 to see fp16's own error).
 """
@@ -25,16 +28,40 @@ from opsnn_quant.quant.schemes import SCHEMES
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Modality, Precision
 
-Strategy = Literal["search", "all-w8a8-minmax", "all-w8a8-dynamic", "all-fp16"]
+Strategy = Literal[
+    "search",
+    "all-w8a8-minmax",
+    "all-w8a8-dynamic",
+    "all-w8a8-minmax-a8",
+    "all-w8a8-dynamic-a8",
+    "all-fp16",
+]
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
-# The one precision and the reason of each all-int8 baseline.
+_A8 = "; every attention in int8 (a8, min/max)"
+# The Linear/Conv2d precision, the reason, and whether attention goes int8 too, of each
+# all-int8 baseline (measured in this order by a measured search).
 NAIVE_INT8 = {
-    "all-w8a8-minmax": (Precision.W8A8, "naive baseline: all W8A8, min/max"),
-    "all-w8a8-dynamic": (Precision.W8A8_DYNAMIC, "naive baseline: all W8A8 dynamic (per token)"),
+    "all-w8a8-minmax": (Precision.W8A8, "naive baseline: all W8A8, min/max", False),
+    "all-w8a8-dynamic": (
+        Precision.W8A8_DYNAMIC,
+        "naive baseline: all W8A8 dynamic (per token)",
+        False,
+    ),
+    "all-w8a8-minmax-a8": (Precision.W8A8, f"naive baseline: all W8A8, min/max{_A8}", True),
+    "all-w8a8-dynamic-a8": (
+        Precision.W8A8_DYNAMIC,
+        f"naive baseline: all W8A8 dynamic (per token){_A8}",
+        True,
+    ),
 }
-# The probe's scheme each all-int8 baseline applies everywhere (what a recipe's probe.schemes
+# The probe's schemes each all-int8 baseline applies everywhere (what a recipe's probe.schemes
 # must allow for the baseline to be one of its candidates).
-NAIVE_SCHEMES = {"all-w8a8-minmax": "w8a8", "all-w8a8-dynamic": "w8a8_dynamic"}
+NAIVE_SCHEMES: dict[str, tuple[str, ...]] = {
+    "all-w8a8-minmax": ("w8a8",),
+    "all-w8a8-dynamic": ("w8a8_dynamic",),
+    "all-w8a8-minmax-a8": ("w8a8", "a8"),
+    "all-w8a8-dynamic-a8": ("w8a8_dynamic", "a8"),
+}
 
 
 def probed_schemes(strategy: str, schemes: Sequence[str]) -> tuple[str, ...]:
@@ -44,8 +71,8 @@ def probed_schemes(strategy: str, schemes: Sequence[str]) -> tuple[str, ...]:
     (GPTQ's K x K moments per module, SmoothQuant's channel maxima)."""
     if strategy == "search":
         return tuple(schemes)
-    naive = NAIVE_SCHEMES.get(strategy)
-    return tuple(s for s in schemes if s == naive)
+    naive = NAIVE_SCHEMES.get(strategy, ())
+    return tuple(s for s in schemes if s in naive)
 
 
 def baselines_first(config: ProbeConfig) -> ProbeConfig:
@@ -53,7 +80,7 @@ def baselines_first(config: ProbeConfig) -> ProbeConfig:
     schemes only (the candidates measured before any estimate); the other schemes' observers
     (GPTQ's K x K moments per module above all) are paid for only if the estimators run."""
     schemes = config.schemes if config.schemes is not None else tuple(SCHEMES)
-    naive = NAIVE_SCHEMES.values()
+    naive = {s for used in NAIVE_SCHEMES.values() for s in used}
     return dataclasses.replace(config, schemes=tuple(s for s in schemes if s in naive))
 
 
@@ -65,6 +92,8 @@ def int8_runnable(report: SensitivityReport, target: Target) -> list[str]:
     out = []
     for e in report.modules:
         if not e.quantizable or e.calls == 0 or target.tie_reason(e.tied_to) is not None:
+            continue
+        if e.refused is not None:  # every scheme infeasible (a call the fused attention refuses)
             continue
         shape = e.weight_shape
         if any(
@@ -82,7 +111,7 @@ def naive_policy(report: SensitivityReport, target: Target, strategy: str) -> Pr
     }
     rules: list[Rule] = []
     if strategy in NAIVE_INT8:
-        precision, reason = NAIVE_INT8[strategy]
+        linear, reason, attention = NAIVE_INT8[strategy]
         for e in report.modules:
             if not e.quantizable or e.calls == 0:  # never run (e.g. a t2i pipeline's VAE encoder)
                 continue
@@ -90,9 +119,14 @@ def naive_policy(report: SensitivityReport, target: Target, strategy: str) -> Pr
                 target.tie_reason(e.tied_to) is not None
             ):  # the engine runs it float, whatever we write
                 continue
-            if target.can_run(e.type, precision)[0]:
-                quant = QuantFields.from_spec(target.spec_for(QuantSpec(precision)))
-                rules.append(Rule(match=e.name, precision=precision, quant=quant, reason=reason))
+            if e.refused is not None:  # the op refuses it (an attention's decode calls)
+                continue
+            for precision in (linear, Precision.A8) if attention else (linear,):
+                if target.can_run(e.type, precision)[0]:
+                    quant = QuantFields.from_spec(target.spec_for(QuantSpec(precision)))
+                    rules.append(
+                        Rule(match=e.name, precision=precision, quant=quant, reason=reason)
+                    )
     elif strategy != "all-fp16":
         raise ValueError(f"unknown baseline strategy {strategy!r}")
     return PrecisionPolicy(

@@ -347,12 +347,16 @@ def baseline_candidates(
     """The naive int8 baselines ``target`` runs (with an int8 module; whose scheme is among
     ``schemes`` when given): they need pass 1 only."""
     starts = []
-    for strategy, scheme in NAIVE_SCHEMES.items():
-        if schemes is not None and scheme not in schemes:
+    keys = set()
+    for strategy, used in NAIVE_SCHEMES.items():
+        if schemes is not None and not set(used) <= set(schemes):
             continue
         policy = naive_policy(report, target, strategy)
-        if policy.rules:
-            starts.append(Candidate.of(strategy, policy, report))
+        cand = Candidate.of(strategy, policy, report)
+        # with attention, the same as without on a target (or a model) without int8 attention
+        if policy.rules and cand.key not in keys:
+            starts.append(cand)
+            keys.add(cand.key)
     return starts
 
 

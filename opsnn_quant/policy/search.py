@@ -85,9 +85,8 @@ def _candidates(
             continue
         # only what the target's engine runs (a report probed for another target has more)
         choice = best_choice(m, allowed, target.timestep_scales, runs(m))
-        refused = {e.infeasible for e in m.w8a8.values()}
-        if choice is None and m.w8a8 and None not in refused:  # the op refuses every scheme
-            plan.fallback[m.name] = f"stays float: {sorted(r for r in refused if r)[0]}"
+        if choice is None and m.refused is not None:  # every scheme infeasible: the reason
+            plan.fallback[m.name] = f"stays float: {m.refused}"
             continue
         if choice is None:
             plan.fallback[m.name] = (

@@ -207,10 +207,17 @@ class ModuleSensitivity(_Frozen):
     @property
     def quantizable(self) -> bool:
         """True for module types the engine can make int8 (Linear, Conv2d) and for attention
-        modules the probe measured int8 attention on (their SDPA: precision ``a8``)."""
-        return self.type in ("Linear", "Conv2d") or (
-            self.type == ATTENTION_TYPE and bool(self.w8a8)
-        )
+        modules the probe measured for int8 attention (type ``SDPA``: precision ``a8``)."""
+        return self.type in ("Linear", "Conv2d", ATTENTION_TYPE)
+
+    @property
+    def refused(self) -> str | None:
+        """Why no int8 scheme can run this module, when the probe found every one infeasible
+        (an attention call the fused op refuses, an output dtype overflow); None otherwise."""
+        reasons = [e.infeasible for e in self.w8a8.values()]
+        if not reasons or None in reasons:
+            return None
+        return sorted(r for r in reasons if r)[0]
 
 
 class Finding(_Frozen):

@@ -15,10 +15,11 @@ OBSERVERS: tuple[str, ...] = ("minmax", "percentile", "mse", "kl")
 OUTPUT_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 DEFAULT_ALPHA_GRID: tuple[float, ...] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 DEFAULT_GROUP_SIZE = 128
-ATTENTION_TYPE = "Attention"
-"""The module type of an attention module (:mod:`opsnn_quant.quant.attention`) in module
-inventories, probe reports and targets' int8 maps, whatever its class (diffusers ``Attention``,
-transformers ``WhisperAttention``...)."""
+ATTENTION_TYPE = "SDPA"
+"""The module type of an attention module whose scaled-dot-product attention may run in int8
+(:mod:`opsnn_quant.quant.attention`) in module inventories, probe reports and targets' int8
+maps, whatever its class (diffusers ``Attention``, transformers ``WhisperAttention``...): not a
+class name, so a report made for a target without int8 attention keeps its classes."""
 # Weight-only precisions: activations stay float.
 WEIGHT_ONLY = frozenset({Precision.W8A16, Precision.W4A16})
 

@@ -38,12 +38,12 @@ def _policy(target: str, *rules: Rule) -> PrecisionPolicy:
 
 
 def test_which_targets_run_a8_is_their_engines_word() -> None:
-    runs = {name for name, t in TARGETS.items() if t.can_run("Attention", "a8")[0]}
+    runs = {name for name, t in TARGETS.items() if t.can_run("SDPA", "a8")[0]}
     assert runs == {"ascend910b-eager", "cpu-reference"}
-    ok, why = get_target("ascend910b-mindie-sd").can_run("Attention", "a8")
+    ok, why = get_target("ascend910b-mindie-sd").can_run("SDPA", "a8")
     assert not ok and "cannot run a8" in why
     assert not get_target("ascend910b-eager").can_run("Linear", "a8")[0]
-    assert not get_target("ascend910b-eager").can_run("Attention", "w8a8")[0]
+    assert not get_target("ascend910b-eager").can_run("SDPA", "w8a8")[0]
 
 
 def test_an_a8_glob_takes_the_attention_and_a_w8a8_glob_its_linears() -> None:
@@ -55,7 +55,7 @@ def test_an_a8_glob_takes_the_attention_and_a_w8a8_glob_its_linears() -> None:
         Rule(match="*", precision=Precision.W8A8, reason="linears in int8"),
     )
     resolved = policy.resolved_for(model)
-    assert resolved.modules["attn1"] == "Attention"
+    assert resolved.modules["attn1"] == "SDPA"
     assert resolved.specs["attn1"].precision == Precision.A8  # type: ignore[union-attr]
     assert resolved.specs["attn1.to_q"].precision == Precision.W8A8  # type: ignore[union-attr]
     assert resolved.specs["ff"].precision == Precision.W8A8  # type: ignore[union-attr]
@@ -68,7 +68,7 @@ def test_an_a8_glob_takes_the_attention_and_a_w8a8_glob_its_linears() -> None:
 def test_an_a8_rule_on_no_attention_and_a_target_without_it_are_refused() -> None:
     model = _Block().eval()
     only_linears = _policy("cpu-reference", Rule(match="ff", precision=Precision.A8))
-    with pytest.raises(ConfigError, match=r"cannot be a8.*Attention only"):
+    with pytest.raises(ConfigError, match=r"cannot be a8.*SDPA only"):
         only_linears.resolved_for(model)
     mindie = _policy("ascend910b-mindie-sd", Rule(match="attn1", precision=Precision.A8))
     with pytest.raises(ConfigError, match="cannot run a8"):

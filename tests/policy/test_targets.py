@@ -108,9 +108,9 @@ def test_the_schemes_of_a_module_type_are_those_the_target_runs_on_it():
     eager, atc = get_target("ascend910b-eager"), get_target("ascend910b-atc")
     assert eager.schemes("Conv2d") == ()  # no int8 conv among the torch_npu ops we rely on
     # its attention modules: the fused int8 attention, the key as it is or less its mean
-    assert eager.schemes("Attention") == ("a8", "a8_kmean")
-    assert eager.schemes("Linear") + eager.schemes("Attention") == eager.schemes()
-    assert atc.schemes("Attention") == ()
+    assert eager.schemes("SDPA") == ("a8", "a8_kmean")
+    assert eager.schemes("Linear") + eager.schemes("SDPA") == eager.schemes()
+    assert atc.schemes("SDPA") == ()
     # ATC: AMCT's static PTQ of Gemm and Conv; SmoothQuant's factors only on a Linear's input;
     # GPTQ's static integers on a conv's im2col rows too
     assert atc.schemes("Conv2d") == ("w8a8", "w8a8_mse", "w8a8_gptq")

@@ -60,7 +60,7 @@ def _model() -> _Net:
 def test_attention_entries_carry_their_sdpa_macs_errors_and_contributions() -> None:
     report, _ = _probe(_model(), _cfg())
     entry = report.module("attn1")
-    assert entry.type == "Attention" and entry.quantizable
+    assert entry.type == "SDPA" and entry.quantizable
     # (B=2, N=2, S=48, D=32): scores and values, 2 * 2 * 48 * 48 * (32 + 32) per call
     assert entry.macs == 2 * 2 * 48 * 48 * 64 and entry.calls == 2
     assert set(entry.w8a8) == {"a8", "a8_kmean"}
