@@ -101,16 +101,22 @@ def fp16_round_away(x: torch.Tensor) -> torch.Tensor:
 
     Normal range: add half of the 13 dropped mantissa bits to the magnitude and truncate (a carry
     moves into the exponent; past 65504 the result overflows to inf). Subnormal range: multiples
-    of 2**-24, rounded half up in float64 (exact). Inf and NaN pass through.
+    of 2**-24, rounded half up (exact in fp32). Inf and NaN pass through.
     """
     x = x.to(torch.float32)
     a = x.abs()
-    bits = a.contiguous().view(torch.int32)
-    normal = ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
-    steps = torch.floor(a.to(torch.float64) / _FP16_SUBNORMAL_STEP + 0.5)
-    subnormal = (steps * _FP16_SUBNORMAL_STEP).to(torch.float32)
-    r = torch.where(a < _FP16_MIN_NORMAL, subnormal, normal)
-    r = torch.where(torch.isfinite(x), r, a)
+    r = ((a.contiguous().view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
+    small = a < _FP16_MIN_NORMAL
+    if bool(small.any()):
+        # half up without an inexact "+ 0.5": a * 2**24 < 1024 is exact in fp32, and so is its
+        # fraction (Sterbenz), compared with one half
+        scaled = a * (1.0 / _FP16_SUBNORMAL_STEP)
+        steps = torch.floor(scaled)
+        steps += (scaled - steps) >= 0.5
+        r = torch.where(small, steps * _FP16_SUBNORMAL_STEP, r)
+    finite = torch.isfinite(x)
+    if not bool(finite.all()):  # a NaN's payload must not carry into inf
+        r = torch.where(finite, r, a)
     return torch.copysign(r, x).to(torch.float16)
 
 

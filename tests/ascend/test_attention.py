@@ -531,3 +531,21 @@ def test_fia_v2_refusals(kwargs, match):
         )
     with pytest.raises(ShapeError, match="query must be float16, bfloat16"):
         npu_fused_infer_attention_score_v2(*int8_qkv(), input_layout="BNSD")
+
+
+def test_fp16_round_away_is_exact_on_every_subnormal_tie_and_bit_pattern() -> None:
+    """Ties away from zero at the fp16 subnormal grid (2**-24) and the normal one; an fp32 NaN
+    with a low payload stays NaN; against float64 arithmetic of the definition."""
+    from opsnn_quant.ascend.attention import fp16_round_away
+
+    k = torch.arange(0, 1024, dtype=torch.float64)
+    ties = ((k + 0.5) * 2.0**-24).to(torch.float32)  # exact halves between subnormals
+    got = fp16_round_away(torch.cat([ties, -ties])).to(torch.float64)
+    want = (k + 1) * 2.0**-24  # away from zero
+    assert torch.equal(got, torch.cat([want, -want]))
+    below = torch.nextafter(ties, torch.zeros(()))  # just below each tie: down
+    assert torch.equal(fp16_round_away(below).to(torch.float64), k * 2.0**-24)
+    normal_tie = torch.tensor([1.0 + 2.0**-11], dtype=torch.float32)  # half an fp16 ulp at 1
+    assert fp16_round_away(normal_tie).item() == 1.0 + 2.0**-10
+    nan = torch.tensor([0x7F800001], dtype=torch.int32).view(torch.float32)
+    assert torch.isnan(fp16_round_away(nan)).all()
