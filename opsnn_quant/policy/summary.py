@@ -29,7 +29,7 @@ class ModalitySummaryRow:
         int8_mac_share: share of the modality's Linear/Conv2d MACs in int8 (recomputed from the
             report): what a target can run in int8, and what budgets and the search read.
         int8_share_of_all_macs: the int8 MACs over *all* the modality's MACs, attention's
-            products and Conv1d/Conv3d included (they stay float on every target); None where
+            products and Conv1d/Conv3d included (float where the target runs them so); None where
             the probe did not count those (a probe.json from before it did).
     """
 

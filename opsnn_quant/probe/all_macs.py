@@ -1,7 +1,9 @@
 """The multiply-accumulates that no Linear/Conv2d makes, per modality: what the int8 share of
 *all* MACs is measured against (issue 46: Whisper's encoder convolutions are Conv1d, and
-attention's score and value products are matmuls; both stay float on every target, so a
-"100 % int8" of the Linear/Conv2d MACs is not 100 % of the model's).
+attention's score and value products are matmuls; both stay float on a target without int8
+attention, so a "100 % int8" of the Linear/Conv2d MACs is not 100 % of the model's; where the
+target runs int8 attention, the probe moves the SDPA MACs of the attention modules it measured
+to the measured share, :mod:`.attention`).
 
 Pass 1 counts them beside its hooks: a :class:`~torch.overrides.TorchFunctionMode` sees every
 torch call; the matmul-like ones outside the Linear/Conv2d modules (scaled-dot-product attention,
