@@ -53,7 +53,7 @@ def test_table_names_specs_and_preference_order():
 
 def test_module_types_drive_the_probe_candidates():
     assert schemes_for("Linear") == LINEAR_SCHEMES == tuple(SCHEMES)[:-2]
-    assert schemes_for("Attention") == ("a8", "a8_kmean")
+    assert schemes_for("SDPA") == ("a8", "a8_kmean")
     assert (
         schemes_for("Conv2d") == CONV_SCHEMES == ("w8a8", "w8a8_mse", "w8a8_dynamic", "w8a8_gptq")
     )
