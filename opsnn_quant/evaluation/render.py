@@ -76,6 +76,8 @@ _POLICY_COLUMNS = {
     "predicted_sqnr_db": "predicted SQNR dB",
     "measured_sqnr_db": "measured SQNR dB (held-out)",
     "int8_mac_share": "int8 MAC share",
+    "int8_share_of_all_macs": "int8 share of all MACs",
+    "attention_int8_share": "attention int8 share",
 }
 _ROW_NAMES = {"modalities": "modality"}
 

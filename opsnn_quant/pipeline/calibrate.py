@@ -583,7 +583,9 @@ def acceptance_phase(
         baseline,
         ctx.adapter,
         suite,
-        policy=with_measured(policy_summary(resolved.policy), measured or {}),
+        policy=with_measured(
+            policy_summary(resolved.policy, summarize(resolved, report)), measured or {}
+        ),
         sensitivity=report,
         progress=ctx.say,
         latency=ctx.run.latency,

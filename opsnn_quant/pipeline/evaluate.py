@@ -158,7 +158,7 @@ def _run_evaluate(job: EvaluateJob, progress: Progress | None) -> AcceptanceRepo
     from opsnn_quant.formats.candidates import cast_adapter, load_candidate
     from opsnn_quant.models import load_adapter
     from opsnn_quant.output.directories import atomic_dir
-    from opsnn_quant.policy.summary import policy_summary
+    from opsnn_quant.policy.summary import policy_summary, report_rows
 
     say = progress or (lambda m: None)
     say("loading models")
@@ -179,7 +179,11 @@ def _run_evaluate(job: EvaluateJob, progress: Progress | None) -> AcceptanceRepo
         base,
         cand,
         job.suite,
-        policy=policy_summary(job.policy) if job.policy is not None else None,
+        policy=(
+            policy_summary(job.policy, report_rows(job.policy, sensitivity))
+            if job.policy is not None
+            else None
+        ),
         sensitivity=sensitivity,
         progress=say,
         latency=job.latency,

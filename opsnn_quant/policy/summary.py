@@ -12,7 +12,7 @@ from opsnn_quant.core.numerics import fmt_db
 from opsnn_quant.policy.schema import PrecisionPolicy, ResolvedPolicy
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.quant.schemes import SCHEMES
-from opsnn_quant.quant.spec import QuantSpec
+from opsnn_quant.quant.spec import ATTENTION_TYPE, QuantSpec
 from opsnn_quant.types import Modality, Precision
 
 
@@ -31,6 +31,9 @@ class ModalitySummaryRow:
         int8_share_of_all_macs: the int8 MACs over *all* the modality's MACs, attention's
             products and Conv1d/Conv3d included (float where the target runs them so); None where
             the probe did not count those (a probe.json from before it did).
+        attention_int8_share: share of the modality's attention MACs (the SDPA calls the probe
+            measured for int8 attention) in int8; None where none was (a target without int8
+            attention).
     """
 
     modality: Modality
@@ -42,6 +45,7 @@ class ModalitySummaryRow:
     predicted_sqnr_db: float | None
     int8_mac_share: float
     int8_share_of_all_macs: float | None = None
+    attention_int8_share: float | None = None
 
 
 def summarize(resolved: ResolvedPolicy, report: SensitivityReport) -> list[ModalitySummaryRow]:
@@ -55,6 +59,7 @@ def summarize(resolved: ResolvedPolicy, report: SensitivityReport) -> list[Modal
             continue
         counts = dict.fromkeys(("fp32", "bf16", "fp16", "int8"), 0)
         int8_macs = total = 0
+        attention = [0, 0]  # int8, all: the SDPA MACs
         for m in modules:
             p = resolved.resolution[m.name].precision
             key = "int8" if p.is_int8 else p.value
@@ -62,6 +67,9 @@ def summarize(resolved: ResolvedPolicy, report: SensitivityReport) -> list[Modal
             total += max(m.macs, 0)
             if p.is_int8:
                 int8_macs += max(m.macs, 0)
+            if m.type == ATTENTION_TYPE:
+                attention[1] += max(m.macs, 0)
+                attention[0] += max(m.macs, 0) if p.is_int8 else 0
         info = report.modalities.get(modality.value)
         linear = info.linear_share if info is not None else None
         fig = policy.figures.get(modality)
@@ -78,10 +86,22 @@ def summarize(resolved: ResolvedPolicy, report: SensitivityReport) -> list[Modal
                 int8_share_of_all_macs=(
                     None if linear is None or not total else int8_macs / total * linear
                 ),
+                attention_int8_share=attention[0] / attention[1] if attention[1] else None,
                 **counts,
             )
         )
     return rows
+
+
+def report_rows(
+    policy: PrecisionPolicy, report: SensitivityReport | None
+) -> list[ModalitySummaryRow]:
+    """:func:`summarize` of ``policy`` resolved against the probe ``report`` it was decided from
+    (none without a report)."""
+    if report is None:
+        return []
+    resolved = policy.resolved(report.inventory(), report.weight_shapes(), tied=report.tied())
+    return summarize(resolved, report)
 
 
 @dataclass(frozen=True)
@@ -175,9 +195,13 @@ def deployed_note(artifact: str, shares: Mapping[str, float]) -> str:
     return f"deployed by {artifact}: {shares['overall']:.1%} of the Linear/Conv2d MACs in int8 ({parts})"
 
 
-def policy_summary(policy: PrecisionPolicy) -> dict[str, Any]:
+def policy_summary(
+    policy: PrecisionPolicy, rows: Iterable[ModalitySummaryRow] = ()
+) -> dict[str, Any]:
     """A compact summary of ``policy`` for an acceptance report: model, target, rule count and
-    each modality's decision (chosen, predicted SQNR, int8 MAC share)."""
+    each modality's decision (chosen, predicted SQNR, int8 MAC share); with the summary
+    ``rows`` of the probe it was decided from, each modality's int8 share of all its MACs and
+    of its attention MACs, where counted."""
     figures = {
         m.value: {
             "chosen": f.chosen,
@@ -186,6 +210,15 @@ def policy_summary(policy: PrecisionPolicy) -> dict[str, Any]:
         }
         for m, f in policy.figures.items()
     }
+    for row in rows:
+        shares = {
+            "int8_share_of_all_macs": row.int8_share_of_all_macs,
+            "attention_int8_share": row.attention_int8_share,
+        }
+        if row.modality.value in figures:
+            figures[row.modality.value] |= {
+                k: round(v, 4) for k, v in shares.items() if v is not None
+            }
     return {
         "model": policy.model,
         "target": policy.target,

@@ -10,6 +10,7 @@ from diffusers.models.attention_processor import Attention
 from torch import nn
 
 from opsnn_quant.models.generic import GenericAdapter
+from opsnn_quant.policy.rule import Rule
 from opsnn_quant.policy.targets import get_target
 from opsnn_quant.probe.api import ProbeConfig, probe
 from opsnn_quant.quant.api import quantize
@@ -154,3 +155,28 @@ def test_quantize_seeded_by_the_probe_runs_no_pass_and_gets_the_same_scales() ->
         )
     x = data[0]
     assert torch.equal(seeded(x), calibrated(x))
+
+
+def test_the_summary_counts_the_attention_share_and_the_report_shows_it() -> None:
+    from opsnn_quant.policy.search import build_policy
+    from opsnn_quant.policy.summary import policy_summary, report_rows
+
+    report, _ = _probe(_model(), _cfg())
+    policy = build_policy(report, target=get_target("cpu-reference"))
+    (row,) = report_rows(policy, report)
+    assert row.attention_int8_share == 1.0  # both attentions chosen a8 (no budget)
+    figures = policy_summary(policy, [row])["modalities"]["denoiser"]
+    assert figures["attention_int8_share"] == 1.0
+    assert figures["int8_share_of_all_macs"] == pytest.approx(1.0)
+    # keep one attention float: its SDPA MACs leave the share (the two have equal MACs)
+    float_one = policy.model_copy(
+        update={"rules": [Rule(match="attn2", precision=Precision.FP16), *policy.rules]}
+    )
+    (row,) = report_rows(float_one, report)
+    assert row.attention_int8_share == 0.5
+    # a target without int8 attention: no attention share at all
+    mindie, _ = _probe(_model(), get_target("ascend910b-mindie-sd").probe_config(fp16=False))
+    plain = build_policy(mindie, target=get_target("ascend910b-mindie-sd"))
+    (row,) = report_rows(plain, mindie)
+    assert row.attention_int8_share is None
+    assert "attention_int8_share" not in policy_summary(plain, [row])["modalities"]["denoiser"]
