@@ -94,3 +94,23 @@ def test_the_calibrate_summary_fits_80_columns_with_both_int8_shares():
     ]  # fmt: skip
     assert [c.strip() for c in cells["image_decoder"].split("│")[8:10]] == [">99%", ">99%"]
     assert [c.strip() for c in cells["other"].split("│")[7:10]] == ["-/-", "0%", "-"]
+
+
+def test_the_attention_line_names_each_modality_whose_attention_was_measured() -> None:
+    from types import SimpleNamespace
+
+    from opsnn_quant.cli.calibrate import attention_line
+    from opsnn_quant.policy.summary import ModalitySummaryRow
+    from opsnn_quant.types import Modality
+
+    def row(modality: Modality, attention: float | None) -> ModalitySummaryRow:
+        return ModalitySummaryRow(modality, "int8", 0, 0, 1, 2, None, 0.5, 0.4, attention)
+
+    rows = [
+        row(Modality.TEXT_ENCODER, 1.0),
+        row(Modality.DENOISER, 0.75),
+        row(Modality.OTHER, None),
+    ]
+    line = attention_line(SimpleNamespace(rows=rows))  # type: ignore[arg-type]
+    assert line == "attention MACs in int8 (a8): text_encoder 100%, denoiser 75%"
+    assert attention_line(SimpleNamespace(rows=rows[2:])) is None  # type: ignore[arg-type]

@@ -159,37 +159,38 @@ UNJUDGED = (
 
 
 def _summary_table(name: str, target: str, result: CalibrateResult) -> _ui.Table:
-    # attn%: only where the probe measured attention for int8 (a target that runs it)
-    attn = any(row.attention_int8_share is not None for row in result.rows)
-    shares = ("MAC%", "attn%", "all%") if attn else ("MAC%", "all%")
     columns = [("modality", "left"), ("chosen", "left")]
-    columns += [(c, "right") for c in ("fp32", "bf16", "fp16", "int8", "pred/meas", *shares)]
+    columns += [(c, "right") for c in ("fp32", "bf16", "fp16", "int8", "pred/meas", "MAC%", "all%")]
     t = _ui.table(
         f"{name}: policy for {target}",
         columns,
         caption="module counts per precision; pred/meas: predicted / measured SQNR of the "
         "modality's output, dB (cpu-reference backend); MAC%: share of the Linear/Conv2d MACs in "
         "int8 (the layers a target runs in int8; with attention's SDPA where the target runs "
-        "int8 attention); "
-        + ("attn%: share of the attention MACs in int8; " if attn else "")
-        + "all%: share of all the modality's MACs in int8, Conv1d/Conv3d and the "
+        "int8 attention); all%: share of all the modality's MACs in int8, Conv1d/Conv3d and the "
         "attention the target runs in float counted in",
     )
     for row in result.rows:
         measured = result.measured.get(row.modality, {}).get("sqnr_db")
         pred, meas = (fmt_db(v, unit="", none="-") for v in (row.predicted_sqnr_db, measured))
-        cells = [fmt_share(row.int8_mac_share)]
-        if attn:
-            a = row.attention_int8_share
-            cells.append("-" if a is None else fmt_share(a))
-        cells.append(
-            "-" if row.int8_share_of_all_macs is None else fmt_share(row.int8_share_of_all_macs)
-        )
         t.add_row(
             row.modality.value, row.chosen, str(row.fp32), str(row.bf16), str(row.fp16),
-            str(row.int8), f"{pred}/{meas}", *cells,
+            str(row.int8), f"{pred}/{meas}", fmt_share(row.int8_mac_share),
+            "-" if row.int8_share_of_all_macs is None else fmt_share(row.int8_share_of_all_macs),
         )  # fmt: skip
     return t
+
+
+def attention_line(result: CalibrateResult) -> str | None:
+    """The share of each modality's attention MACs in int8, where the probe measured attention
+    for int8 (a target that runs it; None elsewhere): a line under the table, which has no
+    room for a tenth column in 80."""
+    parts = [
+        f"{row.modality.value} {fmt_share(row.attention_int8_share)}"
+        for row in result.rows
+        if row.attention_int8_share is not None
+    ]
+    return f"attention MACs in int8 (a8): {', '.join(parts)}" if parts else None
 
 
 PROBE_NAME_WIDTH = 24  # 80 columns: module 24, type 10, fp16 9, int8, e2e, rank, borders
@@ -405,6 +406,9 @@ def print_calibrate(result: CalibrateResult, command: CalibrateCommand, quiet: b
     r, out, suite = command.recipe, command.out, command.suite
     if not quiet:
         _ui.print_table(_summary_table(r.name, r.target, result))
+        attention = attention_line(result)
+        if attention is not None:
+            _ui.console.print(attention)
         for line in result.search.notes(timed=True) if result.search else []:
             _ui.console.print(line)
         for line in share_lines(result, r.target):
