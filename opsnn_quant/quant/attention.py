@@ -67,7 +67,8 @@ _SDPA = F.scaled_dot_product_attention
 def is_attention_module(module: nn.Module) -> bool:
     """A module with query and key projections and a head count: diffusers ``Attention``
     (``to_q``/``to_k``/``heads``) or a transformers attention (``q_proj``/``k_proj``).
-    Whether its forward reaches SDPA is seen when it runs (:func:`find_attention`)."""
+    Whether its forward reaches SDPA is seen when it runs: calibration refuses one that never
+    does (:meth:`QuantizedAttention.freeze_attention`)."""
     if isinstance(module, QuantizedAttention):
         return True
     diffusers = all(hasattr(module, a) for a in ("to_q", "to_k", "heads"))
