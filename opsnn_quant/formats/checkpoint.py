@@ -200,18 +200,20 @@ def read_description(directory: str | Path) -> dict[str, Any]:
     modules = desc.get("modules")
     if not isinstance(modules, dict):
         raise CheckpointError(f"{path}: 'modules' is missing or not an object")
-    for name, entry in modules.items():
-        missing = [k for k in MODULE_KEYS if not isinstance(entry, dict) or k not in entry]
-        if missing:
-            raise CheckpointError(f"{path}: module '{name}' lacks {', '.join(missing)}")
+    _check_entries(path, "module", modules, MODULE_KEYS)
     attention = desc.get("attention", {})
     if not isinstance(attention, dict):
         raise CheckpointError(f"{path}: 'attention' is not an object")
-    for name, entry in attention.items():
-        missing = [k for k in ATTENTION_KEYS if not isinstance(entry, dict) or k not in entry]
-        if missing:
-            raise CheckpointError(f"{path}: attention '{name}' lacks {', '.join(missing)}")
+    _check_entries(path, "attention", attention, ATTENTION_KEYS)
     return dict(desc)
+
+
+def _check_entries(path: Path, what: str, entries: dict[str, Any], keys: tuple[str, ...]) -> None:
+    """Every entry of a description section is an object with ``keys``."""
+    for name, entry in entries.items():
+        missing = [k for k in keys if not isinstance(entry, dict) or k not in entry]
+        if missing:
+            raise CheckpointError(f"{path}: {what} '{name}' lacks {', '.join(missing)}")
 
 
 def expected_state(

@@ -335,3 +335,17 @@ def test_a_checkpoint_attention_on_another_module_is_refused(tmp_path) -> None:
     other.attn = nn.Linear(4, 4)
     with pytest.raises(CheckpointError, match="no attention module"):
         load_quantized(other, tmp_path / "q")
+
+
+def test_a_description_whose_attention_entry_lacks_a_key_is_refused(tmp_path) -> None:
+    import json
+
+    model, data = _model_and_data()
+    quantize(model, {"attn": "a8"}, _loop(data))
+    save_quantized(model, tmp_path / "q")
+    path = tmp_path / "q" / "description.json"
+    desc = json.loads(path.read_text())
+    del desc["attention"]["attn"]["spec"]
+    path.write_text(json.dumps(desc))
+    with pytest.raises(CheckpointError, match="attention 'attn' lacks spec"):
+        read_description(tmp_path / "q")
