@@ -66,6 +66,7 @@ from opsnn_quant.policy.summary import (
     deployed_shares,
     int8_mac_share,
     int8_share_of_all_macs,
+    measured_kinds,
     position_note,
     summarize,
     with_measured,
@@ -227,7 +228,7 @@ def _execute(
         exported = write_exports(ctx, resolved, plan)  # 8. export (an offloaded model: see there)
         notes += exported.notes
         deployed = deployed_shares(probed.report, exported.int8)
-        add_policy_notes(ctx, resolved, deployed, measured)
+        add_policy_notes(ctx, resolved, deployed, measured, measured_kinds(probed.report))
         verdict, steps = acceptance_phase(ctx, probed.report, resolved, measured)  # 9. accept
         journal.close()
         # The run's wall-clock times, apart: every other file is the same bytes on a rerun.
@@ -541,11 +542,12 @@ def add_policy_notes(
     resolved: ResolvedPolicy,
     deployed: Mapping[str, Mapping[str, float]],
     measured: Mapping[Modality, Mapping[str, float]],
+    kinds: str = "Linear/Conv2d",
 ) -> None:
     """Add to ``policy.yaml``'s notes what only the written files and the quantized model show:
     each artifact's deployed int8 share (beside the shares the policy asks for) and the
     held-out SQNR of each group of output positions (a decoder's first and later tokens)."""
-    notes = [deployed_note(fmt, shares) for fmt, shares in deployed.items()]
+    notes = [deployed_note(fmt, shares, kinds) for fmt, shares in deployed.items()]
     backend = backend_label(ctx.adapter.device)
     notes += [position_note(m, figures, backend) for m, figures in measured.items()]
     notes = [n for n in notes if n]

@@ -37,7 +37,7 @@ from opsnn_quant.policy.baselines import NAIVE_SCHEMES, naive_policy
 from opsnn_quant.policy.budget import Budget, ModalityLimit
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy
-from opsnn_quant.policy.summary import int8_mac_shares
+from opsnn_quant.policy.summary import int8_mac_shares, measured_kinds
 from opsnn_quant.policy.targets import Target
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.quant.spec import QuantSpec
@@ -77,12 +77,14 @@ class Candidate:
         policy: the policy.
         share: its int8 share of all probed MACs.
         key: its decisions (module -> spec), to recognise the same policy under two labels.
+        kinds: what the share counts (:func:`~opsnn_quant.policy.summary.measured_kinds`).
     """
 
     label: str
     policy: PrecisionPolicy
     share: float
     key: tuple[tuple[str, object], ...] = field(repr=False)
+    kinds: str = "Linear/Conv2d"
 
     @classmethod
     def of(cls, label: str, policy: PrecisionPolicy, report: SensitivityReport) -> Candidate:
@@ -90,7 +92,7 @@ class Candidate:
         resolved = policy.resolved(report.inventory(), report.weight_shapes(), tied=report.tied())
         int8 = [n for n, s in resolved.specs.items() if isinstance(s, QuantSpec)]
         share = int8_mac_shares(report, int8)["overall"]
-        return cls(label, policy, share, tuple(resolved.specs.items()))
+        return cls(label, policy, share, tuple(resolved.specs.items()), measured_kinds(report))
 
     def predicted(self) -> str:
         """The search's predicted SQNR per modality, e.g. ``audio_encoder 31.2 dB``."""
@@ -135,7 +137,7 @@ class Round:
             f"{'PASS' if m.passed else 'FAIL'}: {m.detail}"
         )  # fmt: skip
         line = (
-            f"measured round {index} ({c.label}): {c.share:.1%} of the Linear/Conv2d MACs in int8 on "
+            f"measured round {index} ({c.label}): {c.share:.1%} of the {c.kinds} MACs in int8 on "
             f"{c.policy.target} (what its engine runs), predicted {c.predicted()}; {verdict}"
         )
         return f"{line}; {self.seconds:.0f} s" if timed else line
@@ -162,7 +164,7 @@ class FrontResult:
             ": the most int8 MACs among the candidates that pass, then the best measured quality"
         )  # fmt: skip
         return [r.note(i + 1, timed) for i, r in enumerate(self.rounds)] + [
-            f"measured search chose {c.label} ({c.share:.1%} of the Linear/Conv2d MACs in int8) after "
+            f"measured search chose {c.label} ({c.share:.1%} of the {c.kinds} MACs in int8) after "
             f"{self.evaluations} evaluation(s){why}"
         ]
 
@@ -229,7 +231,7 @@ class FrontWalk:
             return None
         else:
             self.left -= 1
-            self.say(f"measuring {cand.label} ({cand.share:.1%} of the Linear/Conv2d MACs in int8)")
+            self.say(f"measuring {cand.label} ({cand.share:.1%} of the {cand.kinds} MACs in int8)")
             started = time.perf_counter()
             measurement = self.measure(cand.policy)
             found = Round(cand, measurement, time.perf_counter() - started)

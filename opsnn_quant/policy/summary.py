@@ -189,10 +189,18 @@ def int8_mac_shares(report: SensitivityReport, int8: Iterable[str]) -> dict[str,
     return shares
 
 
-def deployed_note(artifact: str, shares: Mapping[str, float]) -> str:
-    """One line for the policy's notes: the int8 MAC share an artifact deploys."""
+def measured_kinds(report: SensitivityReport) -> str:
+    """What the int8 MAC shares of ``report`` count: ``Linear/Conv2d``, and ``SDPA`` too where
+    the probe measured attention for int8 (a target that runs it)."""
+    attention = any(m.type == ATTENTION_TYPE for m in report.modules)
+    return "Linear/Conv2d/SDPA" if attention else "Linear/Conv2d"
+
+
+def deployed_note(artifact: str, shares: Mapping[str, float], kinds: str = "Linear/Conv2d") -> str:
+    """One line for the policy's notes: the int8 MAC share an artifact deploys (of the
+    ``kinds`` MACs: :func:`measured_kinds`)."""
     parts = ", ".join(f"{k} {v:.0%}" for k, v in shares.items() if k != "overall")
-    return f"deployed by {artifact}: {shares['overall']:.1%} of the Linear/Conv2d MACs in int8 ({parts})"
+    return f"deployed by {artifact}: {shares['overall']:.1%} of the {kinds} MACs in int8 ({parts})"
 
 
 def policy_summary(

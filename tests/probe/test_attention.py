@@ -180,3 +180,20 @@ def test_the_summary_counts_the_attention_share_and_the_report_shows_it() -> Non
     (row,) = report_rows(plain, mindie)
     assert row.attention_int8_share is None
     assert "attention_int8_share" not in policy_summary(plain, [row])["modalities"]["denoiser"]
+
+
+def test_the_shares_say_they_count_attention_where_it_was_measured() -> None:
+    from opsnn_quant.policy.front import Candidate
+    from opsnn_quant.policy.search import build_policy
+    from opsnn_quant.policy.summary import deployed_note, measured_kinds
+
+    report, _ = _probe(_model(), _cfg())
+    assert measured_kinds(report) == "Linear/Conv2d/SDPA"
+    policy = build_policy(report, target=get_target("cpu-reference"))
+    cand = Candidate.of("no floor", policy, report)
+    assert cand.kinds == "Linear/Conv2d/SDPA" and cand.share == 1.0
+    assert deployed_note("quant", {"overall": 1.0, "denoiser": 1.0}, cand.kinds) == (
+        "deployed by quant: 100.0% of the Linear/Conv2d/SDPA MACs in int8 (denoiser 100%)"
+    )
+    mindie, _ = _probe(_model(), get_target("ascend910b-mindie-sd").probe_config(fp16=False))
+    assert measured_kinds(mindie) == "Linear/Conv2d"
