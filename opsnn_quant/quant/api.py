@@ -239,35 +239,12 @@ def quantize(
         for n, q in swapped.items()
         if q.spec.static_activations or q.spec.smoothquant or q.spec.needs_moments
     }
-    # seeded only when every module can be (a pass for some would observe the others twice)
-    seeds = _attention_seeds(attentions, statistics)
-    if (
-        (needs_data or attentions)
-        and seeds is not None
-        and (not needs_data or _seed_all(needs_data, statistics or {}, model))
+    if (needs_data or attentions) and not _seeded(
+        needs_data, attentions, statistics, model, progress
     ):
-        for name, module in attentions.items():
-            seeds[name].seed_attention(module)
-        if progress:
-            progress("calibration: the probe's statistics of the same data (no pass)")
-    elif needs_data or attentions:
-        if forward_loop is None:
-            raise ConfigError("static activation quantization and SmoothQuant need a forward_loop")
-        two_pass = any(s.static_activations and s.smoothquant for s in specs.values())
-        if progress:
-            progress("calibration (statistics)" if two_pass else "calibration")
-        forward_loop(model)
-        skipped.update(_restore_uncalled(model, needs_data, swapped, floats))
-        with window(model) as off:
-            for name, q in swapped.items():
-                q.input_quantizer.end_first_pass()
-                if q.spec.smoothquant:
-                    touch(off, name)
-                    q.decide_smoothing()
-        if two_pass:
-            if progress:
-                progress("calibration (activation ranges after SmoothQuant)")
-            forward_loop(model)
+        skipped.update(
+            _calibration_passes(model, forward_loop, swapped, needs_data, floats, progress)
+        )
     skipped.update(_freeze_attention(attentions, lenient))
     floats.clear()  # before the weights become int8: the float copies are not kept
     _warn_skipped(skipped)
@@ -278,6 +255,56 @@ def quantize(
     _check_shared(swapped, groups)
     log.info("quantized %d modules, %d attention modules", len(swapped), len(attentions))
     return model
+
+
+def _seeded(
+    needs_data: Mapping[str, QuantModule[Any]],
+    attentions: Mapping[str, QuantizedAttention],
+    statistics: Mapping[str, SeedsCalibration | SeedsAttention] | None,
+    model: nn.Module,
+    progress: Callable[[str], None] | None,
+) -> bool:
+    """Seed every module from the probe's statistics of the same data, when each can be (a
+    pass for some would observe the others twice); whether it was done."""
+    seeds = _attention_seeds(attentions, statistics)
+    if seeds is None or (needs_data and not _seed_all(needs_data, statistics or {}, model)):
+        return False
+    for name, module in attentions.items():
+        seeds[name].seed_attention(module)
+    if progress:
+        progress("calibration: the probe's statistics of the same data (no pass)")
+    return True
+
+
+def _calibration_passes(
+    model: nn.Module,
+    forward_loop: ForwardLoop | None,
+    swapped: dict[str, QuantModule[Any]],
+    needs_data: dict[str, QuantModule[Any]],
+    floats: Mapping[str, nn.Module],
+    progress: Callable[[str], None] | None,
+) -> dict[str, str]:
+    """The forward loop over the swapped modules (twice where a static module is smoothed:
+    statistics, then ranges on the smoothed inputs); returns the lenient modules it never
+    reached, put back float -> why."""
+    if forward_loop is None:
+        raise ConfigError("static activation quantization and SmoothQuant need a forward_loop")
+    two_pass = any(q.spec.static_activations and q.spec.smoothquant for q in swapped.values())
+    if progress:
+        progress("calibration (statistics)" if two_pass else "calibration")
+    forward_loop(model)
+    skipped = _restore_uncalled(model, needs_data, swapped, floats)
+    with window(model) as off:
+        for name, q in swapped.items():
+            q.input_quantizer.end_first_pass()
+            if q.spec.smoothquant:
+                touch(off, name)
+                q.decide_smoothing()
+    if two_pass:
+        if progress:
+            progress("calibration (activation ranges after SmoothQuant)")
+        forward_loop(model)
+    return skipped
 
 
 def _convert_attention(
