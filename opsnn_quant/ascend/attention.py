@@ -82,7 +82,7 @@ from opsnn_quant.ascend._attention_checks import (
     check_unused,
 )
 from opsnn_quant.ascend._checks import require_dtype
-from opsnn_quant.ascend.matmul import fp32_chunk_matmul
+from opsnn_quant.ascend.matmul import EXACT_FP32_CHUNK, fp32_chunk_matmul
 from opsnn_quant.ascend.params import fp19, unpack_quant_param
 from opsnn_quant.errors import ShapeError
 
@@ -184,6 +184,36 @@ def _expand_kv(t: torch.Tensor, n: int) -> torch.Tensor:
     return t if t.shape[1] == n else t.repeat_interleave(n // t.shape[1], dim=1)
 
 
+ROW_CHUNK_ELEMENTS = 1 << 18
+"""Score elements per step of the CPU reference (about 1 MiB of fp32): the query rows are taken a
+few at a time so that each block's dozen elementwise passes stay in cache. Rows are independent
+(each has its own running max and sum), so the chunking changes no value."""
+
+_P_SHORTCUT_MAX_SCALE = 4096.0
+"""Up to this ``quant_scale1``, an ``E`` below the fp16 normal range (< 2**-14) quantizes to 0
+whatever its subnormal rounding (``2**-14 * 4096 = 0.25``), so :func:`_quantize_p` may round
+every ``E`` with the normal-range rule alone."""
+
+
+def _quantize_p(e: torch.Tensor, qs1_h: torch.Tensor) -> torch.Tensor:
+    """``sat_rint(fp16(fp16_away(E) * qs1_h))`` as int-valued fp32, for ``E = exp(.)`` in [0, 1]
+    (or NaN), consuming ``e``.
+
+    The fp32 product of two halves is exact (11 + 11 significant bits), so one rounding of it to
+    half is the half ``Muls``. ``exp`` returns the default NaN (0x7FC00000), whose quiet bit the
+    normal-range rounding keeps; NaN -> 0 as the half -> int8 cast. Other scales take
+    :func:`fp16_round_away` and :func:`ascend_quant_fp16` as written.
+    """
+    qs = float(qs1_h)
+    if not 0.0 < abs(qs) <= _P_SHORTCUT_MAX_SCALE:
+        p_q = ascend_quant_fp16(fp16_round_away(e), qs1_h, torch.zeros((), dtype=torch.float16))
+        return p_q.to(torch.float32)
+    bits = e.view(torch.int32)
+    bits.add_(0x1000).bitwise_and_(~0x1FFF)
+    y = e.mul_(qs).to(torch.float16).to(torch.float32)
+    return torch.nan_to_num_(torch.round_(y), nan=0.0).clamp_(-128, 127)
+
+
 @torch.no_grad()
 def int8_attention_bnsd(
     query: torch.Tensor,
@@ -212,34 +242,76 @@ def int8_attention_bnsd(
     """
     if kv_block <= 0:
         raise ShapeError(f"int8_attention_bnsd: kv_block must be positive, got {kv_block}")
-    n = query.shape[1]
-    key_t = _expand_kv(key, n).transpose(-1, -2)
-    value = _expand_kv(value, n)
-    s1_scale = deq_scale_value(deq_scale1)
-    s2_scale = deq_scale_value(deq_scale2)
+    b, n, s1, d = query.shape
+    key_t = _expand_kv(key, n).transpose(-1, -2).to(torch.float32)
+    value_f = _expand_kv(value, n).to(torch.float32)
+    s2 = key_t.shape[-1]
+    mask = None if masked is None else masked.expand(b, n, s1, s2)
+    out = torch.empty((b, n, s1, d), dtype=torch.float16)
+    lse = torch.empty((b, n, s1, 1), dtype=torch.float32)
+    cols = min(s2, kv_block)
+    rows = min(s1, max(1, ROW_CHUNK_ELEMENTS // cols))
+    heads = min(n, max(1, ROW_CHUNK_ELEMENTS // (rows * cols)))
+    s1_scale, s2_scale = deq_scale_value(deq_scale1), deq_scale_value(deq_scale2)
+    for bi in range(b):
+        for h0 in range(0, n, heads):
+            hs = slice(h0, h0 + heads)
+            for r0 in range(0, s1, rows):
+                rs = slice(r0, r0 + rows)
+                o, l_ = _int8_rows(
+                    query[bi, hs, rs].to(torch.float32), key_t[bi, hs], value_f[bi, hs],
+                    None if mask is None else mask[bi, hs, rs],
+                    s1_scale, quant_scale1, s2_scale, scale_value, kv_block,
+                )  # fmt: skip
+                out[bi, hs, rs] = o
+                lse[bi, hs, rs] = l_
+    return out, lse
+
+
+def _int8_rows(
+    q: torch.Tensor,
+    key_t: torch.Tensor,
+    value: torch.Tensor,
+    masked: torch.Tensor | None,
+    s1_scale: torch.Tensor,
+    quant_scale1: torch.Tensor,
+    s2_scale: torch.Tensor,
+    scale_value: float,
+    kv_block: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The online softmax of :func:`int8_attention_bnsd` over some query rows. ``q``, ``key_t``
+    and ``value`` hold int8 values in fp32 (their products below 2**24: exact GEMMs)."""
     scale_h = torch.tensor(scale_value, dtype=torch.float32).to(torch.float16)
+    scale_f = float(scale_h)
     qs1_h = quant_scale1.reshape(()).to(torch.float32).to(torch.float16)
-    zero_h = torch.zeros((), dtype=torch.float16)
     out: torch.Tensor | None = None
     row_max: torch.Tensor | None = None
     row_sum: torch.Tensor | None = None
     for k0 in range(0, key_t.shape[-1], kv_block):
         blk = slice(k0, k0 + kv_block)
-        scores = _fixpipe_fp16(fp32_chunk_matmul(query, key_t[..., blk]), s1_scale)
-        scores = scores * scale_h
+        k_blk = key_t[..., blk]
+        if q.shape[-1] <= EXACT_FP32_CHUNK:  # every partial sum of Q K^T below 2**24: exact
+            acc = torch.matmul(q, k_blk)
+        else:
+            acc = fp32_chunk_matmul(q, k_blk, k_blk).to(torch.float32)
+        # fixpipe DEQF16, then the half Muls (the product of two halves is exact in fp32)
+        x = acc.mul_(s1_scale).to(torch.float16).to(torch.float32).mul_(scale_f)
+        x = x.to(torch.float16).to(torch.float32)
         if masked is not None:
-            scores = scores.masked_fill(masked[..., blk], HALF_MIN)
-        x = scores.to(torch.float32)
+            x.masked_fill_(masked[..., blk], HALF_MIN)
         block_max = x.amax(dim=-1, keepdim=True)
         new_max = block_max if row_max is None else torch.maximum(row_max, block_max)
-        e = torch.exp(x - new_max)
-        p_q = ascend_quant_fp16(fp16_round_away(e), qs1_h, zero_h)
-        o_blk = _fixpipe_fp16(fp32_chunk_matmul(p_q, value[..., blk, :]), s2_scale)
+        e = torch.exp_(x.sub_(new_max))
+        e_sum = e.sum(dim=-1, keepdim=True)
+        p_q = _quantize_p(e, qs1_h)
+        o_blk = _fixpipe_fp16(
+            fp32_chunk_matmul(p_q, value[..., blk, :], value[..., blk, :]), s2_scale
+        )
         if out is None or row_max is None or row_sum is None:
-            out, row_sum = o_blk, e.sum(dim=-1, keepdim=True)
+            out, row_sum = o_blk, e_sum
         else:
             alpha = torch.exp(row_max - new_max)
-            row_sum = alpha * row_sum + e.sum(dim=-1, keepdim=True)
+            row_sum = alpha * row_sum + e_sum
             out = out * fp16_round_away(alpha) + o_blk
         row_max = new_max
     assert out is not None and row_sum is not None and row_max is not None

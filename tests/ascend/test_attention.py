@@ -18,6 +18,7 @@ from opsnn_quant.ascend import (
     npu_prompt_flash_attention,
     npu_trans_quant_param,
 )
+from opsnn_quant.ascend import attention as attention_mod
 from opsnn_quant.ascend.attention import (
     deq_scale_value,
     float_attention_bnsd,
@@ -220,14 +221,22 @@ def kernel_golden_np(q, k, v, deq1, qs1, deq2, scale, mask, block):
     return (out / f16_away_np(l_sum.numpy())).astype(F16)
 
 
-@pytest.mark.parametrize("block", [1024, 24])
-def test_int8_path_is_bit_exact_to_the_kernel_golden(block):
+@pytest.mark.parametrize(
+    ("block", "qs1", "chunk"),
+    [(1024, 127.0, None), (24, 127.0, None), (24, 127.0, 24 * 5), (24, 5000.0, 24 * 5),
+     (1024, -3.0, 70 * 40)],
+)  # fmt: skip
+def test_int8_path_is_bit_exact_to_the_kernel_golden(block, qs1, chunk, monkeypatch):
+    # chunk: the reference's rows per step forced small (several row and head chunks); a
+    # quant_scale1 past the P shortcut's bound, or negative, takes the general rounding.
+    if chunk is not None:
+        monkeypatch.setattr(attention_mod, "ROW_CHUNK_ELEMENTS", chunk)
     g = torch.Generator().manual_seed(11)
     q = torch.randint(-128, 128, (2, 2, 17, 64), generator=g, dtype=torch.int8)
     k = torch.randint(-128, 128, (2, 2, 70, 64), generator=g, dtype=torch.int8)
     v = torch.randint(-128, 128, (2, 2, 70, 64), generator=g, dtype=torch.int8)
     mask = torch.rand(1, 1, 17, 70, generator=g) < 0.2
-    deq1, qs1, deq2 = 3.1e-4, 127.0, 1.7e-3
+    deq1, deq2 = 3.1e-4, 1.7e-3
     d1 = npu_trans_quant_param(torch.tensor([deq1]))
     d2 = npu_trans_quant_param(torch.tensor([deq2]))
     # A softmax scale that is no power of two: the half Muls rounds twice (fp16(0.1), product).
