@@ -19,7 +19,7 @@ A call is attributed to the innermost watched attention module running when SDPA
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,9 +29,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from opsnn_quant.core.timesteps import current_step, group_of
 from opsnn_quant.probe.energy import SchemeEnergy
 from opsnn_quant.probe.hooks import in_rerun
 from opsnn_quant.probe.report import SchemeError
+from opsnn_quant.probe.steps import JointSteps, StepRanges, chosen_grouping
 from opsnn_quant.quant.attention import (
     QuantizedAttention,
     SdpaCall,
@@ -53,24 +55,33 @@ class AttentionWatch:
     """Pass 1 of one attention module, and its candidates' local errors.
 
     Attributes:
-        schemes: the candidate schemes measured on it (``a8``, ``a8_kmean``).
+        offered: the candidate schemes the target runs (``a8``, ``a8_kmean``, ``a8_step``);
+            :attr:`schemes` those that fit what pass 1 saw.
         amax: (2, 3) float32: the query/key/value absolute maxima with the key as it is (row 0)
             and less its mean over the keys (row 1).
+        steps: denoising step -> the same (2, 3) maxima over that step's calls (calls made
+            while a sampling loop set the clock, :mod:`opsnn_quant.core.timesteps`).
+        counts: denoising step -> the query/key/value elements of that step's calls.
+        unstepped: calls made outside a sampling loop (then no per-step scheme is offered).
         calls: SDPA calls seen (those the op can run and those it refuses).
         macs: their MACs, summed.
         problem: why the op cannot run one of its calls (the first seen), or None.
         energies: scheme -> its output error summed over the replayed calls.
     """
 
-    schemes: tuple[str, ...]
+    offered: tuple[str, ...]
     amax: torch.Tensor = field(default_factory=lambda: torch.zeros(2, 3))
+    steps: dict[int, torch.Tensor] = field(default_factory=dict)
+    counts: dict[int, list[int]] = field(default_factory=dict)
+    unstepped: int = 0
     calls: int = 0
     macs: int = 0
     problem: str | None = None
     energies: dict[str, SchemeEnergy] = field(default_factory=dict)
+    _bounds: tuple[int, ...] | None = field(default=None, repr=False)
 
     def observe(self, call: SdpaCall) -> None:
-        """Add one SDPA call of pass 1."""
+        """Add one SDPA call of pass 1 (at the step the clock reads)."""
         self.calls += 1
         self.macs += call.macs
         if call.problem is not None:
@@ -78,10 +89,66 @@ class AttentionWatch:
             return
         ranges = torch.stack([call_ranges(call, False), call_ranges(call, True)])
         self.amax = torch.maximum(self.amax, ranges)
+        step = current_step()
+        if step is None:
+            self.unstepped += 1
+            return
+        seen = self.steps.get(step)
+        self.steps[step] = ranges if seen is None else torch.maximum(seen, ranges)
+        counts = self.counts.setdefault(step, [0, 0, 0])
+        for i, t in enumerate((call.q, call.k, call.v)):
+            counts[i] += t.numel()
+        self._bounds = None
+
+    @property
+    def stepped(self) -> bool:
+        """Whether every call ran at a denoising step, over two steps or more: static scales
+        per group of steps can follow them."""
+        return self.unstepped == 0 and len(self.steps) >= 2
+
+    @property
+    def schemes(self) -> tuple[str, ...]:
+        """The candidates measured: the offered ones, per-step ones only where :attr:`stepped`."""
+        return tuple(s for s in self.offered if self.stepped or not SCHEMES[s].per_step)
+
+    @property
+    def step_bounds(self) -> tuple[int, ...] | None:
+        """The groups of steps (their first steps) the per-step candidates keep scales per:
+        the fewest within tolerance of the least modelled query/key/value noise
+        (:class:`~opsnn_quant.probe.steps.JointSteps`); None when not :attr:`stepped`."""
+        if not self.stepped:
+            return None
+        if self._bounds is None:
+            members = []
+            for i in range(3):
+                r = StepRanges()
+                for t, ranges in self.steps.items():
+                    r.absmax[t], r.count[t] = float(ranges[0, i]), self.counts[t][i]
+                members.append(r)
+            self._bounds = chosen_grouping(JointSteps(members), None)
+        return self._bounds
+
+    def group_amax(self, bounds: Sequence[int], k_mean: bool) -> torch.Tensor:
+        """(groups, 3) maxima of the calls of each group of steps (``bounds``: first steps)."""
+        out = torch.zeros(len(bounds), 3)
+        for t, ranges in self.steps.items():
+            g = group_of(t, bounds)
+            out[g] = torch.maximum(out[g], ranges[1 if k_mean else 0])
+        return out
 
     def merge(self, other: AttentionWatch) -> None:
         """Pass 1 over this share and ``other``'s (another rank's batches)."""
         self.amax = torch.maximum(self.amax, other.amax)
+        for t, ranges in other.steps.items():
+            seen = self.steps.get(t)
+            self.steps[t] = ranges if seen is None else torch.maximum(seen, ranges)
+            mine = self.counts.setdefault(t, [0, 0, 0])
+            for i, c in enumerate(other.counts[t]):
+                mine[i] += c
+        self.steps = dict(sorted(self.steps.items()))
+        self.counts = dict(sorted(self.counts.items()))
+        self.unstepped += other.unstepped
+        self._bounds = None
         self.calls += other.calls
         self.macs += other.macs
         self.problem = self.problem or other.problem
@@ -93,26 +160,39 @@ class AttentionWatch:
 
     def can_seed_attention(self, spec: QuantSpec) -> bool:
         """Whether :meth:`seed_attention` gives an ``a8`` module of ``spec`` exactly what its own
-        calibration on the same data would (one group of steps: pass 1 keeps no per-step
-        ranges of attention)."""
-        return spec.precision.is_attention and spec.timestep_bounds is None and self.runs
+        calibration on the same data would: one group of steps, or groups of steps where every
+        call ran at a step (a call outside a sampling loop falls in group 0 of the module)."""
+        if not (spec.precision.is_attention and self.runs):
+            return False
+        return spec.timestep_bounds is None or self.unstepped == 0
 
     def seed_attention(self, module: QuantizedAttention) -> None:
-        """Put pass 1's maxima (of the key as the module's spec takes it) into ``module``."""
-        row = self.amax[1 if module.attn_spec.k_mean else 0]
-        module.seed_calibration(row.unsqueeze(0), self.calls)
+        """Put pass 1's maxima (of the key as the module's spec takes it; per group of steps
+        where it has groups) into ``module``."""
+        spec = module.attn_spec
+        if spec.timestep_bounds is None:
+            amax = self.amax[1 if spec.k_mean else 0].unsqueeze(0)
+        else:
+            amax = self.group_amax(spec.timestep_bounds, spec.k_mean)
+        module.seed_calibration(amax, self.calls)
 
-    def scales(self, scheme: str) -> torch.Tensor:
-        """(3,) float32 scales candidate ``scheme`` calibrates to."""
-        return scales_of(self.amax[1 if self._k_mean(scheme) else 0])
+    def scales(self, scheme: str, step: int | None = None) -> torch.Tensor:
+        """(3,) float32 scales candidate ``scheme`` calibrates to (at ``step`` for a per-step
+        scheme: its group's)."""
+        k_mean = self._k_mean(scheme)
+        bounds = self.step_bounds
+        if SCHEMES[scheme].per_step and bounds is not None and step is not None:
+            return scales_of(self.group_amax(bounds, k_mean)[group_of(step, bounds)])
+        return scales_of(self.amax[1 if k_mean else 0])
 
     @staticmethod
     def _k_mean(scheme: str) -> bool:
         return SCHEMES[scheme].template.k_mean
 
-    def candidate(self, scheme: str, call: SdpaCall) -> torch.Tensor:
-        """Candidate ``scheme``'s output of ``call`` (float16 op output in the query's dtype)."""
-        return int8_sdpa(call, self.scales(scheme), self._k_mean(scheme))
+    def candidate(self, scheme: str, call: SdpaCall, step: int | None = None) -> torch.Tensor:
+        """Candidate ``scheme``'s output of ``call`` (made at ``step``): the float16 op
+        output in the query's dtype."""
+        return int8_sdpa(call, self.scales(scheme, step), self._k_mean(scheme))
 
     def add_error(self, scheme: str, reference: torch.Tensor, output: torch.Tensor) -> None:
         """Add one call's candidate output against the float SDPA output."""
@@ -126,7 +206,14 @@ class AttentionWatch:
             return {
                 s: SchemeError(sqnr_db=None, cosine=0.0, infeasible=refused) for s in self.schemes
             }
-        return {s: e.result(None, OUTPUT_DTYPE) for s, e in self.energies.items()}
+        out = {}
+        for scheme, energy in self.energies.items():
+            err = energy.result(None, OUTPUT_DTYPE)
+            bounds = self.step_bounds
+            if SCHEMES[scheme].per_step and bounds is not None:
+                err = err.model_copy(update={"timestep_bounds": list(bounds)})
+            out[scheme] = err
+        return out
 
     def best_scheme(self) -> str | None:
         """The scheme with the highest local SQNR (ties: the one listed first)."""

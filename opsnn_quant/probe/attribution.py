@@ -49,7 +49,7 @@ from torch import nn
 
 from opsnn_quant.core.numerics import signal_energy
 from opsnn_quant.core.tensors import first_tensor
-from opsnn_quant.core.timesteps import at_step
+from opsnn_quant.core.timesteps import at_step, current_step
 from opsnn_quant.errors import CalibrationError
 from opsnn_quant.models.offload import in_recompute
 from opsnn_quant.probe.attention import AttentionWatch, SdpaTaps, detached
@@ -335,18 +335,22 @@ class _AttentionCall:
         if call.problem is not None or not isinstance(out, torch.Tensor) or in_recompute():
             return out
         wired = self.state.watch(out)
-        wired.register_hook(partial(self.on_gradient, name, detached(call), out.detach()))
+        # the clock as the call ran: a per-step candidate takes that step's group's scales
+        step = current_step()
+        wired.register_hook(partial(self.on_gradient, name, detached(call), step, out.detach()))
         return wired
 
     @torch.no_grad()
-    def on_gradient(self, name: str, call: Any, reference: torch.Tensor, g: torch.Tensor) -> None:
+    def on_gradient(
+        self, name: str, call: Any, step: int | None, reference: torch.Tensor, g: torch.Tensor
+    ) -> None:
         """Project each candidate's noise on ``g`` and add its local error."""
         watch = self.watches[name]
         batch = self.state.batch
         g64 = g.detach().to(torch.float64)
         rows = batch if batch and g64.dim() > 0 and g64.shape[0] == batch else 1
         for scheme in watch.schemes:
-            out = watch.candidate(scheme, call)
+            out = watch.candidate(scheme, call, step)
             watch.add_error(scheme, reference, out)
             e = out.to(torch.float64) - reference.to(torch.float64)
             per_sample = (g64.reshape(rows, -1) * e.reshape(rows, -1)).sum(dim=1)

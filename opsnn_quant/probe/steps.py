@@ -12,8 +12,10 @@ the per-step ideal.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -77,61 +79,25 @@ class StepRanges:
         """The steps seen, ascending."""
         return sorted(self.absmax)
 
+    def group_cost(self, i: int, j: int) -> float:
+        """Modelled input noise of one static scale over ``steps[i:j]``."""
+        members = self.steps[i:j]
+        scale = max(self.absmax[t] for t in members) / 127.0
+        return sum(self.count[t] for t in members) * scale * scale / 12.0
+
     def noise(self, bounds: tuple[int, ...]) -> float:
         """Modelled input noise of static scales per group (groups start at ``bounds``)."""
-        steps = self.steps
-        total = 0.0
-        for i, start in enumerate(bounds):
-            end = bounds[i + 1] if i + 1 < len(bounds) else math.inf
-            members = [t for t in steps if start <= t < end]
-            if members:
-                scale = max(self.absmax[t] for t in members) / 127.0
-                total += sum(self.count[t] for t in members) * scale * scale / 12.0
-        return total
+        return grouped_noise(self, bounds)
 
     def best_bounds(self, groups: int) -> tuple[int, ...]:
         """The contiguous ``groups`` groups of steps with the least modelled noise (first
         steps of each group; fewer when fewer steps were seen). Ties keep the earlier cut."""
-        steps = self.steps
-        t_count, k = len(steps), max(1, min(groups, len(steps)))
-        if t_count == 0:
-            return (0,)
-        a = [self.absmax[t] for t in steps]
-        n = [self.count[t] for t in steps]
-
-        def cost(i: int, j: int) -> float:  # steps[i:j] as one group
-            s = max(a[i:j]) / 127.0
-            return sum(n[i:j]) * s * s / 12.0
-
-        inf = math.inf
-        best = [[inf] * (t_count + 1) for _ in range(k + 1)]
-        cut = [[0] * (t_count + 1) for _ in range(k + 1)]
-        best[0][0] = 0.0
-        for g in range(1, k + 1):
-            for j in range(1, t_count + 1):
-                for i in range(g - 1, j):
-                    c = best[g - 1][i] + cost(i, j)
-                    if c < best[g][j]:
-                        best[g][j], cut[g][j] = c, i
-        starts, j = [], t_count
-        for g in range(k, 0, -1):
-            i = cut[g][j]
-            starts.append(i)
-            j = i
-        first = sorted(starts)
-        return tuple([0, *[steps[i] for i in first[1:]]])
+        return best_grouping(self, groups)
 
     def choose(self, groups: int | None) -> tuple[int, ...]:
         """Fixed ``groups``, or the fewest (up to :data:`MAX_AUTO_GROUPS`) within
         :data:`AUTO_TOLERANCE_DB` of the most."""
-        if groups is not None:
-            return self.best_bounds(groups)
-        candidates = [self.best_bounds(g) for g in range(1, MAX_AUTO_GROUPS + 1)]
-        floor = self.noise(candidates[-1])
-        for bounds in candidates:
-            if self.noise(bounds) <= floor * 10 ** (AUTO_TOLERANCE_DB / 10):
-                return bounds
-        return candidates[-1]
+        return chosen_grouping(self, groups)
 
     def gain_db(self, bounds: tuple[int, ...]) -> float:
         """How much less modelled noise ``bounds`` give than one static scale, dB."""
@@ -142,3 +108,95 @@ class StepRanges:
         """One group per step seen (the per-step ideal)."""
         steps = self.steps
         return tuple([0, *steps[1:]]) if steps else (0,)
+
+
+class Grouping(Protocol):
+    """Steps and the modelled noise of one static scale over a run of them."""
+
+    @property
+    def steps(self) -> list[int]:
+        """The steps seen, ascending."""
+        ...
+
+    def group_cost(self, i: int, j: int) -> float:
+        """Modelled noise of one static scale over ``steps[i:j]``."""
+        ...
+
+
+def grouped_noise(g: Grouping, bounds: tuple[int, ...]) -> float:
+    """Modelled noise of static scales per group (groups start at ``bounds``)."""
+    steps = g.steps
+    total = 0.0
+    for i, start in enumerate(bounds):
+        end = bounds[i + 1] if i + 1 < len(bounds) else math.inf
+        lo = bisect.bisect_left(steps, start)
+        hi = len(steps) if end == math.inf else bisect.bisect_left(steps, end)
+        if hi > lo:
+            total += g.group_cost(lo, hi)
+    return total
+
+
+def best_grouping(g: Grouping, groups: int) -> tuple[int, ...]:
+    """The contiguous ``groups`` groups of steps with the least modelled noise, found exactly by
+    dynamic programming (first steps of each group; ties keep the earlier cut)."""
+    steps = g.steps
+    t_count, k = len(steps), max(1, min(groups, len(steps)))
+    if t_count == 0:
+        return (0,)
+    inf = math.inf
+    best = [[inf] * (t_count + 1) for _ in range(k + 1)]
+    cut = [[0] * (t_count + 1) for _ in range(k + 1)]
+    best[0][0] = 0.0
+    for n_groups in range(1, k + 1):
+        for j in range(1, t_count + 1):
+            for i in range(n_groups - 1, j):
+                c = best[n_groups - 1][i] + g.group_cost(i, j)
+                if c < best[n_groups][j]:
+                    best[n_groups][j], cut[n_groups][j] = c, i
+    starts, j = [], t_count
+    for n_groups in range(k, 0, -1):
+        i = cut[n_groups][j]
+        starts.append(i)
+        j = i
+    first = sorted(starts)
+    return tuple([0, *[steps[i] for i in first[1:]]])
+
+
+def chosen_grouping(g: Grouping, groups: int | None) -> tuple[int, ...]:
+    """Fixed ``groups``, or the fewest (up to :data:`MAX_AUTO_GROUPS`) within
+    :data:`AUTO_TOLERANCE_DB` of the most."""
+    if groups is not None:
+        return best_grouping(g, groups)
+    candidates = [best_grouping(g, n) for n in range(1, MAX_AUTO_GROUPS + 1)]
+    floor = grouped_noise(g, candidates[-1])
+    for bounds in candidates:
+        if grouped_noise(g, bounds) <= floor * 10 ** (AUTO_TOLERANCE_DB / 10):
+            return bounds
+    return candidates[-1]
+
+
+@dataclass
+class JointSteps:
+    """Several tensors quantized with static scales over the same groups of steps (an
+    attention's query, key and value): a grouping's cost is the sum of each tensor's modelled
+    noise relative to its noise under one scale for all steps, so that each counts by how much
+    the groups improve it, whatever its magnitude."""
+
+    members: list[StepRanges]
+    _one: list[float] = field(init=False)  # each member's noise under one scale
+
+    def __post_init__(self) -> None:
+        self._one = [m.noise((0,)) for m in self.members]
+
+    @property
+    def steps(self) -> list[int]:
+        """The steps seen, ascending (the members see the same calls)."""
+        return self.members[0].steps if self.members else []
+
+    def group_cost(self, i: int, j: int) -> float:
+        """Sum over the members of their noise over ``steps[i:j]``, each relative to its own."""
+        total = 0.0
+        for m, one in zip(self.members, self._one, strict=True):
+            if one > 0:
+                total += m.group_cost(i, j) / one
+        return total

@@ -123,6 +123,9 @@ SCHEMES: dict[str, Scheme] = {
         # per-tensor query/key/value scales, the key as it is or less its mean over the keys.
         Scheme("a8", QuantSpec(Precision.A8), False, (ATTENTION_TYPE,)),
         Scheme("a8_kmean", QuantSpec(Precision.A8, k_mean=True), False, (ATTENTION_TYPE,)),
+        # The same scales per group of denoising steps (groups chosen by the probe on the
+        # query/key/value ranges of each step): where the target switches scales per step.
+        Scheme("a8_step", QuantSpec(Precision.A8), False, (ATTENTION_TYPE,), per_step=True),
     )
 }
 

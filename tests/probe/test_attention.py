@@ -197,3 +197,61 @@ def test_the_shares_say_they_count_attention_where_it_was_measured() -> None:
     )
     mindie, _ = _probe(_model(), get_target("ascend910b-mindie-sd").probe_config(fp16=False))
     assert measured_kinds(mindie) == "Linear/Conv2d"
+
+
+def _stepped_loop(data: list[torch.Tensor]):
+    """A sampling loop of six steps: the inputs 8x larger from step 3 on."""
+    from opsnn_quant.core.timesteps import at_step
+
+    def loop(m: nn.Module) -> None:
+        for x in data:
+            for t in range(6):
+                with at_step(t):
+                    m(x * (8.0 if t >= 3 else 1.0))
+
+    return loop
+
+
+def test_per_step_scales_follow_the_steps_and_seed_quantize_exactly() -> None:
+    from opsnn_quant.probe.api import run_probe
+
+    data = _data()
+    loop = _stepped_loop(data)
+    adapter = GenericAdapter(_model(), {"": "denoiser"}, loop)
+    cfg = get_target("cpu-reference").probe_config(
+        fp16=False, schemes=("w8a8", "a8", "a8_kmean", "a8_step")
+    )
+    result = run_probe(adapter, adapter.forward_loop(), cfg)
+    entry = result.report.module("attn1")
+    assert set(entry.w8a8) == {"a8", "a8_kmean", "a8_step"}
+    # the two ranges (x1 and x8, the query/key/value with them up to the biases) as groups
+    assert entry.w8a8["a8_step"].timestep_bounds == [0, 3]
+    assert entry.w8a8["a8"].timestep_bounds is None
+    # steps 0-2 no longer share the scales of an 8x larger range: their candidate outputs have
+    # less noise (the SQNR over all calls moves little: the x8 steps hold 64x the energy)
+    watch = result.statistics["attn1"]
+    early, late = watch.scales("a8_step", 1), watch.scales("a8_step", 4)
+    assert torch.equal(late, watch.scales("a8", 1))
+    assert bool((early < late / 4).all())
+    assert entry.w8a8["a8_step"].sqnr_db > entry.w8a8["a8"].sqnr_db
+    spec = QuantSpec(Precision.A8, timestep_bounds=(0, 3))
+    seeded, calibrated = _model(), _model()
+    passes = []
+
+    def counted(m: nn.Module) -> None:
+        passes.append(1)
+        loop(m)
+
+    quantize(seeded, {"attn1": spec}, counted, statistics=result.statistics)
+    assert passes == []  # seeded per group of steps: no calibration pass
+    quantize(calibrated, {"attn1": spec}, counted)
+    assert passes == [1]
+    s = seeded.get_submodule("attn1").attn_scales
+    assert s.shape == (2, 3) and torch.equal(s, calibrated.get_submodule("attn1").attn_scales)
+    assert bool((s[1] > 4 * s[0]).all())  # the later group's ranges are the larger ones
+
+
+def test_calls_outside_a_sampling_loop_offer_no_per_step_scheme() -> None:
+    cfg = get_target("cpu-reference").probe_config(fp16=False, schemes=("a8", "a8_step"))
+    report, _ = _probe(_model(), cfg)
+    assert set(report.module("attn1").w8a8) == {"a8"}

@@ -12,7 +12,7 @@ from opsnn_quant.core.timesteps import at_step, current_step
 from opsnn_quant.policy.search import build_policy
 from opsnn_quant.policy.targets import get_target
 from opsnn_quant.probe.api import ProbeConfig, probe
-from opsnn_quant.probe.steps import StepRanges
+from opsnn_quant.probe.steps import JointSteps, StepRanges, best_grouping
 from opsnn_quant.types import Precision
 
 
@@ -145,3 +145,28 @@ def test_the_smoothed_per_step_candidate_is_what_quantize_builds():
         signal += float((ref**2).sum())
         noise += float(((got - ref) ** 2).sum())
     assert err.sqnr_db == pytest.approx(10 * math.log10(signal / noise), abs=0.05)
+
+
+def _ranges(absmax: list[float]) -> StepRanges:
+    r = StepRanges()
+    for t, a in enumerate(absmax):
+        r.absmax[t], r.count[t] = a, 1
+    return r
+
+
+def test_joint_groups_weigh_each_tensor_by_its_own_improvement() -> None:
+    # Noise of one group is count * (max / 127)^2 / 12; the constant cancels in the ratios.
+    # A = [100, 100, 400, 400]: one group 4 * 400^2 = 640000; cut at 1: 100^2 + 3 * 400^2 =
+    # 490000 (0.766); cut at 2: 2 * 100^2 + 2 * 400^2 = 340000 (0.531).
+    # B = [8, 1, 1, 1]: one group 4 * 64 = 256; cut at 1: 64 + 3 = 67 (0.262); cut at 2:
+    # 2 * 64 + 2 = 130 (0.508). Jointly, relative: cut 1 = 1.028 < cut 2 = 1.039; absolute
+    # noise (A's 2500x larger) would cut at 2, as A alone does.
+    a, b = _ranges([100, 100, 400, 400]), _ranges([8, 1, 1, 1])
+    assert best_grouping(a, 2) == (0, 2)
+    assert best_grouping(b, 2) == (0, 1)
+    joint = JointSteps([a, b])
+    assert best_grouping(joint, 2) == (0, 1)
+    assert joint.group_cost(0, 4) == pytest.approx(2.0)  # each tensor's own one-group noise
+    assert joint.group_cost(0, 1) + joint.group_cost(1, 4) == pytest.approx(
+        (100**2 + 3 * 400**2) / 640000 + 67 / 256
+    )

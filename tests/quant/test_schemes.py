@@ -25,8 +25,12 @@ def test_table_names_specs_and_preference_order():
         "w8a8_timestep_smoothquant",
         "a8",
         "a8_kmean",
+        "a8_step",
     ]
     assert scheme_spec("a8_kmean") == QuantSpec(Precision.A8, k_mean=True)
+    assert get_scheme("a8_step").spec(None, (0, 5)) == QuantSpec(
+        Precision.A8, timestep_bounds=(0, 5)
+    )
     assert scheme_spec("w8a8") == QuantSpec(Precision.W8A8, observer="minmax")
     per_step = get_scheme("w8a8_timestep").spec(None, (0, 3))
     assert per_step == QuantSpec(Precision.W8A8, timestep_bounds=(0, 3))
@@ -52,8 +56,8 @@ def test_table_names_specs_and_preference_order():
 
 
 def test_module_types_drive_the_probe_candidates():
-    assert schemes_for("Linear") == LINEAR_SCHEMES == tuple(SCHEMES)[:-2]
-    assert schemes_for("SDPA") == ("a8", "a8_kmean")
+    assert schemes_for("Linear") == LINEAR_SCHEMES == tuple(SCHEMES)[:-3]
+    assert schemes_for("SDPA") == ("a8", "a8_kmean", "a8_step")
     assert (
         schemes_for("Conv2d") == CONV_SCHEMES == ("w8a8", "w8a8_mse", "w8a8_dynamic", "w8a8_gptq")
     )
