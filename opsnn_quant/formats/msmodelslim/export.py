@@ -25,6 +25,15 @@ schema (where the Chinese docs disagree we follow the code, which validates the 
   ``symmetric``, ``include``; norm-linear subgraphs only) per fixed alpha, ``flex_smooth_quant``
   with ``alpha: null`` (searched) for ``auto``, placed before ``linear_quant`` (usage.md §6.2.4:
   outlier suppression first).
+* Attention in int8 (``a8``): one ``fa3_quant`` (``processor/quant/fa3/processor.py``
+  ``FA3QuantProcessorConfig``: ``qconfig``, ``include``, ``exclude``; its default qconfig int8
+  per_head symmetric minmax, l.68-71) over the attention modules, which msModelSlim's model
+  adapter instruments (``inject_fa3_placeholders``: ``fa3_q``/``fa3_k``/``fa3_v`` placeholders in
+  each attention whose full name ``include`` matches, ``model/flux1/model_adapter.py``
+  l.277-287); the saver writes ``<attention>.fa3_q.scale`` (H, 1) float32 and a zero int8
+  offset tagged ``FAQuant`` (``save/ascendv1.py`` ``_save_activation_per_head`` l.550-558).
+  msModelSlim calibrates its own per-head scales (ratio 0.9999 on the query and key of FLUX);
+  ours are per tensor, K-mean smoothing and per-step scales it has not: said in the notes.
 * ``spec.save``: ``ascendv1_saver`` (``format/registry.py``) with ``part_file_size: 0``, one
   weights file (MindIE-SD opens exactly one).
 """
@@ -36,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.formats.result import ExportResult
 from opsnn_quant.policy.schema import PrecisionPolicy, ResolvedPolicy
-from opsnn_quant.quant.spec import QuantSpec
+from opsnn_quant.quant.spec import ATTENTION_TYPE, QuantSpec
 from opsnn_quant.types import Modality, Precision
 
 if TYPE_CHECKING:
@@ -102,10 +111,16 @@ def export_msmodelslim(resolved: ResolvedPolicy) -> ExportResult:
     groups: dict[str, tuple[dict[str, Any], list[str]]] = {}
     smooth: dict[str, list[str]] = {}
     floats: dict[str, list[str]] = {}  # reason -> modules
+    attention: list[str] = []
     for name, spec in resolved.specs.items():
         if not isinstance(spec, QuantSpec):
             continue
         reason = None
+        if modules[name] == ATTENTION_TYPE and scope(name):
+            attention.append(rel(name))
+            for differs in _fa3_differences(spec):
+                floats.setdefault(differs, []).append(name)
+            continue
         if modules[name] != "Linear":
             reason = "msModelSlim's linear_quant quantizes nn.Linear only; they stay float"
         elif not scope(name):
@@ -120,6 +135,12 @@ def export_msmodelslim(resolved: ResolvedPolicy) -> ExportResult:
         groups.setdefault(json.dumps(qconfig, sort_keys=True), (qconfig, []))[1].append(rel(name))
         if spec.smoothquant_alpha is not None:
             smooth.setdefault(str(spec.smoothquant_alpha), []).append(rel(name))
+    if attention:
+        notes.append(
+            f"{len(attention)} attention module(s) in int8: msModelSlim's fa3_quant calibrates its "
+            "own per-head scales where its model adapter installs FA3 placeholders (FLUX, "
+            "Wan2.2, HunyuanVideo, ...); ours are per tensor"
+        )
     for reason, members in floats.items():
         shown = ", ".join(members[:3]) + (f", +{len(members) - 3}" if len(members) > 3 else "")
         notes.append(f"{len(members)} int8 module(s) ({shown}): {reason}")
@@ -135,7 +156,11 @@ def export_msmodelslim(resolved: ResolvedPolicy) -> ExportResult:
             if len(rest) + 1 < len(include):
                 include, exclude = ["*"], rest
         lines += _linear_block(qconfig, include, exclude)
-    if not groups:
+    if attention:
+        # exact names: a glob would also reach an attention class of the model we keep float
+        # (the adapter injects into every module whose class name holds "Attention")
+        lines += _fa3_block(attention)
+    if not groups and not attention:
         lines.append("    []  # no int8 Linear in the policy")
         notes.append("the policy has no int8 Linear: msModelSlim would have nothing to quantize")
     lines += ["  save:", '    - type: "ascendv1_saver"  # format/registry.py',
@@ -143,6 +168,25 @@ def export_msmodelslim(resolved: ResolvedPolicy) -> ExportResult:
     if prefix:
         lines += _sd_block()
     return ExportResult("msmodelslim-v1", "\n".join(lines) + "\n", tuple(notes), comments=True)
+
+
+def _fa3_differences(spec: QuantSpec) -> list[str]:
+    """What msModelSlim's FA3 does not reproduce of an ``a8`` spec (notes)."""
+    out = []
+    if spec.k_mean:
+        out.append("K-mean smoothing: msModelSlim's fa3_quant has none (the key as it is)")
+    if spec.timestep_bounds:
+        out.append("per-step attention scales: msModelSlim's fa3_quant keeps one per head")
+    return out
+
+
+def _fa3_block(include: list[str]) -> list[str]:
+    return ['    - type: "fa3_quant"  # processor/quant/fa3/processor.py FA3QuantProcessorConfig',
+            "      qconfig:  # its default: int8 per-head symmetric min-max (l.68-71)",
+            '        scope: "per_head"', '        dtype: "int8"', "        symmetric: true",
+            '        method: "minmax"',
+            "      include:  # attention modules by full name (inject_fa3_placeholders)",
+            *[f"        - {_q(p)}" for p in include], "      exclude: []"]  # fmt: skip
 
 
 def _q(s: str) -> str:

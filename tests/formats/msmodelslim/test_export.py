@@ -117,3 +117,42 @@ def test_a_diffusion_policy_covers_the_denoiser_with_relative_names():
     }
     assert any("te.fc1, te.fc2" in n and "denoiser (unet) only" in n for n in result.notes)
     assert any("unet.down.0.conv" in n and "nn.Linear only" in n for n in result.notes)
+
+
+ATTN_POLICY = """\
+schema_version: 1
+model: tiny-dit
+target: ascend910b-eager
+modalities: {'': denoiser}
+defaults: {denoiser: fp16}
+rules:
+- {match: blocks.2.attn, precision: fp16, reason: sensitive}
+- {match: blocks.0.attn, precision: a8, quant: {k_mean: true}, reason: searched}
+- {match: 'blocks.*.attn', precision: a8, reason: searched}
+- {match: '*', precision: w8a8_dynamic, reason: bulk}
+"""
+
+
+def test_int8_attention_is_one_fa3_quant_step_over_exactly_those_modules() -> None:
+    modules = {}
+    for i in range(4):
+        modules[f"blocks.{i}"] = "Block"
+        modules[f"blocks.{i}.attn"] = "SDPA"
+        modules |= {f"blocks.{i}.attn.{p}": "Linear" for p in ("to_q", "to_k", "to_v")}
+    result = export_policy(PrecisionPolicy.from_yaml(ATTN_POLICY), "msmodelslim-v1", modules)
+    doc = yaml.safe_load(result.text)
+    fa3 = [p for p in doc["spec"]["process"] if p["type"] == "fa3_quant"]
+    assert len(fa3) == 1
+    # msModelSlim's own default FA3 qconfig (fa3/processor.py l.68-71), all four fields
+    assert fa3[0]["qconfig"] == {
+        "scope": "per_head", "dtype": "int8", "symmetric": True, "method": "minmax"
+    }  # fmt: skip
+    assert fa3[0]["qconfig"]["scope"] in SCOPES and fa3[0]["qconfig"]["method"] in METHODS
+    chosen = {n for n, t in modules.items() if t == "SDPA" and _matches(fa3[0], n)}
+    assert chosen == {"blocks.0.attn", "blocks.1.attn", "blocks.3.attn"}
+    # the Linears stay with linear_quant, never with the attention step
+    linear = [p for p in doc["spec"]["process"] if p["type"] == "linear_quant"]
+    assert all(_matches(linear[0], n) for n, t in modules.items() if t == "Linear")
+    notes = "\n".join(result.notes)
+    assert "1 int8 module(s) (blocks.0.attn): K-mean smoothing" in notes
+    assert "3 attention module(s) in int8" in notes
