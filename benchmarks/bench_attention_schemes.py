@@ -3,15 +3,15 @@
 For each demo (built-in recipe, target ``ascend910b-eager``): one probe measuring the attention
 schemes only (``a8``: static per-tensor query/key/value scales; ``a8_kmean``: the key less its
 mean over the keys; ``a8_step``: per-tensor scales per group of denoising steps, chosen by the
-probe), then per scheme a candidate with **every attention module the op can run** in that scheme
+probe; ``a8_head``: below), then per scheme a candidate with **every attention module the op can run** in that scheme
 and everything else float (so the row is the attention's own cost), judged against the float
 model by the demo's built-in suite on its first ``--limit`` samples: the suite's quality figures
 with their paired bootstrap intervals, and the attention's share of all the model's MACs that
 the candidate puts in int8. The probe's own prediction (its end-to-end estimate summed over the
 attention modules, as output SQNR) stands beside each.
 
-Per-head scales are not a row: A2's fused op takes one ``deq_scale1`` per call
-(``ascend/attention_quant.py``), so per-head scales need one call per head; not built.
+``a8_head``: scales per key/value head; A2's fused op takes one ``deq_scale1`` per call
+(``ascend/attention_quant.py``), so the op runs once per key/value head.
 
 Backend: cpu (PyTorch eager fp32 and the exact Ascend int8 reference of the fused attention).
 
@@ -38,7 +38,7 @@ from opsnn_quant.quant.schemes import get_scheme
 from opsnn_quant.quant.spec import ATTENTION_TYPE
 
 TARGET = "ascend910b-eager"
-SCHEMES = ("a8", "a8_kmean", "a8_step")
+SCHEMES = ("a8", "a8_kmean", "a8_step", "a8_head")
 DEMOS = ("shapes-dit", "shapes-t2i", "whisper-tiny-en")
 
 

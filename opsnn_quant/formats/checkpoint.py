@@ -3,7 +3,7 @@
 ``model.safetensors`` holds, for every quantized module, its int8 weight, int32 ``quant_bias``,
 fp32 scales, packed int64 ``deq_scale_packed``, activation scale/offset and SmoothQuant vectors,
 under the module's dotted name; for every int8 attention module (precision ``a8``), its
-``attn_scales`` ((groups, 3) float32: query, key, value), described under ``attention`` (the key
+``attn_scales`` ((groups, 3) float32: query, key, value; (groups, 3, N_kv) per head), described under ``attention`` (the key
 is left out of a checkpoint without one). Float modules are not stored: :func:`load_quantized` rebuilds the
 quantized model from the float model it came from, and checks every shape.
 """

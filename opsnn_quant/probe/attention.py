@@ -63,6 +63,9 @@ class AttentionWatch:
             while a sampling loop set the clock, :mod:`opsnn_quant.core.timesteps`).
         counts: denoising step -> the query/key/value elements of that step's calls.
         unstepped: calls made outside a sampling loop (then no per-step scheme is offered).
+        head_amax: (2, 3, N_kv) float32: the same maxima per key/value head (None before a
+            call; :attr:`amax` is their maximum over the heads).
+        heads_differ: calls with different numbers of key/value heads (no per-head scheme).
         calls: SDPA calls seen (those the op can run and those it refuses).
         macs: their MACs, summed.
         problem: why the op cannot run one of its calls (the first seen), or None.
@@ -74,6 +77,8 @@ class AttentionWatch:
     steps: dict[int, torch.Tensor] = field(default_factory=dict)
     counts: dict[int, list[int]] = field(default_factory=dict)
     unstepped: int = 0
+    head_amax: torch.Tensor | None = None
+    heads_differ: bool = False
     calls: int = 0
     macs: int = 0
     problem: str | None = None
@@ -87,7 +92,9 @@ class AttentionWatch:
         if call.problem is not None:
             self.problem = self.problem or call.problem
             return
-        ranges = torch.stack([call_ranges(call, False), call_ranges(call, True)])
+        heads = torch.stack([call_ranges(call, False, True), call_ranges(call, True, True)])
+        self._add_heads(heads)
+        ranges = heads.amax(dim=-1)  # the per-tensor maxima, exactly
         self.amax = torch.maximum(self.amax, ranges)
         step = current_step()
         if step is None:
@@ -100,6 +107,16 @@ class AttentionWatch:
             counts[i] += t.numel()
         self._bounds = None
 
+    def _add_heads(self, heads: torch.Tensor | None) -> None:
+        if heads is None:
+            return
+        if self.head_amax is None:
+            self.head_amax = heads
+        elif self.head_amax.shape != heads.shape:
+            self.heads_differ = True
+        else:
+            self.head_amax = torch.maximum(self.head_amax, heads)
+
     @property
     def stepped(self) -> bool:
         """Whether every call ran at a denoising step, over two steps or more: static scales
@@ -109,7 +126,13 @@ class AttentionWatch:
     @property
     def schemes(self) -> tuple[str, ...]:
         """The candidates measured: the offered ones, per-step ones only where :attr:`stepped`."""
-        return tuple(s for s in self.offered if self.stepped or not SCHEMES[s].per_step)
+        heads = self.head_amax is not None and not self.heads_differ
+        return tuple(
+            s
+            for s in self.offered
+            if (self.stepped or not SCHEMES[s].per_step)
+            and (heads or not SCHEMES[s].template.per_head)
+        )
 
     @property
     def step_bounds(self) -> tuple[int, ...] | None:
@@ -139,6 +162,8 @@ class AttentionWatch:
     def merge(self, other: AttentionWatch) -> None:
         """Pass 1 over this share and ``other``'s (another rank's batches)."""
         self.amax = torch.maximum(self.amax, other.amax)
+        self._add_heads(other.head_amax)
+        self.heads_differ = self.heads_differ or other.heads_differ
         for t, ranges in other.steps.items():
             seen = self.steps.get(t)
             self.steps[t] = ranges if seen is None else torch.maximum(seen, ranges)
@@ -164,22 +189,31 @@ class AttentionWatch:
         call ran at a step (a call outside a sampling loop falls in group 0 of the module)."""
         if not (spec.precision.is_attention and self.runs):
             return False
+        if spec.per_head:  # pass 1 keeps per-head maxima over all steps only
+            return spec.timestep_bounds is None and self.head_amax is not None
         return spec.timestep_bounds is None or self.unstepped == 0
 
     def seed_attention(self, module: QuantizedAttention) -> None:
         """Put pass 1's maxima (of the key as the module's spec takes it; per group of steps
         where it has groups) into ``module``."""
         spec = module.attn_spec
-        if spec.timestep_bounds is None:
-            amax = self.amax[1 if spec.k_mean else 0].unsqueeze(0)
+        row = 1 if spec.k_mean else 0
+        if spec.per_head:
+            assert self.head_amax is not None
+            amax = self.head_amax[row].unsqueeze(0)
+        elif spec.timestep_bounds is None:
+            amax = self.amax[row].unsqueeze(0)
         else:
             amax = self.group_amax(spec.timestep_bounds, spec.k_mean)
         module.seed_calibration(amax, self.calls)
 
     def scales(self, scheme: str, step: int | None = None) -> torch.Tensor:
         """(3,) float32 scales candidate ``scheme`` calibrates to (at ``step`` for a per-step
-        scheme: its group's)."""
+        scheme: its group's; (3, N_kv) for a per-head one)."""
         k_mean = self._k_mean(scheme)
+        if SCHEMES[scheme].template.per_head:
+            assert self.head_amax is not None
+            return scales_of(self.head_amax[1 if k_mean else 0])
         bounds = self.step_bounds
         if SCHEMES[scheme].per_step and bounds is not None and step is not None:
             return scales_of(self.group_amax(bounds, k_mean)[group_of(step, bounds)])

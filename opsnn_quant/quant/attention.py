@@ -15,7 +15,7 @@ quantized here and is refused once calibration shows it.
 own (``Int8<Name>``, made once per float class and kept in a registry, as ModelOpt's dynamic
 module registry does): every name, parameter and ``isinstance`` check of the float model stays as
 it was; the module gains the buffer ``attn_scales`` ((groups, 3) float32: the query, key and
-value scales of each group of denoising steps) and its forward runs SDPA through
+value scales of each group of denoising steps; (groups, 3, N_kv) with per-head scales) and its forward runs SDPA through
 :func:`int8_sdpa`. :func:`revert_attention` undoes it.
 
 **The arithmetic**, per call, of float ``q``/``k``/``v`` (B, N, S, D) with scales ``s_q``, ``s_k``,
@@ -182,12 +182,30 @@ def smooth_k(k: torch.Tensor) -> torch.Tensor:
     return k - k.mean(dim=-2, keepdim=True)
 
 
+def head_group(call: SdpaCall, g: int) -> SdpaCall:
+    """The part of ``call`` of key/value head ``g``: its query heads, its key and value."""
+    r = call.q.shape[1] // call.k.shape[1]
+    part = slice(g * r, (g + 1) * r)
+    kv = slice(g, g + 1)
+    return SdpaCall(call.q[:, part], call.k[:, kv], call.v[:, kv], call.masked, call.scale)
+
+
 @torch.no_grad()
 def int8_sdpa(call: SdpaCall, scales: torch.Tensor, k_mean: bool) -> torch.Tensor:
-    """SDPA of ``call`` through the fused int8 attention with per-tensor ``scales`` (3,) =
-    (s_q, s_k, s_v) float32 (see the module docstring); the result in the query's dtype."""
+    """SDPA of ``call`` through the fused int8 attention with ``scales`` float32 (3,) =
+    (s_q, s_k, s_v) per tensor, or (3, N_kv) per key/value head: then one op call per key/value
+    head with its query heads (the op takes one scale per call); see the module docstring. The
+    result in the query's dtype."""
     if call.problem is not None:
         raise ConfigError(f"int8 attention cannot run {call.problem}")
+    if scales.dim() == 2:
+        heads = call.k.shape[1]
+        if scales.shape[1] != heads:
+            raise ConfigError(
+                f"int8 attention: {scales.shape[1]} per-head scales for {heads} key/value heads"
+            )
+        parts = [int8_sdpa(head_group(call, g), scales[:, g], k_mean) for g in range(heads)]
+        return torch.cat(parts, dim=1)
     backend = get_backend(call.q.device)
     s = scales.to(device=call.q.device, dtype=torch.float32)
     inv = torch.reciprocal(s)
@@ -212,10 +230,17 @@ def int8_sdpa(call: SdpaCall, scales: torch.Tensor, k_mean: bool) -> torch.Tenso
     return out.to(call.q.dtype)
 
 
-def call_ranges(call: SdpaCall, k_mean: bool) -> torch.Tensor:
-    """(3,) float32: the absolute maxima of this call's query, (smoothed) key and value."""
+def call_ranges(call: SdpaCall, k_mean: bool, per_head: bool = False) -> torch.Tensor:
+    """(3,) float32: the absolute maxima of this call's query, (smoothed) key and value; with
+    ``per_head``, (3, N_kv): per key/value head, the query's over that head's query heads."""
     k = smooth_k(call.k) if k_mean else call.k
-    return torch.stack([t.detach().abs().amax().to(torch.float32) for t in (call.q, k, call.v)])
+    if not per_head:
+        return torch.stack([t.detach().abs().amax().to(torch.float32) for t in (call.q, k, call.v)])
+    b, n, s1, d = call.q.shape
+    g = call.k.shape[1]
+    q = call.q.detach().abs().reshape(b, g, n // g, s1, d).amax(dim=(0, 2, 3, 4))
+    kv = [t.detach().abs().amax(dim=(0, 2, 3)) for t in (k, call.v)]
+    return torch.stack([q, *kv]).to(torch.float32)
 
 
 def scales_of(amax: torch.Tensor) -> torch.Tensor:
@@ -260,7 +285,8 @@ class QuantizedAttention(nn.Module):
     Attributes:
         attn_spec: the module's :class:`QuantSpec` (precision ``a8``).
         attn_name: its dotted name (for messages).
-        attn_scales: (groups, 3) float32 buffer: (s_q, s_k, s_v) per group of steps.
+        attn_scales: (groups, 3) float32 buffer: (s_q, s_k, s_v) per group of steps; (groups, 3,
+            N_kv) with per-head scales (one per key/value head).
         attn_frozen: True once :meth:`freeze_attention` ran or a checkpoint was loaded.
     """
 
@@ -292,16 +318,26 @@ class QuantizedAttention(nn.Module):
             if call.problem is not None:
                 calib.problem = calib.problem or call.problem
             else:
-                g = self._group()
-                calib.amax[g] = torch.maximum(
-                    calib.amax[g], call_ranges(call, self.attn_spec.k_mean)
-                )
+                self._observe(calib, call)
             return _SDPA(*args, **kwargs)
         if not self.attn_frozen:
             raise CalibrationError(
                 f"attention '{self.attn_name}' is neither calibrating nor frozen"
             )
         return int8_sdpa(call, self.attn_scales[self._group()], self.attn_spec.k_mean)
+
+    def _observe(self, calib: _Calibration, call: SdpaCall) -> None:
+        spec = self.attn_spec
+        ranges = call_ranges(call, spec.k_mean, spec.per_head)
+        if calib.amax.shape[1:] != ranges.shape:
+            if calib.amax.shape[-1] != 0:  # per head: sized by the first call
+                calib.problem = calib.problem or (
+                    f"calls with {ranges.shape[-1]} and {calib.amax.shape[-1]} key/value heads"
+                )
+                return
+            calib.amax = torch.zeros(calib.amax.shape[0], *ranges.shape).to(calib.amax)
+        g = self._group()
+        calib.amax[g] = torch.maximum(calib.amax[g], ranges)
 
     def seed_calibration(self, amax: torch.Tensor, calls: int) -> None:
         """What calibration would have seen, observed elsewhere on the same data (the probe's
@@ -336,7 +372,8 @@ class QuantizedAttention(nn.Module):
             raise CalibrationError(
                 f"attention '{self.attn_name}': int8 attention cannot run {calib.problem}"
             )
-        self.attn_scales.copy_(scales_of(calib.amax))
+        # a new buffer: per head, its shape is known only from the calls
+        self.attn_scales = scales_of(calib.amax).to(self.attn_scales)
         self._attn_calib = None
         self.attn_frozen = True
 
@@ -388,14 +425,13 @@ def convert_attention(module: nn.Module, spec: QuantSpec, name: str = "") -> Qua
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
     module.__class__ = quant_attention_class(type(module))
     assert isinstance(module, QuantizedAttention)
-    groups = _groups(spec)
+    # (groups, 3), or (groups, 3, key/value heads) sized by the first call
+    shape = (_groups(spec), 3, *((0,) if spec.per_head else ()))
     module.attn_spec = spec
     module.attn_name = name
     module.attn_frozen = False
-    module.register_buffer("attn_scales", torch.ones(groups, 3, dtype=torch.float32, device=device))
-    module._attn_calib = _Calibration(
-        amax=torch.zeros(groups, 3, dtype=torch.float32, device=device)
-    )
+    module.register_buffer("attn_scales", torch.ones(shape, dtype=torch.float32, device=device))
+    module._attn_calib = _Calibration(amax=torch.zeros(shape, dtype=torch.float32, device=device))
     return module
 
 
@@ -414,12 +450,13 @@ def frozen_attention(
 ) -> QuantizedAttention:
     """Attention ``module`` converted and frozen with ``scales`` (a checkpoint's)."""
     q = convert_attention(module, spec, name)
-    if tuple(scales.shape) != tuple(q.attn_scales.shape):
-        raise ConfigError(
-            f"attention '{name}': scales of shape {tuple(scales.shape)}, expected "
-            f"{tuple(q.attn_scales.shape)}"
-        )
-    q.attn_scales.copy_(scales.to(torch.float32))
+    want = tuple(q.attn_scales.shape)
+    got = tuple(scales.shape)
+    heads_ok = spec.per_head and len(got) == 3 and got[-1] > 0
+    if got[:2] != want[:2] or len(got) != len(want) or (spec.per_head and not heads_ok):
+        shown = "(groups, 3, heads)" if spec.per_head else str(want)
+        raise ConfigError(f"attention '{name}': scales of shape {got}, expected {shown}")
+    q.attn_scales = scales.to(q.attn_scales)
     q._attn_calib = None
     q.attn_frozen = True
     return q

@@ -126,6 +126,8 @@ SCHEMES: dict[str, Scheme] = {
         # The same scales per group of denoising steps (groups chosen by the probe on the
         # query/key/value ranges of each step): where the target switches scales per step.
         Scheme("a8_step", QuantSpec(Precision.A8), False, (ATTENTION_TYPE,), per_step=True),
+        # Scales per key/value head (msModelSlim's FA3 granularity): one op call per head.
+        Scheme("a8_head", QuantSpec(Precision.A8, per_head=True), False, (ATTENTION_TYPE,)),
     )
 }
 

@@ -58,6 +58,8 @@ class QuantSpec:
             Linear only, int8 weights (not ``w4a16``).
         k_mean: ``a8`` only: the key's mean over the keys is subtracted before it is quantized
             (exact for softmax; a narrower int8 range, :mod:`opsnn_quant.quant.attention`).
+        per_head: ``a8`` only: query/key/value scales per key/value head (the fused op takes
+            one scale per call, so the op is called once per key/value head), not per tensor.
         bias_correction: ``w8a8`` only: the quantized weight's expected output shift on the
             calibration inputs is removed from the int32 ``quant_bias``.
             A ``vllm-ascend`` module with SmoothQuant takes ``x / s`` (the output of the norm
@@ -76,6 +78,7 @@ class QuantSpec:
     weight_rounding: Literal["nearest", "gptq"] = "nearest"
     bias_correction: bool = False
     k_mean: bool = False
+    per_head: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", Precision(self.precision))
@@ -142,6 +145,10 @@ class QuantSpec:
             raise ConfigError(
                 f"k_mean smooths an attention's key: a8 only, not {self.precision.value}"
             )
+        if self.per_head and self.precision != Precision.A8:
+            raise ConfigError(
+                f"per_head scales an attention's heads: a8 only, not {self.precision.value}"
+            )
         if self.precision != Precision.A8:
             return
         # an attention has no weights and one arithmetic: the fused op's static per-tensor scales
@@ -203,7 +210,8 @@ class QuantSpec:
                 del d[optional]
         # defaults of later fields are left out: earlier checkpoints keep their bytes
         for key, default in (("engine", "opsnn"), ("weight_rounding", "nearest"),
-                             ("bias_correction", False), ("k_mean", False)):  # fmt: skip
+                             ("bias_correction", False), ("k_mean", False),
+                             ("per_head", False)):  # fmt: skip
             if d[key] == default:
                 del d[key]
         if "timestep_bounds" in d:

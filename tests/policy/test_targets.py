@@ -108,7 +108,8 @@ def test_the_schemes_of_a_module_type_are_those_the_target_runs_on_it():
     eager, atc = get_target("ascend910b-eager"), get_target("ascend910b-atc")
     assert eager.schemes("Conv2d") == ()  # no int8 conv among the torch_npu ops we rely on
     # its attention modules: the fused int8 attention, the key as it is or less its mean
-    assert eager.schemes("SDPA") == ("a8", "a8_kmean", "a8_step")  # it switches per step
+    # per step (it switches scales per step) and per key/value head (one op call per head)
+    assert eager.schemes("SDPA") == ("a8", "a8_kmean", "a8_step", "a8_head")
     assert eager.schemes("Linear") + eager.schemes("SDPA") == eager.schemes()
     assert atc.schemes("SDPA") == ()
     # ATC: AMCT's static PTQ of Gemm and Conv; SmoothQuant's factors only on a Linear's input;

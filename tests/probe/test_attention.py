@@ -255,3 +255,34 @@ def test_calls_outside_a_sampling_loop_offer_no_per_step_scheme() -> None:
     cfg = get_target("cpu-reference").probe_config(fp16=False, schemes=("a8", "a8_step"))
     report, _ = _probe(_model(), cfg)
     assert set(report.module("attn1").w8a8) == {"a8"}
+
+
+def test_per_head_scales_are_measured_and_seed_quantize_exactly() -> None:
+    from opsnn_quant.probe.api import run_probe
+
+    data = _data()
+    passes = []
+
+    def loop(m: nn.Module) -> None:
+        passes.append(1)
+        for x in data:
+            m(x)
+
+    adapter = GenericAdapter(_model(), {"": "denoiser"}, loop)
+    cfg = get_target("cpu-reference").probe_config(fp16=False, schemes=("a8", "a8_head"))
+    result = run_probe(adapter, adapter.forward_loop(), cfg)
+    entry = result.report.module("attn2")
+    assert set(entry.w8a8) == {"a8", "a8_head"}
+    assert entry.e2e is not None and set(entry.e2e.schemes) == {"a8", "a8_head"}
+    # per head, no scale is coarser than the per-tensor one: the output no noisier
+    assert entry.w8a8["a8_head"].sqnr_db >= entry.w8a8["a8"].sqnr_db - 0.1
+    spec = QuantSpec(Precision.A8, per_head=True)
+    seeded, calibrated = _model(), _model()
+    before = len(passes)
+    quantize(seeded, {"attn2": spec}, loop, statistics=result.statistics)
+    assert len(passes) == before
+    quantize(calibrated, {"attn2": spec}, loop)
+    s = seeded.get_submodule("attn2").attn_scales
+    assert s.shape == (1, 3, 2)
+    assert torch.equal(s, calibrated.get_submodule("attn2").attn_scales)
+    assert torch.equal(seeded(data[0]), calibrated(data[0]))

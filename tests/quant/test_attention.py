@@ -25,6 +25,8 @@ from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.attention import (
     QuantizedAttention,
     attention_modules,
+    call_ranges,
+    frozen_attention,
     int8_sdpa,
     read_call,
     scales_of,
@@ -349,3 +351,57 @@ def test_a_description_whose_attention_entry_lacks_a_key_is_refused(tmp_path) ->
     path.write_text(json.dumps(desc))
     with pytest.raises(CheckpointError, match="attention 'attn' lacks spec"):
         read_description(tmp_path / "q")
+
+
+# ----------------------------------------------------------------------------- per-head scales
+
+
+def test_per_head_scales_are_each_heads_maxima_and_one_op_call_per_kv_head() -> None:
+    torch.manual_seed(5)
+    # GQA: 4 query heads over 2 key/value heads; head 1's values 10x larger
+    q = torch.randn(2, 4, 6, 32)
+    k, v = torch.randn(2, 2, 6, 32), torch.randn(2, 2, 6, 32)
+    v[:, 1] *= 10.0
+    call = read_call((q, k, v), {"enable_gqa": True})
+    ranges = call_ranges(call, k_mean=False, per_head=True)
+    # by hand: the query's maxima over each key/value head's two query heads
+    want_q = torch.stack([q[:, 0:2].abs().amax(), q[:, 2:4].abs().amax()])
+    assert torch.equal(ranges[0], want_q)
+    assert torch.equal(ranges[2], torch.stack([v[:, 0].abs().amax(), v[:, 1].abs().amax()]))
+    # the per-tensor maxima are the per-head ones' maximum
+    assert torch.equal(ranges.amax(dim=-1), call_ranges(call, k_mean=False))
+    scales = scales_of(ranges)
+    got = int8_sdpa(call, scales, k_mean=False)
+    # each key/value head by itself through the per-tensor path, with its own scales
+    parts = [
+        int8_sdpa(read_call((q[:, 2 * g : 2 * g + 2], k[:, g : g + 1], v[:, g : g + 1]),
+                            {"enable_gqa": True}), scales[:, g], k_mean=False)
+        for g in range(2)
+    ]  # fmt: skip
+    assert torch.equal(got, torch.cat(parts, dim=1))
+    # head 0's values no longer share head 1's 10x step: closer to float there
+    ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    tensor = int8_sdpa(call, scales_of(call_ranges(call, k_mean=False)), k_mean=False)
+    assert _sqnr_db(got[:, :2], ref[:, :2]) > _sqnr_db(tensor[:, :2], ref[:, :2]) + 6
+    with pytest.raises(ConfigError, match="3 per-head scales for 2 key/value heads"):
+        int8_sdpa(call, torch.ones(3, 3), k_mean=False)
+
+
+def test_a_per_head_module_sizes_its_scales_from_its_calls_and_round_trips(tmp_path) -> None:
+    model, data = _model_and_data()
+    spec = QuantSpec(Precision.A8, per_head=True)
+    quantize(model, {"attn": spec, "cross": "a8"}, _loop(data))
+    assert model.attn.attn_scales.shape == (1, 3, 2)  # two heads
+    assert model.cross.attn_scales.shape == (1, 3)
+    want = [model(x, c) for x, c in data]
+    save_quantized(model, tmp_path / "q")
+    assert read_description(tmp_path / "q")["attention"]["attn"]["spec"]["per_head"] is True
+    fresh, _ = _model_and_data()
+    load_quantized(fresh, tmp_path / "q")
+    assert fresh.attn.attn_spec == spec
+    for (x, c), w in zip(data, want, strict=True):
+        assert torch.equal(fresh(x, c), w)
+    with pytest.raises(ConfigError, match=r"expected \(groups, 3, heads\)"):
+        frozen_attention(_model_and_data()[0].attn, spec, "attn", torch.ones(1, 3))
+    with pytest.raises(ConfigError, match="per_head scales an attention's heads: a8 only"):
+        QuantSpec(Precision.W8A8, per_head=True)

@@ -26,8 +26,10 @@ def test_table_names_specs_and_preference_order():
         "a8",
         "a8_kmean",
         "a8_step",
+        "a8_head",
     ]
     assert scheme_spec("a8_kmean") == QuantSpec(Precision.A8, k_mean=True)
+    assert scheme_spec("a8_head") == QuantSpec(Precision.A8, per_head=True)
     assert get_scheme("a8_step").spec(None, (0, 5)) == QuantSpec(
         Precision.A8, timestep_bounds=(0, 5)
     )
@@ -56,8 +58,8 @@ def test_table_names_specs_and_preference_order():
 
 
 def test_module_types_drive_the_probe_candidates():
-    assert schemes_for("Linear") == LINEAR_SCHEMES == tuple(SCHEMES)[:-3]
-    assert schemes_for("SDPA") == ("a8", "a8_kmean", "a8_step")
+    assert schemes_for("Linear") == LINEAR_SCHEMES == tuple(SCHEMES)[:-4]
+    assert schemes_for("SDPA") == ("a8", "a8_kmean", "a8_step", "a8_head")
     assert (
         schemes_for("Conv2d") == CONV_SCHEMES == ("w8a8", "w8a8_mse", "w8a8_dynamic", "w8a8_gptq")
     )

@@ -33,7 +33,8 @@ schema (where the Chinese docs disagree we follow the code, which validates the 
   l.277-287); the saver writes ``<attention>.fa3_q.scale`` (H, 1) float32 and a zero int8
   offset tagged ``FAQuant`` (``save/ascendv1.py`` ``_save_activation_per_head`` l.550-558).
   msModelSlim calibrates its own per-head scales (ratio 0.9999 on the query and key of FLUX);
-  ours are per tensor, K-mean smoothing and per-step scales it has not: said in the notes.
+  ours (per tensor, or per key/value head) are not carried over, and K-mean smoothing and
+  per-step scales it has not: said in the notes.
 * ``spec.save``: ``ascendv1_saver`` (``format/registry.py``) with ``part_file_size: 0``, one
   weights file (MindIE-SD opens exactly one).
 """
@@ -139,7 +140,8 @@ def export_msmodelslim(resolved: ResolvedPolicy) -> ExportResult:
         notes.append(
             f"{len(attention)} attention module(s) in int8: msModelSlim's fa3_quant calibrates its "
             "own per-head scales where its model adapter installs FA3 placeholders (FLUX, "
-            "Wan2.2, HunyuanVideo, ...); ours are per tensor"
+            "Wan2.2, HunyuanVideo, ...); ours (per tensor, or per key/value head) are not "
+            "carried over"
         )
     for reason, members in floats.items():
         shown = ", ".join(members[:3]) + (f", +{len(members) - 3}" if len(members) > 3 else "")
