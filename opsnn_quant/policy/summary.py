@@ -223,10 +223,16 @@ def policy_summary(
             "int8_share_of_all_macs": row.int8_share_of_all_macs,
             "attention_int8_share": row.attention_int8_share,
         }
-        if row.modality.value in figures:
-            figures[row.modality.value] |= {
-                k: round(v, 4) for k, v in shares.items() if v is not None
-            }
+        # a baseline strategy's policy has no figures: its coverage from the rows all the same
+        entry = figures.setdefault(
+            row.modality.value,
+            {
+                "chosen": row.chosen,
+                "predicted_sqnr_db": row.predicted_sqnr_db,
+                "int8_mac_share": round(row.int8_mac_share, 4),
+            },
+        )
+        entry |= {k: round(v, 4) for k, v in shares.items() if v is not None}
     return {
         "model": policy.model,
         "target": policy.target,

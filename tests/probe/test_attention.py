@@ -180,6 +180,15 @@ def test_the_summary_counts_the_attention_share_and_the_report_shows_it() -> Non
     (row,) = report_rows(plain, mindie)
     assert row.attention_int8_share is None
     assert "attention_int8_share" not in policy_summary(plain, [row])["modalities"]["denoiser"]
+    # a baseline strategy's policy (no figures): the acceptance report still shows its coverage
+    from opsnn_quant.policy.baselines import naive_policy
+
+    naive = naive_policy(report, get_target("cpu-reference"), "all-w8a8-dynamic-a8")
+    assert not naive.figures
+    (row,) = report_rows(naive, report)
+    shown = policy_summary(naive, [row])["modalities"]["denoiser"]
+    assert shown["chosen"] == "int8" and shown["attention_int8_share"] == 1.0
+    assert shown["int8_share_of_all_macs"] == pytest.approx(1.0)
 
 
 def test_the_shares_say_they_count_attention_where_it_was_measured() -> None:
