@@ -7,7 +7,9 @@ Rows (each in a child process, so its peak RSS is its own):
   encoder, 83M VAE) with random weights, built and saved by this script, sampled at 256 px;
 * ``whisper-base`` / ``whisper-small``: Whisper base.en / small.en architectures with random
   weights (the zoo's tiny.en processor: same English tokenizer and features);
-* ``shapes-t2i``, ``shapes-dit``, ``whisper-tiny-en``: the zoo recipes as they ship;
+* ``shapes-t2i``, ``shapes-dit``, ``whisper-tiny-en``: the zoo recipes as they ship; with
+  ``:eager`` on the eager target (int8 attention measured) and ``:eager-linear`` the same
+  without the attention schemes: side by side, the cost of measuring attention;
 * ``sd3-tiny``, ``flux-tiny``: the tests' 2-layer random SD3 / FLUX pipelines at 32 px (a float
   pass is a fraction of a second there, so fixed costs dominate their ratios);
 * the users' real widths at a cut depth, random weights (``benchmarks/real_widths.py``), each
@@ -232,7 +234,12 @@ def _prompts(path: Path, n: int) -> Path:
 
 
 def recipe_for(row: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """The recipe (as a dict) a row calibrates with (a width row: ``NAME@DEPTH``)."""
+    """The recipe (as a dict) a row calibrates with (a width row: ``NAME@DEPTH``; a zoo recipe
+    on the eager target: ``NAME:eager``, or ``NAME:eager-linear`` without its attention
+    schemes, so that the two rows side by side show what measuring attention costs)."""
+    if ":" in row:
+        base, variant = row.split(":", 1)
+        return _eager_recipe(recipe_for(base, work, args), variant)
     if "@" in row:
         return _width_recipe(row, work, args)
     if row in ("shapes-t2i", "shapes-dit", "whisper-tiny-en"):
@@ -255,6 +262,24 @@ def recipe_for(row: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
         return _tiny_dit_recipe(row, work, args)
     size = row.split("-")[1]
     return _whisper_recipe(row, build_whisper(work, size), args)
+
+
+EAGER = "ascend910b-eager"
+
+
+def _eager_recipe(recipe: dict[str, Any], variant: str) -> dict[str, Any]:
+    """``recipe`` on the eager target (which runs int8 attention), its attention schemes kept
+    (``eager``) or left out of the probe (``eager-linear``)."""
+    from opsnn_quant.policy.targets import get_target
+    from opsnn_quant.quant.schemes import SCHEMES
+
+    if variant not in ("eager", "eager-linear"):
+        raise SystemExit(f"error: unknown row variant {variant!r}; known: eager, eager-linear")
+    recipe = {**recipe, "target": EAGER}
+    if variant == "eager-linear":
+        schemes = [s for s in get_target(EAGER).schemes() if not SCHEMES[s].precision.is_attention]
+        recipe["probe"] = {**(recipe.get("probe") or {}), "schemes": schemes}
+    return recipe
 
 
 def _whisper_recipe(row: str, source: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -642,7 +667,7 @@ def _expand(rows: str, depths: str | None) -> list[str]:
     for row in rows.split(","):
         if row in WIDTH_ROWS:
             out += [f"{row}@{d}" for d in (depths or "1,2").split(",")]
-        elif row in ROWS or "@" in row:
+        elif row in ROWS or "@" in row or row.split(":", 1)[0] in ROWS[:3]:
             out.append(row)
         else:
             raise SystemExit(f"unknown row {row!r}; rows: {', '.join(ROWS + WIDTH_ROWS)}")
