@@ -67,6 +67,8 @@ class Format:
         float_model: a ``model`` writer reads the float model: ``calibrate`` hands it what
             :meth:`stage` made before quantizing, ``export-weights`` loads the float model.
         stager: ``"module:function"`` that :meth:`stage` runs (empty: nothing is staged).
+        attention: a ``model`` export's engine runs no int8 attention: why (the export notes
+            the model's int8 attention modules it leaves float with it); empty: it runs them.
     """
 
     name: ClassVar[str]
@@ -79,6 +81,7 @@ class Format:
     root_calls_for: ClassVar[str] = ""
     float_model: ClassVar[bool] = False
     stager: ClassVar[str] = ""
+    attention: ClassVar[str] = "its engine runs no int8 attention"
 
     # ---- write ----------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from torch import nn
 
+from opsnn_quant.formats.base import Format
 from opsnn_quant.formats.model_writers import ExportOutcome, ModelExportContext
 from opsnn_quant.formats.registry import exporters
 from opsnn_quant.models.base import ModelAdapter
@@ -71,9 +72,24 @@ def write_model_exports(
             # each export its own output (its marker's kind: the format's name)
             with atomic_dir(export_dir / entry.output, entry.name, force=force) as tmp:
                 outcome: ExportOutcome = entry.writer()(ctx, tmp)
-            done.notes += _write_notes(export_dir, entry.name, outcome.notes, force)
+            notes = [*outcome.notes, *_float_attention(adapter, entry)]
+            done.notes += _write_notes(export_dir, entry.name, notes, force)
             done.int8[entry.name] = outcome.int8
     return done
+
+
+def _float_attention(adapter: ModelAdapter, entry: Format) -> list[str]:
+    """A note naming the model's int8 attention modules the export's engine runs in float."""
+    from opsnn_quant.quant.attention import quantized_attention
+
+    names = list(quantized_attention(adapter.model))
+    if not names or not entry.attention:
+        return []
+    shown = ", ".join(names[:3]) + (f", +{len(names) - 3}" if len(names) > 3 else "")
+    return [
+        f"{len(names)} int8 attention module(s) ({shown}) are float in this export: "
+        f"{entry.attention}"
+    ]
 
 
 @dataclass

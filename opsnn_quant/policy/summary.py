@@ -210,7 +210,7 @@ def policy_summary(
     each modality's decision (chosen, predicted SQNR, int8 MAC share); with the summary
     ``rows`` of the probe it was decided from, each modality's int8 share of all its MACs and
     of its attention MACs, where counted."""
-    figures = {
+    figures: dict[str, dict[str, Any]] = {
         m.value: {
             "chosen": f.chosen,
             "predicted_sqnr_db": f.predicted_sqnr_db,

@@ -68,3 +68,27 @@ def test_export_weights_refuses_bad_input_before_loading(tmp_path, capsys):
     assert "description.json not found" in capsys.readouterr().err
     assert main(["export-weights", str(tmp_path / "nothing"), "-f", "onnx"]) == 2
     assert "--format must be one of ascendv1, mindie-sd, atc" in capsys.readouterr().err
+
+
+def test_an_export_whose_engine_runs_no_int8_attention_says_which_modules_stay_float():
+    import torch
+    from diffusers.models.attention_processor import Attention
+    from torch import nn
+
+    from opsnn_quant.formats.registry import exporter
+    from opsnn_quant.models.generic import GenericAdapter
+    from opsnn_quant.pipeline.model_exports import _float_attention
+    from opsnn_quant.quant.api import quantize
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), Attention(query_dim=64, heads=2, dim_head=32))
+    data = [torch.randn(2, 8, 16)]
+    quantize(model, {"1": "a8", "0": "w8a8"}, lambda m: [m(x) for x in data])
+    adapter = GenericAdapter(model, {"": "denoiser"}, lambda m: None)
+    (note,) = _float_attention(adapter, exporter("ascendv1"))
+    assert note.startswith("1 int8 attention module(s) (1) are float in this export: vLLM-Ascend")
+    assert "FP8RotateQuantFA" in _float_attention(adapter, exporter("mindie-sd"))[0]
+    assert "Linear/Conv2d only" in _float_attention(adapter, exporter("atc"))[0]
+    # a model without int8 attention: nothing to say
+    plain = GenericAdapter(nn.Linear(4, 4), {"": "denoiser"}, lambda m: None)
+    assert _float_attention(plain, exporter("ascendv1")) == []

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.formats.calibrate_output import ExportedDirectory
+from opsnn_quant.quant.engines import VLLM_ASCEND
 
 if TYPE_CHECKING:
     from opsnn_quant.models.base import ModelAdapter
@@ -26,6 +27,7 @@ class AscendV1Format(ExportedDirectory):
     # SmoothQuant factors are folded into the producers: traced on one call per root
     root_calls = "smoothed"
     root_calls_for = "folding its SmoothQuant factors"
+    attention = VLLM_ASCEND.attention_note
 
     @classmethod
     def recognises(cls, path: Path) -> bool:

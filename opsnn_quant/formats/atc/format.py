@@ -24,6 +24,9 @@ class ATCGraphsFormat(Format):
     root_calls_for = "the ATC graphs"
     float_model = True  # the float graphs beside the QDQ ones, exported before quantizing
     stager = "opsnn_quant.formats.atc.model_export:stage_float_graphs"
+    # AMCT's PTQ quantizes Conv/Gemm/MatMul of weights it calibrates; the graphs here carry
+    # the QDQ of our Linear/Conv2d only
+    attention = "its graphs quantize Linear/Conv2d only (QDQ of their weights and inputs)"
 
     def left_out(self, target: Target) -> str | None:
         if target.route == "atc":

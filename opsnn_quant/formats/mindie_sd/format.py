@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.formats.calibrate_output import CalibrateOutput, ExportedDirectory
+from opsnn_quant.quant.engines import MINDIE_SD
 
 if TYPE_CHECKING:
     from opsnn_quant.models.base import ModelAdapter
@@ -23,6 +24,7 @@ class MindIESDFormat(ExportedDirectory):
     output = "mindie-sd"
     handler = "opsnn_quant.formats.mindie_sd.model_export:write"
     read_order = 10
+    attention = MINDIE_SD.attention_note
 
     @classmethod
     def recognises(cls, path: Path) -> bool:
