@@ -264,14 +264,21 @@ def int8_share_of_all_macs(
     report: SensitivityReport, rows: list[ModalitySummaryRow]
 ) -> float | None:
     """The int8 MACs over all the model's MACs, attention's products and Conv1d/Conv3d
-    included; None where the probe did not count those."""
+    included; None where the probe did not count those.
+
+    The modalities are weighted as :func:`int8_mac_share` weights them (one forward call each:
+    the report's per-call MACs), each call's MACs of every kind being its measured ones over
+    the share they make of all (:attr:`ModalitySummary.linear_share`): so the share of all MACs
+    is never above the share of the measured ones it is printed beside (a pass-weighted one
+    was, where a modality called more often had a larger int8 share)."""
     int8 = everything = 0.0
     for r in rows:
         summary = report.modalities.get(r.modality.value)
-        if summary is None or summary.pass_macs is None or summary.other_macs is None:
+        share = None if summary is None else summary.linear_share
+        if summary is None or share is None:
             return None
-        int8 += r.int8_mac_share * summary.pass_macs
-        everything += summary.pass_macs + summary.other_macs
+        int8 += r.int8_mac_share * summary.macs
+        everything += summary.macs / share if share else 0.0
     return int8 / everything if everything else None
 
 
