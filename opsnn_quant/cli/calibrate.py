@@ -167,8 +167,8 @@ def _summary_table(name: str, target: str, result: CalibrateResult) -> _ui.Table
         caption="module counts per precision; pred/meas: predicted / measured SQNR of the "
         "modality's output, dB (cpu-reference backend); MAC%: share of the Linear/Conv2d MACs in "
         "int8 (the layers a target runs in int8; with attention's SDPA where the target runs "
-        "int8 attention); all%: share of all the modality's MACs in int8, Conv1d/Conv3d and the "
-        "attention the target runs in float counted in",
+        "int8 attention); all%: share of all the modality's MACs in int8, counting also "
+        "Conv1d/Conv3d and the attention the target runs in float",
     )
     for row in result.rows:
         measured = result.measured.get(row.modality, {}).get("sqnr_db")

@@ -274,11 +274,12 @@ def int8_share_of_all_macs(
     int8 = everything = 0.0
     for r in rows:
         summary = report.modalities.get(r.modality.value)
-        share = None if summary is None else summary.linear_share
-        if summary is None or share is None:
+        if summary is None or summary.pass_macs is None or summary.other_macs is None:
             return None
-        int8 += r.int8_mac_share * summary.macs
-        everything += summary.macs / share if share else 0.0
+        share = summary.linear_share
+        if share:  # None or 0: no measured MACs (a modality of norms and embeddings only)
+            int8 += r.int8_mac_share * summary.macs
+            everything += summary.macs / share
     return int8 / everything if everything else None
 
 
