@@ -86,3 +86,29 @@ def test_a_policy_with_an_a8_rule_reads_back_as_written(tmp_path) -> None:
     assert "- {match: '*attn1', preset: a8, reason: attention in int8}\n" in text
     again = PrecisionPolicy.load(path)
     assert again == policy
+
+
+def test_the_budget_keeps_an_attention_float_with_its_reason() -> None:
+    from opsnn_quant.policy.budget import Budget
+    from opsnn_quant.policy.search import build_policy
+    from tests.policy._factory import linear, report
+
+    # relative noise: the attention 1e-3 (30 dB alone), the Linear 1e-6; a 40 dB denoiser cap
+    # (1e-4) leaves room for the Linear only: the attention, the most noise per MAC, falls back
+    rep = report(
+        linear("blk.attn1", 1e-3, type_="SDPA", sqnr={"a8": 25.0}, e2e_scheme="a8"),
+        linear("blk.ff", 1e-6),
+    )
+    target = get_target("ascend910b-eager")
+    budget = Budget.model_validate({"limits": {"denoiser": {"min_sqnr_db": 40}},
+                                    "min_int8_mac_share": 0.0})  # fmt: skip
+    policy = build_policy(rep, budget, target)
+    (kept,) = [r for r in policy.rules if r.match == "blk.attn1"]
+    assert kept.precision == Precision.FP16
+    assert kept.reason.startswith("fp16 fallback: est. contribution 1.00e-03 (a8, ")
+    assert "denoiser is predicted at 60.0 dB (>= 40 dB)" in kept.reason
+    (ff,) = [r for r in policy.rules if r.match == "blk.ff"]
+    assert ff.precision == Precision.W8A8
+    # without the cap, the attention is int8 like the rest
+    loose = build_policy(rep, Budget.model_validate({"min_int8_mac_share": 0.0}), target)
+    assert [r.precision for r in loose.rules if r.match == "blk.attn1"] == [Precision.A8]
