@@ -249,11 +249,16 @@ def deployed_shares(
 
 
 def int8_mac_share(report: SensitivityReport, rows: list[ModalitySummaryRow]) -> float | None:
-    """Share of all MACs in int8, the modalities weighted by their MACs."""
+    """Share of the measured (Linear/Conv2d, and SDPA where counted) MACs in int8 over the
+    whole run: each modality weighted by its measured MACs over pass 1 (a denoiser called once
+    per step counts as often as it runs), or by one forward call's where the probe did not
+    count the pass (a probe.json from before it did)."""
 
     def macs(modality: Modality) -> float:
         summary = report.modalities.get(modality.value)
-        return float(summary.macs) if summary is not None else 0.0
+        if summary is None:
+            return 0.0
+        return float(summary.macs if summary.pass_macs is None else summary.pass_macs)
 
     int8 = sum(r.int8_mac_share * macs(r.modality) for r in rows)
     total = sum(macs(r.modality) for r in rows)
@@ -263,23 +268,16 @@ def int8_mac_share(report: SensitivityReport, rows: list[ModalitySummaryRow]) ->
 def int8_share_of_all_macs(
     report: SensitivityReport, rows: list[ModalitySummaryRow]
 ) -> float | None:
-    """The int8 MACs over all the model's MACs, attention's products and Conv1d/Conv3d
-    included; None where the probe did not count those.
-
-    The modalities are weighted as :func:`int8_mac_share` weights them (one forward call each:
-    the report's per-call MACs), each call's MACs of every kind being its measured ones over
-    the share they make of all (:attr:`ModalitySummary.linear_share`): so the share of all MACs
-    is never above the share of the measured ones it is printed beside (a pass-weighted one
-    was, where a modality called more often had a larger int8 share)."""
+    """The int8 MACs over all the model's MACs over the run (pass 1), attention's products and
+    Conv1d/Conv3d included; None where the probe did not count those. Never above
+    :func:`int8_mac_share`, which weighs the modalities the same way."""
     int8 = everything = 0.0
     for r in rows:
         summary = report.modalities.get(r.modality.value)
         if summary is None or summary.pass_macs is None or summary.other_macs is None:
             return None
-        share = summary.linear_share
-        if share:  # None or 0: no measured MACs (a modality of norms and embeddings only)
-            int8 += r.int8_mac_share * summary.macs
-            everything += summary.macs / share
+        int8 += r.int8_mac_share * summary.pass_macs
+        everything += summary.pass_macs + summary.other_macs
     return int8 / everything if everything else None
 
 

@@ -1,5 +1,7 @@
 """The summary rows: module counts and int8 shares of the Linear/Conv2d MACs and of all MACs."""
 
+import dataclasses
+
 import pytest
 
 from opsnn_quant.policy.baselines import naive_policy
@@ -48,9 +50,13 @@ def test_the_int8_share_of_all_macs_counts_what_stays_float_outside_linear_and_c
     assert dec.int8_mac_share == 1.0 and dec.int8_share_of_all_macs == 1.0
     listed = list(rows.values())
     assert int8_mac_share(rep, listed) == 1.0
-    # weighted per forward call like int8_mac_share: the encoder's 300 Linear MACs per call are
-    # 900 / 1500 of its MACs (500 in all per call), the decoder's 100 all of its
-    assert int8_share_of_all_macs(rep, listed) == pytest.approx((300 + 100) / (500 + 100))
+    # over the run (pass 1): the encoder's 900 Linear MACs of its 1500, the decoder's 200 of 200
+    assert int8_share_of_all_macs(rep, listed) == (900 + 200) / (1500 + 200)
+    # the measured share weighs the modalities over the run too: the encoder float, the
+    # decoder int8 is 200 of the 1100 measured MACs (per call it would be 100 of 400)
+    half = [dataclasses.replace(enc, int8_mac_share=0.0), dec]
+    assert int8_mac_share(rep, half) == pytest.approx(200 / 1100)
+    assert int8_share_of_all_macs(rep, half) == pytest.approx(200 / 1700)
 
 
 def test_without_the_counts_the_share_of_all_macs_is_unknown_not_guessed():
