@@ -129,11 +129,12 @@ def test_decode_calls_leave_the_module_float_with_the_reason() -> None:
     assert entry.e2e is None
 
 
-def test_quantize_seeded_by_the_probe_runs_no_pass_and_gets_the_same_scales() -> None:
+def _counted_probe(cfg: ProbeConfig):
+    """The probe's whole result on the model, the loop over its data, and that loop's passes."""
     from opsnn_quant.probe.api import run_probe
 
     data = _data()
-    passes = []
+    passes: list[int] = []
 
     def loop(m: nn.Module) -> None:
         passes.append(1)
@@ -141,7 +142,11 @@ def test_quantize_seeded_by_the_probe_runs_no_pass_and_gets_the_same_scales() ->
             m(x)
 
     adapter = GenericAdapter(_model(), {"": "denoiser"}, loop)
-    result = run_probe(adapter, adapter.forward_loop(), _cfg())
+    return run_probe(adapter, adapter.forward_loop(), cfg), loop, passes, data
+
+
+def test_quantize_seeded_by_the_probe_runs_no_pass_and_gets_the_same_scales() -> None:
+    result, loop, passes, data = _counted_probe(_cfg())
     specs = {"attn1": QuantSpec(Precision.A8, k_mean=True), "attn2": "a8", "inp": "w8a8"}
     seeded, calibrated = _model(), _model()
     before = len(passes)
@@ -267,19 +272,8 @@ def test_calls_outside_a_sampling_loop_offer_no_per_step_scheme() -> None:
 
 
 def test_per_head_scales_are_measured_and_seed_quantize_exactly() -> None:
-    from opsnn_quant.probe.api import run_probe
-
-    data = _data()
-    passes = []
-
-    def loop(m: nn.Module) -> None:
-        passes.append(1)
-        for x in data:
-            m(x)
-
-    adapter = GenericAdapter(_model(), {"": "denoiser"}, loop)
     cfg = get_target("cpu-reference").probe_config(fp16=False, schemes=("a8", "a8_head"))
-    result = run_probe(adapter, adapter.forward_loop(), cfg)
+    result, loop, passes, data = _counted_probe(cfg)
     entry = result.report.module("attn2")
     assert set(entry.w8a8) == {"a8", "a8_head"}
     assert entry.e2e is not None and set(entry.e2e.schemes) == {"a8", "a8_head"}
