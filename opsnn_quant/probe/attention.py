@@ -267,7 +267,8 @@ Handler = Callable[[str, Callable[..., Any], tuple, dict[str, Any]], Any]
 
 class SdpaTaps(TorchFunctionMode):
     """While :meth:`tapping`: every SDPA call inside one of ``modules`` goes to ``handler(name,
-    func, args, kwargs)``, whose return is the call's result."""
+    func, args, kwargs)``, whose return is the call's result (the mode is entered around those
+    modules' forwards only)."""
 
     def __init__(self, modules: dict[str, nn.Module], handler: Handler) -> None:
         super().__init__()
@@ -283,27 +284,36 @@ class SdpaTaps(TorchFunctionMode):
             return self.handler(self._stack[-1], func, args, kwargs)
         return func(*args, **kwargs)
 
+    # The mode is entered only while a watched module's forward runs: every torch call under a
+    # mode pays a Python dispatch, and the rest of the forward, the backward and the gradient
+    # hooks computing the candidates (thousands of calls each) have no SDPA call to catch.
     def _enter(self, name: str) -> None:
+        if not self._stack:
+            self.__enter__()
         self._stack.append(name)
 
     def _leave(self) -> None:  # a forward hook returning None: the output is left as it is
         if self._stack:
             self._stack.pop()
+            if not self._stack:
+                self.__exit__(None, None, None)
 
     @contextmanager
     def tapping(self) -> Iterator[SdpaTaps]:
-        """Enter the mode with the hooks that say which module a call runs in."""
+        """Install the hooks that enter the mode around each watched module's forward (and say
+        which module a call runs in)."""
         handles = []
         for name, module in self.modules.items():
             handles.append(module.register_forward_pre_hook(lambda *_, n=name: self._enter(n)))
             handles.append(module.register_forward_hook(lambda *_: self._leave()))
         try:
-            with self:
-                yield self
+            yield self
         finally:
             for h in handles:
                 h.remove()
-            self._stack.clear()
+            if self._stack:  # a forward that raised: its module's hook never ran
+                self._stack.clear()
+                self.__exit__(None, None, None)
 
 
 @contextmanager
