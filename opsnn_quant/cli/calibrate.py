@@ -447,10 +447,11 @@ def overall_line(result: CalibrateResult) -> str:
     for int8), and of all the model's MACs where counted."""
     share = "-" if result.int8_mac_share is None else fmt_share(result.int8_mac_share)
     every = result.int8_share_of_all_macs
-    of_all = "" if every is None else f" ({fmt_share(every)} of all MACs)"
+    # the two weigh the modalities differently (see opsnn_quant.policy.summary): said so
+    of_all = "" if every is None else f"; {fmt_share(every)} of all MACs over the run"
     attention = any(row.attention_int8_share is not None for row in result.rows)
     kinds = "Linear/Conv2d/SDPA" if attention else "Linear/Conv2d"
-    return f"int8 MAC share overall: {share} of the {kinds} MACs{of_all}"
+    return f"int8 MAC share overall: {share} of the {kinds} MACs per forward call{of_all}"
 
 
 def check_launch(device: str, nproc: int, backend: str | None) -> None:

@@ -68,7 +68,8 @@ class Format:
             :meth:`stage` made before quantizing, ``export-weights`` loads the float model.
         stager: ``"module:function"`` that :meth:`stage` runs (empty: nothing is staged).
         attention: a ``model`` export's engine runs no int8 attention: why (the export notes
-            the model's int8 attention modules it leaves float with it); empty: it runs them.
+            the model's int8 attention modules it leaves float with it); empty: no note (it
+            runs them, or the format does not say).
     """
 
     name: ClassVar[str]
@@ -81,7 +82,7 @@ class Format:
     root_calls_for: ClassVar[str] = ""
     float_model: ClassVar[bool] = False
     stager: ClassVar[str] = ""
-    attention: ClassVar[str] = "its engine runs no int8 attention"
+    attention: ClassVar[str] = ""
 
     # ---- write ----------------------------------------------------------------------------
 

@@ -249,16 +249,13 @@ def deployed_shares(
 
 
 def int8_mac_share(report: SensitivityReport, rows: list[ModalitySummaryRow]) -> float | None:
-    """Share of the measured (Linear/Conv2d, and SDPA where counted) MACs in int8 over the
-    whole run: each modality weighted by its measured MACs over pass 1 (a denoiser called once
-    per step counts as often as it runs), or by one forward call's where the probe did not
-    count the pass (a probe.json from before it did)."""
+    """Share of the measured (Linear/Conv2d, and SDPA where counted) MACs in int8, the
+    modalities weighted by one forward call's MACs each: the weighting of the per-export shares
+    (:func:`int8_mac_shares`) and of the measured search's coverage."""
 
     def macs(modality: Modality) -> float:
         summary = report.modalities.get(modality.value)
-        if summary is None:
-            return 0.0
-        return float(summary.macs if summary.pass_macs is None else summary.pass_macs)
+        return float(summary.macs) if summary is not None else 0.0
 
     int8 = sum(r.int8_mac_share * macs(r.modality) for r in rows)
     total = sum(macs(r.modality) for r in rows)
@@ -268,9 +265,10 @@ def int8_mac_share(report: SensitivityReport, rows: list[ModalitySummaryRow]) ->
 def int8_share_of_all_macs(
     report: SensitivityReport, rows: list[ModalitySummaryRow]
 ) -> float | None:
-    """The int8 MACs over all the model's MACs over the run (pass 1), attention's products and
-    Conv1d/Conv3d included; None where the probe did not count those. Never above
-    :func:`int8_mac_share`, which weighs the modalities the same way."""
+    """The int8 MACs over all the model's MACs **over the run** (pass 1: a denoiser counts once
+    per step it runs), attention's products and Conv1d/Conv3d included; None where the probe
+    did not count those. Not comparable with :func:`int8_mac_share`, which counts one forward
+    call per modality: the summary line says which is which."""
     int8 = everything = 0.0
     for r in rows:
         summary = report.modalities.get(r.modality.value)

@@ -52,10 +52,10 @@ def test_the_int8_share_of_all_macs_counts_what_stays_float_outside_linear_and_c
     assert int8_mac_share(rep, listed) == 1.0
     # over the run (pass 1): the encoder's 900 Linear MACs of its 1500, the decoder's 200 of 200
     assert int8_share_of_all_macs(rep, listed) == (900 + 200) / (1500 + 200)
-    # the measured share weighs the modalities over the run too: the encoder float, the
-    # decoder int8 is 200 of the 1100 measured MACs (per call it would be 100 of 400)
+    # the encoder float: the measured share counts one call per modality (the decoder's 100 of
+    # 400), the share of all MACs the run (the decoder's 200 of 1700)
     half = [dataclasses.replace(enc, int8_mac_share=0.0), dec]
-    assert int8_mac_share(rep, half) == pytest.approx(200 / 1100)
+    assert int8_mac_share(rep, half) == pytest.approx(100 / 400)
     assert int8_share_of_all_macs(rep, half) == pytest.approx(200 / 1700)
 
 
