@@ -228,6 +228,20 @@ class AttentionWatch:
         output in the query's dtype."""
         return int8_sdpa(call, self.scales(scheme, step), self._k_mean(scheme))
 
+    def candidates(self, call: SdpaCall, step: int | None = None) -> dict[str, torch.Tensor]:
+        """Every candidate's output of ``call`` (:meth:`candidate`), each distinct computation
+        once: a per-step scheme in the group that holds the overall maxima has the per-tensor
+        scheme's scales exactly, and so its output."""
+        done: dict[tuple[Any, ...], torch.Tensor] = {}
+        out = {}
+        for scheme in self.schemes:
+            scales = self.scales(scheme, step)
+            key = (self._k_mean(scheme), tuple(scales.shape), tuple(scales.reshape(-1).tolist()))
+            if key not in done:
+                done[key] = int8_sdpa(call, scales, key[0])
+            out[scheme] = done[key]
+        return out
+
     def add_error(self, scheme: str, reference: torch.Tensor, output: torch.Tensor) -> None:
         """Add one call's candidate output against the float SDPA output."""
         self.energies.setdefault(scheme, SchemeEnergy()).add(reference, output, -1)

@@ -349,8 +349,7 @@ class _AttentionCall:
         batch = self.state.batch
         g64 = g.detach().to(torch.float64)
         rows = batch if batch and g64.dim() > 0 and g64.shape[0] == batch else 1
-        for scheme in watch.schemes:
-            out = watch.candidate(scheme, call, step)
+        for scheme, out in watch.candidates(call, step).items():
             watch.add_error(scheme, reference, out)
             e = out.to(torch.float64) - reference.to(torch.float64)
             per_sample = (g64.reshape(rows, -1) * e.reshape(rows, -1)).sum(dim=1)

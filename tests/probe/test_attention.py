@@ -247,6 +247,24 @@ def test_per_step_scales_follow_the_steps_and_seed_quantize_exactly() -> None:
     early, late = watch.scales("a8_step", 1), watch.scales("a8_step", 4)
     assert torch.equal(late, watch.scales("a8", 1))
     assert bool((early < late / 4).all())
+    # in the group holding the maxima the per-step candidate is the per-tensor one: computed once
+    import opsnn_quant.probe.attention as probe_attention
+    from opsnn_quant.quant.attention import read_call
+
+    ran = []
+
+    def counted(call, scales, k_mean):
+        ran.append(scales)
+        return real(call, scales, k_mean)
+
+    real = probe_attention.int8_sdpa
+    call = read_call(tuple(torch.randn(2, 2, 48, 32) for _ in range(3)), {})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(probe_attention, "int8_sdpa", counted)
+        late_out = watch.candidates(call, 4)
+        assert len(ran) == 2 and late_out["a8_step"] is late_out["a8"]
+        early_out = watch.candidates(call, 1)
+        assert len(ran) == 5 and not torch.equal(early_out["a8_step"], early_out["a8"])
     assert entry.w8a8["a8_step"].sqnr_db > entry.w8a8["a8"].sqnr_db
     spec = QuantSpec(Precision.A8, timestep_bounds=(0, 3))
     seeded, calibrated = _model(), _model()
