@@ -43,6 +43,8 @@ _LABELS: dict[str, Callable[[Any], str]] = {
     "engine": str,
     "weight_rounding": str,
     "bias_correction": lambda v: "bc" if v else "nobc",
+    "k_mean": lambda v: "kmean" if v else "nokmean",
+    "per_head": lambda v: "head" if v else "tensor",
 }
 
 
