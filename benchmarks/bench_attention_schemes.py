@@ -132,13 +132,19 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=64, help="suite samples per candidate")
     ap.add_argument("--schemes", default=",".join(SCHEMES), help="the rows to judge")
     args = ap.parse_args()
+    demos = [d for d in args.demos.split(",") if d]
+    schemes = tuple(s for s in args.schemes.split(",") if s)
+    unknown = [d for d in demos if d not in DEMOS] + [s for s in schemes if s not in SCHEMES]
+    if unknown or not demos or not schemes:
+        raise SystemExit(f"error: unknown or missing demo/scheme {unknown}; demos {list(DEMOS)}, "
+                         f"schemes {list(SCHEMES)}")  # fmt: skip
     rows = [
         "| demo | scheme | attention int8 | quality delta [95% interval] | verdict | "
         "probe's predicted output SQNR | attention share of all MACs | eval time |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for name in (d for d in args.demos.split(",") if d):
-        rows += demo_rows(name, args.limit, tuple(args.schemes.split(",")))
+    for name in demos:
+        rows += demo_rows(name, args.limit, schemes)
     print("\n".join(rows))
     print(f"\nbackend: cpu (exact Ascend int8 reference), target {TARGET}, limit {args.limit}")
 

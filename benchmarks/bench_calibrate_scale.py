@@ -667,7 +667,14 @@ def _expand(rows: str, depths: str | None) -> list[str]:
     for row in rows.split(","):
         if row in WIDTH_ROWS:
             out += [f"{row}@{d}" for d in (depths or "1,2").split(",")]
-        elif row in ROWS or "@" in row or row.split(":", 1)[0] in ROWS[:3]:
+        elif (
+            row in ROWS
+            or "@" in row
+            or (
+                row.split(":", 1)[0] in ROWS[:3]
+                and row.split(":", 1)[1] in ("eager", "eager-linear")
+            )
+        ):
             out.append(row)
         else:
             raise SystemExit(f"unknown row {row!r}; rows: {', '.join(ROWS + WIDTH_ROWS)}")

@@ -55,8 +55,8 @@ class AttentionWatch:
     """Pass 1 of one attention module, and its candidates' local errors.
 
     Attributes:
-        offered: the candidate schemes the target runs (``a8``, ``a8_kmean``, ``a8_step``);
-            :attr:`schemes` those that fit what pass 1 saw.
+        offered: the candidate schemes the target runs (``a8``, ``a8_kmean``, ``a8_step``,
+            ``a8_head``); :attr:`schemes` those that fit what pass 1 saw.
         amax: (2, 3) float32: the query/key/value absolute maxima with the key as it is (row 0)
             and less its mean over the keys (row 1).
         steps: denoising step -> the same (2, 3) maxima over that step's calls (calls made
@@ -125,7 +125,8 @@ class AttentionWatch:
 
     @property
     def schemes(self) -> tuple[str, ...]:
-        """The candidates measured: the offered ones, per-step ones only where :attr:`stepped`."""
+        """The candidates measured: the offered ones, per-step ones only where :attr:`stepped`,
+        per-head ones only where every call had the same key/value heads."""
         heads = self.head_amax is not None and not self.heads_differ
         return tuple(
             s
