@@ -141,7 +141,8 @@ def export_msmodelslim(resolved: ResolvedPolicy) -> ExportResult:
             f"{len(attention)} attention module(s) in int8: msModelSlim's fa3_quant calibrates its "
             "own per-head scales where its model adapter installs FA3 placeholders (FLUX, "
             "Wan2.2, HunyuanVideo, ...); ours (per tensor, or per key/value head) are not "
-            "carried over"
+            "carried over; its FLUX adapter says it supports dynamic FA quantization only "
+            "(model/flux1/model_adapter.py l.278), where this static per-head step may not run"
         )
     for reason, members in floats.items():
         shown = ", ".join(members[:3]) + (f", +{len(members) - 3}" if len(members) > 3 else "")
