@@ -5,10 +5,12 @@ Loading contract (used by adapters, recipes and tests)::
     opsnn_quant.zoo.list()                    # names of the models
     opsnn_quant.zoo.load("shapes-t2i")        # diffusers StableDiffusionPipeline
     opsnn_quant.zoo.load("shapes-dit")        # diffusers StableDiffusion3Pipeline (no T5)
+    opsnn_quant.zoo.load("shapes-t2v")        # diffusers WanPipeline (9 frames of 32x32)
     opsnn_quant.zoo.load("shapes-clip")       # transformers CLIPModel (+ zoo.shapes_clip.load_shapes_clip_processor)
     opsnn_quant.zoo.load("whisper-tiny.en")   # transformers WhisperForConditionalGeneration
     opsnn_quant.zoo.load("whisper-base")      # the same, multilingual (Mandarin: language="zh")
     opsnn_quant.zoo.dataset("shapes", "eval") # datasets.Dataset
+    opsnn_quant.zoo.dataset("shapes-video", "eval")  # clips with prompts and motion labels
 
 Each entry is resolved lazily so that ``import opsnn_quant`` never imports diffusers/transformers.
 """
@@ -29,6 +31,7 @@ _MODELS: dict[str, str] = {
     "shapes-t2i": "opsnn_quant.zoo.shapes_pipeline:load_shapes_t2i",
     "shapes-clip": "opsnn_quant.zoo.shapes_clip:load_shapes_clip",
     "shapes-dit": "opsnn_quant.zoo.shapes_dit:load_shapes_dit",
+    "shapes-t2v": "opsnn_quant.zoo.shapes_t2v:load_shapes_t2v",
     "whisper-tiny.en": "opsnn_quant.zoo.whisper:load_whisper_tiny_en",
     "whisper-base": "opsnn_quant.zoo.whisper:load_whisper_base",
 }
@@ -39,6 +42,7 @@ _DIRS: dict[str, str] = {
     "shapes-t2i": "opsnn_quant.zoo.shapes_pipeline:weights_dir",
     "shapes-clip": "opsnn_quant.zoo.shapes_clip:weights_dir",
     "shapes-dit": "opsnn_quant.zoo.shapes_dit:weights_dir",
+    "shapes-t2v": "opsnn_quant.zoo.shapes_t2v:weights_dir",
     "whisper-tiny.en": "opsnn_quant.zoo.whisper:ensure_converted",
     "whisper-base": "opsnn_quant.zoo.whisper:base_dir",
 }
@@ -46,11 +50,13 @@ _DIRS: dict[str, str] = {
 # name -> "module:function"; the function takes ``split`` and returns a datasets.Dataset.
 _DATASETS: dict[str, str] = {
     "shapes": "opsnn_quant.zoo.shapes_data:load_split",
+    "shapes-video": "opsnn_quant.zoo.shapes_video:load_split",
     "speech": "opsnn_quant.zoo.speech_data:load_split",
     "speech-zh": "opsnn_quant.zoo.speech_zh:load_split",
 }
 # Datasets that give records directly (no ``datasets.Dataset`` to build and convert back).
 _RECORDS: dict[str, str] = {
+    "shapes-video": "opsnn_quant.zoo.shapes_video:split_records",
     "speech": "opsnn_quant.zoo.speech_data:split_records",
     "speech-zh": "opsnn_quant.zoo.speech_zh:split_records",
 }

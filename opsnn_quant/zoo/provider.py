@@ -11,7 +11,11 @@ from opsnn_quant import zoo
 from opsnn_quant.errors import ConfigError
 
 # the zoo's pipelines by family (a Whisper name is "whisper")
-FAMILIES = {"shapes-t2i": "diffusers-sd", "shapes-dit": "diffusers-dit"}
+FAMILIES = {
+    "shapes-t2i": "diffusers-sd",
+    "shapes-dit": "diffusers-dit",
+    "shapes-t2v": "diffusers-dit",
+}
 
 
 class ZooProvider:

@@ -123,21 +123,38 @@ def _polygon(shape: str, row: float, col: float, radius: float) -> tuple[Any, An
 
 
 def _draw(image: np.ndarray, spec: ShapeSpec, rng: np.random.Generator) -> None:
-    from skimage import draw
-
     r0, c0 = POSITIONS[spec.position]
     row = r0 + rng.uniform(-1.0, 1.0)
     col = c0 + rng.uniform(-1.0, 1.0)
     radius = rng.uniform(*_RADII[spec.size])
-    shape = (IMAGE_SIZE, IMAGE_SIZE)
-    if spec.shape == "circle":
-        rr, cc = draw.disk((row, col), radius, shape=shape)
-    else:
-        pr, pc = _polygon(spec.shape, row, col, radius)
-        rr, cc = draw.polygon(pr, pc, shape=shape)
+    paint(image, spec.shape, row, col, radius, jittered_color(spec.color, rng))
+
+
+def jittered_color(color: str, rng: np.random.Generator) -> list[int]:
+    """The palette colour ``color`` with each channel moved by up to 12 levels."""
     jitter = rng.integers(-12, 13, size=3)
-    rgb = [min(255, max(0, v + int(j))) for v, j in zip(COLORS[spec.color], jitter, strict=True)]
+    return [min(255, max(0, v + int(j))) for v, j in zip(COLORS[color], jitter, strict=True)]
+
+
+def paint(
+    image: np.ndarray, shape: str, row: float, col: float, radius: float, rgb: list[int]
+) -> None:
+    """Fill ``shape`` of nominal ``radius`` centred at (``row``, ``col``) with ``rgb``, clipped
+    to the image (also the frames of :mod:`.shapes_video`)."""
+    from skimage import draw
+
+    size = (image.shape[0], image.shape[1])
+    if shape == "circle":
+        rr, cc = draw.disk((row, col), radius, shape=size)
+    else:
+        pr, pc = _polygon(shape, row, col, radius)
+        rr, cc = draw.polygon(pr, pc, shape=size)
     image[rr, cc] = rgb
+
+
+def background(rng: np.random.Generator) -> np.ndarray:
+    """A dark, slightly tinted, faintly noisy 32x32 background (also the videos')."""
+    return _background(rng)
 
 
 def _background(rng: np.random.Generator) -> np.ndarray:

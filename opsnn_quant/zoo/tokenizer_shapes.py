@@ -101,11 +101,13 @@ def vocab_and_merges(words: list[str] | None = None) -> tuple[dict[str, int], li
     return {t: i for i, t in enumerate(tokens)}, [f"{a} {b}" for a, b in merges]
 
 
-def write_tokenizer_files(out_dir: str | Path) -> Path:
+def write_tokenizer_files(out_dir: str | Path, words: list[str] | None = None) -> Path:
     """Write ``vocab.json`` and ``merges.txt`` and save a ``CLIPTokenizer`` in ``out_dir``.
 
     Args:
         out_dir: Directory (created) that ``CLIPTokenizer.from_pretrained`` can load offline.
+        words: Caption words; defaults to :func:`opsnn_quant.zoo.shapes_data.vocabulary`
+            (the videos' are :func:`opsnn_quant.zoo.shapes_video.vocabulary`).
 
     Returns:
         The directory.
@@ -114,7 +116,7 @@ def write_tokenizer_files(out_dir: str | Path) -> Path:
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    vocab, merges = vocab_and_merges()
+    vocab, merges = vocab_and_merges(words)
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=0) + "\n")
     (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
     # The tokenizers BPE model takes (left, right) pairs; the type hint only names strings.
@@ -125,7 +127,7 @@ def write_tokenizer_files(out_dir: str | Path) -> Path:
         model_max_length=MODEL_MAX_LENGTH,
     )
     tok.save_pretrained(str(out))
-    check_single_tokens(tok)
+    check_single_tokens(tok, words)
     logger.info("wrote shapes tokenizer (%d tokens) to %s", len(vocab), out)
     return out
 
