@@ -24,6 +24,21 @@ SD3_CONFIG: dict[str, Any] = {
     "pos_embed_max_size": 16,
 }
 
+# A tiny Wan2.1 video transformer (3-D patches, spatio-temporal self-attention with 3-D RoPE,
+# cross-attention to the text), as the shapes-t2v demo's at a smaller width
+WAN_CONFIG: dict[str, Any] = {
+    "patch_size": (1, 2, 2),
+    "num_attention_heads": 2,
+    "attention_head_dim": 16,
+    "in_channels": 4,
+    "out_channels": 4,
+    "text_dim": 32,
+    "freq_dim": 32,
+    "ffn_dim": 64,
+    "num_layers": 2,
+    "rope_max_seq_len": 32,
+}
+
 
 class Block(nn.Module):
     """norm -> a -> GELU -> b -> ReLU -> c (no bias) -> d -> e, and a conv beside them (a conv
@@ -47,7 +62,7 @@ class Block(nn.Module):
 
 
 def build(kind: str) -> nn.Module:
-    """A fresh float model: ``block`` or ``sd3`` (weights to be loaded)."""
+    """A fresh float model: ``block``, ``sd3`` or ``wan`` (weights to be loaded)."""
     if kind == "block":
         return Block()
     if kind == "sd3":
@@ -55,6 +70,11 @@ def build(kind: str) -> nn.Module:
 
         torch.manual_seed(0)
         return cast(nn.Module, SD3Transformer2DModel(**SD3_CONFIG))
+    if kind == "wan":
+        from diffusers import WanTransformer3DModel
+
+        torch.manual_seed(0)
+        return cast(nn.Module, WanTransformer3DModel(**WAN_CONFIG))
     raise ValueError(kind)
 
 
@@ -72,7 +92,7 @@ def build_dir(directory: str) -> nn.Module:
 def forward(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """The model's output tensor on ``inputs`` (keyword arguments)."""
     with torch.no_grad():
-        if "hidden_states" in inputs:  # the SD3 transformer
+        if "hidden_states" in inputs:  # the SD3 and Wan transformers
             return model(**inputs, return_dict=False)[0]
         return model(**inputs)
 
@@ -84,4 +104,13 @@ def sd3_inputs(batch: int, generator: torch.Generator) -> dict[str, torch.Tensor
         "encoder_hidden_states": torch.randn(batch, 6, 64, generator=generator),
         "pooled_projections": torch.randn(batch, 64, generator=generator),
         "timestep": torch.rand(batch, generator=generator) * 1000,
+    }
+
+
+def wan_inputs(batch: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """One call of the Wan transformer as WanPipeline makes it: 3 latent frames of 4x4."""
+    return {
+        "hidden_states": torch.randn(batch, 4, 3, 4, 4, generator=generator),
+        "timestep": torch.rand(batch, generator=generator) * 1000,
+        "encoder_hidden_states": torch.randn(batch, 6, 32, generator=generator),
     }

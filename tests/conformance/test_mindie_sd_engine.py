@@ -43,7 +43,7 @@ from opsnn_quant.quant.api import quantize
 from opsnn_quant.quant.qmodule import is_quant_module
 from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Modality, Precision
-from tests.conformance.mindie_sd_models import build, forward, sd3_inputs
+from tests.conformance.mindie_sd_models import build, forward, sd3_inputs, wan_inputs
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -133,6 +133,29 @@ def _sd3_scheme(name: str) -> tuple[QuantSpec, str] | None:
     if name.endswith(("to_out.0", "to_add_out")):
         return _spec("w8a8", activation_symmetric=False), STATIC
     return _spec("w8a8", smoothquant_alpha=0.5), STATIC
+
+
+def _wan_scheme(name: str) -> tuple[QuantSpec, str] | None:
+    """A mix over the tiny Wan transformer's blocks (self- and cross-attention projections, the
+    MLP); the condition embedders (the time embedding stays float: diffusers_dit.PIPELINES)
+    and the head stay float."""
+    if not name.startswith("blocks."):
+        return None
+    if ".ffn." in name:
+        return _spec(
+            "w8a8_dynamic", smoothquant_alpha=0.5 if name.endswith("net.2") else None
+        ), DYNAMIC
+    if ".attn2." in name:
+        return _spec("w8a16"), W8A16
+    if name.endswith("to_out.0"):
+        return _spec("w8a8", activation_symmetric=False), STATIC
+    return _spec("w8a8", smoothquant_alpha=0.5), STATIC
+
+
+def _wan_loop(model: nn.Module) -> None:
+    g = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        forward(model, wan_inputs(2, g))
 
 
 def _case(
@@ -232,10 +255,15 @@ def engine_run(tmp_path_factory):
         n: s for n, m in sd3.named_modules()
         if isinstance(m, nn.Linear) and (s := _sd3_scheme(n)) is not None
     }  # fmt: skip
+    wan_schemes = {
+        n: s for n, m in build("wan").named_modules()
+        if isinstance(m, nn.Linear) and (s := _wan_scheme(n)) is not None
+    }  # fmt: skip
     cases = {
         "schemes": _case(tmp / "schemes", "block", SCHEMES, _block_loop, block_x),
         "timestep": _case(tmp / "timestep", "block", STEPPED, _stepped_loop, block_x, _Stepped),
         "sd3": _case(tmp / "sd3", "sd3", sd3_schemes, _sd3_loop, sd3_inputs(2, g)),
+        "wan": _case(tmp / "wan", "wan", wan_schemes, _wan_loop, wan_inputs(2, g)),
     }
     # W8A8_TIMESTEP through our reader too: its dynamic branch (a step MindIE-SD has no static
     # strategy for, outside our sampling loop), and a smoothed per-step layer, which our export
@@ -288,11 +316,12 @@ def test_the_engine_is_mindie_sd_3_1_0_on_the_stand_in(engine_run):
     assert not (engine_run.home / "mindie").exists()  # MINDIE_LOG_TO_FILE=false: no log file
 
 
-@pytest.mark.parametrize("case", ["schemes", "timestep", "sd3", "timestep_smoothed"])
+@pytest.mark.parametrize("case", ["schemes", "timestep", "sd3", "wan", "timestep_smoothed"])
 def test_mindie_sd_replaces_our_int8_linears_and_computes_our_modules(engine_run, case):
     """``schemes``: a Block with static (offset), static smoothed, dynamic smoothed, dynamic and
     W8A16 Linears; ``timestep``: W8A8_TIMESTEP, every step and the dynamic branch; ``sd3``: a
-    tiny SD3 transformer with a mix of them; ``timestep_smoothed``: a W8A8_TIMESTEP layer with
+    tiny SD3 transformer with a mix of them; ``wan``: a tiny Wan2.1 video transformer with a mix
+    of them (the shapes-t2v demo's classes); ``timestep_smoothed``: a W8A8_TIMESTEP layer with
     ``div.mul_scale`` (a third party's file). MindIE-SD's output equals our quantized modules'
     (``ours``), or our reader's (``mindie_sd_reader``) where our modules have no such form (the
     timestep dynamic branch, ``timestep_smoothed``), bit for bit, in bf16."""
