@@ -25,7 +25,7 @@ from opsnn_quant.backends.devices import backend_label
 from opsnn_quant.distributed import World, current_world, gather_in_order, gather_seconds
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.gate import check_latency_mode, plan_latency
-from opsnn_quant.evaluation.registry import check_task, task
+from opsnn_quant.evaluation.registry import check_task, records_problem, task
 from opsnn_quant.evaluation.report import AcceptanceReport
 from opsnn_quant.evaluation.suite import Suite
 from opsnn_quant.evaluation.tasks import TaskInputs
@@ -415,7 +415,16 @@ class QualityInputs(TaskInputs):
         allow_pickle: bool = False,
     ) -> QualityInputs:  # fmt: skip
         """The suite's inputs for ``adapter``'s family, and what its task's metrics read
-        beside the outputs, loaded once (:attr:`~.tasks.Task.prepare`: e.g. the CLIP)."""
+        beside the outputs, loaded once (:attr:`~.tasks.Task.prepare`: e.g. the CLIP).
+
+        Raises:
+            ConfigError: the records lack what a metric the suite bounds reads (e.g. a motion
+                label, :func:`~.registry.records_problem`): refused before anything is
+                generated.
+        """
+        problem = records_problem(suite, records)
+        if problem:
+            raise ConfigError(f"suite {suite.name}: {problem}")
         inputs = cls(suite, records, adapter.evaluation_inputs(records), [], None, None)
         prepared = task(suite.task).prepare(inputs, adapter, allow_pickle)
         return cls(**{f.name: getattr(prepared, f.name) for f in fields(prepared)})

@@ -7,7 +7,7 @@ that bounds it with the values that bound may take and a typical one, and how th
 it. Suites (:mod:`.suite`), recipes' ``budget.metric``, the criteria (:mod:`.runner`), the
 quality figures (:mod:`.quality`) and the measured search (:mod:`.slice_scorer`) read the table;
 none names a metric. :func:`register_metric` adds one (the built-in ones are registered by their
-task's module, :mod:`.t2i`, :mod:`.asr`, and by :mod:`.speed`; :mod:`.registry` holds the
+task's module, :mod:`.t2i`, :mod:`.t2v`, :mod:`.asr`, and by :mod:`.speed`; :mod:`.registry` holds the
 lookups)::
 
     register_metric(Metric(
@@ -106,6 +106,10 @@ class Metric:
         label_of: the row's name for one comparison (e.g. naming the feature space).
         requires: what a suite bounding the metric must also set: a suite -> the problem (None:
             fine). A ``{names}`` in it lists every bound with the same problem.
+        requires_records: what the suite's records must hold for the metric (a label column,
+            e.g. a video's motion): the records -> the problem (None: fine), worded as
+            ``requires``'. Checked once the records are loaded, before anything is generated
+            (:func:`~.registry.records_problem`).
         speed: a speed figure, not a quality one: measured by timing, judged only on the
             target's own backend (:mod:`.gate`); a slice of quality measurements cannot bound
             it.
@@ -129,6 +133,7 @@ class Metric:
     interval: Callable[[Any, float], Interval | None] | None = None
     label_of: Callable[[Any], str] | None = None
     requires: Callable[[SuiteSpec], str | None] | None = None
+    requires_records: Callable[[Sequence[dict[str, Any]]], str | None] | None = None
     speed: bool = False
     signed: bool = False
     rate: Rate | None = None

@@ -1,5 +1,5 @@
 """PNG figures for the report: criteria intervals, sensitivity bars, latency distributions,
-image-pair strips.
+image-pair strips, video-pair frame strips.
 
 matplotlib's object API with the Agg canvas (no pyplot, no global state, no display needed).
 """
@@ -20,6 +20,11 @@ from opsnn_quant.evaluation.report_schema import (
 )
 
 _PAIR_MIN_SIDE = 160  # small demo images (32×32) are upscaled, nearest, to be seen
+# A video pair's strip: at most this many frames (evenly spaced, first and last included), each
+# shown between these heights (nearest up- or subsampling by a whole factor).
+STRIP_FRAMES = 8
+_FRAME_MIN_SIDE = 64
+_FRAME_MAX_SIDE = 128
 
 
 def _png(fig: object) -> bytes:
@@ -166,6 +171,39 @@ def pair_strip(baseline: np.ndarray, candidate: np.ndarray, diff_gain: float = 4
         [baseline, gap, candidate, gap, np.clip(diff, 0, 255).astype(np.uint8)], axis=1
     )
     scale = max(1, math.ceil(_PAIR_MIN_SIDE / baseline.shape[0]))
+    img = Image.fromarray(strip)
+    if scale > 1:
+        img = img.resize((strip.shape[1] * scale, strip.shape[0] * scale), Image.Resampling.NEAREST)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _strip_frames(video: np.ndarray, max_frames: int) -> np.ndarray:
+    """At most ``max_frames`` frames of a ``uint8`` video, evenly spaced, first and last
+    included, subsampled by a whole factor to at most :data:`_FRAME_MAX_SIDE` rows."""
+    count = min(video.shape[0], max_frames)
+    picked = np.unique(np.round(np.linspace(0, video.shape[0] - 1, count)).astype(int))
+    step = max(1, math.ceil(video.shape[1] / _FRAME_MAX_SIDE))
+    return video[picked, ::step, ::step]
+
+
+def frame_strip(
+    baseline: np.ndarray, candidate: np.ndarray, max_frames: int = STRIP_FRAMES
+) -> bytes:
+    """PNG of a video pair: the baseline's frames side by side in a row above the candidate's
+    (two ``uint8`` ``[F, H, W, 3]`` videos; at most ``max_frames`` frames, the same ones)."""
+    from PIL import Image
+
+    rows = []
+    for video in (baseline, candidate):
+        frames = _strip_frames(video, max_frames)
+        gap = np.full((frames.shape[1], max(1, frames.shape[2] // 16), 3), 255, np.uint8)
+        row = [part for f in frames for part in (f, gap)][:-1]  # a gap between frames
+        rows.append(np.concatenate(row, axis=1))
+    between = np.full((max(1, rows[0].shape[0] // 8), rows[0].shape[1], 3), 255, np.uint8)
+    strip = np.concatenate([rows[0], between, rows[1]], axis=0)
+    scale = max(1, math.ceil(_FRAME_MIN_SIDE / rows[0].shape[0]))
     img = Image.fromarray(strip)
     if scale > 1:
         img = img.resize((strip.shape[1] * scale, strip.shape[0] * scale), Image.Resampling.NEAREST)

@@ -1,10 +1,10 @@
 """Quality figures of candidate vs baseline outputs, as a :class:`QualityResult` for
 :func:`~opsnn_quant.evaluation.runner.build_report`.
 
-A task's module compares both models' outputs once (:mod:`.t2i`: images; :mod:`.asr`:
-transcripts) into its :class:`~.metrics.Compared` and the tables and notes the report shows;
-:func:`measure_metrics` then measures every metric of the task's on it (:mod:`.metrics`), with
-its interval when one is asked for.
+A task's module compares both models' outputs once (:mod:`.t2i`: images; :mod:`.t2v`: videos;
+:mod:`.asr`: transcripts) into its :class:`~.metrics.Compared` and the tables and notes the
+report shows; :func:`measure_metrics` then measures every metric of the task's on it
+(:mod:`.metrics`), with its interval when one is asked for.
 """
 
 from __future__ import annotations

@@ -1,22 +1,23 @@
 """The metric and task tables with the built-in entries registered, and where callers look them
 up (:mod:`.metrics`, :mod:`.tasks`).
 
-The built-in tasks and their metrics are their modules' (:mod:`.t2i`, :mod:`.asr`), the speed
-metrics :mod:`.speed`'s. A suite's ``task`` and thresholds, a recipe's ``budget.metric``, the
-report's criteria and the measured search's figures are looked up here, never by a name
-written elsewhere. :func:`register_metric` / :func:`register_task` add a team's own, from
-outside the package; a metric registered before a suite is read is one the suite may bound.
+The built-in tasks and their metrics are their modules' (:mod:`.t2i`, :mod:`.t2v`,
+:mod:`.asr`), the speed metrics :mod:`.speed`'s. A suite's ``task`` and thresholds, a recipe's
+``budget.metric``, the report's criteria and the measured search's figures are looked up here,
+never by a name written elsewhere. :func:`register_metric` / :func:`register_task` add a team's
+own, from outside the package; a metric registered before a suite is read is one the suite may
+bound.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from opsnn_quant.core.thresholds import Thresholds
 from opsnn_quant.core.user_config import did_you_mean
 from opsnn_quant.errors import ConfigError
-from opsnn_quant.evaluation import asr, speed, t2i  # noqa: F401  (registers the built-in entries)
+from opsnn_quant.evaluation import asr, speed, t2i, t2v  # noqa: F401  (registers the built-in entries)
 from opsnn_quant.evaluation.metrics import (
     TABLE,
     Compared,
@@ -41,6 +42,7 @@ __all__ = [
     "metric",
     "metrics",
     "quality_problem",
+    "records_problem",
     "register_metric",
     "register_task",
     "requirements_problem",
@@ -127,6 +129,22 @@ def requirements_problem(suite: SuiteSpec) -> str | None:
     problems: dict[str, list[str]] = {}
     for m in metrics():
         problem = m.requires(suite) if m.bound in names and m.requires is not None else None
+        if problem:
+            problems.setdefault(problem, []).append(m.bound)
+    for problem, bounds in problems.items():
+        return problem.replace("{names}", ", ".join(bounds))
+    return None
+
+
+def records_problem(suite: SuiteSpec, records: Sequence[dict[str, Any]]) -> str | None:
+    """What the suite's ``records`` lack that a metric the suite bounds reads (its
+    :attr:`~.metrics.Metric.requires_records`, e.g. a motion label per record), every bound
+    with the same problem named; None: nothing."""
+    names = suite.metrics.thresholds.set_names()
+    problems: dict[str, list[str]] = {}
+    for m in metrics():
+        check = m.requires_records if m.bound in names else None
+        problem = None if check is None else check(records)
         if problem:
             problems.setdefault(problem, []).append(m.bound)
     for problem, bounds in problems.items():

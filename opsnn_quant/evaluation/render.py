@@ -24,6 +24,7 @@ from urllib.parse import quote
 
 from opsnn_quant.evaluation.images import ImageBatch, as_uint8_nhwc
 from opsnn_quant.evaluation.plots import (
+    frame_strip,
     interval_chart,
     latency_chart,
     pair_strip,
@@ -33,6 +34,7 @@ from opsnn_quant.evaluation.report_schema import (
     SENSITIVITY_NOTE,
     SENSITIVITY_UNIT,
     Criterion,
+    ImagePairRow,
     ReportSchema,
     TranscriptRow,
     fmt,
@@ -43,6 +45,28 @@ OUTPUT_KIND = "report"
 RUN_TIMES = "Run times"  # the one section whose figures differ between two runs of one command
 
 _MB = 1024 * 1024
+MAX_VIDEO_PAIRS = 6  # a video pair's strip is a row of frames each: a few are enough
+
+
+class PairKind(NamedTuple):
+    """How a report names its output pairs: the table's title and the strips' heading."""
+
+    table: str
+    strips: str
+
+
+_IMAGES = PairKind(
+    "Image pairs (worst PSNR first)", "Image pairs: baseline | candidate | |diff| ×4"
+)
+_VIDEOS = PairKind(
+    "Video pairs (worst mean per-frame PSNR first)",
+    "Video pairs: baseline frames (top row) above candidate frames (bottom row)",
+)
+
+
+def pair_kind(pairs: Sequence[ImagePairRow]) -> PairKind:
+    """Video pairs (a row with ``frames``) or image pairs."""
+    return _VIDEOS if any(p.frames for p in pairs) else _IMAGES
 
 
 class Section(NamedTuple):
@@ -234,7 +258,7 @@ def _detail_sections(r: ReportSchema) -> list[Section]:
         ))  # fmt: skip
     if r.image_pairs:
         out.append(Section(
-            "Image pairs (worst PSNR first)",
+            pair_kind(r.image_pairs).table,
             ["#", "prompt", "seed", "PSNR dB", "SSIM", "MAE", "max |diff|", "CLIP b/c"],
             [[str(p.index), p.prompt, "-" if p.seed is None else str(p.seed), fmt(p.psnr_db),
               fmt(p.ssim), fmt(p.mae), str(p.max_abs),
@@ -368,7 +392,7 @@ def render_markdown(r: ReportSchema, figures: dict[str, str] | None = None) -> s
     pairs = [p for p in r.image_pairs if p.image]
     if pairs:
         # An ATX heading is never a table row, so its pipes stay as they read.
-        lines += ["## Image pairs: baseline | candidate | |diff| x4", ""]
+        lines += [f"## {pair_kind(pairs).strips.replace('×', 'x')}", ""]
         lines += [f"**#{p.index}** {m(p.prompt)} (PSNR {fmt(p.psnr_db)} dB)\n\n"
                   f"![pair {p.index}]({_md_url(p.image or '')})\n" for p in pairs]  # fmt: skip
     if r.transcripts:
@@ -396,6 +420,7 @@ del{background:#fdd;text-decoration:line-through} ins{background:#dfd;text-decor
 .notes li,.lines li{color:#555}
 .pairs{display:flex;flex-wrap:wrap;gap:12px} .pairs figure{margin:0;width:280px}
 .pairs img{width:100%;image-rendering:pixelated} .pairs figcaption{font-size:12px}
+.videos figure{margin:0 0 12px} .videos img{image-rendering:pixelated} .videos figcaption{font-size:12px}
 """
 
 
@@ -447,8 +472,9 @@ def render_html(r: ReportSchema, figures: dict[str, bytes] | None = None,
                         f"<figcaption>{caption}</figcaption></figure>")  # fmt: skip
     if pair_pngs:
         # a grid of small strips after the tables: the figures a reader looks for come first
-        body.append("<h2>Image pairs: baseline | candidate | |diff| ×4 (worst first)</h2>")
-        body.append("<div class='pairs'>")
+        kind = pair_kind(r.image_pairs)
+        body.append(f"<h2>{e(kind.strips)} (worst first)</h2>")
+        body.append(f"<div class='{'videos' if kind is _VIDEOS else 'pairs'}'>")
         for p in r.image_pairs:
             if p.index in pair_pngs:
                 body.append(
@@ -485,11 +511,14 @@ def write_report(
 
     Args:
         report: The report. Its ``image_pairs`` are kept in order (worst first); the first
-            ``max_pairs`` get a side-by-side PNG when the images are given.
+            ``max_pairs`` get a side-by-side PNG when the images are given (video pairs: the
+            first :data:`MAX_VIDEO_PAIRS` at most, each a frame strip, baseline row above
+            candidate row).
         out_dir: A new or empty directory (see :func:`~opsnn_quant.output.files.empty_dir`; the commands
             replace an earlier report whole, atomically).
-        baseline_images, candidate_images: The images ``image_pairs[*].index`` points into
-            (default: the report's own :attr:`~ReportSchema.outputs`, when they are images).
+        baseline_images, candidate_images: The images (videos) ``image_pairs[*].index``
+            points into (default: the report's own :attr:`~ReportSchema.outputs`, when they
+            are images or videos).
 
     Returns:
         ``out_dir``.
@@ -508,10 +537,7 @@ def write_report(
     if baseline_images is None and candidate_images is None and report.outputs is not None:
         baseline_images, candidate_images = (_images(o) for o in report.outputs)
     if baseline_images is not None and candidate_images is not None and report.image_pairs:
-        base = as_uint8_nhwc(baseline_images)
-        cand = as_uint8_nhwc(candidate_images)
-        for p in report.image_pairs[:max_pairs]:
-            pair_pngs[p.index] = pair_strip(base[p.index], cand[p.index])
+        pair_pngs = _pair_pngs(report.image_pairs, baseline_images, candidate_images, max_pairs)
     pairs = [
         p.model_copy(update={"image": f"plots/pair-{p.index:04d}.png"})
         if p.index in pair_pngs else p for p in report.image_pairs
@@ -531,8 +557,21 @@ def write_report(
     return Path(out_dir)
 
 
+def _pair_pngs(
+    pairs: Sequence[ImagePairRow], baseline: ImageBatch, candidate: ImageBatch, max_pairs: int
+) -> dict[int, bytes]:
+    """The strips of the first pairs: an image pair's ``baseline | candidate | |diff|``
+    (:func:`~.plots.pair_strip`), a video pair's frames (:func:`~.plots.frame_strip`)."""
+    if pair_kind(pairs) is _VIDEOS:
+        return {p.index: frame_strip(as_uint8_nhwc(baseline[p.index]),
+                                     as_uint8_nhwc(candidate[p.index]))
+                for p in pairs[: min(max_pairs, MAX_VIDEO_PAIRS)]}  # fmt: skip
+    base, cand = as_uint8_nhwc(baseline), as_uint8_nhwc(candidate)
+    return {p.index: pair_strip(base[p.index], cand[p.index]) for p in pairs[:max_pairs]}
+
+
 def _images(outputs: list[Any]) -> list[Any] | None:
-    """Outputs usable as report images (arrays), else None (transcripts)."""
+    """Outputs usable as report images or videos (arrays), else None (transcripts)."""
     if outputs and hasattr(outputs[0], "shape"):
         return list(outputs)
     return None

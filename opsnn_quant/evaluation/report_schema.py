@@ -110,7 +110,8 @@ class LatencyRow(ReportModel):
 
 
 class ImagePairRow(ReportModel):
-    """One baseline/candidate image pair (same prompt and seed)."""
+    """One baseline/candidate image pair (same prompt and seed), or video pair: ``frames``
+    set, its PSNR, SSIM and MAE the means over its frames, its max |diff| over all of them."""
 
     index: int
     prompt: str = ""
@@ -122,6 +123,7 @@ class ImagePairRow(ReportModel):
     clip_baseline: float | None = None
     clip_candidate: float | None = None
     image: str | None = None  # path of the side-by-side PNG, relative to the report dir
+    frames: int | None = None  # a video pair's frames; None: an image pair
 
 
 class DiffChunkRow(ReportModel):

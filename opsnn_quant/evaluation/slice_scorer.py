@@ -104,7 +104,8 @@ class SliceScorer:
         allow_pickle: as :func:`~.evaluate.evaluate`'s (the suite's CLIP).
 
     Raises:
-        ConfigError: bad bounds, or a task the model does not have.
+        ConfigError: bad bounds, a task the model does not have, or records without what a
+            bound reads (:func:`~.registry.records_problem`).
     """
 
     def __init__(
@@ -125,7 +126,8 @@ class SliceScorer:
             update={"metrics": suite.metrics.model_copy(update={"thresholds": bounds.bounds()})}
         )
         with generation_of(baseline, suite):
-            self.inputs = QualityInputs.load(suite, baseline, records, allow_pickle)
+            # the judged suite: the slice's records must hold what the user's bounds read
+            self.inputs = QualityInputs.load(self.judged, baseline, records, allow_pickle)
         self.rates = self._sequential_rates()
         self.ends = looks(self.size) if self.rates else [self.size]
         self.level, self.futility = levels(len(self.ends), suite.metrics.confidence)

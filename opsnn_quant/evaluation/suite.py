@@ -1,11 +1,11 @@
 """Acceptance suites: what to generate, what to measure, and the thresholds a candidate must meet.
 
 A suite is a YAML file validated by :class:`Suite` (``evaluate/*.yaml``). Its ``task`` is one
-of the task table's (:mod:`.registry`: ``t2i``, ``asr``, or a registered one). Thresholds, all
-optional, compare the candidate (quantized) model with the baseline (fp32) model run on the
-same data, prompts and seeds: each bounds one metric of the metric table (:mod:`.metrics`),
-which says the tasks it applies to, its comparator, the values the bound may take and what
-else the suite must set for it. The built-in ones:
+of the task table's (:mod:`.registry`: ``t2i``, ``t2v``, ``asr``, or a registered one).
+Thresholds, all optional, compare the candidate (quantized) model with the baseline (fp32)
+model run on the same data, prompts and seeds: each bounds one metric of the metric table
+(:mod:`.metrics`), which says the tasks it applies to, its comparator, the values the bound may
+take and what else the suite (or its records) must have for it. The built-in ones:
 
 ==========================  ===============================================================
 ``fid_vs_baseline_max``     FID/FD between candidate and baseline image sets  <= value
@@ -16,6 +16,16 @@ else the suite must set for it. The built-in ones:
 ``clip_score_delta_min``    CLIP score candidate - baseline >= value (e.g. -0.5)
 ``psnr_min``                median per-pair PSNR, dB >= value
 ``ssim_min``                mean per-pair SSIM >= value
+``video_psnr_min``          t2v: median over videos of the mean per-frame PSNR, dB >= value
+``video_ssim_min``          t2v: mean over videos of the mean per-frame SSIM >= value
+``flicker_delta_max``       t2v: mean |frame t+1 - frame t| (grey levels), candidate -
+                            baseline <= value
+``temporal_psnr_min``       t2v: median PSNR of the candidate's frame differences vs the
+                            baseline's, dB >= value
+``clip_temp_delta_min``     t2v: CLIP-Temp (consecutive frames' cosine) candidate - baseline
+                            >= value (``clip_score_delta_min`` applies too, over frames)
+``motion_accuracy_delta_min``  t2v: motion found = the record's ``motion`` label, accuracy
+                            candidate - baseline >= value (needs records with that label)
 ``wer_delta_max_points``    (WER candidate - WER baseline) x 100 <= value
 ``cer_delta_max_points``    (CER candidate - CER baseline) x 100 <= value
 ``agreement_wer_max_points``  WER of candidate vs baseline transcripts x 100 <= value

@@ -272,7 +272,9 @@ def _kid(
 # --- what a t2i suite's metrics read beside the images ----------------------------------------
 
 
-def _clip(name: str | None, allow_pickle: bool = False) -> tuple[Any, Any, str] | None:
+def suite_clip(name: str | None, allow_pickle: bool = False) -> tuple[Any, Any, str] | None:
+    """A suite's ``metrics.clip`` loaded: (CLIP model, its processor, its label); None: none
+    named. A local directory, a zoo name (``shapes-clip``) or any ``<scheme>:<name>``."""
     if name is None:
         return None
     from opsnn_quant.evaluation.clip_score import load_local_clip
@@ -290,7 +292,7 @@ def _clip(name: str | None, allow_pickle: bool = False) -> tuple[Any, Any, str] 
 
 def clip_metrics(suite: SuiteSpec, allow_pickle: bool = False) -> tuple[Any, Any]:
     """(CLIP scorer or None, FD features: ``"inception"``, CLIP features or None)."""
-    clip = _clip(suite.metrics.clip, allow_pickle)
+    clip = suite_clip(suite.metrics.clip, allow_pickle)
     scorer = None
     if clip is not None:
         scorer = ClipScorer(clip[0], clip[1], clip[2])
@@ -402,8 +404,9 @@ KID_DELTA = register_metric(Metric(
     label_of=lambda c: f"KID vs reference, candidate - baseline [{kid_space(c.space)}]",
     requires=_needs_reference,
 ))  # fmt: skip
+# Also a video's (t2v), whose comparison gives ``clip`` per video: its frames' mean (:mod:`.t2v`).
 CLIP_SCORE_DELTA = register_metric(Metric(
-    key="clip_score_delta", tasks=_T2I, comparator=">=", default_bound=-0.5, signed=True,
+    key="clip_score_delta", tasks=_T2I | {"t2v"}, comparator=">=", default_bound=-0.5, signed=True,
     label="CLIP score, candidate - baseline", compute=_clip_delta,
     per_sample=_clip_differences, requires=_needs_clip,
 ))  # fmt: skip

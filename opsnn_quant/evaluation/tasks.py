@@ -1,11 +1,11 @@
-"""The task table: one :class:`Task` per kind of suite (``t2i``, ``asr``).
+"""The task table: one :class:`Task` per kind of suite (``t2i``, ``t2v``, ``asr``).
 
 A task says what a model's outputs are, how a suite's data becomes inputs, how the outputs of
 the float baseline and the candidate are compared (the comparison every metric of the task
 reads, :class:`~.metrics.Compared`), and which figure tells how close the candidate stays to
 the float model. The metrics that apply to a task are the metric table's whose ``tasks`` name it
 (:mod:`.metrics`). The built-in tasks are registered by their modules (:mod:`.t2i`,
-:mod:`.asr`); :func:`register_task` adds another (a video task: its module, its metrics), and
+:mod:`.t2v`, :mod:`.asr`); :func:`register_task` adds another (its module, its metrics), and
 :mod:`.registry` holds the lookups. Nothing else in :mod:`opsnn_quant.evaluation` tests a
 task's name.
 """
