@@ -59,7 +59,9 @@ class GenerationSpec(StrictModel):
     Attributes:
         steps: Denoising steps (t2i).
         guidance_scale: Classifier-free guidance scale (t2i).
-        height, width: Image size (t2i); None: the pipeline's default.
+        height, width: Image size (t2i, t2v); None: the pipeline's default.
+        num_frames: Frames of each video (t2v); None: the model's settings (a recipe's), else
+            the pipeline's default (Wan: 81).
         max_new_tokens: Decoder length limit (asr).
         num_beams: Beam size (asr); 1 is greedy.
         language: The spoken language (asr), a Whisper code: the models decode in it and the
@@ -72,6 +74,7 @@ class GenerationSpec(StrictModel):
     guidance_scale: float = Field(default=7.5, ge=0.0)
     height: int | None = Field(default=None, ge=8)
     width: int | None = Field(default=None, ge=8)
+    num_frames: int | None = Field(default=None, ge=1)
     max_new_tokens: int = Field(default=128, ge=1)
     num_beams: int = Field(default=1, ge=1)
     language: str | None = Field(default=None, pattern=r"^[a-z]{2,3}$")
