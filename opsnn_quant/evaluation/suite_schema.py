@@ -89,6 +89,8 @@ class MetricsSpec(StrictModel):
         fid_features: ``inception`` (FID, TF-Inception) or ``clip`` (FD in the CLIP image space
             named by ``clip``; never called FID); KID is computed in the same features;
             None: no Fréchet distance, no KID.
+        video_features: the video encoder KVD is taken in (t2v): a zoo model name
+            (``shapes-video-encoder``) or a local directory (:mod:`.video_features`).
         clip: CLIP for CLIP score / FD: a zoo model name (``shapes-clip``) or a local Hugging
             Face CLIP directory; None: no CLIP score.
         thresholds: Acceptance thresholds.
@@ -100,6 +102,7 @@ class MetricsSpec(StrictModel):
 
     fid_features: Literal["inception", "clip"] | None = "inception"
     clip: str | None = None
+    video_features: str | None = None
     thresholds: Thresholds = Field(default_factory=Thresholds)
     confidence: float = Field(default=DEFAULT_CONFIDENCE, ge=0.5, le=0.999)
 

@@ -25,6 +25,8 @@ prompts with every seed's video (the paired bootstrap of :mod:`.intervals`):
 ``clip_temp_delta``             per video the mean cosine of consecutive frames' CLIP image
                                 embeddings (CLIP-Temp), candidate - baseline
                                 (``clip_temp_delta_min``, >=; needs ``metrics.clip``)
+``kvd_delta``                   KVD(candidate, reference) - KVD(baseline, reference) in the
+                                suite's video encoder's features (below)
 ``motion_accuracy_delta``       per video 1 when :func:`.motion.detect_motion` finds the motion
                                 of the record's ``motion`` label, else 0; candidate accuracy -
                                 baseline accuracy (``motion_accuracy_delta_min``, >=; needs
@@ -42,10 +44,12 @@ reordered included; the motion accuracy sees a reversed motion. Independent per-
 give a frame-difference PSNR 3 dB below the per-frame PSNR (a difference of two frames' errors
 has twice their variance): the default bounds keep that gap.
 
-Not implemented: a distribution criterion of the videos (FVD / KVD, the video analogues of
-t2i's FID / KID). They need a trained 3-D convolutional video encoder (I3D-like) whose features
-the distances are taken in; none ships with the package, so a t2v suite has no
-``fid_features`` figure (the field is not read) and no reference videos.
+The distribution criterion, ``kvd_delta``: KVD (KID's unbiased kernel MMD², :mod:`.kid`, in a
+video encoder's features, :mod:`.video_features`; FVD's role with I3D) of each model's videos
+against the suite's reference videos (``data.reference: dataset``: each record's ``video``,
+one per prompt, paired as KID's images are), candidate - baseline, with KID's paired bootstrap
+interval by prompt (bound ``kvd_delta_max``, <=; needs ``metrics.video_features``). A Fréchet
+video distance is not computed (biased at these sizes, as FD is for images).
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from opsnn_quant.evaluation.clip_score import ClipScorer, ClipScoreResult
 from opsnn_quant.evaluation.fid import ClipImageFeatures, extract_features
 from opsnn_quant.evaluation.image_similarity import DATA_RANGE, pair_similarities
 from opsnn_quant.evaluation.images import as_uint8_nhwc
+from opsnn_quant.evaluation.kid import KidDelta, kid_delta
 from opsnn_quant.evaluation.metrics import Compared, Metric, Range, register_metric
 from opsnn_quant.evaluation.motion import MOTIONS, Motion, detect_motion
 from opsnn_quant.evaluation.quality import (
@@ -77,6 +82,7 @@ from opsnn_quant.evaluation.quality import (
 from opsnn_quant.evaluation.report_schema import ImagePairRow, QualityRow
 from opsnn_quant.evaluation.t2i import CLIP_SCORE_DELTA, suite_clip
 from opsnn_quant.evaluation.tasks import Task, TaskInputs, register_task
+from opsnn_quant.evaluation.video_features import suite_video_encoder, video_features
 
 if TYPE_CHECKING:
     from opsnn_quant.evaluation.suite_schema import SuiteSpec
@@ -92,9 +98,11 @@ FRAME_PSNR_CAP_DB = 60.0
 # The record column the motion criterion reads: the motion the prompt asks for.
 MOTION_COLUMN = "motion"
 NO_DISTRIBUTION_NOTE = (
-    "t2v: no distribution criterion (FVD/KVD need a trained 3-D convolutional video encoder, "
-    "not implemented); the candidate's videos are compared with the float's pair by pair"
+    "t2v: no distribution criterion (the suite names no metrics.video_features and "
+    "data.reference: dataset): the candidate's videos are compared with the float's pair by pair"
 )
+# The record column of the reference videos (data.reference: dataset).
+VIDEO_COLUMN = "video"
 
 
 @dataclass(frozen=True)
@@ -147,6 +155,25 @@ class VideoComparison(Compared):
     clip_temp: tuple[list[float], list[float]] | None = None
     motions: tuple[list[Motion | None], list[Motion | None]] = field(default_factory=_no_motions)
     labels: list[str] | None = None
+    kvd: KidDelta | None = None
+
+
+@dataclass(frozen=True)
+class VideoReference:
+    """What the distribution criterion reads: the suite's video encoder and its label, and the
+    reference videos (one per prompt)."""
+
+    encoder: nn.Module
+    label: str
+    videos: list[np.ndarray]
+
+
+@dataclass(frozen=True)
+class VideoModels:
+    """What a t2v suite loads once for its metrics (:attr:`TaskInputs.clip` of a t2v suite)."""
+
+    clip: VideoClip | None = None
+    reference: VideoReference | None = None
 
 
 @dataclass(frozen=True)
@@ -252,6 +279,7 @@ def t2v_quality(
     seeds: Sequence[int] | None = None,
     motions: Sequence[str] | None = None,
     clip: VideoClip | None = None,
+    reference: VideoReference | None = None,
     confidence: float | None = None,
     prompts_count: int | None = None,
 ) -> QualityResult:
@@ -266,6 +294,8 @@ def t2v_quality(
         motions: The motion each of the N videos' records asks for (one of
             :data:`~.motion.MOTIONS`); None: no motion criterion.
         clip: The suite's CLIP (scorer and image embeddings); None skips the CLIP figures.
+        reference: The video encoder and the reference videos (one per prompt) of the
+            distribution criterion; None skips it.
         confidence: Also each figure's paired bootstrap interval at this level; None: none.
         prompts_count: Distinct prompts, each with one video per seed in seed-major order
             (the resampling unit); default: every video its own prompt.
@@ -279,8 +309,38 @@ def t2v_quality(
         out, baseline_videos, candidate_videos, prompts, seeds=seeds, motions=motions,
         clip=clip, prompts_count=prompts_count,
     )  # fmt: skip
+    if reference is not None:
+        compared = _kvd_rows(out, compared, reference, confidence)
+    else:
+        out.notes.append(NO_DISTRIBUTION_NOTE)
     measure_metrics(TASK, compared, out, confidence)
     return out
+
+
+def _kvd_rows(
+    out: QualityResult, compared: VideoComparison, ref: VideoReference, confidence: float | None
+) -> VideoComparison:
+    """KVD of each model's videos against the reference videos, their delta and interval."""
+    prompts = compared.units
+    if prompts < 2 or len(ref.videos) < 2:
+        out.notes.append("KVD not computed: it needs at least 2 prompts and 2 reference videos")
+        return compared
+    fb = video_features(ref.encoder, list(compared.baseline))
+    fc = video_features(ref.encoder, list(compared.candidate))
+    fr = video_features(ref.encoder, ref.videos)
+    result = kid_delta(fb, fc, fr, prompts, confidence)
+    out.measured.update(kvd_baseline_vs_reference=result.baseline,
+                        kvd_candidate_vs_reference=result.candidate)  # fmt: skip
+    pairing = ("paired by prompt" if result.paired
+               else f"vs {result.references} reference videos, unpaired")  # fmt: skip
+    out.quality.append(QualityRow(metric=f"KVD vs reference [{ref.label}]", baseline=result.baseline,
+                                  candidate=result.candidate, delta=result.delta,
+                                  note=f"n={prompts} prompts, {pairing}"))  # fmt: skip
+    out.notes.append(
+        f"KVD: KID's unbiased MMD² under the kernel (x·y/d + 1)^3 in the features of the video "
+        f"encoder {ref.label} (comparable only with KVDs in the same features)"
+    )
+    return dataclasses.replace(compared, kvd=result)
 
 
 def compare_videos(
@@ -314,7 +374,6 @@ def compare_videos(
     if clip is not None:
         compared = _clip_rows(out, compared, clip, prompts)
     compared = _motion_rows(out, compared, motions)
-    out.notes.append(NO_DISTRIBUTION_NOTE)
     clip_b, clip_c = compared.clip or (None, None)
     order = sorted(range(len(pairs)), key=lambda i: (pairs[i].psnr_db, pairs[i].ssim, i))
     out.image_pairs = [
@@ -405,15 +464,21 @@ def _motion_rows(
 
 
 def _prepare(inputs: TaskInputs, adapter: ModelAdapter, allow_pickle: bool) -> TaskInputs:
-    """The suite's CLIP (scorer and image embeddings), loaded once; no FD features (the
-    videos have no distribution figure)."""
-    loaded = suite_clip(inputs.suite.metrics.clip, allow_pickle)
+    """The suite's CLIP (scorer and image embeddings) and its video encoder with the reference
+    videos, loaded once (:class:`VideoModels`, in ``clip``); no image FD features."""
+    suite = inputs.suite
+    loaded = suite_clip(suite.metrics.clip, allow_pickle)
     clip = None
     if loaded is not None:
         model, processor, label = loaded
         clip = VideoClip(ClipScorer(model, processor, label),
                          ClipImageFeatures.from_processor(model, processor, label))  # fmt: skip
-    return dataclasses.replace(inputs, clip=clip, features=None)
+    reference = None
+    encoder = suite_video_encoder(suite.metrics.video_features)
+    if encoder is not None and suite.data.reference == "dataset":
+        videos = [as_video(np.asarray(r[VIDEO_COLUMN], dtype=np.uint8)) for r in inputs.records]
+        reference = VideoReference(encoder[0], encoder[1], videos)
+    return dataclasses.replace(inputs, clip=VideoModels(clip, reference), features=None)
 
 
 def _compare(
@@ -428,11 +493,12 @@ def _compare(
     suite, n = inputs.suite, len(inputs.inputs)
     labels = [r.get(MOTION_COLUMN) for r in inputs.records]
     motions = None if any(not lab for lab in labels) else [str(x) for x in labels]
+    models = inputs.clip if isinstance(inputs.clip, VideoModels) else VideoModels()
     return t2v_quality(
         baseline, candidate, inputs.inputs * len(suite.seeds),
         seeds=[seed + i for seed in suite.seeds for i in range(n)],
-        motions=None if motions is None else motions * len(suite.seeds), clip=inputs.clip,
-        confidence=confidence, prompts_count=n,
+        motions=None if motions is None else motions * len(suite.seeds), clip=models.clip,
+        reference=models.reference, confidence=confidence, prompts_count=n,
     )  # fmt: skip
 
 
@@ -462,6 +528,25 @@ def _motion_records(records: Sequence[dict[str, Any]]) -> str | None:
         if str(label).strip().lower() not in MOTIONS:
             return (f"{{names}}: record {i}'s {MOTION_COLUMN} {label!r} is not one the detector "
                     f"finds ({', '.join(MOTIONS)})")  # fmt: skip
+    return None
+
+
+def _needs_reference_videos(suite: SuiteSpec) -> str | None:
+    """KVD needs the encoder's features and the dataset's own videos as the reference."""
+    missing = []
+    if suite.metrics.video_features is None:
+        missing.append("metrics.video_features (a video encoder: shapes-video-encoder or a dir)")
+    if suite.data.reference != "dataset":
+        missing.append("data.reference: dataset (the records' own videos, one per prompt)")
+    return None if not missing else "{names} needs " + " and ".join(missing)
+
+
+def _reference_records(records: Sequence[dict[str, Any]]) -> str | None:
+    """Every record must hold its reference video."""
+    for i, record in enumerate(records):
+        if VIDEO_COLUMN not in record:
+            return (f"{{names}} needs a {VIDEO_COLUMN!r} (the reference video) in every record; "
+                    f"record {i} has none (its columns: {', '.join(record) or 'none'})")  # fmt: skip
     return None
 
 
@@ -538,8 +623,16 @@ MOTION_ACCURACY_DELTA = register_metric(Metric(
     requires=_needs_motion_labels, requires_records=_motion_records,
 ))  # fmt: skip
 
+KVD_DELTA = register_metric(Metric(
+    key="kvd_delta", tasks=_T2V, comparator="<=", default_bound=0.02, signed=True,
+    label="KVD vs reference, candidate - baseline",
+    compute=lambda c: None if c.kvd is None else c.kvd.delta,
+    interval=lambda c, level: None if c.kvd is None else c.kvd.interval,  # kid.py's U-statistic
+    requires=_needs_reference_videos, requires_records=_reference_records,
+))  # fmt: skip
+
 T2V = register_task(Task(
     name=TASK, outputs="videos", unit="prompts", doing="generating {count} videos", seeded=True,
-    inputs_file="prompts.txt", reference_images=False, prepare=_prepare, compare=_compare,
+    inputs_file="prompts.txt", reference_images=True, prepare=_prepare, compare=_compare,
     fidelity=lambda suite: VIDEO_PSNR_MEDIAN.key,
 ))  # fmt: skip

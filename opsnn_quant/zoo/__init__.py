@@ -32,6 +32,7 @@ _MODELS: dict[str, str] = {
     "shapes-clip": "opsnn_quant.zoo.shapes_clip:load_shapes_clip",
     "shapes-dit": "opsnn_quant.zoo.shapes_dit:load_shapes_dit",
     "shapes-t2v": "opsnn_quant.zoo.shapes_t2v:load_shapes_t2v",
+    "shapes-video-encoder": "opsnn_quant.zoo.shapes_video_encoder:load_shapes_video_encoder",
     "whisper-tiny.en": "opsnn_quant.zoo.whisper:load_whisper_tiny_en",
     "whisper-base": "opsnn_quant.zoo.whisper:load_whisper_base",
 }
@@ -43,6 +44,7 @@ _DIRS: dict[str, str] = {
     "shapes-clip": "opsnn_quant.zoo.shapes_clip:weights_dir",
     "shapes-dit": "opsnn_quant.zoo.shapes_dit:weights_dir",
     "shapes-t2v": "opsnn_quant.zoo.shapes_t2v:weights_dir",
+    "shapes-video-encoder": "opsnn_quant.zoo.shapes_video_encoder:weights_dir",
     "whisper-tiny.en": "opsnn_quant.zoo.whisper:ensure_converted",
     "whisper-base": "opsnn_quant.zoo.whisper:base_dir",
 }

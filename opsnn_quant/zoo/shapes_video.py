@@ -188,6 +188,27 @@ def sample(split: str, index: int, seed: int = 0) -> tuple[np.ndarray, str, dict
     return frames, spec.caption, labels
 
 
+def any_caption_clips(n: int, seed: int = 0) -> tuple[np.ndarray, dict[str, list[Any]]]:
+    """``n`` clips of captions drawn from all 576 (both halves), each from its own stream (not a
+    split: the clips of a feature encoder, which must not learn the halves' parity rule as a
+    shortcut from four attributes to the fifth). Returns ``(clips, column -> labels)``."""
+    import numpy as np
+
+    specs = all_specs()
+    clips = np.empty((n, FRAMES, IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8)
+    labels: dict[str, list[Any]] = {k: [] for k in LABEL_COLUMNS}
+    for i in range(n):
+        rng = np.random.default_rng([seed, _ANY_STREAM, i])
+        spec = specs[int(rng.integers(len(specs)))]
+        clips[i] = render(spec, rng)
+        for k in LABEL_COLUMNS:
+            labels[k].append(getattr(spec, k))
+    return clips, labels
+
+
+_ANY_STREAM = 13  # beside SPLITS' ids
+
+
 def generate(
     split: str, n: int, seed: int = 0, start: int = 0
 ) -> tuple[np.ndarray, list[str], dict[str, list[Any]]]:

@@ -254,7 +254,7 @@ def test_bad_inputs_are_refused():
 def test_the_metric_table_and_the_task():
     entry = task("t2v")
     assert (entry.outputs, entry.unit, entry.seeded, entry.reference_images) == (
-        "videos", "prompts", True, False,
+        "videos", "prompts", True, True,  # data.reference: dataset, the KVD's reference videos
     )  # fmt: skip
     assert entry.fidelity(t2v_suite()) == "video_psnr_median_db"
     expected = {
@@ -265,6 +265,7 @@ def test_the_metric_table_and_the_task():
         "clip_score_delta": (">=", "clip_score_delta_min", -0.5),  # t2i's, on frames
         "clip_temp_delta": (">=", "clip_temp_delta_min", -0.01),
         "motion_accuracy_delta": (">=", "motion_accuracy_delta_min", -0.05),
+        "kvd_delta": ("<=", "kvd_delta_max", 0.02),
     }
     table = {m.key: (m.comparator, m.bound, m.default_bound) for m in metrics("t2v")}
     assert {k: v for k, v in table.items() if not metric(k).speed} == expected
@@ -302,7 +303,10 @@ def test_a_t2v_suite_file_validates(tmp_path):
         ({"motion_accuracy_delta_min": -0.05}, {"folder": "videos"}, "tiny",
          "motion_accuracy_delta_min needs records with a 'motion' label, but data.folder's "
          "prompts.txt holds prompts only"),
-        ({}, {"reference": "dataset"}, "tiny", "data.reference .* applies to t2i suites only"),
+        ({"kvd_delta_max": 0.02}, {}, "tiny",
+         r"kvd_delta_max needs metrics.video_features .* and data.reference: dataset"),
+        ({"kvd_delta_max": 0.02}, {"reference": "dataset"}, "tiny",
+         r"kvd_delta_max needs metrics.video_features \(a video encoder"),
     ],
 )  # fmt: skip
 def test_bad_t2v_suites_are_refused_in_one_message(thresholds, data, clip, match):
@@ -387,3 +391,51 @@ def test_the_report_shows_each_video_pair_as_frame_strips(videos, tmp_path):
     md = (out / "report.md").read_text()
     assert f"](plots/pair-{first:04d}.png)" in md and "## Video pairs: baseline frames" in md
     assert '"frames": 9' in (out / "report.json").read_text()
+
+
+def _encoder():
+    import torch
+
+    from opsnn_quant.evaluation.video_features import VideoEncoder
+
+    torch.manual_seed(0)  # a random 3-D conv feature space: enough to see the pipeline work
+    return VideoEncoder(width=8, features=32).eval()
+
+
+def test_kvd_is_zero_for_the_float_itself_and_sees_a_damaged_candidate():
+    from opsnn_quant.evaluation.t2v import VideoReference
+
+    base, labels, prompts = synthetic(24)
+    # the reference: other renders of the same prompts (the dataset's own clips)
+    reference = VideoReference(
+        _encoder(), "random-3d", [synthetic_video(500 + i, m) for i, m in enumerate(labels)]
+    )
+    same = t2v_quality(base, base, prompts, reference=reference, confidence=0.95)
+    assert same.measured["kvd_delta"] == 0.0  # the same features, the same kernel rows
+    # a colour cast (the whole video 50 grey levels brighter): every video off the reference's
+    cast = [np.clip(v.astype(int) + 50, 0, 255).astype(np.uint8) for v in base]
+    bad = t2v_quality(base, cast, prompts, reference=reference, confidence=0.95)
+    delta, interval = bad.measured["kvd_delta"], bad.intervals["kvd_delta"]
+    assert delta > 0 and interval.low > 0, (delta, interval)  # the whole interval above zero
+    assert any(r.metric.startswith("KVD vs reference [random-3d]") for r in bad.quality)
+    # without a reference, the report says there is no distribution criterion
+    assert any("no distribution criterion" in n for n in t2v_quality(base, base, prompts).notes)
+
+
+def test_video_encoder_round_trips_through_its_directory(tmp_path):
+    import torch
+
+    from opsnn_quant.evaluation.video_features import (
+        load_video_encoder,
+        save_video_encoder,
+        video_features,
+    )
+
+    enc = _encoder()
+    loaded = load_video_encoder(save_video_encoder(enc, tmp_path / "enc"))
+    videos, _, _ = synthetic(3)
+    a, b = video_features(enc, videos), video_features(loaded, videos)
+    assert a.shape == (3, 32) and a.dtype == torch.float64 and torch.equal(a, b)
+    (tmp_path / "enc" / "config.json").write_text('{"width": 16, "features": 32}')
+    with pytest.raises(ConfigError, match="cannot load a video encoder"):
+        load_video_encoder(tmp_path / "enc")
