@@ -7,7 +7,8 @@ Rows (each in a child process, so its peak RSS is its own):
   encoder, 83M VAE) with random weights, built and saved by this script, sampled at 256 px;
 * ``whisper-base`` / ``whisper-small``: Whisper base.en / small.en architectures with random
   weights (the zoo's tiny.en processor: same English tokenizer and features);
-* ``shapes-t2i``, ``shapes-dit``, ``whisper-tiny-en``: the zoo recipes as they ship; with
+* ``shapes-t2i``, ``shapes-dit``, ``whisper-tiny-en``, ``shapes-t2v`` (video: 9 frames): the
+  zoo recipes as they ship; with
   ``:eager`` on the eager target (int8 attention measured) and ``:eager-linear`` the same
   without the attention schemes: side by side, the cost of measuring attention;
 * ``sd3-tiny``, ``flux-tiny``: the tests' 2-layer random SD3 / FLUX pipelines at 32 px (a float
@@ -122,8 +123,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-ROWS = ("shapes-t2i", "shapes-dit", "whisper-tiny-en", "whisper-base", "whisper-small", "sd15-256",
-        "sd3-tiny", "flux-tiny")  # fmt: skip
+# the zoo recipes as they ship (each also as NAME:eager / NAME:eager-linear)
+ZOO_ROWS = ("shapes-t2i", "shapes-dit", "whisper-tiny-en", "shapes-t2v")
+ROWS = (*ZOO_ROWS, "whisper-base", "whisper-small", "sd15-256", "sd3-tiny", "flux-tiny")
 WIDTH_ROWS = ("flux-dev-width", "wan14b-width", "whisper-large-v3-width")
 # --width-probe quick: the probe knobs that cut a width row's time without changing what is
 # kept per module (every scheme, pass 1's statistics, SmoothQuant search, exports stay).
@@ -242,7 +244,7 @@ def recipe_for(row: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
         return _eager_recipe(recipe_for(base, work, args), variant)
     if "@" in row:
         return _width_recipe(row, work, args)
-    if row in ("shapes-t2i", "shapes-dit", "whisper-tiny-en"):
+    if row in ZOO_ROWS:
         from opsnn_quant.pipeline.recipe import load_recipe
 
         return load_recipe(row).model_dump(mode="json")
@@ -671,7 +673,7 @@ def _expand(rows: str, depths: str | None) -> list[str]:
             row in ROWS
             or "@" in row
             or (
-                row.split(":", 1)[0] in ROWS[:3]
+                row.split(":", 1)[0] in ZOO_ROWS
                 and row.split(":", 1)[1] in ("eager", "eager-linear")
             )
         ):
