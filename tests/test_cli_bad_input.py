@@ -24,7 +24,13 @@ import pytest
 
 from opsnn_quant.cli import main
 from opsnn_quant.output.ownership import MARKER
-from tests.tiny_pipelines import save_tiny_sd, save_tiny_sd3, save_tiny_whisper, tiny_t2i_suite
+from tests.tiny_pipelines import (
+    save_tiny_sd,
+    save_tiny_sd3,
+    save_tiny_wan,
+    save_tiny_whisper,
+    tiny_t2i_suite,
+)
 
 
 @pytest.fixture(scope="module")
@@ -349,6 +355,8 @@ CASES = [
          2, "line 5: model.settings.height: Input should be less than or equal to 8192"),
     Case("SD3 image past its position embeddings", lambda d, r, rec, done: ["probe", str(save_tiny_sd3(d / "sd3")), "--data", str(r / "prompts.txt"), "--set", "height=80", "-o", str(d / "o")],
          2, "--set height: 80 px is more than the transformer of"),
+    Case("video frames the Wan VAE cannot take", lambda d, r, rec, done: ["probe", str(save_tiny_wan(d / "wan")), "--data", str(r / "prompts.txt"), "--set", "num_frames=4", "-o", str(d / "o")],
+         2, "--set num_frames: 4 frames do not fit the video VAE of {d}/wan: it takes 1 + 2 x k frames (vae/config.json scale_factor_temporal 2), e.g. 3 or 5"),
     Case("whisper max_new_tokens past max_target_positions", lambda d, r, rec, done: ["probe", str(save_tiny_whisper(d / "w")), "--data", "zoo:speech/eval", "--set", "max_new_tokens=15", "-o", str(d / "o")],
          2, "--set max_new_tokens: 15 does not fit"),
     Case("whisper default max_new_tokens past max_target_positions", lambda d, r, rec, done: ["probe", str(save_tiny_whisper(d / "w")), "--data", "zoo:speech/eval", "-o", str(d / "o")],

@@ -282,6 +282,7 @@ def _check_diffusion(model_dir: Path, settings: SDSettings | DiTSettings, where:
     # SD3 crops a fixed grid of position embeddings: a larger image has no embedding.
     transformer = _json(model_dir / "transformer" / "config.json") or {}
     vae = _json(model_dir / "vae" / "config.json") or {}
+    _check_frames(model_dir, vae, getattr(settings, "num_frames", None), where)
     grid, patch = transformer.get("pos_embed_max_size"), transformer.get("patch_size")
     blocks = vae.get("block_out_channels")
     if not (isinstance(grid, int) and isinstance(patch, int) and isinstance(blocks, list)):
@@ -296,6 +297,21 @@ def _check_diffusion(model_dir: Path, settings: SDSettings | DiTSettings, where:
                 f"position embeddings for: at most {largest} px (transformer/config.json "
                 f"pos_embed_max_size {grid} x patch_size {patch} x the VAE's scale {scale})"
             )
+
+
+def _check_frames(model_dir: Path, vae: dict[str, Any], frames: int | None, where: str) -> None:
+    """A video VAE encodes the first frame alone, then ``scale_factor_temporal`` frames per
+    latent frame: WanPipeline silently rounds any other count to the nearest fitting one (a
+    calibration of other clips than asked for), so such a count is refused here."""
+    factor = vae.get("scale_factor_temporal")
+    if frames is None or not isinstance(factor, int) or factor < 1 or (frames - 1) % factor == 0:
+        return
+    below = (frames - 1) // factor * factor + 1
+    raise ConfigError(
+        f"{where}num_frames: {frames} frames do not fit the video VAE of {model_dir}: it takes "
+        f"1 + {factor} x k frames (vae/config.json scale_factor_temporal {factor}), e.g. "
+        f"{below} or {below + factor}"
+    )
 
 
 def check_source_fits(
