@@ -9,7 +9,10 @@ in the shapes CLIP's image space. Its figures are comparable only with figures i
 encoder's features.
 
 The network: four 3-D convolutions (space /8, time /2; SiLU between) and the mean over space and
-time of the last map: ``config.json`` ``{"width": W, "features": D}``.
+time of the last map, times ``scale``: ``config.json`` ``{"width": W, "features": D, "scale": s}``.
+KID's kernel ``(x·y / d + 1)³`` expects features of order one (Inception's pool features are);
+``scale`` is one over the features' RMS on the encoder's training clips, so that the kernel
+neither explodes nor flattens whatever the network's own magnitudes.
 """
 
 from __future__ import annotations
@@ -32,10 +35,10 @@ FEATURE_BATCH = 64
 class VideoEncoder(nn.Module):
     """uint8 videos ``[n, F, H, W, 3]`` -> features ``[n, D]``."""
 
-    def __init__(self, width: int = 16, features: int = 64) -> None:
+    def __init__(self, width: int = 16, features: int = 64, scale: float = 1.0) -> None:
         super().__init__()
         w = width
-        self.width, self.out_features = width, features
+        self.width, self.out_features, self.scale = width, features, scale
         self.body = nn.Sequential(
             nn.Conv3d(3, w, 3, stride=(1, 2, 2), padding=1),
             nn.SiLU(),
@@ -52,12 +55,12 @@ class VideoEncoder(nn.Module):
         return videos.float().div(127.5).sub(1.0).permute(0, 4, 1, 2, 3)
 
     def forward(self, videos: torch.Tensor) -> torch.Tensor:
-        """The features of each video (the mean over space and time of the last map)."""
-        return self.body(self.prepare(videos)).mean(dim=(2, 3, 4))
+        """The features of each video (the mean over space and time of the last map, scaled)."""
+        return self.body(self.prepare(videos)).mean(dim=(2, 3, 4)) * self.scale
 
     def config(self) -> dict[str, Any]:
         """What :func:`load_video_encoder` rebuilds the network from."""
-        return {"width": self.width, "features": self.out_features}
+        return {"width": self.width, "features": self.out_features, "scale": self.scale}
 
 
 def load_video_encoder(directory: str | Path) -> VideoEncoder:
@@ -71,7 +74,11 @@ def load_video_encoder(directory: str | Path) -> VideoEncoder:
     d = Path(directory)
     try:
         config = json.loads((d / CONFIG).read_text())
-        model = VideoEncoder(width=int(config["width"]), features=int(config["features"]))
+        model = VideoEncoder(
+            width=int(config["width"]),
+            features=int(config["features"]),
+            scale=float(config.get("scale", 1.0)),
+        )
         model.load_state_dict(load_file(str(d / WEIGHTS)))
     except (OSError, KeyError, TypeError, ValueError, RuntimeError) as err:
         raise ConfigError(

@@ -92,6 +92,11 @@ def train(out: Path, steps: int, seed: int = 0, threads: int = 1, pool: int = 60
     model.eval()
     eval_np, _, eval_labels = generate("eval", 288)
     logger.info("eval accuracy: %s", accuracy(model, torch.from_numpy(eval_np), eval_labels))
+    # features of order one for KVD's cubic kernel: one over their RMS on 512 training clips
+    with torch.no_grad():
+        rms = model.encoder(clips[:512]).pow(2).mean().sqrt()
+    model.encoder.scale = round(1.0 / float(rms), 6)
+    logger.info("feature scale %.6f", model.encoder.scale)
     return save_video_encoder(model.encoder, out / "shapes-video-encoder")
 
 
