@@ -3,6 +3,9 @@ and, with ``--peer msmodelslim``, against msModelSlim's own calibration of the s
 
 Rows (each in a child process, so its peak RSS is its own):
 
+* ``whisper-base-real``: the user's one-command path, ``calibrate --model zoo:whisper-base
+  --data zoo:speech/eval --limit UTTERANCES`` (real multilingual Whisper base weights, the
+  zoo's espeak-ng speech; no recipe: the family's target and the default budget);
 * ``sd15-256``: a Stable Diffusion 1.5-architecture pipeline (860M UNet, 123M CLIP-L text
   encoder, 83M VAE) with random weights, built and saved by this script, sampled at 256 px;
 * ``whisper-base`` / ``whisper-small``: Whisper base.en / small.en architectures with random
@@ -47,6 +50,8 @@ start can misstate every ratio; both are printed). Phases are printed as forward
 calibrate. Goals (issue 43): the whole calibrate <= 15 float forward-equivalents (whisper-tiny-en
 <= 10) and peak memory <= 1.5x a float inference, on every row. The 1-minute load average of the
 machine is recorded before and after each row (other work on a shared machine slows a row).
+``--json`` also holds each row's ``rss_by_phase``: every progress message of calibrate with the
+peak RSS when that phase ended and how much the phase raised it.
 
 Random weights make a real architecture's cost, not its accuracy: the quality figures printed by
 calibrate for the random rows mean nothing. Backend: cpu (PyTorch eager and the exact Ascend int8
@@ -125,7 +130,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 # the zoo recipes as they ship (each also as NAME:eager / NAME:eager-linear)
 ZOO_ROWS = ("shapes-t2i", "shapes-dit", "whisper-tiny-en", "shapes-t2v")
-ROWS = (*ZOO_ROWS, "whisper-base", "whisper-small", "sd15-256", "sd3-tiny", "flux-tiny")
+ROWS = (*ZOO_ROWS, "whisper-base-real", "whisper-base", "whisper-small", "sd15-256", "sd3-tiny",
+        "flux-tiny")  # fmt: skip
 WIDTH_ROWS = ("flux-dev-width", "wan14b-width", "whisper-large-v3-width")
 # --width-probe quick: the probe knobs that cut a width row's time without changing what is
 # kept per module (every scheme, pass 1's statistics, SmoothQuant search, exports stay).
@@ -262,6 +268,8 @@ def recipe_for(row: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
         }  # fmt: skip
     if row in ("sd3-tiny", "flux-tiny"):
         return _tiny_dit_recipe(row, work, args)
+    if row == "whisper-base-real":
+        return _user_path_recipe("zoo:whisper-base", "zoo:speech/eval", args.utterances)
     size = row.split("-")[1]
     return _whisper_recipe(row, build_whisper(work, size), args)
 
@@ -362,6 +370,15 @@ def _width_recipe(row: str, work: Path, args: argparse.Namespace) -> dict[str, A
     }  # fmt: skip
 
 
+def _user_path_recipe(model: str, data: str, limit: int) -> dict[str, Any]:
+    """What ``opsnn-quant calibrate --model MODEL --data DATA --limit N`` runs (no recipe: the
+    family guessed, its engine's target, the default budget), as a recipe."""
+    from opsnn_quant.pipeline.recipe_flags import RecipeFlags, effective_recipe
+
+    flags = RecipeFlags(model=model, data=data, limit=limit)
+    return effective_recipe(None, flags).model_dump(mode="json")
+
+
 def _tiny_dit_recipe(row: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """The tests' 2-layer SD3 / FLUX pipelines (``tests/tiny_pipelines.py``) at 32 px."""
     sys.path.insert(0, str(ROOT))
@@ -421,8 +438,11 @@ def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
     _reset_hwm()
     t_start = time.perf_counter()
 
+    marks: list[int] = []  # the peak RSS so far at each phase's start (VmHWM only grows)
+
     def say(msg: str) -> None:
         phases.append((msg, time.perf_counter() - t_start))
+        marks.append(_hwm_kb())
         if _phase_key(msg) == "export" and not peaks:
             peaks.append(_hwm_kb())  # the peak of everything before the exports
         # streamed, so a row that runs for an hour shows where it is
@@ -437,6 +457,13 @@ def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
     for (msg, t), (_, t_next) in zip(phases, [*phases[1:], ("end", total_s)], strict=True):
         key = _phase_key(msg)
         spans[key] = spans.get(key, 0.0) + (t_next - t)
+    # Peak RSS by phase: each phase's message, the peak when it ended, and how much it raised
+    # the peak (MB): where a memory goal is missed, the phase that set the peak.
+    ends = [*marks[1:], calib_kb]
+    rss_by_phase = [
+        {"phase": msg, "peak_mb": end / 1024, "raised_mb": (end - start) / 1024}
+        for (msg, _), start, end in zip(phases, marks, ends, strict=True)
+    ]
     # The unit: the mean of the float loop's median before and after the calibrate (this VM's
     # speed drifts by up to 2x over minutes; one pass at the start misstated ratios).
     unit = (float_s + float_after_s) / 2
@@ -453,6 +480,7 @@ def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
         "rss_float_mb": float_kb / 1024,
         "rss_calibrate_mb": calib_kb / 1024,
         "peak_rss_ratio": calib_kb / max(float_kb, 1),
+        "rss_by_phase": rss_by_phase,
         "rss_before_export_mb": (peaks[0] if peaks else calib_kb) / 1024,
         "int8_mac_share": result.int8_mac_share,
         "gemm_mode": args.gemm + ("/slow" if args.slow_native else ""),
