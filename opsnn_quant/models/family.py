@@ -35,8 +35,8 @@ from __future__ import annotations
 import functools
 import importlib
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -117,6 +117,8 @@ class Family:
         steps: its forward loop runs sampling steps (per-step scales, ``timestep_groups``).
         recipe: the shipped recipe a model of this family starts from (a template to copy).
         suite: the shipped acceptance suite that judges it (a template to copy).
+        probe: the probe settings a command without a recipe starts from (a recipe's
+            ``probe`` fields): what the family's shipped recipes set for memory.
         footprint: ``(directory, settings, records, where, max_memory, offload)``: refuse a call
             of the model that would not fit in host memory, before it loads (see
             :func:`~opsnn_quant.models.footprint.check_source_memory`); None: not estimated.
@@ -135,6 +137,7 @@ class Family:
     recipe: str | None = None
     suite: str | None = None
     footprint: Callable[..., None] | None = None
+    probe: Mapping[str, Any] = field(default_factory=dict)
 
     def adapter_class(self) -> AdapterClass:
         """The adapter class, imported on first use when given as ``"module:Class"``."""

@@ -1,7 +1,8 @@
 """The recipe a command line means: a recipe file with flags over its fields, or no recipe at all.
 
 ``calibrate --model DIR --data SRC`` needs no recipe: the family is guessed from the model's files
-(as ``probe`` does), the target is the family's usual engine (its ``target``) and
+(as ``probe`` does), the target is the family's usual engine (its ``target``), the probe
+settings its family's (its ``probe``: Whisper's encoder replayed one utterance at a time) and
 ``--set KEY=VALUE`` gives model settings. With a recipe, the same flags override its fields. The
 result is validated as a recipe file is, and written into the output as ``recipe.yaml``
 (:func:`recipe_yaml`) so that the run can be repeated exactly with ``calibrate OUT/recipe.yaml``.
@@ -127,13 +128,23 @@ def effective_recipe(recipe: str | None, flags: RecipeFlags) -> Recipe:
         assert flags.model is not None
         if flags.data is None:
             raise ConfigError("--model without a recipe needs --data (e.g. prompts.txt)")
-        data = _bare(flags.model)
+        data = _with_family_probe(_apply(_bare(flags.model), flags))
+        return _validated(data)
     else:
         base = load_recipe(recipe)
         if not flags.any():
             return base
         data = base.model_dump(mode="json", exclude_none=True)
     return _validated(_apply(data, flags))
+
+
+def _with_family_probe(recipe: dict[str, Any]) -> dict[str, Any]:
+    """A recipe without a file gets its family's probe settings (:attr:`Family.probe`: what the
+    family's shipped recipes set for memory), as a recipe file would write them."""
+    family = find_family(recipe["model"]["family"])
+    if family is None or not family.probe:
+        return recipe
+    return {**recipe, "probe": {**family.probe, **recipe.get("probe", {})}}
 
 
 def _bare(model: str) -> dict[str, Any]:

@@ -38,6 +38,22 @@ def test_a_model_alone_gets_its_family_the_familys_engine_and_a_name(pipe):
         effective_recipe(None, RecipeFlags(model=str(pipe / "my pipe")))
 
 
+def test_a_whisper_model_alone_gets_its_familys_probe_settings(tmp_path):
+    # issue 62: without a recipe, a real Whisper base's encoder estimator replayed 4 utterances
+    # at once (peak RSS 4.2x a float pass); the family's probe settings replay one at a time,
+    # as the shipped Whisper recipes do, and recipe.yaml writes them
+    from tests.tiny_pipelines import save_tiny_whisper
+
+    model = save_tiny_whisper(tmp_path / "w")
+    r = effective_recipe(None, RecipeFlags(model=str(model), data="zoo:speech/eval", limit=2))
+    assert r.model.family == "whisper" and r.probe.estimator_batch == {"audio_encoder": 1}
+    assert "estimator_batch:\n    audio_encoder: 1" in recipe_yaml(r)
+    assert load_recipe("whisper-tiny-en").probe.estimator_batch == {"audio_encoder": 1}
+    # a diffusers model's family states none: its probe settings stay the defaults
+    sd = effective_recipe(None, RecipeFlags(model="zoo:shapes-t2i", data="zoo:shapes/calibration"))
+    assert sd.probe.estimator_batch is None
+
+
 def test_flags_override_a_recipes_fields_and_name_themselves_in_errors(pipe):
     base = load_recipe("whisper-tiny-en")
     r = effective_recipe("whisper-tiny-en", RecipeFlags(target="ascend910b-mindie-sd", limit=3,
