@@ -93,28 +93,13 @@ def load_shapes_dit(
         ModelLoadError: The directory is missing or incomplete.
     """
     from diffusers import StableDiffusion3Pipeline
-    from diffusers.utils import logging as dlogging
 
     directory = Path(path) if path is not None else WEIGHTS_DIR
-    if not (directory / "model_index.json").is_file():
-        raise ModelLoadError(
-            f"no shapes-dit pipeline at {directory}; run python -m opsnn_quant.zoo.training.train_shapes_dit"
-        )
-    verbosity = dlogging.get_verbosity()
-    dlogging.set_verbosity_error()  # the per-component progress bar is noise for a small model
-    try:
-        pipe = StableDiffusion3Pipeline.from_pretrained(
-            str(directory),
-            **{shapes_pipeline.diffusers_dtype_kw(): torch_dtype},
-            local_files_only=True,
-            text_encoder_3=None,
-            tokenizer_3=None,
-        )
-    except (OSError, ValueError) as err:
-        raise ModelLoadError(f"cannot load shapes-dit from {directory}: {err}") from err
-    finally:
-        dlogging.set_verbosity(verbosity)
-    pipe.set_progress_bar_config(disable=True)
+    pipe: StableDiffusion3Pipeline = shapes_pipeline.load_zoo_pipeline(
+        StableDiffusion3Pipeline, directory, "shapes-dit",
+        "run python -m opsnn_quant.zoo.training.train_shapes_dit", torch_dtype,
+        text_encoder_3=None, tokenizer_3=None,
+    )  # fmt: skip
     return pipe
 
 

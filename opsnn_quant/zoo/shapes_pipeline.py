@@ -112,26 +112,37 @@ def load_shapes_t2i(
         ModelLoadError: The directory is missing or incomplete.
     """
     from diffusers import StableDiffusionPipeline
-    from diffusers.utils import logging as dlogging
 
     directory = Path(path) if path is not None else WEIGHTS_DIR
+    return load_zoo_pipeline(
+        StableDiffusionPipeline, directory, "shapes-t2i",
+        "run python -m opsnn_quant.zoo.training.train_shapes all", torch_dtype,
+        safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+    )  # fmt: skip
+
+
+def load_zoo_pipeline(
+    cls: Any, directory: Path, name: str, how: str, torch_dtype: torch.dtype, **kwargs: Any
+) -> Any:
+    """A zoo diffusers pipeline of class ``cls`` from ``directory``, offline, quietly (the
+    per-component progress bar is noise for a model of a few MB), its progress bar off.
+
+    Raises:
+        ModelLoadError: the directory holds no pipeline (``how`` says how to make one), or
+            diffusers cannot load it.
+    """
+    from diffusers.utils import logging as dlogging
+
     if not (directory / "model_index.json").is_file():
-        raise ModelLoadError(
-            f"no shapes-t2i pipeline at {directory}; run python -m opsnn_quant.zoo.training.train_shapes all"
-        )
+        raise ModelLoadError(f"no {name} pipeline at {directory}; {how}")
     verbosity = dlogging.get_verbosity()
-    dlogging.set_verbosity_error()  # the per-component progress bar is noise for a 5 MB model
+    dlogging.set_verbosity_error()
     try:
-        pipe = StableDiffusionPipeline.from_pretrained(
-            str(directory),
-            **{diffusers_dtype_kw(): torch_dtype},
-            local_files_only=True,
-            safety_checker=None,
-            feature_extractor=None,
-            requires_safety_checker=False,
+        pipe = cls.from_pretrained(
+            str(directory), **{diffusers_dtype_kw(): torch_dtype}, local_files_only=True, **kwargs
         )
     except (OSError, ValueError) as err:
-        raise ModelLoadError(f"cannot load shapes-t2i from {directory}: {err}") from err
+        raise ModelLoadError(f"cannot load {name} from {directory}: {err}") from err
     finally:
         dlogging.set_verbosity(verbosity)
     pipe.set_progress_bar_config(disable=True)

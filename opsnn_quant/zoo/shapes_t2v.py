@@ -128,24 +128,11 @@ def load_shapes_t2v(
         ModelLoadError: The directory is missing or incomplete.
     """
     from diffusers import WanPipeline
-    from diffusers.utils import logging as dlogging
 
-    directory = Path(path) if path is not None else weights_dir()
-    if not (directory / "model_index.json").is_file():
-        raise ModelLoadError(f"no shapes-t2v pipeline at {directory}; {_HOW}")
-    verbosity = dlogging.get_verbosity()
-    dlogging.set_verbosity_error()
-    try:
-        pipe = WanPipeline.from_pretrained(
-            str(directory),
-            **{shapes_pipeline.diffusers_dtype_kw(): torch_dtype},
-            local_files_only=True,
-        )
-    except (OSError, ValueError) as err:
-        raise ModelLoadError(f"cannot load shapes-t2v from {directory}: {err}") from err
-    finally:
-        dlogging.set_verbosity(verbosity)
-    pipe.set_progress_bar_config(disable=True)
+    directory = Path(path) if path is not None else WEIGHTS_DIR
+    pipe: WanPipeline = shapes_pipeline.load_zoo_pipeline(
+        WanPipeline, directory, "shapes-t2v", _HOW, torch_dtype
+    )
     return pipe
 
 
