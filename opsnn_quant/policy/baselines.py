@@ -93,6 +93,8 @@ def int8_runnable(report: SensitivityReport, target: Target) -> list[str]:
     for e in report.modules:
         if not e.quantizable or e.calls == 0 or target.tie_reason(e.tied_to) is not None:
             continue
+        if e.modality == Modality.OTHER:  # kept float by its family (see naive_policy)
+            continue
         if e.refused is not None:  # every scheme infeasible (a call the fused attention refuses)
             continue
         shape = e.weight_shape
@@ -114,6 +116,10 @@ def naive_policy(report: SensitivityReport, target: Target, strategy: str) -> Pr
         linear, reason, attention = NAIVE_INT8[strategy]
         for e in report.modules:
             if not e.quantizable or e.calls == 0:  # never run (e.g. a t2i pipeline's VAE encoder)
+                continue
+            # "other": no root, no estimate, never int8 in a searched policy either; a family
+            # puts there what must stay float (Wan's time embedding: int8, its forward fails)
+            if e.modality == Modality.OTHER:
                 continue
             if (
                 target.tie_reason(e.tied_to) is not None

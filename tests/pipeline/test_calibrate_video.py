@@ -81,3 +81,21 @@ def test_wan_template_and_its_suite_run_end_to_end_on_a_tiny_random_wan(tmp_path
         assert c["ci_low"] is not None and c["ci_low"] <= c["value"] <= c["ci_high"], c
     # float and candidate side by side: frame strips in the report
     assert list((out / "report" / "plots").glob("pair-*.png"))
+
+
+def test_a_naive_strategy_keeps_wans_time_embedding_float(tmp_path):
+    # the naive baselines made every Linear int8, Wan's time embedding too: its forward reads
+    # its first parameter's dtype and failed (StopIteration) on the int8 module
+    from tests.tiny_pipelines import save_tiny_wan
+
+    save_tiny_wan(tmp_path / "pipe")
+    (tmp_path / "prompts").mkdir()
+    prompts = tmp_path / "prompts" / "prompts.txt"
+    prompts.write_text("a red circle\na blue square\n")
+    recipe, out = _template_recipe(tmp_path, prompts), tmp_path / "out"
+    argv = ["calibrate", str(recipe), "-o", str(out), "--strategy", "all-w8a8-dynamic", "--quiet"]
+    assert main(argv) == 0
+    policy = yaml.safe_load((out / "policy.yaml").read_text())
+    matched = [r["match"] for r in policy["rules"]]
+    assert matched and not [m for m in matched if "time_embedder" in m]
+    assert [m for m in matched if m.startswith("transformer.blocks.")]
