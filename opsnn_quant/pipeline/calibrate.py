@@ -38,6 +38,7 @@ from opsnn_quant.pipeline.exports import (
     write_exports,
     write_policy_exports,
 )
+from opsnn_quant.pipeline.first import decide_first, decides_first, holdout_roots
 from opsnn_quant.pipeline.measured import (
     MeasuredSearch,
     measured_policy,
@@ -57,6 +58,7 @@ from opsnn_quant.pipeline.run import (
 from opsnn_quant.pipeline.sharing import Sharing
 from opsnn_quant.pipeline.timings import write_timings
 from opsnn_quant.policy.baselines import baselines_first, naive_policy
+from opsnn_quant.policy.first import DECIDED_FIRST
 from opsnn_quant.policy.front import FrontResult
 from opsnn_quant.policy.schema import PrecisionPolicy, ResolvedPolicy
 from opsnn_quant.policy.search import build_policy
@@ -85,7 +87,7 @@ from opsnn_quant.probe.outcome import Probed
 from opsnn_quant.probe.report import SensitivityReport
 from opsnn_quant.probe.reuse import reusable_report
 from opsnn_quant.quant.api import quantize
-from opsnn_quant.recording import RecordedRoots, record_roots
+from opsnn_quant.recording import RecordedRoots
 from opsnn_quant.sources import Source
 from opsnn_quant.types import Modality, Progress
 
@@ -387,9 +389,11 @@ def run_probed(
 
 def estimators_optional(run: CalibrateRun) -> bool:
     """Whether the decision may be made on pass 1 alone: a naive baseline never reads the
-    estimates; a measured search reads them only when no baseline meets the budget at full
-    int8 coverage. The estimate-only search (no ``budget.metric``) always does."""
-    return run.recipe.strategy != "search" or run.metric_suite is not None
+    estimates; a search that decides first (a measured one, or one of floors: see
+    :mod:`~.first`) reads them only when no baseline meets the budget at full int8 coverage.
+    ``search: full`` without ``budget.metric`` always does."""
+    recipe = run.recipe
+    return recipe.strategy != "search" or recipe.search == "first" or run.metric_suite is not None
 
 
 # ---- 3. policy -----------------------------------------------------------------------------
@@ -403,7 +407,7 @@ def policy_phase(
     policy's own exports; returns the settled probe, the resolved policy, the exports' notes
     and the measured search's walk (None without ``budget.metric``, or when resumed after the
     policy)."""
-    walked = None
+    walked, said = None, list[str]()
     if ctx.journal.finished("policy"):
         ctx.say("resuming after the policy (policy.yaml is in the interrupted run's output)")
         probed = probe.settle("resumed after the policy")
@@ -411,11 +415,12 @@ def policy_phase(
     else:
         probed, policy, walked = decide(ctx, probe, data)
         policy.save(ctx.out.policy)
+        said = [n for n in policy.notes if n.startswith(DECIDED_FIRST)]  # into the summary too
     report = probed.report
     resolved = policy.resolved(report.inventory(), report.weight_shapes(), tied=report.tied())
     exports = write_policy_exports(ctx, resolved)
     ctx.journal.mark("policy")
-    return probed, resolved, exports, walked
+    return probed, resolved, [*said, *exports], walked
 
 
 def decide(
@@ -429,6 +434,9 @@ def decide(
     if strategy != "search":
         probed = probe.settle(f"strategy {strategy} reads pass 1 only")
         return probed, naive_policy(probed.report, target, strategy), None
+    if suite is None and decides_first(ctx):
+        probed, policy = decide_first(ctx, probe, data.calibration, data.probe, data.holdout)
+        return probed, policy, None
     if suite is None:
         probed = probe.estimated()
         return probed, build_policy(probed.report, ctx.recipe.budget, target), None
@@ -467,10 +475,9 @@ def float_references(
     if data.holdout is not None and judged:
         ctx.say(f"held-out SQNR not measured: {judged}")
     elif data.holdout is not None:
-        ctx.say("recording float outputs on held-out data")
-        max_calls = ctx.run.probe.max_root_calls
-        loop = ctx.adapter.forward_loop(data.holdout)
-        holdout = record_roots(ctx.adapter, loop, max_calls, seed=ctx.seed + 1)
+        if ctx.holdout_roots is None:
+            ctx.say("recording float outputs on held-out data")
+        holdout = holdout_roots(ctx, data.holdout)  # recorded once (a decision may have)
     plan = plan_model_exports(ctx, resolved, data.calibration, probed.root_calls, holdout)
     if data.holdout is not None and judged:  # in the summary's notes too
         plan = dataclasses.replace(

@@ -16,6 +16,7 @@ from opsnn_quant.pipeline.resume import Journal
 from opsnn_quant.pipeline.run import CalibrateRun
 from opsnn_quant.pipeline.sharing import Sharing
 from opsnn_quant.policy.targets import Target
+from opsnn_quant.recording import RecordedRoots
 from opsnn_quant.sources import Source
 from opsnn_quant.types import Progress
 
@@ -32,6 +33,8 @@ class RunContext:
         timings: wall-clock seconds per phase (``timings.json``; nothing else holds times).
         journal: the phases finished (by an interrupted run this one resumes, or by this one).
         sharing: rank 0 of a distributed run, whose probe pass 1 is shared (None: one process).
+        holdout_roots: the float model's recorded root calls on the held-out data, once
+            recorded (by the decision that measured on them, or by the float references).
     """
 
     run: CalibrateRun
@@ -41,6 +44,7 @@ class RunContext:
     timings: dict[str, float] = field(default_factory=dict)
     journal: Journal = field(default_factory=lambda: Journal({}))
     sharing: Sharing | None = None
+    holdout_roots: RecordedRoots | None = None
 
     @property
     def recipe(self) -> Recipe:

@@ -89,7 +89,7 @@ def measured_policy(
     for cand in baseline_candidates(search.report, search.target, ctx.recipe.probe.schemes):
         walk.visit(cand)
         decided = walk.passed_at(full["overall"])
-        if decided is not None:
+        if decided is not None and ctx.recipe.search == "first":
             return walk.result(skipped=decided_first(decided.candidate.label, full["overall"]))
     if estimated is not None:
         current[0] = search = estimated()

@@ -225,6 +225,14 @@ class Recipe(StrictModel):
     strategy: Strategy = Field(
         default="search", description="search the policy, or a reference baseline to compare with"
     )
+    search: Literal["first", "full"] = Field(
+        default="first",
+        description=(
+            "first: the naive full-coverage baselines are measured before any estimate and "
+            "decide every modality they meet the budget in (the estimators run only for the "
+            "others); full: the estimators run and the search decides every modality"
+        ),
+    )
     exports: list[str] = Field(default_factory=lambda: [e.name for e in exporters()])
     seed: Seed = 0
 

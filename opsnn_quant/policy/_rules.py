@@ -79,6 +79,8 @@ def int8_rule(match: str, ch: Choice, reason: str) -> Rule:
 
 def single_reason(ch: Choice) -> str:
     """Why one module takes its scheme (the rule's preset names the scheme itself)."""
+    if ch.reason:  # decided by a measurement, not by the probe's figures
+        return ch.reason
     if ch.by_e2e:
         return (
             f"least est. end-to-end noise of the schemes the target runs: "
@@ -231,6 +233,8 @@ def compact_rules(
                 f"the {len(group)} probed {kind} {where} not named above, best scheme "
                 f"each (local SQNR {local})"
             )
+            if group[0].reason:  # a modality decided first: the measurement that decided it
+                reason = f"{group[0].reason} ({len(group)} {kind} {where} not named above)"
             globs.append(int8_rule(pl.match, group[0], reason))
     return rules + exact_float + exact_int8 + globs
 

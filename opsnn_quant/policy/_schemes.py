@@ -27,6 +27,7 @@ class Choice:
     contribution: float  # relative noise energy added to the modality output (first order)
     scaled: bool  # contribution rescaled from another scheme's estimate
     by_e2e: bool = False  # chosen by end-to-end estimate (else by local SQNR)
+    reason: str = ""  # why, when not chosen by the probe's figures (a modality decided first)
 
     @property
     def precision(self) -> Precision:

@@ -30,13 +30,14 @@ from functools import partial
 from opsnn_quant.core.numerics import fmt_db
 from opsnn_quant.policy._folded import plain_schemes, share_smoothing
 from opsnn_quant.policy._fused import fuse_candidates, unfuse_fallbacks
-from opsnn_quant.policy._plan import ModalityPlan
+from opsnn_quant.policy._plan import Fixed, ModalityPlan
 from opsnn_quant.policy._rules import emit_rules, pin_for
 from opsnn_quant.policy._schemes import Choice, best_choice, noise_to_db
 from opsnn_quant.policy.budget import Budget, FinalCheckResult, FinalCheckSettings
 from opsnn_quant.policy.schema import ModalityFigures, PrecisionPolicy, derive_prefixes
 from opsnn_quant.policy.targets import CPU_REFERENCE, Target
 from opsnn_quant.probe.report import ModuleSensitivity, SensitivityReport
+from opsnn_quant.quant.spec import QuantSpec
 from opsnn_quant.types import Modality, Precision
 
 log = logging.getLogger(__name__)
@@ -200,6 +201,61 @@ def _plan_modality(
     return plan
 
 
+def _plan_fixed(
+    modality: Modality,
+    modules: list[ModuleSensitivity],
+    pinned: set[str],
+    target: Target,
+    fixed: Fixed,
+    min_share: float,
+) -> ModalityPlan:
+    """A modality decided first (``fixed``): every module the target runs in the baseline's
+    precision int8 with it, the overflow pins kept (they come from pass 1), a fused layer with
+    a float member float whole, and the whole modality fp16 where full coverage is below
+    ``min_share`` (as the search would: no policy can cover more)."""
+    plan = ModalityPlan(modality)
+    total_macs = sum(max(m.macs, 0) for m in modules)
+    precisions = (fixed.precision, Precision.A8) if fixed.attention else (fixed.precision,)
+    cands: dict[str, tuple[ModuleSensitivity, Choice]] = {}
+    for m in modules:
+        if not m.quantizable or m.name in pinned:
+            continue
+        tie = target.tie_reason(m.tied_to)
+        why = (
+            "stays float: never ran in the calibration forward_loop" if m.calls == 0
+            else f"stays float: {tie}" if tie is not None
+            else f"stays float: {m.refused}" if m.refused is not None
+            else None
+        )  # fmt: skip
+        runs = [p for p in precisions if target.can_run(m.type, p, weight_shape=m.weight_shape)[0]]
+        if why is None and not runs:
+            _, refusal = target.can_run(m.type, fixed.precision, weight_shape=m.weight_shape)
+            why = f"stays float: {refusal}"
+        if why is not None:
+            plan.fallback[m.name] = why
+            continue
+        spec = target.spec_for(QuantSpec(runs[0]))
+        cands[m.name] = (m, Choice(fixed.strategy, spec, None, 0.0, False, reason=fixed.reason))
+    for members in target.fused_layers(m.name for m in modules):
+        floats = [n for n in members if n not in cands]
+        for n in members if floats else ():
+            if n in cands:
+                del cands[n]
+                plan.fallback[n] = f"stays float: fused with {', '.join(members)} ({floats[0]})"
+    share = sum(m.macs for m, _ in cands.values()) / total_macs if total_macs > 0 else 0.0
+    if not cands or share < min_share:
+        what = "no module can be int8" if not cands else f"int8 would cover {share:.0%} of its MACs"
+        plan.note = (
+            f"whole modality fp16: {what} (< {min_share:.0%} min_int8_mac_share), "
+            "not worth the accuracy risk"
+        )
+        plan.fallback.update({n: f"fp16: {plan.note}" for n in cands})
+        return plan
+    plan.int8 = {n: ch for n, (_, ch) in cands.items()}
+    plan.mac_share, plan.chosen, plan.note = share, "int8", fixed.reason
+    return plan
+
+
 def _decide(
     report: SensitivityReport,
     budget: Budget,
@@ -209,6 +265,7 @@ def _decide(
     bf16_tolerance: float,
     compact: bool,
     notes: list[str],
+    fixed: Mapping[Modality, Fixed] | None = None,
 ) -> PrecisionPolicy:
     pins = {}
     for m in report.modules:
@@ -219,17 +276,25 @@ def _decide(
     plans, figures = [], {}
     for mod in modalities:
         limit = budget.limit_for(mod)
-        plan = _plan_modality(
-            mod, report.by_modality(mod), set(pins), target, caps[mod],
-            limit.describe(), budget.min_int8_mac_share, forced.get(mod),
-            report.smoothing_groups,
-        )  # fmt: skip
+        first = (fixed or {}).get(mod)
+        if first is not None:
+            plan = _plan_fixed(
+                mod, report.by_modality(mod), set(pins), target, first,
+                budget.min_int8_mac_share,
+            )  # fmt: skip
+        else:
+            plan = _plan_modality(
+                mod, report.by_modality(mod), set(pins), target, caps[mod],
+                limit.describe(), budget.min_int8_mac_share, forced.get(mod),
+                report.smoothing_groups,
+            )  # fmt: skip
         plans.append(plan)
         db = noise_to_db(plan.noise)
+        predicted = plan.int8 and first is None  # a modality decided first has no prediction
         figures[mod] = ModalityFigures(
             chosen="int8" if plan.chosen == "int8" else "fp16",
-            predicted_sqnr_db=None if db is None else round(db, 3),
-            predicted_cosine=round(1.0 / math.sqrt(1.0 + plan.noise), 6) if plan.int8 else None,
+            predicted_sqnr_db=None if db is None or first is not None else round(db, 3),
+            predicted_cosine=round(1.0 / math.sqrt(1.0 + plan.noise), 6) if predicted else None,
             noise=_r(plan.noise),
             int8_mac_share=round(plan.mac_share, 4),
             limit=limit.describe(),
@@ -268,6 +333,7 @@ def build_policy(
     *,
     bf16_tolerance: float = 1e-2,
     compact: bool = True,
+    fixed: Mapping[Modality, Fixed] | None = None,
 ) -> PrecisionPolicy:
     """Decide a precision policy from a probe report.
 
@@ -293,7 +359,7 @@ def build_policy(
     caps = {mod: budget.limit_for(mod).max_noise() for mod in modalities}
     forced: dict[Modality, str] = {}
     args = (bf16_tolerance, compact)
-    policy = _decide(report, budget, target, caps, forced, *args, notes=[])
+    policy = _decide(report, budget, target, caps, forced, *args, notes=[], fixed=fixed)
     if final_check is None:
         if budget.final_check is not None:
             log.info("budget.final_check is set but no final_check hook was given; skipped")
@@ -317,7 +383,7 @@ def build_policy(
             else:
                 tightened = min(caps[mod], policy.figures[mod].noise)
                 caps[mod] = tightened * 10.0 ** (-settings.tighten_db / 10.0)
-        policy = _decide(report, budget, target, caps, forced, *args, notes=[])
+        policy = _decide(report, budget, target, caps, forced, *args, notes=[], fixed=fixed)
     if not result.passed:
         log.warning("final check did not pass; returning the most conservative policy tried")
     return policy.with_notes(*notes)

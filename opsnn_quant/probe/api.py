@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
@@ -52,7 +52,7 @@ from opsnn_quant.probe.seeding import PassOneStatistics
 from opsnn_quant.producers import fold_groups
 from opsnn_quant.quant.api import tied_to_embeddings
 from opsnn_quant.quant.spec import ATTENTION_TYPE
-from opsnn_quant.recording import Call, sample_subset
+from opsnn_quant.recording import Call, RecordedRoots, RootRecorder, replay, sample_subset
 from opsnn_quant.types import ForwardLoop, Modality
 
 log = logging.getLogger(__name__)
@@ -238,6 +238,18 @@ class StagedProbe:
                 self._done = _estimate(run, self._loop, self._say)
         return self._done
 
+    def recorded(self) -> RecordedRoots:
+        """The root calls pass 1 kept for the estimators, with their float outputs (replayed
+        now, on the float model): what a decision measured on the calibration data replays.
+
+        Raises:
+            RuntimeError: after :meth:`release`.
+        """
+        run = self._run
+        if run is None:
+            raise RuntimeError("StagedProbe.recorded() after release()")
+        return replayed_roots(run.named, run.roots, run.watches.recorders)
+
     def release(self) -> None:
         """Drop what pass 1 kept for the estimators (inputs kept, recorded calls): the
         decision was made without them."""
@@ -276,6 +288,22 @@ def start_probe(
         say("probe pass 1: ranges, fp16/bf16 re-runs, calibration statistics")
         run.costs["pass1_seconds"] = _pass_one(run, forward_loop, shard)
     return StagedProbe(run, forward_loop, say, full)
+
+
+@torch.no_grad()
+def replayed_roots(
+    named: Mapping[str, nn.Module],
+    roots: Mapping[str, Modality],
+    recorders: Mapping[str, RootRecorder],
+) -> RecordedRoots:
+    """The calls ``recorders`` kept of each root, each with its float output (replayed)."""
+    calls = {r: rec.calls for r, rec in recorders.items() if rec.calls}
+    steps = {r: list(recorders[r].steps) for r in calls}
+    outputs = {
+        r: [replay(named[r], c, s).float() for c, s in zip(calls[r], steps[r], strict=True)]
+        for r in calls
+    }
+    return RecordedRoots(calls, outputs, dict(roots), steps)
 
 
 def _root_calls(run: ProbeRun) -> dict[str, list[Call]]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.probe.api import ProbeResult, StagedProbe, check_offloaded_estimators
+from opsnn_quant.recording import RecordedRoots
 from opsnn_quant.types import Progress
 
 
@@ -52,6 +53,13 @@ class Probed:
             return self.result
         assert self.staged is not None
         return self.staged.first("not settled")
+
+    def recorded(self) -> RecordedRoots | None:
+        """The root calls pass 1 kept, with their float outputs (replayed now: call it before
+        quantize swaps any module); None where the probe is not staged (a reused report)."""
+        if self.staged is not None and self.result is None:
+            return self.staged.recorded()
+        return None
 
     def estimated(self) -> ProbeResult:
         """The whole probe: the estimators run now on pass 1's run (if staged).
