@@ -87,6 +87,13 @@ StrategyOpt = Annotated[
         "all-w8a8-minmax-a8 | all-w8a8-dynamic-a8 | all-fp16"
     ),
 ]
+SearchOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="override the recipe's search: first (measure the naive full-coverage baselines "
+        "first; the estimators only where none meets the budget) | full (always the estimators)"
+    ),
+]
 LatencyOpt = Annotated[
     str,
     typer.Option(help="with --evaluate, what to time: target | all | none (see evaluate)"),
@@ -263,6 +270,7 @@ def calibrate(
     engine: EngineOpt = "opsnn",
     evaluate: EvaluateOpt = None,
     strategy: StrategyOpt = None,
+    search: SearchOpt = None,
     latency: LatencyOpt = "target",
     model: ModelOpt = None,
     data: DataOpt = None,
@@ -296,7 +304,7 @@ def calibrate(
 
     check_seed(seed)  # the flag's own message (the run checks a Python caller's seed too)
     memory = parse_size(max_memory) if max_memory is not None else None
-    edits = RecipeEdits(device, dtype, strategy, allow_pickle, memory)
+    edits = RecipeEdits(device, dtype, strategy, allow_pickle, memory, search)
     flags = RecipeFlags(model, data, family, target, limit, tuple(sets or ()), data_column, split,
                         holdout, budget)  # fmt: skip
     r = edits.apply(effective_recipe(recipe, flags))  # 1. the recipe the command line means

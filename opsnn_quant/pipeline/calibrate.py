@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,7 @@ from opsnn_quant.pipeline.run import (
     CalibrateRun,
     rank_probe_config,
     resolve_run,
+    stages_probe,
 )
 from opsnn_quant.pipeline.sharing import Sharing
 from opsnn_quant.pipeline.timings import write_timings
@@ -321,9 +322,11 @@ def reused_probe(run: CalibrateRun, data: CalibrationData) -> SensitivityReport 
         return None
     file = probe_report_file(run.from_probe, "--from-probe ")
     inputs = probe_inputs(run.source, data.probe)
+    staged = stages_probe(run.recipe)
     return reusable_report(
         file, run.probe, run.recipe.model.family, inputs,
-        needs_estimates=run.recipe.strategy == "search",
+        needs_estimates=run.recipe.strategy == "search" and not staged,
+        staged=baselines_first(run.probe) if staged else None,
     )  # fmt: skip
 
 
@@ -347,15 +350,22 @@ def probe_phase(ctx: RunContext, data: CalibrationData, reused: SensitivityRepor
             ctx.say("resuming after the probe (its report is in the interrupted run's output)")
     elif earlier is not None:
         ctx.say("reusing the probe report (same model, data and settings)")
+    inputs = probe_inputs(ctx.run.source, data.probe)
     if earlier is not None:
+        # a report of pass 1 alone was made with the naive baselines' statistics only
+        alone = earlier.not_estimated is not None
+        pass1 = baselines_first(cfg) if alone else cfg
         with ctx.timed("probe pass 1 (statistics)"):
             earlier.save(ctx.out.probe)
-            probed = recollect(ctx.adapter, loop, earlier, cfg, progress=ctx.say, shard=shard)
+            probed = recollect(ctx.adapter, loop, earlier, pass1, progress=ctx.say, shard=shard)
         ctx.journal.mark("probe")
-        return run_probed(ctx, probed)
-    inputs = probe_inputs(ctx.run.source, data.probe)
+
+        def whole() -> ProbeResult:  # a decision that needs the estimators: the whole probe
+            return run_probe(ctx.adapter, loop, cfg, progress=ctx.say)
+
+        return run_probed(ctx, probed, inputs=inputs, rerun=whole if alone else None)
     if estimators_optional(ctx.run):
-        first = cfg if shard is not None else baselines_first(cfg)
+        first = baselines_first(cfg)  # the other ranks' too (rank_probe_config)
         with ctx.timed("probe"):
             staged = start_probe(ctx.adapter, loop, first, progress=ctx.say, shard=shard, full=cfg)
         return run_probed(ctx, None, staged, inputs)
@@ -371,6 +381,7 @@ def run_probed(
     result: ProbeResult | None,
     staged: StagedProbe | None = None,
     inputs: dict[str, str] | None = None,
+    rerun: Callable[[], ProbeResult] | None = None,
 ) -> Probed:
     """The run's probe (:class:`~opsnn_quant.probe.outcome.Probed`): settled into ``probe.json``
     and the journal, its estimators timed as a phase, refused where the model is offloaded and
@@ -383,17 +394,13 @@ def run_probed(
     offloaded = ctx.recipe.model.max_memory is not None
     return Probed(
         result, staged, inputs or {}, keep=keep, say=ctx.say, timed=ctx.timed,
-        offload_remedy=OFFLOAD_REMEDY if offloaded else None,
+        offload_remedy=OFFLOAD_REMEDY if offloaded else None, rerun=rerun,
     )  # fmt: skip
 
 
 def estimators_optional(run: CalibrateRun) -> bool:
-    """Whether the decision may be made on pass 1 alone: a naive baseline never reads the
-    estimates; a search that decides first (a measured one, or one of floors: see
-    :mod:`~.first`) reads them only when no baseline meets the budget at full int8 coverage.
-    ``search: full`` without ``budget.metric`` always does."""
-    recipe = run.recipe
-    return recipe.strategy != "search" or recipe.search == "first" or run.metric_suite is not None
+    """Whether the decision may be made on pass 1 alone (:func:`~.run.stages_probe`)."""
+    return stages_probe(run.recipe)
 
 
 # ---- 3. policy -----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ which the repository's ``calibrate/`` points at).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -213,6 +213,10 @@ class ProbeSection(StrictModel):
         return v
 
 
+Search = Literal["first", "full"]
+SEARCHES: tuple[str, ...] = get_args(Search)
+
+
 class Recipe(StrictModel):
     """A calibration recipe."""
 
@@ -225,7 +229,7 @@ class Recipe(StrictModel):
     strategy: Strategy = Field(
         default="search", description="search the policy, or a reference baseline to compare with"
     )
-    search: Literal["first", "full"] = Field(
+    search: Search = Field(
         default="first",
         description=(
             "first: the naive full-coverage baselines are measured before any estimate and "

@@ -23,6 +23,7 @@ from opsnn_quant.errors import ConfigError
 from opsnn_quant.models.family import find_family
 from opsnn_quant.models.settings import parse_set_options
 from opsnn_quant.pipeline.recipe import (
+    SEARCHES,
     Recipe,
     family_choices,
     is_suite_path,
@@ -81,9 +82,10 @@ class RecipeEdits:
         strategy: how the policy is decided (``--strategy``: the search or a naive baseline).
         allow_pickle: pickle-only weights may be read (``--allow-pickle``).
         max_memory: host memory (bytes) the model may take (``--max-memory``).
+        search: ``first`` or ``full`` (``--search``: the recipe's ``search``).
 
     Raises:
-        ConfigError: an unknown strategy (when made: before the recipe is read).
+        ConfigError: an unknown strategy or search (when made: before the recipe is read).
     """
 
     device: str | None = None
@@ -91,12 +93,15 @@ class RecipeEdits:
     strategy: str | None = None
     allow_pickle: bool = False
     max_memory: int | None = None
+    search: str | None = None
 
     def __post_init__(self) -> None:
         if self.strategy is not None and self.strategy not in STRATEGIES:
             raise ConfigError(
                 f"--strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}"
             )
+        if self.search is not None and self.search not in SEARCHES:
+            raise ConfigError(f"--search must be one of {', '.join(SEARCHES)}, got {self.search!r}")
 
     def apply(self, recipe: Recipe) -> Recipe:
         """``recipe`` with these edits.
@@ -107,6 +112,8 @@ class RecipeEdits:
         edited = recipe.with_placement(self.device, self.dtype)
         if self.strategy is not None:
             edited = edited.with_strategy(self.strategy)
+        if self.search is not None:
+            edited = edited.model_copy(update={"search": self.search})
         if self.allow_pickle:  # as the recipe's model.allow_pickle: true
             model = edited.model.model_copy(update={"allow_pickle": True})
             edited = edited.model_copy(update={"model": model})

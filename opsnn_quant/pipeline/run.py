@@ -32,7 +32,7 @@ from opsnn_quant.pipeline.quantizers import Quantizer, get_quantizer
 from opsnn_quant.pipeline.recipe import Recipe, recipe_inputs
 from opsnn_quant.pipeline.recipe_flags import recipe_yaml
 from opsnn_quant.pipeline.resume import run_identity
-from opsnn_quant.policy.baselines import probed_schemes
+from opsnn_quant.policy.baselines import baselines_first, probed_schemes
 from opsnn_quant.policy.targets import Target, get_target
 from opsnn_quant.probe.api import ProbeConfig, check_offloaded_estimators
 from opsnn_quant.probe.moments import moments_memory
@@ -212,7 +212,19 @@ def rank_probe_config(recipe: Recipe, seed: int | None = None) -> ProbeConfig:
     """The probe configuration of a rank but 0 of a distributed run (:func:`probe_config`),
     resolved from the recipe (rank 0 resolves the whole run)."""
     seed = recipe.seed if seed is None else seed
-    return probe_config(recipe, seed, get_target(recipe.target))
+    cfg = probe_config(recipe, seed, get_target(recipe.target))
+    return baselines_first(cfg) if stages_probe(recipe) else cfg
+
+
+def stages_probe(recipe: Recipe) -> bool:
+    """Whether the decision may be made on pass 1 alone, the estimators run only if it needs
+    them (pass 1 then gathers the naive baselines' statistics only,
+    :func:`~opsnn_quant.policy.baselines.baselines_first`): a naive baseline never reads the
+    estimates; a search decides first (:mod:`~opsnn_quant.pipeline.first`, or the measured
+    search of ``budget.metric``) unless the recipe says ``search: full`` without a metric."""
+    return (
+        recipe.strategy != "search" or recipe.search == "first" or recipe.budget.metric is not None
+    )
 
 
 def check_offload_unshared(max_memory: int | None, distributed: bool) -> None:

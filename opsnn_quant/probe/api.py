@@ -275,13 +275,10 @@ def start_probe(
         full: the configuration the estimators run with, when pass 1 gathers the statistics
             of fewer schemes (those the first decision reads: GPTQ's K x K moments and the
             other schemes' observers are then never paid for unless the estimators run; pass
-            1 runs again with ``full`` first). None: ``config``. Not with ``shard``.
-
-    Raises:
-        ConfigError: ``full`` with ``shard`` (the other processes' shares ran ``config``).
+            1 runs again with ``full`` first, over the whole ``forward_loop`` in this process
+            even where the first pass was shared: the other processes' shares ran ``config``).
+            None: ``config``.
     """
-    if full is not None and full != config and shard is not None:
-        raise ConfigError("start_probe: a full configuration other than pass 1's needs no shard")
     say = progress or (lambda msg: log.info("%s", msg))
     with frozen_heap():
         run = _start(adapter, config)

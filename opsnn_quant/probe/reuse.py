@@ -24,6 +24,7 @@ def reusable_report(
     inputs: dict[str, str],
     *,
     needs_estimates: bool,
+    staged: ProbeConfig | None = None,
 ) -> SensitivityReport:
     """The probe report ``file`` when it was made with ``config`` on a ``family`` model whose
     model and data have the fingerprints ``inputs``
@@ -36,6 +37,8 @@ def reusable_report(
         inputs: this run's model and data fingerprints.
         needs_estimates: the decision may read the estimators' figures (a search): a report of
             pass 1 alone is refused.
+        staged: pass 1's configuration where this run stages its probe (decides first): a
+            report of pass 1 alone made with it is this run's too.
 
     Raises:
         ConfigError: a report of pass 1 alone where estimates are needed, or one made with
@@ -47,6 +50,8 @@ def reusable_report(
             f"--from-probe {file}: that probe ran pass 1 alone ({report.not_estimated}); a "
             "search may need its estimates: rerun without --from-probe"
         )
+    if report.not_estimated is not None and staged is not None:
+        config = staged  # what pass 1 ran with
     wanted = {"family": family, **json.loads(json.dumps(dataclasses.asdict(config)))}
     changed = sorted(k for k in set(wanted) | set(report.config)
                      if report.config.get(k) != wanted.get(k))  # fmt: skip

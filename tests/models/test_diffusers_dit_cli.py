@@ -30,6 +30,7 @@ def _recipe(root, family="diffusers-dit"):
                 },
                 "probe": {"max_root_calls": 2},
                 "budget": {"limits": {"denoiser": {"min_sqnr_db": 20}}},
+                "search": "full",  # every root's end-to-end estimate (below)
                 "target": "ascend910b-atc",
             }
         )

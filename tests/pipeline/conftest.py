@@ -28,10 +28,11 @@ def run_files(root: Path) -> dict[str, bytes]:
 @pytest.fixture(scope="session")
 def tiny_sd_calibrated(tmp_path_factory) -> tuple[Path, Path, Path]:
     """``(root, recipe, out)``: a tiny SD pipeline in ``root/pipe``, its recipe (two prompts,
-    target ascend910b-atc) and a finished ``calibrate`` of it in ``out`` (read only)."""
+    target ascend910b-atc, ``search: full``: the whole probe, estimators included) and a
+    finished ``calibrate`` of it in ``out`` (read only)."""
     root = tmp_path_factory.mktemp("tiny-sd-calibrated")
     save_tiny_sd(root / "pipe")
-    recipe = tiny_sd_recipe(root, "tiny")
+    recipe = tiny_sd_recipe(root, "tiny", extra="search: full\n")  # the estimators' path
     out = root / "out"
     assert main(["calibrate", str(recipe), "-o", str(out), "--quiet"]) == 0
     return root, recipe, out
@@ -49,7 +50,8 @@ def tiny_whisper_calibrated(tmp_path_factory) -> tuple[Path, Path]:
     out = root / "out"
     argv = ["calibrate", "--model", str(model), "--data", "zoo:speech/eval", "--limit", "2",
             "--set", "max_new_tokens=8", "--set", "batch_size=2", "--target",
-            "ascend910b-vllm-ascend", "--strategy", "search", "-o", str(out), "--quiet"]  # fmt: skip
+            "ascend910b-vllm-ascend", "--strategy", "search", "--search", "full", "-o", str(out),
+            "--quiet"]  # fmt: skip
     assert main(argv) == 0
     return model, out
 

@@ -58,7 +58,7 @@ def test_the_search_runs_its_estimators_offloaded_to_the_same_files(tiny_dit, tm
     in memory (``probe.json`` too: a checkpointed block's recompute is not counted as another
     call). The diagonal estimator: the next test."""
     _root, path = tiny_dit
-    flags = ["--limit", "1", "--set", "steps=1", "--quiet"]
+    flags = ["--limit", "1", "--set", "steps=1", "--search", "full", "--quiet"]
     assert main(["calibrate", str(path), "-o", str(tmp_path / "mem"), *flags]) == 0
     assert offloads == []
     cap = ["--max-memory", "128KiB"]
@@ -76,6 +76,24 @@ def test_the_search_runs_its_estimators_offloaded_to_the_same_files(tiny_dit, tm
              if m["name"].startswith("transformer.transformer_blocks.0.") and m["e2e"]]  # fmt: skip
     assert len(first) >= 12 and all(e["contribution"] > 0 for e in first)
     assert {"w8a8_dynamic_gptq", "w8a8_dynamic_smoothquant"} <= set(first[0]["schemes"])
+    assert [k for k in mem if mem[k] != offloaded[k]] == []
+
+
+def test_deciding_first_offloaded_writes_the_same_files(tiny_dit, tmp_path, offloads):
+    """The recipe as it is (decide first, no floor): each naive baseline measured quantizes a
+    copy loaded again with the run's offload settings; the same files as in memory."""
+    _root, path = tiny_dit
+    flags = ["--limit", "1", "--set", "steps=1", "--quiet"]
+    assert main(["calibrate", str(path), "-o", str(tmp_path / "mem"), *flags]) == 0
+    assert offloads == []
+    cap = ["--max-memory", "128KiB"]
+    assert main(["calibrate", str(path), "-o", str(tmp_path / "off"), *flags, *cap]) == 0
+    # the run's model, then one copy for the measured baseline (the first decides: no floor)
+    assert len(offloads) == 2
+    assert all("transformer.transformer_blocks.0" in o.offloaded for o in offloads)
+    mem, offloaded = run_files(tmp_path / "mem"), run_files(tmp_path / "off")
+    report = json.loads(mem["probe.json"])
+    assert report["not_estimated"].startswith("decided first: all-w8a8-minmax met")
     assert [k for k in mem if mem[k] != offloaded[k]] == []
 
 

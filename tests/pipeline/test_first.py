@@ -1,0 +1,96 @@
+"""Decide first in ``calibrate`` (opsnn_quant/pipeline/first.py): a budget of floors is judged
+on the naive baselines measured on held-out data before any estimator runs; the estimators run
+only for a modality no baseline decides; ``--search full`` runs them anyway."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from opsnn_quant.cli import main
+from opsnn_quant.pipeline.calibrate import CalibrateResult, run_calibrate
+from opsnn_quant.pipeline.recipe import load_recipe
+from opsnn_quant.policy.first import DECIDED_FIRST
+from opsnn_quant.types import Modality
+from tests.tiny_pipelines import save_tiny_sd, tiny_sd_recipe
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("first")
+    save_tiny_sd(root / "pipe")
+    (root / "holdout.txt").write_text("a green circle\na small red square\n")
+    return root
+
+
+def _recipe(root: Path, name: str, limits: str) -> Path:
+    data = f"{{calibration: {root / 'prompts.txt'}, holdout: {root / 'holdout.txt'}}}"
+    return tiny_sd_recipe(root, name, data=data, extra=f"budget: {{limits: {limits}}}\n")
+
+
+def _run(recipe: Path, out: Path, search: str = "first") -> tuple[list[str], CalibrateResult]:
+    said: list[str] = []
+    edited = load_recipe(str(recipe)).model_copy(update={"search": search})
+    return said, run_calibrate(edited, out, progress=said.append)
+
+
+def test_baselines_that_meet_every_floor_decide_and_no_estimator_runs(tiny, tmp_path):
+    recipe = _recipe(tiny, "met", "{text_encoder: {min_sqnr_db: 5}, denoiser: {min_sqnr_db: 5}}")
+    said, result = _run(recipe, tmp_path / "out")
+    out = tmp_path / "out"
+    assert not any("SmoothQuant" in s or "end-to-end" in s or "pass 2" in s for s in said)
+    assert sum("recording float outputs on held-out data" in s for s in said) == 1  # once
+    report = json.loads((out / "probe.json").read_text())
+    assert report["not_estimated"].startswith("decided first: all-w8a8-minmax met budget.limits")
+    assert all(not m["w8a8"] and m["e2e"] is None for m in report["modules"])
+    policy = yaml.safe_load((out / "policy.yaml").read_text())
+    (note,) = [n for n in policy["notes"] if n.startswith(DECIDED_FIRST)]
+    assert "not run: the probe's estimators" in note
+    timings = json.loads((out / "timings.json").read_text())["phases_seconds"]
+    assert "decide first" in timings and "probe estimators" not in timings
+    description = json.loads((out / "quant" / "description.json").read_text())
+    int8 = {m["precision"] for m in description["modules"].values() if "8" in m["precision"]}
+    assert int8 == {"w8a8"}  # static min/max everywhere: the first baseline decided
+    # what decided: the baseline's figure on a quantized copy; the measure phase's figure of
+    # the model quantize wrote, on the same held-out calls: the same number
+    for modality in ("text_encoder", "denoiser"):
+        note = policy["figures"][modality]["note"]
+        decided = re.search(r"measured (-?[\d.]+) dB", note).group(1)  # type: ignore[union-attr]
+        assert decided == f"{result.measured[Modality(modality)]['sqnr_db']:.1f}", modality
+
+
+def test_a_floor_no_baseline_meets_leaves_its_modality_to_the_estimators(tiny, tmp_path):
+    recipe = _recipe(tiny, "open", "{text_encoder: {min_sqnr_db: 5}, denoiser: {min_sqnr_db: 200}}")
+    said, _ = _run(recipe, tmp_path / "out")
+    assert any("decide first: open after the baselines: denoiser" in s for s in said)
+    assert any("end-to-end attribution: denoiser" in s for s in said)
+    out = tmp_path / "out"
+    report = json.loads((out / "probe.json").read_text())
+    assert report.get("not_estimated") is None
+    policy = yaml.safe_load((out / "policy.yaml").read_text())
+    figures = policy["figures"]
+    assert figures["text_encoder"]["note"].startswith("decided first: all-w8a8-minmax")
+    assert not figures["denoiser"]["note"].startswith("decided first")  # the estimate's
+    (note,) = [n for n in policy["notes"] if n.startswith(DECIDED_FIRST)]
+    assert "the estimators decided denoiser" in note
+
+
+def test_search_full_runs_the_estimators_and_decides_every_modality_by_them(tiny, tmp_path):
+    recipe = _recipe(tiny, "full", "{text_encoder: {min_sqnr_db: 5}, denoiser: {min_sqnr_db: 5}}")
+    said, _ = _run(recipe, tmp_path / "out", "full")
+    assert not any(s.startswith("decide first") for s in said)
+    policy = yaml.safe_load((tmp_path / "out" / "policy.yaml").read_text())
+    assert not any(n.startswith(DECIDED_FIRST) for n in policy.get("notes", []))
+    assert all(not f["note"].startswith("decided first") for f in policy["figures"].values())
+
+
+def test_search_flag_is_checked_before_any_work(tiny, tmp_path, capsys):
+    recipe = _recipe(tiny, "flag", "{denoiser: {min_sqnr_db: 5}}")
+    assert main(["calibrate", str(recipe), "-o", str(tmp_path / "o"), "--search", "most"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert err == ["error: --search must be one of first, full, got 'most'"]
+    assert not (tmp_path / "o").exists()
