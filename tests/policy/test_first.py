@@ -14,6 +14,7 @@ from opsnn_quant.policy.first import (
     first_candidates,
     meets,
 )
+from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy
 from opsnn_quant.policy.targets import get_target
 from opsnn_quant.probe.report import Fp16Stats, ModuleSensitivity, SensitivityReport
@@ -62,7 +63,7 @@ def _measured(cand: FirstCandidate, **sqnr: float) -> Measured:
     return Measured(cand, {Modality(m): {"sqnr_db": v, "cosine": 0.99} for m, v in sqnr.items()})
 
 
-def _specs(report: SensitivityReport, policy) -> dict[str, object]:  # noqa: ANN001
+def _specs(report: SensitivityReport, policy: PrecisionPolicy) -> dict[str, object]:
     return dict(policy.resolved(report.inventory(), report.weight_shapes()).specs)
 
 
@@ -134,7 +135,7 @@ def test_each_modality_takes_the_first_baseline_that_meets_its_floor_else_stays_
 
 def test_without_a_floor_the_first_full_coverage_baseline_decides_whatever_it_measures():
     rep = _report()
-    static, dynamic = first_candidates(rep, Budget(), get_target("cpu-reference"))[:2]
+    static = first_candidates(rep, Budget(), get_target("cpu-reference"))[0]
     measured = [_measured(static, text_encoder=5, denoiser=3, image_decoder=4)]
     decision = decide_modalities(rep, Budget(), measured, "x")
     assert decision.open == [] and {f.strategy for f in decision.fixed.values()} == {
