@@ -230,15 +230,26 @@ def _map_tensors(v: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return v
 
 
-def replay(root: nn.Module, call: tuple[tuple, dict], step: int | None = None) -> torch.Tensor:
+def replay(
+    root: nn.Module,
+    call: tuple[tuple, dict],
+    step: int | None = None,
+    max_batch: int | None = None,
+) -> torch.Tensor:
     """Run ``root`` on a fresh copy of a recorded call, at the denoising ``step`` it was
-    recorded at; its first floating output."""
-    args, kwargs = detached_copy(call)  # a fresh copy: replays may mutate caches
-    with at_step(step):
-        y = first_tensor(root(*args, **kwargs))
-    if y is None:
-        raise RuntimeError("the root module returned no floating tensor")
-    return y
+    recorded at; its first floating output. With ``max_batch``, a call that splits
+    (:func:`split_batch`) runs in chunks of that many samples, their outputs concatenated:
+    a 1500-frame Whisper encoder call of four utterances peaks at a quarter of the memory."""
+    chunks = split_batch(call, max_batch)
+    outs = []
+    for chunk in chunks:
+        args, kwargs = detached_copy(chunk)  # a fresh copy: replays may mutate caches
+        with at_step(step):
+            y = first_tensor(root(*args, **kwargs))
+        if y is None:
+            raise RuntimeError("the root module returned no floating tensor")
+        outs.append(y)
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 @dataclass
@@ -249,12 +260,16 @@ class RecordedRoots:
         calls: root name -> recorded calls.
         outputs: root name -> the float output of each recorded call.
         modalities: root name -> its modality.
+        steps: root name -> the denoising step of each call (None outside a sampling loop).
+        batch: root name -> samples per chunk its calls are replayed in (:func:`replay`'s
+            ``max_batch``; a root left out: whole calls).
     """
 
     calls: dict[str, list[tuple[tuple, dict]]]
     outputs: dict[str, list[torch.Tensor]]
     modalities: dict[str, Modality] = field(default_factory=dict)
     steps: dict[str, list[int | None]] = field(default_factory=dict)
+    batch: dict[str, int] = field(default_factory=dict)  # root -> samples per replayed chunk
 
     def steps_of(self, root: str) -> list[int | None]:
         """The denoising step of each recorded call of ``root`` (None outside a sampling loop)."""
@@ -267,9 +282,14 @@ class RecordedRoots:
 
 @torch.no_grad()
 def record_roots(
-    adapter: ModelAdapter, loop: ForwardLoop, max_calls: int = 8, seed: int = 1
+    adapter: ModelAdapter,
+    loop: ForwardLoop,
+    max_calls: int = 8,
+    seed: int = 1,
+    batch: Callable[[str], int | None] | None = None,
 ) -> RecordedRoots:
-    """Run ``loop`` on the float model, recording up to ``max_calls`` calls per root."""
+    """Run ``loop`` on the float model, recording up to ``max_calls`` calls per root
+    (``batch``: modality name -> samples per chunk they are replayed in, None: whole)."""
     named = dict(adapter.model.named_modules())
     roots = {r: m for r, m in adapter.roots().items() if r in named}
     recorders = {
@@ -287,14 +307,19 @@ def record_roots(
             h.remove()
     calls = {r: rec.calls for r, rec in recorders.items() if rec.calls}
     steps = {r: recorders[r].steps for r in calls}
-    outputs = {r: _outputs_of(named[r], recorders[r]) for r in calls}
-    return RecordedRoots(calls, outputs, roots, steps)
+    chunks = {r: batch(roots[r].value) if batch is not None else None for r in calls}
+    outputs = {r: _outputs_of(named[r], recorders[r], chunks[r]) for r in calls}
+    return RecordedRoots(calls, outputs, roots, steps, _known(chunks))
 
 
-def _outputs_of(root: nn.Module, rec: RootRecorder) -> list[torch.Tensor]:
+def _known(chunks: dict[str, int | None]) -> dict[str, int]:
+    return {r: n for r, n in chunks.items() if n is not None}
+
+
+def _outputs_of(root: nn.Module, rec: RootRecorder, max_batch: int | None) -> list[torch.Tensor]:
     """The float output of each kept call: as it returned in the loop (a call whose output was
     not seen, e.g. it raised inside the loop's own handling, is replayed)."""
     return [
-        y if y is not None else replay(root, call, step).float()
+        y if y is not None else replay(root, call, step, max_batch).float()
         for call, step, y in zip(rec.calls, rec.steps, rec.outputs, strict=True)
     ]

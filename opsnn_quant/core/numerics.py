@@ -125,12 +125,31 @@ def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
 
     if not bool(torch.isfinite(approx).all()):
         return -math.inf
-    signal, noise, _, _ = energies(reference, approx)
-    if noise == 0.0:
+    return sqnr_of(energies(reference, approx))
+
+
+def sqnr_of(e: Energies) -> float:
+    """:func:`sqnr_db` from the sums (of finite tensors): ``inf`` for no noise, ``-inf`` for
+    noise on a zero reference."""
+    if e.noise == 0.0:
         return math.inf
-    if signal == 0.0:
+    if e.signal == 0.0:
         return -math.inf
-    return 10.0 * math.log10(signal / noise)
+    return 10.0 * math.log10(e.signal / e.noise)
+
+
+def cosine_of(e: Energies) -> float:
+    """:func:`cosine` from the sums (of finite tensors)."""
+    if e.signal == 0.0 and e.approx == 0.0:
+        return 1.0
+    if e.signal == 0.0 or e.approx == 0.0:
+        return 0.0
+    return e.cross / math.sqrt(e.signal * e.approx)
+
+
+def add_energies(a: Energies, b: Energies) -> Energies:
+    """The sums of two parts of the same tensors, together."""
+    return Energies(a.signal + b.signal, a.noise + b.noise, a.cross + b.cross, a.approx + b.approx)
 
 
 def cosine(reference: torch.Tensor, approx: torch.Tensor) -> float:
@@ -139,12 +158,7 @@ def cosine(reference: torch.Tensor, approx: torch.Tensor) -> float:
 
     if not bool(torch.isfinite(approx).all()):
         return -1.0
-    e = energies(reference, approx)
-    if e.signal == 0.0 and e.approx == 0.0:
-        return 1.0
-    if e.signal == 0.0 or e.approx == 0.0:
-        return 0.0
-    return e.cross / math.sqrt(e.signal * e.approx)
+    return cosine_of(energies(reference, approx))
 
 
 def fmt_db(db: float | None, *, unit: str = "dB", none: str = "inf") -> str:

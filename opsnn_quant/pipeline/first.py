@@ -12,12 +12,12 @@ are the ones the measure phase replays later (``RunContext.holdout_roots``): rec
 
 from __future__ import annotations
 
-import gc
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opsnn_quant.core.determinism import set_reproducible
+from opsnn_quant.core.memory import release_memory
 from opsnn_quant.pipeline.context import RunContext
 from opsnn_quant.pipeline.measured import float_copy
 from opsnn_quant.policy.first import FirstDecision, Measured, decide_modalities, first_candidates
@@ -68,12 +68,14 @@ def decide_first(
     stats = first.statistics if probe_data is calibration else None
     decision = FirstDecision(open=[m for m in Modality if report.by_modality(m)])
     measured: list[Measured] = []
-    for cand in first_candidates(report, budget, target, ctx.recipe.probe.schemes):
+    candidates = first_candidates(report, budget, target, ctx.recipe.probe.schemes)
+    for i, cand in enumerate(candidates):
         ctx.say(f"decide first: {cand.strategy} measured on {where}")
         with ctx.timed("decide first"):
             figures = measure_policy(ctx, report, cand.policy, calibration, stats, roots)
         measured.append(Measured(cand, figures))
-        decision = decide_modalities(report, budget, measured, where)
+        complete = i == len(candidates) - 1
+        decision = decide_modalities(report, budget, measured, where, complete=complete)
         if not decision.open:
             break
     if not decision.open:
@@ -107,7 +109,7 @@ def _measured_on(
         roots = probe.recorded()
         if roots is None:  # a reused probe keeps no reservoir: record one
             loop = ctx.adapter.forward_loop(list(probe_data))
-            roots = record_roots(ctx.adapter, loop, max_calls, seed=ctx.seed)
+            roots = record_roots(ctx.adapter, loop, max_calls, ctx.seed, ctx.run.probe.replay_batch)
     calls = sum(len(c) for c in roots.calls.values())
     return roots, f"{calls} calibration root calls (in-sample: the recipe has no data.holdout)"
 
@@ -118,7 +120,8 @@ def holdout_roots(ctx: RunContext, holdout: Sequence[dict[str, Any]]) -> Recorde
     if ctx.holdout_roots is None:
         loop = ctx.adapter.forward_loop(list(holdout))
         max_calls = ctx.run.probe.max_root_calls
-        ctx.holdout_roots = record_roots(ctx.adapter, loop, max_calls, seed=ctx.seed + 1)
+        batch = ctx.run.probe.replay_batch  # replayed as the estimator would
+        ctx.holdout_roots = record_roots(ctx.adapter, loop, max_calls, ctx.seed + 1, batch)
     return ctx.holdout_roots
 
 
@@ -139,5 +142,5 @@ def measure_policy(
     quantize(adapter.model, resolved, loop, statistics=statistics)
     figures = measure_modalities(adapter, roots)
     del adapter, loop
-    gc.collect()  # one quantized copy at a time
+    release_memory()  # one quantized copy at a time, its buffers given back
     return figures

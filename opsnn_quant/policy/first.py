@@ -20,6 +20,7 @@ pipeline's (:mod:`opsnn_quant.pipeline.first`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -86,8 +87,8 @@ class FirstDecision:
         head = f"{DECIDED_FIRST}: measured on {self.where}: {figures}"
         if not self.open:
             return (
-                f"{head}. Every modality met its floor with full int8 coverage under a naive "
-                f"baseline: not run: {NOT_RUN}"
+                f"{head}. Every modality decided by a naive baseline with full int8 coverage "
+                f"(its floor met, or no floor: the most accurate): not run: {NOT_RUN}"
             )
         names = ", ".join(m.value for m in self.open)
         done = ", ".join(f"{m.value} ({f.strategy})" for m, f in self.fixed.items())
@@ -97,8 +98,9 @@ class FirstDecision:
         """Why the probe's estimators did not run (the report's ``not_estimated``)."""
         labels = ", ".join(sorted({f.strategy for f in self.fixed.values()}))
         return (
-            f"decided first: {labels} met budget.limits with full int8 coverage, measured on "
-            f"{self.where}; no estimate could change the choice"
+            f"decided first: {labels} with full int8 coverage met budget.limits (or, without a "
+            f"floor, measured the most accurate) on {self.where}; no estimate could change the "
+            "choice"
         )
 
 
@@ -182,38 +184,69 @@ def meets(limit: ModalityLimit, figures: Mapping[str, float]) -> bool:
 
 
 def decide_modalities(
-    report: SensitivityReport, budget: Budget, measured: Sequence[Measured], where: str
+    report: SensitivityReport,
+    budget: Budget,
+    measured: Sequence[Measured],
+    where: str,
+    *,
+    complete: bool = True,
 ) -> FirstDecision:
     """Each modality (but ``other``, which no policy puts in int8) decided by the first
-    measured baseline that covers it fully and meets its floor; without a floor, by the first
-    that covers it fully; open when none does."""
+    measured baseline that covers it fully and meets its floor; without a floor, once every
+    candidate is measured (``complete``), by the most accurate that covers it fully (the
+    budget asks nothing of its accuracy; of equal coverage, the best measured: a naive
+    baseline is never better); open when none does (or, without a floor, not yet)."""
     decision = FirstDecision(measured=list(measured), where=where)
     for mod in (m for m in Modality if report.by_modality(m) and m != Modality.OTHER):
         limit = budget.limit_for(mod)
-        floor = limit.min_sqnr_db is not None or limit.min_cosine is not None
-        for m in measured:
-            cand = m.candidate
-            figures = m.figures.get(mod)
-            if mod not in cand.full or (floor and (figures is None or not meets(limit, figures))):
+        full = [m for m in measured if mod in m.candidate.full]
+        if limit.min_sqnr_db is None and limit.min_cosine is None:
+            best = _most_accurate(mod, full) if complete else None
+            if best is None:
+                decision.open.append(mod)
                 continue
-            decision.fixed[mod] = _fixed(cand.strategy, figures, limit, floor, where)
-            break
+            runner = [m for m in full if m is not best]
+            decision.fixed[mod] = _fixed(best, mod, limit, where, runner)
+            continue
+        met = [m for m in full if mod in m.figures and meets(limit, m.figures[mod])]
+        if met:
+            decision.fixed[mod] = _fixed(met[0], mod, limit, where, [])
         else:
             decision.open.append(mod)
     return decision
 
 
+def _most_accurate(mod: Modality, measured: Sequence[Measured]) -> Measured | None:
+    """The measurement with the highest SQNR of ``mod`` (the first of equals; an unmeasured
+    modality: the first candidate)."""
+    if not measured:
+        return None
+
+    def sqnr(m: Measured) -> float:
+        value = m.figures.get(mod, {}).get("sqnr_db")
+        return -math.inf if value is None or math.isnan(value) else value
+
+    return max(measured, key=sqnr)  # max keeps the first of equals
+
+
 def _fixed(
-    strategy: str,
-    figures: Mapping[str, float] | None,
-    limit: ModalityLimit,
-    floor: bool,
-    where: str,
+    m: Measured, mod: Modality, limit: ModalityLimit, where: str, others: Sequence[Measured]
 ) -> Fixed:
+    strategy = m.candidate.strategy
     precision, _, attention = NAIVE_INT8[strategy]
+    figures = m.figures.get(mod)
     sqnr = None if figures is None else figures.get("sqnr_db")
     got = "not measured" if figures is None else f"measured {fmt_db(sqnr)}"
-    bound = f"floor {limit.describe()}" if floor else "no floor in the budget"
+    if limit.min_sqnr_db is not None or limit.min_cosine is not None:
+        bound = f"floor {limit.describe()}"
+    else:
+        beside = ", ".join(
+            f"{o.candidate.strategy} {fmt_db(o.figures.get(mod, {}).get('sqnr_db'))}"
+            for o in others
+        )
+        bound = "no floor in the budget: the most accurate" + (
+            f" (beside {beside})" if beside else ""
+        )
     reason = (
         f"decided first: {strategy} with every module the target runs in int8, {got} on "
         f"{where} ({bound}): no policy has more int8 MACs here"

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from opsnn_quant.backends.devices import backend_label
-from opsnn_quant.core.memory import frozen_heap
+from opsnn_quant.core.memory import frozen_heap, release_memory
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.models.generic import GenericAdapter
@@ -248,7 +248,7 @@ class StagedProbe:
         run = self._run
         if run is None:
             raise RuntimeError("StagedProbe.recorded() after release()")
-        return replayed_roots(run.named, run.roots, run.watches.recorders)
+        return replayed_roots(run.named, run.roots, run.watches.recorders, run.cfg.replay_batch)
 
     def release(self) -> None:
         """Drop what pass 1 kept for the estimators (inputs kept, recorded calls): the
@@ -292,15 +292,22 @@ def replayed_roots(
     named: Mapping[str, nn.Module],
     roots: Mapping[str, Modality],
     recorders: Mapping[str, RootRecorder],
+    batch: Callable[[str], int | None],
 ) -> RecordedRoots:
-    """The calls ``recorders`` kept of each root, each with its float output (replayed)."""
+    """The calls ``recorders`` kept of each root, each with its float output (replayed in
+    chunks of ``batch(modality)`` samples, as they will be measured)."""
     calls = {r: rec.calls for r, rec in recorders.items() if rec.calls}
     steps = {r: list(recorders[r].steps) for r in calls}
+    chunks = {r: n for r in calls if (n := batch(roots[r].value)) is not None}
     outputs = {
-        r: [replay(named[r], c, s).float() for c, s in zip(calls[r], steps[r], strict=True)]
+        r: [
+            replay(named[r], c, s, chunks.get(r)).float()
+            for c, s in zip(calls[r], steps[r], strict=True)
+        ]
         for r in calls
     }
-    return RecordedRoots(calls, outputs, dict(roots), steps)
+    release_memory()  # the replays' transient buffers, before the candidates are measured
+    return RecordedRoots(calls, outputs, dict(roots), steps, chunks)
 
 
 def _root_calls(run: ProbeRun) -> dict[str, list[Call]]:

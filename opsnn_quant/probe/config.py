@@ -105,6 +105,12 @@ class ProbeConfig:
     fold_smoothing: bool = False
     seed: int = 0
 
+    def replay_batch(self, modality: str) -> int | None:
+        """Samples per chunk in which ``modality``'s recorded calls are replayed
+        (``estimator_batch``, for every modality or by name; None: whole calls)."""
+        value = self.estimator_batch
+        return value.get(modality) if isinstance(value, Mapping) else value
+
     def schemes_of(self, module_type: str) -> tuple[str, ...] | None:
         """The schemes measured on modules of class ``module_type`` (None: every one that fits
         the module; see ``schemes`` and ``type_schemes``)."""

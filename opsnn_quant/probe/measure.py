@@ -7,9 +7,11 @@ both see identical inputs (a sampling loop would otherwise drift apart after the
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from opsnn_quant.core.numerics import cosine, sqnr_db
+from opsnn_quant.core.numerics import Energies, add_energies, cosine_of, energies, sqnr_of
 from opsnn_quant.models.base import ModelAdapter
 from opsnn_quant.recording import RecordedRoots, replay
 from opsnn_quant.types import Modality
@@ -22,44 +24,57 @@ def measure_modalities(
     """Replay the recorded calls on the (now quantized) model: SQNR dB and cosine per modality,
     over all the modality's roots' outputs together; with the adapter's
     :meth:`~opsnn_quant.models.base.ModelAdapter.output_positions`, also the SQNR of each group
-    of positions (``sqnr_db:<group>``)."""
+    of positions (``sqnr_db:<group>``).
+
+    Each call's sums are taken as it is replayed and its output dropped: no modality's outputs
+    are ever held together (a Whisper decoder's logits are 8 x 66 x 51865 floats a call)."""
     named = dict(adapter.model.named_modules())
     out = {}
     for modality in dict.fromkeys(recorded.modalities.values()):
         roots = recorded.roots_of(modality)
         if not roots:
             continue
-        pairs = [
-            (root, ref, replay(named[root], c, s).float())
-            for root in roots
+        total = Sums()
+        groups: dict[str, Sums] = {}
+        for root in roots:
+            positions = adapter.output_positions(root) or {}
             for ref, c, s in zip(
                 recorded.outputs[root], recorded.calls[root], recorded.steps_of(root), strict=True
-            )
-        ]
-        ref_all = torch.cat([ref.reshape(-1) for _, ref, _ in pairs])
-        got_all = torch.cat([got.reshape(-1) for _, _, got in pairs])
+            ):
+                got = replay(named[root], c, s, recorded.batch.get(root)).float()
+                total.add(ref, got)
+                for name, where in positions.items():
+                    r, g = ref[:, where], got[:, where]
+                    if r.numel():
+                        groups.setdefault(name, Sums()).add(r, g)
+                del got
         figures = {
-            "sqnr_db": sqnr_db(ref_all, got_all),
-            "cosine": cosine(ref_all, got_all),
+            "sqnr_db": total.sqnr_db(),
+            "cosine": total.cosine(),
             "calls": sum(len(recorded.calls[root]) for root in roots),
         }
-        figures.update(_position_sqnr(adapter, pairs))
+        figures.update({f"sqnr_db:{name}": sums.sqnr_db() for name, sums in groups.items()})
         out[modality] = figures
     return out
 
 
-def _position_sqnr(
-    adapter: ModelAdapter, pairs: list[tuple[str, torch.Tensor, torch.Tensor]]
-) -> dict[str, float]:
-    """``sqnr_db:<group>`` over each group of positions the adapter names (dim 1 of the
-    outputs), all the modality's calls together."""
-    groups: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-    for root, ref, got in pairs:
-        for name, positions in (adapter.output_positions(root) or {}).items():
-            r, g = ref[:, positions].reshape(-1), got[:, positions].reshape(-1)
-            if r.numel():
-                groups.setdefault(name, []).append((r, g))
-    return {
-        f"sqnr_db:{name}": sqnr_db(torch.cat([r for r, _ in rg]), torch.cat([g for _, g in rg]))
-        for name, rg in groups.items()
-    }
+class Sums:
+    """:func:`~opsnn_quant.core.numerics.sqnr_db` and :func:`~opsnn_quant.core.numerics.cosine`
+    of many pairs of tensors taken together, from their running sums."""
+
+    def __init__(self) -> None:
+        self.energies = Energies(0.0, 0.0, 0.0, 0.0)
+        self.finite = True
+
+    def add(self, reference: torch.Tensor, approx: torch.Tensor) -> None:
+        """Add one pair (same shape)."""
+        self.finite = self.finite and bool(torch.isfinite(approx).all())
+        self.energies = add_energies(self.energies, energies(reference, approx))
+
+    def sqnr_db(self) -> float:
+        """The SQNR of all pairs together (``-inf`` once an approximation is not finite)."""
+        return sqnr_of(self.energies) if self.finite else -math.inf
+
+    def cosine(self) -> float:
+        """The cosine of all pairs together (``-1`` once an approximation is not finite)."""
+        return cosine_of(self.energies) if self.finite else -1.0

@@ -45,7 +45,7 @@ def test_baselines_that_meet_every_floor_decide_and_no_estimator_runs(tiny, tmp_
     assert not any("SmoothQuant" in s or "end-to-end" in s or "pass 2" in s for s in said)
     assert sum("recording float outputs on held-out data" in s for s in said) == 1  # once
     report = json.loads((out / "probe.json").read_text())
-    assert report["not_estimated"].startswith("decided first: all-w8a8-minmax met budget.limits")
+    assert report["not_estimated"].startswith("decided first: all-w8a8-minmax with full int8")
     assert all(not m["w8a8"] and m["e2e"] is None for m in report["modules"])
     policy = yaml.safe_load((out / "policy.yaml").read_text())
     (note,) = [n for n in policy["notes"] if n.startswith(DECIDED_FIRST)]

@@ -133,15 +133,22 @@ def test_each_modality_takes_the_first_baseline_that_meets_its_floor_else_stays_
     assert "the estimators decided denoiser" in decision.note()
 
 
-def test_without_a_floor_the_first_full_coverage_baseline_decides_whatever_it_measures():
+def test_without_a_floor_the_most_accurate_baseline_decides_once_every_one_is_measured():
     rep = _report()
-    static = first_candidates(rep, Budget(), get_target("cpu-reference"))[0]
-    measured = [_measured(static, text_encoder=5, denoiser=3, image_decoder=4)]
-    decision = decide_modalities(rep, Budget(), measured, "x")
-    assert decision.open == [] and {f.strategy for f in decision.fixed.values()} == {
-        static.strategy
-    }
-    assert "no floor in the budget" in decision.fixed[DEN].reason
+    static, dynamic = first_candidates(rep, Budget(), get_target("cpu-reference"))[:2]
+    first = [_measured(static, text_encoder=5, denoiser=3, image_decoder=4)]
+    # one of two measured: nothing is decided yet (the other may be more accurate)
+    pending = decide_modalities(rep, Budget(), first, "x", complete=False)
+    assert pending.open == [TE, DEN, DEC] and not pending.fixed
+    both = [*first, _measured(dynamic, text_encoder=6, denoiser=2, image_decoder=4)]
+    decision = decide_modalities(rep, Budget(), both, "x")
+    assert decision.open == []
+    assert {m: f.strategy for m, f in decision.fixed.items()} == {
+        TE: "all-w8a8-dynamic", DEN: "all-w8a8-minmax", DEC: "all-w8a8-minmax",  # a tie: the first
+    }  # fmt: skip
+    assert "no floor in the budget: the most accurate (beside all-w8a8-minmax 5.0 dB)" in (
+        decision.fixed[TE].reason
+    )
     assert "not run: the probe's estimators" in decision.note()
 
 
