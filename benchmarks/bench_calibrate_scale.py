@@ -680,7 +680,7 @@ def _float_pass_seconds(recipe: Any, data: Any) -> float:
 def _phase_key(msg: str) -> str:
     # "measure": the measured search (budget.metric's float slice and its candidates)
     for key, needle in (("export", "for the ATC graphs"), ("export", "for the exports"),
-                        ("load", "loading"), ("pass 1", "pass 1"), ("alpha search", "SmoothQuant"),
+                        ("decide first", "decide first"), ("load", "loading"), ("pass 1", "pass 1"), ("alpha search", "SmoothQuant"),
                         ("pass 2", "pass 2"), ("attribution", "end-to-end"),
                         ("holdout", "held-out data"), ("measure", "measuring"),
                         ("measure", "budget.metric"), ("quantize", "quantiz"),
@@ -872,8 +872,8 @@ def _depth_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _print(rows: list[dict[str, Any]], peers: dict[str, dict[str, Any]]) -> None:
-    keys = ["pass 1", "alpha search", "pass 2", "attribution", "holdout", "quantize", "measure",
-            "export"]  # fmt: skip
+    keys = ["pass 1", "decide first", "alpha search", "pass 2", "attribution", "holdout",
+            "quantize", "measure", "export"]  # fmt: skip
     head = f"{'row':26} {'gemm':27} {'float s':>8} {'calib s':>8} {'fwd-eq':>7} "
     head += " ".join(f"{k[:7]:>7}" for k in keys)
     print(head + f" {'RSS x':>6} {'peak MB':>8} {'pre-exp x':>9} {'float before/after s':>20}"
