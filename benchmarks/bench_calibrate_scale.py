@@ -551,7 +551,11 @@ def _record_peer_inputs(adapter: Any, data: Any, kind: str, path: Path) -> None:
             feats.append(_detached(a[0] if a else kw["input_features"]))
 
         def teacher_forced(module: Any, a: tuple, kw: dict) -> None:
-            if kw.get("use_cache") is False and kw.get("decoder_input_ids") is not None:
+            ids = kw.get("decoder_input_ids")
+            # a multilingual model's generate first detects the language: a call of its own
+            # on the start-of-transcript token alone (transformers' WhisperGenerationMixin.
+            # detect_language), not the loop's teacher-forced call
+            if kw.get("use_cache") is False and ids is not None and ids.shape[-1] > 1:
                 calls.append({"input_features": feats[-1],
                               "decoder_input_ids": _detached(kw["decoder_input_ids"])})  # fmt: skip
 
