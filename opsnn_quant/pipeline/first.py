@@ -86,7 +86,7 @@ def decide_first(
         "decide first: open after the baselines: "
         f"{', '.join(m.value for m in decision.open)}; the estimators decide them"
     )
-    probed = probe.estimated()
+    probed = probe.estimated(decided=[m.value for m in decision.fixed])
     policy = build_policy(probed.report, budget, target, fixed=decision.fixed)
     return probed, policy.with_notes(decision.note())
 

@@ -92,7 +92,7 @@ class FirstDecision:
             )
         names = ", ".join(m.value for m in self.open)
         done = ", ".join(f"{m.value} ({f.strategy})" for m, f in self.fixed.items())
-        return f"{head}. Decided: {done or 'none'}; the estimators decided {names}"
+        return f"{head}. Decided: {done or 'none'}; the estimators ran for {names} only, and decided it"
 
     def skipped(self) -> str:
         """Why the probe's estimators did not run (the report's ``not_estimated``)."""

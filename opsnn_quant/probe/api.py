@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
@@ -51,6 +51,7 @@ from opsnn_quant.probe.report import (
 from opsnn_quant.probe.seeding import PassOneStatistics
 from opsnn_quant.producers import fold_groups
 from opsnn_quant.quant.api import tied_to_embeddings
+from opsnn_quant.quant.schemes import SCHEMES
 from opsnn_quant.quant.spec import ATTENTION_TYPE
 from opsnn_quant.recording import Call, RecordedRoots, RootRecorder, replay, sample_subset
 from opsnn_quant.types import ForwardLoop, Modality
@@ -217,8 +218,13 @@ class StagedProbe:
         report = _assemble(run, {}).model_copy(update={"not_estimated": reason})
         return ProbeResult(report, _statistics(run), _root_calls(run))
 
-    def finish(self) -> ProbeResult:
+    def finish(self, decided: Collection[str] = ()) -> ProbeResult:
         """The estimators on the pass-1 run: the whole probe's result.
+
+        Args:
+            decided: modalities already decided (names): no estimator runs for them, and pass
+                1, if it runs again, gathers for their modules the statistics it gathered the
+                first time (``ProbeConfig.decided``).
 
         Raises:
             RuntimeError: after :meth:`release`.
@@ -227,14 +233,20 @@ class StagedProbe:
             run = self._run
             if run is None:
                 raise RuntimeError("StagedProbe.finish() after release()")
+            full = self._full if self._full is not None else run.cfg
+            if decided:
+                first = run.cfg.schemes if run.cfg.schemes is not None else tuple(SCHEMES)
+                full = replace(full, decided={m: tuple(first) for m in sorted(decided)})
             with frozen_heap():
-                if self._full is not None and self._full != run.cfg:
+                if replace(full, decided=None) != replace(run.cfg, decided=None):
                     # pass 1 ran with the first decision's schemes only: again with all of them
+                    # (a decided modality's modules with the same ones as the first time)
                     self._say("probe pass 1 again, with the statistics of every candidate scheme")
                     seconds = run.costs["pass1_seconds"]
-                    run = _start(run.adapter, self._full)
+                    run = _start(run.adapter, full)
                     run.costs["pass1_first_seconds"] = seconds
                     run.costs["pass1_seconds"] = _pass_one(run, self._loop, None)
+                run.cfg = full  # the estimators skip the decided modalities
                 self._done = _estimate(run, self._loop, self._say)
         return self._done
 
@@ -333,9 +345,11 @@ def _estimate(run: ProbeRun, forward_loop: ForwardLoop, say: Callable[[str], Non
             say("probe pass 2: local int8 error of every candidate scheme")
             # the diagonal estimator reads pass 2's noise powers, not the candidates
             release = run.cfg.estimator == "diagonal" and not run.cfg.exhaustive
+            estimated = _estimated_modules(run)
             run.costs["pass2_seconds"] = local_error_pass(
-                run.watches, adapter.model, forward_loop, release=release, transient=offloaded
-            )
+                run.watches, adapter.model, forward_loop, release=release, transient=offloaded,
+                only=estimated,
+            )  # fmt: skip
     with checkpointed(adapter.model):  # an offloaded model's backward: one block at a time
         e2e = attribute_modalities(run, say, replayed)
     if replayed:
@@ -448,6 +462,16 @@ def _pass_one(run: ProbeRun, forward_loop: ForwardLoop, shard: Shard | None) -> 
     return seconds
 
 
+def _estimated_modules(run: ProbeRun) -> set[str] | None:
+    """The Linear/Conv2d modules of the modalities the estimators run for (None: all of
+    them, no modality decided)."""
+    cfg = run.cfg
+    if not cfg.decided:
+        return None
+    modality = run.adapter.modality_of
+    return {n for n in run.watches.local if cfg.estimates(modality(n).value)}
+
+
 def _fold_groups(run: ProbeRun) -> dict[str, list[str]]:
     """The Linears each norm alone feeds (see :func:`~opsnn_quant.producers.fold_groups`), traced
     on one sample of each root's first recorded call; none unless ``cfg.fold_smoothing``."""
@@ -467,6 +491,8 @@ def _measure_rest(
     w = run.watches
     model = run.adapter.model
     rest = {n for n, lp in w.local.items() if lp.calls and lp.schemes and not lp.energies}
+    if run.cfg.decided:
+        rest &= _estimated_modules(run) or set()
     t0 = time.perf_counter()
     rest -= measure_kept_inputs(w, rest, model)
     run.costs["kept_inputs_seconds"] = time.perf_counter() - t0

@@ -72,6 +72,11 @@ class ProbeConfig:
             reaches. ``forward_loop``: pass 2 measures every module over the forward loop
             first (``error_rows`` rows each), as the diagonal estimator, ``e2e_schemes: best``
             and the exhaustive reference always do.
+        decided: modalities decided before the estimators (``calibrate``'s decide first,
+            :mod:`opsnn_quant.policy.first`), each with the schemes its modules gather pass-1
+            statistics for (those its decided baseline quantizes with); no estimator runs on
+            their modules (no SmoothQuant search, no local error, no attribution, no GPTQ
+            moments). None: every modality is estimated.
         engine: the arithmetic the candidates compute (``QuantSpec.engine``): the target's
             engine's (``calibrate`` passes it), so that every error is the deployed one.
         engine_dtype: that engine's dtype (``QuantSpec.output_dtype``); None: the default.
@@ -97,6 +102,7 @@ class ProbeConfig:
     timestep_groups: int | None = None
     schemes: tuple[str, ...] | None = None
     type_schemes: Mapping[str, tuple[str, ...]] | None = None
+    decided: Mapping[str, tuple[str, ...]] | None = None
     fp16_rerun: Literal["auto", "emulate", "native"] = "auto"
     error_rows: int = DEFAULT_ERROR_ROWS
     local_errors: Literal["replayed", "forward_loop"] = "replayed"
@@ -110,6 +116,19 @@ class ProbeConfig:
         (``estimator_batch``, for every modality or by name; None: whole calls)."""
         value = self.estimator_batch
         return value.get(modality) if isinstance(value, Mapping) else value
+
+    def schemes_for(self, module_type: str, modality: str) -> tuple[str, ...] | None:
+        """The schemes measured on modules of class ``module_type`` in ``modality``: those of
+        :meth:`schemes_of`, within the decided schemes where ``decided`` names the modality."""
+        schemes = self.schemes_of(module_type)
+        kept = None if self.decided is None else self.decided.get(modality)
+        if kept is None:
+            return schemes
+        return tuple(s for s in (kept if schemes is None else schemes) if s in kept)
+
+    def estimates(self, modality: str) -> bool:
+        """Whether the estimators run for ``modality`` (not one ``decided`` names)."""
+        return self.decided is None or modality not in self.decided
 
     def schemes_of(self, module_type: str) -> tuple[str, ...] | None:
         """The schemes measured on modules of class ``module_type`` (None: every one that fits

@@ -80,7 +80,7 @@ def replay_measured(run: ProbeRun) -> set[str]:
     called = [n for n, lp in local.items() if lp.calls and lp.schemes]
     measured: set[str] = set()
     for root_name, rec in run.watches.recorders.items():
-        if rec.calls:
+        if rec.calls and cfg.estimates(run.roots[root_name].value):
             measured.update(run.root_members(root_name, called))
     return measured
 
@@ -106,6 +106,8 @@ def attribute_modalities(
     e2e: dict[str, EndToEnd] = {}
     watches = run.watches.attention
     for modality in dict.fromkeys(run.roots.values()):
+        if not run.cfg.estimates(modality.value):  # decided before the estimators
+            continue
         results = []
         for root_name in (r for r, m in run.roots.items() if m == modality):
             calls = _replayable_calls(run, modality, root_name)

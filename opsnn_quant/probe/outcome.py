@@ -10,7 +10,7 @@ the run (``keep``: ``probe.json``) and is what every later phase reads.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
@@ -64,8 +64,9 @@ class Probed:
             return self.staged.recorded()
         return None
 
-    def estimated(self) -> ProbeResult:
-        """The whole probe: the estimators run now on pass 1's run (if staged).
+    def estimated(self, decided: Collection[str] = ()) -> ProbeResult:
+        """The whole probe: the estimators run now on pass 1's run (if staged), for every
+        modality but those ``decided`` (names; see :meth:`StagedProbe.finish`).
 
         Raises:
             ConfigError: the model is offloaded and an estimator does not run offloaded.
@@ -85,7 +86,7 @@ class Probed:
                     f"{self.offload_remedy}"
                 ) from None
         with self.timed("probe estimators"):
-            return self.settled(self.staged.finish())
+            return self.settled(self.staged.finish(decided))
 
     def settle(self, reason: str) -> ProbeResult:
         """The result the run goes on with: the whole probe if it ran, else pass 1's, its

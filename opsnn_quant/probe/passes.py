@@ -147,7 +147,7 @@ def watches_for(
                 n,
                 m,
                 alpha_grid=tuple(cfg.smoothquant_alphas),
-                only=cfg.schemes_of(type(m).__name__),
+                only=cfg.schemes_for(type(m).__name__, adapter.modality_of(n).value),
                 timestep_groups=cfg.timestep_groups,
                 error_rows=cfg.error_rows,
                 engine=cfg.engine,
@@ -159,10 +159,11 @@ def watches_for(
         w.macs = {n: [0, 0] for n in w.local}
         attention_schemes = cfg.schemes_of(ATTENTION_TYPE)
         if attention_schemes:  # only where the target runs int8 attention
-            w.attention = {
-                n: AttentionWatch(tuple(attention_schemes))
+            kept = {
+                n: cfg.schemes_for(ATTENTION_TYPE, adapter.modality_of(n).value)
                 for n in attention_modules(adapter.model)
             }
+            w.attention = {n: AttentionWatch(tuple(s)) for n, s in kept.items() if s}
         if cfg.attribution:
             w.recorders = {
                 r: RootRecorder(r, cfg.max_root_calls, cfg.seed, adapter.record_filter(r))

@@ -76,7 +76,15 @@ def test_a_floor_no_baseline_meets_leaves_its_modality_to_the_estimators(tiny, t
     assert figures["text_encoder"]["note"].startswith("decided first: all-w8a8-minmax")
     assert not figures["denoiser"]["note"].startswith("decided first")  # the estimate's
     (note,) = [n for n in policy["notes"] if n.startswith(DECIDED_FIRST)]
-    assert "the estimators decided denoiser" in note
+    assert "the estimators ran for denoiser only" in note
+    # the estimators ran for the open modality only: the decided one's modules have no
+    # estimate (and pass 1 gathered only the baselines' statistics for them)
+    estimated = {m["modality"] for m in report["modules"] if m.get("e2e")}
+    assert estimated == {"denoiser"}
+    # ascend910b-atc runs static W8A8 alone: the one scheme of the decided modalities' modules
+    assert report["config"]["decided"] == {"text_encoder": ["w8a8"], "image_decoder": ["w8a8"]}
+    decided = [m for m in report["modules"] if m["modality"] == "text_encoder" and m["calls"]]
+    assert decided and all(set(m["w8a8"]) <= {"w8a8"} for m in decided)
 
 
 def test_search_full_runs_the_estimators_and_decides_every_modality_by_them(tiny, tmp_path):

@@ -130,7 +130,7 @@ def test_each_modality_takes_the_first_baseline_that_meets_its_floor_else_stays_
     short = [measured[0], _measured(dynamic, text_encoder=36, denoiser=24.9, image_decoder=41)]
     decision = decide_modalities(rep, LIMITS, short, "x")
     assert decision.open == [DEN]
-    assert "the estimators decided denoiser" in decision.note()
+    assert "the estimators ran for denoiser only" in decision.note()
 
 
 def test_without_a_floor_the_most_accurate_baseline_decides_once_every_one_is_measured():

@@ -23,8 +23,9 @@ class _Staged:
     def first(self, reason: str) -> ProbeResult:
         return ProbeResult(report(linear("a", 1e-4)).model_copy(update={"not_estimated": reason}))
 
-    def finish(self) -> ProbeResult:
+    def finish(self, decided: object = ()) -> ProbeResult:
         self.finishes += 1
+        self.decided = decided
         return ProbeResult(report(linear("a", 1e-4)))
 
     def release(self) -> None:
