@@ -419,6 +419,8 @@ def print_calibrate(result: CalibrateResult, command: CalibrateCommand, quiet: b
             _ui.console.print(attention)
         for line in result.search.notes(timed=True) if result.search else []:
             _ui.console.print(line)
+        if result.decision is not None:  # decided first: what decided, what did not run
+            _ui.console.print(result.decision)
         for line in share_lines(result, r.target):
             _ui.console.print(line)
         _ui.console.print(

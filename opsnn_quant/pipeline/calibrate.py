@@ -111,6 +111,7 @@ class CalibrateResult:
     target: Target | None = None
     next_steps: list[str] = field(default_factory=list)
     int8_share_of_all_macs: float | None = None
+    decision: str | None = None  # decided first: what decided and what did not run
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,7 @@ def _execute(
         atomic_write_text(ctx.out.recipe, recipe_yaml(run.effective))
         probe = probe_phase(ctx, data, reused)  # 2. probe (pass 1)
         probed, resolved, notes, search = policy_phase(ctx, probe, data)  # 3. policy
+        decision = next((n for n in resolved.policy.notes if n.startswith(DECIDED_FIRST)), None)
         holdout, plan = float_references(ctx, data, probed, resolved, search)  # 4. float refs
         quantize_phase(ctx, resolved, data, probed)  # 5. quantize, 6. save
         measured = measure_phase(ctx, holdout)  # 7. measure
@@ -244,7 +246,7 @@ def _execute(
     share = int8_mac_share(probed.report, rows)
     return CalibrateResult(
         out, rows, measured, ctx.timings, share, notes, verdict, deployed, search, run.target,
-        steps, int8_share_of_all_macs(probed.report, rows),
+        steps, int8_share_of_all_macs(probed.report, rows), decision,
     )  # fmt: skip
 
 
@@ -414,7 +416,7 @@ def policy_phase(
     policy's own exports; returns the settled probe, the resolved policy, the exports' notes
     and the measured search's walk (None without ``budget.metric``, or when resumed after the
     policy)."""
-    walked, said = None, list[str]()
+    walked = None
     if ctx.journal.finished("policy"):
         ctx.say("resuming after the policy (policy.yaml is in the interrupted run's output)")
         probed = probe.settle("resumed after the policy")
@@ -422,12 +424,11 @@ def policy_phase(
     else:
         probed, policy, walked = decide(ctx, probe, data)
         policy.save(ctx.out.policy)
-        said = [n for n in policy.notes if n.startswith(DECIDED_FIRST)]  # into the summary too
     report = probed.report
     resolved = policy.resolved(report.inventory(), report.weight_shapes(), tied=report.tied())
     exports = write_policy_exports(ctx, resolved)
     ctx.journal.mark("policy")
-    return probed, resolved, [*said, *exports], walked
+    return probed, resolved, exports, walked
 
 
 def decide(

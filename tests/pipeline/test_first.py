@@ -102,3 +102,13 @@ def test_search_flag_is_checked_before_any_work(tiny, tmp_path, capsys):
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert err == ["error: --search must be one of first, full, got 'most'"]
     assert not (tmp_path / "o").exists()
+
+
+def test_the_summary_says_what_decided_and_what_did_not_run(tiny, tmp_path, capsys):
+    recipe = _recipe(tiny, "said", "{text_encoder: {min_sqnr_db: 5}, denoiser: {min_sqnr_db: 5}}")
+    assert main(["calibrate", str(recipe), "-o", str(tmp_path / "o")]) == 0
+    printed = " ".join(capsys.readouterr().out.split())  # the terminal wraps long lines
+    policy = yaml.safe_load((tmp_path / "o" / "policy.yaml").read_text())
+    (note,) = [n for n in policy["notes"] if n.startswith(DECIDED_FIRST)]
+    assert "all-w8a8-minmax" in note and "not run: the probe's estimators" in note
+    assert " ".join(note.split()) in printed  # the same words as policy.yaml's
