@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -362,8 +362,9 @@ def probe_phase(ctx: RunContext, data: CalibrationData, reused: SensitivityRepor
             probed = recollect(ctx.adapter, loop, earlier, pass1, progress=ctx.say, shard=shard)
         ctx.journal.mark("probe")
 
-        def whole() -> ProbeResult:  # a decision that needs the estimators: the whole probe
-            return run_probe(ctx.adapter, loop, cfg, progress=ctx.say)
+        def whole(decided: Collection[str]) -> ProbeResult:  # the decision needs the estimators
+            whole_cfg = cfg.deciding(decided, pass1.schemes or ())
+            return run_probe(ctx.adapter, loop, whole_cfg, progress=ctx.say)
 
         return run_probed(ctx, probed, inputs=inputs, rerun=whole if alone else None)
     if estimators_optional(ctx.run):
@@ -383,7 +384,7 @@ def run_probed(
     result: ProbeResult | None,
     staged: StagedProbe | None = None,
     inputs: dict[str, str] | None = None,
-    rerun: Callable[[], ProbeResult] | None = None,
+    rerun: Callable[[Collection[str]], ProbeResult] | None = None,
 ) -> Probed:
     """The run's probe (:class:`~opsnn_quant.probe.outcome.Probed`): settled into ``probe.json``
     and the journal, its estimators timed as a phase, refused where the model is offloaded and

@@ -234,9 +234,8 @@ class StagedProbe:
             if run is None:
                 raise RuntimeError("StagedProbe.finish() after release()")
             full = self._full if self._full is not None else run.cfg
-            if decided:
-                first = run.cfg.schemes if run.cfg.schemes is not None else tuple(SCHEMES)
-                full = replace(full, decided={m: tuple(first) for m in sorted(decided)})
+            first = run.cfg.schemes if run.cfg.schemes is not None else tuple(SCHEMES)
+            full = full.deciding(decided, first)
             with frozen_heap():
                 if replace(full, decided=None) != replace(run.cfg, decided=None):
                     # pass 1 ran with the first decision's schemes only: again with all of them

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from opsnn_quant.quant.spec import DEFAULT_ALPHA_GRID
@@ -125,6 +125,13 @@ class ProbeConfig:
         if kept is None:
             return schemes
         return tuple(s for s in (kept if schemes is None else schemes) if s in kept)
+
+    def deciding(self, modalities: Collection[str], schemes: Sequence[str]) -> ProbeConfig:
+        """This configuration with ``modalities`` decided, their modules gathering only
+        ``schemes``' statistics (see ``decided``); itself when there are none."""
+        if not modalities:
+            return self
+        return replace(self, decided={m: tuple(schemes) for m in sorted(modalities)})
 
     def estimates(self, modality: str) -> bool:
         """Whether the estimators run for ``modality`` (not one ``decided`` names)."""

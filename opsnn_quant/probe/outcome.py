@@ -37,8 +37,9 @@ class Probed:
         timed: times a phase of the run (``probe estimators``).
         offload_remedy: the model is offloaded: an estimator that does not run offloaded is
             refused, the message ending with this remedy (None: not offloaded).
-        rerun: the whole probe, for a result of pass 1 alone (a reused report) when the
-            decision needs the estimators after all (None: not needed).
+        rerun: the whole probe (the modalities already decided given), for a result of pass 1
+            alone (a reused report) when the decision needs the estimators after all (None:
+            not needed).
     """
 
     result: ProbeResult | None
@@ -48,7 +49,7 @@ class Probed:
     say: Progress = lambda message: None
     timed: Callable[[str], AbstractContextManager[None]] = _untimed
     offload_remedy: str | None = None
-    rerun: Callable[[], ProbeResult] | None = None
+    rerun: Callable[[Collection[str]], ProbeResult] | None = None
 
     def first(self) -> ProbeResult:
         """Pass 1's result (the settled one once settled): enough for the naive baselines."""
@@ -75,7 +76,7 @@ class Probed:
             return self.result
         if self.staged is None and self.rerun is not None:  # a reused report of pass 1 alone
             with self.timed("probe estimators"):
-                return self.settled(self.rerun())
+                return self.settled(self.rerun(decided))
         assert self.staged is not None, "a settled probe without estimates cannot run them"
         if self.offload_remedy is not None:
             try:

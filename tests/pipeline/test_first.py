@@ -16,6 +16,7 @@ from opsnn_quant.pipeline.calibrate import CalibrateResult, run_calibrate
 from opsnn_quant.pipeline.recipe import load_recipe
 from opsnn_quant.policy.first import DECIDED_FIRST
 from opsnn_quant.types import Modality
+from tests.pipeline.conftest import run_files
 from tests.tiny_pipelines import save_tiny_sd, tiny_sd_recipe
 
 
@@ -112,3 +113,24 @@ def test_the_summary_says_what_decided_and_what_did_not_run(tiny, tmp_path, caps
     (note,) = [n for n in policy["notes"] if n.startswith(DECIDED_FIRST)]
     assert "all-w8a8-minmax" in note and "not run: the probe's estimators" in note
     assert " ".join(note.split()) in printed  # the same words as policy.yaml's
+
+
+def test_a_reused_pass_1_report_runs_the_whole_probe_when_a_floor_needs_the_estimators(
+    tiny, tmp_path
+):
+    # a run decided first leaves a report of pass 1 alone; reused by a run whose floor no
+    # baseline meets, the estimators are needed: the whole probe runs then, and the files are
+    # those of that run without --from-probe
+    met = _recipe(tiny, "reuse", "{text_encoder: {min_sqnr_db: 5}, denoiser: {min_sqnr_db: 5}}")
+    assert main(["calibrate", str(met), "-o", str(tmp_path / "met"), "--quiet"]) == 0
+    again = ["calibrate", str(met), "-o", str(tmp_path / "again"), "--quiet", "--from-probe",
+             str(tmp_path / "met")]  # fmt: skip
+    assert main(again) == 0
+    assert run_files(tmp_path / "again") == run_files(tmp_path / "met")
+    tight = _recipe(tiny, "reuse", "{text_encoder: {min_sqnr_db: 5}, denoiser: {min_sqnr_db: 200}}")
+    assert main(["calibrate", str(tight), "-o", str(tmp_path / "fresh"), "--quiet"]) == 0
+    reused = ["calibrate", str(tight), "-o", str(tmp_path / "reused"), "--quiet", "--from-probe",
+              str(tmp_path / "met")]  # fmt: skip
+    assert main(reused) == 0
+    assert json.loads((tmp_path / "reused" / "probe.json").read_text()).get("not_estimated") is None
+    assert run_files(tmp_path / "reused") == run_files(tmp_path / "fresh")
