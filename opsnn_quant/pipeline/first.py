@@ -20,7 +20,13 @@ from opsnn_quant.core.determinism import set_reproducible
 from opsnn_quant.core.memory import release_memory
 from opsnn_quant.pipeline.context import RunContext
 from opsnn_quant.pipeline.measured import float_copy
-from opsnn_quant.policy.first import FirstDecision, Measured, decide_modalities, first_candidates
+from opsnn_quant.policy.first import (
+    DECIDED_FIRST,
+    FirstDecision,
+    Measured,
+    decide_modalities,
+    first_candidates,
+)
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy
 from opsnn_quant.probe.api import ProbeResult
@@ -32,6 +38,11 @@ from opsnn_quant.recording import RecordedRoots, record_roots
 from opsnn_quant.types import Modality
 
 log = logging.getLogger(__name__)
+
+NO_BASELINE = (
+    "no naive baseline the target runs covers a modality fully with the schemes probed "
+    "(probe.schemes): nothing to measure first"
+)
 
 
 def decides_first(ctx: RunContext) -> bool:
@@ -64,11 +75,16 @@ def decide_first(
     budget, target = ctx.recipe.budget, ctx.target
     first = probe.first()
     report = first.report
+    candidates = first_candidates(report, budget, target, ctx.recipe.probe.schemes)
+    if not candidates:  # e.g. probe.schemes without a naive baseline's scheme
+        ctx.say(f"decide first: {NO_BASELINE}; the estimators decide every modality")
+        probed = probe.estimated()
+        policy = build_policy(probed.report, budget, target)
+        return probed, policy.with_notes(f"{DECIDED_FIRST}: {NO_BASELINE}")
     roots, where = _measured_on(ctx, probe, probe_data, holdout)
     stats = first.statistics if probe_data is calibration else None
     decision = FirstDecision(open=[m for m in Modality if report.by_modality(m)])
     measured: list[Measured] = []
-    candidates = first_candidates(report, budget, target, ctx.recipe.probe.schemes)
     for i, cand in enumerate(candidates):
         ctx.say(f"decide first: {cand.strategy} measured on {where}")
         with ctx.timed("decide first"):

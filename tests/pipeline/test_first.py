@@ -134,3 +134,22 @@ def test_a_reused_pass_1_report_runs_the_whole_probe_when_a_floor_needs_the_esti
     assert main(reused) == 0
     assert json.loads((tmp_path / "reused" / "probe.json").read_text()).get("not_estimated") is None
     assert run_files(tmp_path / "reused") == run_files(tmp_path / "fresh")
+
+
+def test_without_a_baseline_among_the_schemes_probed_the_estimators_decide(tiny, tmp_path):
+    # probe.schemes without a naive baseline's scheme: nothing to measure first, said so
+    text = _recipe(tiny, "mse", "{denoiser: {min_sqnr_db: 5}}").read_text()
+    recipe = tmp_path / "mse.yaml"
+    recipe.write_text(
+        text.replace(
+            "probe: {max_root_calls: 2}", "probe: {max_root_calls: 2, schemes: [w8a8_mse]}"
+        )
+    )
+    said, _ = _run(recipe, tmp_path / "out")
+    assert any("decide first: no naive baseline" in s for s in said)
+    assert not any("held-out root calls" in s for s in said)
+    report = json.loads((tmp_path / "out" / "probe.json").read_text())
+    assert report.get("not_estimated") is None
+    policy = yaml.safe_load((tmp_path / "out" / "policy.yaml").read_text())
+    (note,) = [n for n in policy["notes"] if n.startswith(DECIDED_FIRST)]
+    assert "nothing to measure first" in note
