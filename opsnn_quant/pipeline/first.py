@@ -18,14 +18,17 @@ from typing import Any
 
 from opsnn_quant.core.determinism import set_reproducible
 from opsnn_quant.core.memory import release_memory
+from opsnn_quant.core.numerics import fmt_db
 from opsnn_quant.pipeline.context import RunContext
 from opsnn_quant.pipeline.measured import float_copy
+from opsnn_quant.policy.budget import Budget, FinalCheckResult
 from opsnn_quant.policy.first import (
     DECIDED_FIRST,
     FirstDecision,
     Measured,
     decide_modalities,
     first_candidates,
+    meets,
 )
 from opsnn_quant.policy.schema import PrecisionPolicy
 from opsnn_quant.policy.search import build_policy
@@ -103,8 +106,42 @@ def decide_first(
         f"{', '.join(m.value for m in decision.open)}; the estimators decide them"
     )
     probed = probe.estimated(decided=[m.value for m in decision.fixed])
-    policy = build_policy(probed.report, budget, target, fixed=decision.fixed)
+    full_stats = probed.statistics if probe_data is calibration else None
+
+    def measure_open(policy: PrecisionPolicy) -> FinalCheckResult:
+        # the estimate's choice for the open modalities, measured as the baselines were: a
+        # floor it misses tightens that modality's cap (build_policy's final check)
+        with ctx.timed("decide first"):
+            figures = measure_policy(ctx, probed.report, policy, calibration, full_stats, roots)
+        return floors_check(budget, decision.open, figures, where)
+
+    ctx.say("decide first: the estimate's choice for the open modalities measured as well")
+    policy = build_policy(
+        probed.report, budget, target, final_check=measure_open, fixed=decision.fixed
+    )
     return probed, policy.with_notes(decision.note())
+
+
+def floors_check(
+    budget: Budget,
+    modalities: Sequence[Modality],
+    figures: Mapping[Modality, Mapping[str, float]],
+    where: str,
+) -> FinalCheckResult:
+    """Whether the measured ``figures`` of ``modalities`` meet their floors; the modalities
+    that miss theirs are blamed (a modality without a measurement is not)."""
+    below = tuple(
+        m for m in modalities if m in figures and not meets(budget.limit_for(m), figures[m])
+    )
+    detail = "; ".join(
+        f"{m.value} measured {fmt_db(figures[m].get('sqnr_db'))} on {where} "
+        f"({budget.limit_for(m).describe()})"
+        for m in modalities
+        if m in figures
+    )
+    return FinalCheckResult(
+        passed=not below, metric="measured SQNR", modalities=below, detail=detail
+    )
 
 
 def _measured_on(

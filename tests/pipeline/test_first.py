@@ -78,6 +78,13 @@ def test_a_floor_no_baseline_meets_leaves_its_modality_to_the_estimators(tiny, t
     assert not figures["denoiser"]["note"].startswith("decided first")  # the estimate's
     (note,) = [n for n in policy["notes"] if n.startswith(DECIDED_FIRST)]
     assert "the estimators ran for denoiser only" in note
+    # their choice measured too (the estimate kept the denoiser fp16 under 200 dB: inf)
+    checks = [n for n in policy["notes"] if n.startswith("final check")]
+    assert checks == [
+        "final check 1 passed (measured SQNR): denoiser measured inf dB on 5 held-out root "
+        "calls (data.holdout) (>= 200 dB)"
+    ]
+    assert figures["denoiser"]["chosen"] == "fp16"
     # the estimators ran for the open modality only: the decided one's modules have no
     # estimate (and pass 1 gathered only the baselines' statistics for them)
     estimated = {m["modality"] for m in report["modules"] if m.get("e2e")}
@@ -153,3 +160,17 @@ def test_without_a_baseline_among_the_schemes_probed_the_estimators_decide(tiny,
     policy = yaml.safe_load((tmp_path / "out" / "policy.yaml").read_text())
     (note,) = [n for n in policy["notes"] if n.startswith(DECIDED_FIRST)]
     assert "nothing to measure first" in note
+
+
+def test_the_estimates_choice_is_held_to_the_floors_it_is_measured_against():
+    from opsnn_quant.pipeline.first import floors_check
+    from opsnn_quant.policy.budget import Budget, ModalityLimit
+
+    budget = Budget(limits={Modality.DENOISER: ModalityLimit(min_sqnr_db=52)})
+    open_ = [Modality.DENOISER, Modality.IMAGE_DECODER]  # the decoder: no floor, never blamed
+    below = {Modality.DENOISER: {"sqnr_db": 50.8}, Modality.IMAGE_DECODER: {"sqnr_db": 1.0}}
+    result = floors_check(budget, open_, below, "12 calls")
+    assert not result.passed and result.modalities == (Modality.DENOISER,)
+    assert "denoiser measured 50.8 dB on 12 calls (>= 52 dB)" in result.detail
+    met = {Modality.DENOISER: {"sqnr_db": 52.0}}
+    assert floors_check(budget, open_, met, "x").passed  # an unmeasured modality is not blamed
