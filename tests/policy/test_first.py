@@ -63,6 +63,16 @@ def _measured(cand: FirstCandidate, **sqnr: float) -> Measured:
     return Measured(cand, {Modality(m): {"sqnr_db": v, "cosine": 0.99} for m, v in sqnr.items()})
 
 
+def _static_then_dynamic(rep: SensitivityReport) -> list[Measured]:
+    """cpu-reference's static and dynamic baselines measured: static text 35 >= 30, denoiser
+    24 < 25, decoder 40; dynamic 36, denoiser 26 >= 25, 41."""
+    static, dynamic = first_candidates(rep, LIMITS, get_target("cpu-reference"))[:2]
+    return [
+        _measured(static, text_encoder=35, denoiser=24, image_decoder=40),
+        _measured(dynamic, text_encoder=36, denoiser=26, image_decoder=41),
+    ]
+
+
 def _specs(report: SensitivityReport, policy: PrecisionPolicy) -> dict[str, object]:
     return dict(policy.resolved(report.inventory(), report.weight_shapes()).specs)
 
@@ -108,12 +118,8 @@ def test_a_linear_only_baseline_cannot_decide_a_modality_whose_attention_the_tar
 
 def test_each_modality_takes_the_first_baseline_that_meets_its_floor_else_stays_open():
     rep = _report()
-    static, dynamic = first_candidates(rep, LIMITS, get_target("cpu-reference"))[:2]
-    # static: text 35 >= 30, denoiser 24 < 25, decoder 40; dynamic: denoiser 26 >= 25
-    measured = [
-        _measured(static, text_encoder=35, denoiser=24, image_decoder=40),
-        _measured(dynamic, text_encoder=36, denoiser=26, image_decoder=41),
-    ]
+    measured = _static_then_dynamic(rep)
+    dynamic = measured[1].candidate
     decision = decide_modalities(rep, LIMITS, measured, "12 held-out root calls")
     assert {m: f.strategy for m, f in decision.fixed.items()} == {
         TE: "all-w8a8-minmax", DEN: "all-w8a8-dynamic", DEC: "all-w8a8-minmax",
@@ -169,11 +175,7 @@ def test_a_measurement_meets_a_floor_only_when_every_limit_holds(limit, figures,
 
 def test_the_written_policy_keeps_pins_says_why_and_mixes_baselines_per_modality():
     rep = _report()
-    static, dynamic = first_candidates(rep, LIMITS, get_target("cpu-reference"))[:2]
-    measured = [
-        _measured(static, text_encoder=35, denoiser=24, image_decoder=40),
-        _measured(dynamic, text_encoder=36, denoiser=26, image_decoder=41),
-    ]
+    measured = _static_then_dynamic(rep)
     decision = decide_modalities(rep, LIMITS, measured, "x")
     policy = build_policy(rep, LIMITS, get_target("cpu-reference"), fixed=decision.fixed)
     specs = _specs(rep, policy)
