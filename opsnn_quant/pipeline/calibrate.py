@@ -31,7 +31,7 @@ from opsnn_quant.models.offload import offload_of
 from opsnn_quant.output.directories import atomic_dir
 from opsnn_quant.output.files import atomic_write_text
 from opsnn_quant.output.locks import output_lock
-from opsnn_quant.pipeline.context import RunContext, load_recipe_model
+from opsnn_quant.pipeline.context import RunContext, load_recipe_model, measured_key
 from opsnn_quant.pipeline.exports import (
     ExportPlan,
     plan_model_exports,
@@ -229,7 +229,7 @@ def _execute(
         decision = next((n for n in resolved.policy.notes if n.startswith(DECIDED_FIRST)), None)
         holdout, plan = float_references(ctx, data, probed, resolved, search)  # 4. float refs
         quantize_phase(ctx, resolved, data, probed)  # 5. quantize, 6. save
-        measured = measure_phase(ctx, holdout)  # 7. measure
+        measured = measure_phase(ctx, holdout, resolved)  # 7. measure
         exported = write_exports(ctx, resolved, plan)  # 8. export (an offloaded model: see there)
         notes += exported.notes
         deployed = deployed_shares(probed.report, exported.int8)
@@ -544,11 +544,18 @@ def quantize_phase(
 
 
 def measure_phase(
-    ctx: RunContext, holdout: RecordedRoots | None
+    ctx: RunContext, holdout: RecordedRoots | None, resolved: ResolvedPolicy
 ) -> dict[Modality, dict[str, float]]:
-    """The quantized model's per-modality SQNR against the float outputs on held-out data."""
+    """The quantized model's per-modality SQNR against the float outputs on held-out data;
+    the decision's own figures where it measured this quantization on the same calls (a copy
+    quantized as the quantize phase quantizes, from the same statistics: the same numbers,
+    ``tests/pipeline/test_first.py``), not measured twice."""
     if holdout is None or not ctx.quantizer.ours:
         return {}
+    known = ctx.holdout_figures.get(measured_key(resolved))
+    if known is not None and holdout is ctx.holdout_roots:
+        ctx.say("held-out figures: the decision measured this quantization on the same calls")
+        return {m: dict(f) for m, f in known.items()}
     ctx.say("measuring the quantized model on held-out data")
     return measure_modalities(ctx.adapter, holdout)
 

@@ -15,10 +15,11 @@ from opsnn_quant.pipeline.recipe import Recipe
 from opsnn_quant.pipeline.resume import Journal
 from opsnn_quant.pipeline.run import CalibrateRun
 from opsnn_quant.pipeline.sharing import Sharing
+from opsnn_quant.policy.schema import ResolvedPolicy
 from opsnn_quant.policy.targets import Target
 from opsnn_quant.recording import RecordedRoots
 from opsnn_quant.sources import Source
-from opsnn_quant.types import Progress
+from opsnn_quant.types import Modality, Progress
 
 
 @dataclass
@@ -35,6 +36,9 @@ class RunContext:
         sharing: rank 0 of a distributed run, whose probe pass 1 is shared (None: one process).
         holdout_roots: the float model's recorded root calls on the held-out data, once
             recorded (by the decision that measured on them, or by the float references).
+        holdout_figures: the figures on ``holdout_roots`` of each policy the decision measured
+            there, by :func:`measured_key` of its resolution: the measure phase does not
+            measure the same quantization on the same calls again.
     """
 
     run: CalibrateRun
@@ -45,6 +49,7 @@ class RunContext:
     journal: Journal = field(default_factory=lambda: Journal({}))
     sharing: Sharing | None = None
     holdout_roots: RecordedRoots | None = None
+    holdout_figures: dict[str, dict[Modality, dict[str, float]]] = field(default_factory=dict)
 
     @property
     def recipe(self) -> Recipe:
@@ -90,3 +95,10 @@ def load_recipe_model(recipe: Recipe, source: Source | None = None) -> ModelAdap
         max_memory=m.max_memory,  # the blocks beyond it offloaded (BlockOffload)
         **recipe.settings_dict(),
     )
+
+
+def measured_key(resolved: ResolvedPolicy) -> str:
+    """What makes two resolutions the same quantization of one model: every module's spec or
+    precision and the SmoothQuant groups (a policy's rules and notes may differ)."""
+    groups = sorted((k, sorted(v)) for k, v in resolved.smoothing_groups.items())
+    return repr((sorted(resolved.specs.items()), groups))

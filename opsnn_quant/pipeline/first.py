@@ -19,7 +19,7 @@ from typing import Any
 from opsnn_quant.core.determinism import set_reproducible
 from opsnn_quant.core.memory import release_memory
 from opsnn_quant.core.numerics import fmt_db
-from opsnn_quant.pipeline.context import RunContext
+from opsnn_quant.pipeline.context import RunContext, measured_key
 from opsnn_quant.pipeline.measured import float_copy
 from opsnn_quant.policy.budget import Budget, FinalCheckResult
 from opsnn_quant.policy.first import (
@@ -187,13 +187,16 @@ def measure_policy(
     roots: RecordedRoots,
 ) -> dict[Modality, dict[str, float]]:
     """Quantize a float copy with ``policy`` as the quantize phase would; each modality's
-    figures on ``roots`` (:func:`~opsnn_quant.probe.measure.measure_modalities`)."""
+    figures on ``roots`` (:func:`~opsnn_quant.probe.measure.measure_modalities`), kept for the
+    measure phase when they are the held-out ones (``RunContext.holdout_figures``)."""
     adapter = float_copy(ctx)
     resolved = policy.resolved(report.inventory(), report.weight_shapes(), tied=report.tied())
     set_reproducible(seed=ctx.seed)
     loop = adapter.forward_loop(list(calibration))
     quantize(adapter.model, resolved, loop, statistics=statistics)
     figures = measure_modalities(adapter, roots)
+    if roots is ctx.holdout_roots:  # what the measure phase would measure again
+        ctx.holdout_figures[measured_key(resolved)] = figures
     del adapter, loop
     release_memory()  # one quantized copy at a time, its buffers given back
     return figures

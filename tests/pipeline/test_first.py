@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from opsnn_quant.cli import main
+from opsnn_quant.pipeline import calibrate
 from opsnn_quant.pipeline.calibrate import CalibrateResult, run_calibrate
 from opsnn_quant.pipeline.recipe import load_recipe
 from opsnn_quant.policy.first import DECIDED_FIRST
@@ -56,12 +57,29 @@ def test_baselines_that_meet_every_floor_decide_and_no_estimator_runs(tiny, tmp_
     description = json.loads((out / "quant" / "description.json").read_text())
     int8 = {m["precision"] for m in description["modules"].values() if "8" in m["precision"]}
     assert int8 == {"w8a8"}  # static min/max everywhere: the first baseline decided
-    # what decided: the baseline's figure on a quantized copy; the measure phase's figure of
-    # the model quantize wrote, on the same held-out calls: the same number
+    # what decided: the baseline's figure on a quantized copy, which the measure phase
+    # reports for the model quantize wrote (the same quantization on the same calls)
+    assert "held-out figures: the decision measured this quantization on the same calls" in said
+    assert not any("measuring the quantized model" in s for s in said)
     for modality in ("text_encoder", "denoiser"):
         note = policy["figures"][modality]["note"]
         decided = re.search(r"measured (-?[\d.]+) dB", note).group(1)  # type: ignore[union-attr]
         assert decided == f"{result.measured[Modality(modality)]['sqnr_db']:.1f}", modality
+
+
+def test_the_measure_phase_would_measure_the_figures_the_decision_measured(
+    tiny, tmp_path, monkeypatch
+):
+    # The reuse above is sound only if measuring the model quantize wrote gives the same
+    # numbers as the decision's quantized copy: measured again here (the reuse turned off),
+    # the same figures to the bit and the same files.
+    recipe = _recipe(tiny, "again", "{text_encoder: {min_sqnr_db: 5}, denoiser: {min_sqnr_db: 5}}")
+    _, reused = _run(recipe, tmp_path / "reused")
+    monkeypatch.setattr(calibrate, "measured_key", lambda resolved: "measure again")
+    said, again = _run(recipe, tmp_path / "again")
+    assert "measuring the quantized model on held-out data" in said
+    assert again.measured == reused.measured and again.measured
+    assert run_files(tmp_path / "again") == run_files(tmp_path / "reused")
 
 
 def test_a_floor_no_baseline_meets_leaves_its_modality_to_the_estimators(tiny, tmp_path):
