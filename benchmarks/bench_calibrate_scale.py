@@ -403,12 +403,15 @@ def _tiny_dit_recipe(row: str, work: Path, args: argparse.Namespace) -> dict[str
 def child(row: str, args: argparse.Namespace) -> dict[str, Any]:
     """Run one row (in this process): float pass, then calibrate, with times and peak RSS."""
     _first_to_go()
-    from opsnn_quant.ascend.gemm_path import ENV, describe
-    from opsnn_quant.ascend.matmul import gemm_choice
+    # the process set up as the command line sets it up, before torch loads (MKL and OpenMP
+    # read their environment then: a row timed otherwise is not what a user runs)
     from opsnn_quant.core.determinism import set_reproducible
 
-    os.environ[ENV] = args.gemm
     set_reproducible(seed=0, threads=args.threads)
+    from opsnn_quant.ascend.gemm_path import ENV, describe
+    from opsnn_quant.ascend.matmul import gemm_choice
+
+    os.environ[ENV] = args.gemm
     if args.slow_native:
         _slow_native_int_mm()
     gemm = describe(gemm_choice())  # the race (or the forced path), before anything is timed

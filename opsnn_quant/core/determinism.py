@@ -23,8 +23,10 @@ ENV = {
     # MKL reads it at its first call, not when torch loads: it must be set before the first
     # matmul.
     "MKL_CBWR": "AUTO,STRICT",
-    # Idle OpenMP threads spin by default, which starves other work on small shared machines.
-    "OMP_WAIT_POLICY": "PASSIVE",
+    # Not OMP_WAIT_POLICY=PASSIVE (set here until 2026-12-07): idle OpenMP threads that sleep
+    # at once pay a wake-up at every parallel region, and a probe's many small ops made the
+    # whole calibrate of shapes-t2v 1.4x slower. Where several processes share few cores (the
+    # test suite's workers) their launcher sets it: tests/conftest.py.
 }
 
 
