@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 EXACT_FP32_CHUNK = 1024
 # Elements of an int8 weight converted to fp32 at once when no fp32 copy is given (16 MB).
 WEIGHT_CHUNK = 1 << 22
+# Every integer of at most this magnitude is an fp32 value.
+FP32_EXACT_INT = 1 << 24
 
 
 @torch.no_grad()
@@ -236,10 +238,54 @@ def quant_matmul_cached(
     if plan.groups is not None:
         assert pertoken_scale is not None  # checked: G-B needs it
         return _group_gb(a, b, scale, pertoken_scale, bias, out)
+    held = _float_accumulator(a, b, None if plan.int4 else x2_float, bias, plan.k, out)
+    if held is not None:  # fp32(acc + bias) already: the epilogue's first conversion is done
+        if bias is not None and bias.dtype == torch.int32:
+            bias = None  # added in fp32, exactly as the int32 sum converts
+        return quant_matmul_epilogue(
+            held, scale, k=plan.k, offset=offset, pertoken_scale=pertoken_scale, bias=bias,
+            output=out,
+        )  # fmt: skip
     acc = int8_matmul_exact(a, b, None if plan.int4 else x2_float)
     return quant_matmul_epilogue(
         acc, scale, k=plan.k, offset=offset, pertoken_scale=pertoken_scale, bias=bias, output=out
     )
+
+
+def _float_accumulator(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    b_float: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    k: int,
+    out: torch.dtype,
+) -> torch.Tensor | None:
+    """``fp32(a @ b + bias_int32)`` straight from one fp32 GEMM, where the fp32-chunk path runs
+    the product in a single chunk; None where the int32 route is needed (the native GEMM, K
+    past one chunk, a weight converted in column blocks, int32 output, a bias that is not an
+    fp32 integer or whose sum could wrap).
+
+    The same bits as converting the int32 sum: the product is an exact integer in fp32 (every
+    partial sum below 2**24, :data:`EXACT_FP32_CHUNK`), the bias is one too, and an fp32
+    addition rounds the exact sum to nearest-even, as the int32 -> fp32 conversion does. It
+    saves the fp32 -> int32 -> fp32 round trip of the (M, N) accumulator (the reference's
+    conversions cost a Whisper encoder's quantized Linears as much as their GEMMs)."""
+    rows = a.numel() // max(k, 1)
+    if out == torch.int32 or k > EXACT_FP32_CHUNK or a.dim() != 2 or b.dim() != 2:
+        return None
+    if native_int8_matmul(a.device, rows) or (b_float is None and b.numel() > WEIGHT_CHUNK):
+        return None
+    int_bias = bias is not None and bias.dtype == torch.int32
+    if int_bias:
+        assert bias is not None
+        largest = int(bias.abs().max()) if bias.numel() else 0
+        if largest > FP32_EXACT_INT or largest + k * 2**14 > 2**31 - 1:
+            return None
+    acc = torch.matmul(a.to(torch.float32), b.to(torch.float32) if b_float is None else b_float)
+    if int_bias:
+        assert bias is not None
+        acc.add_(bias.to(torch.float32))
+    return acc
 
 
 @torch.no_grad()

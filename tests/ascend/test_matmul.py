@@ -276,3 +276,51 @@ def test_a_gemm_kernel_missing_from_the_build_falls_back(monkeypatch):
         assert mm.int8_matmul_exact(x1, x2).tolist() == [[127 * 127 + 128 * 128]]
     finally:
         mm.int8_gemm_is_exact.cache_clear()
+
+
+@pytest.mark.parametrize("output", [torch.bfloat16, torch.float16, torch.int8, "pertoken"])
+def test_fp32_chunk_accumulator_held_in_fp32_is_the_int32_route_bit_for_bit(
+    output, fp32_int8_gemm, monkeypatch
+):
+    # On the fp32-chunk path a single-chunk product stays in fp32 with the int32 bias added
+    # there (matmul._float_accumulator); the same bits as the int32 accumulator converted,
+    # the route every golden above checks. Biases beside 2**24 (the sum rounds to even in
+    # both), past it (not an fp32 integer: the int32 route) and near the wrap (int32 route).
+    import opsnn_quant.ascend.matmul as mm
+
+    g = torch.Generator().manual_seed(7)
+    k = 1024  # the largest single chunk: sums up to 2**24
+    x1 = torch.randint(-128, 128, (6, k), generator=g, dtype=torch.int8)
+    x1[0] = -128  # the largest sums: 1024 * 2**14 = 2**24 with the -128 column below
+    x2 = torch.randint(-128, 128, (k, 5), generator=g, dtype=torch.int8)
+    x2[:, 0] = -128
+    bias = torch.tensor([2**24 - 1, -(2**24) + 3, 2**24 + 1, 77, 2**31 - 2**24], dtype=torch.int32)
+    scale = torch.rand(5, generator=g) * 1e-4 + 1e-6
+    kwargs: dict = {"bias": bias}
+    if output == "pertoken":
+        kwargs.update(pertoken_scale=torch.rand(6, generator=g) + 0.5, output_dtype=torch.bfloat16)
+    else:
+        kwargs.update(output_dtype=output)
+    for columns in ([0, 1, 3], [0, 1, 2, 3, 4]):  # held in fp32; one bias sends it the int32 way
+        c = torch.tensor(columns)
+        args = (x1, x2[:, c], scale[c])
+        call = {**kwargs, "bias": bias[c]}
+        held = npu_quant_matmul(*args, **call)
+        monkeypatch.setattr(mm, "_float_accumulator", lambda *a: None)
+        converted = npu_quant_matmul(*args, **call)
+        monkeypatch.undo()
+        fp32_int8_gemm_again(monkeypatch)
+        assert held.dtype == converted.dtype and torch.equal(held, converted), columns
+    # the sum rounds once, to even: acc 2**24 (column 0, row 0) + bias 2**24 - 1 -> 2**25
+    acc = mm._float_accumulator(x1, x2, None, bias[:1], k, torch.bfloat16)
+    assert acc is not None and acc[0, 0].item() == 2**25  # 2**25 - 1 is not an fp32 value
+    assert mm._float_accumulator(x1, x2, None, bias[2:3], k, torch.bfloat16) is None
+
+
+def fp32_int8_gemm_again(monkeypatch):
+    """The ``fp32_int8_gemm`` fixture's settings, after ``monkeypatch.undo()``."""
+    import opsnn_quant.ascend.matmul as mm
+    from opsnn_quant.ascend.gemm_path import ENV
+
+    monkeypatch.setattr(mm, "int8_gemm_is_exact", lambda: False)
+    monkeypatch.setenv(ENV, "fp32-chunk")
