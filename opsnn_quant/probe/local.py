@@ -95,6 +95,7 @@ class LocalProbe:
     moments: SplitMoments | None = None  # raw inputs' moments in halves (GPTQ), pass 1
     # whether pass 1 collects them (False: a pass of their own does, see probe/moments.py)
     collect_moments: bool = True
+    collect_mse: bool = True  # whether a scheme measured here reads the MSE histogram
     _replay_share: float | None = None  # rows per replayed call measured (plan_replay)
     # pass 2: measure the kept small calls and drop the candidates at the module's last call
     # (when nothing after pass 2 runs them: its candidates are not all held at once)
@@ -109,7 +110,14 @@ class LocalProbe:
         if any(SCHEMES[s].template.needs_moments for s in self.schemes):
             # the inputs' Hessian and mean of the GPTQ / bias-corrected candidates
             self.moments = SplitMoments(self.in_k)
-        if isinstance(self.module, nn.Linear):
+        # what no scheme measured here reads is not collected (pass 1 of a run that decides
+        # first gathers the naive baselines' statistics only: min/max, no histogram, no
+        # per-channel maxima; the estimators, if they run, re-run pass 1 with every scheme)
+        self.collect_mse = self.only is None or any(
+            SCHEMES[s].template.observer == "mse" for s in self.only
+        )
+        smoothed = self.only is None or any(SCHEMES[s].smoothquant for s in self.only)
+        if isinstance(self.module, nn.Linear) and smoothed:
             self.stats = ChannelStats(self.module.in_features)
             # per-step scales on smoothed inputs need each step's per-channel maxima
             self.steps.per_channel = self.only is None or any(
@@ -160,7 +168,8 @@ class LocalProbe:
         xf = x.detach().to(torch.float32)
         span = observed_span(xf)
         self.minmax.collect(xf, span)
-        self.mse.collect(xf, span)
+        if self.collect_mse:
+            self.mse.collect(xf, span)
         channels = None
         if self.stats is not None:
             channels = xf.reshape(-1, self.stats.channels).abs().amax(dim=0)

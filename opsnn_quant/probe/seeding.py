@@ -95,7 +95,9 @@ class PassOneStatistics:
         if spec.timestep_bounds is not None:
             stepped = all_stepped(self.steps, self.elements)
             return stepped and (not spec.smoothquant or self.steps.per_channel)
-        return spec.observer in ("minmax", "mse")
+        if spec.observer == "mse":
+            return self.mse.count > 0  # collected only where a scheme probed reads it
+        return spec.observer == "minmax"
 
     def seed(self, module: QuantModule[Any]) -> None:
         """Calibrate an unfrozen quantized module from these statistics: the observers (or the

@@ -207,3 +207,21 @@ def test_pass_one_of_the_baselines_schemes_seeds_what_pass_one_of_all_seeds(spec
         for s in (cheap.statistics, whole.statistics)
     ]
     assert [k for k in states[0] if not torch.equal(states[0][k], states[1][k])] == []
+
+
+def test_pass_one_of_the_baselines_collects_no_statistic_they_do_not_read():
+    """The naive baselines read min/max ranges only: the MSE histogram and SmoothQuant's
+    per-channel maxima are not collected in that pass 1, and a spec that needs one is then
+    calibrated by quantize's own pass over the data (never from an empty observer)."""
+    first = ProbeConfig(fp16=False, schemes=("w8a8", "w8a8_dynamic"))
+    adapter = GenericAdapter(Stepped(), {"": "denoiser"}, _sampling_loop)
+    staged = start_probe(adapter, _sampling_loop, first).first("decided").statistics
+    cheap, whole = staged["fc1"], _kept(Stepped()).statistics["fc1"]
+    assert cheap.mse.count == 0 and cheap.channel_absmax is None
+    assert whole.mse.count == cheap.minmax.count > 0 and whole.channel_absmax is not None
+    for spec, seeds in ((SEEDABLE[0], True), (SEEDABLE[1], False), (SEEDABLE[3], False)):
+        assert cheap.can_seed(spec) is seeds and whole.can_seed(spec), spec
+    for spec, passes in ((SEEDABLE[0], []), (SEEDABLE[1], [1])):
+        calls: list[int] = []
+        quantize(Stepped(), {"fc*": spec}, _counting(calls), statistics=staged)
+        assert calls == passes, spec  # the MSE clip from quantize's own pass
