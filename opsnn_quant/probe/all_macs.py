@@ -5,11 +5,15 @@ attention, so a "100 % int8" of the Linear/Conv2d MACs is not 100 % of the model
 target runs int8 attention, the probe moves the SDPA MACs of the attention modules it measured
 to the measured share, :mod:`.attention`).
 
-Pass 1 counts them beside its hooks: a :class:`~torch.overrides.TorchFunctionMode` sees every
-torch call; the matmul-like ones outside the Linear/Conv2d modules (scaled-dot-product attention,
-``matmul``/``bmm``/``baddbmm``, Conv1d/Conv3d and transposed convolutions) add their MACs to the
-modality of the innermost model root they run in (:meth:`ModelAdapter.roots`). Calls the probe's
-own hooks make (statistics, the fp16 re-runs) are not the model's and are not counted.
+Pass 1 counts them beside its hooks: while it runs, the matmul-like torch functions
+(scaled-dot-product attention, ``matmul``/``bmm``/``baddbmm`` and ``@``, Conv1d/Conv3d and
+transposed convolutions; :data:`COUNTED`) are wrapped where models look them up at call time
+(``torch``, ``torch.nn.functional``, ``torch.Tensor``'s methods), and each call outside the
+Linear/Conv2d modules adds its MACs to the modality of the innermost model root it runs in
+(:meth:`ModelAdapter.roots`). Calls the probe's own hooks make (statistics, the fp16 re-runs)
+are not the model's and are not counted. (A ``TorchFunctionMode`` saw the same calls, but it
+also put every other torch call and tensor attribute of the forward through Python: 0.4-1.2 s
+of a 2-3 s pass 1 on shapes-t2v.)
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from opsnn_quant.probe.hooks import in_rerun
 from opsnn_quant.types import Modality
@@ -81,52 +85,80 @@ def call_macs(name: str, args: tuple, kwargs: dict, out: Any) -> int:
     return 0
 
 
-class OtherMacs(TorchFunctionMode):
-    """Counts, while entered, the MACs of the matmul-like torch calls of a model's forward that
-    its Linear/Conv2d modules do not make, per modality (:attr:`macs`)."""
+# (where a model looks a counted function up, its attribute there, the name call_macs reads)
+COUNTED: tuple[tuple[Any, str, str], ...] = (
+    (F, "scaled_dot_product_attention", "scaled_dot_product_attention"),
+    *(
+        (torch, n, n)
+        for n in (*sorted(_PRODUCTS - {"__matmul__", "__rmatmul__"}), *sorted(_ADD_PRODUCTS))
+    ),
+    *((torch.Tensor, n, n) for n in (*sorted(_PRODUCTS), *sorted(_ADD_PRODUCTS))),
+    *((owner, n, n) for n in sorted(_CONVS) for owner in (F, torch)),
+)
+_INSIDE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "opsnn_quant_in_counted", default=False
+)
+
+
+class OtherMacs:
+    """Counts, while :meth:`counting`, the MACs of the matmul-like torch calls of a model's
+    forward that its Linear/Conv2d modules do not make, per modality (:attr:`macs`)."""
 
     def __init__(self, roots: dict[str, Modality], named: dict[str, nn.Module]) -> None:
-        super().__init__()
         self.macs: dict[Modality, int] = {}
         self.unplaced = 0  # MACs outside every root (no modality to put them in)
         self._stack: list[Modality] = []
         self._roots = {named[r]: m for r, m in roots.items() if r in named}
         self._handles: list[Any] = []
 
-    def __torch_function__(
-        self, func: Callable[..., Any], types: Any, args: tuple = (), kwargs: dict | None = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        name = getattr(func, "__name__", "")
-        if _PAUSED.get() or in_rerun():
+    def _counted(self, original: Callable[..., Any], name: str) -> Callable[..., Any]:
+        """``original`` counting its calls: the outermost counted call only (a ``@`` that
+        calls ``torch.matmul`` is one product), not while paused or in an fp16 re-run."""
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if _INSIDE.get():
+                return original(*args, **kwargs)
+            token = _INSIDE.set(True)
+            try:
+                out = original(*args, **kwargs)
+            finally:
+                _INSIDE.reset(token)
+            if not (_PAUSED.get() or in_rerun()):
+                self._add(call_macs(name, args, kwargs, out))
             return out
-        if (
-            name in _PRODUCTS
-            or name in _ADD_PRODUCTS
-            or name in _CONVS
-            or (name == "scaled_dot_product_attention")
-        ):
-            macs = call_macs(name, args, kwargs, out)
-            if self._stack:
-                modality = self._stack[-1]
-                self.macs[modality] = self.macs.get(modality, 0) + macs
-            else:
-                self.unplaced += macs
-        return out
+
+        return counted
+
+    def _add(self, macs: int) -> None:
+        if self._stack:
+            modality = self._stack[-1]
+            self.macs[modality] = self.macs.get(modality, 0) + macs
+        else:
+            self.unplaced += macs
 
     @contextmanager
     def counting(self) -> Iterator[OtherMacs]:
-        """Enter the mode with the roots' hooks that say which modality a call runs in."""
+        """Wrap the counted functions, with the roots' hooks that say which modality a call
+        runs in; every one restored on the way out."""
         for module, modality in self._roots.items():
             self._handles.append(
                 module.register_forward_pre_hook(lambda *_, m=modality: self._stack.append(m))
             )
             self._handles.append(module.register_forward_hook(lambda *_: self._pop()))
+        restore: list[tuple[Any, str, Any]] = []
         try:
-            with self:
-                yield self
+            for owner, attr, name in COUNTED:
+                own = owner.__dict__.get(attr, _ABSENT) if isinstance(owner, type) else _ABSENT
+                original = getattr(owner, attr)
+                restore.append((owner, attr, own if isinstance(owner, type) else original))
+                setattr(owner, attr, self._counted(original, name))
+            yield self
         finally:
+            for owner, attr, before in reversed(restore):
+                if before is _ABSENT:
+                    delattr(owner, attr)  # a class's inherited method: its own entry goes
+                else:
+                    setattr(owner, attr, before)
             for h in self._handles:
                 h.remove()
             self._handles.clear()
@@ -137,6 +169,9 @@ class OtherMacs(TorchFunctionMode):
     def _pop(self) -> None:
         if self._stack:
             self._stack.pop()
+
+
+_ABSENT = object()  # a class attribute that was inherited, not its own
 
 
 def paused(hook: Callable[..., Any]) -> Callable[..., Any]:

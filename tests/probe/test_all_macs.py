@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from opsnn_quant.probe.all_macs import OtherMacs, call_macs, paused
+from opsnn_quant.probe.all_macs import COUNTED, OtherMacs, call_macs, paused
 from opsnn_quant.probe.hooks import rerunning
 from opsnn_quant.types import Modality
 
@@ -116,3 +116,25 @@ def test_the_probe_counts_whispers_convolutions_and_attention_products(tmp_path)
     assert 0.03 < encoder.linear_share < 0.04  # the convolutions and attention dwarf d_model 16
     decoder = report.modalities["text_decoder"]
     assert decoder.other_macs is not None and decoder.other_macs > 0  # its attention
+
+
+def test_every_spelling_of_a_product_counts_once_and_torch_is_left_as_it_was():
+    # ``b.__rmatmul__(a)`` calls ``torch.matmul`` inside: one product, not two; a method, an
+    # operator and a function are each one call; the wrapped functions are restored after.
+    before = {(id(o), a): o.__dict__.get(a) if isinstance(o, type) else getattr(o, a)
+              for o, a, _ in COUNTED}  # fmt: skip
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+
+    class Products(nn.Identity):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            (a @ b, b.__rmatmul__(a), a.matmul(b), torch.mm(a, b), F.conv1d(x, torch.ones(2, 1, 3)))
+            return x
+
+    model = Products()
+    counter = OtherMacs({"": Modality.DENOISER}, {"": model})
+    with counter.counting():
+        model(torch.ones(1, 1, 7))
+    assert counter.macs == {Modality.DENOISER: 4 * (3 * 5 * 4) + 2 * 5 * 3}
+    after = {(id(o), a): o.__dict__.get(a) if isinstance(o, type) else getattr(o, a)
+             for o, a, _ in COUNTED}  # fmt: skip
+    assert after == before and "__matmul__" not in torch.Tensor.__dict__
