@@ -105,6 +105,11 @@ class ModelAdapter(ABC):
         modalities = list(dict.fromkeys(self.roots().values()))
         return modalities[0] if len(modalities) == 1 else None
 
+    def read_only_parts(self) -> list[Any]:
+        """What a copy of this adapter may share instead of copying: objects inference reads
+        and never writes (a tokenizer, a feature extractor). Default: none."""
+        return []
+
     def place(self, device: torch.device) -> None:
         """Move the model to ``device`` (families holding more than ``model`` override)."""
         self.model.to(device)

@@ -306,6 +306,25 @@ class DiffusersAdapter(ModelAdapter):
         if hasattr(pipe, "set_progress_bar_config"):
             pipe.set_progress_bar_config(disable=True)
 
+    def read_only_parts(self) -> list[Any]:
+        """The pipeline's tokenizers, feature extractors and image processors (a UMT5
+        tokenizer's vocabulary is 250k entries); not its modules, nor its scheduler (which
+        keeps the timesteps of the call in progress)."""
+        from transformers import (
+            FeatureExtractionMixin,
+            ImageProcessingMixin,
+            PreTrainedTokenizerBase,
+            ProcessorMixin,
+        )
+
+        kinds = (
+            PreTrainedTokenizerBase,
+            FeatureExtractionMixin,
+            ImageProcessingMixin,
+            ProcessorMixin,
+        )
+        return [c for c in getattr(self.pipe, "components", {}).values() if isinstance(c, kinds)]
+
     def children(self) -> dict[str, nn.Module]:
         """The adopted components by name."""
         return dict(self.model.named_children())

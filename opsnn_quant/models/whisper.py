@@ -216,6 +216,10 @@ class WhisperAdapter(ModelAdapter):
             return None
         return {"first token": slice(p - 1, p), "later tokens": slice(p, None)}
 
+    def read_only_parts(self) -> list[Any]:
+        """The processor (its tokenizer's 50k-entry tables were most of a copy's cost)."""
+        return [self.processor]
+
     def features(self, audio: Sequence[Any]) -> torch.Tensor:
         """Log-mel input features for a batch of waveforms."""
         arrays = audio_from(audio)

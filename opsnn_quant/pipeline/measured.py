@@ -130,9 +130,10 @@ def float_copy(ctx: RunContext) -> ModelAdapter:
 
 def sharing_copy(adapter: ModelAdapter) -> ModelAdapter:
     """``adapter`` deep-copied but for its model's parameters and buffers, which the copy
-    shares (ties kept)."""
+    shares (ties kept), and what inference only reads (:meth:`ModelAdapter.read_only_parts`)."""
     model = adapter.model
     shared: dict[int, Any] = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    shared.update({id(o): o for o in adapter.read_only_parts()})
     return copy.deepcopy(adapter, shared)
 
 

@@ -136,6 +136,11 @@ def test_a_candidates_float_copy_after_pass_one_equals_a_fresh_load(tmp_path):
     start_probe(adapter, adapter.forward_loop(records), cfg).release()
     copied = float_copy(SimpleNamespace(recipe=recipe, adapter=adapter))  # type: ignore[arg-type]
     assert copied.model is not adapter.model
+    # what inference only reads is shared (the tokenizers); the scheduler, which keeps the
+    # call's timesteps, is the copy's own
+    shared = adapter.read_only_parts()
+    assert len(shared) >= 2 and [id(p) for p in copied.read_only_parts()] == [id(p) for p in shared]
+    assert copied.pipe.scheduler is not adapter.pipe.scheduler
     fresh = load_recipe_model(recipe).model.state_dict()
     state = copied.model.state_dict()
     assert len(state) > 100 and state.keys() == fresh.keys()
@@ -203,7 +208,8 @@ def test_a_candidate_quantized_in_a_sharing_copy_leaves_the_float_model_bit_for_
     x = model.example_inputs()[0]
     with torch.no_grad():
         float_out = model(x)
-    copied = sharing_copy(SimpleNamespace(model=model)).model  # type: ignore[arg-type]
+    adapter = SimpleNamespace(model=model, read_only_parts=list)
+    copied = sharing_copy(adapter).model  # type: ignore[arg-type]
     assert copied.fc1.weight is model.fc1.weight  # shared, not copied
     quantize(copied, {"fc*": spec}, forward_loop_for(copied))
     assert isinstance(copied.fc1, QuantLinear) and type(model.fc1) is torch.nn.Linear
