@@ -238,15 +238,13 @@ def quant_matmul_cached(
     if plan.groups is not None:
         assert pertoken_scale is not None  # checked: G-B needs it
         return _group_gb(a, b, scale, pertoken_scale, bias, out)
-    held = _float_accumulator(a, b, None if plan.int4 else x2_float, bias, plan.k, out)
-    if held is not None:  # fp32(acc + bias) already: the epilogue's first conversion is done
-        if bias is not None and bias.dtype == torch.int32:
-            bias = None  # added in fp32, exactly as the int32 sum converts
-        return quant_matmul_epilogue(
-            held, scale, k=plan.k, offset=offset, pertoken_scale=pertoken_scale, bias=bias,
-            output=out,
-        )  # fmt: skip
-    acc = int8_matmul_exact(a, b, None if plan.int4 else x2_float)
+    w_float = None if plan.int4 else x2_float
+    held = _float_accumulator(a, b, w_float, bias, plan.k, out)
+    if held is None:
+        acc = int8_matmul_exact(a, b, w_float)
+    else:  # fp32(acc + bias_int32) already: the epilogue's int32 steps are done
+        acc = held
+        bias = None if bias is not None and bias.dtype == torch.int32 else bias
     return quant_matmul_epilogue(
         acc, scale, k=plan.k, offset=offset, pertoken_scale=pertoken_scale, bias=bias, output=out
     )
@@ -301,7 +299,9 @@ def quant_matmul_epilogue(
 ) -> torch.Tensor:
     """What :func:`npu_quant_matmul` does after the int32 accumulation (checked arguments):
     int32 bias, then the requant / dequant / per-token epilogue into ``output``. A reference
-    int8 conv (an im2col matmul) shares it: ``acc`` (M, N) with K = ``k`` products per sum."""
+    int8 conv (an im2col matmul) shares it: ``acc`` (M, N) with K = ``k`` products per sum,
+    int32, or fp32 holding ``fp32(acc + bias)`` already (``bias`` then not int32: see
+    :func:`_float_accumulator`)."""
     out = output
     if bias is not None and bias.dtype == torch.int32:
         acc = _add_int32_bias(acc, bias, k)
