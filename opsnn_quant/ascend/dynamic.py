@@ -157,7 +157,7 @@ def npu_dynamic_quant(
     x = _smooth_rows(input.to(torch.float32), input.dtype, smooth_scales, group_index, op)
     rowmax = x.abs().amax(dim=-1)
     inv = torch.full_like(rowmax, q).div_(rowmax)  # Q / 0 = inf for an all-zero row
-    y = torch.nan_to_num_(torch.round(x * inv.unsqueeze(-1)), nan=0.0).clamp_(lo, hi)
+    y = (x * inv.unsqueeze(-1)).round_().nan_to_num_(nan=0.0).clamp_(lo, hi)  # in place
     k = input.shape[-1]
     if _reciprocal_scale(k, smooth_scales is not None, group_index is not None):
         scale = torch.ones_like(inv).div_(inv)

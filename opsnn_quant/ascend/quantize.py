@@ -32,9 +32,10 @@ _MUL_TYPES = (torch.qint8, torch.int8, torch.quint4x2)
 
 
 def _saturate(y: torch.Tensor, lo: int, hi: int, out_dtype: torch.dtype) -> torch.Tensor:
-    """rint, NaN -> 0, clamp to [lo, hi], cast. int32 limits are clamped in fp64 (2**31-1 is not
-    an fp32 value, and an fp32 2**31 would overflow the cast)."""
-    y = torch.nan_to_num_(torch.round(y), nan=0.0)
+    """rint, NaN -> 0, clamp to [lo, hi], cast; in place on ``y`` (the caller's own temporary).
+    int32 limits are clamped in fp64 (2**31-1 is not an fp32 value, and an fp32 2**31 would
+    overflow the cast)."""
+    y = y.round_().nan_to_num_(nan=0.0)
     if out_dtype == torch.int32:
         return y.to(torch.float64).clamp_(lo, hi).to(torch.int32)
     return y.clamp_(lo, hi).to(out_dtype)
@@ -125,7 +126,7 @@ def npu_quantize(
         if zero_points is not None:
             if zero_points.numel() != scales.numel():
                 raise ShapeError(f"{op}: zero_points and scales differ in size")
-            y = y + _div_param(zero_points, x, ax, "zero_points")
+            y.add_(_div_param(zero_points, x, ax, "zero_points"))  # y: this call's own
         out_dtype, lo, hi = _DIV_TYPES[dtype]
         return _saturate(y, lo, hi, out_dtype)
     if dtype not in _MUL_TYPES:
@@ -143,7 +144,7 @@ def npu_quantize(
     ax = x.dim() - 2 if axis == -2 else x.dim() - 1
     y = x * _mul_param(scales, x, ax, "scales")
     if zero_points is not None:
-        y = y + _mul_param(zero_points, x, ax, "zero_points")
+        y.add_(_mul_param(zero_points, x, ax, "zero_points"))
     if dtype == torch.quint4x2:
         if x.shape[-1] % INT4_PER_INT32:
             raise ShapeError(

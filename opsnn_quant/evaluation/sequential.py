@@ -38,7 +38,7 @@ from typing import Literal
 import numpy as np
 
 from opsnn_quant.evaluation.text_norm import Normalize
-from opsnn_quant.evaluation.wer import normalize_all
+from opsnn_quant.evaluation.wer import edit_counts, normalize_all
 
 LOOK_EVERY = 16  # utterances between looks (a few whole batches of the zoo's Whisper settings)
 ALPHA = 0.05  # default chance that any look passes a candidate beyond its bound
@@ -63,18 +63,9 @@ def utterance_errors(
 ) -> Errors:
     """Each utterance's word (``wer``) or character (``cer``) edit errors and reference length,
     after the normalisation the corpus rates use (:func:`~.wer.error_rates`)."""
-    from torchmetrics.text import CharErrorRate, WordErrorRate
-
     refs = normalize_all(references, normalize)
     hyps = normalize_all(hypotheses, normalize)
-    errors, lengths = [], []
-    for ref, hyp in zip(refs, hyps, strict=True):
-        metric = WordErrorRate(sync_on_compute=False) if rate == "wer" else CharErrorRate(
-            sync_on_compute=False
-        )  # fmt: skip
-        metric.update([hyp], [ref])
-        errors.append(int(metric.errors))
-        lengths.append(int(metric.total))
+    errors, lengths = edit_counts(refs, hyps, words=rate == "wer")
     return Errors(tuple(errors), tuple(lengths))
 
 

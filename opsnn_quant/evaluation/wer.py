@@ -1,10 +1,14 @@
 """Word and character error rates of transcripts (the one implementation: the acceptance run's,
 the zoo's and the benchmarks'), and how far a quantized model's transcripts moved.
 
-Corpus rates come from torchmetrics ``WordErrorRate``/``CharErrorRate`` (total edits / total
-reference words or characters) after Whisper's English normalisation
-(:func:`opsnn_quant.evaluation.text_norm.normalize_english`), as Whisper's published WERs are.
-Per-utterance rows and word alignments come from jiwer, for the report's worst-first diffs.
+Corpus rates are total edits / total reference words or characters after Whisper's English
+normalisation (:func:`opsnn_quant.evaluation.text_norm.normalize_english`), as Whisper's published
+WERs are: the counts of torchmetrics ``WordErrorRate``/``CharErrorRate`` (Levenshtein distance
+over whitespace-split words, or over characters; a test holds :func:`edit_counts` to
+torchmetrics' own ``_edit_distance``), computed with RapidFuzz (jiwer's own edit-distance
+library) instead: importing ``torchmetrics.text`` cost a Whisper calibrate ~1 s, more than every
+look of its measured search. Per-utterance rows and word alignments come from jiwer, for the
+report's worst-first diffs.
 
 *Agreement WER* scores the candidate's transcripts with the baseline's as the reference: it
 measures how much quantization changed the output, independently of ground truth.
@@ -15,6 +19,8 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from opsnn_quant.errors import InputError, MissingDependencyError
 from opsnn_quant.evaluation.report_schema import DiffChunkRow, TranscriptRow
@@ -49,6 +55,34 @@ def _check(references: Sequence[str], hypotheses: Sequence[str]) -> None:
         raise InputError("error rates need at least one utterance")
 
 
+def edit_counts(
+    references: Sequence[str], hypotheses: Sequence[str], words: bool = True
+) -> tuple[list[int], list[int]]:
+    """Each utterance's edits (Levenshtein distance: substitutions, deletions and insertions of
+    whitespace-split ``words``, else of characters, spaces included) of its hypothesis against
+    its reference, and the reference's length in the same unit: torchmetrics' WER/CER counts.
+
+    Raises:
+        MissingDependencyError: RapidFuzz (with jiwer, ``[eval]``) is not installed.
+    """
+    try:
+        from rapidfuzz.distance import Levenshtein
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise MissingDependencyError(f"error rates need rapidfuzz: {INSTALL_HINT}") from err
+    edits, lengths = [], []
+    for ref, hyp in zip(references, hypotheses, strict=True):
+        r, h = (ref.split(), hyp.split()) if words else (ref, hyp)
+        edits.append(int(Levenshtein.distance(r, h)))
+        lengths.append(len(r))
+    return edits, lengths
+
+
+def _rate(errors: int, total: int) -> float:
+    """``errors / total`` as torchmetrics' ``compute`` gives it: a float32 division (both sums
+    are exact in float32), so figures and reports keep their bytes."""
+    return float(np.float32(errors) / np.float32(total))
+
+
 def error_rates(
     references: Sequence[str], hypotheses: Sequence[str], normalize: Normalize = True
 ) -> ErrorRates:
@@ -57,28 +91,20 @@ def error_rates(
     Raises:
         InputError: Lengths differ, no utterances, or the references have no words at all.
     """
-    try:
-        from torchmetrics.text import CharErrorRate, WordErrorRate
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise MissingDependencyError(f"WER needs torchmetrics: {INSTALL_HINT}") from err
     _check(references, hypotheses)
     refs = normalize_all(references, normalize)
     hyps = normalize_all(hypotheses, normalize)
     if not any(refs):
         raise InputError("the references have no words after normalisation")
-    # No sync: a distributed evaluate scores the gathered transcripts on rank 0 alone, and a
-    # torchmetrics metric would otherwise wait in a collective for the other ranks.
-    wer_m = WordErrorRate(sync_on_compute=False)
-    cer_m = CharErrorRate(sync_on_compute=False)
-    wer_m.update(hyps, refs)
-    cer_m.update(hyps, refs)
+    word_errors, ref_words = (sum(c) for c in edit_counts(refs, hyps, words=True))
+    char_errors, ref_chars = (sum(c) for c in edit_counts(refs, hyps, words=False))
     return ErrorRates(
-        wer=float(wer_m.compute()),
-        cer=float(cer_m.compute()),
-        word_errors=int(wer_m.errors),
-        ref_words=int(wer_m.total),
-        char_errors=int(cer_m.errors),
-        ref_chars=int(cer_m.total),
+        wer=_rate(word_errors, ref_words),
+        cer=_rate(char_errors, ref_chars),
+        word_errors=word_errors,
+        ref_words=ref_words,
+        char_errors=char_errors,
+        ref_chars=ref_chars,
     )
 
 
@@ -284,16 +310,10 @@ def agreement_cer(
     """CER of the candidate transcripts with the baseline transcripts as the reference: the
     agreement of a language judged by characters (0.0 / ``inf`` as :func:`agreement_wer`
     when the baseline has no characters)."""
-    try:
-        from torchmetrics.text import CharErrorRate
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise MissingDependencyError(f"CER needs torchmetrics: {INSTALL_HINT}") from err
     _check(baseline, candidate)
     bases = normalize_all(baseline, normalize)
     cands = normalize_all(candidate, normalize)
-    metric = CharErrorRate(sync_on_compute=False)
-    metric.update(cands, bases)
-    errors, total = int(metric.errors), int(metric.total)
+    errors, total = (sum(c) for c in edit_counts(bases, cands, words=False))
     if total == 0:
         return 0.0 if errors == 0 else float("inf")
     return errors / total

@@ -13,13 +13,13 @@ model's slice outputs are generated once each, only as far as a candidate needed
 from __future__ import annotations
 
 import copy
-import gc
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from opsnn_quant.core.determinism import set_reproducible
+from opsnn_quant.core.memory import trim_heap
 from opsnn_quant.errors import ConfigError
 from opsnn_quant.evaluation.evaluate import suite_records
 from opsnn_quant.evaluation.slice_scorer import SliceScorer
@@ -184,6 +184,8 @@ def _measure(
     loop = adapter.forward_loop(list(search.calibration))
     quantize(adapter.model, resolved, loop, statistics=search.statistics)
     score = scorer.score(adapter)
+    # One quantized copy at a time: reference counting frees it here (a test holds every
+    # scheme's copy to that); a full collection walked the whole loaded model for nothing.
     del adapter, loop
-    gc.collect()  # one quantized copy at a time
+    trim_heap()
     return Measurement(score.passed, score.quality, score.describe())

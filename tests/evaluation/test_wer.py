@@ -163,3 +163,40 @@ def test_a_transcript_of_one_unit_repeated_is_a_loop_and_one_containing_a_loop_i
         "'virtual' x8"
     )
     assert one_unit_loop("virtualvirtualvirtual") is None  # three times
+
+
+def test_edit_counts_are_torchmetrics_counts():
+    # torchmetrics' own WER/CER update (functional/text/wer.py _wer_update, cer.py _cer_update:
+    # Levenshtein over str.split() words / over characters, total = the reference's length) is
+    # the independent expectation for the RapidFuzz counts, on random texts with repeats,
+    # empty strings and runs of spaces.
+    import random
+
+    from torchmetrics.functional.text.cer import _cer_update
+    from torchmetrics.functional.text.wer import _wer_update
+
+    from opsnn_quant.evaluation.wer import edit_counts
+
+    rng = random.Random(0)
+    vocab = ["a", "b", "ab", "ba", "the", "cat", ""]
+
+    def text() -> str:
+        return "  ".join(rng.choice(vocab) for _ in range(rng.randrange(0, 9)))
+
+    refs = [text() for _ in range(300)]
+    hyps = [text() for _ in range(300)]
+    for words, update in ((True, _wer_update), (False, _cer_update)):
+        edits, lengths = edit_counts(refs, hyps, words=words)
+        for r, h, e, n in zip(refs, hyps, edits, lengths, strict=True):
+            errors, total = update([h], [r])
+            assert (e, n) == (int(errors), int(total)), (words, r, h)
+    # hand-counted: "kitten" -> "sitting" is 3 character edits; 2 words -> 1 word is 1 deletion
+    assert edit_counts(["kitten"], ["sitting"], words=False) == ([3], [6])
+    assert edit_counts(["two words"], ["two"]) == ([1], [2])
+
+
+def test_rates_round_as_torchmetrics_compute():
+    # torchmetrics' compute divides float32 sums: 1 / 3 is float32's 0.3333333432674408, which
+    # reports printed before; the figure keeps its bytes.
+    r = error_rates(["a b c"], ["a b x"])
+    assert r.wer == 0.3333333432674408 and r.word_errors == 1 and r.ref_words == 3

@@ -3,6 +3,9 @@ never dominated by a naive baseline that meets the budget."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -163,6 +166,38 @@ def test_a_candidates_float_copy_after_pass_one_equals_a_fresh_load(tmp_path):
     rec = RootRecorder("x", 1, 0, None, keep_outputs=False)
     assert _defined_in(rec.forward_hook).startswith("opsnn_quant")
     assert _defined_in(partial(rec.forward_hook)).startswith("opsnn_quant")
+    # the measured search frees each copy by reference counting (no full collection):
+    # nothing of the copy is left in a reference cycle
+    refs = _weak(copied)
+    with _no_collection():
+        del copied
+        assert [r() is None for r in refs] == [True, True]
+
+
+class _Adapter:
+    """An adapter's two members sharing_copy reads (weak-referenceable, unlike a namespace)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def read_only_parts(self) -> list[Any]:
+        return []
+
+
+def _weak(adapter: Any) -> list[Any]:
+    import weakref
+
+    return [weakref.ref(adapter), weakref.ref(adapter.model)]
+
+
+@contextlib.contextmanager
+def _no_collection() -> Iterator[None]:
+    """The garbage collector off: what is freed inside is freed by reference counting."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _defined_in(hook: Any) -> str:
@@ -197,7 +232,6 @@ def test_a_candidate_quantized_in_a_sharing_copy_leaves_the_float_model_bit_for_
     """The measured search quantizes each candidate in a copy that shares the float model's
     tensors (no second float model in memory): quantize, calibration and the int8 forward of
     every scheme must never write into a float tensor, nor swap a module of the float model."""
-    from types import SimpleNamespace
 
     from opsnn_quant.pipeline.measured import sharing_copy
     from opsnn_quant.quant.modules import QuantLinear
@@ -208,8 +242,9 @@ def test_a_candidate_quantized_in_a_sharing_copy_leaves_the_float_model_bit_for_
     x = model.example_inputs()[0]
     with torch.no_grad():
         float_out = model(x)
-    adapter = SimpleNamespace(model=model, read_only_parts=list)
-    copied = sharing_copy(adapter).model  # type: ignore[arg-type]
+    adapter = _Adapter(model)
+    adapter_copy = sharing_copy(adapter)  # type: ignore[arg-type]
+    copied = adapter_copy.model
     assert copied.fc1.weight is model.fc1.weight  # shared, not copied
     quantize(copied, {"fc*": spec}, forward_loop_for(copied))
     assert isinstance(copied.fc1, QuantLinear) and type(model.fc1) is torch.nn.Linear
@@ -221,6 +256,10 @@ def test_a_candidate_quantized_in_a_sharing_copy_leaves_the_float_model_bit_for_
         assert torch.equal(tensor, before[name]), name
     with torch.no_grad():
         assert torch.equal(model(x), float_out)
+    refs = _weak(adapter_copy)
+    with _no_collection():
+        del copied, adapter_copy
+        assert [r() is None for r in refs] == [True, True]
 
 
 DOCUMENTED_BUDGET = "'{metric: {suite: whisper-tiny-en, wer_delta_max_points: 0.5}}'"
