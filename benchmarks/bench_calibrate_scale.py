@@ -74,8 +74,10 @@ loading need, pinned to the project's versions where the project has them (numpy
 tqdm, accelerate, transformers, diffusers, pydantic, scipy) and else to msModelSlim's (easydict
 1.13) or a fixed one (einops 0.8.2). No torch_npu: msModelSlim's ``llm_ptq`` imports without it
 (one warning) and runs with ``dev_type='cpu'``, so neither torch_npu nor our stand-in
-(``tests/conformance/torch_npu_stand_in``) is on its path. Where a row applies, after our child
-the peer runs in its own process per scheme of ``--peer-schemes`` (default ``w8a8_dynamic,w8a8``)
+(``tests/conformance/torch_npu_stand_in``) is on its path. Where a row applies, right after each
+of our children (each GEMM path's: the VM's speed drifts over a run, so each ratio pairs two
+adjacent measurements) the peer runs in its own process per scheme of ``--peer-schemes``
+(default ``w8a8_dynamic,w8a8``)
 through ``benchmarks/peer_msmodelslim.py``, which documents the API and options:
 ``Calibrator(model, QuantConfig(w_bit=8, a_bit=8, is_dynamic=..., mm_tensor=False, w_sym=True,
 act_method=1, dev_type='cpu'), calib_data, disable_level='L0')``, ``run()``,
@@ -762,12 +764,16 @@ def main() -> None:
     # that resolving would follow out of the venv
     peer_python = ensure_peer_venv(Path(args.peer_venv).absolute()) if args.peer else None
     rows: list[dict[str, Any]] = []
-    peers: dict[str, dict[str, Any]] = {}  # per row name: the peer's results (one per row)
+    # per (row, GEMM path): the peer's results, run right after that child (the VM's speed
+    # drifts by 10-20 % over a run: each ratio pairs two adjacent measurements)
+    peers: dict[tuple[str, str], dict[str, Any]] = {}
     for row in _expand(args.rows, args.depths):
+        recorded = False  # the peer's calibration calls: recorded by the row's first child
         for gemm in args.gemm.split(","):
-            # (no "@" in the peer's paths: msModelSlim's path check refuses the character)
-            inputs = Path(args.workdir) / f"{row.replace('@', '-depth')}-peer" / "inputs.pt"
-            want_peer = peer_python is not None and row not in peers
+            # (no "@" or ":" in the peer's paths: msModelSlim's path check refuses them)
+            safe = row.replace("@", "-depth").replace(":", "-")
+            inputs = Path(args.workdir) / f"{safe}-peer" / "inputs.pt"
+            want_peer = peer_python is not None and not recorded
             cmd = [sys.executable, __file__, "--child", row, "--workdir", args.workdir,
                    "--prompts", str(args.prompts), "--steps", str(args.steps), "--gemm", gemm,
                    "--steps-width", str(args.steps_width), "--width-probe", args.width_probe,
@@ -783,8 +789,9 @@ def main() -> None:
                 rows.append({"row": row, "gemm_mode": gemm, "failed": out.returncode})
                 continue
             r = json.loads(lines[-1][7:])
-            if want_peer and peer_python is not None:
-                peers[row] = _peer_for(r, row, inputs, peer_python, args)
+            recorded = True
+            if peer_python is not None:
+                peers[row, gemm] = _peer_for(r, row, inputs, peer_python, args)
             rows.append(r)
             _print([r], peers)
             _write_json(args, rows, peers)  # after every row: a long run cut short keeps its rows
@@ -803,13 +810,15 @@ def main() -> None:
 
 
 def _write_json(
-    args: argparse.Namespace, rows: list[dict[str, Any]], peers: dict[str, dict[str, Any]]
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
+    peers: dict[tuple[str, str], dict[str, Any]],
 ) -> list[dict[str, Any]]:
-    """Attach the peer's results to their rows and write ``--json`` (if given); the rows that
-    ran."""
+    """Attach the peer's results to their rows (each row's own run of the peer) and write
+    ``--json`` (if given); the rows that ran."""
     for r in rows:
-        if "failed" not in r and r["row"] in peers:
-            _attach_peer(r, peers[r["row"]])
+        if "failed" not in r and (r["row"], r["gemm_mode"]) in peers:
+            _attach_peer(r, peers[r["row"], r["gemm_mode"]])
     done = [r for r in rows if "failed" not in r]
     if args.json:
         flags = done[0]["gemm"]["cpu_flags"] if done else {}
@@ -878,7 +887,7 @@ def _depth_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _print(rows: list[dict[str, Any]], peers: dict[str, dict[str, Any]]) -> None:
+def _print(rows: list[dict[str, Any]], peers: dict[tuple[str, str], dict[str, Any]]) -> None:
     keys = ["pass 1", "decide first", "alpha search", "pass 2", "attribution", "holdout",
             "quantize", "measure", "export"]  # fmt: skip
     head = f"{'row':26} {'gemm':27} {'float s':>8} {'calib s':>8} {'fwd-eq':>7} "
