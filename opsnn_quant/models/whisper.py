@@ -7,10 +7,13 @@ The forward loop extracts log-mel features and runs ``generate`` over calibratio
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -136,6 +139,50 @@ def _nan_utterances(steps: list[torch.Tensor], utterances: int, kept: int | None
     return int(per_row.reshape(utterances, -1).any(dim=1)[:kept].sum())
 
 
+# Bytes of log-mel features a FeatureMemo keeps (a batch of 8 30-second inputs is 7.7 MB).
+FEATURE_MEMO_BYTES = 64 * 2**20
+
+
+class FeatureMemo:
+    """The log-mel features of the last few batches of waveforms, by the audio's digest.
+
+    Features are a function of the waveforms and the feature extractor alone. The measured search
+    transcribes the same slice batches with the float model and each candidate's copy, which
+    shares this memo (:meth:`WhisperAdapter.read_only_parts`): each batch's features are computed
+    once. At most :data:`FEATURE_MEMO_BYTES` are kept (oldest out first); callers get copies.
+    """
+
+    def __init__(self, limit: int = FEATURE_MEMO_BYTES) -> None:
+        self.limit = limit
+        self._extractor: Any = None  # whose features are kept (another one's clear the memo)
+        self._kept: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+
+    def features(
+        self, extractor: Any, arrays: Sequence[np.ndarray], compute: Callable[[], torch.Tensor]
+    ) -> torch.Tensor:
+        """``compute()``'s features of ``arrays`` (from ``extractor``), from the memo when kept."""
+        digest = hashlib.blake2b(digest_size=16)
+        for a in arrays:
+            a = np.ascontiguousarray(a)
+            digest.update(f"{a.dtype.str}{a.shape};".encode())
+            digest.update(a.data.cast("B"))  # the samples, no copy
+        key = digest.digest()
+        if extractor is not self._extractor:
+            self._extractor = extractor
+            self._kept.clear()
+        kept = self._kept.get(key)
+        if kept is None:
+            kept = compute()
+            size = kept.numel() * kept.element_size()
+            if size <= self.limit:
+                self._kept[key] = kept
+                while sum(t.numel() * t.element_size() for t in self._kept.values()) > self.limit:
+                    self._kept.popitem(last=False)
+        else:
+            self._kept.move_to_end(key)
+        return kept
+
+
 class WhisperAdapter(ModelAdapter):
     """Adapter for a loaded Whisper model and processor."""
 
@@ -161,6 +208,7 @@ class WhisperAdapter(ModelAdapter):
         self.settings = settings or WhisperSettings()
         # the decoder prompt's length (start token and forced ids), seen by the forward loop
         self.prompt_length: int | None = None
+        self.feature_memo = FeatureMemo()
 
     @classmethod
     def load(
@@ -217,15 +265,24 @@ class WhisperAdapter(ModelAdapter):
         return {"first token": slice(p - 1, p), "later tokens": slice(p, None)}
 
     def read_only_parts(self) -> list[Any]:
-        """The processor (its tokenizer's 50k-entry tables were most of a copy's cost)."""
-        return [self.processor]
+        """The processor (its tokenizer's 50k-entry tables were most of a copy's cost) and the
+        feature memo (a cache of a function of the audio: a copy computing the float model's
+        batches again would only repeat its work)."""
+        return [self.processor, self.feature_memo]
 
     def features(self, audio: Sequence[Any]) -> torch.Tensor:
-        """Log-mel input features for a batch of waveforms."""
+        """Log-mel input features for a batch of waveforms (each batch computed once while
+        :class:`FeatureMemo` keeps it)."""
         arrays = audio_from(audio)
-        feats = self.processor.feature_extractor(arrays, sampling_rate=16000, return_tensors="pt")
+        extractor = self.processor.feature_extractor
+
+        def compute() -> torch.Tensor:
+            out = extractor(arrays, sampling_rate=16000, return_tensors="pt")
+            return out.input_features
+
+        feats = self.feature_memo.features(extractor, arrays, compute)
         p = next(self.model.parameters())
-        return feats.input_features.to(device=p.device, dtype=p.dtype)
+        return feats.to(device=p.device, dtype=p.dtype, copy=True)
 
     def decoding(self) -> dict[str, Any]:
         """The keyword arguments of every ``generate`` call: the decoding settings, and the

@@ -174,3 +174,48 @@ def test_a_short_batch_is_decoded_padded_to_the_gemm_floor(adapter, monkeypatch)
     plain = adapter.generate(audio)
     assert seen == [4, 1]
     assert len(padded) == 1 and padded == plain
+
+
+def test_a_batchs_features_are_computed_once_for_the_model_and_its_copies(adapter, monkeypatch):
+    """The measured search transcribes the same batches with the float model and each
+    candidate's copy: the copy shares the feature memo, each batch's log-mel features are
+    extracted once, every caller gets its own tensor equal to a fresh extraction, and the memo
+    keeps at most its byte limit (oldest batch out first)."""
+    import torch
+
+    from opsnn_quant.models.data import load_records
+    from opsnn_quant.models.whisper import FeatureMemo
+    from opsnn_quant.pipeline.measured import sharing_copy
+
+    audio = adapter.evaluation_inputs(load_records("zoo:speech/eval", 4))
+    extractor = adapter.processor.feature_extractor
+    fresh = [
+        extractor(audio[i : i + 2], sampling_rate=16000, return_tensors="pt").input_features
+        for i in (0, 2)
+    ]
+    calls = []
+    original = type(extractor).__call__
+
+    def counting(self, *args, **kwargs):
+        calls.append(len(args[0]))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(extractor), "__call__", counting)
+    monkeypatch.setattr(adapter, "feature_memo", FeatureMemo())
+    copy = sharing_copy(adapter)
+    assert copy.feature_memo is adapter.feature_memo
+    first = adapter.features(audio[:2])
+    again = copy.features(audio[:2])
+    assert calls == [2]  # the copy's call came from the memo
+    assert torch.equal(first, fresh[0]) and torch.equal(again, fresh[0])
+    assert first.data_ptr() != again.data_ptr()  # each caller owns its tensor
+    first.add_(1.0)  # ... so writing into one leaves the memo as it was
+    assert torch.equal(copy.features(audio[:2]), fresh[0]) and calls == [2]
+    # another batch's audio is another key; a memo of one batch's bytes keeps only the newest
+    size = fresh[0].numel() * fresh[0].element_size()
+    monkeypatch.setattr(adapter, "feature_memo", FeatureMemo(limit=size))
+    adapter.features(audio[:2])
+    assert torch.equal(adapter.features(audio[2:4]), fresh[1])
+    adapter.features(audio[2:4])
+    adapter.features(audio[:2])
+    assert calls == [2, 2, 2, 2]  # batch 1, batch 2, (batch 2 kept), batch 1 again
