@@ -110,7 +110,8 @@ def thresholds_problem(
             hint = did_you_mean(name, [*known, *others])
             return (f"{where}.{name}: no metric is bounded by it{hint} "
                     f"({whose}thresholds: {', '.join(known)})")  # fmt: skip
-        problem = found.bound_range.problem(float(bounds.get(name) or 0.0))
+        value = float(bounds.get(name) or 0.0)
+        problem = found.bound_range.problem(value) or _fails_float(found, value)
         if problem:
             return f"{where}.{name}: {problem}"
         found_by[name] = found
@@ -118,6 +119,21 @@ def thresholds_problem(
         wrong = [n for n in names if not found_by[n].applies_to(task_name)]
         if wrong:
             return f"thresholds {wrong} do not apply to task {task_name!r}"
+    return None
+
+
+def _fails_float(found: Metric, value: float) -> str | None:
+    """Why the bound ``value`` of a difference against the float model fails the float model
+    itself (None: it does not): its own difference is 0, so ``<= -1`` or ``>= +0.5`` fails every
+    candidate and the float model alike (a search would keep nothing in int8 and still not pass)."""
+    if not found.signed:
+        return None
+    if (found.comparator == "<=" and value < 0) or (found.comparator == ">=" and value > 0):
+        side = ">= 0" if found.comparator == "<=" else "<= 0"
+        return (
+            f"{value:g} fails the float model itself ({found.key} is candidate - float model: 0 "
+            f"for the float model); a bound of a difference is {side}"
+        )
     return None
 
 

@@ -32,6 +32,9 @@ take and what else the suite (or its records) must have for it. The built-in one
 ``agreement_cer_max_points``  CER of candidate vs baseline transcripts x 100 <= value
 ==========================  ===============================================================
 
+A bound of a difference (candidate - baseline) that the float model itself fails is refused
+(its own difference is 0): a ``_max`` of one is at least 0, a ``_min`` at most 0.
+
 A speech suite's ``generation.language`` (a Whisper code) is the language the models decode
 in and the one whose normaliser the transcripts go through before their errors are counted
 (:func:`~.text_norm.normalizer_for`: English's for ``en`` or none). A language written without

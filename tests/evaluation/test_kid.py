@@ -232,18 +232,20 @@ def test_t2i_quality_reports_kid_with_its_interval_and_the_report_judges_it():
 
 
 @pytest.mark.parametrize(
-    ("bound", "status", "decide"),
+    ("bound", "shift", "status", "decide"),
     [
-        (0.05, "PASS", None),  # the whole interval [-0.01, 0.03] under the bound
-        (-0.02, "FAIL", None),  # wholly beyond it
+        (0.05, 0.0, "PASS", None),  # the whole interval [-0.01, 0.03] under the bound
+        (0.005, 0.025, "FAIL", None),  # [0.015, 0.055]: wholly beyond it
         # straddled: middle 0.01, half-width 0.02, 0.01 from the bound: 512 x (0.02/0.01)^2
-        (0.02, "INCONCLUSIVE", 2048),
+        (0.02, 0.0, "INCONCLUSIVE", 2048),
     ],
 )
-def test_kid_verdict_on_the_interval(bound, status, decide):
+def test_kid_verdict_on_the_interval(bound, shift, status, decide):
+    # (a bound below 0 is refused: the float model's own difference is 0, see test_registry)
     suite = t2i_suite(kid_delta_max=bound)
-    interval = Interval(low=-0.01, high=0.03, level=0.95, n=512)
-    (row,) = verdict(suite, {"kid_delta": 0.01}, intervals={"kid_delta": interval}, samples=512)
+    interval = Interval(low=-0.01 + shift, high=0.03 + shift, level=0.95, n=512)
+    measured = {"kid_delta": 0.01 + shift}
+    (row,) = verdict(suite, measured, intervals={"kid_delta": interval}, samples=512)
     assert (row.key, row.measured_key, row.comparator) == ("kid_delta_max", "kid_delta", "<=")
     assert (row.status, row.samples_to_decide, row.n) == (status, decide, 512)
     if status == "INCONCLUSIVE":

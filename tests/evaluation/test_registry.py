@@ -22,6 +22,7 @@ from opsnn_quant.evaluation.registry import (
     register_metric,
     task,
     tasks,
+    thresholds_problem,
     unregister_metric,
 )
 from opsnn_quant.evaluation.suite import parse_suite
@@ -150,3 +151,24 @@ def test_a_budget_is_checked_against_the_table():
     assert budget_problem(Thresholds(memory_ratio_max=1.0)) == (
         "budget.metric: memory_ratio_max is a speed bound; a slice measures quality"
     )
+
+
+def test_a_bound_the_float_model_itself_fails_is_refused():
+    # every difference against the float model is 0 for the float model: "WER may rise by at
+    # most -1 point" or "CLIP may move by at least +0.5" would fail it and every candidate (a
+    # measured search ran 129 s and kept nothing in int8 before this was refused)
+    assert budget_problem(Thresholds(wer_delta_max_points=-1.0)) == (
+        "budget.metric.wer_delta_max_points: -1 fails the float model itself (wer_delta_points "
+        "is candidate - float model: 0 for the float model); a bound of a difference is >= 0"
+    )
+    assert "a bound of a difference is <= 0" in str(
+        budget_problem(Thresholds(clip_score_delta_min=0.5))
+    )
+    assert "fails the float model itself" in str(
+        thresholds_problem(Thresholds(motion_accuracy_delta_min=0.1), "metrics.thresholds")
+    )
+    # the edges and the usual bounds pass; levels (not differences) keep their own ranges
+    for ok in ({"wer_delta_max_points": 0.0}, {"cer_delta_max_points": 2.0},
+               {"clip_score_delta_min": 0.0}, {"clip_temp_delta_min": -0.01},
+               {"kid_delta_max": 0.02}, {"psnr_min": 30.0}):  # fmt: skip
+        assert thresholds_problem(Thresholds(**ok), "metrics.thresholds") is None, ok
