@@ -7,8 +7,9 @@ pipeline's own components: ``unet.down_blocks.0...``).
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -109,6 +110,14 @@ class ModelAdapter(ABC):
         """What a copy of this adapter may share instead of copying: objects inference reads
         and never writes (a tokenizer, a feature extractor). Default: none."""
         return []
+
+    @contextlib.contextmanager
+    def repeated_inputs(self) -> Iterator[None]:
+        """Within: this model and its copies (:meth:`read_only_parts` shared) generate on the
+        same inputs again and again (a measured search's slice), so an adapter may keep what it
+        derives from them for the block, and frees it at exit. Default: nothing kept. Only
+        there: elsewhere a kept input would sit in the memory an evaluation measures."""
+        yield
 
     def place(self, device: torch.device) -> None:
         """Move the model to ``device`` (families holding more than ``model`` override)."""

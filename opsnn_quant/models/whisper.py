@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,11 +149,14 @@ class FeatureMemo:
     Features are a function of the waveforms and the feature extractor alone. The measured search
     transcribes the same slice batches with the float model and each candidate's copy, which
     shares this memo (:meth:`WhisperAdapter.read_only_parts`): each batch's features are computed
-    once. At most :data:`FEATURE_MEMO_BYTES` are kept (oldest out first); callers get copies.
+    once. It keeps nothing unless ``active`` (:meth:`WhisperAdapter.repeated_inputs`: a latency
+    or memory measurement must not see it grow); at most :data:`FEATURE_MEMO_BYTES` (oldest out
+    first); callers get copies.
     """
 
     def __init__(self, limit: int = FEATURE_MEMO_BYTES) -> None:
         self.limit = limit
+        self.active = False
         self._extractor: Any = None  # whose features are kept (another one's clear the memo)
         self._kept: OrderedDict[bytes, torch.Tensor] = OrderedDict()
 
@@ -161,6 +164,8 @@ class FeatureMemo:
         self, extractor: Any, arrays: Sequence[np.ndarray], compute: Callable[[], torch.Tensor]
     ) -> torch.Tensor:
         """``compute()``'s features of ``arrays`` (from ``extractor``), from the memo when kept."""
+        if not self.active:
+            return compute()
         digest = hashlib.blake2b(digest_size=16)
         for a in arrays:
             a = np.ascontiguousarray(a)
@@ -181,6 +186,11 @@ class FeatureMemo:
         else:
             self._kept.move_to_end(key)
         return kept
+
+    def clear(self) -> None:
+        """Forget every kept batch."""
+        self._kept.clear()
+        self._extractor = None
 
 
 class WhisperAdapter(ModelAdapter):
@@ -270,9 +280,22 @@ class WhisperAdapter(ModelAdapter):
         batches again would only repeat its work)."""
         return [self.processor, self.feature_memo]
 
+    @contextlib.contextmanager
+    def repeated_inputs(self) -> Iterator[None]:
+        """Within: each batch's log-mel features are extracted once for this model and its
+        copies (:class:`FeatureMemo`), and forgotten at exit."""
+        memo = self.feature_memo
+        was, memo.active = memo.active, True
+        try:
+            yield
+        finally:
+            memo.active = was
+            if not was:
+                memo.clear()
+
     def features(self, audio: Sequence[Any]) -> torch.Tensor:
-        """Log-mel input features for a batch of waveforms (each batch computed once while
-        :class:`FeatureMemo` keeps it)."""
+        """Log-mel input features for a batch of waveforms (within :meth:`repeated_inputs`,
+        each batch computed once while :class:`FeatureMemo` keeps it)."""
         arrays = audio_from(audio)
         extractor = self.processor.feature_extractor
 

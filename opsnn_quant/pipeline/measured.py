@@ -78,27 +78,32 @@ def measured_policy(
     budget = ctx.recipe.budget
     metric = budget.metric
     assert metric is not None, "measured_policy needs budget.metric"
-    scorer = _scorer(ctx, metric, search)
-    current = [search]  # the search the measurements use: the whole report once estimated
+    # The float model and every candidate's copy transcribe the same slice: an adapter may keep
+    # what it derives from it while they do, not while the estimators replay calibration data.
+    with ctx.adapter.repeated_inputs():
+        scorer = _scorer(ctx, metric, search)
+        current = [search]  # the search the measurements use: the whole report once estimated
 
-    def measure(policy: PrecisionPolicy) -> Measurement:
-        return _measure(ctx, current[0], scorer, policy)
+        def measure(policy: PrecisionPolicy) -> Measurement:
+            return _measure(ctx, current[0], scorer, policy)
 
-    walk = FrontWalk(measure, budget.max_evaluations or DEFAULT_MAX_EVALUATIONS, ctx.say)
-    full = int8_mac_shares(search.report, int8_runnable(search.report, search.target))
-    for cand in baseline_candidates(search.report, search.target, ctx.recipe.probe.schemes):
-        walk.visit(cand)
-        decided = walk.passed_at(full["overall"])
-        if decided is not None and ctx.recipe.search == "first":
-            return walk.result(skipped=decided_first(decided.candidate.label, full["overall"]))
+        walk = FrontWalk(measure, budget.max_evaluations or DEFAULT_MAX_EVALUATIONS, ctx.say)
+        full = int8_mac_shares(search.report, int8_runnable(search.report, search.target))
+        for cand in baseline_candidates(search.report, search.target, ctx.recipe.probe.schemes):
+            walk.visit(cand)
+            decided = walk.passed_at(full["overall"])
+            if decided is not None and ctx.recipe.search == "first":
+                skipped = decided_first(decided.candidate.label, full["overall"])
+                return walk.result(skipped=skipped)
     if estimated is not None:
         current[0] = search = estimated()
-    for cand in estimate_candidates(search.report, search.target, budget):
-        walk.visit(cand)
-    ctx.say("building the coverage ladder from the estimate")
-    ladder = coverage_ladder(search.report, budget, search.target)
-    walk.bisect(ladder)
-    return walk.result(ladder)
+    with ctx.adapter.repeated_inputs():
+        for cand in estimate_candidates(search.report, search.target, budget):
+            walk.visit(cand)
+        ctx.say("building the coverage ladder from the estimate")
+        ladder = coverage_ladder(search.report, budget, search.target)
+        walk.bisect(ladder)
+        return walk.result(ladder)
 
 
 def _scorer(ctx: RunContext, metric: MetricBudget, search: MeasuredSearch) -> SliceScorer:

@@ -178,9 +178,10 @@ def test_a_short_batch_is_decoded_padded_to_the_gemm_floor(adapter, monkeypatch)
 
 def test_a_batchs_features_are_computed_once_for_the_model_and_its_copies(adapter, monkeypatch):
     """The measured search transcribes the same batches with the float model and each
-    candidate's copy: the copy shares the feature memo, each batch's log-mel features are
-    extracted once, every caller gets its own tensor equal to a fresh extraction, and the memo
-    keeps at most its byte limit (oldest batch out first)."""
+    candidate's copy: within ``repeated_inputs`` the copy shares the feature memo, each batch's
+    log-mel features are extracted once, every caller gets its own tensor equal to a fresh
+    extraction, and the memo keeps at most its byte limit (oldest batch out first). Outside it
+    (an evaluation, whose memory is measured) nothing is kept, and the memo is empty after it."""
     import torch
 
     from opsnn_quant.models.data import load_records
@@ -204,18 +205,26 @@ def test_a_batchs_features_are_computed_once_for_the_model_and_its_copies(adapte
     monkeypatch.setattr(adapter, "feature_memo", FeatureMemo())
     copy = sharing_copy(adapter)
     assert copy.feature_memo is adapter.feature_memo
-    first = adapter.features(audio[:2])
-    again = copy.features(audio[:2])
-    assert calls == [2]  # the copy's call came from the memo
-    assert torch.equal(first, fresh[0]) and torch.equal(again, fresh[0])
-    assert first.data_ptr() != again.data_ptr()  # each caller owns its tensor
-    first.add_(1.0)  # ... so writing into one leaves the memo as it was
-    assert torch.equal(copy.features(audio[:2]), fresh[0]) and calls == [2]
+    adapter.features(audio[:2])
+    copy.features(audio[:2])
+    assert calls == [2, 2] and not adapter.feature_memo._kept  # outside: nothing kept
+    calls.clear()
+    with adapter.repeated_inputs():
+        first = adapter.features(audio[:2])
+        again = copy.features(audio[:2])
+        assert calls == [2]  # the copy's call came from the memo
+        assert torch.equal(first, fresh[0]) and torch.equal(again, fresh[0])
+        assert first.data_ptr() != again.data_ptr()  # each caller owns its tensor
+        first.add_(1.0)  # ... so writing into one leaves the memo as it was
+        assert torch.equal(copy.features(audio[:2]), fresh[0]) and calls == [2]
+    assert not adapter.feature_memo._kept and not adapter.feature_memo.active
     # another batch's audio is another key; a memo of one batch's bytes keeps only the newest
     size = fresh[0].numel() * fresh[0].element_size()
     monkeypatch.setattr(adapter, "feature_memo", FeatureMemo(limit=size))
-    adapter.features(audio[:2])
-    assert torch.equal(adapter.features(audio[2:4]), fresh[1])
-    adapter.features(audio[2:4])
-    adapter.features(audio[:2])
-    assert calls == [2, 2, 2, 2]  # batch 1, batch 2, (batch 2 kept), batch 1 again
+    calls.clear()
+    with adapter.repeated_inputs():
+        adapter.features(audio[:2])
+        assert torch.equal(adapter.features(audio[2:4]), fresh[1])
+        adapter.features(audio[2:4])
+        adapter.features(audio[:2])
+    assert calls == [2, 2, 2]  # batch 1, batch 2, (batch 2 kept), batch 1 again

@@ -66,7 +66,7 @@ def test_shapes_t2i_measured_search_dominates_the_baselines(tmp_path):
 
 @pytest.mark.slow
 @needs_espeak
-def test_whisper_measured_search_dominates_the_baselines(tmp_path):
+def test_whisper_measured_search_dominates_the_baselines(tmp_path, monkeypatch):
     recipe = _recipe(
         "whisper-tiny-en",
         data={"limit": 2},  # the recipe's held-out data stays: not measured (below)
@@ -76,8 +76,24 @@ def test_whisper_measured_search_dominates_the_baselines(tmp_path):
                            "wer_delta_max_points": 0.5},
                 "max_evaluations": 3},
     )  # fmt: skip
+    from opsnn_quant.models.whisper import FeatureMemo
+
+    seen: list[tuple[bool, bool]] = []  # per features() call: memo active, extracted
+    memo_features = FeatureMemo.features
+
+    def spy(self, extractor, arrays, compute):
+        ran = []
+        out = memo_features(self, extractor, arrays, lambda: ran.append(1) or compute())
+        seen.append((self.active, bool(ran)))
+        return out
+
+    monkeypatch.setattr(FeatureMemo, "features", spy)
     result = run_calibrate(recipe, tmp_path / "out")
     _assert_dominates_the_baselines(result)
+    # the slice's batch is extracted once for the float model and the candidate's copy (the
+    # memo active only in the search: pass 1 and quantize extract theirs as they come)
+    assert (True, False) in seen and seen.count((True, True)) == 1
+    assert all(extracted for active, extracted in seen if not active)
     # Decide first (issue 43): the static baseline puts every Linear vLLM-Ascend runs in int8
     # and meets the bound, so nothing can have more int8 MACs: the walk stops there and the
     # probe's estimators never run (probe.json and the timings say so).
