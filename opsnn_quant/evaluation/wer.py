@@ -297,8 +297,7 @@ def agreement_wer(
     _check(baseline, candidate)
     bases = normalize_all(baseline, normalize)
     cands = normalize_all(candidate, normalize)
-    edits = sum(_alignment(b, c)[0] for b, c in zip(bases, cands, strict=True))
-    words = sum(len(b.split()) for b in bases)
+    edits, words = (sum(c) for c in edit_counts(bases, cands, words=True))
     if words == 0:
         return 0.0 if edits == 0 else float("inf")
     return edits / words
